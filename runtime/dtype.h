@@ -1,0 +1,77 @@
+// Element types and the host-side conversions between f32, bf16 and f16.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+namespace ddp {
+
+enum class DType : uint8_t { f32, bf16, f16, i32, i64, u8 };
+
+inline constexpr DType kAllDTypes[] = {DType::f32, DType::bf16, DType::f16,
+                                       DType::i32, DType::i64,  DType::u8};
+
+size_t element_size(DType dtype);
+// Short name as used in ddp's messages and flags: "f32", "bf16", ...
+std::string_view dtype_name(DType dtype);
+// Parses "f32"/"float32"/"float", "bf16"/"bfloat16", "f16"/"float16"/"half",
+// "i32"/"int32", "i64"/"int64"/"long", "u8"/"uint8". Throws ValueError listing them.
+DType parse_dtype(std::string_view text);
+bool is_floating(DType dtype);
+
+// Storage types of the 16-bit floats: raw bits, converted on the host by the
+// functions below (round to nearest even, NaN kept NaN).
+struct BFloat16 {
+  uint16_t bits;
+};
+struct Half {
+  uint16_t bits;
+};
+
+inline float bf16_to_float(uint16_t bits) {
+  uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+float f16_to_float(uint16_t bits);
+uint16_t float_to_f16(float f);
+
+template <typename T>
+struct DTypeOf;
+template <>
+struct DTypeOf<float> {
+  static constexpr DType value = DType::f32;
+};
+template <>
+struct DTypeOf<BFloat16> {
+  static constexpr DType value = DType::bf16;
+};
+template <>
+struct DTypeOf<Half> {
+  static constexpr DType value = DType::f16;
+};
+template <>
+struct DTypeOf<int32_t> {
+  static constexpr DType value = DType::i32;
+};
+template <>
+struct DTypeOf<int64_t> {
+  static constexpr DType value = DType::i64;
+};
+template <>
+struct DTypeOf<uint8_t> {
+  static constexpr DType value = DType::u8;
+};
+
+}  // namespace ddp

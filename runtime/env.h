@@ -1,0 +1,44 @@
+// The environment contract: every variable ddp reads, its default and who sets it.
+//
+// Set by ddprun (as torchrun does) for each rank:
+//   RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
+//   MASTER_PORT, DDPRUN_RESTART_COUNT, DDPRUN_RUN_ID, OMP_NUM_THREADS
+// Set by other launchers and understood by the bootstrap:
+//   OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}, PMI_RANK, PMI_SIZE,
+//   SLURM_{PROCID,NTASKS,LOCALID}
+// ddp's own knobs, set by the user:
+//   DDP_DEVICE     default device, e.g. "cpu", "cuda:1"       (default: cuda, then mps, then cpu)
+//   DDP_LOG_LEVEL  trace|debug|info|warn|error|off             (default: info)
+//   DDP_BACKEND    auto|local|shm|gloo|mpi|nccl                (default: auto)
+//   DDP_TIMEOUT_S  collective and rendezvous timeout, seconds  (default: 300)
+//   DDP_DEBUG      off|detail                                  (default: off)
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace ddp::env {
+
+inline constexpr const char* kDevice = "DDP_DEVICE";
+inline constexpr const char* kLogLevel = "DDP_LOG_LEVEL";
+inline constexpr const char* kBackend = "DDP_BACKEND";
+inline constexpr const char* kTimeoutS = "DDP_TIMEOUT_S";
+inline constexpr const char* kDebug = "DDP_DEBUG";
+inline constexpr const char* kRank = "RANK";
+inline constexpr const char* kLocalRank = "LOCAL_RANK";
+inline constexpr const char* kWorldSize = "WORLD_SIZE";
+inline constexpr const char* kLocalWorldSize = "LOCAL_WORLD_SIZE";
+inline constexpr const char* kGroupRank = "GROUP_RANK";
+inline constexpr const char* kMasterAddr = "MASTER_ADDR";
+inline constexpr const char* kMasterPort = "MASTER_PORT";
+inline constexpr const char* kRestartCount = "DDPRUN_RESTART_COUNT";
+inline constexpr const char* kRunId = "DDPRUN_RUN_ID";
+
+// The value of a variable, or nullopt when unset or empty.
+std::optional<std::string> get(const char* name);
+// An integer variable; throws ValueError naming the variable and the text when it
+// is set but not an integer.
+std::optional<int64_t> get_int(const char* name);
+
+}  // namespace ddp::env

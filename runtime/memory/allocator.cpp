@@ -1,0 +1,164 @@
+#include "runtime/memory/allocator.h"
+
+#include "runtime/cuda/cuda_api.h"
+#include "runtime/error.h"
+#include "runtime/memory/caching_allocator.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace ddp {
+namespace {
+
+constexpr size_t kCpuAlignment = 64;
+
+// CPU memory: 64-byte aligned (AVX-512 loads, no false sharing), not cached.
+class CpuAllocator : public Allocator {
+ public:
+  void* allocate(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    const size_t size = (bytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
+    void* ptr = std::aligned_alloc(kCpuAlignment, size);
+    if (ptr == nullptr) {
+      throw OutOfMemoryError(fmt::format(
+          "cpu out of memory: tried to allocate {} ({} bytes); {} allocated by ddp on the cpu. "
+          "Reduce the batch size or the model, or free tensors you no longer need.",
+          format_bytes(bytes), bytes, format_bytes(stats().allocated)));
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    sizes_[ptr] = size;
+    stats_.allocated += size;
+    stats_.reserved += size;
+    ++stats_.num_allocs;
+    ++stats_.num_raw_allocs;
+    stats_.max_allocated = std::max(stats_.max_allocated, stats_.allocated);
+    stats_.max_reserved = std::max(stats_.max_reserved, stats_.reserved);
+    return ptr;
+  }
+  void deallocate(void* ptr) override {
+    if (ptr == nullptr) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = sizes_.find(ptr);
+      DDP_ASSERT(it != sizes_.end(), "cpu allocator: free of a pointer it did not hand out");
+      stats_.allocated -= it->second;
+      stats_.reserved -= it->second;
+      ++stats_.num_raw_frees;
+      sizes_.erase(it);
+    }
+    std::free(ptr);
+  }
+  MemoryStats stats() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+  void reset_peak_stats() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.max_allocated = stats_.allocated;
+    stats_.max_reserved = stats_.reserved;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::unordered_map<void*, size_t> sizes_;
+  MemoryStats stats_;
+};
+
+CachingAllocator::Backend cuda_backend(int device) {
+  CachingAllocator::Backend b;
+  b.name = fmt::format("CUDA device cuda:{}", device);
+  b.raw_alloc = [device](size_t bytes) { return cuda_api::malloc_device(device, bytes); };
+  b.raw_free = [device](void* p) { cuda_api::free_device(device, p); };
+  b.current_stream = [device] { return current_stream(Device::cuda(device)).handle(); };
+  b.record_event = [device](void* stream) {
+    void* e = cuda_api::event_create(device, false);
+    cuda_api::event_record(e, stream);
+    return e;
+  };
+  b.event_done = [](void* e) { return cuda_api::event_query(e); };
+  b.destroy_event = [](void* e) { cuda_api::event_destroy(e); };
+  b.oom_hint = [device] {
+    uint64_t free_bytes = 0, total = 0;
+    cuda_api::mem_get_info(device, &free_bytes, &total);
+    return fmt::format("the GPU has {} free of {}", format_bytes(free_bytes), format_bytes(total));
+  };
+  return b;
+}
+
+// Pinned host blocks have no stream of their own (nullptr); a copy that reads one
+// records its stream, so the block is reused only after that copy finished.
+CachingAllocator::Backend pinned_backend() {
+  CachingAllocator::Backend b;
+  b.name = "pinned host memory";
+  // A tag, not a stream: distinct from every CUDA stream handle, the default (nullptr) included.
+  static char host_tag;
+  b.current_stream = [] { return static_cast<void*>(&host_tag); };
+  if (cuda_api::device_count() > 0) {
+    b.raw_alloc = [](size_t bytes) { return cuda_api::malloc_pinned(bytes); };
+    b.raw_free = [](void* p) { cuda_api::free_pinned(p); };
+    b.record_event = [](void* stream) {
+      void* e = cuda_api::event_create(cuda_api::current_device(), false);
+      cuda_api::event_record(e, stream);
+      return e;
+    };
+    b.event_done = [](void* e) { return cuda_api::event_query(e); };
+    b.destroy_event = [](void* e) { cuda_api::event_destroy(e); };
+  } else {
+    // No GPU: page-locking buys nothing, plain aligned memory stands in.
+    b.raw_alloc = [](size_t bytes) { return std::aligned_alloc(kCpuAlignment, bytes); };
+    b.raw_free = [](void* p) { std::free(p); };
+    b.record_event = [](void*) -> void* { return nullptr; };
+    b.event_done = [](void*) { return true; };
+    b.destroy_event = [](void*) {};
+  }
+  return b;
+}
+
+}  // namespace
+
+Allocator& device_allocator(const Device& device) {
+  if (device.is_cpu()) {
+    static CpuAllocator cpu;
+    return cpu;
+  }
+  check_available(device);
+  DDP_ASSERT(device.is_cuda(), "no allocator for device {}", device.str());
+  // Never destroyed: tensors in static objects may outlive any destructor order.
+  static std::mutex mutex;
+  static auto* per_device = new std::unordered_map<int, CachingAllocator*>();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& slot = (*per_device)[device.index];
+  if (slot == nullptr) slot = new CachingAllocator(cuda_backend(device.index));
+  return *slot;
+}
+
+Allocator& pinned_host_allocator() {
+  static auto* pinned = new CachingAllocator(pinned_backend());
+  return *pinned;
+}
+
+MemoryStats memory_stats(const Device& device) { return device_allocator(device).stats(); }
+uint64_t memory_allocated(const Device& device) { return memory_stats(device).allocated; }
+uint64_t memory_reserved(const Device& device) { return memory_stats(device).reserved; }
+uint64_t max_memory_allocated(const Device& device) { return memory_stats(device).max_allocated; }
+void reset_peak_memory_stats(const Device& device) { device_allocator(device).reset_peak_stats(); }
+void empty_cache(const Device& device) { device_allocator(device).empty_cache(); }
+
+std::string format_bytes(uint64_t bytes) {
+  constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  if (bytes < 1024) return fmt::format("{} B", bytes);
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024.0 && unit < 5) {
+    value /= 1024.0;
+    ++unit;
+  }
+  return fmt::format("{:.2f} {}", value, kUnits[unit]);
+}
+
+}  // namespace ddp

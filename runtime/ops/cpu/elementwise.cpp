@@ -1,0 +1,59 @@
+// CPU elementwise kernels: plain loops the compiler vectorizes.
+#include "runtime/ops/kernels.h"
+
+namespace ddp::kernels::cpu {
+
+void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
+  const float* x = a.data<float>();
+  const float* y = b.data<float>();
+  float* z = out.data<float>();
+  const int64_t n = a.numel();
+  switch (op) {
+    case BinaryOp::add:
+      for (int64_t i = 0; i < n; ++i) z[i] = x[i] + y[i];
+      break;
+    case BinaryOp::sub:
+      for (int64_t i = 0; i < n; ++i) z[i] = x[i] - y[i];
+      break;
+    case BinaryOp::mul:
+      for (int64_t i = 0; i < n; ++i) z[i] = x[i] * y[i];
+      break;
+  }
+}
+
+void scale(const Tensor& a, float s, Tensor& out) {
+  const float* x = a.data<float>();
+  float* z = out.data<float>();
+  for (int64_t i = 0, n = a.numel(); i < n; ++i) z[i] = x[i] * s;
+}
+
+void axpy(float alpha, const Tensor& x, Tensor& y) {
+  const float* p = x.data<float>();
+  float* q = y.data<float>();
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) q[i] += alpha * p[i];
+}
+
+void add_bias_rows(const Tensor& x, const Tensor& bias, Tensor& out) {
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const float* p = x.data<float>();
+  const float* b = bias.data<float>();
+  float* z = out.data<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) z[r * cols + c] = p[r * cols + c] + b[c];
+  }
+}
+
+void relu(const Tensor& x, Tensor& out) {
+  const float* p = x.data<float>();
+  float* z = out.data<float>();
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) z[i] = p[i] > 0.0f ? p[i] : 0.0f;
+}
+
+void relu_backward(const Tensor& grad, const Tensor& x, Tensor& out) {
+  const float* g = grad.data<float>();
+  const float* p = x.data<float>();
+  float* z = out.data<float>();
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) z[i] = p[i] > 0.0f ? g[i] : 0.0f;
+}
+
+}  // namespace ddp::kernels::cpu

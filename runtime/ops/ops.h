@@ -1,0 +1,68 @@
+// Ops: one entry point each. Every op checks that its tensors share one device
+// (PyTorch's message), checks shapes and dtypes (naming the op and the shapes),
+// allocates its output on that device, and dispatches to the CPU kernels
+// (ops/cpu, OpenBLAS for GEMM) or the CUDA kernels (ops/cuda, cuBLAS for GEMM).
+// Arithmetic is f32 unless stated; matmul also takes bf16 and f16.
+// All CUDA ops run on the device's current stream and do not synchronize.
+#pragma once
+
+#include "runtime/tensor.h"
+
+#include <initializer_list>
+#include <string_view>
+
+namespace ddp {
+
+// Throws DeviceError: "Expected all tensors to be on the same device, but found at
+// least two devices, cuda:0 and cpu!" (the first tensor's device first).
+void check_same_device(std::initializer_list<const Tensor*> tensors);
+// Throws ValueError naming op and shapes unless a.shape() == b.shape().
+void check_same_shape(std::string_view op, const Tensor& a, const Tensor& b);
+
+struct MatmulOptions {
+  bool trans_a = false;  // use a^T
+  bool trans_b = false;  // use b^T
+  float alpha = 1.0f;
+  float beta = 0.0f;  // for gemm_out: out = alpha * op(a) op(b) + beta * out
+};
+// op(a) [m, k] times op(b) [k, n] -> [m, n]; a and b 2-D and of one dtype.
+Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& options = {});
+void matmul_out(const Tensor& a, const Tensor& b, Tensor& out, const MatmulOptions& options = {});
+
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor scale(const Tensor& a, float s);
+void axpy_(float alpha, const Tensor& x, Tensor& y);  // y += alpha * x, in place
+// x [rows, cols] + bias [cols] broadcast along rows.
+Tensor add_bias_rows(const Tensor& x, const Tensor& bias);
+Tensor relu(const Tensor& x);
+// grad * (x > 0)
+Tensor relu_backward(const Tensor& grad, const Tensor& x);
+
+Tensor sum(const Tensor& x);                                 // scalar (shape [])
+Tensor sum(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor mean(const Tensor& x);
+Tensor mean(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);  // i64
+
+// Softmax + cross-entropy, mean over the batch, numerically stable.
+// logits [N, C] f32, labels [N] i64 in [0, C). Out-of-range labels throw on the CPU
+// and give a NaN loss on CUDA (checking there would need a host sync).
+struct CrossEntropyResult {
+  Tensor loss;   // scalar
+  Tensor probs;  // [N, C] softmax, kept for the backward
+};
+CrossEntropyResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels);
+// d(loss)/d(logits) = grad_loss * (probs - onehot(labels)) / N; grad_loss a scalar tensor.
+Tensor softmax_cross_entropy_backward(const Tensor& probs, const Tensor& labels,
+                                      const Tensor& grad_loss);
+
+void fill_(Tensor& t, double value);  // any dtype
+// dst <- src: same shape and dtype, any two devices (asynchronous on CUDA streams
+// unless a host side is pageable).
+void copy_(Tensor& dst, const Tensor& src, bool non_blocking = false);
+// Casts between any two dtypes on the tensor's device (f32 <-> bf16/f16 round to nearest even).
+Tensor cast(const Tensor& x, DType dtype);
+
+}  // namespace ddp

@@ -1,0 +1,149 @@
+// Tensor: shared storage + element offset + shape; always contiguous.
+//
+// A Tensor is a handle: copies share the same TensorImpl (and so the same data,
+// and later the same gradient). Views (slice, reshape, flat_view) share the
+// storage with a new offset and shape. A tensor lives on one device; moving it
+// is explicit (`to`), and every op checks that its inputs share a device.
+#pragma once
+
+#include "runtime/device.h"
+#include "runtime/dtype.h"
+#include "runtime/error.h"
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace ddp {
+
+class Allocator;
+using Shape = std::vector<int64_t>;
+std::string shape_str(const Shape& shape);  // "[64, 784]"
+int64_t shape_numel(const Shape& shape);
+
+// Memory that one or more tensors view. Freed through its allocator with the last reference.
+class Storage {
+ public:
+  Storage(Device device, size_t bytes, bool pinned);
+  // Wraps memory ddp did not allocate (see from_blob); `deleter` runs with the last reference.
+  Storage(Device device, size_t bytes, void* data, std::function<void(void*)> deleter);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  const Device& device() const { return device_; }
+  bool pinned() const { return pinned_; }
+
+ private:
+  Device device_;
+  size_t bytes_;
+  bool pinned_;
+  Allocator* allocator_;  // null for wrapped memory
+  void* data_;
+  std::function<void(void*)> deleter_;
+};
+
+struct AutogradMeta;  // defined by runtime/autograd (later); null for plain tensors
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  int64_t offset = 0;  // in elements
+  Shape shape;
+  DType dtype = DType::f32;
+  std::shared_ptr<AutogradMeta> autograd;
+};
+
+struct TensorOptions {
+  DType dtype = DType::f32;
+  Device device = Device::cpu();
+  bool pinned = false;  // page-locked host memory (cpu only)
+};
+
+class Tensor {
+ public:
+  Tensor() = default;  // undefined: defined() is false
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const { return impl().shape; }
+  int64_t dim() const { return static_cast<int64_t>(shape().size()); }
+  int64_t size(int64_t d) const;  // negative d counts from the end
+  int64_t numel() const { return shape_numel(shape()); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(dtype()); }
+  DType dtype() const { return impl().dtype; }
+  const Device& device() const { return impl().storage->device(); }
+  bool is_pinned() const { return impl().storage->pinned(); }
+  int64_t storage_offset() const { return impl().offset; }
+  const std::shared_ptr<Storage>& storage() const { return impl().storage; }
+  TensorImpl& impl() const;
+  bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
+
+  void* data_ptr() const;
+  template <typename T>
+  T* data() const {
+    DDP_CHECK(DTypeOf<T>::value == dtype(), "data<{}>() on a tensor of dtype {}",
+              dtype_name(DTypeOf<T>::value), dtype_name(dtype()));
+    return static_cast<T*>(data_ptr());
+  }
+
+  // Views sharing storage.
+  Tensor slice(int64_t start, int64_t end) const;  // rows [start, end) along dim 0
+  Tensor reshape(const Shape& shape) const;        // one -1 may be inferred
+  Tensor flatten() const { return reshape({numel()}); }
+  // A view of `shape` starting `offset` elements into this tensor's data (a flat
+  // view into a larger buffer, as DDP buckets use).
+  Tensor flat_view(int64_t offset, const Shape& shape) const;
+
+  // Moves. `to` returns *this (no copy) when nothing changes. non_blocking
+  // host->device copies go through pinned staging and do not wait; device->host
+  // with non_blocking gives a pinned tensor valid once the current stream syncs.
+  Tensor to(const Device& device, bool non_blocking = false) const;
+  Tensor to(DType dtype) const;
+  Tensor cpu() const { return to(Device::cpu()); }
+  Tensor clone() const;
+  Tensor pin_memory() const;  // a pinned host copy (cpu tensors only)
+
+  // Reads to the host (synchronous). item() needs exactly one element.
+  template <typename T>
+  T item() const;
+  template <typename T>
+  std::vector<T> to_vector() const;
+  double item_double() const;  // any dtype, one element
+
+  std::string str() const;  // PyTorch style: tensor([...], device='cuda:0')
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+// Factories: the data is created directly on options.device (no host round trip).
+Tensor empty(const Shape& shape, const TensorOptions& options = {});
+Tensor zeros(const Shape& shape, const TensorOptions& options = {});
+Tensor ones(const Shape& shape, const TensorOptions& options = {});
+Tensor full(const Shape& shape, double value, const TensorOptions& options = {});
+// 0, 1, ..., n-1 (or start, start+step, ... below end)
+Tensor arange(int64_t n, const TensorOptions& options = {});
+Tensor arange(double start, double end, double step, const TensorOptions& options = {});
+// Philox 4x32-10 streams, identical on every device for the same seed and offset
+// (see runtime/rng/philox.h). rand: uniform [0, 1); randn: standard normal.
+Tensor rand(const Shape& shape, uint64_t seed, const TensorOptions& options = {},
+            uint64_t offset = 0);
+Tensor randn(const Shape& shape, uint64_t seed, const TensorOptions& options = {},
+             uint64_t offset = 0);
+// A tensor over existing memory that lives on options.device (the caller vouches for
+// that); nothing is copied. `deleter`, if any, runs when the last view is gone.
+Tensor from_blob(void* data, const Shape& shape, const TensorOptions& options,
+                 std::function<void(void*)> deleter = {});
+// Copies host values into a new tensor on options.device (dtype from T unless options say).
+template <typename T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape,
+                   const TensorOptions& options = {.dtype = DTypeOf<T>::value});
+
+}  // namespace ddp

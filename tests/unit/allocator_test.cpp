@@ -1,0 +1,224 @@
+#include "runtime/error.h"
+#include "runtime/memory/allocator.h"
+#include "runtime/memory/caching_allocator.h"
+#include "runtime/tensor.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <map>
+#include <set>
+
+namespace ddp {
+namespace {
+
+// A fake device: raw memory from malloc with a capacity, streams are integers,
+// events are completed by the test.
+struct FakeDevice {
+  size_t capacity = 64 << 20;
+  size_t used = 0;
+  int raw_allocs = 0;
+  std::map<void*, size_t> live;
+  void* stream = reinterpret_cast<void*>(1);
+  std::set<int*> events;  // each event: pointer to a "done" flag
+  bool events_done = false;
+
+  CachingAllocator::Backend backend() {
+    CachingAllocator::Backend b;
+    b.name = "fake:0";
+    b.raw_alloc = [this](size_t n) -> void* {
+      if (used + n > capacity) return nullptr;
+      void* p = std::malloc(n);
+      live[p] = n;
+      used += n;
+      ++raw_allocs;
+      return p;
+    };
+    b.raw_free = [this](void* p) {
+      used -= live.at(p);
+      live.erase(p);
+      std::free(p);
+    };
+    b.current_stream = [this] { return stream; };
+    b.record_event = [this](void*) -> void* {
+      auto* e = new int(0);
+      events.insert(e);
+      return e;
+    };
+    b.event_done = [this](void*) { return events_done; };
+    b.destroy_event = [this](void* e) {
+      events.erase(static_cast<int*>(e));
+      delete static_cast<int*>(e);
+    };
+    b.oom_hint = [] { return std::string("fake hint"); };
+    return b;
+  }
+};
+
+TEST(CachingAllocator, RoundsToSizeBins) {
+  EXPECT_EQ(CachingAllocator::round_size(1), 512u);
+  EXPECT_EQ(CachingAllocator::round_size(512), 512u);
+  EXPECT_EQ(CachingAllocator::round_size(513), 1024u);
+  EXPECT_EQ(CachingAllocator::round_size(1 << 20), size_t{1} << 20);
+  EXPECT_EQ(CachingAllocator::round_size((1 << 20) + 1), size_t{2} << 20);
+  EXPECT_EQ(CachingAllocator::round_size((5 << 20) + 7), size_t{6} << 20);
+}
+
+TEST(CachingAllocator, ReusesFreedBlockAndCountsStats) {
+  FakeDevice dev;
+  CachingAllocator alloc(dev.backend());
+  void* a = alloc.allocate(1000);
+  MemoryStats s = alloc.stats();
+  EXPECT_EQ(s.allocated, 1024u);
+  EXPECT_EQ(s.reserved, 1024u);
+  alloc.deallocate(a);
+  s = alloc.stats();
+  EXPECT_EQ(s.allocated, 0u);
+  EXPECT_EQ(s.reserved, 1024u);  // cached, not returned
+  void* b = alloc.allocate(900);  // same bin
+  EXPECT_EQ(b, a);
+  s = alloc.stats();
+  EXPECT_EQ(s.num_raw_allocs, 1u);
+  EXPECT_EQ(s.num_cache_hits, 1u);
+  EXPECT_EQ(s.num_allocs, 2u);
+  EXPECT_EQ(dev.raw_allocs, 1);
+  alloc.deallocate(b);
+}
+
+TEST(CachingAllocator, DoesNotHandOutBlocksMuchLargerThanAsked) {
+  FakeDevice dev;
+  CachingAllocator alloc(dev.backend());
+  void* big = alloc.allocate(8 << 20);
+  alloc.deallocate(big);
+  void* small = alloc.allocate(1000);
+  EXPECT_NE(small, big);
+  EXPECT_EQ(alloc.stats().num_raw_allocs, 2u);
+  alloc.deallocate(small);
+}
+
+TEST(CachingAllocator, BlocksBelongToTheirStream) {
+  FakeDevice dev;
+  CachingAllocator alloc(dev.backend());
+  void* a = alloc.allocate(4096);
+  alloc.deallocate(a);
+  dev.stream = reinterpret_cast<void*>(2);
+  void* b = alloc.allocate(4096);
+  EXPECT_NE(a, b) << "a block cached for stream 1 was handed to stream 2";
+  dev.stream = reinterpret_cast<void*>(1);
+  void* c = alloc.allocate(4096);
+  EXPECT_EQ(a, c);
+  alloc.deallocate(b);
+  alloc.deallocate(c);
+}
+
+TEST(CachingAllocator, RecordedStreamDelaysReuseUntilEventCompletes) {
+  FakeDevice dev;
+  CachingAllocator alloc(dev.backend());
+  void* a = alloc.allocate(4096);
+  alloc.record_stream_handle(a, reinterpret_cast<void*>(7));
+  alloc.deallocate(a);
+  EXPECT_EQ(dev.events.size(), 1u);
+  void* b = alloc.allocate(4096);
+  EXPECT_NE(a, b) << "reused while stream 7 may still read it";
+  dev.events_done = true;
+  alloc.deallocate(b);
+  void* c = alloc.allocate(4096);
+  EXPECT_TRUE(c == a || c == b);
+  EXPECT_TRUE(dev.events.empty()) << "completed events must be destroyed";
+  alloc.deallocate(c);
+}
+
+TEST(CachingAllocator, PeakAndReset) {
+  FakeDevice dev;
+  CachingAllocator alloc(dev.backend());
+  void* a = alloc.allocate(3 << 20);
+  void* b = alloc.allocate(1 << 20);
+  alloc.deallocate(a);
+  EXPECT_EQ(alloc.stats().max_allocated, (size_t{4} << 20) + (size_t{1} << 20));
+  alloc.reset_peak_stats();
+  EXPECT_EQ(alloc.stats().max_allocated, size_t{1} << 20);
+  alloc.deallocate(b);
+}
+
+TEST(CachingAllocator, EmptyCacheReturnsMemory) {
+  FakeDevice dev;
+  CachingAllocator alloc(dev.backend());
+  alloc.deallocate(alloc.allocate(10 << 20));
+  EXPECT_GT(dev.used, 0u);
+  alloc.empty_cache();
+  EXPECT_EQ(dev.used, 0u);
+  EXPECT_EQ(alloc.stats().reserved, 0u);
+}
+
+TEST(CachingAllocator, OutOfMemoryReleasesCacheThenRetries) {
+  FakeDevice dev;
+  dev.capacity = 16 << 20;
+  CachingAllocator alloc(dev.backend());
+  alloc.deallocate(alloc.allocate(10 << 20));  // cached 10 MiB
+  void* p = alloc.allocate(12 << 20);          // fits only after the cache is released
+  EXPECT_NE(p, nullptr);
+  alloc.deallocate(p);
+}
+
+TEST(CachingAllocator, OutOfMemoryMessageNamesEverything) {
+  FakeDevice dev;
+  dev.capacity = 16 << 20;
+  CachingAllocator alloc(dev.backend());
+  void* held = alloc.allocate(8 << 20);
+  try {
+    alloc.allocate(100 << 20);
+    FAIL() << "no error";
+  } catch (const OutOfMemoryError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("fake:0 out of memory"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("100.00 MiB"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("8.00 MiB allocated"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("reserved"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("fake hint"), std::string::npos) << msg;
+  }
+  alloc.deallocate(held);
+}
+
+TEST(CpuAllocator, StatsFollowTensors) {
+  const Device cpu = Device::cpu();
+  reset_peak_memory_stats(cpu);
+  const uint64_t before = memory_allocated(cpu);
+  {
+    Tensor t = empty({1000}, {.device = cpu});
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data_ptr()) % 64, 0u) << "cpu memory is 64-byte aligned";
+    EXPECT_EQ(memory_allocated(cpu), before + 4032);  // 4000 bytes rounded to 64
+    EXPECT_GE(max_memory_allocated(cpu), before + 4032);
+  }
+  EXPECT_EQ(memory_allocated(cpu), before);
+  EXPECT_GE(max_memory_allocated(cpu), before + 4032);
+  reset_peak_memory_stats(cpu);
+  EXPECT_EQ(max_memory_allocated(cpu), before);
+}
+
+TEST(CpuAllocator, OutOfMemoryIsATypedErrorWithTheSize) {
+  try {
+    empty({int64_t{1} << 58}, {.dtype = DType::u8});
+    FAIL() << "no error";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_NE(std::string(e.what()).find("cpu out of memory: tried to allocate 256.00 PiB"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(PinnedAllocator, WorksWithoutAGpu) {
+  Tensor t = empty({256}, {.device = Device::cpu(), .pinned = true});
+  EXPECT_TRUE(t.is_pinned());
+  EXPECT_NE(t.data_ptr(), nullptr);
+  EXPECT_THROW(empty({4}, {.device = Device::cuda(0), .pinned = true}), ValueError);
+}
+
+TEST(FormatBytes, Units) {
+  EXPECT_EQ(format_bytes(0), "0 B");
+  EXPECT_EQ(format_bytes(1023), "1023 B");
+  EXPECT_EQ(format_bytes(1536), "1.50 KiB");
+  EXPECT_EQ(format_bytes(uint64_t{3} << 30), "3.00 GiB");
+}
+
+}  // namespace
+}  // namespace ddp

@@ -1,0 +1,123 @@
+#include "runtime/device.h"
+#include "runtime/error.h"
+#include "runtime/tensor.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+namespace ddp {
+namespace {
+
+TEST(Device, ParsesEveryForm) {
+  EXPECT_EQ(Device::parse("cpu"), Device::cpu());
+  EXPECT_EQ(Device::parse("cpu:0"), Device::cpu());
+  EXPECT_EQ(Device::parse("cuda"), Device::cuda(0));
+  EXPECT_EQ(Device::parse("cuda:1"), Device::cuda(1));
+  EXPECT_EQ(Device::parse(" CUDA:12 "), Device::cuda(12));
+  EXPECT_EQ(Device::parse("mps"), Device::mps());
+}
+
+TEST(Device, PrintsLikePyTorch) {
+  EXPECT_EQ(Device::cpu().str(), "cpu");
+  EXPECT_EQ(Device::cuda(3).str(), "cuda:3");
+  EXPECT_EQ(Device::mps().str(), "mps");
+  EXPECT_EQ(Device::parse(Device::cuda(7).str()), Device::cuda(7));
+}
+
+TEST(Device, RejectsBadTextNamingIt) {
+  for (const char* bad : {"gpu", "cuda:", "cuda:-1", "cuda:x", "cpu:1", "", "cuda:1:2"}) {
+    try {
+      Device::parse(bad);
+      ADD_FAILURE() << "parsed '" << bad << "'";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + bad + "'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("cuda:N"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Device, CpuIsAlwaysAvailableAndListedLast) {
+  EXPECT_EQ(device_count(DeviceType::cpu), 1);
+  const auto devices = available_devices();
+  ASSERT_FALSE(devices.empty());
+  EXPECT_EQ(devices.back(), Device::cpu());
+  EXPECT_EQ(static_cast<int>(devices.size()),
+            1 + device_count(DeviceType::cuda) + device_count(DeviceType::mps));
+}
+
+TEST(Device, UnavailableCudaDeviceNamesItAndListsAvailable) {
+  const Device missing = Device::cuda(device_count(DeviceType::cuda));
+  EXPECT_FALSE(is_available(missing));
+  try {
+    check_available(missing);
+    FAIL() << "no error";
+  } catch (const DeviceError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(missing.str() + " is not available"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("Available devices:"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("cpu"), std::string::npos) << msg;
+  }
+  EXPECT_THROW(empty({2}, {.device = missing}), DeviceError);
+}
+
+TEST(Device, MpsWithoutMetalSaysSo) {
+  ASSERT_EQ(device_count(DeviceType::mps), 0);
+  try {
+    empty({2}, {.device = Device::mps()});
+    FAIL() << "no error";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("no Metal support"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Device, NoGpuMeansUnavailableWithAReason) {
+  if (device_count(DeviceType::cuda) > 0) GTEST_SKIP() << "this machine has a GPU";
+  EXPECT_FALSE(unavailable_reason(DeviceType::cuda).empty());
+  EXPECT_EQ(default_device(), Device::cpu());
+}
+
+class EnvGuard {
+ public:
+  EnvGuard(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    setenv(name, value, 1);
+  }
+  ~EnvGuard() { had_ ? setenv(name_, old_.c_str(), 1) : unsetenv(name_); }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+TEST(Device, DdpDeviceOverridesDefault) {
+  {
+    EnvGuard g("DDP_DEVICE", "cpu");
+    EXPECT_EQ(default_device(), Device::cpu());
+  }
+  {
+    EnvGuard g("DDP_DEVICE", "cuda:99");
+    try {
+      default_device();
+      FAIL() << "no error";
+    } catch (const DeviceError& e) {
+      EXPECT_NE(std::string(e.what()).find("DDP_DEVICE=cuda:99"), std::string::npos) << e.what();
+    }
+  }
+  {
+    EnvGuard g("DDP_DEVICE", "tpu");
+    EXPECT_THROW(default_device(), ValueError);
+  }
+}
+
+TEST(Device, CpuPropertiesAreReal) {
+  const DeviceProperties p = device_properties(Device::cpu());
+  EXPECT_FALSE(p.name.empty());
+  EXPECT_GT(p.total_memory, uint64_t{1} << 28);
+  EXPECT_LE(p.free_memory, p.total_memory);
+  EXPECT_GE(p.multiprocessors, 1);
+}
+
+}  // namespace
+}  // namespace ddp
