@@ -19,8 +19,10 @@ namespace {
 constexpr const char* kForms = "cpu, cuda, cuda:N (N = 0, 1, ...), mps";
 
 std::string trim_lower(std::string_view text) {
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front())))
+    text.remove_prefix(1);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())))
+    text.remove_suffix(1);
   std::string out(text);
   std::transform(out.begin(), out.end(), out.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
@@ -55,13 +57,14 @@ Device Device::parse(std::string_view text) {
   if (colon != std::string::npos) {
     const std::string idx = s.substr(colon + 1);
     auto [ptr, ec] = std::from_chars(idx.data(), idx.data() + idx.size(), index);
-    DDP_CHECK(!idx.empty() && ec == std::errc() && ptr == idx.data() + idx.size() && index >= 0,
-              "invalid device '{}': the index '{}' is not a non-negative integer; expected one of {}",
-              text, idx, kForms);
+    DDP_CHECK(
+        !idx.empty() && ec == std::errc() && ptr == idx.data() + idx.size() && index >= 0,
+        "invalid device '{}': the index '{}' is not a non-negative integer; expected one of {}",
+        text, idx, kForms);
   }
   if (type == "cpu" || type == "mps") {
-    DDP_CHECK(index == 0, "invalid device '{}': {} has only index 0; expected one of {}", text, type,
-              kForms);
+    DDP_CHECK(index == 0, "invalid device '{}': {} has only index 0; expected one of {}", text,
+              type, kForms);
     return type == "cpu" ? Device::cpu() : Device::mps();
   }
   if (type == "cuda") return Device::cuda(index);
@@ -85,7 +88,9 @@ std::string Device::str() const {
   return std::string(device_type_name(type));
 }
 
-std::ostream& operator<<(std::ostream& os, const Device& d) { return os << d.str(); }
+std::ostream& operator<<(std::ostream& os, const Device& d) {
+  return os << d.str();
+}
 
 int device_count(DeviceType type) {
   switch (type) {
@@ -120,7 +125,9 @@ std::vector<Device> available_devices() {
   return out;
 }
 
-bool is_available(const Device& d) { return d.index >= 0 && d.index < device_count(d.type); }
+bool is_available(const Device& d) {
+  return d.index >= 0 && d.index < device_count(d.type);
+}
 
 void check_available(const Device& d) {
   if (is_available(d)) return;
@@ -129,9 +136,9 @@ void check_available(const Device& d) {
   if (count == 0) {
     why = unavailable_reason(d.type);
   } else {
-    why = fmt::format("this machine has {} {} device{} ({}:0..{}:{})", count, device_type_name(d.type),
-                      count == 1 ? "" : "s", device_type_name(d.type), device_type_name(d.type),
-                      count - 1);
+    why = fmt::format("this machine has {} {} device{} ({}:0..{}:{})", count,
+                      device_type_name(d.type), count == 1 ? "" : "s", device_type_name(d.type),
+                      device_type_name(d.type), count - 1);
   }
   throw DeviceError(fmt::format("device {} is not available: {}. Available devices: {}", d.str(),
                                 why, list_available()));

@@ -51,12 +51,12 @@ Device default_device();
 
 struct DeviceProperties {
   Device device;
-  std::string name;             // "NVIDIA H100 80GB HBM3", or the CPU model name
-  uint64_t total_memory = 0;    // bytes
-  uint64_t free_memory = 0;     // bytes, at the time of the call
+  std::string name;           // "NVIDIA H100 80GB HBM3", or the CPU model name
+  uint64_t total_memory = 0;  // bytes
+  uint64_t free_memory = 0;   // bytes, at the time of the call
   int compute_capability_major = 0;
   int compute_capability_minor = 0;
-  int multiprocessors = 0;      // SMs on CUDA, logical cores on the CPU
+  int multiprocessors = 0;  // SMs on CUDA, logical cores on the CPU
 };
 DeviceProperties device_properties(const Device& device);
 

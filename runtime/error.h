@@ -41,18 +41,19 @@ class InternalError : public Error {
 };
 
 namespace detail {
-[[noreturn]] void throw_internal(const char* file, int line, const char* cond, const std::string& msg);
+[[noreturn]] void throw_internal(const char* file, int line, const char* cond,
+                                 const std::string& msg);
 }  // namespace detail
 
 }  // namespace ddp
 
 #define DDP_LIKELY(x) __builtin_expect(!!(x), 1)
 
-#define DDP_CHECK_T(Type, cond, ...)                  \
-  do {                                                \
-    if (!DDP_LIKELY(cond)) {                          \
-      throw Type(::fmt::format(__VA_ARGS__));         \
-    }                                                 \
+#define DDP_CHECK_T(Type, cond, ...)          \
+  do {                                        \
+    if (!DDP_LIKELY(cond)) {                  \
+      throw Type(::fmt::format(__VA_ARGS__)); \
+    }                                         \
   } while (0)
 
 #define DDP_CHECK(cond, ...) DDP_CHECK_T(::ddp::ValueError, cond, __VA_ARGS__)

@@ -36,8 +36,12 @@ Tensor full(const Shape& shape, double value, const TensorOptions& options) {
   return t;
 }
 
-Tensor zeros(const Shape& shape, const TensorOptions& options) { return full(shape, 0.0, options); }
-Tensor ones(const Shape& shape, const TensorOptions& options) { return full(shape, 1.0, options); }
+Tensor zeros(const Shape& shape, const TensorOptions& options) {
+  return full(shape, 0.0, options);
+}
+Tensor ones(const Shape& shape, const TensorOptions& options) {
+  return full(shape, 1.0, options);
+}
 
 Tensor arange(int64_t n, const TensorOptions& options) {
   return arange(0.0, static_cast<double>(n), 1.0, options);

@@ -23,8 +23,9 @@ std::shared_ptr<spdlog::logger> make_logger() {
     const auto level = spdlog::level::from_str(*text);
     // from_str maps unknown names to off; accept only the real names.
     if (level == spdlog::level::off && *text != "off") {
-      log->warn("{}='{}' is not a log level (valid: trace, debug, info, warn, error, off); using info",
-                env::kLogLevel, *text);
+      log->warn(
+          "{}='{}' is not a log level (valid: trace, debug, info, warn, error, off); using info",
+          env::kLogLevel, *text);
     } else {
       log->set_level(level);
     }
@@ -39,6 +40,8 @@ spdlog::logger& logger() {
   return *log;
 }
 
-void set_log_rank(int rank, int world_size) { logger().set_pattern(pattern(rank, world_size)); }
+void set_log_rank(int rank, int world_size) {
+  logger().set_pattern(pattern(rank, world_size));
+}
 
 }  // namespace ddp

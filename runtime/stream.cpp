@@ -37,7 +37,9 @@ void Stream::synchronize() const {
   if (device_.is_cuda()) cuda_api::stream_synchronize(handle_);
 }
 
-bool Stream::query() const { return !device_.is_cuda() || cuda_api::stream_query(handle_); }
+bool Stream::query() const {
+  return !device_.is_cuda() || cuda_api::stream_query(handle_);
+}
 
 Stream current_stream(const Device& device) {
   if (!device.is_cuda()) return Stream();
@@ -53,7 +55,9 @@ StreamGuard::StreamGuard(const Stream& stream) : previous_(current_stream(stream
   set_current_stream(stream);
 }
 
-StreamGuard::~StreamGuard() { set_current_stream(previous_); }
+StreamGuard::~StreamGuard() {
+  set_current_stream(previous_);
+}
 
 Event::Event(const Device& device, bool enable_timing) : device_(device) {
   if (device_.is_cuda()) handle_ = cuda_api::event_create(device_.index, enable_timing);
@@ -99,7 +103,9 @@ void Event::synchronize() const {
   if (handle_ != nullptr && recorded_) cuda_api::event_synchronize(handle_);
 }
 
-bool Event::query() const { return handle_ == nullptr || !recorded_ || cuda_api::event_query(handle_); }
+bool Event::query() const {
+  return handle_ == nullptr || !recorded_ || cuda_api::event_query(handle_);
+}
 
 void Event::block(const Stream& stream) const {
   if (handle_ != nullptr && recorded_ && stream.device().is_cuda()) {

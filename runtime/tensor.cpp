@@ -7,7 +7,9 @@
 
 namespace ddp {
 
-std::string shape_str(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+std::string shape_str(const Shape& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
 
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
@@ -61,15 +63,17 @@ TensorImpl& Tensor::impl() const {
 
 int64_t Tensor::size(int64_t d) const {
   const int64_t n = dim();
-  DDP_CHECK(d >= -n && d < n, "dimension {} out of range for a tensor of shape {} (valid: {} to {})",
-            d, shape_str(shape()), -n, n - 1);
+  DDP_CHECK(d >= -n && d < n,
+            "dimension {} out of range for a tensor of shape {} (valid: {} to {})", d,
+            shape_str(shape()), -n, n - 1);
   return shape()[static_cast<size_t>(d < 0 ? d + n : d)];
 }
 
 void* Tensor::data_ptr() const {
   const auto& s = impl();
   if (s.storage->data() == nullptr) return nullptr;
-  return static_cast<char*>(s.storage->data()) + s.offset * static_cast<int64_t>(element_size(s.dtype));
+  return static_cast<char*>(s.storage->data()) +
+         s.offset * static_cast<int64_t>(element_size(s.dtype));
 }
 
 namespace {
@@ -133,7 +137,9 @@ Tensor Tensor::to(const Device& device, bool non_blocking) const {
   return out;
 }
 
-Tensor Tensor::to(DType dtype) const { return dtype == this->dtype() ? *this : cast(*this, dtype); }
+Tensor Tensor::to(DType dtype) const {
+  return dtype == this->dtype() ? *this : cast(*this, dtype);
+}
 
 Tensor Tensor::clone() const {
   Tensor out = empty(shape(), {.dtype = dtype(), .device = device(), .pinned = is_pinned()});
@@ -160,12 +166,14 @@ std::vector<T> Tensor::to_vector() const {
 
 template <typename T>
 T Tensor::item() const {
-  DDP_CHECK(numel() == 1, "item() needs a tensor with one element, got shape {}", shape_str(shape()));
+  DDP_CHECK(numel() == 1, "item() needs a tensor with one element, got shape {}",
+            shape_str(shape()));
   return to_vector<T>()[0];
 }
 
 double Tensor::item_double() const {
-  DDP_CHECK(numel() == 1, "item() needs a tensor with one element, got shape {}", shape_str(shape()));
+  DDP_CHECK(numel() == 1, "item() needs a tensor with one element, got shape {}",
+            shape_str(shape()));
   if (dtype() == DType::i64) return static_cast<double>(item<int64_t>());
   return static_cast<double>(cast(*this, DType::f32).item<float>());
 }
@@ -175,15 +183,15 @@ Tensor from_vector(const std::vector<T>& values, const Shape& shape, const Tenso
   DDP_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape),
             "from_vector: {} values do not fill shape {} ({} elements)", values.size(),
             shape_str(shape), shape_numel(shape));
-  Tensor host = empty(shape, {.dtype = DTypeOf<T>::value, .device = Device::cpu(),
-                              .pinned = options.pinned});
+  Tensor host =
+      empty(shape, {.dtype = DTypeOf<T>::value, .device = Device::cpu(), .pinned = options.pinned});
   if (!values.empty()) std::memcpy(host.data_ptr(), values.data(), values.size() * sizeof(T));
   return host.to(options.dtype).to(options.device);
 }
 
-#define DDP_INSTANTIATE(T)                                                               \
-  template std::vector<T> Tensor::to_vector<T>() const;                                  \
-  template T Tensor::item<T>() const;                                                    \
+#define DDP_INSTANTIATE(T)                              \
+  template std::vector<T> Tensor::to_vector<T>() const; \
+  template T Tensor::item<T>() const;                   \
   template Tensor from_vector<T>(const std::vector<T>&, const Shape&, const TensorOptions&);
 DDP_INSTANTIATE(float)
 DDP_INSTANTIATE(BFloat16)
@@ -193,6 +201,8 @@ DDP_INSTANTIATE(int64_t)
 DDP_INSTANTIATE(uint8_t)
 #undef DDP_INSTANTIATE
 
-std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str(); }
+std::ostream& operator<<(std::ostream& os, const Tensor& t) {
+  return os << t.str();
+}
 
 }  // namespace ddp

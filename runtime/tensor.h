@@ -81,6 +81,7 @@ class Tensor {
   int64_t storage_offset() const { return impl().offset; }
   const std::shared_ptr<Storage>& storage() const { return impl().storage; }
   TensorImpl& impl() const;
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
 
   void* data_ptr() const;

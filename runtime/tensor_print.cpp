@@ -41,7 +41,8 @@ Formatter make_formatter(const std::vector<double>& values, bool floating) {
     if (v != 0.0) min_abs = std::min(min_abs, std::fabs(v));
   }
   if (floating && !values.empty()) {
-    f.scientific = max_abs >= 1e8 || (!f.all_integral && (min_abs < 1e-4 || max_abs / min_abs > 1e5 ));
+    f.scientific =
+        max_abs >= 1e8 || (!f.all_integral && (min_abs < 1e-4 || max_abs / min_abs > 1e5));
   }
   for (double v : values) f.width = std::max(f.width, f.format(v).size());
   return f;

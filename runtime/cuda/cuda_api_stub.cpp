@@ -21,17 +21,35 @@ constexpr const char* kNoCuda =
 
 }  // namespace
 
-bool compiled() { return false; }
-int device_count() { return 0; }
-std::string unavailable_reason() { return kNoCuda; }
+bool compiled() {
+  return false;
+}
+int device_count() {
+  return 0;
+}
+std::string unavailable_reason() {
+  return kNoCuda;
+}
 
-Properties properties(int) { no_cuda("properties"); }
-void mem_get_info(int, uint64_t*, uint64_t*) { no_cuda("mem_get_info"); }
-int current_device() { no_cuda("current_device"); }
-void set_device(int) { no_cuda("set_device"); }
-void device_synchronize(int) { no_cuda("device_synchronize"); }
+Properties properties(int) {
+  no_cuda("properties");
+}
+void mem_get_info(int, uint64_t*, uint64_t*) {
+  no_cuda("mem_get_info");
+}
+int current_device() {
+  no_cuda("current_device");
+}
+void set_device(int) {
+  no_cuda("set_device");
+}
+void device_synchronize(int) {
+  no_cuda("device_synchronize");
+}
 
-void* malloc_device(int, size_t) { no_cuda("malloc_device"); }
+void* malloc_device(int, size_t) {
+  no_cuda("malloc_device");
+}
 // Releasing nothing is not an error: destructors may call these with null handles.
 void free_device(int, void* ptr) {
   if (ptr != nullptr) no_cuda("free_device");
@@ -42,7 +60,9 @@ void* malloc_pinned(size_t bytes) {
   const size_t rounded = (bytes + 63) / 64 * 64;
   return std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
 }
-void free_pinned(void* ptr) { std::free(ptr); }
+void free_pinned(void* ptr) {
+  std::free(ptr);
+}
 
 void memcpy_async(void* dst, const void* src, size_t bytes, CopyKind kind, StreamHandle) {
   if (kind != CopyKind::host_to_host) no_cuda("memcpy_async");
@@ -51,25 +71,47 @@ void memcpy_async(void* dst, const void* src, size_t bytes, CopyKind kind, Strea
 void memcpy_peer_async(void*, int, const void*, int, size_t, StreamHandle) {
   no_cuda("memcpy_peer_async");
 }
-void memset_async(void*, int, size_t, StreamHandle) { no_cuda("memset_async"); }
+void memset_async(void*, int, size_t, StreamHandle) {
+  no_cuda("memset_async");
+}
 
-StreamHandle stream_create(int) { no_cuda("stream_create"); }
+StreamHandle stream_create(int) {
+  no_cuda("stream_create");
+}
 void stream_destroy(StreamHandle stream) {
   if (stream != nullptr) no_cuda("stream_destroy");
 }
-void stream_synchronize(StreamHandle) { no_cuda("stream_synchronize"); }
-bool stream_query(StreamHandle) { no_cuda("stream_query"); }
+void stream_synchronize(StreamHandle) {
+  no_cuda("stream_synchronize");
+}
+bool stream_query(StreamHandle) {
+  no_cuda("stream_query");
+}
 
-EventHandle event_create(int, bool) { no_cuda("event_create"); }
+EventHandle event_create(int, bool) {
+  no_cuda("event_create");
+}
 void event_destroy(EventHandle event) {
   if (event != nullptr) no_cuda("event_destroy");
 }
-void event_record(EventHandle, StreamHandle) { no_cuda("event_record"); }
-void event_synchronize(EventHandle) { no_cuda("event_synchronize"); }
-bool event_query(EventHandle) { no_cuda("event_query"); }
-float event_elapsed_ms(EventHandle, EventHandle) { no_cuda("event_elapsed_ms"); }
-void stream_wait_event(StreamHandle, EventHandle) { no_cuda("stream_wait_event"); }
+void event_record(EventHandle, StreamHandle) {
+  no_cuda("event_record");
+}
+void event_synchronize(EventHandle) {
+  no_cuda("event_synchronize");
+}
+bool event_query(EventHandle) {
+  no_cuda("event_query");
+}
+float event_elapsed_ms(EventHandle, EventHandle) {
+  no_cuda("event_elapsed_ms");
+}
+void stream_wait_event(StreamHandle, EventHandle) {
+  no_cuda("stream_wait_event");
+}
 
-void check_last_error(const char*) { no_cuda("check_last_error"); }
+void check_last_error(const char*) {
+  no_cuda("check_last_error");
+}
 
 }  // namespace ddp::cuda_api

@@ -17,8 +17,8 @@ namespace ddp::cuda_api::detail {
 // surface again in the next check_last_error() after an unrelated kernel launch.
 [[noreturn]] inline void throw_cuda_error(cudaError_t err, std::string_view call) {
   (void)cudaGetLastError();
-  throw CudaError(fmt::format("{} failed: {} ({})", call, cudaGetErrorString(err),
-                              cudaGetErrorName(err)));
+  throw CudaError(
+      fmt::format("{} failed: {} ({})", call, cudaGetErrorString(err), cudaGetErrorName(err)));
 }
 
 inline void check_cuda(cudaError_t err, std::string_view call) {
@@ -36,13 +36,13 @@ inline void check_cuda(cudaError_t err, std::string_view call) {
 
 // A macro rather than a function so that only the files that use cuBLAS (and link
 // it) need its declarations.
-#define DDP_CUBLAS_CHECK(call)                                                            \
-  do {                                                                                    \
-    const cublasStatus_t ddp_status_ = (call);                                            \
-    if (!DDP_LIKELY(ddp_status_ == CUBLAS_STATUS_SUCCESS)) {                              \
-      ::ddp::cuda_api::detail::throw_cublas_error(cublasGetStatusName(ddp_status_),       \
+#define DDP_CUBLAS_CHECK(call)                                                           \
+  do {                                                                                   \
+    const cublasStatus_t ddp_status_ = (call);                                           \
+    if (!DDP_LIKELY(ddp_status_ == CUBLAS_STATUS_SUCCESS)) {                             \
+      ::ddp::cuda_api::detail::throw_cublas_error(cublasGetStatusName(ddp_status_),      \
                                                   static_cast<int>(ddp_status_), #call); \
-    }                                                                                     \
+    }                                                                                    \
   } while (0)
 
 namespace ddp::cuda_api {

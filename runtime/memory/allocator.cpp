@@ -142,12 +142,24 @@ Allocator& pinned_host_allocator() {
   return *pinned;
 }
 
-MemoryStats memory_stats(const Device& device) { return device_allocator(device).stats(); }
-uint64_t memory_allocated(const Device& device) { return memory_stats(device).allocated; }
-uint64_t memory_reserved(const Device& device) { return memory_stats(device).reserved; }
-uint64_t max_memory_allocated(const Device& device) { return memory_stats(device).max_allocated; }
-void reset_peak_memory_stats(const Device& device) { device_allocator(device).reset_peak_stats(); }
-void empty_cache(const Device& device) { device_allocator(device).empty_cache(); }
+MemoryStats memory_stats(const Device& device) {
+  return device_allocator(device).stats();
+}
+uint64_t memory_allocated(const Device& device) {
+  return memory_stats(device).allocated;
+}
+uint64_t memory_reserved(const Device& device) {
+  return memory_stats(device).reserved;
+}
+uint64_t max_memory_allocated(const Device& device) {
+  return memory_stats(device).max_allocated;
+}
+void reset_peak_memory_stats(const Device& device) {
+  device_allocator(device).reset_peak_stats();
+}
+void empty_cache(const Device& device) {
+  device_allocator(device).empty_cache();
+}
 
 std::string format_bytes(uint64_t bytes) {
   constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace ddp {
 
@@ -36,7 +37,7 @@ class Allocator {
   virtual void deallocate(void* ptr) = 0;
   // The block at `ptr` is used by `stream` too: when freed, it is reused only after
   // the work queued on `stream` so far has finished.
-  virtual void record_stream(void* ptr, const Stream& stream) {}
+  virtual void record_stream(void* /*ptr*/, const Stream& /*stream*/) {}
   virtual MemoryStats stats() const = 0;
   virtual void reset_peak_stats() = 0;
   virtual void empty_cache() {}

@@ -12,7 +12,9 @@ constexpr size_t kSmallLimit = size_t{1} << 20;  // 1 MiB
 constexpr size_t kSmallRound = 512;
 constexpr size_t kLargeRound = size_t{2} << 20;  // 2 MiB
 
-size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
+size_t round_up(size_t n, size_t m) {
+  return (n + m - 1) / m * m;
+}
 
 }  // namespace
 

@@ -30,14 +30,14 @@ namespace ddp {
 class CachingAllocator : public Allocator {
  public:
   struct Backend {
-    std::string name;                          // "cuda:0", "pinned host": used in messages
-    std::function<void*(size_t)> raw_alloc;    // nullptr when out of memory
+    std::string name;                        // "cuda:0", "pinned host": used in messages
+    std::function<void*(size_t)> raw_alloc;  // nullptr when out of memory
     std::function<void(void*)> raw_free;
     std::function<void*()> current_stream;     // the stream a new block belongs to
     std::function<void*(void*)> record_event;  // new event recorded on a stream
     std::function<bool(void*)> event_done;
     std::function<void(void*)> destroy_event;
-    std::function<std::string()> oom_hint;     // extra text for the OOM message (free/total)
+    std::function<std::string()> oom_hint;  // extra text for the OOM message (free/total)
   };
 
   explicit CachingAllocator(Backend backend);

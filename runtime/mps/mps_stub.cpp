@@ -4,8 +4,12 @@
 
 namespace ddp::mps {
 
-bool compiled() { return false; }
-int device_count() { return 0; }
+bool compiled() {
+  return false;
+}
+int device_count() {
+  return 0;
+}
 std::string unavailable_reason() {
   return "this build of ddp has no Metal support (MPS exists only in builds for Apple "
          "platforms); use cpu or cuda";

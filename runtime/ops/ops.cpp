@@ -13,34 +13,40 @@ namespace ddp {
 namespace {
 
 // Calls kernels::cpu::NAME or kernels::cuda::NAME for the device of the first tensor.
-#define DDP_DISPATCH(device, name, ...)              \
-  do {                                               \
-    switch ((device).type) {                         \
-      case DeviceType::cpu:                          \
-        kernels::cpu::name(__VA_ARGS__);             \
-        break;                                       \
-      case DeviceType::cuda:                         \
-        kernels::cuda::name(__VA_ARGS__);            \
-        break;                                       \
-      case DeviceType::mps:                          \
-        check_available(device);                     \
+#define DDP_DISPATCH(device, name, ...)                 \
+  do {                                                  \
+    switch ((device).type) {                            \
+      case DeviceType::cpu:                             \
+        kernels::cpu::name(__VA_ARGS__);                \
+        break;                                          \
+      case DeviceType::cuda:                            \
+        kernels::cuda::name(__VA_ARGS__);               \
+        break;                                          \
+      case DeviceType::mps:                             \
+        check_available(device);                        \
         DDP_ASSERT(false, "no mps kernels for " #name); \
-    }                                                \
+    }                                                   \
   } while (0)
 
 void check_dtype(std::string_view op, const Tensor& t, DType expected, const char* what) {
-  DDP_CHECK(t.dtype() == expected, "{}: {} must have dtype {}, got {} (shape {}); convert with cast()",
-            op, what, dtype_name(expected), dtype_name(t.dtype()), shape_str(t.shape()));
+  DDP_CHECK(t.dtype() == expected,
+            "{}: {} must have dtype {}, got {} (shape {}); convert with cast()", op, what,
+            dtype_name(expected), dtype_name(t.dtype()), shape_str(t.shape()));
 }
 
-void check_f32(std::string_view op, const Tensor& t) { check_dtype(op, t, DType::f32, "input"); }
+void check_f32(std::string_view op, const Tensor& t) {
+  check_dtype(op, t, DType::f32, "input");
+}
 
-Tensor like(const Tensor& t) { return empty(t.shape(), {.dtype = t.dtype(), .device = t.device()}); }
+Tensor like(const Tensor& t) {
+  return empty(t.shape(), {.dtype = t.dtype(), .device = t.device()});
+}
 
 int64_t wrap_dim(std::string_view op, const Tensor& x, int64_t dim) {
   const int64_t n = x.dim();
-  DDP_CHECK(dim >= -n && dim < n, "{}: dim {} out of range for a tensor of shape {} (valid: {} to {})",
-            op, dim, shape_str(x.shape()), -n, n - 1);
+  DDP_CHECK(dim >= -n && dim < n,
+            "{}: dim {} out of range for a tensor of shape {} (valid: {} to {})", op, dim,
+            shape_str(x.shape()), -n, n - 1);
   return dim < 0 ? dim + n : dim;
 }
 
@@ -96,9 +102,10 @@ void check_same_device(std::initializer_list<const Tensor*> tensors) {
   for (const Tensor* t : tensors) {
     DDP_CHECK(t->defined(), "an op received an undefined tensor");
     if (t->device() != first->device()) {
-      throw DeviceError(fmt::format(
-          "Expected all tensors to be on the same device, but found at least two devices, {} and {}!",
-          first->device().str(), t->device().str()));
+      throw DeviceError(
+          fmt::format("Expected all tensors to be on the same device, but found at least two "
+                      "devices, {} and {}!",
+                      first->device().str(), t->device().str()));
     }
   }
 }
@@ -120,8 +127,8 @@ void matmul_out(const Tensor& a, const Tensor& b, Tensor& out, const MatmulOptio
   const int64_t m = o.trans_a ? a.size(1) : a.size(0), ka = o.trans_a ? a.size(0) : a.size(1);
   const int64_t kb = o.trans_b ? b.size(1) : b.size(0), n = o.trans_b ? b.size(0) : b.size(1);
   DDP_CHECK(ka == kb, "matmul: shapes {}{} and {}{} cannot be multiplied ({}x{} and {}x{})",
-            shape_str(a.shape()), o.trans_a ? "^T" : "", shape_str(b.shape()), o.trans_b ? "^T" : "",
-            m, ka, kb, n);
+            shape_str(a.shape()), o.trans_a ? "^T" : "", shape_str(b.shape()),
+            o.trans_b ? "^T" : "", m, ka, kb, n);
   DDP_CHECK(out.shape() == (Shape{m, n}), "matmul: out has shape {}, expected [{}, {}]",
             shape_str(out.shape()), m, n);
   DDP_DISPATCH(a.device(), gemm, a, b, out, o.trans_a, o.trans_b, o.alpha, o.beta);
@@ -140,9 +147,15 @@ Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& options) {
   return out;
 }
 
-Tensor add(const Tensor& a, const Tensor& b) { return binary_op("add", kernels::BinaryOp::add, a, b); }
-Tensor sub(const Tensor& a, const Tensor& b) { return binary_op("sub", kernels::BinaryOp::sub, a, b); }
-Tensor mul(const Tensor& a, const Tensor& b) { return binary_op("mul", kernels::BinaryOp::mul, a, b); }
+Tensor add(const Tensor& a, const Tensor& b) {
+  return binary_op("add", kernels::BinaryOp::add, a, b);
+}
+Tensor sub(const Tensor& a, const Tensor& b) {
+  return binary_op("sub", kernels::BinaryOp::sub, a, b);
+}
+Tensor mul(const Tensor& a, const Tensor& b) {
+  return binary_op("mul", kernels::BinaryOp::mul, a, b);
+}
 
 Tensor scale(const Tensor& a, float s) {
   check_f32("scale", a);
@@ -210,7 +223,8 @@ Tensor mean(const Tensor& x) {
 
 Tensor mean(const Tensor& x, int64_t dim, bool keepdim) {
   const int64_t n = x.size(dim);
-  DDP_CHECK(n > 0, "mean along dim {} of size 0 (shape {}) is undefined", dim, shape_str(x.shape()));
+  DDP_CHECK(n > 0, "mean along dim {} of size 0 (shape {}) is undefined", dim,
+            shape_str(x.shape()));
   return scale(sum(x, dim, keepdim), 1.0f / static_cast<float>(n));
 }
 
@@ -244,11 +258,12 @@ Tensor softmax_cross_entropy_backward(const Tensor& probs, const Tensor& labels,
   check_dtype("cross_entropy_backward", probs, DType::f32, "probs");
   check_dtype("cross_entropy_backward", labels, DType::i64, "labels");
   check_dtype("cross_entropy_backward", grad_loss, DType::f32, "grad_loss");
-  DDP_CHECK(probs.dim() == 2 && labels.dim() == 1 && labels.size(0) == probs.size(0) &&
-                grad_loss.numel() == 1,
-            "cross_entropy_backward: expected probs [N, C], labels [N] and a scalar grad, got {}, {} "
-            "and {}",
-            shape_str(probs.shape()), shape_str(labels.shape()), shape_str(grad_loss.shape()));
+  DDP_CHECK(
+      probs.dim() == 2 && labels.dim() == 1 && labels.size(0) == probs.size(0) &&
+          grad_loss.numel() == 1,
+      "cross_entropy_backward: expected probs [N, C], labels [N] and a scalar grad, got {}, {} "
+      "and {}",
+      shape_str(probs.shape()), shape_str(labels.shape()), shape_str(grad_loss.shape()));
   Tensor out = like(probs);
   DDP_DISPATCH(probs.device(), softmax_xent_backward, probs, labels, grad_loss, out);
   return out;
@@ -296,8 +311,8 @@ void copy_(Tensor& dst, const Tensor& src, bool non_blocking) {
   }
   if (dd.is_cuda()) {  // host -> device
     if (src.is_pinned() || !non_blocking) {
-      cuda_api::memcpy_async(dst.data_ptr(), src.data_ptr(), bytes, cuda_api::CopyKind::host_to_device,
-                             stream.handle());
+      cuda_api::memcpy_async(dst.data_ptr(), src.data_ptr(), bytes,
+                             cuda_api::CopyKind::host_to_device, stream.handle());
       if (src.is_pinned()) {
         pinned_host_allocator().record_stream(src.storage()->data(), stream);
       }
@@ -306,7 +321,8 @@ void copy_(Tensor& dst, const Tensor& src, bool non_blocking) {
     }
     // Pageable source, non_blocking: stage through pinned memory so the host can go
     // on; the staging block is reused only after this copy finished.
-    Tensor staging = empty(src.shape(), {.dtype = src.dtype(), .device = Device::cpu(), .pinned = true});
+    Tensor staging =
+        empty(src.shape(), {.dtype = src.dtype(), .device = Device::cpu(), .pinned = true});
     std::memcpy(staging.data_ptr(), src.data_ptr(), bytes);
     cuda_api::memcpy_async(dst.data_ptr(), staging.data_ptr(), bytes,
                            cuda_api::CopyKind::host_to_device, stream.handle());

@@ -40,7 +40,7 @@ Tensor relu(const Tensor& x);
 // grad * (x > 0)
 Tensor relu_backward(const Tensor& grad, const Tensor& x);
 
-Tensor sum(const Tensor& x);                                 // scalar (shape [])
+Tensor sum(const Tensor& x);  // scalar (shape [])
 Tensor sum(const Tensor& x, int64_t dim, bool keepdim = false);
 Tensor mean(const Tensor& x);
 Tensor mean(const Tensor& x, int64_t dim, bool keepdim = false);

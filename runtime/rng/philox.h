@@ -64,6 +64,8 @@ DDP_HOST_DEVICE void normal_pair(uint32_t w1, uint32_t w2, float* n1, float* n2)
   *n2 = r * sinf(theta);
 }
 
-DDP_HOST_DEVICE uint64_t philox_counters(uint64_t numel) { return (numel + 3) / 4; }
+DDP_HOST_DEVICE uint64_t philox_counters(uint64_t numel) {
+  return (numel + 3) / 4;
+}
 
 }  // namespace ddp::rng

@@ -1,5 +1,5 @@
-#include "runtime/error.h"
 #include "runtime/memory/allocator.h"
+#include "runtime/error.h"
 #include "runtime/memory/caching_allocator.h"
 #include "runtime/tensor.h"
 
@@ -74,7 +74,7 @@ TEST(CachingAllocator, ReusesFreedBlockAndCountsStats) {
   alloc.deallocate(a);
   s = alloc.stats();
   EXPECT_EQ(s.allocated, 0u);
-  EXPECT_EQ(s.reserved, 1024u);  // cached, not returned
+  EXPECT_EQ(s.reserved, 1024u);   // cached, not returned
   void* b = alloc.allocate(900);  // same bin
   EXPECT_EQ(b, a);
   s = alloc.stats();
@@ -185,7 +185,8 @@ TEST(CpuAllocator, StatsFollowTensors) {
   const uint64_t before = memory_allocated(cpu);
   {
     Tensor t = empty({1000}, {.device = cpu});
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data_ptr()) % 64, 0u) << "cpu memory is 64-byte aligned";
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data_ptr()) % 64, 0u)
+        << "cpu memory is 64-byte aligned";
     EXPECT_EQ(memory_allocated(cpu), before + 4032);  // 4000 bytes rounded to 64
     EXPECT_GE(max_memory_allocated(cpu), before + 4032);
   }

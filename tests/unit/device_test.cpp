@@ -31,7 +31,8 @@ TEST(Device, RejectsBadTextNamingIt) {
       Device::parse(bad);
       ADD_FAILURE() << "parsed '" << bad << "'";
     } catch (const ValueError& e) {
-      EXPECT_NE(std::string(e.what()).find(std::string("'") + bad + "'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + bad + "'"), std::string::npos)
+          << e.what();
       EXPECT_NE(std::string(e.what()).find("cuda:N"), std::string::npos) << e.what();
     }
   }

@@ -34,10 +34,10 @@ TEST(DType, Bf16RoundsToNearestEven) {
 TEST(DType, F16MatchesIeeeHalf) {
   EXPECT_EQ(float_to_f16(1.0f), 0x3c00);
   EXPECT_EQ(float_to_f16(-2.0f), 0xc000);
-  EXPECT_EQ(float_to_f16(65504.0f), 0x7bff);     // largest finite
-  EXPECT_EQ(float_to_f16(65520.0f), 0x7c00);     // rounds to inf
-  EXPECT_EQ(float_to_f16(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
-  EXPECT_EQ(float_to_f16(std::ldexp(1.0f, -14)), 0x0400);  // smallest normal
+  EXPECT_EQ(float_to_f16(65504.0f), 0x7bff);                      // largest finite
+  EXPECT_EQ(float_to_f16(65520.0f), 0x7c00);                      // rounds to inf
+  EXPECT_EQ(float_to_f16(std::ldexp(1.0f, -24)), 0x0001);         // smallest subnormal
+  EXPECT_EQ(float_to_f16(std::ldexp(1.0f, -14)), 0x0400);         // smallest normal
   EXPECT_EQ(float_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie to even
   EXPECT_EQ(f16_to_float(0x3555), 0.333251953125f);
   EXPECT_EQ(f16_to_float(0x0001), std::ldexp(1.0f, -24));

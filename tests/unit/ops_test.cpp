@@ -258,7 +258,8 @@ TEST(Ops, DeviceMismatchUsesPyTorchsMessage) {
   const Tensor gpu = from_blob(fake, {4}, {.device = Device::cuda(0)});
   const Tensor cpu = randn({4}, 1);
   const std::string expected =
-      "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!";
+      "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and "
+      "cpu!";
   auto message = [](auto&& fn) {
     try {
       fn();
@@ -271,9 +272,10 @@ TEST(Ops, DeviceMismatchUsesPyTorchsMessage) {
   EXPECT_EQ(message([&] { mul(gpu, cpu); }), expected);
   EXPECT_EQ(message([&] { matmul(gpu.reshape({2, 2}), cpu.reshape({2, 2})); }), expected);
   EXPECT_EQ(message([&] { relu_backward(gpu, cpu); }), expected);
-  EXPECT_EQ(message([&] { add(cpu, gpu); }),
-            "Expected all tensors to be on the same device, but found at least two devices, cpu and "
-            "cuda:0!");
+  EXPECT_EQ(
+      message([&] { add(cpu, gpu); }),
+      "Expected all tensors to be on the same device, but found at least two devices, cpu and "
+      "cuda:0!");
   const Tensor a = randn({2}, 1), b = randn({2}, 2);
   EXPECT_NO_THROW(check_same_device({&a, &b}));
 }

@@ -1,6 +1,6 @@
+#include "runtime/tensor.h"
 #include "runtime/memory/allocator.h"
 #include "runtime/ops/ops.h"
-#include "runtime/tensor.h"
 
 #include <gtest/gtest.h>
 
@@ -94,8 +94,10 @@ TEST(Tensor, FromVectorAndItem) {
 }
 
 TEST(Tensor, PrintsInPyTorchStyle) {
-  EXPECT_EQ(from_vector<float>({1.0f, 2.5f, -3.0f}, {3}).str(), "tensor([ 1.0000,  2.5000, -3.0000])");
-  EXPECT_EQ(from_vector<float>({1, 2, 3, 4}, {2, 2}).str(), "tensor([[1., 2.],\n        [3., 4.]])");
+  EXPECT_EQ(from_vector<float>({1.0f, 2.5f, -3.0f}, {3}).str(),
+            "tensor([ 1.0000,  2.5000, -3.0000])");
+  EXPECT_EQ(from_vector<float>({1, 2, 3, 4}, {2, 2}).str(),
+            "tensor([[1., 2.],\n        [3., 4.]])");
   EXPECT_EQ(from_vector<int64_t>({7, 10}, {2}).str(), "tensor([ 7, 10])");
   EXPECT_EQ(from_vector<int32_t>({7}, {1}).str(), "tensor([7], dtype=i32)");
   EXPECT_EQ(full({}, 0.5).str(), "tensor(0.5000)");

@@ -77,7 +77,8 @@ void cast(const Tensor& src, Tensor& dst) {
     visit_dtype(dst.dtype(), [&](auto d) {
       using S = decltype(s);
       using D = decltype(d);
-      cast_loop(static_cast<const S*>(src.data_ptr()), static_cast<D*>(dst.data_ptr()), src.numel());
+      cast_loop(static_cast<const S*>(src.data_ptr()), static_cast<D*>(dst.data_ptr()),
+                src.numel());
     });
   });
 }
@@ -98,7 +99,8 @@ void fill_uniform(Tensor& t, uint64_t seed, uint64_t offset) {
   const int64_t n = t.numel();
   for (int64_t g = 0; g * 4 < n; ++g) {
     const rng::Philox4 block = rng::philox_block(seed, offset + static_cast<uint64_t>(g));
-    for (int64_t j = 0; j < 4 && g * 4 + j < n; ++j) p[g * 4 + j] = rng::uniform_from_word(block.v[j]);
+    for (int64_t j = 0; j < 4 && g * 4 + j < n; ++j)
+      p[g * 4 + j] = rng::uniform_from_word(block.v[j]);
   }
 }
 

@@ -24,10 +24,10 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool tran
             "matmul: dimensions m={} n={} k={} exceed the BLAS limit of {}", m, n, k, INT_MAX);
   if (m == 0 || n == 0) return;
   const int lda = static_cast<int>(a.size(1)), ldb = static_cast<int>(b.size(1));
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha,
-              a.data<float>(), std::max(lda, 1), b.data<float>(), std::max(ldb, 1), beta,
-              out.data<float>(), static_cast<int>(n));
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+              static_cast<int>(k), alpha, a.data<float>(), std::max(lda, 1), b.data<float>(),
+              std::max(ldb, 1), beta, out.data<float>(), static_cast<int>(n));
 }
 
 }  // namespace ddp::kernels::cpu

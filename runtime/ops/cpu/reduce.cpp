@@ -24,7 +24,8 @@ void sum_dim(const Tensor& x, int64_t outer, int64_t n, int64_t inner, Tensor& o
       const float* row = p + (o * n + j) * inner;
       for (int64_t i = 0; i < inner; ++i) acc[static_cast<size_t>(i)] += row[i];
     }
-    for (int64_t i = 0; i < inner; ++i) z[o * inner + i] = static_cast<float>(acc[static_cast<size_t>(i)]);
+    for (int64_t i = 0; i < inner; ++i)
+      z[o * inner + i] = static_cast<float>(acc[static_cast<size_t>(i)]);
   }
 }
 
@@ -62,9 +63,11 @@ void softmax_xent_forward(const Tensor& logits, const Tensor& labels, Tensor& lo
     float max_value = -std::numeric_limits<float>::infinity();
     for (int64_t c = 0; c < classes; ++c) max_value = std::max(max_value, row[c]);
     double denom = 0.0;
-    for (int64_t c = 0; c < classes; ++c) denom += std::exp(static_cast<double>(row[c] - max_value));
+    for (int64_t c = 0; c < classes; ++c)
+      denom += std::exp(static_cast<double>(row[c] - max_value));
     for (int64_t c = 0; c < classes; ++c) {
-      pr[r * classes + c] = static_cast<float>(std::exp(static_cast<double>(row[c] - max_value)) / denom);
+      pr[r * classes + c] =
+          static_cast<float>(std::exp(static_cast<double>(row[c] - max_value)) / denom);
     }
     total += std::log(denom) - static_cast<double>(row[label] - max_value);
   }

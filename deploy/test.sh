@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Installs what is missing, configures, builds and runs the test suite.
+#
+#   deploy/test.sh [--build-dir DIR] [--cpu-only] [--sanitize address|thread]
+#                  [--werror] [--label L] [--no-install] [--jobs N]
+#
+#   --build-dir DIR    build folder (default: build)
+#   --cpu-only         configure with -DDDP_CUDA=OFF (default: CUDA when nvcc is found)
+#   --sanitize KIND    sanitizer build: address (ASan + UBSan) or thread (TSan)
+#   --werror           treat compiler warnings as errors (CI does)
+#   --label L          run only ctest tests with label L (unit, gpu, ...)
+#   --no-install       skip deploy/install-deps.sh
+#   --jobs N           parallel build and test jobs (default: nproc)
+#
+# gpu-labelled tests need a GPU; without one they are reported as skipped and
+# the reason is printed at the end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build_dir=build
+cuda=AUTO
+sanitize=""
+werror=OFF
+label=""
+install=1
+jobs=$(nproc)
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build-dir) build_dir=$2; shift 2 ;;
+    --cpu-only) cuda=OFF; shift ;;
+    --sanitize) sanitize=$2; shift 2 ;;
+    --werror) werror=ON; shift ;;
+    --label) label=$2; shift 2 ;;
+    --no-install) install=0; shift ;;
+    --jobs) jobs=$2; shift 2 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "deploy/test.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+[ "$install" = 1 ] && bash deploy/install-deps.sh
+
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+cmake -S . -B "$build_dir" "${generator[@]}" -DDDP_CUDA="$cuda" -DDDP_SANITIZE="$sanitize" \
+  -DDDP_WERROR="$werror" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake --build "$build_dir" --parallel "$jobs"
+
+ctest_args=(--test-dir "$build_dir" --output-on-failure --parallel "$jobs" --timeout 600)
+[ -n "$label" ] && ctest_args+=(-L "$label")
+status=0
+ctest "${ctest_args[@]}" || status=$?
+
+# Say why gpu tests skipped, once, rather than leaving a silent "Skipped".
+if [ -x "$build_dir/bin/ddp_gpu_tests" ]; then
+  reason=$("$build_dir/bin/ddp_gpu_tests" --gtest_brief=1 2>&1 | grep -m1 -o "no CUDA device:.*" || true)
+  [ -n "$reason" ] && echo "gpu tests skipped: $reason"
+fi
+exit $status

@@ -1,0 +1,228 @@
+// cuda_api.h over the CUDA runtime. Every call but device_count() goes through
+// DDP_CUDA_CHECK; calls that act on one device make it current with a DeviceGuard.
+#include "runtime/cuda/cuda_api.h"
+
+#include "runtime/cuda/cuda_check.h"
+
+#include <mutex>
+
+namespace ddp::cuda_api {
+namespace {
+
+struct DeviceCount {
+  int count = 0;
+  std::string reason;  // why count is 0, "" otherwise
+};
+
+// The first CUDA call of a process initializes the driver; asking once keeps the
+// answer (and the error of a machine without a GPU) stable and cheap.
+const DeviceCount& device_count_once() {
+  static std::once_flag once;
+  static DeviceCount result;
+  std::call_once(once, [] {
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) {
+      result.reason = fmt::format("cudaGetDeviceCount: {}", cudaGetErrorString(err));
+      (void)cudaGetLastError();
+      count = 0;
+    } else if (count == 0) {
+      result.reason = "cudaGetDeviceCount: no CUDA device is visible";
+    }
+    result.count = count;
+  });
+  return result;
+}
+
+cudaStream_t to_stream(StreamHandle stream) {
+  return static_cast<cudaStream_t>(stream);
+}
+cudaEvent_t to_event(EventHandle event) {
+  return static_cast<cudaEvent_t>(event);
+}
+
+cudaMemcpyKind to_cuda_kind(CopyKind kind) {
+  switch (kind) {
+    case CopyKind::host_to_device:
+      return cudaMemcpyHostToDevice;
+    case CopyKind::device_to_host:
+      return cudaMemcpyDeviceToHost;
+    case CopyKind::device_to_device:
+      return cudaMemcpyDeviceToDevice;
+    case CopyKind::host_to_host:
+      return cudaMemcpyHostToHost;
+  }
+  DDP_ASSERT(false, "unknown CopyKind {}", static_cast<int>(kind));
+}
+
+// true on success, false when the work is still running; throws on a real error.
+bool ready(cudaError_t err, std::string_view call) {
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // "not ready" is an answer, not an error to report later
+    return false;
+  }
+  detail::check_cuda(err, call);
+  return true;
+}
+
+}  // namespace
+
+bool compiled() {
+  return true;
+}
+
+int device_count() {
+  return device_count_once().count;
+}
+
+std::string unavailable_reason() {
+  return device_count_once().reason;
+}
+
+Properties properties(int device) {
+  cudaDeviceProp prop{};
+  DDP_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  Properties out;
+  out.name = prop.name;
+  out.total_memory = prop.totalGlobalMem;
+  out.major = prop.major;
+  out.minor = prop.minor;
+  out.multiprocessors = prop.multiProcessorCount;
+  return out;
+}
+
+void mem_get_info(int device, uint64_t* free_bytes, uint64_t* total_bytes) {
+  DeviceGuard guard(device);
+  size_t free_b = 0, total_b = 0;
+  DDP_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  if (free_bytes) *free_bytes = free_b;
+  if (total_bytes) *total_bytes = total_b;
+}
+
+int current_device() {
+  int device = 0;
+  DDP_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+void set_device(int device) {
+  DDP_CUDA_CHECK(cudaSetDevice(device));
+}
+
+void device_synchronize(int device) {
+  DeviceGuard guard(device);
+  DDP_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void* malloc_device(int device, size_t bytes) {
+  DeviceGuard guard(device);
+  void* ptr = nullptr;
+  const cudaError_t err = cudaMalloc(&ptr, bytes);
+  if (err == cudaErrorMemoryAllocation) {
+    // The caller (the caching allocator) frees its cache and retries, or throws
+    // OutOfMemoryError with the numbers; the error must not linger.
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  if (err != cudaSuccess) {
+    detail::throw_cuda_error(err, fmt::format("cudaMalloc({} bytes on cuda:{})", bytes, device));
+  }
+  return ptr;
+}
+
+void free_device(int device, void* ptr) {
+  DeviceGuard guard(device);
+  DDP_CUDA_CHECK(cudaFree(ptr));
+}
+
+void* malloc_pinned(size_t bytes) {
+  void* ptr = nullptr;
+  const cudaError_t err = cudaHostAlloc(&ptr, bytes, cudaHostAllocDefault);
+  if (err == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  if (err != cudaSuccess) {
+    detail::throw_cuda_error(err, fmt::format("cudaHostAlloc({} bytes)", bytes));
+  }
+  return ptr;
+}
+
+void free_pinned(void* ptr) {
+  DDP_CUDA_CHECK(cudaFreeHost(ptr));
+}
+
+void memcpy_async(void* dst, const void* src, size_t bytes, CopyKind kind, StreamHandle stream) {
+  DDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, to_cuda_kind(kind), to_stream(stream)));
+}
+
+void memcpy_peer_async(void* dst, int dst_device, const void* src, int src_device, size_t bytes,
+                       StreamHandle stream) {
+  DDP_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, to_stream(stream)));
+}
+
+void memset_async(void* dst, int value, size_t bytes, StreamHandle stream) {
+  DDP_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, to_stream(stream)));
+}
+
+StreamHandle stream_create(int device) {
+  DeviceGuard guard(device);
+  cudaStream_t stream = nullptr;
+  DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return stream;
+}
+
+void stream_destroy(StreamHandle stream) {
+  if (stream == nullptr) return;  // the legacy default stream is not ours to destroy
+  DDP_CUDA_CHECK(cudaStreamDestroy(to_stream(stream)));
+}
+
+void stream_synchronize(StreamHandle stream) {
+  DDP_CUDA_CHECK(cudaStreamSynchronize(to_stream(stream)));
+}
+
+bool stream_query(StreamHandle stream) {
+  return ready(cudaStreamQuery(to_stream(stream)), "cudaStreamQuery(stream)");
+}
+
+EventHandle event_create(int device, bool enable_timing) {
+  DeviceGuard guard(device);
+  cudaEvent_t event = nullptr;
+  DDP_CUDA_CHECK(
+      cudaEventCreateWithFlags(&event, enable_timing ? cudaEventDefault : cudaEventDisableTiming));
+  return event;
+}
+
+void event_destroy(EventHandle event) {
+  if (event == nullptr) return;
+  DDP_CUDA_CHECK(cudaEventDestroy(to_event(event)));
+}
+
+void event_record(EventHandle event, StreamHandle stream) {
+  DDP_CUDA_CHECK(cudaEventRecord(to_event(event), to_stream(stream)));
+}
+
+void event_synchronize(EventHandle event) {
+  DDP_CUDA_CHECK(cudaEventSynchronize(to_event(event)));
+}
+
+bool event_query(EventHandle event) {
+  return ready(cudaEventQuery(to_event(event)), "cudaEventQuery(event)");
+}
+
+float event_elapsed_ms(EventHandle start, EventHandle end) {
+  float ms = 0.0f;
+  DDP_CUDA_CHECK(cudaEventElapsedTime(&ms, to_event(start), to_event(end)));
+  return ms;
+}
+
+void stream_wait_event(StreamHandle stream, EventHandle event) {
+  DDP_CUDA_CHECK(cudaStreamWaitEvent(to_stream(stream), to_event(event), 0));
+}
+
+void check_last_error(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) detail::throw_cuda_error(err, fmt::format("launch of {}", what));
+}
+
+}  // namespace ddp::cuda_api

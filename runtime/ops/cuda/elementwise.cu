@@ -1,0 +1,229 @@
+// Elementwise CUDA kernels: arithmetic (f32), casts, fill and arange (any dtype).
+// One grid-stride kernel template (launch.cuh) runs a small functor per element.
+#include "runtime/ops/cuda/launch.cuh"
+#include "runtime/ops/kernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+namespace ddp::kernels::cuda {
+namespace {
+
+using detail::for_each_index;
+using detail::ptr;
+
+// ---- arithmetic (f32) --------------------------------------------------------
+
+template <BinaryOp Op>
+struct BinaryFn {
+  const float* a;
+  const float* b;
+  float* out;
+  __device__ void operator()(int64_t i) const {
+    if constexpr (Op == BinaryOp::add) {
+      out[i] = a[i] + b[i];
+    } else if constexpr (Op == BinaryOp::sub) {
+      out[i] = a[i] - b[i];
+    } else {
+      out[i] = a[i] * b[i];
+    }
+  }
+};
+
+template <BinaryOp Op>
+void launch_binary(const Tensor& a, const Tensor& b, Tensor& out) {
+  const BinaryFn<Op> fn{ptr<const float>(a), ptr<const float>(b), ptr<float>(out)};
+  for_each_index(out, out.numel(), fn, "binary");
+}
+
+struct ScaleFn {
+  const float* a;
+  float s;
+  float* out;
+  __device__ void operator()(int64_t i) const { out[i] = a[i] * s; }
+};
+
+struct AxpyFn {
+  float alpha;
+  const float* x;
+  float* y;
+  __device__ void operator()(int64_t i) const { y[i] += alpha * x[i]; }
+};
+
+struct AddBiasRowsFn {
+  const float* x;
+  const float* bias;
+  int64_t cols;
+  float* out;
+  __device__ void operator()(int64_t i) const { out[i] = x[i] + bias[i % cols]; }
+};
+
+struct ReluFn {
+  const float* x;
+  float* out;
+  __device__ void operator()(int64_t i) const { out[i] = x[i] > 0.0f ? x[i] : 0.0f; }
+};
+
+struct ReluBackwardFn {
+  const float* grad;
+  const float* x;
+  float* out;
+  __device__ void operator()(int64_t i) const { out[i] = x[i] > 0.0f ? grad[i] : 0.0f; }
+};
+
+// ---- dtype dispatch and conversion -------------------------------------------
+
+template <typename T>
+struct Tag {
+  using type = T;
+};
+
+// Calls fn(Tag<T>{}) with T the device type of `dtype`.
+template <typename Fn>
+void dispatch_dtype(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::f32:
+      return fn(Tag<float>{});
+    case DType::bf16:
+      return fn(Tag<__nv_bfloat16>{});
+    case DType::f16:
+      return fn(Tag<__half>{});
+    case DType::i32:
+      return fn(Tag<int32_t>{});
+    case DType::i64:
+      return fn(Tag<int64_t>{});
+    case DType::u8:
+      return fn(Tag<uint8_t>{});
+  }
+  DDP_ASSERT(false, "unknown dtype {}", static_cast<int>(dtype));
+}
+
+// Like the CPU kernels: 16-bit floats go through f32 (round to nearest even on the
+// way down), everything else is a static_cast (float -> int truncates).
+template <typename Dst, typename Src>
+__device__ __forceinline__ Dst convert(Src v) {
+  if constexpr (std::is_same_v<Src, __nv_bfloat16>) {
+    return convert<Dst>(__bfloat162float(v));
+  } else if constexpr (std::is_same_v<Src, __half>) {
+    return convert<Dst>(__half2float(v));
+  } else if constexpr (std::is_same_v<Dst, __nv_bfloat16>) {
+    return __float2bfloat16_rn(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<Dst, __half>) {
+    return __float2half_rn(static_cast<float>(v));
+  } else {
+    return static_cast<Dst>(v);
+  }
+}
+
+template <typename Src, typename Dst>
+struct CastFn {
+  const Src* src;
+  Dst* dst;
+  __device__ void operator()(int64_t i) const { dst[i] = convert<Dst>(src[i]); }
+};
+
+template <typename T>
+struct FillFn {
+  T* out;
+  T value;
+  __device__ void operator()(int64_t i) const { out[i] = value; }
+};
+
+template <typename T>
+void launch_fill(Tensor& t, T value) {
+  for_each_index(t, t.numel(), FillFn<T>{ptr<T>(t), value}, "fill");
+}
+
+template <typename T>
+struct ArangeFn {
+  T* out;
+  double start;
+  double step;
+  __device__ void operator()(int64_t i) const {
+    // Explicit rounding stops nvcc from contracting into an fma, so the values
+    // match the CPU's `start + i * step` exactly.
+    out[i] = convert<T>(__dadd_rn(start, __dmul_rn(static_cast<double>(i), step)));
+  }
+};
+
+}  // namespace
+
+void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
+  switch (op) {
+    case BinaryOp::add:
+      return launch_binary<BinaryOp::add>(a, b, out);
+    case BinaryOp::sub:
+      return launch_binary<BinaryOp::sub>(a, b, out);
+    case BinaryOp::mul:
+      return launch_binary<BinaryOp::mul>(a, b, out);
+  }
+  DDP_ASSERT(false, "unknown BinaryOp {}", static_cast<int>(op));
+}
+
+void scale(const Tensor& a, float s, Tensor& out) {
+  for_each_index(out, out.numel(), ScaleFn{ptr<const float>(a), s, ptr<float>(out)}, "scale");
+}
+
+void axpy(float alpha, const Tensor& x, Tensor& y) {
+  for_each_index(y, y.numel(), AxpyFn{alpha, ptr<const float>(x), ptr<float>(y)}, "axpy");
+}
+
+void add_bias_rows(const Tensor& x, const Tensor& bias, Tensor& out) {
+  const int64_t cols = bias.numel();
+  if (cols == 0) return;  // then out is empty too
+  const AddBiasRowsFn fn{ptr<const float>(x), ptr<const float>(bias), cols, ptr<float>(out)};
+  for_each_index(out, out.numel(), fn, "add_bias_rows");
+}
+
+void relu(const Tensor& x, Tensor& out) {
+  for_each_index(out, out.numel(), ReluFn{ptr<const float>(x), ptr<float>(out)}, "relu");
+}
+
+void relu_backward(const Tensor& grad, const Tensor& x, Tensor& out) {
+  const ReluBackwardFn fn{ptr<const float>(grad), ptr<const float>(x), ptr<float>(out)};
+  for_each_index(out, out.numel(), fn, "relu_backward");
+}
+
+void cast(const Tensor& src, Tensor& dst) {
+  DDP_ASSERT(src.numel() == dst.numel(), "cast of {} elements into {}", src.numel(), dst.numel());
+  dispatch_dtype(src.dtype(), [&](auto src_tag) {
+    using Src = typename decltype(src_tag)::type;
+    dispatch_dtype(dst.dtype(), [&](auto dst_tag) {
+      using Dst = typename decltype(dst_tag)::type;
+      for_each_index(dst, dst.numel(), CastFn<Src, Dst>{ptr<const Src>(src), ptr<Dst>(dst)},
+                     "cast");
+    });
+  });
+}
+
+void fill(Tensor& t, double value) {
+  // The value is converted once on the host, with the same functions as the CPU
+  // kernels, so both devices store identical bits.
+  const auto f = static_cast<float>(value);
+  switch (t.dtype()) {
+    case DType::f32:
+      return launch_fill<float>(t, f);
+    case DType::bf16:
+      return launch_fill<uint16_t>(t, float_to_bf16(f));
+    case DType::f16:
+      return launch_fill<uint16_t>(t, float_to_f16(f));
+    case DType::i32:
+      return launch_fill<int32_t>(t, static_cast<int32_t>(value));
+    case DType::i64:
+      return launch_fill<int64_t>(t, static_cast<int64_t>(value));
+    case DType::u8:
+      return launch_fill<uint8_t>(t, static_cast<uint8_t>(value));
+  }
+  DDP_ASSERT(false, "unknown dtype {}", static_cast<int>(t.dtype()));
+}
+
+void arange(Tensor& t, double start, double step) {
+  dispatch_dtype(t.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for_each_index(t, t.numel(), ArangeFn<T>{ptr<T>(t), start, step}, "arange");
+  });
+}
+
+}  // namespace ddp::kernels::cuda

@@ -1,0 +1,103 @@
+// GEMM on CUDA through cuBLAS, for row-major tensors.
+//
+// Note [row-major gemm]: cuBLAS is column-major, and a row-major [r, c] matrix
+// read column-major is its transpose [c, r]. So row-major C = op(A) op(B) is
+// computed as column-major C^T = op(B)^T op(A)^T: swap the operands and m/n,
+// keep the transpose flags, and pass the row-major leading dimensions.
+#include "runtime/ops/cuda/launch.cuh"
+#include "runtime/ops/kernels.h"
+
+#include <cublas_v2.h>
+
+#include <climits>
+#include <unordered_map>
+
+namespace ddp::kernels::cuda {
+namespace {
+
+// One cuBLAS handle, destroyed with its owner.
+class CublasHandle {
+ public:
+  explicit CublasHandle(int device) {
+    cuda_api::DeviceGuard guard(device);
+    DDP_CUBLAS_CHECK(cublasCreate(&handle_));
+  }
+  ~CublasHandle() {
+    // Errors cannot be reported from a destructor; at thread exit the context may
+    // already be going away, which is not worth a crash.
+    if (handle_ != nullptr) (void)cublasDestroy(handle_);
+  }
+  CublasHandle(const CublasHandle&) = delete;
+  CublasHandle& operator=(const CublasHandle&) = delete;
+
+  cublasHandle_t get() const { return handle_; }
+
+ private:
+  cublasHandle_t handle_ = nullptr;
+};
+
+// Handles are not thread-safe to share while setting streams, and belong to the
+// device current at creation: one per (thread, device), made on first use.
+cublasHandle_t handle_for(const Tensor& t) {
+  thread_local std::unordered_map<int, CublasHandle> handles;
+  const int device = t.device().index;
+  auto it = handles.find(device);
+  if (it == handles.end()) it = handles.try_emplace(device, device).first;
+  cublasHandle_t handle = it->second.get();
+  DDP_CUBLAS_CHECK(cublasSetStream(handle, detail::stream_of(t)));
+  return handle;
+}
+
+int checked_int(int64_t v, const char* what) {
+  DDP_CHECK(v <= INT_MAX, "matmul: {} = {} is larger than cuBLAS supports ({}); split the matmul",
+            what, v, INT_MAX);
+  return static_cast<int>(v);
+}
+
+cudaDataType_t cublas_type(DType dtype) {
+  switch (dtype) {
+    case DType::bf16:
+      return CUDA_R_16BF;
+    case DType::f16:
+      return CUDA_R_16F;
+    case DType::f32:
+      return CUDA_R_32F;
+    default:
+      throw ValueError(
+          fmt::format("matmul on cuda supports f32, bf16 and f16, not {}", dtype_name(dtype)));
+  }
+}
+
+}  // namespace
+
+void gemm(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool trans_b, float alpha,
+          float beta) {
+  const int64_t m = trans_a ? a.size(1) : a.size(0);
+  const int64_t k = trans_a ? a.size(0) : a.size(1);
+  const int64_t n = trans_b ? b.size(0) : b.size(1);
+  if (m == 0 || n == 0) return;
+  const int mi = checked_int(m, "m"), ni = checked_int(n, "n"), ki = checked_int(k, "k");
+  // Row-major leading dimensions (each operand's row length); cuBLAS wants >= 1
+  // even when k == 0 (then it only scales out by beta).
+  const int lda = std::max(checked_int(a.size(1), "a.size(1)"), 1);
+  const int ldb = std::max(checked_int(b.size(1), "b.size(1)"), 1);
+  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+
+  cuda_api::DeviceGuard guard(out.device().index);
+  const cublasHandle_t handle = handle_for(out);
+  // Note [row-major gemm]: B first, then A; C^T is [n, m] with leading dimension n.
+  if (out.dtype() == DType::f32) {
+    // The default math mode keeps full f32 (no TF32) unless NVIDIA_TF32_OVERRIDE says so.
+    DDP_CUBLAS_CHECK(cublasSgemm(handle, op_b, op_a, ni, mi, ki, &alpha,
+                                 detail::ptr<const float>(b), ldb, detail::ptr<const float>(a), lda,
+                                 &beta, detail::ptr<float>(out), ni));
+    return;
+  }
+  const cudaDataType_t type = cublas_type(out.dtype());
+  DDP_CUBLAS_CHECK(cublasGemmEx(handle, op_b, op_a, ni, mi, ki, &alpha, b.data_ptr(), type, ldb,
+                                a.data_ptr(), type, lda, &beta, out.data_ptr(), type, ni,
+                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace ddp::kernels::cuda
