@@ -4,9 +4,31 @@
 
 #include "runtime/tensor.h"
 
+#include <array>
+
 namespace ddp::kernels {
 
 enum class BinaryOp { add, sub, mul };
+
+struct Conv2dGeometry {
+  int64_t n = 0, c = 0, h = 0, w = 0;  // input [N, C, H, W]
+  int64_t kernel_h = 1, kernel_w = 1;
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;
+  int64_t out_h() const { return (h + 2 * pad_h - kernel_h) / stride_h + 1; }
+  int64_t out_w() const { return (w + 2 * pad_w - kernel_w) / stride_w + 1; }
+};
+
+struct SgdStep {
+  float lr = 0.01f, momentum = 0.0f, weight_decay = 0.0f;
+  bool nesterov = false;
+  bool first_step = false;  // the momentum buffer is initialised from this gradient
+};
+
+struct AdamWStep {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 1e-2f;
+  int64_t step = 1;  // 1-based, for the bias corrections
+};
 
 namespace cpu {
 #include "runtime/ops/kernel_decls.inc"

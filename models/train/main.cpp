@@ -1,0 +1,43 @@
+// train: trains a model of the zoo on one device. See --help and docs/train.md.
+#include "models/train/train_options.h"
+#include "models/train/trainer.h"
+#include "runtime/error.h"
+
+#include <iostream>
+
+int main(int argc, char** argv) {
+  std::optional<ddp::train::TrainOptions> options;
+  try {
+    options = ddp::train::parse_train_args(argc, argv);
+  } catch (const ddp::Error& e) {
+    std::cerr << "train: " << e.what() << "\n\n" << ddp::train::kTrainUsage;
+    return 2;
+  }
+  if (!options) {
+    std::cout << ddp::train::kTrainUsage;
+    return 0;
+  }
+  try {
+    const auto result = ddp::train::run_training(*options, std::cout);
+    if (result.epochs.empty()) {
+      std::cout << "nothing to do: the checkpoint already covers " << options->epochs
+                << " epochs\n";
+      return 0;
+    }
+    const auto& last = result.epochs.back();
+    double best = 0, rate = 0;
+    for (const auto& m : result.epochs) {
+      best = std::max(best, m.test_acc);
+      rate += m.samples_per_s / static_cast<double>(result.epochs.size());
+    }
+    std::cout << fmt::format(
+        "summary: {} epochs on {} in {:.1f} s; final test_acc {:.4f} (best {:.4f}); "
+        "train_loss {:.4f}; {:.0f} samples/s{}\n",
+        result.epochs.size(), result.device.str(), result.total_s, last.test_acc, best,
+        last.train_loss, rate, options->save.empty() ? "" : "; checkpoint " + options->save);
+    return 0;
+  } catch (const ddp::Error& e) {
+    std::cerr << "train: error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,168 @@
+#include "models/train/train_options.h"
+
+#include "runtime/error.h"
+
+#include <charconv>
+#include <cmath>
+#include <functional>
+#include <map>
+
+namespace ddp::train {
+
+const char* const kTrainUsage = R"(usage: train [options]
+
+Trains a model of the zoo on Fashion-MNIST (or synthetic data) on one device.
+
+model and data:
+  --model mlp|cnn          model to train (default mlp)
+  --hidden N[,N...]        mlp hidden layer sizes (default 256: 784-256-10)
+  --data DIR|synthetic     Fashion-MNIST folder with the four IDX .gz files
+                           (default /usr/share/datasets/fashion-mnist), or a
+                           learnable synthetic data set
+  --synthetic-size N       training samples of --data synthetic (default 10000)
+optimisation:
+  --epochs N               passes over the training data (default 10)
+  --batch-size N           samples per step (default 64)
+  --lr X                   learning rate (default 0.02)
+  --optimizer sgd|adamw    (default sgd)
+  --momentum X             SGD momentum (default 0.9)
+  --nesterov               SGD with Nesterov momentum
+  --weight-decay X         (default 0; AdamW applies it decoupled)
+  --lr-schedule constant|step|cosine
+                           step: x0.1 every 3 epochs; cosine: to 0 over the run
+                           (default cosine)
+  --warmup-steps N         linear warmup steps for cosine (default 0)
+  --seed N                 model initialisation and shuffling (default 0)
+  --max-steps N            stop each epoch after N steps (default: no limit)
+device and files:
+  --device auto|cpu|cuda|cuda:N|mps
+                           (default auto: cuda, then mps, then cpu; DDP_DEVICE
+                           overrides auto)
+  --save PATH              write a safetensors checkpoint after every epoch
+  --resume PATH            continue from a checkpoint written by --save
+  --metrics FILE           append one JSON object per epoch
+output:
+  --log-every N            a progress line every N steps (default: a progress
+                           bar on a terminal, one line per epoch otherwise)
+  --quiet                  only the summary
+  -h, --help               this text
+)";
+
+namespace {
+
+template <typename T>
+T parse_number(const std::string& flag, const std::string& text) {
+  T value{};
+  const char* end = text.data() + text.size();
+  std::from_chars_result r;
+  if constexpr (std::is_floating_point_v<T>) {
+    r = std::from_chars(text.data(), end, value);
+    DDP_CHECK(r.ec == std::errc() && r.ptr == end && std::isfinite(value),
+              "{} '{}': expected a number", flag, text);
+  } else {
+    r = std::from_chars(text.data(), end, value);
+    DDP_CHECK(r.ec == std::errc() && r.ptr == end, "{} '{}': expected a whole number", flag, text);
+  }
+  return value;
+}
+
+void check_choice(const std::string& flag, const std::string& value,
+                  std::initializer_list<const char*> valid) {
+  for (const char* v : valid) {
+    if (value == v) return;
+  }
+  std::string list;
+  for (const char* v : valid) list += (list.empty() ? "" : ", ") + std::string(v);
+  throw ValueError(fmt::format("{} '{}': valid values are {}", flag, value, list));
+}
+
+using Setter = std::function<void(TrainOptions&, const std::string&)>;
+
+const std::map<std::string, Setter>& setters() {
+  static const std::map<std::string, Setter> table = {
+      {"--model",
+       [](auto& o, auto& v) {
+         check_choice("--model", v, {"mlp", "cnn"});
+         o.model.name = v;
+       }},
+      {"--hidden", [](auto& o, auto& v) { o.model.hidden = models::parse_hidden(v); }},
+      {"--data", [](auto& o, auto& v) { o.data = v; }},
+      {"--synthetic-size",
+       [](auto& o, auto& v) { o.synthetic_size = parse_number<int64_t>("--synthetic-size", v); }},
+      {"--epochs", [](auto& o, auto& v) { o.epochs = parse_number<int64_t>("--epochs", v); }},
+      {"--batch-size",
+       [](auto& o, auto& v) { o.batch_size = parse_number<int64_t>("--batch-size", v); }},
+      {"--lr", [](auto& o, auto& v) { o.lr = parse_number<float>("--lr", v); }},
+      {"--optimizer",
+       [](auto& o, auto& v) {
+         check_choice("--optimizer", v, {"sgd", "adamw"});
+         o.optimizer = v;
+       }},
+      {"--momentum", [](auto& o, auto& v) { o.momentum = parse_number<float>("--momentum", v); }},
+      {"--weight-decay",
+       [](auto& o, auto& v) { o.weight_decay = parse_number<float>("--weight-decay", v); }},
+      {"--lr-schedule",
+       [](auto& o, auto& v) {
+         check_choice("--lr-schedule", v, {"constant", "step", "cosine"});
+         o.lr_schedule = v;
+       }},
+      {"--warmup-steps",
+       [](auto& o, auto& v) { o.warmup_steps = parse_number<int64_t>("--warmup-steps", v); }},
+      {"--seed", [](auto& o, auto& v) { o.seed = parse_number<uint64_t>("--seed", v); }},
+      {"--max-steps",
+       [](auto& o, auto& v) { o.max_steps = parse_number<int64_t>("--max-steps", v); }},
+      {"--device", [](auto& o, auto& v) { o.device = v; }},
+      {"--save", [](auto& o, auto& v) { o.save = v; }},
+      {"--resume", [](auto& o, auto& v) { o.resume = v; }},
+      {"--metrics", [](auto& o, auto& v) { o.metrics = v; }},
+      {"--log-every",
+       [](auto& o, auto& v) { o.log_every = parse_number<int64_t>("--log-every", v); }},
+  };
+  return table;
+}
+
+void validate(const TrainOptions& o) {
+  DDP_CHECK(o.epochs >= 1, "--epochs {}: must be at least 1", o.epochs);
+  DDP_CHECK(o.batch_size >= 1, "--batch-size {}: must be at least 1", o.batch_size);
+  DDP_CHECK(o.lr > 0, "--lr {}: must be positive", o.lr);
+  DDP_CHECK(o.momentum >= 0 && o.momentum < 1, "--momentum {}: must be in [0, 1)", o.momentum);
+  DDP_CHECK(o.weight_decay >= 0, "--weight-decay {}: must be >= 0", o.weight_decay);
+  DDP_CHECK(!o.nesterov || (o.optimizer == "sgd" && o.momentum > 0),
+            "--nesterov needs --optimizer sgd with --momentum > 0");
+  DDP_CHECK(o.synthetic_size >= 10, "--synthetic-size {}: must be at least 10", o.synthetic_size);
+  DDP_CHECK(o.log_every >= 0 && o.max_steps >= 0 && o.warmup_steps >= 0,
+            "--log-every, --max-steps and --warmup-steps must be >= 0");
+}
+
+}  // namespace
+
+std::optional<TrainOptions> parse_train_args(int argc, const char* const* argv) {
+  TrainOptions o;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::string value;
+    bool has_value = false;
+    if (auto eq = arg.find('='); arg.starts_with("--") && eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+      has_value = true;
+    }
+    if (arg == "-h" || arg == "--help") return std::nullopt;
+    if (arg == "--quiet" || arg == "--nesterov") {
+      DDP_CHECK(!has_value, "{} takes no value", arg);
+      (arg == "--quiet" ? o.quiet : o.nesterov) = true;
+      continue;
+    }
+    auto it = setters().find(arg);
+    DDP_CHECK(it != setters().end(), "unknown option '{}'", arg);
+    if (!has_value) {
+      DDP_CHECK(i + 1 < argc, "{} needs a value", arg);
+      value = argv[++i];
+    }
+    it->second(o, value);
+  }
+  validate(o);
+  return o;
+}
+
+}  // namespace ddp::train

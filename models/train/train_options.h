@@ -1,0 +1,42 @@
+// Command-line options of `train`. Every flag is documented in kTrainUsage
+// (printed by --help) and docs/train.md.
+#pragma once
+
+#include "models/zoo.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace ddp::train {
+
+struct TrainOptions {
+  models::ModelConfig model;
+  std::string data = "/usr/share/datasets/fashion-mnist";  // or "synthetic"
+  int64_t synthetic_size = 10000;  // training samples of --data synthetic (test: a fifth)
+  int64_t epochs = 10;
+  int64_t batch_size = 64;
+  float lr = 0.02f;
+  std::string optimizer = "sgd";  // sgd | adamw
+  float momentum = 0.9f;
+  bool nesterov = false;
+  float weight_decay = 0.0f;
+  std::string lr_schedule = "cosine";  // constant | step | cosine
+  int64_t warmup_steps = 0;
+  uint64_t seed = 0;
+  std::string device = "auto";  // auto | cpu | cuda | cuda:N | mps
+  std::string save;             // checkpoint written after every epoch
+  std::string resume;           // checkpoint to continue from
+  std::string metrics;          // JSON lines, one per epoch
+  int64_t log_every = 0;        // steps between progress lines (0: a progress bar on a
+                                // terminal, else one line per epoch)
+  int64_t max_steps = 0;        // stop each epoch after this many steps (0: no limit)
+  bool quiet = false;
+};
+
+// Throws ValueError (the caller prints it with the usage and exits 2).
+// Returns nullopt when --help was asked for (the caller prints the usage, exit 0).
+std::optional<TrainOptions> parse_train_args(int argc, const char* const* argv);
+extern const char* const kTrainUsage;
+
+}  // namespace ddp::train

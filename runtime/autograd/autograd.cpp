@@ -1,0 +1,214 @@
+#include "runtime/autograd/autograd.h"
+
+#include "runtime/ops/ops.h"
+
+#include <atomic>
+#include <limits>
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace ddp {
+namespace {
+
+std::atomic<uint64_t> g_next_sequence_nr{0};
+thread_local bool t_grad_mode = true;
+
+AutogradMeta& meta(const Tensor& t) {
+  auto& slot = t.impl().autograd;
+  if (!slot) slot = std::make_shared<AutogradMeta>();
+  return *slot;
+}
+
+const AutogradMeta* meta_if(const Tensor& t) {
+  return t.impl().autograd.get();
+}
+
+// The sink of a leaf: sums the incoming gradient into .grad, then runs the hooks.
+// Its sequence number is the largest possible, so it runs as soon as it is ready.
+struct AccumulateGrad : Node {
+  explicit AccumulateGrad(std::weak_ptr<TensorImpl> target) : target_(std::move(target)) {
+    sequence_nr = std::numeric_limits<uint64_t>::max();
+  }
+  std::vector<Tensor> apply(const Tensor& g) override {
+    auto impl = target_.lock();
+    if (!impl || !g.defined()) return {};
+    Tensor param(impl);
+    AutogradMeta& m = meta(param);
+    DDP_ASSERT(g.shape() == param.shape(), "gradient shape {} for a parameter of shape {}",
+               shape_str(g.shape()), shape_str(param.shape()));
+    if (!m.grad.defined()) {
+      m.grad = g.clone();
+    } else {
+      axpy_(1.0f, g, m.grad);
+    }
+    for (auto& hook : m.post_accumulate_hooks) hook(param);
+    return {};
+  }
+  std::string name() const override { return "AccumulateGrad"; }
+
+ private:
+  std::weak_ptr<TensorImpl> target_;
+};
+
+std::shared_ptr<Node> accumulate_node(const Tensor& leaf) {
+  AutogradMeta& m = meta(leaf);
+  auto node = m.accumulate_node.lock();
+  if (!node) {
+    node = std::make_shared<AccumulateGrad>(leaf.impl_ptr());
+    m.accumulate_node = node;
+  }
+  return node;
+}
+
+std::shared_ptr<Node> node_of(const Tensor& t) {
+  const AutogradMeta* m = meta_if(t);
+  if (m == nullptr || !m->requires_grad) return nullptr;
+  return m->grad_fn ? m->grad_fn : accumulate_node(t);
+}
+
+std::unordered_map<Node*, int> count_dependencies(const std::shared_ptr<Node>& root) {
+  std::unordered_map<Node*, int> deps;
+  std::unordered_set<Node*> seen{root.get()};
+  std::vector<Node*> stack{root.get()};
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    for (const Edge& e : node->next) {
+      if (!e.node) continue;
+      ++deps[e.node.get()];
+      if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+    }
+  }
+  return deps;
+}
+
+struct ReadyEntry {
+  std::shared_ptr<Node> node;
+  uint64_t order;  // insertion order: ties run first-in first-out
+  bool operator<(const ReadyEntry& o) const {
+    if (node->sequence_nr != o.node->sequence_nr) return node->sequence_nr < o.node->sequence_nr;
+    return order > o.order;
+  }
+};
+
+}  // namespace
+
+Node::Node() : sequence_nr(g_next_sequence_nr.fetch_add(1)) {}
+
+void set_requires_grad(Tensor& t, bool value) {
+  DDP_CHECK(!value || is_floating(t.dtype()),
+            "only floating-point tensors can require gradients, got dtype {}",
+            dtype_name(t.dtype()));
+  DDP_CHECK(is_leaf(t),
+            "requires_grad can only be changed on leaf tensors (this one has grad_fn {})",
+            grad_fn(t)->name());
+  meta(t).requires_grad = value;
+}
+
+bool requires_grad(const Tensor& t) {
+  const AutogradMeta* m = meta_if(t);
+  return m != nullptr && m->requires_grad;
+}
+
+bool is_leaf(const Tensor& t) {
+  const AutogradMeta* m = meta_if(t);
+  return m == nullptr || !m->grad_fn;
+}
+
+Tensor grad(const Tensor& t) {
+  const AutogradMeta* m = meta_if(t);
+  return m == nullptr ? Tensor() : m->grad;
+}
+
+void set_grad(Tensor& t, const Tensor& g) {
+  if (g.defined()) {
+    check_same_device({&t, &g});
+    DDP_CHECK(g.shape() == t.shape(), "set_grad: gradient shape {} differs from tensor shape {}",
+              shape_str(g.shape()), shape_str(t.shape()));
+  }
+  meta(t).grad = g;
+}
+
+std::shared_ptr<Node> grad_fn(const Tensor& t) {
+  const AutogradMeta* m = meta_if(t);
+  return m == nullptr ? nullptr : m->grad_fn;
+}
+
+void register_post_accumulate_grad_hook(Tensor& param, GradHook hook) {
+  DDP_CHECK(is_leaf(param) && requires_grad(param),
+            "post-accumulate-grad hooks can only be registered on leaf tensors that require grad");
+  meta(param).post_accumulate_hooks.push_back(std::move(hook));
+}
+
+void backward(const Tensor& root, const Tensor& grad_root) {
+  DDP_CHECK(requires_grad(root),
+            "backward: the tensor does not require grad and has no grad_fn; did a parameter miss "
+            "set_requires_grad, or did the forward run under NoGradGuard?");
+  Tensor seed = grad_root;
+  if (!seed.defined()) {
+    DDP_CHECK(root.numel() == 1,
+              "backward: grad can be implicitly created only for scalar outputs, "
+              "got shape {}; pass grad_root",
+              shape_str(root.shape()));
+    seed = ones(root.shape(), {.dtype = root.dtype(), .device = root.device()});
+  }
+  NoGradGuard no_grad;
+  const std::shared_ptr<Node> root_node = node_of(root);
+  auto deps = count_dependencies(root_node);
+  std::unordered_map<Node*, Tensor> buffers{{root_node.get(), seed}};
+  std::priority_queue<ReadyEntry> ready;
+  uint64_t order = 0;
+  ready.push({root_node, order++});
+  while (!ready.empty()) {
+    std::shared_ptr<Node> node = ready.top().node;
+    ready.pop();
+    Tensor g = std::move(buffers[node.get()]);
+    buffers.erase(node.get());
+    std::vector<Tensor> outs;
+    if (g.defined()) outs = node->apply(g);
+    node->release();
+    for (size_t i = 0; i < node->next.size(); ++i) {
+      const auto& child = node->next[i].node;
+      if (!child) continue;
+      if (i < outs.size() && outs[i].defined()) {
+        Tensor& buf = buffers[child.get()];
+        buf = buf.defined() ? add(buf, outs[i]) : outs[i];
+      }
+      if (--deps[child.get()] == 0) ready.push({child, order++});
+    }
+  }
+}
+
+bool grad_mode_enabled() {
+  return t_grad_mode;
+}
+
+NoGradGuard::NoGradGuard() : previous_(t_grad_mode) {
+  t_grad_mode = false;
+}
+NoGradGuard::~NoGradGuard() {
+  t_grad_mode = previous_;
+}
+
+namespace autograd {
+
+bool needs_grad(std::initializer_list<const Tensor*> inputs) {
+  if (!t_grad_mode) return false;
+  for (const Tensor* t : inputs) {
+    if (t->defined() && requires_grad(*t)) return true;
+  }
+  return false;
+}
+
+void record(Tensor& output, std::shared_ptr<Node> node,
+            std::initializer_list<const Tensor*> inputs) {
+  node->next.clear();
+  for (const Tensor* t : inputs) node->next.push_back({t->defined() ? node_of(*t) : nullptr});
+  AutogradMeta& m = meta(output);
+  m.requires_grad = true;
+  m.grad_fn = std::move(node);
+}
+
+}  // namespace autograd
+}  // namespace ddp

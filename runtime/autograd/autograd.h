@@ -1,0 +1,90 @@
+// Reverse-mode automatic differentiation.
+//
+// Ops in autograd/functions.h record a Node for every output whose inputs require
+// grad (and only while grad mode is on). backward(loss) runs the recorded graph:
+// Note [backward order]: a node runs once all the gradients flowing into it have
+// been summed, and among ready nodes the most recently created runs first
+// (PyTorch's sequence-number priority), so the last layer's parameter gradients
+// are complete first, which lets DDP start reducing them while backward goes on.
+// Leaf tensors that require grad accumulate into their .grad; after a leaf's
+// gradient is complete for this backward, its post-accumulate-grad hooks run,
+// exactly once per backward.
+#pragma once
+
+#include "runtime/tensor.h"
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ddp {
+
+struct Node;
+
+struct Edge {
+  std::shared_ptr<Node> node;  // null: this input needs no gradient
+};
+
+// A recorded backward function with one output gradient in and one gradient out
+// per input edge (an undefined Tensor where there is nothing to pass).
+struct Node {
+  Node();
+  virtual ~Node() = default;
+  virtual std::vector<Tensor> apply(const Tensor& grad_output) = 0;
+  virtual std::string name() const = 0;
+  // Drops saved tensors after the node ran (the graph is not retained).
+  virtual void release() {}
+
+  std::vector<Edge> next;
+  uint64_t sequence_nr;
+};
+
+using GradHook = std::function<void(Tensor& param)>;
+
+struct AutogradMeta {
+  bool requires_grad = false;
+  Tensor grad;
+  std::shared_ptr<Node> grad_fn;        // null for leaves
+  std::weak_ptr<Node> accumulate_node;  // leaves: shared by every use in a graph
+  std::vector<GradHook> post_accumulate_hooks;
+};
+
+// Leaves.
+void set_requires_grad(Tensor& t, bool requires_grad);
+bool requires_grad(const Tensor& t);
+bool is_leaf(const Tensor& t);
+// The accumulated gradient (undefined until a backward reached the tensor).
+Tensor grad(const Tensor& t);
+void set_grad(Tensor& t, const Tensor& grad);
+std::shared_ptr<Node> grad_fn(const Tensor& t);
+// Runs after `param`'s gradient for the current backward is fully accumulated.
+void register_post_accumulate_grad_hook(Tensor& param, GradHook hook);
+
+// Backpropagates from `root`. Without `grad_root`, root must hold one element and
+// the seed gradient is 1. Throws ValueError if root does not require grad.
+void backward(const Tensor& root, const Tensor& grad_root = Tensor());
+
+// Grad mode: while disabled (NoGradGuard), ops record nothing.
+bool grad_mode_enabled();
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+namespace autograd {
+// For op implementations: true when grad mode is on and any input requires grad.
+bool needs_grad(std::initializer_list<const Tensor*> inputs);
+// Attaches `node` (its edges taken from `inputs`) as the grad_fn of `output`.
+void record(Tensor& output, std::shared_ptr<Node> node,
+            std::initializer_list<const Tensor*> inputs);
+}  // namespace autograd
+
+}  // namespace ddp

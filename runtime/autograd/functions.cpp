@@ -1,0 +1,175 @@
+#include "runtime/autograd/functions.h"
+
+#include "runtime/ops/nn_ops.h"
+#include "runtime/ops/ops.h"
+
+#include <optional>
+
+namespace ddp::functional {
+namespace {
+
+using autograd::needs_grad;
+using autograd::record;
+
+// A node whose backward is a lambda over saved tensors.
+template <typename Backward>
+struct LambdaNode : Node {
+  LambdaNode(std::string name, Backward fn) : name_(std::move(name)), fn_(std::move(fn)) {}
+  std::vector<Tensor> apply(const Tensor& g) override {
+    DDP_CHECK(fn_.has_value(),
+              "{}: trying to backward through the graph a second time; its saved tensors were "
+              "freed after the first backward. Run the forward again.",
+              name_);
+    return (*fn_)(g);
+  }
+  std::string name() const override { return name_; }
+  void release() override { fn_.reset(); }
+
+ private:
+  std::string name_;
+  std::optional<Backward> fn_;
+};
+
+// Records `backward` for `out` unless no input needs a gradient.
+template <typename Backward>
+Tensor recorded(Tensor out, const char* name, std::initializer_list<const Tensor*> inputs,
+                Backward backward) {
+  if (needs_grad(inputs)) {
+    record(out, std::make_shared<LambdaNode<Backward>>(name, std::move(backward)), inputs);
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  return recorded(ddp::add(a, b), "AddBackward", {&a, &b}, [](const Tensor& g) {
+    return std::vector<Tensor>{g, g};
+  });
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  return recorded(ddp::sub(a, b), "SubBackward", {&a, &b}, [](const Tensor& g) {
+    return std::vector<Tensor>{g, ddp::scale(g, -1.0f)};
+  });
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  return recorded(ddp::mul(a, b), "MulBackward", {&a, &b}, [a, b](const Tensor& g) {
+    return std::vector<Tensor>{ddp::mul(g, b), ddp::mul(g, a)};
+  });
+}
+
+Tensor scale(const Tensor& a, float s) {
+  return recorded(ddp::scale(a, s), "ScaleBackward", {&a},
+                  [s](const Tensor& g) { return std::vector<Tensor>{ddp::scale(g, s)}; });
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  return recorded(ddp::matmul(a, b), "MatmulBackward", {&a, &b}, [a, b](const Tensor& g) {
+    return std::vector<Tensor>{ddp::matmul(g, b, {.trans_b = true}),
+                               ddp::matmul(a, g, {.trans_a = true})};
+  });
+}
+
+Tensor sum(const Tensor& x) {
+  return recorded(ddp::sum(x), "SumBackward", {&x}, [shape = x.shape()](const Tensor& g) {
+    Tensor out = empty(shape, {.dtype = g.dtype(), .device = g.device()});
+    fill_(out, g.item_double());
+    return std::vector<Tensor>{out};
+  });
+}
+
+Tensor mean(const Tensor& x) {
+  const float inv = 1.0f / static_cast<float>(x.numel());
+  return functional::scale(functional::sum(x), inv);
+}
+
+Tensor reshape(const Tensor& x, const Shape& shape) {
+  return recorded(x.reshape(shape), "ReshapeBackward", {&x}, [from = x.shape()](const Tensor& g) {
+    return std::vector<Tensor>{g.reshape(from)};
+  });
+}
+
+Tensor flatten(const Tensor& x) {
+  DDP_CHECK(x.dim() >= 1, "flatten: needs at least one dimension, got shape {}",
+            shape_str(x.shape()));
+  return reshape(x, {x.size(0), x.size(0) == 0 ? 0 : x.numel() / x.size(0)});
+}
+
+Tensor relu(const Tensor& x) {
+  return recorded(ddp::relu(x), "ReluBackward", {&x},
+                  [x](const Tensor& g) { return std::vector<Tensor>{ddp::relu_backward(g, x)}; });
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_same_device({&x, &weight});
+  DDP_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1),
+            "linear: input {} does not match weight {} (expected input [N, {}])",
+            shape_str(x.shape()), shape_str(weight.shape()),
+            weight.dim() == 2 ? weight.size(1) : 0);
+  Tensor y = ddp::matmul(x, weight, {.trans_b = true});
+  if (bias.defined()) y = ddp::add_bias_rows(y, bias);
+  return recorded(y, "LinearBackward", {&x, &weight, &bias}, [x, weight, bias](const Tensor& g) {
+    std::vector<Tensor> grads(3);
+    if (requires_grad(x)) grads[0] = ddp::matmul(g, weight);
+    grads[1] = ddp::matmul(g, x, {.trans_a = true});
+    if (bias.defined()) grads[2] = ddp::sum(g, 0);
+    return grads;
+  });
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
+  auto r = softmax_cross_entropy(logits, labels);
+  return recorded(r.loss, "CrossEntropyBackward", {&logits},
+                  [probs = r.probs, labels](const Tensor& g) {
+                    return std::vector<Tensor>{softmax_cross_entropy_backward(probs, labels, g)};
+                  });
+}
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dOptions& o) {
+  check_same_device({&x, &weight});
+  DDP_CHECK(
+      weight.dim() == 4 && x.dim() == 4 && weight.size(1) == x.size(1),
+      "conv2d: input {} does not match weight {} (expected [N, C, H, W] and [C_out, C, kh, kw] "
+      "with the same C)",
+      shape_str(x.shape()), shape_str(weight.shape()));
+  DDP_CHECK(weight.size(2) == weight.size(3), "conv2d: only square kernels, got weight {}",
+            shape_str(weight.shape()));
+  const auto geom = conv_geometry(x, weight.size(2), o.stride, o.padding);
+  const int64_t c_out = weight.size(0), k = weight.numel() / c_out;
+  const int64_t n = x.size(0), oh = geom.out_h(), ow = geom.out_w();
+  Tensor cols = im2col(x, geom);
+  Tensor w2d = weight.reshape({c_out, k});
+  Tensor rows = ddp::matmul(cols, w2d, {.trans_b = true});
+  if (bias.defined()) rows = ddp::add_bias_rows(rows, bias);
+  Tensor y = permute4(rows.reshape({n, oh, ow, c_out}), {0, 3, 1, 2});
+  return recorded(y, "Conv2dBackward", {&x, &weight, &bias},
+                  [cols, w2d, geom, wshape = weight.shape(), has_bias = bias.defined(),
+                   x_needs = requires_grad(x)](const Tensor& g) {
+                    Tensor grows = permute4(g, {0, 2, 3, 1}).reshape({cols.size(0), w2d.size(0)});
+                    std::vector<Tensor> grads(3);
+                    if (x_needs) grads[0] = col2im(ddp::matmul(grows, w2d), geom);
+                    grads[1] = ddp::matmul(grows, cols, {.trans_a = true}).reshape(wshape);
+                    if (has_bias) grads[2] = ddp::sum(grows, 0);
+                    return grads;
+                  });
+}
+
+Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride) {
+  const auto geom = conv_geometry(x, kernel, stride == 0 ? kernel : stride, 0);
+  auto r = ddp::max_pool2d(x, geom);
+  return recorded(r.out, "MaxPool2dBackward", {&x}, [indices = r.indices, geom](const Tensor& g) {
+    return std::vector<Tensor>{max_pool2d_backward(g, indices, geom)};
+  });
+}
+
+Tensor dropout(const Tensor& x, float p, bool training, Generator& gen) {
+  DDP_CHECK(p >= 0.0f && p < 1.0f, "dropout: probability {} is outside [0, 1)", p);
+  if (!training || p == 0.0f) return x;
+  Tensor mask = dropout_mask(x.shape(), gen.seed(), gen.take(x.numel()), p, x.device());
+  return recorded(ddp::mul(x, mask), "DropoutBackward", {&x},
+                  [mask](const Tensor& g) { return std::vector<Tensor>{ddp::mul(g, mask)}; });
+}
+
+}  // namespace ddp::functional

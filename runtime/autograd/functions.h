@@ -1,0 +1,42 @@
+// Differentiable ops (the torch.nn.functional of ddp). Each computes its output
+// with the ops of ops/ and, when autograd::needs_grad, records a Node whose
+// backward is written with the same ops, so it runs on the inputs' device.
+#pragma once
+
+#include "runtime/autograd/autograd.h"
+#include "runtime/rng/generator.h"
+
+#include <cstdint>
+
+namespace ddp::functional {
+
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor scale(const Tensor& a, float s);
+Tensor matmul(const Tensor& a, const Tensor& b);
+Tensor sum(const Tensor& x);
+Tensor mean(const Tensor& x);
+Tensor reshape(const Tensor& x, const Shape& shape);
+// [N, ...] -> [N, prod(...)]
+Tensor flatten(const Tensor& x);
+Tensor relu(const Tensor& x);
+// x [N, in], weight [out, in], bias [out] or undefined: x weight^T + bias.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// Mean softmax cross-entropy of logits [N, C] against i64 labels [N].
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels);
+
+struct Conv2dOptions {
+  int64_t stride = 1;
+  int64_t padding = 0;
+};
+// x [N, C, H, W], weight [C_out, C, kh, kw], bias [C_out] or undefined (im2col + GEMM).
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+              const Conv2dOptions& options = {});
+// Square window `kernel`, stride defaults to the kernel (as torch's max_pool2d).
+Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride = 0);
+// Inverted dropout: in training, zeroes each element with probability p and scales the
+// rest by 1 / (1 - p); the mask comes from `gen`. Identity when !training or p == 0.
+Tensor dropout(const Tensor& x, float p, bool training, Generator& gen);
+
+}  // namespace ddp::functional

@@ -1,0 +1,86 @@
+#include "runtime/nn/layers.h"
+
+#include "runtime/ops/ops.h"
+
+#include <cmath>
+
+namespace ddp::nn {
+namespace {
+
+// U(-bound, bound) from the generator's next counters.
+Tensor uniform(const Shape& shape, double bound, Generator& gen) {
+  const uint64_t offset = gen.take(shape_numel(shape));
+  Tensor u = rand(shape, gen.seed(), {}, offset);
+  Tensor out = scale(u, static_cast<float>(2.0 * bound));
+  Tensor shift = full(shape, -bound);
+  return ddp::add(out, shift);
+}
+
+}  // namespace
+
+Linear::Linear(int64_t in, int64_t out, Generator& gen, bool with_bias) {
+  DDP_CHECK(in > 0 && out > 0, "Linear: in_features {} and out_features {} must be positive", in,
+            out);
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+  weight = register_parameter("weight", uniform({out, in}, bound, gen));
+  if (with_bias) bias = register_parameter("bias", uniform({out}, bound, gen));
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  return functional::linear(x, weight, bias);
+}
+
+std::string Linear::extra_repr() const {
+  return fmt::format("in_features={}, out_features={}, bias={}", weight.size(1), weight.size(0),
+                     bias.defined() ? "True" : "False");
+}
+
+Conv2d::Conv2d(int64_t in, int64_t out, int64_t k, Generator& gen,
+               functional::Conv2dOptions options, bool with_bias)
+    : options_(options) {
+  DDP_CHECK(in > 0 && out > 0 && k > 0,
+            "Conv2d: in_channels {}, out_channels {} and kernel_size {} must be positive", in, out,
+            k);
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in * k * k));
+  weight = register_parameter("weight", uniform({out, in, k, k}, bound, gen));
+  if (with_bias) bias = register_parameter("bias", uniform({out}, bound, gen));
+}
+
+Tensor Conv2d::forward(const Tensor& x) {
+  return functional::conv2d(x, weight, bias, options_);
+}
+
+std::string Conv2d::extra_repr() const {
+  return fmt::format("{}, {}, kernel_size=({}, {}), stride=({}, {}), padding=({}, {})",
+                     weight.size(1), weight.size(0), weight.size(2), weight.size(3),
+                     options_.stride, options_.stride, options_.padding, options_.padding);
+}
+
+std::string MaxPool2d::extra_repr() const {
+  return fmt::format("kernel_size={}, stride={}", kernel_, stride_ == 0 ? kernel_ : stride_);
+}
+
+Dropout::Dropout(float p, uint64_t seed) : p_(p), gen_(seed) {
+  DDP_CHECK(p >= 0.0f && p < 1.0f, "Dropout: probability {} is outside [0, 1)", p);
+}
+
+Tensor Dropout::forward(const Tensor& x) {
+  return functional::dropout(x, p_, is_training(), gen_);
+}
+
+std::string Dropout::extra_repr() const {
+  return fmt::format("p={}", p_);
+}
+
+Sequential& Sequential::add(std::shared_ptr<Module> layer) {
+  register_module(std::to_string(children().size()), std::move(layer));
+  return *this;
+}
+
+Tensor Sequential::forward(const Tensor& x) {
+  Tensor h = x;
+  for (const auto& [name, layer] : children()) h = layer->forward(h);
+  return h;
+}
+
+}  // namespace ddp::nn

@@ -1,0 +1,89 @@
+// Layers of the model zoo, initialised as PyTorch initialises them by default:
+// weights kaiming-uniform with a = sqrt(5), i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
+// biases U(-1/sqrt(fan_in), 1/sqrt(fan_in)), drawn from a Generator (Philox), so a
+// seed gives the same model on every device.
+#pragma once
+
+#include "runtime/autograd/functions.h"
+#include "runtime/nn/module.h"
+
+namespace ddp::nn {
+
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, Generator& gen, bool bias = true);
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override { return "Linear"; }
+  std::string extra_repr() const override;
+  Tensor weight, bias;  // [out, in], [out]
+};
+
+class Conv2d : public Module {
+ public:
+  Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, Generator& gen,
+         functional::Conv2dOptions options = {}, bool bias = true);
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override { return "Conv2d"; }
+  std::string extra_repr() const override;
+  Tensor weight, bias;  // [C_out, C_in, k, k], [C_out]
+
+ private:
+  functional::Conv2dOptions options_;
+};
+
+class ReLU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return functional::relu(x); }
+  std::string name() const override { return "ReLU"; }
+};
+
+class Flatten : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return functional::flatten(x); }
+  std::string name() const override { return "Flatten"; }
+};
+
+class MaxPool2d : public Module {
+ public:
+  explicit MaxPool2d(int64_t kernel_size, int64_t stride = 0)
+      : kernel_(kernel_size), stride_(stride) {}
+  Tensor forward(const Tensor& x) override { return functional::max_pool2d(x, kernel_, stride_); }
+  std::string name() const override { return "MaxPool2d"; }
+  std::string extra_repr() const override;
+
+ private:
+  int64_t kernel_, stride_;
+};
+
+class Dropout : public Module {
+ public:
+  // Masks come from their own Philox stream (seed), advancing every training forward.
+  explicit Dropout(float p, uint64_t seed = 0);
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override { return "Dropout"; }
+  std::string extra_repr() const override;
+
+ private:
+  float p_;
+  Generator gen_;
+};
+
+// Children named "0", "1", ... as torch.nn.Sequential names them.
+class Sequential : public Module {
+ public:
+  Sequential() = default;
+  Sequential& add(std::shared_ptr<Module> layer);
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override { return "Sequential"; }
+  size_t size() const { return children().size(); }
+};
+
+// Mean softmax cross-entropy over the batch.
+class CrossEntropyLoss {
+ public:
+  Tensor operator()(const Tensor& logits, const Tensor& labels) const {
+    return functional::cross_entropy(logits, labels);
+  }
+};
+
+}  // namespace ddp::nn

@@ -1,0 +1,155 @@
+#include "runtime/nn/module.h"
+
+#include "runtime/ops/ops.h"
+
+#include <map>
+
+namespace ddp::nn {
+namespace {
+
+std::string join(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : prefix + "." + name;
+}
+
+}  // namespace
+
+Tensor Module::register_parameter(std::string name, Tensor value, bool requires_grad) {
+  set_requires_grad(value, requires_grad);
+  params_.emplace_back(std::move(name), value);
+  return value;
+}
+
+Tensor Module::register_buffer(std::string name, Tensor value) {
+  buffers_.emplace_back(std::move(name), value);
+  return value;
+}
+
+NamedTensors Module::named_parameters(const std::string& prefix) const {
+  NamedTensors out;
+  for (const auto& [name, t] : params_) out.emplace_back(join(prefix, name), t);
+  for (const auto& [name, child] : children_) {
+    for (auto& entry : child->named_parameters(join(prefix, name))) out.push_back(std::move(entry));
+  }
+  return out;
+}
+
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [name, t] : named_parameters()) out.push_back(t);
+  return out;
+}
+
+NamedTensors Module::named_buffers(const std::string& prefix) const {
+  NamedTensors out;
+  for (const auto& [name, t] : buffers_) out.emplace_back(join(prefix, name), t);
+  for (const auto& [name, child] : children_) {
+    for (auto& entry : child->named_buffers(join(prefix, name))) out.push_back(std::move(entry));
+  }
+  return out;
+}
+
+int64_t Module::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& [name, t] : named_parameters()) n += t.numel();
+  return n;
+}
+
+NamedTensors Module::state_dict() const {
+  NamedTensors out = named_parameters();
+  for (auto& entry : named_buffers()) out.push_back(std::move(entry));
+  return out;
+}
+
+void Module::load_state_dict(const NamedTensors& state, bool strict) {
+  std::map<std::string, const Tensor*> given;
+  for (const auto& [name, t] : state) given[name] = &t;
+  std::vector<std::string> missing, mismatched;
+  const NamedTensors mine = state_dict();
+  for (const auto& [name, t] : mine) {
+    auto it = given.find(name);
+    if (it == given.end()) {
+      missing.push_back(name);
+    } else if (it->second->shape() != t.shape() || it->second->dtype() != t.dtype()) {
+      mismatched.push_back(fmt::format(
+          "size mismatch for {}: copying a param with shape {} ({}) from checkpoint, the shape in "
+          "current model is {} ({})",
+          name, shape_str(it->second->shape()), dtype_name(it->second->dtype()),
+          shape_str(t.shape()), dtype_name(t.dtype())));
+    }
+    if (it != given.end()) given.erase(it);
+  }
+  std::vector<std::string> unexpected;
+  for (const auto& [name, t] : given) unexpected.push_back(name);
+  std::string problems;
+  if (!missing.empty()) problems += fmt::format("\n  Missing key(s): {}", fmt::join(missing, ", "));
+  if (strict && !unexpected.empty()) {
+    problems += fmt::format("\n  Unexpected key(s): {}", fmt::join(unexpected, ", "));
+  }
+  for (const auto& m : mismatched) problems += "\n  " + m;
+  DDP_CHECK(problems.empty() || (!strict && mismatched.empty() && missing.empty()),
+            "Error(s) in loading state_dict for {}:{}", name(), problems);
+  NoGradGuard no_grad;
+  for (auto& [name, t] : mine) {
+    Tensor dst = t;
+    for (const auto& [n2, src] : state) {
+      if (n2 == name) {
+        copy_(dst, src.to(dst.device()));
+        break;
+      }
+    }
+  }
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [name, child] : children_) child->train(on);
+}
+
+void move_tensor_(Tensor& t, const Device& device) {
+  if (t.device() == device) return;
+  Tensor moved = t.to(device);
+  TensorImpl& impl = t.impl();
+  impl.storage = moved.storage();
+  impl.offset = moved.storage_offset();
+  if (Tensor g = grad(t); g.defined()) {
+    move_tensor_(g, device);
+  }
+}
+
+void Module::to(const Device& device) {
+  for (auto& [name, t] : params_) move_tensor_(t, device);
+  for (auto& [name, t] : buffers_) move_tensor_(t, device);
+  for (auto& [name, child] : children_) child->to(device);
+}
+
+Device Module::device() const {
+  const NamedTensors all = state_dict();
+  return all.empty() ? Device::cpu() : all.front().second.device();
+}
+
+void Module::zero_grad(bool set_to_none) {
+  for (auto& [name, t] : named_parameters()) {
+    Tensor g = grad(t);
+    if (!g.defined()) continue;
+    if (set_to_none) {
+      set_grad(t, Tensor());
+    } else {
+      fill_(g, 0.0);
+    }
+  }
+}
+
+std::string Module::str(int indent) const {
+  std::string out = name() + "(" + extra_repr();
+  if (!children_.empty()) {
+    out += "\n";
+    for (const auto& [n, child] : children_) {
+      out += std::string(static_cast<size_t>(indent + 2), ' ') + "(" + n +
+             "): " + child->str(indent + 2) + "\n";
+    }
+    out += std::string(static_cast<size_t>(indent), ' ');
+  }
+  return out + ")";
+}
+
+}  // namespace ddp::nn

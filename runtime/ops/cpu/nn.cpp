@@ -1,0 +1,278 @@
+// CPU kernels of the model zoo's layers and fused optimizer steps. A CNN trains
+// on the CPU through im2col / col2im, so those walk the column matrix row by row
+// (contiguous in cols), clipping each kernel row against the image once.
+#include "runtime/ops/kernels.h"
+#include "runtime/rng/philox.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+
+namespace ddp::kernels::cpu {
+namespace {
+
+// The kernel taps k in [begin, end) for which start + k lies inside [0, size).
+struct Taps {
+  int64_t begin, end;
+};
+
+inline Taps valid_taps(int64_t start, int64_t kernel, int64_t size) {
+  const int64_t begin = start < 0 ? -start : 0, end = size - start;
+  return {begin < kernel ? begin : kernel, end < 0 ? 0 : (end < kernel ? end : kernel)};
+}
+
+// One output position (n, oh, ow) of a window: where it starts in the input and
+// which of its taps fall inside the image.
+struct Window {
+  int64_t h0, w0;
+  Taps hs, ws;
+};
+
+Window window_at(const Conv2dGeometry& g, int64_t oh, int64_t ow) {
+  const int64_t h0 = oh * g.stride_h - g.pad_h, w0 = ow * g.stride_w - g.pad_w;
+  return {h0, w0, valid_taps(h0, g.kernel_h, g.h), valid_taps(w0, g.kernel_w, g.w)};
+}
+
+// Writes the C * kernel_h * kernel_w entries of one cols row from `image` [C, H, W].
+// Plain loops rather than memcpy / fill: kernel rows are a few elements long.
+void im2col_row(const float* image, const Conv2dGeometry& g, const Window& win, float* row) {
+  const int64_t kw_n = g.kernel_w, plane = g.h * g.w;
+  for (int64_t c = 0; c < g.c; ++c) {
+    for (int64_t kh = 0; kh < g.kernel_h; ++kh, row += kw_n) {
+      if (kh < win.hs.begin || kh >= win.hs.end) {
+        for (int64_t kw = 0; kw < kw_n; ++kw) row[kw] = 0.0f;
+        continue;
+      }
+      const float* src = image + c * plane + (win.h0 + kh) * g.w;  // image row h0 + kh
+      for (int64_t kw = 0; kw < win.ws.begin; ++kw) row[kw] = 0.0f;
+      for (int64_t kw = win.ws.begin; kw < win.ws.end; ++kw) row[kw] = src[win.w0 + kw];
+      for (int64_t kw = win.ws.end; kw < kw_n; ++kw) row[kw] = 0.0f;
+    }
+  }
+}
+
+// Adds one cols row into `image` [C, H, W]: the adjoint of im2col_row.
+void col2im_row(const float* row, const Conv2dGeometry& g, const Window& win, float* image) {
+  const int64_t kw_n = g.kernel_w, plane = g.h * g.w;
+  for (int64_t c = 0; c < g.c; ++c) {
+    for (int64_t kh = win.hs.begin; kh < win.hs.end; ++kh) {
+      const float* src = row + (c * g.kernel_h + kh) * kw_n;
+      float* dst = image + c * plane + (win.h0 + kh) * g.w;  // image row h0 + kh
+      for (int64_t kw = win.ws.begin; kw < win.ws.end; ++kw) dst[win.w0 + kw] += src[kw];
+    }
+  }
+}
+
+// T is an unsigned integer of the element's width: a permutation only moves bits.
+template <typename T>
+void permute_loop(const T* in, const Shape& in_shape, const std::array<int, 4>& perm, T* out) {
+  int64_t in_stride[4];
+  in_stride[3] = 1;
+  for (int i = 2; i >= 0; --i)
+    in_stride[i] = in_stride[i + 1] * in_shape[static_cast<size_t>(i + 1)];
+  int64_t size[4], stride[4];  // the output's dims and the input strides along them
+  for (size_t i = 0; i < 4; ++i) {
+    size[i] = in_shape[static_cast<size_t>(perm[i])];
+    stride[i] = in_stride[perm[i]];
+  }
+  for (int64_t a = 0; a < size[0]; ++a) {
+    for (int64_t b = 0; b < size[1]; ++b) {
+      for (int64_t c = 0; c < size[2]; ++c) {
+        const T* src = in + a * stride[0] + b * stride[1] + c * stride[2];
+        for (int64_t d = 0; d < size[3]; ++d) *out++ = src[d * stride[3]];
+      }
+    }
+  }
+}
+
+// The first maximum wins; a NaN beats every number (it propagates, as in PyTorch).
+inline bool better(float candidate, float best) {
+  return (candidate > best) | (std::isnan(candidate) & !std::isnan(best));
+}
+
+// take ? a : b without a branch. On real data "is this the new maximum" is a coin
+// flip, and GCC compiles the plain conditional back into a branch (3-4x slower).
+inline int64_t select(bool take, int64_t a, int64_t b) {
+  const auto mask = static_cast<int64_t>(0) - static_cast<int64_t>(take);
+  return (a & mask) | (b & ~mask);
+}
+inline float select(bool take, float a, float b) {
+  const uint32_t mask = 0u - static_cast<uint32_t>(take);
+  return std::bit_cast<float>((std::bit_cast<uint32_t>(a) & mask) |
+                              (std::bit_cast<uint32_t>(b) & ~mask));
+}
+
+// The first maximum of src over the image rows x columns given as [begin, end)
+// (row length w), in (h, w) order.
+inline void window_max(const float* src, int64_t w, Taps rows, Taps columns, float* best_out,
+                       int64_t* index_out) {
+  int64_t best_index = rows.begin * w + columns.begin;
+  float best = src[best_index];
+  for (int64_t h = rows.begin; h < rows.end; ++h) {
+    for (int64_t index = h * w + columns.begin; index < h * w + columns.end; ++index) {
+      const float v = src[index];
+      const bool take = better(v, best);
+      best = select(take, v, best);
+      best_index = select(take, index, best_index);
+    }
+  }
+  *best_out = best;
+  *index_out = best_index;
+}
+
+template <bool kFirstStep, bool kNesterov>
+void sgd_momentum_loop(float* p, const float* g, float* buf, int64_t n, const SgdStep& s) {
+  const float lr = s.lr, mu = s.momentum, wd = s.weight_decay;
+  for (int64_t i = 0; i < n; ++i) {
+    const float d = g[i] + wd * p[i];
+    const float b = kFirstStep ? d : mu * buf[i] + d;
+    buf[i] = b;
+    p[i] -= lr * (kNesterov ? d + mu * b : b);
+  }
+}
+
+}  // namespace
+
+void im2col(const Tensor& x, const Conv2dGeometry& g, Tensor& cols) {
+  const float* in = x.data<float>();
+  float* row = cols.data<float>();
+  const int64_t out_h = g.out_h(), out_w = g.out_w(), row_len = g.c * g.kernel_h * g.kernel_w;
+  for (int64_t n = 0; n < g.n; ++n) {
+    const float* image = in + n * g.c * g.h * g.w;
+    for (int64_t oh = 0; oh < out_h; ++oh) {
+      for (int64_t ow = 0; ow < out_w; ++ow, row += row_len) {
+        im2col_row(image, g, window_at(g, oh, ow), row);
+      }
+    }
+  }
+}
+
+// Each pixel sums its entries in row order (n, oh, ow), as the CUDA gather does.
+void col2im(const Tensor& cols, const Conv2dGeometry& g, Tensor& grad_x) {
+  const float* row = cols.data<float>();
+  float* out = grad_x.data<float>();
+  std::fill(out, out + grad_x.numel(), 0.0f);
+  const int64_t out_h = g.out_h(), out_w = g.out_w(), row_len = g.c * g.kernel_h * g.kernel_w;
+  for (int64_t n = 0; n < g.n; ++n) {
+    float* image = out + n * g.c * g.h * g.w;
+    for (int64_t oh = 0; oh < out_h; ++oh) {
+      for (int64_t ow = 0; ow < out_w; ++ow, row += row_len) {
+        col2im_row(row, g, window_at(g, oh, ow), image);
+      }
+    }
+  }
+}
+
+void permute4(const Tensor& x, const std::array<int, 4>& perm, Tensor& out) {
+  switch (element_size(x.dtype())) {
+    case 1:
+      return permute_loop(static_cast<const uint8_t*>(x.data_ptr()), x.shape(), perm,
+                          static_cast<uint8_t*>(out.data_ptr()));
+    case 2:
+      return permute_loop(static_cast<const uint16_t*>(x.data_ptr()), x.shape(), perm,
+                          static_cast<uint16_t*>(out.data_ptr()));
+    case 4:
+      return permute_loop(static_cast<const uint32_t*>(x.data_ptr()), x.shape(), perm,
+                          static_cast<uint32_t*>(out.data_ptr()));
+    case 8:
+      return permute_loop(static_cast<const uint64_t*>(x.data_ptr()), x.shape(), perm,
+                          static_cast<uint64_t*>(out.data_ptr()));
+  }
+  DDP_ASSERT(false, "permute4: no kernel for elements of {} bytes", element_size(x.dtype()));
+}
+
+void max_pool2d(const Tensor& x, const Conv2dGeometry& g, Tensor& out, Tensor& indices) {
+  const float* in = x.data<float>();
+  float* best_out = out.data<float>();
+  int64_t* index_out = indices.data<int64_t>();
+  const int64_t out_h = g.out_h(), out_w = g.out_w();
+  for (int64_t plane = 0; plane < g.n * g.c; ++plane) {
+    const float* src = in + plane * g.h * g.w;
+    for (int64_t oh = 0; oh < out_h; ++oh) {
+      const int64_t h0 = oh * g.stride_h - g.pad_h;
+      const Taps hs = valid_taps(h0, g.kernel_h, g.h);
+      for (int64_t ow = 0; ow < out_w; ++ow, ++best_out, ++index_out) {
+        const int64_t w0 = ow * g.stride_w - g.pad_w;
+        const Taps ws = valid_taps(w0, g.kernel_w, g.w);
+        // Padding is at most half the kernel (checked by the op): the window is never empty.
+        window_max(src, g.w, {h0 + hs.begin, h0 + hs.end}, {w0 + ws.begin, w0 + ws.end}, best_out,
+                   index_out);
+      }
+    }
+  }
+}
+
+// Each pixel sums its gradients in output order (oh, ow), as the CUDA gather does.
+void max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Conv2dGeometry& g,
+                         Tensor& grad_x) {
+  const float* grad = grad_out.data<float>();
+  const int64_t* index = indices.data<int64_t>();
+  float* out = grad_x.data<float>();
+  std::fill(out, out + grad_x.numel(), 0.0f);
+  const int64_t plane_in = g.h * g.w, plane_out = g.out_h() * g.out_w();
+  for (int64_t plane = 0; plane < g.n * g.c; ++plane) {
+    float* dst = out + plane * plane_in;
+    for (int64_t o = plane * plane_out; o < (plane + 1) * plane_out; ++o) {
+      DDP_CHECK(
+          index[o] >= 0 && index[o] < plane_in,
+          "max_pool2d_backward: index {} at element {} is outside the {}x{} input plane; pass "
+          "the indices max_pool2d returned with the same geometry",
+          index[o], o, g.h, g.w);
+      dst[index[o]] += grad[o];
+    }
+  }
+}
+
+// See Note [rng stream] in rng/philox.h: the draws of fill_uniform, thresholded.
+void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, float p) {
+  float* out = mask.data<float>();
+  const int64_t n = mask.numel();
+  const float keep_scale = 1.0f / (1.0f - p);
+  for (int64_t g = 0; g * 4 < n; ++g) {
+    const rng::Philox4 block = rng::philox_block(seed, offset + static_cast<uint64_t>(g));
+    for (int64_t j = 0; j < 4 && g * 4 + j < n; ++j) {
+      out[g * 4 + j] = rng::uniform_from_word(block.v[j]) >= p ? keep_scale : 0.0f;
+    }
+  }
+}
+
+void sgd_update(Tensor& param, const Tensor& grad, Tensor& buf, const SgdStep& s) {
+  float* p = param.data<float>();
+  const float* g = grad.data<float>();
+  const int64_t n = param.numel();
+  if (s.momentum == 0.0f) {
+    const float lr = s.lr, wd = s.weight_decay;
+    for (int64_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
+    return;
+  }
+  float* b = buf.data<float>();
+  // Loop-invariant branches hoisted into template arguments so the loops vectorize.
+  if (s.first_step && s.nesterov) return sgd_momentum_loop<true, true>(p, g, b, n, s);
+  if (s.first_step) return sgd_momentum_loop<true, false>(p, g, b, n, s);
+  if (s.nesterov) return sgd_momentum_loop<false, true>(p, g, b, n, s);
+  sgd_momentum_loop<false, false>(p, g, b, n, s);
+}
+
+// The constants in double, rounded once, so that the CUDA kernel uses the same floats.
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s) {
+  const double t = static_cast<double>(s.step);
+  const auto decay = static_cast<float>(1.0 - static_cast<double>(s.lr) * s.weight_decay);
+  const auto step_size = static_cast<float>(s.lr / (1.0 - std::pow(double{s.beta1}, t)));
+  const auto bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double{s.beta2}, t)));
+  const float b1 = s.beta1, b2 = s.beta2, eps = s.eps;
+  const auto c1 = static_cast<float>(1.0 - s.beta1), c2 = static_cast<float>(1.0 - s.beta2);
+  float* p = param.data<float>();
+  const float* g = grad.data<float>();
+  float* m1 = m.data<float>();
+  float* m2 = v.data<float>();
+  for (int64_t i = 0, n = param.numel(); i < n; ++i) {
+    const float gi = g[i];
+    const float mi = b1 * m1[i] + c1 * gi;
+    const float vi = b2 * m2[i] + c2 * gi * gi;
+    m1[i] = mi;
+    m2[i] = vi;
+    p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
+  }
+}
+
+}  // namespace ddp::kernels::cpu

@@ -1,0 +1,232 @@
+// The checked entry points of the layer and optimizer ops: device, geometry, shape
+// and dtype checks, output allocation on the inputs' device, then the CPU or CUDA
+// kernel (ops/cpu/nn.cpp, ops/cuda/nn.cu).
+#include "runtime/ops/nn_ops.h"
+
+#include "runtime/ops/ops.h"
+
+#include <string>
+#include <string_view>
+
+namespace ddp {
+namespace {
+
+using kernels::Conv2dGeometry;
+
+// Calls kernels::cpu::NAME or kernels::cuda::NAME for `device`.
+#define DDP_NN_DISPATCH(device, name, ...)              \
+  do {                                                  \
+    switch ((device).type) {                            \
+      case DeviceType::cpu:                             \
+        kernels::cpu::name(__VA_ARGS__);                \
+        break;                                          \
+      case DeviceType::cuda:                            \
+        kernels::cuda::name(__VA_ARGS__);               \
+        break;                                          \
+      case DeviceType::mps:                             \
+        check_available(device);                        \
+        DDP_ASSERT(false, "no mps kernels for " #name); \
+    }                                                   \
+  } while (0)
+
+void check_dtype(std::string_view op, const Tensor& t, DType expected, const char* what) {
+  DDP_CHECK(t.dtype() == expected,
+            "{}: {} must have dtype {}, got {} (shape {}); convert with cast()", op, what,
+            dtype_name(expected), dtype_name(t.dtype()), shape_str(t.shape()));
+}
+
+void check_f32(std::string_view op, const Tensor& t, const char* what) {
+  check_dtype(op, t, DType::f32, what);
+}
+
+std::string geometry_str(const Conv2dGeometry& g) {
+  return fmt::format("kernel [{}, {}], stride [{}, {}], padding [{}, {}]", g.kernel_h, g.kernel_w,
+                     g.stride_h, g.stride_w, g.pad_h, g.pad_w);
+}
+
+Shape input_shape(const Conv2dGeometry& g) {
+  return {g.n, g.c, g.h, g.w};
+}
+Shape pooled_shape(const Conv2dGeometry& g) {
+  return {g.n, g.c, g.out_h(), g.out_w()};
+}
+
+// Throws unless the window of `g` is well formed and fits the input at least once.
+// (out_h() alone cannot tell: C++ division rounds -1 / 2 up to 0, giving out_h 1.)
+void check_geometry(std::string_view op, const Conv2dGeometry& g) {
+  const Shape input = input_shape(g);
+  DDP_CHECK(g.kernel_h >= 1 && g.kernel_w >= 1 && g.stride_h >= 1 && g.stride_w >= 1 &&
+                g.pad_h >= 0 && g.pad_w >= 0,
+            "{}: invalid window {} for input {}: kernel and stride must be >= 1, padding >= 0", op,
+            geometry_str(g), shape_str(input));
+  DDP_CHECK(g.n >= 0 && g.c >= 0 && g.h >= 0 && g.w >= 0,
+            "{}: invalid input shape {} in the geometry", op, shape_str(input));
+  DDP_CHECK(g.h + 2 * g.pad_h >= g.kernel_h && g.w + 2 * g.pad_w >= g.kernel_w,
+            "{}: the window ({}) does not fit input {}: needs H + 2 * pad_h >= kernel_h and "
+            "W + 2 * pad_w >= kernel_w, got {} and {}; use a smaller kernel, more padding or a "
+            "larger input",
+            op, geometry_str(g), shape_str(input), g.h + 2 * g.pad_h, g.w + 2 * g.pad_w);
+}
+
+// x must be the [N, C, H, W] input that `g` was made for.
+void check_input(std::string_view op, const Tensor& x, const Conv2dGeometry& g, const char* what) {
+  check_geometry(op, g);
+  DDP_CHECK(x.shape() == input_shape(g),
+            "{}: {} has shape {}, but the geometry ({}) is for input {}; make it with "
+            "conv_geometry(x, ...)",
+            op, what, shape_str(x.shape()), geometry_str(g), shape_str(input_shape(g)));
+}
+
+void check_shape(std::string_view op, const Tensor& t, const Shape& expected, const char* what,
+                 const Conv2dGeometry& g) {
+  DDP_CHECK(t.shape() == expected, "{}: {} has shape {}, expected {} for input {} and {}", op, what,
+            shape_str(t.shape()), shape_str(expected), shape_str(input_shape(g)), geometry_str(g));
+}
+
+Tensor empty_f32(const Shape& shape, const Device& device) {
+  return empty(shape, {.dtype = DType::f32, .device = device});
+}
+
+}  // namespace
+
+kernels::Conv2dGeometry conv_geometry(const Tensor& x, std::array<int64_t, 2> kernel,
+                                      std::array<int64_t, 2> stride,
+                                      std::array<int64_t, 2> padding) {
+  DDP_CHECK(x.defined(), "conv_geometry: the input is an undefined tensor");
+  DDP_CHECK(x.dim() == 4, "conv_geometry: expected an input [N, C, H, W], got shape {}",
+            shape_str(x.shape()));
+  check_f32("conv_geometry", x, "input");
+  const Conv2dGeometry g{.n = x.size(0),
+                         .c = x.size(1),
+                         .h = x.size(2),
+                         .w = x.size(3),
+                         .kernel_h = kernel[0],
+                         .kernel_w = kernel[1],
+                         .stride_h = stride[0],
+                         .stride_w = stride[1],
+                         .pad_h = padding[0],
+                         .pad_w = padding[1]};
+  check_geometry("conv_geometry", g);
+  return g;
+}
+
+kernels::Conv2dGeometry conv_geometry(const Tensor& x, int64_t kernel, int64_t stride,
+                                      int64_t padding) {
+  return conv_geometry(x, {kernel, kernel}, {stride, stride}, {padding, padding});
+}
+
+Tensor im2col(const Tensor& x, const Conv2dGeometry& g) {
+  check_same_device({&x});
+  check_f32("im2col", x, "input");
+  check_input("im2col", x, g, "input");
+  Tensor cols = empty_f32({g.n * g.out_h() * g.out_w(), g.c * g.kernel_h * g.kernel_w}, x.device());
+  if (cols.numel() > 0) DDP_NN_DISPATCH(x.device(), im2col, x, g, cols);
+  return cols;
+}
+
+Tensor col2im(const Tensor& cols, const Conv2dGeometry& g) {
+  check_same_device({&cols});
+  check_f32("col2im", cols, "cols");
+  check_geometry("col2im", g);
+  check_shape("col2im", cols, {g.n * g.out_h() * g.out_w(), g.c * g.kernel_h * g.kernel_w}, "cols",
+              g);
+  Tensor grad_x = empty_f32(input_shape(g), cols.device());
+  if (grad_x.numel() > 0) DDP_NN_DISPATCH(cols.device(), col2im, cols, g, grad_x);
+  return grad_x;
+}
+
+Tensor permute4(const Tensor& x, std::array<int, 4> perm) {
+  check_same_device({&x});
+  DDP_CHECK(x.dim() == 4, "permute4: expected a 4-D input, got shape {}", shape_str(x.shape()));
+  bool seen[4] = {false, false, false, false};
+  for (int p : perm) {
+    DDP_CHECK(p >= 0 && p < 4 && !seen[p],
+              "permute4: perm [{}, {}, {}, {}] is not a permutation of [0, 1, 2, 3] (input {})",
+              perm[0], perm[1], perm[2], perm[3], shape_str(x.shape()));
+    seen[p] = true;
+  }
+  Shape shape(4);
+  for (size_t i = 0; i < 4; ++i) shape[i] = x.size(perm[i]);
+  Tensor out = empty(shape, {.dtype = x.dtype(), .device = x.device()});
+  if (out.numel() > 0) DDP_NN_DISPATCH(x.device(), permute4, x, perm, out);
+  return out;
+}
+
+MaxPoolResult max_pool2d(const Tensor& x, const Conv2dGeometry& g) {
+  check_same_device({&x});
+  check_f32("max_pool2d", x, "input");
+  check_input("max_pool2d", x, g, "input");
+  DDP_CHECK(2 * g.pad_h <= g.kernel_h && 2 * g.pad_w <= g.kernel_w,
+            "max_pool2d: padding must be at most half the kernel, got {} for input {}",
+            geometry_str(g), shape_str(x.shape()));
+  MaxPoolResult r{empty_f32(pooled_shape(g), x.device()),
+                  empty(pooled_shape(g), {.dtype = DType::i64, .device = x.device()})};
+  if (r.out.numel() > 0) DDP_NN_DISPATCH(x.device(), max_pool2d, x, g, r.out, r.indices);
+  return r;
+}
+
+Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Conv2dGeometry& g) {
+  check_same_device({&grad_out, &indices});
+  check_f32("max_pool2d_backward", grad_out, "grad_out");
+  check_dtype("max_pool2d_backward", indices, DType::i64, "indices");
+  check_geometry("max_pool2d_backward", g);
+  check_shape("max_pool2d_backward", grad_out, pooled_shape(g), "grad_out", g);
+  check_shape("max_pool2d_backward", indices, pooled_shape(g), "indices", g);
+  Tensor grad_x = empty_f32(input_shape(g), grad_out.device());
+  if (grad_x.numel() > 0) {
+    DDP_NN_DISPATCH(grad_out.device(), max_pool2d_backward, grad_out, indices, g, grad_x);
+  }
+  return grad_x;
+}
+
+Tensor dropout_mask(const Shape& shape, uint64_t seed, uint64_t offset, float p,
+                    const Device& device) {
+  DDP_CHECK(p >= 0.0f && p < 1.0f,
+            "dropout_mask: p must be in [0, 1), got {} (p is the probability of dropping)", p);
+  Tensor mask = empty_f32(shape, device);
+  if (mask.numel() > 0) DDP_NN_DISPATCH(device, dropout_mask, mask, seed, offset, p);
+  return mask;
+}
+
+void sgd_update_(Tensor& param, const Tensor& grad, Tensor& buf, const kernels::SgdStep& s) {
+  const bool momentum = s.momentum != 0.0f;
+  if (momentum) {
+    check_same_device({&param, &grad, &buf});
+  } else {
+    check_same_device({&param, &grad});
+  }
+  check_f32("sgd_update_", param, "param");
+  check_f32("sgd_update_", grad, "grad");
+  check_same_shape("sgd_update_", param, grad);
+  if (momentum) {
+    check_f32("sgd_update_", buf, "momentum buffer");
+    check_same_shape("sgd_update_", param, buf);
+  }
+  DDP_CHECK(s.lr >= 0.0f && s.momentum >= 0.0f && s.weight_decay >= 0.0f,
+            "sgd_update_: lr, momentum and weight_decay must be >= 0, got {}, {} and {}", s.lr,
+            s.momentum, s.weight_decay);
+  DDP_CHECK(!s.nesterov || momentum, "sgd_update_: nesterov needs momentum > 0, got momentum 0");
+  if (param.numel() > 0) DDP_NN_DISPATCH(param.device(), sgd_update, param, grad, buf, s);
+}
+
+void adamw_update_(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+                   const kernels::AdamWStep& s) {
+  check_same_device({&param, &grad, &m, &v});
+  check_f32("adamw_update_", param, "param");
+  check_f32("adamw_update_", grad, "grad");
+  check_f32("adamw_update_", m, "m (first moment)");
+  check_f32("adamw_update_", v, "v (second moment)");
+  check_same_shape("adamw_update_", param, grad);
+  check_same_shape("adamw_update_", param, m);
+  check_same_shape("adamw_update_", param, v);
+  DDP_CHECK(s.beta1 >= 0.0f && s.beta1 < 1.0f && s.beta2 >= 0.0f && s.beta2 < 1.0f,
+            "adamw_update_: betas must be in [0, 1), got ({}, {})", s.beta1, s.beta2);
+  DDP_CHECK(s.lr >= 0.0f && s.eps >= 0.0f && s.weight_decay >= 0.0f,
+            "adamw_update_: lr, eps and weight_decay must be >= 0, got {}, {} and {}", s.lr, s.eps,
+            s.weight_decay);
+  DDP_CHECK(s.step >= 1,
+            "adamw_update_: step counts the steps taken including this one (>= 1), got {}", s.step);
+  if (param.numel() > 0) DDP_NN_DISPATCH(param.device(), adamw_update, param, grad, m, v, s);
+}
+
+}  // namespace ddp

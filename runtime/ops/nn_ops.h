@@ -1,0 +1,63 @@
+// Layer and optimizer ops of the model zoo: convolution as im2col + GEMM, max
+// pooling, dropout masks and fused SGD / AdamW steps. Like ops.h, every op checks
+// that its tensors share one device, checks shapes and dtypes (naming the op and
+// the shapes), allocates its output there and runs the CPU or CUDA kernel on the
+// device's current stream (no synchronization). All arithmetic is f32.
+#pragma once
+
+#include "runtime/ops/kernels.h"
+#include "runtime/tensor.h"
+
+#include <array>
+#include <cstdint>
+
+namespace ddp {
+
+// The geometry of a window of `kernel` {h, w} moved by `stride` over x [N, C, H, W]
+// zero-padded by `padding` on each side. Throws ValueError (naming the shape and the
+// parameters) unless x is 4-D f32, kernel and stride >= 1, padding >= 0 and the
+// window fits at least once: out_h = (H + 2 pad_h - kernel_h) / stride_h + 1 >= 1.
+kernels::Conv2dGeometry conv_geometry(const Tensor& x, std::array<int64_t, 2> kernel,
+                                      std::array<int64_t, 2> stride,
+                                      std::array<int64_t, 2> padding);
+// Square kernel, stride and padding.
+kernels::Conv2dGeometry conv_geometry(const Tensor& x, int64_t kernel, int64_t stride,
+                                      int64_t padding);
+
+// x [N, C, H, W] -> cols [N * out_h * out_w, C * kernel_h * kernel_w]: row (n, oh, ow),
+// column (c, kh, kw), zero padding. A convolution is then
+// matmul(cols, weight.reshape({C_out, -1}), {.trans_b = true}) -> [N * out_h * out_w, C_out].
+Tensor im2col(const Tensor& x, const kernels::Conv2dGeometry& geometry);
+// The adjoint of im2col: a new [N, C, H, W] summing the entries that read each pixel.
+Tensor col2im(const Tensor& cols, const kernels::Conv2dGeometry& geometry);
+// out.shape[i] = x.shape[perm[i]] (torch.permute, materialized); x 4-D of any dtype.
+// E.g. [N, out_h, out_w, C_out] -> [N, C_out, out_h, out_w] is perm {0, 3, 1, 2}.
+Tensor permute4(const Tensor& x, std::array<int, 4> perm);
+
+struct MaxPoolResult {
+  Tensor out;      // [N, C, out_h, out_w] f32
+  Tensor indices;  // same shape, i64: h * W + w of the (first) maximum within its (n, c) plane
+};
+// Padding (at most half the kernel, as in PyTorch) never wins; NaN propagates.
+MaxPoolResult max_pool2d(const Tensor& x, const kernels::Conv2dGeometry& geometry);
+// A new [N, C, H, W]: grad_out summed into the pixels named by indices. Out-of-range
+// indices throw on the CPU and are ignored on CUDA (checking there needs a host sync).
+Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices,
+                           const kernels::Conv2dGeometry& geometry);
+
+// A new f32 tensor of `shape` on `device`: element i is 1 / (1 - p) where the i-th
+// Philox uniform of (seed, offset) is >= p, else 0 -- the draws of
+// rand(shape, seed, {.device = device}, offset). p in [0, 1). The next draw of the
+// stream should start at offset + rng::philox_counters(numel) (Note [rng stream]).
+Tensor dropout_mask(const Shape& shape, uint64_t seed, uint64_t offset, float p,
+                    const Device& device);
+
+// One torch.optim.SGD step (dampening 0) in place, see kernels::SgdStep. param, grad
+// and buf are f32 of one shape on one device; buf may be undefined when momentum == 0.
+void sgd_update_(Tensor& param, const Tensor& grad, Tensor& buf, const kernels::SgdStep& step);
+// One torch.optim.AdamW step in place, see kernels::AdamWStep (step >= 1 counts the
+// steps taken, this one included). param, grad, m and v are f32 of one shape.
+void adamw_update_(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
+                   const kernels::AdamWStep& step);
+
+}  // namespace ddp

@@ -1,0 +1,211 @@
+#include "runtime/optim/optimizer.h"
+
+#include "runtime/ops/nn_ops.h"
+#include "runtime/ops/ops.h"
+
+#include <cmath>
+#include <map>
+
+namespace ddp::optim {
+namespace {
+
+Tensor zeros_like(const Tensor& t) {
+  return zeros(t.shape(), {.dtype = t.dtype(), .device = t.device()});
+}
+
+// Looks up "<index>.<buffer>" entries and checks their shapes against the parameters.
+class StateReader {
+ public:
+  StateReader(const nn::NamedTensors& state, const std::vector<Tensor>& params) : params_(params) {
+    for (const auto& [name, t] : state) entries_[name] = t;
+  }
+  Tensor take(size_t index, const std::string& buffer) {
+    const std::string key = fmt::format("{}.{}", index, buffer);
+    auto it = entries_.find(key);
+    if (it == entries_.end()) return Tensor();
+    DDP_CHECK(it->second.shape() == params_[index].shape(),
+              "optimizer state {} has shape {}, but parameter {} has shape {}", key,
+              shape_str(it->second.shape()), index, shape_str(params_[index].shape()));
+    Tensor out = it->second.to(params_[index].device()).clone();
+    entries_.erase(it);
+    return out;
+  }
+  void check_consumed() const {
+    if (entries_.empty()) return;
+    std::vector<std::string> names;
+    for (const auto& [name, t] : entries_) names.push_back(name);
+    throw ValueError(
+        fmt::format("optimizer state has unexpected entries: {} (was it saved for a "
+                    "different model or optimizer?)",
+                    fmt::join(names, ", ")));
+  }
+
+ private:
+  const std::vector<Tensor>& params_;
+  std::map<std::string, Tensor> entries_;
+};
+
+}  // namespace
+
+Optimizer::Optimizer(std::vector<Tensor> params, float lr) : params_(std::move(params)), lr_(lr) {
+  set_lr(lr);
+  for (const Tensor& p : params_) {
+    DDP_CHECK(p.dtype() == DType::f32, "optimizers update f32 parameters, got dtype {}",
+              dtype_name(p.dtype()));
+  }
+}
+
+void Optimizer::set_lr(float lr) {
+  DDP_CHECK(std::isfinite(lr) && lr >= 0.0f, "learning rate {} must be finite and >= 0", lr);
+  lr_ = lr;
+}
+
+void Optimizer::zero_grad(bool set_to_none) {
+  for (Tensor& p : params_) {
+    Tensor g = grad(p);
+    if (!g.defined()) continue;
+    if (set_to_none) {
+      set_grad(p, Tensor());
+    } else {
+      fill_(g, 0.0);
+    }
+  }
+}
+
+SGD::SGD(std::vector<Tensor> params, SgdOptions options)
+    : Optimizer(std::move(params), options.lr), options_(options), momentum_(params_.size()) {
+  DDP_CHECK(options.momentum >= 0.0f, "SGD: momentum {} must be >= 0", options.momentum);
+  DDP_CHECK(options.weight_decay >= 0.0f, "SGD: weight_decay {} must be >= 0",
+            options.weight_decay);
+  DDP_CHECK(!options.nesterov || options.momentum > 0.0f, "SGD: nesterov needs momentum > 0");
+}
+
+void SGD::step() {
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor g = grad(params_[i]);
+    if (!g.defined()) continue;
+    kernels::SgdStep s{.lr = lr_,
+                       .momentum = options_.momentum,
+                       .weight_decay = options_.weight_decay,
+                       .nesterov = options_.nesterov,
+                       .first_step = false};
+    if (options_.momentum != 0.0f && !momentum_[i].defined()) {
+      momentum_[i] = empty(params_[i].shape(), {.device = params_[i].device()});
+      s.first_step = true;
+    }
+    Tensor& buf = options_.momentum != 0.0f ? momentum_[i] : params_[i];
+    sgd_update_(params_[i], g, buf, s);
+  }
+  ++steps_;
+}
+
+nn::NamedTensors SGD::state() const {
+  nn::NamedTensors out;
+  for (size_t i = 0; i < momentum_.size(); ++i) {
+    if (momentum_[i].defined())
+      out.emplace_back(fmt::format("{}.momentum_buffer", i), momentum_[i]);
+  }
+  return out;
+}
+
+void SGD::load_state(const nn::NamedTensors& state, int64_t steps) {
+  StateReader reader(state, params_);
+  for (size_t i = 0; i < params_.size(); ++i) momentum_[i] = reader.take(i, "momentum_buffer");
+  reader.check_consumed();
+  steps_ = steps;
+}
+
+AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options)
+    : Optimizer(std::move(params), options.lr),
+      options_(options),
+      exp_avg_(params_.size()),
+      exp_avg_sq_(params_.size()),
+      param_steps_(params_.size(), 0) {
+  DDP_CHECK(options.beta1 >= 0.0f && options.beta1 < 1.0f && options.beta2 >= 0.0f &&
+                options.beta2 < 1.0f,
+            "AdamW: betas ({}, {}) must lie in [0, 1)", options.beta1, options.beta2);
+  DDP_CHECK(options.eps > 0.0f, "AdamW: eps {} must be > 0", options.eps);
+}
+
+void AdamW::step() {
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor g = grad(params_[i]);
+    if (!g.defined()) continue;
+    if (!exp_avg_[i].defined()) {
+      exp_avg_[i] = zeros_like(params_[i]);
+      exp_avg_sq_[i] = zeros_like(params_[i]);
+    }
+    const kernels::AdamWStep s{.lr = lr_,
+                               .beta1 = options_.beta1,
+                               .beta2 = options_.beta2,
+                               .eps = options_.eps,
+                               .weight_decay = options_.weight_decay,
+                               .step = ++param_steps_[i]};
+    adamw_update_(params_[i], g, exp_avg_[i], exp_avg_sq_[i], s);
+  }
+  ++steps_;
+}
+
+nn::NamedTensors AdamW::state() const {
+  nn::NamedTensors out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!exp_avg_[i].defined()) continue;
+    out.emplace_back(fmt::format("{}.exp_avg", i), exp_avg_[i]);
+    out.emplace_back(fmt::format("{}.exp_avg_sq", i), exp_avg_sq_[i]);
+    out.emplace_back(fmt::format("{}.step", i),
+                     full({1}, static_cast<double>(param_steps_[i]), {.dtype = DType::i64}));
+  }
+  return out;
+}
+
+void AdamW::load_state(const nn::NamedTensors& state, int64_t steps) {
+  nn::NamedTensors moments;
+  std::map<std::string, Tensor> step_counts;
+  for (const auto& [name, t] : state) {
+    if (name.ends_with(".step")) {
+      step_counts[name] = t;
+    } else {
+      moments.emplace_back(name, t);
+    }
+  }
+  StateReader reader(moments, params_);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    exp_avg_[i] = reader.take(i, "exp_avg");
+    exp_avg_sq_[i] = reader.take(i, "exp_avg_sq");
+    auto it = step_counts.find(fmt::format("{}.step", i));
+    param_steps_[i] = it == step_counts.end() ? 0 : it->second.cpu().item<int64_t>();
+  }
+  reader.check_consumed();
+  steps_ = steps;
+}
+
+float LrSchedule::lr_at(int64_t step) const {
+  switch (kind) {
+    case Kind::constant:
+      return base_lr;
+    case Kind::step:
+      return base_lr * std::pow(gamma, static_cast<float>(step / std::max<int64_t>(step_size, 1)));
+    case Kind::cosine: {
+      if (step < warmup_steps) {
+        return base_lr * static_cast<float>(step + 1) / static_cast<float>(warmup_steps);
+      }
+      const int64_t span = std::max<int64_t>(total_steps - warmup_steps, 1);
+      const double progress = std::min(1.0, static_cast<double>(step - warmup_steps) / span);
+      return min_lr +
+             (base_lr - min_lr) * static_cast<float>(0.5 * (1.0 + std::cos(M_PI * progress)));
+    }
+  }
+  return base_lr;
+}
+
+LrSchedule::Kind LrSchedule::parse_kind(const std::string& text) {
+  if (text == "constant") return Kind::constant;
+  if (text == "step") return Kind::step;
+  if (text == "cosine") return Kind::cosine;
+  throw ValueError(
+      fmt::format("unknown learning-rate schedule '{}'; valid: constant, step, cosine", text));
+}
+
+}  // namespace ddp::optim

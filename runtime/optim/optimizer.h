@@ -1,0 +1,91 @@
+// Optimizers with torch.optim's update rules (fused per-parameter kernels), and
+// learning-rate schedules.
+#pragma once
+
+#include "runtime/nn/module.h"
+
+#include <string>
+#include <vector>
+
+namespace ddp::optim {
+
+class Optimizer {
+ public:
+  explicit Optimizer(std::vector<Tensor> params, float lr);
+  virtual ~Optimizer() = default;
+  // One update of every parameter that has a gradient (others are skipped, as torch does).
+  virtual void step() = 0;
+  void zero_grad(bool set_to_none = false);
+  float lr() const { return lr_; }
+  void set_lr(float lr);
+  int64_t steps() const { return steps_; }
+  // Tensors of the optimizer state, named "<param index>.<buffer>" (as torch's
+  // optimizer state_dict indexes parameters), for checkpoints.
+  virtual nn::NamedTensors state() const = 0;
+  // Restores state() output; throws ValueError listing missing or mis-shaped entries.
+  virtual void load_state(const nn::NamedTensors& state, int64_t steps) = 0;
+  virtual std::string name() const = 0;
+
+ protected:
+  std::vector<Tensor> params_;
+  float lr_;
+  int64_t steps_ = 0;
+};
+
+struct SgdOptions {
+  float lr = 0.01f;
+  float momentum = 0.0f;
+  float weight_decay = 0.0f;
+  bool nesterov = false;
+};
+
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<Tensor> params, SgdOptions options);
+  void step() override;
+  nn::NamedTensors state() const override;
+  void load_state(const nn::NamedTensors& state, int64_t steps) override;
+  std::string name() const override { return "sgd"; }
+
+ private:
+  SgdOptions options_;
+  std::vector<Tensor> momentum_;  // undefined until the parameter's first step
+};
+
+struct AdamWOptions {
+  float lr = 1e-3f;
+  float beta1 = 0.9f, beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 1e-2f;
+};
+
+class AdamW : public Optimizer {
+ public:
+  AdamW(std::vector<Tensor> params, AdamWOptions options);
+  void step() override;
+  nn::NamedTensors state() const override;
+  void load_state(const nn::NamedTensors& state, int64_t steps) override;
+  std::string name() const override { return "adamw"; }
+
+ private:
+  AdamWOptions options_;
+  std::vector<Tensor> exp_avg_, exp_avg_sq_;
+  std::vector<int64_t> param_steps_;
+};
+
+// Learning rate as a function of the optimizer step (0-based).
+struct LrSchedule {
+  enum class Kind { constant, step, cosine };
+  Kind kind = Kind::constant;
+  float base_lr = 0.01f;
+  int64_t step_size = 1;  // step: multiply by gamma every step_size steps
+  float gamma = 0.1f;
+  int64_t warmup_steps = 0;  // cosine: linear warmup from 0 to base_lr
+  int64_t total_steps = 1;   // cosine: decays to min_lr at total_steps
+  float min_lr = 0.0f;
+  float lr_at(int64_t step) const;
+  // "constant", "step", "cosine"; ValueError lists them otherwise.
+  static Kind parse_kind(const std::string& text);
+};
+
+}  // namespace ddp::optim

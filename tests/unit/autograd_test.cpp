@@ -1,0 +1,204 @@
+// Gradients of every differentiable op and layer against central finite
+// differences of the forward, accumulated in double.
+#include "runtime/autograd/functions.h"
+#include "runtime/nn/layers.h"
+#include "runtime/ops/ops.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+
+namespace ddp {
+namespace {
+
+namespace F = functional;
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+// Random values at least `gap` away from zero: finite differences across the kink
+// of relu or a max would measure neither side.
+Tensor away_from_zero(const Shape& shape, uint64_t seed, float gap = 0.05f) {
+  auto v = randn(shape, seed).to_vector<float>();
+  for (float& x : v) x += x >= 0 ? gap : -gap;
+  return from_vector(v, shape);
+}
+
+Tensor leaf(Tensor t) {
+  set_requires_grad(t, true);
+  return t;
+}
+
+// Loss = sum(f(inputs) * projection), a scalar whose gradient checks every output element.
+double project(const Tensor& out, const Tensor& projection) {
+  const auto o = out.to_vector<float>(), p = projection.to_vector<float>();
+  double acc = 0;
+  for (size_t i = 0; i < o.size(); ++i) acc += static_cast<double>(o[i]) * p[i];
+  return acc;
+}
+
+void gradcheck(const Fn& f, std::vector<Tensor> inputs, double h = 1e-2, double tol = 2e-3) {
+  for (Tensor& t : inputs) set_requires_grad(t, true);
+  Tensor out = f(inputs);
+  const Tensor projection = randn(out.shape(), 1234);
+  backward(F::sum(F::mul(out, projection)));
+  NoGradGuard no_grad;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const auto analytic = grad(inputs[k]).to_vector<float>();
+    const int64_t n = inputs[k].numel();
+    const int64_t stride = std::max<int64_t>(1, n / 25);  // about 25 elements per input
+    for (int64_t i = 0; i < n; i += stride) {
+      auto values = inputs[k].to_vector<float>();
+      const float x0 = values[static_cast<size_t>(i)];
+      std::vector<Tensor> plus = inputs, minus = inputs;
+      values[static_cast<size_t>(i)] = x0 + static_cast<float>(h);
+      plus[k] = from_vector(values, inputs[k].shape());
+      values[static_cast<size_t>(i)] = x0 - static_cast<float>(h);
+      minus[k] = from_vector(values, inputs[k].shape());
+      const double numeric =
+          (project(f(plus), projection) - project(f(minus), projection)) / (2 * h);
+      const double a = analytic[static_cast<size_t>(i)];
+      ASSERT_NEAR(a, numeric, tol * (1.0 + std::fabs(numeric)))
+          << "input " << k << " element " << i;
+    }
+  }
+}
+
+TEST(Autograd, ElementwiseOps) {
+  gradcheck([](auto& in) { return F::add(in[0], in[1]); }, {randn({3, 4}, 1), randn({3, 4}, 2)});
+  gradcheck([](auto& in) { return F::sub(in[0], in[1]); }, {randn({3, 4}, 1), randn({3, 4}, 2)});
+  gradcheck([](auto& in) { return F::mul(in[0], in[1]); }, {randn({3, 4}, 1), randn({3, 4}, 2)});
+  gradcheck([](auto& in) { return F::scale(in[0], -2.5f); }, {randn({5}, 3)});
+  gradcheck([](auto& in) { return F::relu(in[0]); }, {away_from_zero({4, 5}, 4)}, 1e-2, 3e-3);
+}
+
+TEST(Autograd, MatmulLinearAndReductions) {
+  gradcheck([](auto& in) { return F::matmul(in[0], in[1]); }, {randn({4, 6}, 5), randn({6, 3}, 6)});
+  gradcheck([](auto& in) { return F::linear(in[0], in[1], in[2]); },
+            {randn({5, 7}, 7), randn({3, 7}, 8), randn({3}, 9)});
+  gradcheck([](auto& in) { return F::reshape(F::sum(in[0]), {1}); }, {randn({2, 3}, 10)});
+  gradcheck([](auto& in) { return F::reshape(F::mean(in[0]), {1}); }, {randn({2, 3}, 11)});
+  gradcheck([](auto& in) { return F::flatten(in[0]); }, {randn({2, 3, 2}, 12)});
+}
+
+TEST(Autograd, CrossEntropy) {
+  const Tensor labels = from_vector<int64_t>({2, 0, 1, 2}, {4});
+  gradcheck([labels](auto& in) { return F::reshape(F::cross_entropy(in[0], labels), {1}); },
+            {randn({4, 3}, 13)}, 1e-2, 3e-3);
+}
+
+TEST(Autograd, Conv2dWithStrideAndPadding) {
+  for (auto [stride, pad] : {std::pair<int64_t, int64_t>{1, 1}, {2, 0}, {2, 1}}) {
+    gradcheck(
+        [stride, pad](auto& in) {
+          return F::conv2d(in[0], in[1], in[2], {stride, pad});
+        },
+        {randn({2, 3, 6, 5}, 14), randn({4, 3, 3, 3}, 15), randn({4}, 16)}, 1e-2, 3e-3);
+  }
+}
+
+TEST(Autograd, MaxPool) {
+  gradcheck([](auto& in) { return F::max_pool2d(in[0], 2); }, {randn({2, 3, 6, 6}, 17)}, 1e-3,
+            5e-3);
+  gradcheck([](auto& in) { return F::max_pool2d(in[0], 3, 2); }, {randn({1, 2, 7, 7}, 18)}, 1e-3,
+            5e-3);
+}
+
+TEST(Autograd, DropoutUsesItsMaskBothWays) {
+  Generator gen(5);
+  Tensor x = leaf(randn({1000}, 19));
+  Tensor y = F::dropout(x, 0.25f, true, gen);
+  backward(F::sum(y));
+  const auto xv = x.to_vector<float>(), yv = y.to_vector<float>(), g = grad(x).to_vector<float>();
+  int kept = 0;
+  for (size_t i = 0; i < xv.size(); ++i) {
+    if (yv[i] != 0.0f) {
+      ++kept;
+      EXPECT_NEAR(yv[i], xv[i] / 0.75f, 1e-6);
+      EXPECT_NEAR(g[i], 1.0f / 0.75f, 1e-6);
+    } else {
+      EXPECT_EQ(g[i], 0.0f);
+    }
+  }
+  EXPECT_NEAR(kept, 750, 5 * std::sqrt(1000 * 0.25 * 0.75));
+  EXPECT_TRUE(F::dropout(x, 0.25f, false, gen).is_same(x)) << "eval mode is the identity";
+}
+
+TEST(Autograd, GradientsAccumulateAcrossBackwards) {
+  Tensor w = leaf(randn({3}, 20));
+  backward(F::sum(F::scale(w, 2.0f)));
+  backward(F::sum(F::scale(w, 2.0f)));
+  for (float g : grad(w).to_vector<float>()) EXPECT_EQ(g, 4.0f);
+}
+
+TEST(Autograd, SharedParameterSumsBothUsesAndHookFiresOnce) {
+  Tensor w = leaf(randn({4}, 21));
+  int calls = 0;
+  register_post_accumulate_grad_hook(w, [&](Tensor& p) {
+    ++calls;
+    EXPECT_TRUE(grad(p).defined());
+  });
+  backward(F::sum(F::add(F::scale(w, 3.0f), F::mul(w, w))));
+  EXPECT_EQ(calls, 1);
+  const auto wv = w.to_vector<float>(), g = grad(w).to_vector<float>();
+  for (size_t i = 0; i < wv.size(); ++i) EXPECT_NEAR(g[i], 3.0f + 2.0f * wv[i], 1e-5);
+}
+
+TEST(Autograd, LastLayerGradientsAreCompleteFirst) {
+  Generator gen(1);
+  nn::Sequential model;
+  model.add(std::make_shared<nn::Linear>(8, 8, gen));
+  model.add(std::make_shared<nn::ReLU>());
+  model.add(std::make_shared<nn::Linear>(8, 8, gen));
+  model.add(std::make_shared<nn::ReLU>());
+  model.add(std::make_shared<nn::Linear>(8, 3, gen));
+  std::vector<std::string> order;
+  for (auto& [name, p] : model.named_parameters()) {
+    Tensor param = p;
+    register_post_accumulate_grad_hook(param,
+                                       [&order, name = name](Tensor&) { order.push_back(name); });
+  }
+  for (int iteration = 0; iteration < 2; ++iteration) {
+    order.clear();
+    Tensor loss =
+        F::cross_entropy(model(randn({5, 8}, 2)), from_vector<int64_t>({0, 1, 2, 0, 1}, {5}));
+    backward(loss);
+    ASSERT_EQ(order.size(), 6u) << "each hook fires exactly once per backward";
+    EXPECT_TRUE(order[0].starts_with("4.") && order[1].starts_with("4.")) << order[0];
+    EXPECT_TRUE(order[2].starts_with("2.") && order[3].starts_with("2.")) << order[2];
+    EXPECT_TRUE(order[4].starts_with("0.") && order[5].starts_with("0.")) << order[4];
+  }
+}
+
+TEST(Autograd, NoGradRecordsNothing) {
+  Tensor w = leaf(randn({3}, 22));
+  NoGradGuard guard;
+  Tensor y = F::scale(w, 2.0f);
+  EXPECT_FALSE(requires_grad(y));
+  EXPECT_THROW(backward(F::sum(y)), ValueError);
+}
+
+TEST(Autograd, SecondBackwardThroughFreedGraphIsAnError) {
+  Tensor w = leaf(randn({3}, 23));
+  Tensor loss = F::sum(F::mul(w, w));
+  backward(loss);
+  try {
+    backward(loss);
+    FAIL() << "no error";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("backward through the graph a second time"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Autograd, NonScalarRootNeedsAGradient) {
+  Tensor w = leaf(randn({3}, 24));
+  EXPECT_THROW(backward(F::scale(w, 2.0f)), ValueError);
+  backward(F::scale(w, 2.0f), ones({3}));
+  for (float g : grad(w).to_vector<float>()) EXPECT_EQ(g, 2.0f);
+  Tensor i = from_vector<int64_t>({1}, {1});
+  EXPECT_THROW(set_requires_grad(i, true), ValueError);
+}
+
+}  // namespace
+}  // namespace ddp

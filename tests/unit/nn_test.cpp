@@ -1,0 +1,112 @@
+#include "runtime/nn/layers.h"
+#include "runtime/ops/ops.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace ddp {
+namespace {
+
+std::shared_ptr<nn::Sequential> mlp(uint64_t seed) {
+  Generator gen(seed);
+  auto model = std::make_shared<nn::Sequential>();
+  model->add(std::make_shared<nn::Flatten>());
+  model->add(std::make_shared<nn::Linear>(12, 5, gen));
+  model->add(std::make_shared<nn::ReLU>());
+  model->add(std::make_shared<nn::Linear>(5, 3, gen));
+  return model;
+}
+
+TEST(Module, NamesFollowPyTorchStateDict) {
+  auto model = mlp(1);
+  std::vector<std::string> names;
+  for (auto& [name, t] : model->state_dict()) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"1.weight", "1.bias", "3.weight", "3.bias"}));
+  EXPECT_EQ(model->num_parameters(), 12 * 5 + 5 + 5 * 3 + 3);
+  EXPECT_EQ(
+      model->str(),
+      "Sequential(\n  (0): Flatten()\n  (1): Linear(in_features=12, out_features=5, bias=True)\n"
+      "  (2): ReLU()\n  (3): Linear(in_features=5, out_features=3, bias=True)\n)");
+}
+
+TEST(Module, DefaultInitBoundsAndSeeds) {
+  auto a = mlp(7), b = mlp(7), c = mlp(8);
+  const auto pa = a->parameters(), pb = b->parameters(), pc = c->parameters();
+  EXPECT_EQ(pa[0].to_vector<float>(), pb[0].to_vector<float>()) << "same seed, same model";
+  EXPECT_NE(pa[0].to_vector<float>(), pc[0].to_vector<float>());
+  const double bound = 1.0 / std::sqrt(12.0);
+  double sum_sq = 0;
+  const auto w = pa[0].to_vector<float>();
+  for (float v : w) {
+    ASSERT_LE(std::fabs(v), bound + 1e-7);
+    sum_sq += v * v;
+  }
+  // U(-b, b) has variance b^2 / 3.
+  EXPECT_NEAR(sum_sq / w.size(), bound * bound / 3, bound * bound / 6);
+  EXPECT_NE(pa[0].to_vector<float>()[0], pa[1].to_vector<float>()[0]) << "bias drawn after weight";
+}
+
+TEST(Module, StateDictRoundTrip) {
+  auto a = mlp(1), b = mlp(2);
+  Tensor kept = b->parameters()[0];
+  b->load_state_dict(a->state_dict());
+  for (size_t i = 0; i < a->parameters().size(); ++i) {
+    EXPECT_EQ(a->parameters()[i].to_vector<float>(), b->parameters()[i].to_vector<float>());
+  }
+  EXPECT_TRUE(kept.is_same(b->parameters()[0])) << "loading copies into the existing tensors";
+}
+
+TEST(Module, LoadStateDictListsEveryProblem) {
+  auto model = mlp(1);
+  nn::NamedTensors state = model->state_dict();
+  state.erase(state.begin() + 1);              // drop 1.bias
+  state[0].second = zeros({5, 11});            // wrong shape for 1.weight
+  state.emplace_back("9.weight", zeros({1}));  // unexpected
+  try {
+    model->load_state_dict(state);
+    FAIL() << "no error";
+  } catch (const ValueError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("Missing key(s): 1.bias"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("Unexpected key(s): 9.weight"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("size mismatch for 1.weight: copying a param with shape [5, 11]"),
+              std::string::npos)
+        << msg;
+  }
+}
+
+TEST(Module, TrainEvalPropagatesAndZeroGrad) {
+  auto model = mlp(1);
+  model->eval();
+  EXPECT_FALSE(model->is_training());
+  model->train();
+  Tensor loss = functional::cross_entropy((*model)(randn({4, 3, 4}, 3)),
+                                          from_vector<int64_t>({0, 1, 2, 1}, {4}));
+  backward(loss);
+  for (const Tensor& p : model->parameters()) ASSERT_TRUE(grad(p).defined());
+  model->zero_grad();
+  for (const Tensor& p : model->parameters()) {
+    for (float g : grad(p).to_vector<float>()) ASSERT_EQ(g, 0.0f);
+  }
+  model->zero_grad(true);
+  for (const Tensor& p : model->parameters()) EXPECT_FALSE(grad(p).defined());
+}
+
+TEST(Module, ConvNetShapes) {
+  Generator gen(3);
+  nn::Sequential net;
+  net.add(std::make_shared<nn::Conv2d>(1, 4, 3, gen, functional::Conv2dOptions{1, 1}));
+  net.add(std::make_shared<nn::ReLU>());
+  net.add(std::make_shared<nn::MaxPool2d>(2));
+  net.add(std::make_shared<nn::Flatten>());
+  net.add(std::make_shared<nn::Dropout>(0.5f, 1));
+  net.add(std::make_shared<nn::Linear>(4 * 14 * 14, 10, gen));
+  const Tensor y = net(randn({2, 1, 28, 28}, 4));
+  EXPECT_EQ(y.shape(), (Shape{2, 10}));
+  EXPECT_EQ(net.state_dict()[0].first, "0.weight");
+  EXPECT_EQ(net.state_dict()[0].second.shape(), (Shape{4, 1, 3, 3}));
+}
+
+}  // namespace
+}  // namespace ddp
