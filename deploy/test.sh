@@ -38,7 +38,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-[ "$install" = 1 ] && bash deploy/install-deps.sh
+[ "$install" = 1 ] && bash deploy/install-deps.sh --with-peer
 
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)

@@ -2,7 +2,9 @@
 //
 // Set by ddprun (as torchrun does) for each rank:
 //   RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
-//   MASTER_PORT, DDPRUN_RESTART_COUNT, DDPRUN_RUN_ID, OMP_NUM_THREADS
+//   MASTER_PORT, DDPRUN_RESTART_COUNT, DDPRUN_RUN_ID, OMP_NUM_THREADS,
+//   DDPRUN_STORE=agent (the launcher hosts the store; rank 0 must not),
+//   DDP_STORE_SECRET (the store rejects clients without it; empty: no check)
 // Set by other launchers and understood by the bootstrap:
 //   OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}, PMI_RANK, PMI_SIZE,
 //   SLURM_{PROCID,NTASKS,LOCALID}
@@ -34,6 +36,8 @@ inline constexpr const char* kMasterAddr = "MASTER_ADDR";
 inline constexpr const char* kMasterPort = "MASTER_PORT";
 inline constexpr const char* kRestartCount = "DDPRUN_RESTART_COUNT";
 inline constexpr const char* kRunId = "DDPRUN_RUN_ID";
+inline constexpr const char* kStore = "DDPRUN_STORE";
+inline constexpr const char* kStoreSecret = "DDP_STORE_SECRET";
 
 // The value of a variable, or nullopt when unset or empty.
 std::optional<std::string> get(const char* name);

@@ -28,7 +28,7 @@ struct Data {
 
 Data load_data(const TrainOptions& o) {
   if (o.data == "synthetic") {
-    SyntheticOptions s{.n = o.synthetic_size, .seed = 1234, .noise = 1.0f, .split = Split::train};
+    SyntheticOptions s{.n = o.synthetic_size, .seed = 1234, .noise = 6.0f, .split = Split::train};
     Data d{make_synthetic(s), {}};
     s.n = std::max<int64_t>(o.synthetic_size / 5, 10);
     s.split = Split::test;
@@ -137,7 +137,7 @@ EpochMetrics train_epoch(Run& r, DataLoader& loader, DataLoader& test_loader, in
   Batch batch;
   int64_t step = 0, samples = 0;
   while (step < steps && loader.next(batch)) {
-    r.optimizer->zero_grad();
+    r.optimizer->zero_grad(/*set_to_none=*/true);  // backward then hands .grad its fresh tensors
     Tensor loss = functional::cross_entropy((*r.model)(batch.inputs), batch.labels);
     backward(loss);
     r.optimizer->set_lr(r.schedule.lr_at(r.optimizer->steps()));

@@ -38,7 +38,11 @@ struct AccumulateGrad : Node {
     DDP_ASSERT(g.shape() == param.shape(), "gradient shape {} for a parameter of shape {}",
                shape_str(g.shape()), shape_str(param.shape()));
     if (!m.grad.defined()) {
-      m.grad = g.clone();
+      // Note [stealing gradients]: a gradient nobody else references (the fresh output
+      // of a backward op) becomes .grad as it is; a shared one (AddBackward hands the
+      // same tensor to both inputs) is copied, so .grad never aliases another tensor.
+      const bool sole_owner = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1;
+      m.grad = sole_owner ? g : g.clone();
     } else {
       axpy_(1.0f, g, m.grad);
     }

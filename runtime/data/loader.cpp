@@ -42,7 +42,7 @@ void DataLoader::start_epoch(int64_t epoch) {
   epoch_indices_ = sampler_.indices();
   cursor_ = 0;
   started_ = true;
-  if (options_.prefetch && num_batches() > 0) launch_prefetch(0);
+  if (prefetching() && num_batches() > 0) launch_prefetch(0);
 }
 
 bool DataLoader::next(Batch& out) {
@@ -54,7 +54,7 @@ bool DataLoader::next(Batch& out) {
   HostBatch host =
       pending_.valid() ? pending_.get() : gather(dataset_, batch_indices(cursor_), pinned);
   ++cursor_;
-  if (options_.prefetch && cursor_ < num_batches()) launch_prefetch(cursor_);
+  if (prefetching() && cursor_ < num_batches()) launch_prefetch(cursor_);
   // Asynchronous from pinned memory; the pinned block is reused only after the copy.
   out.inputs = host.inputs.to(options_.device, /*non_blocking=*/true);
   out.labels = host.labels.to(options_.device, /*non_blocking=*/true);
@@ -94,7 +94,7 @@ DataLoader::HostBatch DataLoader::gather(const Dataset& dataset,
     const size_t row_bytes = src.size(0) == 0 ? 0 : src.nbytes() / static_cast<size_t>(src.size(0));
     const auto* from = static_cast<const char*>(src.data_ptr());
     auto* to = static_cast<char*>(targets[k]->data_ptr());
-    for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t i = 0; i < rows && row_bytes > 0; ++i) {
       std::memcpy(to + static_cast<size_t>(i) * row_bytes,
                   from + static_cast<size_t>(indices[static_cast<size_t>(i)]) * row_bytes,
                   row_bytes);

@@ -92,7 +92,9 @@ TEST_F(SafetensorsFiles, RoundTripOfEveryDtypeKeepsOrderAndMetadata) {
     EXPECT_EQ(got.shape(), t.shape());
     EXPECT_TRUE(got.device().is_cpu());
     ASSERT_EQ(got.nbytes(), t.nbytes());
-    EXPECT_EQ(std::memcmp(got.data_ptr(), t.data_ptr(), t.nbytes()), 0);
+    if (t.nbytes() > 0) {
+      EXPECT_EQ(std::memcmp(got.data_ptr(), t.data_ptr(), t.nbytes()), 0);
+    }
   }
   EXPECT_TRUE(f.contains("u8"));
   EXPECT_EQ(f.at("i32").to_vector<int32_t>()[2], 2147483647);
