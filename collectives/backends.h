@@ -1,0 +1,47 @@
+// Factories of the backends. Each backend lives in its own file; CMake compiles
+// a stub that says how to enable it where it is not built.
+#pragma once
+
+#include "collectives/communicator.h"
+#include "collectives/store/store.h"
+
+#include <memory>
+#include <string>
+
+namespace ddp {
+
+// All ranks on one node, CPU tensors, POSIX shared memory (collectives/shm_communicator.cpp).
+struct ShmOptions {
+  int rank = 0;  // local rank == rank: every rank of the group is on this node
+  int size = 1;
+  std::string run_id;  // names the segment: /ddp-shm-<run_id>; the same on every rank
+  CommOptions comm;
+};
+std::shared_ptr<Communicator> make_shm_communicator(const ShmOptions& options);
+
+// CPU tensors over TCP with Debian's gloo; rendezvous through `store`.
+struct GlooOptions {
+  int rank = 0;
+  int size = 1;
+  std::string hostname;  // address other ranks reach this one at ("" = this host's name)
+  CommOptions comm;
+};
+std::shared_ptr<Communicator> make_gloo_communicator(std::shared_ptr<Store> store,
+                                                     const GlooOptions& options);
+
+// Under mpirun/srun: MPI_COMM_WORLD (MPI is initialised on first use). CPU tensors,
+// CUDA tensors staged through pinned host memory.
+std::shared_ptr<Communicator> make_mpi_communicator(CommOptions options);
+bool mpi_built();
+
+// CUDA tensors on `device`; the unique id through `store` (rank 0 sets it).
+struct NcclOptions {
+  int rank = 0;
+  int size = 1;
+  int device = 0;
+  CommOptions comm;
+};
+std::shared_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Store> store,
+                                                     const NcclOptions& options);
+
+}  // namespace ddp

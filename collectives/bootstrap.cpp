@@ -1,0 +1,217 @@
+#include "collectives/bootstrap.h"
+
+#include "collectives/store/tcp_store.h"
+#include "runtime/cuda/cuda_api.h"
+#include "runtime/env.h"
+#include "runtime/logging.h"
+
+#include <unistd.h>
+
+#include <random>
+
+namespace ddp {
+namespace {
+
+constexpr const char* kBackends = "auto, local, shm, gloo, mpi, nccl";
+
+std::optional<int64_t> first_int(std::initializer_list<const char*> names) {
+  for (const char* n : names) {
+    if (auto v = env::get_int(n)) return v;
+  }
+  return std::nullopt;
+}
+
+// "RANK=3 WORLD_SIZE=2 ..." for error messages: every variable of the contract that is set.
+std::string seen_variables() {
+  static const char* kNames[] = {"RANK",
+                                 "WORLD_SIZE",
+                                 "LOCAL_RANK",
+                                 "LOCAL_WORLD_SIZE",
+                                 "GROUP_RANK",
+                                 "MASTER_ADDR",
+                                 "MASTER_PORT",
+                                 "DDPRUN_RUN_ID",
+                                 "OMPI_COMM_WORLD_RANK",
+                                 "OMPI_COMM_WORLD_SIZE",
+                                 "OMPI_COMM_WORLD_LOCAL_RANK",
+                                 "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                 "PMI_RANK",
+                                 "PMI_SIZE",
+                                 "SLURM_PROCID",
+                                 "SLURM_NTASKS",
+                                 "SLURM_LOCALID",
+                                 "SLURM_NTASKS_PER_NODE"};
+  std::string out;
+  for (const char* n : kNames) {
+    if (auto v = env::get(n)) out += fmt::format("{}{}={}", out.empty() ? "" : " ", n, *v);
+  }
+  return out.empty() ? "(none set)" : out;
+}
+
+void fill_ranks(LaunchEnv& e) {
+  if (env::get(env::kRank)) {
+    e.launcher = "ddprun";
+    e.rank = static_cast<int>(*env::get_int(env::kRank));
+    auto world = env::get_int(env::kWorldSize);
+    DDP_CHECK(world.has_value(),
+              "RANK is set but WORLD_SIZE is not; the launcher sets both. Seen: {}",
+              seen_variables());
+    e.world_size = static_cast<int>(*world);
+    e.local_rank = static_cast<int>(env::get_int(env::kLocalRank).value_or(e.rank));
+    e.local_world_size =
+        static_cast<int>(env::get_int(env::kLocalWorldSize).value_or(e.world_size));
+  } else if (env::get("OMPI_COMM_WORLD_RANK")) {
+    e.launcher = "mpirun";
+    e.rank = static_cast<int>(*env::get_int("OMPI_COMM_WORLD_RANK"));
+    e.world_size = static_cast<int>(env::get_int("OMPI_COMM_WORLD_SIZE").value_or(1));
+    e.local_rank = static_cast<int>(env::get_int("OMPI_COMM_WORLD_LOCAL_RANK").value_or(e.rank));
+    e.local_world_size =
+        static_cast<int>(env::get_int("OMPI_COMM_WORLD_LOCAL_SIZE").value_or(e.world_size));
+  } else if (env::get("PMI_RANK")) {
+    e.launcher = "pmi";
+    e.rank = static_cast<int>(*env::get_int("PMI_RANK"));
+    e.world_size = static_cast<int>(env::get_int("PMI_SIZE").value_or(1));
+    e.local_rank = e.rank;
+    e.local_world_size = e.world_size;
+  } else if (env::get("SLURM_PROCID")) {
+    e.launcher = "slurm";
+    e.rank = static_cast<int>(*env::get_int("SLURM_PROCID"));
+    e.world_size = static_cast<int>(env::get_int("SLURM_NTASKS").value_or(1));
+    e.local_rank = static_cast<int>(env::get_int("SLURM_LOCALID").value_or(0));
+    e.local_world_size =
+        static_cast<int>(first_int({"SLURM_NTASKS_PER_NODE"}).value_or(e.world_size));
+  }
+}
+
+}  // namespace
+
+LaunchEnv read_launch_env() {
+  LaunchEnv e;
+  fill_ranks(e);
+  DDP_CHECK(e.world_size >= 1 && e.rank >= 0 && e.rank < e.world_size,
+            "inconsistent launch environment: rank {} is not below world size {}. Seen: {}", e.rank,
+            e.world_size, seen_variables());
+  DDP_CHECK(
+      e.local_world_size >= 1 && e.local_rank >= 0 && e.local_rank < e.local_world_size &&
+          e.local_world_size <= e.world_size,
+      "inconsistent launch environment: local rank {} of local world size {} (world size {}). "
+      "Seen: {}",
+      e.local_rank, e.local_world_size, e.world_size, seen_variables());
+  e.master_addr = env::get(env::kMasterAddr).value_or("");
+  e.master_port = static_cast<int>(env::get_int(env::kMasterPort).value_or(0));
+  DDP_CHECK(e.master_port >= 0 && e.master_port <= 65535,
+            "MASTER_PORT={} is not a TCP port. Seen: {}", e.master_port, seen_variables());
+  e.run_id = env::get(env::kRunId).value_or("");
+  e.agent_store = env::get("DDPRUN_STORE").value_or("") == "agent";
+  return e;
+}
+
+namespace {
+
+std::chrono::milliseconds resolve_timeout(const ProcessGroupOptions& o) {
+  if (o.timeout) return *o.timeout;
+  if (auto s = env::get_int(env::kTimeoutS)) {
+    DDP_CHECK(*s > 0, "{}={} must be a positive number of seconds", env::kTimeoutS, *s);
+    return std::chrono::milliseconds(*s * 1000);
+  }
+  return std::chrono::milliseconds(300000);
+}
+
+Device resolve_device(const ProcessGroupOptions& o, const LaunchEnv& e) {
+  std::string text = o.device.empty() ? env::get(env::kDevice).value_or("") : o.device;
+  if (text.empty()) {
+    const int gpus = device_count(DeviceType::cuda);
+    return gpus > 0 ? Device::cuda(e.local_rank % gpus) : Device::cpu();
+  }
+  Device d = Device::parse(text);
+  if (d.is_cuda() && text.find(':') == std::string::npos) d.index = e.local_rank;
+  check_available(d);
+  return d;
+}
+
+std::string resolve_backend(const ProcessGroupOptions& o, const LaunchEnv& e, const Device& d) {
+  std::string name = o.backend.empty() ? env::get(env::kBackend).value_or("auto") : o.backend;
+  DDP_CHECK(name == "auto" || name == "local" || name == "shm" || name == "gloo" || name == "mpi" ||
+                name == "nccl",
+            "unknown backend '{}'; valid backends: {}", name, kBackends);
+  if (name != "auto") return name;
+  if (e.world_size == 1) return "local";
+  if (d.is_cuda()) return "nccl";
+  if (e.launcher != "ddprun" && e.launcher != "none" && mpi_built()) return "mpi";
+  return e.local_world_size == e.world_size ? "shm" : "gloo";
+}
+
+void connect_store(ProcessGroup& pg, std::chrono::milliseconds timeout) {
+  const LaunchEnv& e = pg.env;
+  DDP_CHECK(!e.master_addr.empty() && e.master_port > 0,
+            "world size {} needs MASTER_ADDR and MASTER_PORT (the rendezvous store); ddprun sets "
+            "them, with mpirun or srun export them. Seen: {}",
+            e.world_size, seen_variables());
+  const std::string secret = store_secret_from_env();
+  if (e.rank == 0 && !e.agent_store) {
+    pg.server = std::make_shared<TcpStoreServer>(
+        TcpStoreServerOptions{.host = e.master_addr, .port = e.master_port, .secret = secret});
+  }
+  pg.store = std::make_shared<TcpStore>(TcpStoreOptions{
+      .host = e.master_addr, .port = e.master_port, .secret = secret, .timeout = timeout});
+}
+
+std::string shared_run_id(ProcessGroup& pg) {
+  if (!pg.env.run_id.empty()) return pg.env.run_id;
+  DDP_CHECK(pg.store != nullptr, "the shm backend needs DDPRUN_RUN_ID or MASTER_ADDR/MASTER_PORT");
+  if (pg.env.rank == 0) {
+    std::random_device rd;
+    pg.store->set("ddp/run_id", fmt::format("{}-{:08x}", getpid(), rd()));
+  }
+  return pg.store->get_string("ddp/run_id");
+}
+
+}  // namespace
+
+ProcessGroup init_process_group(const ProcessGroupOptions& options) {
+  ProcessGroup pg;
+  pg.env = read_launch_env();
+  const auto timeout = resolve_timeout(options);
+  const CommOptions comm{.timeout = timeout};
+  pg.device = resolve_device(options, pg.env);
+  if (pg.device.is_cuda()) cuda_api::set_device(pg.device.index);
+  const std::string backend = resolve_backend(options, pg.env, pg.device);
+  set_log_rank(pg.env.rank, pg.env.world_size);
+  if (backend == "local") {
+    DDP_CHECK(pg.env.world_size == 1, "the local backend is for world size 1, got {}; valid: {}",
+              pg.env.world_size, kBackends);
+    pg.comm = make_local_communicator(comm);
+    return pg;
+  }
+  if (backend == "mpi") {
+    pg.comm = make_mpi_communicator(comm);
+    return pg;
+  }
+  connect_store(pg, timeout);
+  if (backend == "shm") {
+    DDP_CHECK(pg.env.local_world_size == pg.env.world_size,
+              "the shm backend needs every rank on one node (local world size {} < world size {}); "
+              "use gloo across nodes",
+              pg.env.local_world_size, pg.env.world_size);
+    pg.comm = make_shm_communicator({.rank = pg.env.rank,
+                                     .size = pg.env.world_size,
+                                     .run_id = shared_run_id(pg),
+                                     .comm = comm});
+  } else if (backend == "gloo") {
+    pg.comm = make_gloo_communicator(
+        pg.store, {.rank = pg.env.rank, .size = pg.env.world_size, .hostname = "", .comm = comm});
+  } else {
+    DDP_CHECK_T(DeviceError, pg.device.is_cuda(),
+                "the nccl backend needs a CUDA device; this rank "
+                "has {}. Use shm or gloo for CPU tensors.",
+                pg.device.str());
+    pg.comm = make_nccl_communicator(
+        pg.store,
+        {.rank = pg.env.rank, .size = pg.env.world_size, .device = pg.device.index, .comm = comm});
+  }
+  DDP_LOG_DEBUG("process group: backend {} rank {}/{} on {}", pg.comm->backend(), pg.env.rank,
+                pg.env.world_size, pg.device.str());
+  return pg;
+}
+
+}  // namespace ddp

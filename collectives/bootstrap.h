@@ -1,0 +1,49 @@
+// init_process_group: reads the environment contract (runtime/env.h), connects
+// the rendezvous store, picks the backend and binds the device, so the same
+// program works under ddprun, mpirun, srun and alone.
+//
+// Ranks come from, in order: RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE (ddprun,
+// torchrun), OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE} (Open MPI),
+// PMI_RANK/PMI_SIZE, SLURM_{PROCID,NTASKS,LOCALID}; none of them: a single
+// process (world size 1, the local backend).
+#pragma once
+
+#include "collectives/backends.h"
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace ddp {
+
+struct ProcessGroupOptions {
+  std::string backend;  // auto|local|shm|gloo|mpi|nccl; empty: DDP_BACKEND, else auto
+  std::optional<std::chrono::milliseconds> timeout;  // default DDP_TIMEOUT_S, else 300 s
+  std::string device;  // empty: cuda:LOCAL_RANK when GPUs exist, else cpu
+};
+
+struct LaunchEnv {
+  int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
+  std::string launcher = "none";  // ddprun|mpirun|pmi|slurm|none
+  std::string master_addr;
+  int master_port = 0;
+  std::string run_id;
+  bool agent_store = false;  // the launcher hosts the store (DDPRUN_STORE=agent)
+};
+// Reads the variables; ValueError lists what it saw when they are inconsistent.
+LaunchEnv read_launch_env();
+
+class TcpStoreServer;
+
+struct ProcessGroup {
+  std::shared_ptr<Communicator> comm;
+  std::shared_ptr<Store> store;            // null for world size 1 and for mpi without MASTER_ADDR
+  std::shared_ptr<TcpStoreServer> server;  // set on the rank that hosts the store
+  LaunchEnv env;
+  Device device;
+};
+
+ProcessGroup init_process_group(const ProcessGroupOptions& options = {});
+
+}  // namespace ddp

@@ -1,0 +1,104 @@
+// The communicator (process group): rank, world size and asynchronous
+// collectives over tensors, as torch.distributed's ProcessGroup.
+//
+// Contract:
+// - Collectives are issued in the same order on every rank; each gets the next
+//   sequence number of this communicator (0, 1, 2, ...).
+// - Every call returns at once with a Work; the caller blocks only in
+//   Work::wait(). Tensors passed in must stay alive and untouched until then.
+// - In place: all_reduce, broadcast and reduce overwrite `tensor`.
+// - Every collective has a timeout (CommOptions::timeout, default DDP_TIMEOUT_S
+//   or 300 s). A rank that died or stopped makes the others fail within it with
+//   a CommError naming the op, sequence number, element count and, where the
+//   backend knows, the ranks that did not arrive. Never a hang.
+// - A size-1 communicator is the identity (LocalCommunicator), so single-process
+//   code never asks "am I distributed?".
+// - Dtypes f32, bf16, f16, i32, i64 (and u8 for broadcast/all_gather); avg on
+//   integer tensors is an error.
+#pragma once
+
+#include "runtime/error.h"
+#include "runtime/tensor.h"
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace ddp {
+
+enum class ReduceOp { sum, avg, max, min };
+std::string_view reduce_op_name(ReduceOp op);
+
+enum class CollectiveKind { all_reduce, broadcast, all_gather, reduce_scatter, reduce, barrier };
+std::string_view collective_name(CollectiveKind kind);
+
+// A failed or timed-out collective, with its distributed context.
+class CommError : public Error {
+ public:
+  CommError(std::string message, int rank, std::string op, int64_t sequence, int64_t count)
+      : Error(std::move(message)),
+        rank_(rank),
+        op_(std::move(op)),
+        sequence_(sequence),
+        count_(count) {}
+  int rank() const { return rank_; }
+  const std::string& op() const { return op_; }
+  int64_t sequence() const { return sequence_; }
+  int64_t count() const { return count_; }
+
+ private:
+  int rank_;
+  std::string op_;
+  int64_t sequence_;
+  int64_t count_;
+};
+// The collective did not complete within its timeout.
+class CommTimeoutError : public CommError {
+  using CommError::CommError;
+};
+
+// The handle of one asynchronous collective.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the collective finished, or throws its CommError. A timeout of
+  // zero means the communicator's timeout. Waiting again returns (or throws) again.
+  virtual void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) = 0;
+  // True once finished (successfully or not); never blocks.
+  virtual bool done() const = 0;
+  virtual int64_t sequence() const = 0;
+};
+
+struct CommOptions {
+  std::chrono::milliseconds timeout{300000};
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;  // "local", "shm", "gloo", "mpi", "nccl"
+
+  virtual std::shared_ptr<Work> all_reduce(Tensor& tensor, ReduceOp op = ReduceOp::sum) = 0;
+  virtual std::shared_ptr<Work> broadcast(Tensor& tensor, int root) = 0;
+  // output holds size() * input.numel() elements: rank r's input at [r * n, (r + 1) * n).
+  virtual std::shared_ptr<Work> all_gather(const Tensor& input, Tensor& output) = 0;
+  // input holds size() * output.numel() elements; rank r gets the reduction of block r.
+  virtual std::shared_ptr<Work> reduce_scatter(const Tensor& input, Tensor& output,
+                                               ReduceOp op = ReduceOp::sum) = 0;
+  // The reduction lands in `tensor` on `root`; other ranks' tensors are left unspecified.
+  virtual std::shared_ptr<Work> reduce(Tensor& tensor, int root, ReduceOp op = ReduceOp::sum) = 0;
+  virtual std::shared_ptr<Work> barrier() = 0;
+
+  // Sequence number the next collective will get.
+  virtual int64_t next_sequence() const = 0;
+  virtual const CommOptions& options() const = 0;
+};
+
+// The identity communicator of world size 1.
+std::shared_ptr<Communicator> make_local_communicator(CommOptions options = {});
+
+}  // namespace ddp

@@ -1,0 +1,257 @@
+#include "collectives/communicator_base.h"
+
+#include "collectives/reduce_kernels.h"
+#include "runtime/env.h"
+#include "runtime/ops/ops.h"
+
+#include <array>
+
+namespace ddp {
+
+std::string_view reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::avg:
+      return "avg";
+    case ReduceOp::max:
+      return "max";
+    case ReduceOp::min:
+      return "min";
+  }
+  return "?";
+}
+
+std::string_view collective_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::all_reduce:
+      return "all_reduce";
+    case CollectiveKind::broadcast:
+      return "broadcast";
+    case CollectiveKind::all_gather:
+      return "all_gather";
+    case CollectiveKind::reduce_scatter:
+      return "reduce_scatter";
+    case CollectiveKind::reduce:
+      return "reduce";
+    case CollectiveKind::barrier:
+      return "barrier";
+  }
+  return "?";
+}
+
+std::string Collective::describe() const {
+  std::string args;
+  switch (kind) {
+    case CollectiveKind::all_reduce:
+    case CollectiveKind::reduce_scatter:
+      args = fmt::format("({})", reduce_op_name(op));
+      break;
+    case CollectiveKind::reduce:
+      args = fmt::format("({}, root {})", reduce_op_name(op), root);
+      break;
+    case CollectiveKind::broadcast:
+      args = fmt::format("(root {})", root);
+      break;
+    default:
+      break;
+  }
+  if (kind == CollectiveKind::barrier || !input.defined()) {
+    return fmt::format("{}{} #{}", collective_name(kind), args, sequence);
+  }
+  return fmt::format("{}{} #{} of {} {}", collective_name(kind), args, sequence, count(),
+                     dtype_name(dtype()));
+}
+
+CommunicatorBase::CommunicatorBase(int rank, int size, CommOptions options)
+    : rank_(rank), size_(size), options_(options) {
+  DDP_CHECK(size >= 1 && rank >= 0 && rank < size,
+            "communicator: rank {} and world size {} are inconsistent (need 0 <= rank < size)",
+            rank, size);
+}
+
+void CommunicatorBase::check_tensor(const char* op, const Tensor& t, bool allow_u8) const {
+  DDP_CHECK(t.defined(), "{}: undefined tensor", op);
+  DDP_CHECK_T(
+      DeviceError, supports_device(t.device()),
+      "{}: the {} backend does not take tensors on {}; move the tensor (e.g. .cpu()) or use "
+      "a backend for that device",
+      op, backend(), t.device().str());
+  DDP_CHECK(
+      t.dtype() != DType::u8 || allow_u8,
+      "{}: dtype u8 can be broadcast or gathered but not reduced; valid: f32, bf16, f16, i32, "
+      "i64",
+      op);
+}
+
+std::shared_ptr<Work> CommunicatorBase::start(Collective c) {
+  c.sequence = next_sequence_++;
+  return submit(std::move(c));
+}
+
+std::shared_ptr<Work> CommunicatorBase::all_reduce(Tensor& tensor, ReduceOp op) {
+  check_tensor("all_reduce", tensor, false);
+  comm::check_reducible(tensor.dtype(), op);
+  return start({CollectiveKind::all_reduce, op, 0, 0, tensor, tensor});
+}
+
+std::shared_ptr<Work> CommunicatorBase::broadcast(Tensor& tensor, int root) {
+  check_tensor("broadcast", tensor, true);
+  DDP_CHECK(root >= 0 && root < size_, "broadcast: root {} is not a rank (world size {})", root,
+            size_);
+  return start({CollectiveKind::broadcast, ReduceOp::sum, root, 0, tensor, tensor});
+}
+
+std::shared_ptr<Work> CommunicatorBase::all_gather(const Tensor& input, Tensor& output) {
+  check_tensor("all_gather", input, true);
+  check_tensor("all_gather", output, true);
+  check_same_device({&input, &output});
+  DDP_CHECK(
+      output.dtype() == input.dtype() && output.numel() == input.numel() * size_,
+      "all_gather: output must hold world size ({}) x {} elements of {}, got {} elements of {}",
+      size_, input.numel(), dtype_name(input.dtype()), output.numel(), dtype_name(output.dtype()));
+  return start({CollectiveKind::all_gather, ReduceOp::sum, 0, 0, input, output});
+}
+
+std::shared_ptr<Work> CommunicatorBase::reduce_scatter(const Tensor& input, Tensor& output,
+                                                       ReduceOp op) {
+  check_tensor("reduce_scatter", input, false);
+  check_tensor("reduce_scatter", output, false);
+  check_same_device({&input, &output});
+  comm::check_reducible(input.dtype(), op);
+  DDP_CHECK(output.dtype() == input.dtype() && input.numel() == output.numel() * size_,
+            "reduce_scatter: input must hold world size ({}) x {} elements of {}, got {} elements "
+            "of {}",
+            size_, output.numel(), dtype_name(output.dtype()), input.numel(),
+            dtype_name(input.dtype()));
+  return start({CollectiveKind::reduce_scatter, op, 0, 0, input, output});
+}
+
+std::shared_ptr<Work> CommunicatorBase::reduce(Tensor& tensor, int root, ReduceOp op) {
+  check_tensor("reduce", tensor, false);
+  comm::check_reducible(tensor.dtype(), op);
+  DDP_CHECK(root >= 0 && root < size_, "reduce: root {} is not a rank (world size {})", root,
+            size_);
+  return start({CollectiveKind::reduce, op, root, 0, tensor, tensor});
+}
+
+std::shared_ptr<Work> CommunicatorBase::barrier() {
+  return start({CollectiveKind::barrier, ReduceOp::sum, 0, 0, Tensor(), Tensor()});
+}
+
+// ---- ThreadedCommunicator ---------------------------------------------------------------
+
+ThreadedCommunicator::ThreadedCommunicator(int rank, int size, CommOptions options)
+    : CommunicatorBase(rank, size, options) {
+  debug_ = env::get(env::kDebug).value_or("off") == "detail";
+}
+
+ThreadedCommunicator::~ThreadedCommunicator() {
+  stop_thread();
+}
+
+void ThreadedCommunicator::start_thread() {
+  thread_ = std::thread([this] { loop(); });
+}
+
+void ThreadedCommunicator::stop_thread() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::shared_ptr<Work> ThreadedCommunicator::submit(Collective c) {
+  auto work =
+      std::make_shared<ThreadWork>(c.sequence, c.describe(), rank(), c.count(), options().timeout);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (broken_) {
+      work->fail(broken_);
+      return work;
+    }
+    queue_.push_back({std::move(c), work});
+  }
+  cv_.notify_all();
+  return work;
+}
+
+void ThreadedCommunicator::loop() {
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      task = std::move(queue_.front());
+      queue_.pop_front();
+      if (stopping_ || broken_) {
+        task.work->fail(broken_ ? broken_
+                                : std::make_exception_ptr(CommError(
+                                      fmt::format("rank {}: {} cancelled: the communicator was "
+                                                  "destroyed",
+                                                  rank(), task.collective.describe()),
+                                      rank(), task.work->description(), task.collective.sequence,
+                                      task.collective.count())));
+        continue;
+      }
+    }
+    try {
+      if (debug_ && size() > 1) check_fingerprints(task.collective);
+      run(task.collective);
+      task.work->finish();
+    } catch (...) {
+      std::exception_ptr error = std::current_exception();
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        broken_ = error;
+      }
+      task.work->fail(error);
+    }
+  }
+}
+
+void ThreadedCommunicator::fail(const Collective& c, const std::string& message) const {
+  throw CommError(fmt::format("rank {}: {} failed on the {} backend: {}", rank(), c.describe(),
+                              backend(), message),
+                  rank(), c.describe(), c.sequence, c.count());
+}
+
+void ThreadedCommunicator::fail_timeout(const Collective& c, const std::string& message) const {
+  throw CommTimeoutError(
+      fmt::format("rank {}: {} timed out after {:.1f} s on the {} backend: {}", rank(),
+                  c.describe(), static_cast<double>(options().timeout.count()) / 1000.0, backend(),
+                  message),
+      rank(), c.describe(), c.sequence, c.count());
+}
+
+// Note [collective fingerprints]: with DDP_DEBUG=detail every collective is
+// preceded by an all_gather of (kind, op, root, dtype, count) over the same
+// backend, and any difference fails every rank with both sides named.
+void ThreadedCommunicator::check_fingerprints(const Collective& c) {
+  const std::array<int64_t, 5> mine = {static_cast<int64_t>(c.kind), static_cast<int64_t>(c.op),
+                                       c.root, static_cast<int64_t>(c.dtype()), c.count()};
+  Tensor in = from_vector<int64_t>(std::vector<int64_t>(mine.begin(), mine.end()), {5});
+  Tensor out = zeros({5 * size()}, {.dtype = DType::i64});
+  run({CollectiveKind::all_gather, ReduceOp::sum, 0, c.sequence, in, out});
+  const auto all = out.to_vector<int64_t>();
+  for (int r = 0; r < size(); ++r) {
+    Collective theirs;
+    theirs.kind = static_cast<CollectiveKind>(all[static_cast<size_t>(5 * r)]);
+    theirs.op = static_cast<ReduceOp>(all[static_cast<size_t>(5 * r + 1)]);
+    theirs.root = static_cast<int>(all[static_cast<size_t>(5 * r + 2)]);
+    theirs.sequence = c.sequence;
+    const bool same = std::equal(mine.begin(), mine.end(), all.begin() + 5 * r);
+    if (!same) {
+      fail(c, fmt::format("collective mismatch: rank {} issued {} while rank {} issued {} of {} {} "
+                          "(DDP_DEBUG=detail)",
+                          rank(), c.describe(), r, theirs.describe(),
+                          all[static_cast<size_t>(5 * r + 4)],
+                          dtype_name(static_cast<DType>(all[static_cast<size_t>(5 * r + 3)]))));
+    }
+  }
+}
+
+}  // namespace ddp

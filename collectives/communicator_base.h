@@ -1,0 +1,99 @@
+// The one validated path every backend's collectives go through
+// (Note [collective path]): the public calls check their tensors, take the next
+// sequence number and describe the collective; the backend then runs it.
+//
+// ThreadedCommunicator runs a backend's blocking `run()` on one communication
+// thread, in issue order, so the caller is blocked only in Work::wait() and DDP's
+// backward overlaps the all-reduces. After the first failure the communicator is
+// broken: every later collective fails at once with the first error, as NCCL's
+// aborted communicators do.
+#pragma once
+
+#include "collectives/communicator.h"
+#include "collectives/work.h"
+
+#include <deque>
+#include <thread>
+
+namespace ddp {
+
+struct Collective {
+  CollectiveKind kind = CollectiveKind::barrier;
+  ReduceOp op = ReduceOp::sum;
+  int root = 0;
+  int64_t sequence = 0;
+  Tensor input;  // all_reduce, broadcast, reduce: input and output are the same tensor
+  Tensor output;
+  int64_t count() const { return input.defined() ? input.numel() : 0; }
+  DType dtype() const { return input.defined() ? input.dtype() : DType::u8; }
+  // "all_reduce(sum) #12 of 1024 f32", "broadcast(root 0) #3 of 10 i64", "barrier #7"
+  std::string describe() const;
+};
+
+class CommunicatorBase : public Communicator {
+ public:
+  CommunicatorBase(int rank, int size, CommOptions options);
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int64_t next_sequence() const override { return next_sequence_; }
+  const CommOptions& options() const override { return options_; }
+
+  std::shared_ptr<Work> all_reduce(Tensor& tensor, ReduceOp op) override;
+  std::shared_ptr<Work> broadcast(Tensor& tensor, int root) override;
+  std::shared_ptr<Work> all_gather(const Tensor& input, Tensor& output) override;
+  std::shared_ptr<Work> reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) override;
+  std::shared_ptr<Work> reduce(Tensor& tensor, int root, ReduceOp op) override;
+  std::shared_ptr<Work> barrier() override;
+
+ protected:
+  // Runs (or starts) one validated collective.
+  virtual std::shared_ptr<Work> submit(Collective collective) = 0;
+  // Which devices this backend takes tensors on (default: cpu only).
+  virtual bool supports_device(const Device& device) const { return device.is_cpu(); }
+
+ private:
+  void check_tensor(const char* op, const Tensor& t, bool allow_u8) const;
+  std::shared_ptr<Work> start(Collective c);
+
+  int rank_;
+  int size_;
+  CommOptions options_;
+  int64_t next_sequence_ = 0;
+};
+
+class ThreadedCommunicator : public CommunicatorBase {
+ public:
+  ThreadedCommunicator(int rank, int size, CommOptions options);
+  ~ThreadedCommunicator() override;
+
+ protected:
+  // Starts the communication thread; call at the end of the backend's constructor.
+  void start_thread();
+  // Stops it (pending collectives fail); call first in the backend's destructor.
+  void stop_thread();
+  // Runs one collective to completion on the communication thread. Must give up
+  // within options().timeout and throw CommError (or CommTimeoutError).
+  virtual void run(const Collective& collective) = 0;
+  std::shared_ptr<Work> submit(Collective collective) override;
+  // Throws a CommError for `c` with this rank and the message.
+  [[noreturn]] void fail(const Collective& c, const std::string& message) const;
+  [[noreturn]] void fail_timeout(const Collective& c, const std::string& message) const;
+
+ private:
+  struct Task {
+    Collective collective;
+    std::shared_ptr<ThreadWork> work;
+  };
+  void loop();
+  void check_fingerprints(const Collective& c);
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  bool stopping_ = false;
+  std::exception_ptr broken_;
+  bool debug_ = false;
+  std::thread thread_;
+};
+
+}  // namespace ddp

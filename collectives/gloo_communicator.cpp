@@ -1,0 +1,334 @@
+// The gloo backend: CPU tensors over TCP with Debian's libgloo, rendezvous through
+// our Store. Collectives run on the communication thread of ThreadedCommunicator,
+// one at a time, each as one call into gloo's algorithms.
+//
+// Note [gloo reductions]: every reduction goes through gloo's generic
+// allreduce/reduce with our own element-wise function (comm::reduce_buffers), so
+// all five dtypes take one path: 16-bit floats (bf16, which gloo lacks, and f16)
+// are combined pairwise in f32 and rounded back, integers in their own type. avg
+// is sum followed by a scale by 1 / world size on the ranks that receive a result.
+//
+// Note [gloo errors]: this gloo reports a peer that stopped or is too slow as an
+// IoException whose text says "timeout"/"Timed out" (it has no TimeoutException);
+// those become CommTimeoutError, every other gloo failure (a reset connection
+// from a rank that died, a failed enforce) a CommError. gloo's transport is in an
+// unknown state after an IoException, which matches the communicator being
+// broken after its first failure. gloo names a broken peer by a socket address,
+// often an ephemeral port, not by rank; Debian's headers do not expose the
+// connections (tcp/pair.h includes a header the package lacks), so these errors
+// cannot name the rank that failed.
+#include "collectives/backends.h"
+#include "collectives/communicator_base.h"
+#include "collectives/reduce_kernels.h"
+#include "runtime/ops/ops.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/reduce.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/hash_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+
+namespace ddp {
+namespace {
+
+// gloo's rendezvous store over ours, every key under `prefix`.
+class GlooStore : public gloo::rendezvous::Store {
+ public:
+  GlooStore(std::shared_ptr<ddp::Store> store, std::string prefix)
+      : store_(std::move(store)), prefix_(std::move(prefix)) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_->set(prefix_ + key, Bytes(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    const Bytes value = store_->get(prefix_ + key);
+    return std::vector<char>(value.begin(), value.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { store_->wait(prefixed(keys)); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    store_->wait(prefixed(keys), timeout);
+  }
+
+ private:
+  std::vector<std::string> prefixed(const std::vector<std::string>& keys) const {
+    std::vector<std::string> out;
+    out.reserve(keys.size());
+    for (const auto& k : keys) out.push_back(prefix_ + k);
+    return out;
+  }
+  std::shared_ptr<ddp::Store> store_;
+  std::string prefix_;
+};
+
+// Note [gloo SIGPIPE]: gloo writes to its sockets without MSG_NOSIGNAL, so a write
+// to a rank that died raises SIGPIPE, which ends the process by default. gloo's
+// threads and the communication thread are created while SIGPIPE is blocked in
+// the constructing thread (threads inherit the mask), so such writes fail with
+// EPIPE and become a CommError; the program's own signal handling is untouched.
+class SigpipeBlock {
+ public:
+  SigpipeBlock() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_, &previous_);
+  }
+  ~SigpipeBlock() {
+    // Drop a SIGPIPE raised in this thread meanwhile, then restore the caller's mask.
+    const timespec zero{};
+    while (sigtimedwait(&pipe_, nullptr, &zero) == SIGPIPE) {
+    }
+    pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+  }
+  SigpipeBlock(const SigpipeBlock&) = delete;
+  SigpipeBlock& operator=(const SigpipeBlock&) = delete;
+
+ private:
+  sigset_t pipe_;
+  sigset_t previous_;
+};
+
+std::string this_host_name() {
+  char name[HOST_NAME_MAX + 1] = {};
+  DDP_CHECK(gethostname(name, sizeof(name) - 1) == 0,
+            "gloo: gethostname failed; set GlooOptions::hostname to an address other ranks reach");
+  return name;
+}
+
+// Calls f(T{}) with an unsigned type of the dtype's element size: gloo's typed
+// setters only use sizeof(T) (Note [gloo reductions]).
+template <typename F>
+void with_element_type(DType dtype, F&& f) {
+  switch (element_size(dtype)) {
+    case 1:
+      return f(uint8_t{});
+    case 2:
+      return f(uint16_t{});
+    case 4:
+      return f(uint32_t{});
+    case 8:
+      return f(uint64_t{});
+    default:
+      DDP_ASSERT(false, "gloo: unexpected element size of {}", dtype_name(dtype));
+  }
+}
+
+std::function<void(void*, const void*, const void*, size_t)> reduce_function(DType dtype,
+                                                                             ReduceOp op) {
+  const ReduceOp pairwise = op == ReduceOp::avg ? ReduceOp::sum : op;
+  return [dtype, pairwise](void* c, const void* a, const void* b, size_t n) {
+    const void* srcs[2] = {a, b};
+    comm::reduce_buffers(c, srcs, 2, static_cast<int64_t>(n), dtype, pairwise, 1.0);
+  };
+}
+
+// Note [gloo deadline]: gloo gives up 10% (at most 200 ms) before the timeout, so
+// the caller sees its error (the op and gloo's cause) rather than Work::wait's bare one.
+std::chrono::milliseconds gloo_timeout(std::chrono::milliseconds timeout) {
+  return timeout -
+         std::min<std::chrono::milliseconds>(timeout / 10, std::chrono::milliseconds(200));
+}
+
+bool is_timeout_text(const std::string& text) {
+  return text.find("imeout") != std::string::npos || text.find("Timed out") != std::string::npos;
+}
+
+// Distinguishes the rendezvous of several gloo communicators on one store: the
+// n-th made in this process uses keys "gloo/<n>/...", so every rank must create
+// them in the same order (as torch.distributed's group counter).
+std::atomic<int> g_gloo_instances{0};
+
+// Connects every pair of ranks; world size 1 without a store rendezvouses in memory.
+std::shared_ptr<gloo::Context> connect(std::shared_ptr<Store> store, const GlooOptions& options) {
+  gloo::transport::tcp::attr attr;
+  attr.hostname = options.hostname.empty() ? this_host_name() : options.hostname;
+  auto context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.size);
+  context->setTimeout(gloo_timeout(options.comm.timeout));
+  try {
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    if (store == nullptr) {
+      gloo::rendezvous::HashStore local;
+      context->connectFullMesh(local, device);
+    } else {
+      GlooStore adapter(std::move(store), fmt::format("gloo/{}/", g_gloo_instances++));
+      context->connectFullMesh(adapter, device);
+    }
+  } catch (const Error&) {
+    throw;                             // ours, e.g. a StoreTimeoutError naming the missing key
+  } catch (const std::exception& e) {  // gloo::Exception, gloo::EnforceNotMet
+    throw CommError(fmt::format("rank {}: gloo could not connect to the other {} ranks from host "
+                                "'{}': {}. Check that every rank's hostname resolves to an address "
+                                "the others reach (GlooOptions::hostname)",
+                                options.rank, options.size - 1, attr.hostname, e.what()),
+                    options.rank, "gloo rendezvous", -1, 0);
+  }
+  return context;
+}
+
+class GlooCommunicator : public ThreadedCommunicator {
+ public:
+  GlooCommunicator(std::shared_ptr<Store> store, const GlooOptions& options)
+      : ThreadedCommunicator(options.rank, options.size, options.comm) {
+    DDP_CHECK(store != nullptr || options.size == 1,
+              "gloo: world size {} needs a rendezvous store (only world size 1 works without one)",
+              options.size);
+    const SigpipeBlock block;  // Note [gloo SIGPIPE]
+    context_ = connect(std::move(store), options);
+    start_thread();
+  }
+  ~GlooCommunicator() override { stop_thread(); }
+  std::string backend() const override { return "gloo"; }
+
+ protected:
+  void run(const Collective& c) override;
+
+ private:
+  void dispatch(const Collective& c);
+  void all_reduce(void* data, int64_t count, DType dtype, ReduceOp op, uint32_t tag);
+  void broadcast(const Collective& c, uint32_t tag);
+  void all_gather(const Collective& c, uint32_t tag);
+  void reduce_scatter(const Collective& c, uint32_t tag);
+  void reduce(const Collective& c, uint32_t tag);
+  void scale_for_avg(void* data, int64_t count, DType dtype) const;
+
+  std::shared_ptr<gloo::Context> context_;
+};
+
+void GlooCommunicator::run(const Collective& c) {
+  try {
+    dispatch(c);
+  } catch (const gloo::IoException& e) {
+    const std::string text = e.what();
+    if (is_timeout_text(text)) {
+      fail_timeout(c, fmt::format("{}. A peer rank stopped, is stuck or issued a different "
+                                  "collective; DDP_DEBUG=detail compares collectives across ranks",
+                                  text));
+    }
+    fail(c, fmt::format("{}. A peer rank probably died or closed its connection", text));
+  } catch (const gloo::Exception& e) {
+    fail(c, e.what());
+  } catch (const gloo::EnforceNotMet& e) {
+    fail(c, e.what());
+  }
+}
+
+void GlooCommunicator::dispatch(const Collective& c) {
+  const auto tag = static_cast<uint32_t>(c.sequence);
+  if (c.kind == CollectiveKind::barrier) {
+    gloo::BarrierOptions opts(context_);
+    opts.setTag(tag);
+    opts.setTimeout(gloo_timeout(options().timeout));
+    gloo::barrier(opts);
+    return;
+  }
+  if (c.count() == 0) return;  // every rank has the same count: nothing to move
+  switch (c.kind) {
+    case CollectiveKind::all_reduce:
+      all_reduce(c.input.data_ptr(), c.count(), c.dtype(), c.op, tag);
+      if (c.op == ReduceOp::avg) scale_for_avg(c.input.data_ptr(), c.count(), c.dtype());
+      return;
+    case CollectiveKind::broadcast:
+      return broadcast(c, tag);
+    case CollectiveKind::all_gather:
+      return all_gather(c, tag);
+    case CollectiveKind::reduce_scatter:
+      return reduce_scatter(c, tag);
+    case CollectiveKind::reduce:
+      return reduce(c, tag);
+    case CollectiveKind::barrier:
+      return;
+  }
+}
+
+void GlooCommunicator::all_reduce(void* data, int64_t count, DType dtype, ReduceOp op,
+                                  uint32_t tag) {
+  gloo::AllreduceOptions opts(context_);
+  with_element_type(dtype, [&](auto element) {
+    using T = decltype(element);
+    opts.setOutput(static_cast<T*>(data), static_cast<size_t>(count));
+  });
+  opts.setReduceFunction(reduce_function(dtype, op));
+  opts.setTag(tag);
+  opts.setTimeout(gloo_timeout(options().timeout));
+  gloo::allreduce(opts);
+}
+
+void GlooCommunicator::broadcast(const Collective& c, uint32_t tag) {
+  gloo::BroadcastOptions opts(context_);
+  with_element_type(c.dtype(), [&](auto element) {
+    using T = decltype(element);
+    opts.setOutput(static_cast<T*>(c.input.data_ptr()), static_cast<size_t>(c.count()));
+  });
+  opts.setRoot(c.root);
+  opts.setTag(tag);
+  opts.setTimeout(gloo_timeout(options().timeout));
+  gloo::broadcast(opts);
+}
+
+void GlooCommunicator::all_gather(const Collective& c, uint32_t tag) {
+  gloo::AllgatherOptions opts(context_);
+  with_element_type(c.dtype(), [&](auto element) {
+    using T = decltype(element);
+    opts.setInput(static_cast<T*>(c.input.data_ptr()), static_cast<size_t>(c.count()));
+    opts.setOutput(static_cast<T*>(c.output.data_ptr()), static_cast<size_t>(c.output.numel()));
+  });
+  opts.setTag(tag);
+  opts.setTimeout(gloo_timeout(options().timeout));
+  gloo::allgather(opts);
+}
+
+// gloo's reduce-scatter is an old-style templated algorithm without timeouts;
+// an all-reduce of a scratch copy followed by taking this rank's block costs
+// about twice the bytes on the wire but keeps one tested path.
+void GlooCommunicator::reduce_scatter(const Collective& c, uint32_t tag) {
+  Tensor scratch = c.input.clone();
+  all_reduce(scratch.data_ptr(), scratch.numel(), c.dtype(), c.op, tag);
+  const int64_t n = c.output.numel();
+  Tensor out = c.output;
+  copy_(out, scratch.flat_view(rank() * n, c.output.shape()));
+  if (c.op == ReduceOp::avg) scale_for_avg(out.data_ptr(), n, c.dtype());
+}
+
+void GlooCommunicator::reduce(const Collective& c, uint32_t tag) {
+  gloo::ReduceOptions opts(context_);
+  with_element_type(c.dtype(), [&](auto element) {
+    using T = decltype(element);
+    opts.setOutput(static_cast<T*>(c.input.data_ptr()), static_cast<size_t>(c.count()));
+  });
+  opts.setRoot(c.root);
+  opts.setReduceFunction(reduce_function(c.dtype(), c.op));
+  opts.setTag(tag);
+  opts.setTimeout(gloo_timeout(options().timeout));
+  gloo::reduce(opts);
+  if (c.op == ReduceOp::avg && rank() == c.root) {
+    scale_for_avg(c.input.data_ptr(), c.count(), c.dtype());
+  }
+}
+
+void GlooCommunicator::scale_for_avg(void* data, int64_t count, DType dtype) const {
+  const void* srcs[1] = {data};
+  comm::reduce_buffers(data, srcs, 1, count, dtype, ReduceOp::avg, 1.0 / size());
+}
+
+}  // namespace
+
+std::shared_ptr<Communicator> make_gloo_communicator(std::shared_ptr<Store> store,
+                                                     const GlooOptions& options) {
+  return std::make_shared<GlooCommunicator>(std::move(store), options);
+}
+
+}  // namespace ddp

@@ -1,0 +1,34 @@
+// World size 1: every collective is the identity (or a copy from input to output).
+#include "collectives/communicator_base.h"
+#include "runtime/ops/ops.h"
+
+namespace ddp {
+namespace {
+
+class LocalCommunicator : public CommunicatorBase {
+ public:
+  explicit LocalCommunicator(CommOptions options) : CommunicatorBase(0, 1, options) {}
+  std::string backend() const override { return "local"; }
+
+ protected:
+  bool supports_device(const Device&) const override { return true; }
+  std::shared_ptr<Work> submit(Collective c) override {
+    try {
+      if (c.kind == CollectiveKind::all_gather || c.kind == CollectiveKind::reduce_scatter) {
+        Tensor out = c.output.reshape(c.input.shape());
+        copy_(out, c.input);
+      }
+    } catch (...) {
+      return completed_work(c.sequence, std::current_exception());
+    }
+    return completed_work(c.sequence);
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<Communicator> make_local_communicator(CommOptions options) {
+  return std::make_shared<LocalCommunicator>(options);
+}
+
+}  // namespace ddp

@@ -1,0 +1,308 @@
+// TcpStore: the client side of the TCP store. One socket, one request in flight
+// (calls are serialized by mutex_), blocking I/O expressed as poll() with a
+// deadline so that every call ends by its timeout.
+#include "collectives/store/tcp_store.h"
+
+#include "runtime/env.h"
+#include "runtime/logging.h"
+
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <random>
+#include <thread>
+
+namespace ddp {
+
+using store_detail::Clock;
+using store_detail::UniqueFd;
+
+namespace {
+
+// The server answers TIMEOUT itself when a GET/WAIT expires; the client waits
+// this much longer before it concludes that the server is hung.
+constexpr auto kReplySlack = std::chrono::seconds(5);
+constexpr auto kFirstBackoff = std::chrono::milliseconds(10);
+constexpr auto kMaxBackoff = std::chrono::milliseconds(1000);
+constexpr size_t kReadChunkBytes = size_t{64} << 10;
+constexpr size_t kKeysNamedInErrors = 16;
+
+std::string seconds_text(std::chrono::milliseconds ms) {
+  return fmt::format("{:g}", static_cast<double>(ms.count()) / 1000.0);
+}
+
+// "'a', 'b', 'c'" (the first kKeysNamedInErrors keys, then "and N more").
+std::string quoted_keys(const std::vector<std::string>& keys) {
+  std::string text;
+  for (size_t i = 0; i < keys.size() && i < kKeysNamedInErrors; ++i) {
+    text += fmt::format("{}'{}'", i == 0 ? "" : ", ", keys[i]);
+  }
+  if (keys.size() > kKeysNamedInErrors)
+    text += fmt::format(" and {} more", keys.size() - kKeysNamedInErrors);
+  return text;
+}
+
+// Full jitter on top of exponential backoff, so that many ranks started at
+// once do not reconnect in lockstep.
+std::chrono::milliseconds jittered(std::chrono::milliseconds backoff) {
+  thread_local std::minstd_rand rng(std::random_device{}());
+  std::uniform_int_distribution<int64_t> half(backoff.count() / 2, backoff.count());
+  return std::chrono::milliseconds(half(rng));
+}
+
+// Connects one socket to `ai` before `deadline`; an empty UniqueFd and `error` set on failure.
+UniqueFd connect_one(const addrinfo& ai, Clock::time_point deadline, std::string& error) {
+  UniqueFd fd(::socket(ai.ai_family, ai.ai_socktype | SOCK_CLOEXEC, ai.ai_protocol));
+  if (!fd) {
+    error = store_detail::errno_text(errno);
+    return {};
+  }
+  store_detail::set_nonblocking(fd.get());
+  if (::connect(fd.get(), ai.ai_addr, ai.ai_addrlen) != 0) {
+    if (errno != EINPROGRESS) {
+      error = store_detail::errno_text(errno);
+      return {};
+    }
+    pollfd p{fd.get(), POLLOUT, 0};
+    int rc = 0;
+    do {
+      rc = ::poll(&p, 1, store_detail::poll_ms_until(deadline));
+    } while (rc < 0 && errno == EINTR);
+    int so_error = 0;
+    socklen_t len = sizeof(so_error);
+    if (rc == 0) so_error = ETIMEDOUT;
+    if (rc < 0) so_error = errno;
+    if (rc > 0) ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &so_error, &len);
+    if (so_error != 0) {
+      error = store_detail::errno_text(so_error);
+      return {};
+    }
+  }
+  store_detail::set_nodelay(fd.get());
+  return fd;
+}
+
+}  // namespace
+
+std::string store_secret_from_env() {
+  return env::get(kStoreSecretEnv).value_or("");
+}
+
+TcpStore::TcpStore(TcpStoreOptions options)
+    : options_(std::move(options)), read_buffer_(kReadChunkBytes) {
+  DDP_CHECK_T(
+      StoreError, options_.port > 0 && options_.port <= 65535,
+      "store port {} is out of range; set MASTER_PORT (or --master-port) to a port in 1..65535",
+      options_.port);
+  std::lock_guard<std::mutex> lock(mutex_);
+  connect_locked();
+}
+
+std::string TcpStore::where() const {
+  return store_detail::endpoint(options_.host, options_.port);
+}
+
+void TcpStore::connect_locked() {
+  const auto deadline = Clock::now() + options_.connect_timeout;
+  auto backoff = std::chrono::duration_cast<std::chrono::milliseconds>(kFirstBackoff);
+  std::string error = "not attempted";
+  for (int attempt = 1;; ++attempt) {
+    if (try_connect_once(deadline, error)) {
+      if (attempt > 1)
+        DDP_LOG_DEBUG("connected to the store at {} after {} attempts", where(), attempt);
+      return;
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) break;
+    std::this_thread::sleep_for(std::min<Clock::duration>(jittered(backoff), deadline - now));
+    backoff =
+        std::min(backoff * 2, std::chrono::duration_cast<std::chrono::milliseconds>(kMaxBackoff));
+  }
+  throw StoreError(fmt::format(
+      "cannot connect to the store at {} after {} s: {}. Is MASTER_ADDR/MASTER_PORT right and is "
+      "rank 0 / ddprun running?",
+      where(), seconds_text(options_.connect_timeout), error));
+}
+
+// One attempt: resolve, connect, HELLO. Returns false (with `error`) for what a
+// retry may fix; throws StoreError when the server refuses the secret.
+bool TcpStore::try_connect_once(Clock::time_point deadline, std::string& error) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* result = nullptr;
+  const std::string service = std::to_string(options_.port);
+  if (const int rc = ::getaddrinfo(options_.host.c_str(), service.c_str(), &hints, &result);
+      rc != 0) {
+    error = fmt::format("cannot resolve '{}': {}", options_.host, gai_strerror(rc));
+    return false;
+  }
+  for (const addrinfo* ai = result; ai != nullptr && !fd_; ai = ai->ai_next) {
+    fd_ = connect_one(*ai, deadline, error);
+  }
+  ::freeaddrinfo(result);
+  if (!fd_) return false;
+  parser_.reset();
+  Message reply;
+  try {
+    const auto handshake_deadline = Clock::now() + options_.timeout;
+    send_all(encode(msg::hello(options_.secret)), handshake_deadline, "HELLO");
+    reply = read_reply(handshake_deadline, "HELLO");
+  } catch (const StoreError& e) {
+    fd_.reset();
+    error = e.what();
+    return false;
+  }
+  if (reply.command != Command::kOk) {
+    fd_.reset();
+    throw StoreError(
+        fmt::format("the store at {} refused this client: {}", where(),
+                    reply.command == Command::kError ? reply.text : command_name(reply.command)));
+  }
+  return true;
+}
+
+void TcpStore::fail_connection(const std::string& what, const std::string& why) {
+  fd_.reset();
+  parser_.reset();
+  throw StoreError(fmt::format(
+      "store {} failed: lost the connection to the store at {}: {}. Did rank 0 / ddprun exit? "
+      "Check its log.",
+      what, where(), why));
+}
+
+void TcpStore::send_all(const Bytes& bytes, Clock::time_point deadline, const std::string& what) {
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    const ssize_t n = ::send(fd_.get(), bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n >= 0) {
+      sent += static_cast<size_t>(n);
+      continue;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK)
+      fail_connection(what, store_detail::errno_text(errno));
+    pollfd p{fd_.get(), POLLOUT, 0};
+    if (::poll(&p, 1, store_detail::poll_ms_until(deadline)) == 0) {
+      fd_.reset();
+      parser_.reset();
+      throw StoreTimeoutError(fmt::format(
+          "store {} timed out sending to the store at {}: the server is not reading (hung or "
+          "overloaded?); the next call reconnects",
+          what, where()));
+    }
+  }
+}
+
+Message TcpStore::read_reply(Clock::time_point deadline, const std::string& what) {
+  for (;;) {
+    try {
+      if (std::optional<Message> reply = parser_.next()) return std::move(*reply);
+    } catch (const ProtocolError& e) {
+      fail_connection(what, e.what());
+    }
+    pollfd p{fd_.get(), POLLIN, 0};
+    const int rc = ::poll(&p, 1, store_detail::poll_ms_until(deadline));
+    if (rc == 0) {
+      fd_.reset();
+      parser_.reset();
+      throw StoreTimeoutError(fmt::format(
+          "store {} got no reply from the store at {} in time; the server may be hung or "
+          "overloaded; the next call reconnects",
+          what, where()));
+    }
+    if (rc < 0) {
+      if (errno == EINTR) continue;
+      fail_connection(what, store_detail::errno_text(errno));
+    }
+    const ssize_t n = ::recv(fd_.get(), read_buffer_.data(), read_buffer_.size(), 0);
+    if (n == 0) fail_connection(what, "the server closed the connection");
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+      fail_connection(what, store_detail::errno_text(errno));
+    }
+    parser_.feed(read_buffer_.data(), static_cast<size_t>(n));
+  }
+}
+
+Message TcpStore::call(const Message& request, std::chrono::milliseconds reply_timeout,
+                       const std::string& what, std::initializer_list<Command> expected) {
+  const Bytes frame = encode(request);  // throws (naming the key) when over 64 MiB
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!fd_) connect_locked();
+  const auto deadline = Clock::now() + reply_timeout;
+  send_all(frame, deadline, what);
+  Message reply = read_reply(deadline, what);
+  if (reply.command == Command::kError)
+    throw StoreError(fmt::format("store {} failed: {}", what, reply.text));
+  if (std::find(expected.begin(), expected.end(), reply.command) == expected.end()) {
+    fail_connection(
+        what, fmt::format("unexpected {} reply; is the server a ddp store of the same version?",
+                          command_name(reply.command)));
+  }
+  return reply;
+}
+
+void TcpStore::set(const std::string& key, const Bytes& value) {
+  call(msg::set(key, value), options_.timeout, fmt::format("set('{}')", key), {Command::kOk});
+}
+
+Bytes TcpStore::get(const std::string& key) {
+  const auto timeout = options_.timeout;
+  Message reply = call(msg::get(key, timeout.count()), timeout + kReplySlack,
+                       fmt::format("get('{}')", key), {Command::kValue, Command::kTimeout});
+  if (reply.command == Command::kTimeout) {
+    throw StoreTimeoutError(fmt::format(
+        "store get('{}') timed out after {} s: no rank set the key. A rank may have failed or not "
+        "reached this point yet; check the other ranks' logs, or raise the timeout (DDP_TIMEOUT_S) "
+        "if startup is slow.",
+        key, seconds_text(timeout)));
+  }
+  return std::move(reply.value);
+}
+
+int64_t TcpStore::add(const std::string& key, int64_t delta) {
+  return call(msg::add(key, delta), options_.timeout, fmt::format("add('{}', {})", key, delta),
+              {Command::kInt})
+      .number;
+}
+
+void TcpStore::wait(const std::vector<std::string>& keys,
+                    std::optional<std::chrono::milliseconds> timeout) {
+  if (keys.empty()) return;
+  const auto limit = timeout.value_or(options_.timeout);
+  const Message reply =
+      call(msg::wait(keys, limit.count()), limit + kReplySlack,
+           fmt::format("wait({})", quoted_keys(keys)), {Command::kOk, Command::kTimeout});
+  if (reply.command == Command::kTimeout) {
+    throw StoreTimeoutError(fmt::format(
+        "store wait timed out after {} s; missing keys: {} ({} of {} waited for). A rank may have "
+        "failed or not reached this point yet; check the other ranks' logs, or raise the timeout "
+        "(DDP_TIMEOUT_S) if startup is slow.",
+        seconds_text(limit), quoted_keys(reply.keys), reply.keys.size(), keys.size()));
+  }
+}
+
+Bytes TcpStore::compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) {
+  return call(msg::compare_set(key, expected, desired), options_.timeout,
+              fmt::format("compare_set('{}')", key), {Command::kValue})
+      .value;
+}
+
+bool TcpStore::delete_key(const std::string& key) {
+  return call(msg::delete_key(key), options_.timeout, fmt::format("delete_key('{}')", key),
+              {Command::kInt})
+             .number != 0;
+}
+
+bool TcpStore::check(const std::vector<std::string>& keys) {
+  return call(msg::check(keys), options_.timeout, fmt::format("check({})", quoted_keys(keys)),
+              {Command::kInt})
+             .number != 0;
+}
+
+}  // namespace ddp

@@ -1,0 +1,457 @@
+// TcpStoreServer: one thread, poll() over the listening socket, a wake pipe and
+// every client connection. Nothing here blocks: reads and writes are
+// non-blocking, and GET/WAIT requests whose keys are missing are parked as
+// waiters until a write makes them true or their deadline passes.
+#include "collectives/store/tcp_store.h"
+
+#include "runtime/logging.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <map>
+#include <unordered_map>
+
+namespace ddp {
+
+using store_detail::Clock;
+using store_detail::UniqueFd;
+
+namespace store_detail {
+
+constexpr size_t kReadChunkBytes = size_t{64} << 10;
+constexpr size_t kMaxHelloBytes = size_t{64} << 10;   // frame limit before a client has said HELLO
+constexpr size_t kMaxBacklogBytes = size_t{1} << 20;  // stop serving a client that does not read
+constexpr auto kLingerTime = std::chrono::seconds(1);
+constexpr int64_t kMaxTimeoutMs = int64_t{30} * 24 * 3600 * 1000;
+
+// Note [lingering close]: closing a socket whose receive queue still holds
+// bytes sends RST, and the peer may then lose our final ERROR reply. So a
+// rejected client goes kOpen -> kFlushing (send the ERROR) -> kDraining (write
+// side shut, input read and discarded until EOF or kLingerTime) -> closed.
+enum class Phase { kOpen, kFlushing, kDraining };
+
+struct Client {
+  uint64_t id = 0;
+  UniqueFd fd;
+  std::string peer;
+  MessageParser parser;
+  Bytes out;
+  size_t out_offset = 0;
+  bool authenticated = false;
+  bool parked = false;  // a GET/WAIT is waiting; later requests wait behind it
+  bool closed = false;
+  Phase phase = Phase::kOpen;
+  Clock::time_point linger_deadline{};
+
+  size_t backlog() const { return out.size() - out_offset; }
+  bool can_process() const {
+    return phase == Phase::kOpen && !parked && backlog() < kMaxBacklogBytes;
+  }
+  // A paused client is still read (a little) so that its disconnect is noticed.
+  bool wants_read() const {
+    if (phase == Phase::kDraining) return true;
+    return phase == Phase::kOpen && (can_process() || parser.buffered_bytes() < kReadChunkBytes);
+  }
+};
+
+struct Waiter {
+  uint64_t client = 0;
+  Command command = Command::kGet;  // kGet or kWait
+  std::vector<std::string> keys;
+  Clock::time_point deadline;
+};
+
+bool secrets_equal(const std::string& given, const std::string& secret) {
+  if (given.size() != secret.size()) return false;
+  // Constant time in the content, so the secret cannot be guessed byte by byte.
+  unsigned diff = 0;
+  for (size_t i = 0; i < secret.size(); ++i)
+    diff |= static_cast<unsigned char>(given[i] ^ secret[i]);
+  return diff == 0;
+}
+
+}  // namespace store_detail
+
+using store_detail::Client;
+using store_detail::Phase;
+using store_detail::Waiter;
+
+class TcpStoreServer::Loop {
+ public:
+  Loop(UniqueFd listen_fd, UniqueFd wake_read, std::string secret,
+       const std::atomic<bool>& stopping)
+      : listen_fd_(std::move(listen_fd)),
+        wake_read_(std::move(wake_read)),
+        secret_(std::move(secret)),
+        stopping_(stopping),
+        read_buffer_(store_detail::kReadChunkBytes) {}
+
+  void run_guarded() {
+    try {
+      run();
+    } catch (const std::exception& e) {
+      DDP_LOG_ERROR("store server stopped after an unexpected error: {}", e.what());
+    }
+    clients_.clear();
+    waiters_.clear();
+  }
+
+ private:
+  void run();
+  int next_timeout_ms() const;
+  void accept_clients();
+  void on_event(Client& c, short revents);
+  void read_from(Client& c);
+  void process(Client& c);
+  void flush(Client& c);
+  void handle(Client& c, Message& m);
+  bool authenticate(Client& c, const Message& m);
+  void handle_add(Client& c, const Message& m);
+  void handle_compare_set(Client& c, const Message& m);
+  void park_or_answer(Client& c, Command command, std::vector<std::string> keys,
+                      int64_t timeout_ms);
+  void answer(Client& c, Command command, const std::vector<std::string>& keys);
+  void notify(const std::string& key);
+  void expire(Clock::time_point now);
+  std::vector<std::string> missing_keys(const std::vector<std::string>& keys) const;
+  void reply(Client& c, const Message& m) { encode(m, c.out); }
+  void reply_error(Client& c, std::string text) { reply(c, msg::error(std::move(text))); }
+  void reject(Client& c, const std::string& why);
+  void close(Client& c);
+
+  UniqueFd listen_fd_;
+  UniqueFd wake_read_;
+  std::string secret_;
+  const std::atomic<bool>& stopping_;
+  std::vector<uint8_t> read_buffer_;
+  std::map<uint64_t, Client> clients_;
+  uint64_t next_client_id_ = 1;
+  std::unordered_map<std::string, Bytes> data_;
+  std::vector<Waiter> waiters_;
+  std::vector<uint64_t> ready_;  // clients whose processing may resume (unparked, drained)
+  Clock::time_point accept_paused_until_{};
+};
+
+void TcpStoreServer::Loop::run() {
+  std::vector<pollfd> fds;
+  std::vector<uint64_t> ids;
+  while (!stopping_.load()) {
+    fds.clear();
+    ids.clear();
+    const bool accepting = Clock::now() >= accept_paused_until_;
+    fds.push_back({wake_read_.get(), POLLIN, 0});
+    fds.push_back({listen_fd_.get(), static_cast<short>(accepting ? POLLIN : 0), 0});
+    for (auto& [id, c] : clients_) {
+      short events = c.wants_read() ? POLLIN : 0;
+      if (c.backlog() > 0) events |= POLLOUT;
+      fds.push_back({c.fd.get(), events, 0});
+      ids.push_back(id);
+    }
+    const int n = ::poll(fds.data(), fds.size(), next_timeout_ms());
+    if (n < 0 && errno != EINTR)
+      throw StoreError(fmt::format("poll failed: {}", store_detail::errno_text(errno)));
+    if (stopping_.load()) break;
+    if (fds[0].revents != 0) {
+      char sink[64];
+      while (::read(wake_read_.get(), sink, sizeof(sink)) > 0) {
+      }
+    }
+    if (n > 0 && (fds[1].revents & POLLIN) != 0) accept_clients();
+    for (size_t i = 2; n > 0 && i < fds.size(); ++i) {
+      if (fds[i].revents != 0) on_event(clients_.at(ids[i - 2]), fds[i].revents);
+    }
+    expire(Clock::now());
+    while (!ready_.empty()) {
+      const uint64_t id = ready_.back();
+      ready_.pop_back();
+      if (auto it = clients_.find(id); it != clients_.end() && !it->second.closed)
+        process(it->second);
+    }
+    std::erase_if(clients_, [](const auto& entry) { return entry.second.closed; });
+  }
+}
+
+int TcpStoreServer::Loop::next_timeout_ms() const {
+  std::optional<Clock::time_point> next;
+  auto consider = [&next](Clock::time_point t) { next = next ? std::min(*next, t) : t; };
+  for (const Waiter& w : waiters_) consider(w.deadline);
+  for (const auto& [id, c] : clients_) {
+    if (c.phase == Phase::kDraining) consider(c.linger_deadline);
+  }
+  if (Clock::now() < accept_paused_until_) consider(accept_paused_until_);
+  return next ? store_detail::poll_ms_until(*next) : -1;
+}
+
+void TcpStoreServer::Loop::accept_clients() {
+  for (;;) {
+    const int fd = ::accept(listen_fd_.get(), nullptr, nullptr);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        // Out of descriptors or memory: retry shortly instead of spinning on poll().
+        DDP_LOG_WARN("store server cannot accept a connection: {}; retrying in 100 ms",
+                     store_detail::errno_text(errno));
+        accept_paused_until_ = Clock::now() + std::chrono::milliseconds(100);
+      }
+      return;
+    }
+    ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+    store_detail::set_nonblocking(fd);
+    store_detail::set_nodelay(fd);
+    Client c;
+    c.id = next_client_id_++;
+    c.fd.reset(fd);
+    c.peer = store_detail::peer_name(fd);
+    c.authenticated = secret_.empty();
+    c.parser.set_max_message_bytes(c.authenticated ? kMaxMessageBytes
+                                                   : store_detail::kMaxHelloBytes);
+    DDP_LOG_DEBUG("store server: client {} connected from {}", c.id, c.peer);
+    const uint64_t id = c.id;
+    clients_.emplace(id, std::move(c));
+  }
+}
+
+void TcpStoreServer::Loop::on_event(Client& c, short revents) {
+  if ((revents & POLLNVAL) != 0) return close(c);
+  if ((revents & POLLOUT) != 0) flush(c);
+  if (!c.closed && (revents & (POLLIN | POLLHUP | POLLERR)) != 0) read_from(c);
+}
+
+void TcpStoreServer::Loop::read_from(Client& c) {
+  const ssize_t n = ::recv(c.fd.get(), read_buffer_.data(), read_buffer_.size(), 0);
+  if (n == 0) return close(c);  // the peer closed (or finished draining)
+  if (n < 0) {
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) close(c);
+    return;
+  }
+  if (c.phase == Phase::kDraining) return;  // Note [lingering close]: discard
+  c.parser.feed(read_buffer_.data(), static_cast<size_t>(n));
+  process(c);
+}
+
+void TcpStoreServer::Loop::process(Client& c) {
+  while (c.can_process()) {
+    std::optional<Message> m;
+    try {
+      m = c.parser.next();
+    } catch (const ProtocolError& e) {
+      reject(c, e.what());
+      break;
+    }
+    if (!m) break;
+    handle(c, *m);
+  }
+  flush(c);
+}
+
+void TcpStoreServer::Loop::flush(Client& c) {
+  if (c.closed) return;
+  const bool was_paused = c.backlog() >= store_detail::kMaxBacklogBytes;
+  while (c.backlog() > 0) {
+    const ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_offset, c.backlog(), MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) close(c);
+      break;
+    }
+    c.out_offset += static_cast<size_t>(n);
+  }
+  if (c.closed) return;
+  if (c.backlog() == 0) {
+    c.out.clear();
+    c.out_offset = 0;
+  } else if (c.out_offset >= store_detail::kMaxBacklogBytes) {
+    c.out.erase(c.out.begin(), c.out.begin() + static_cast<std::ptrdiff_t>(c.out_offset));
+    c.out_offset = 0;
+  }
+  if (c.phase == Phase::kFlushing && c.backlog() == 0) {
+    ::shutdown(c.fd.get(), SHUT_WR);
+    c.phase = Phase::kDraining;
+    c.linger_deadline = Clock::now() + store_detail::kLingerTime;
+  } else if (was_paused && c.can_process()) {
+    ready_.push_back(c.id);
+  }
+}
+
+bool TcpStoreServer::Loop::authenticate(Client& c, const Message& m) {
+  if (m.command == Command::kHello && store_detail::secrets_equal(m.text, secret_)) {
+    c.authenticated = true;
+    c.parser.set_max_message_bytes(kMaxMessageBytes);
+    return true;
+  }
+  reject(c, fmt::format(
+                "wrong or missing secret from {}: this store requires HELLO with the run's secret "
+                "as the first message. Set DDP_STORE_SECRET to the same value for every rank "
+                "(ddprun does this for the ranks it starts).",
+                c.peer));
+  return false;
+}
+
+void TcpStoreServer::Loop::handle(Client& c, Message& m) {
+  if (!c.authenticated && !authenticate(c, m)) return;
+  switch (m.command) {
+    case Command::kHello:
+      if (secret_.empty() || store_detail::secrets_equal(m.text, secret_))
+        return reply(c, msg::ok());
+      return reject(c, fmt::format("wrong or missing secret from {} in a repeated HELLO", c.peer));
+    case Command::kSet:
+      data_[m.key] = std::move(m.value);
+      reply(c, msg::ok());
+      return notify(m.key);
+    case Command::kGet:
+      return park_or_answer(c, m.command, {m.key}, m.number);
+    case Command::kWait:
+      return park_or_answer(c, m.command, std::move(m.keys), m.number);
+    case Command::kAdd:
+      return handle_add(c, m);
+    case Command::kCompareSet:
+      return handle_compare_set(c, m);
+    case Command::kDelete:
+      return reply(c, msg::integer(data_.erase(m.key) > 0 ? 1 : 0));
+    case Command::kCheck:
+      return reply(c, msg::integer(missing_keys(m.keys).empty() ? 1 : 0));
+    default:
+      return reject(c, fmt::format("unexpected {} message from a client; clients send requests "
+                                   "(HELLO, SET, GET, ADD, WAIT, COMPARE_SET, DELETE, CHECK)",
+                                   command_name(m.command)));
+  }
+}
+
+void TcpStoreServer::Loop::handle_add(Client& c, const Message& m) {
+  int64_t value = 0;
+  if (auto it = data_.find(m.key); it != data_.end()) {
+    const char* begin = reinterpret_cast<const char*>(it->second.data());
+    const char* end = begin + it->second.size();
+    auto [ptr, ec] = std::from_chars(begin, end, value);
+    if (ec != std::errc() || ptr != end || begin == end) {
+      return reply_error(c, fmt::format("add('{}'): the key holds a value that is not an integer "
+                                        "({} bytes); use a separate key for counters",
+                                        m.key, it->second.size()));
+    }
+  }
+  if (__builtin_add_overflow(value, m.number, &value)) {
+    return reply_error(
+        c, fmt::format("add('{}', {}): the counter would overflow int64", m.key, m.number));
+  }
+  const std::string text = std::to_string(value);
+  data_[m.key] = Bytes(text.begin(), text.end());
+  reply(c, msg::integer(value));
+  notify(m.key);
+}
+
+void TcpStoreServer::Loop::handle_compare_set(Client& c, const Message& m) {
+  auto it = data_.find(m.key);
+  const bool matches = it == data_.end() ? m.value.empty() : it->second == m.value;
+  if (!matches) {
+    return reply(c, msg::value(it == data_.end() ? Bytes{} : it->second));
+  }
+  data_[m.key] = m.desired;
+  reply(c, msg::value(m.desired));
+  notify(m.key);
+}
+
+std::vector<std::string> TcpStoreServer::Loop::missing_keys(
+    const std::vector<std::string>& keys) const {
+  std::vector<std::string> missing;
+  for (const std::string& key : keys) {
+    if (!data_.contains(key)) missing.push_back(key);
+  }
+  return missing;
+}
+
+void TcpStoreServer::Loop::answer(Client& c, Command command,
+                                  const std::vector<std::string>& keys) {
+  if (command == Command::kGet) return reply(c, msg::value(data_.at(keys[0])));
+  reply(c, msg::ok());  // WAIT
+}
+
+void TcpStoreServer::Loop::park_or_answer(Client& c, Command command, std::vector<std::string> keys,
+                                          int64_t timeout_ms) {
+  std::vector<std::string> missing = missing_keys(keys);
+  if (missing.empty()) return answer(c, command, keys);
+  if (timeout_ms <= 0) return reply(c, msg::timeout(std::move(missing)));
+  const auto timeout = std::chrono::milliseconds(std::min(timeout_ms, store_detail::kMaxTimeoutMs));
+  c.parked = true;
+  waiters_.push_back({c.id, command, std::move(keys), Clock::now() + timeout});
+}
+
+void TcpStoreServer::Loop::notify(const std::string& key) {
+  std::erase_if(waiters_, [&](const Waiter& w) {
+    if (std::find(w.keys.begin(), w.keys.end(), key) == w.keys.end()) return false;
+    if (!missing_keys(w.keys).empty()) return false;
+    Client& c = clients_.at(w.client);
+    answer(c, w.command, w.keys);
+    c.parked = false;
+    ready_.push_back(c.id);  // flushes the answer and serves requests queued behind it
+    return true;
+  });
+}
+
+void TcpStoreServer::Loop::expire(Clock::time_point now) {
+  std::erase_if(waiters_, [&](Waiter& w) {
+    if (w.deadline > now) return false;
+    Client& c = clients_.at(w.client);
+    reply(c, msg::timeout(missing_keys(w.keys)));
+    c.parked = false;
+    ready_.push_back(c.id);
+    return true;
+  });
+  for (auto& [id, c] : clients_) {
+    if (c.phase == Phase::kDraining && !c.closed && c.linger_deadline <= now) close(c);
+  }
+}
+
+void TcpStoreServer::Loop::reject(Client& c, const std::string& why) {
+  DDP_LOG_WARN("store server: closing the connection from {}: {}", c.peer, why);
+  reply_error(c, why);
+  c.phase = Phase::kFlushing;
+  flush(c);
+}
+
+void TcpStoreServer::Loop::close(Client& c) {
+  if (c.closed) return;
+  DDP_LOG_DEBUG("store server: client {} ({}) disconnected", c.id, c.peer);
+  c.closed = true;
+  c.fd.reset();
+  std::erase_if(waiters_, [&c](const Waiter& w) { return w.client == c.id; });
+}
+
+TcpStoreServer::TcpStoreServer(TcpStoreServerOptions options) {
+  UniqueFd listen_fd = store_detail::listen_on(options.host, options.port, options.backlog);
+  port_ = store_detail::local_port(listen_fd.get());
+  int pipe_fds[2];
+  DDP_CHECK_T(StoreError, ::pipe(pipe_fds) == 0, "store server cannot create its wake pipe: {}",
+              store_detail::errno_text(errno));
+  UniqueFd wake_read(pipe_fds[0]);
+  wake_write_.reset(pipe_fds[1]);
+  for (int fd : pipe_fds) {
+    store_detail::set_nonblocking(fd);
+    ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  }
+  loop_ =
+      std::make_unique<Loop>(std::move(listen_fd), std::move(wake_read), options.secret, stopping_);
+  thread_ = std::thread([this] { loop_->run_guarded(); });
+  DDP_LOG_DEBUG("store server listening on {}{}", store_detail::endpoint(options.host, port_),
+                options.secret.empty() ? " (no secret: any client is accepted)" : "");
+}
+
+TcpStoreServer::~TcpStoreServer() {
+  stop();
+}
+
+void TcpStoreServer::stop() {
+  if (!thread_.joinable()) return;
+  stopping_.store(true);
+  const char byte = 1;
+  [[maybe_unused]] const ssize_t n = ::write(wake_write_.get(), &byte, 1);
+  thread_.join();
+  loop_.reset();  // closes the listening socket and every connection
+}
+
+}  // namespace ddp

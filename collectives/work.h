@@ -1,0 +1,40 @@
+// Work objects for backends that complete collectives on a thread of their own
+// (shm, gloo, mpi) or immediately (local).
+#pragma once
+
+#include "collectives/communicator.h"
+
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+
+namespace ddp {
+
+// Completed by the backend with finish() or fail(); wait() enforces the timeout.
+class ThreadWork : public Work {
+ public:
+  ThreadWork(int64_t sequence, std::string description, int rank, int64_t count,
+             std::chrono::milliseconds default_timeout);
+  void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) override;
+  bool done() const override;
+  int64_t sequence() const override { return sequence_; }
+  void finish();
+  void fail(std::exception_ptr error);
+  const std::string& description() const { return description_; }
+
+ private:
+  int64_t sequence_;
+  std::string description_;
+  int rank_;
+  int64_t count_;
+  std::chrono::milliseconds default_timeout_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+// A Work that is already complete (or failed) when returned.
+std::shared_ptr<Work> completed_work(int64_t sequence, std::exception_ptr error = nullptr);
+
+}  // namespace ddp

@@ -1,0 +1,132 @@
+// What only the shm backend promises: its segment's name, its lifetime in
+// /dev/shm (Note [shm cleanup]) and its attach errors. The collectives themselves
+// are tested by the conformance suite.
+#include "collectives/backends.h"
+#include "collectives/shm_segment.h"
+#include "tests/multirank/conformance.h"
+#include "tests/multirank/spawn.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <thread>
+
+namespace ddp::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+bool segment_exists(const std::string& run_id) {
+  struct stat st {};
+  return stat(("/dev/shm" + shm::segment_name(run_id)).c_str(), &st) == 0;
+}
+
+int all_reduce_once(const std::string& run_id, int rank, int size, CommOptions comm) {
+  auto c = make_shm_communicator({.rank = rank, .size = size, .run_id = run_id, .comm = comm});
+  Tensor t = make_input(DType::f32, 100, rank);
+  c->all_reduce(t)->wait();
+  expect_values(
+      t, [&](int64_t i) { return reduced_value(ReduceOp::sum, size, i); }, "sum");
+  return 0;
+}
+
+TEST(ShmSegment, NameIsSanitised) {
+  EXPECT_EQ(shm::segment_name("job-42_a.b"), "/ddp-shm-job-42_a.b");
+  EXPECT_EQ(shm::segment_name("a/b c:d"), "/ddp-shm-a_b_c_d");
+  EXPECT_LE(shm::segment_name(std::string(1000, 'x')).size(), 255u);
+}
+
+TEST(ShmSegment, LayoutFitsSmallShmMounts) {
+  for (int size : {1, 2, 4, 8, 64}) {
+    const auto layout = shm::SegmentLayout::for_size(size);
+    EXPECT_EQ(layout.data_offset % 4096, 0u) << size;
+    EXPECT_GE(layout.slot_bytes, size_t{64} << 10) << size;
+    EXPECT_LE(layout.total_bytes, size_t{40} << 20) << "docker's default /dev/shm is 64 MiB";
+  }
+}
+
+TEST(ShmCommunicator, EmptyRunIdIsAnError) {
+  EXPECT_THROW(make_shm_communicator({.rank = 0, .size = 2, .run_id = "", .comm = {}}), ValueError);
+}
+
+TEST(ShmCommunicator, NothingLeftInDevShmAfterARun) {
+  const SpawnOptions spawn{.run_id = unique_run_id()};
+  const auto results = spawn_ranks(
+      3,
+      [&](int rank, int size) {
+        auto comm = make_shm_communicator(
+            {.rank = rank, .size = size, .run_id = spawn.run_id, .comm = {.timeout = 20s}});
+        // Every rank attached, so the name is gone while the group still works.
+        require(!segment_exists(spawn.run_id), "the segment name outlived the attach");
+        comm->barrier()->wait();
+        return 0;
+      },
+      spawn);
+  for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
+  EXPECT_FALSE(segment_exists(spawn.run_id));
+}
+
+TEST(ShmCommunicator, StaleSegmentOfACrashedRunIsReplaced) {
+  const SpawnOptions spawn{.run_id = unique_run_id()};
+  const std::string name = shm::segment_name(spawn.run_id);
+  const int fd = shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);  // as a crashed rank 0 left it
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 1 << 20), 0);
+  close(fd);
+  const auto results = spawn_ranks(
+      2,
+      [&](int rank, int size) {
+        return all_reduce_once(spawn.run_id, rank, size, {.timeout = 20s});
+      },
+      spawn);
+  for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
+  EXPECT_FALSE(segment_exists(spawn.run_id));
+}
+
+// Rank 2 never attaches: the others fail at the timeout naming it, and rank 0 removes the segment.
+TEST(ShmCommunicator, RankThatNeverAttachesIsNamed) {
+  const SpawnOptions spawn{.run_id = unique_run_id()};
+  const auto results = spawn_ranks(
+      3,
+      [&](int rank, int size) {
+        if (rank == 2) return 0;
+        try {
+          make_shm_communicator(
+              {.rank = rank, .size = size, .run_id = spawn.run_id, .comm = {.timeout = 1s}});
+        } catch (const CommTimeoutError& e) {
+          const std::string text = e.what();
+          require(text.find("rank 2 did not attach") != std::string::npos &&
+                      text.find(shm::segment_name(spawn.run_id)) != std::string::npos,
+                  "unexpected message: " + text);
+          // Stay a while: rank 1 must time out too, not see this rank exit first.
+          if (rank == 0) std::this_thread::sleep_for(500ms);
+          return 0;
+        }
+        throw std::runtime_error("the group formed without rank 2");
+      },
+      spawn);
+  for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
+  EXPECT_FALSE(segment_exists(spawn.run_id));
+}
+
+// More ranks than cores: waiting must yield the CPU, or this takes seconds.
+TEST(ShmCommunicator, OversubscribedRanksMakeProgress) {
+  const auto results =
+      spawn_ranks(6,
+                  [](int rank, int size) {
+                    auto comm = make_backend("shm", rank, size, {.timeout = 20s});
+                    Tensor t = make_input(DType::f32, 1024, rank);
+                    for (int i = 0; i < 200; ++i) comm->all_reduce(t, ReduceOp::max)->wait();
+                    expect_values(
+                        t, [&](int64_t i) { return reduced_value(ReduceOp::max, size, i); }, "max");
+                    return 0;
+                  },
+                  {.timeout = 20s});
+  for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
+}
+
+}  // namespace
+}  // namespace ddp::test

@@ -1,0 +1,525 @@
+// The TCP rendezvous store: wire format, parser robustness, and a real server
+// with real clients on loopback (ephemeral ports).
+#include "collectives/store/store_protocol.h"
+#include "collectives/store/tcp_store.h"
+
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <set>
+#include <thread>
+
+namespace ddp {
+namespace {
+
+using namespace std::chrono_literals;
+using store_detail::UniqueFd;
+using Ms = std::chrono::milliseconds;
+
+Bytes bytes_of(const std::string& s) {
+  return Bytes(s.begin(), s.end());
+}
+
+// Runs `f`, which must throw E, and returns the message.
+template <typename E, typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw the wrong type: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "did not throw";
+  return "";
+}
+
+std::vector<Message> one_of_each() {
+  return {msg::hello("s3cret"),
+          msg::set("k", Bytes{0, 1, 255}),
+          msg::get("k", 5000),
+          msg::add("counter", -3),
+          msg::wait({"a", "", "c"}, 7),
+          msg::compare_set("k", {}, bytes_of("new")),
+          msg::delete_key("k"),
+          msg::check({"a"}),
+          msg::ok(),
+          msg::value({}),
+          msg::integer(INT64_MIN),
+          msg::timeout({"x", "y"}),
+          msg::error("boom")};
+}
+
+// Everything `parser` yields until it needs more bytes.
+std::vector<Message> drain(MessageParser& parser) {
+  std::vector<Message> out;
+  while (auto m = parser.next()) out.push_back(std::move(*m));
+  return out;
+}
+
+std::string parse_error(const Bytes& bytes) {
+  MessageParser parser;
+  parser.feed(bytes.data(), bytes.size());
+  return error_of<ProtocolError>([&] { drain(parser); });
+}
+
+TEST(StoreProtocol, RoundTripsEveryCommand) {
+  Bytes stream;
+  for (const Message& m : one_of_each()) encode(m, stream);
+  MessageParser parser;
+  parser.feed(stream.data(), stream.size());
+  EXPECT_EQ(drain(parser), one_of_each());
+  EXPECT_EQ(parser.buffered_bytes(), 0u);
+}
+
+TEST(StoreProtocol, ParsesByteByByte) {
+  Bytes stream;
+  for (const Message& m : one_of_each()) encode(m, stream);
+  MessageParser parser;
+  std::vector<Message> got;
+  for (uint8_t byte : stream) {
+    parser.feed(&byte, 1);
+    for (Message& m : drain(parser)) got.push_back(std::move(m));
+  }
+  EXPECT_EQ(got, one_of_each());
+}
+
+TEST(StoreProtocol, WireLayoutIsLittleEndian) {
+  // length 14 = command + (4 + 1) key + 8 delta
+  const Bytes expected = {14,  0,    0,    0,    4,    1,    0,    0,    0,
+                          'k', 0xFE, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF};
+  EXPECT_EQ(encode(msg::add("k", -2)), expected);
+  EXPECT_STREQ(command_name(Command::kCompareSet), "COMPARE_SET");
+  EXPECT_TRUE(is_request(Command::kCheck));
+  EXPECT_FALSE(is_request(Command::kValue));
+}
+
+TEST(StoreProtocol, RejectsMalformedInput) {
+  EXPECT_NE(parse_error({1, 0, 0, 0, 99}).find("unknown command 99"), std::string::npos);
+  EXPECT_NE(parse_error({0, 0, 0, 0}).find("empty frame"), std::string::npos);
+  // SET whose key claims 100 bytes but holds 2.
+  EXPECT_NE(parse_error({7, 0, 0, 0, 2, 100, 0, 0, 0, 'a', 'b'}).find("'key' is truncated"),
+            std::string::npos);
+  // OK followed by a stray byte inside its frame.
+  EXPECT_NE(parse_error({2, 0, 0, 0, 64, 0}).find("OK has 1 trailing bytes"), std::string::npos);
+  // CHECK claiming 2^32-1 keys in 4 bytes: rejected without reserving memory for them.
+  EXPECT_NE(parse_error({9, 0, 0, 0, 8, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0})
+                .find("claims 4294967295 keys"),
+            std::string::npos);
+  // GET without its timeout.
+  EXPECT_NE(parse_error({6, 0, 0, 0, 3, 1, 0, 0, 0, 'k'}).find("'number' is truncated"),
+            std::string::npos);
+}
+
+TEST(StoreProtocol, RejectsOversizedFramesBeforeBufferingThem) {
+  const uint32_t announced = static_cast<uint32_t>(kMaxMessageBytes) + 1;
+  const Bytes header = {static_cast<uint8_t>(announced), static_cast<uint8_t>(announced >> 8),
+                        static_cast<uint8_t>(announced >> 16),
+                        static_cast<uint8_t>(announced >> 24)};
+  MessageParser parser;
+  parser.feed(header.data(), header.size());
+  const std::string error = error_of<ProtocolError>([&] { parser.next(); });
+  EXPECT_NE(error.find("oversized store message: 67108865 bytes announced"), std::string::npos)
+      << error;
+  // Poisoned: the stream cannot be resynchronised, and nothing more is kept.
+  const Bytes more(1000, 0);
+  parser.feed(more.data(), more.size());
+  EXPECT_EQ(parser.buffered_bytes(), 0u);
+  EXPECT_THROW(parser.next(), ProtocolError);
+
+  MessageParser small(64);
+  const Bytes frame = encode(msg::set("k", Bytes(100, 1)));
+  small.feed(frame.data(), frame.size());
+  EXPECT_THROW(small.next(), ProtocolError);
+}
+
+TEST(StoreProtocol, EncodeRefusesMessagesOver64MiB) {
+  const std::string error =
+      error_of<ProtocolError>([] { encode(msg::set("blob", Bytes(kMaxMessageBytes))); });
+  EXPECT_NE(error.find("SET message for key 'blob'"), std::string::npos) << error;
+  EXPECT_NE(error.find("64 MiB"), std::string::npos) << error;
+}
+
+// A deterministic fuzz loop: random bytes and mutated valid frames, fed in
+// random chunks. The parser must yield messages or ProtocolError, and every
+// message it yields must re-encode to a frame that parses back to itself.
+TEST(StoreProtocol, FuzzLoopYieldsMessagesOrProtocolError) {
+  std::mt19937 rng(20261122);
+  const std::vector<Message> valid = one_of_each();
+  int messages = 0;
+  int errors = 0;
+  for (int iteration = 0; iteration < 4000; ++iteration) {
+    Bytes input;
+    if (iteration % 2 == 0) {
+      input.resize(rng() % 64);
+      for (uint8_t& b : input) b = static_cast<uint8_t>(rng() % 4 == 0 ? rng() % 16 : rng());
+    } else {
+      for (int k = 0; k < 3; ++k) encode(valid[rng() % valid.size()], input);
+      for (int flips = rng() % 4; flips > 0; --flips)
+        input[rng() % input.size()] = static_cast<uint8_t>(rng());
+      input.resize(input.size() - rng() % 3);
+    }
+    MessageParser parser;
+    size_t fed = 0;
+    try {
+      while (fed < input.size()) {
+        const size_t chunk = std::min<size_t>(1 + rng() % 16, input.size() - fed);
+        parser.feed(input.data() + fed, chunk);
+        fed += chunk;
+        for (const Message& m : drain(parser)) {
+          ++messages;
+          const Bytes again = encode(m);
+          MessageParser check;
+          check.feed(again.data(), again.size());
+          ASSERT_EQ(check.next(), m);
+        }
+      }
+    } catch (const ProtocolError&) {
+      ++errors;
+    }
+    EXPECT_LE(parser.buffered_bytes(), input.size());
+  }
+  EXPECT_GT(messages, 1000);
+  EXPECT_GT(errors, 1000);
+}
+
+// ---- The server and its clients --------------------------------------------
+
+TcpStoreServerOptions server_options(std::string secret = "", int port = 0) {
+  TcpStoreServerOptions options;
+  options.port = port;
+  options.secret = std::move(secret);
+  return options;
+}
+
+TcpStoreOptions client_options(int port, std::string secret = "", Ms timeout = 2000ms) {
+  TcpStoreOptions options;
+  options.host = "127.0.0.1";
+  options.port = port;
+  options.secret = std::move(secret);
+  options.timeout = timeout;
+  options.connect_timeout = 2000ms;
+  return options;
+}
+
+// A socket bound to an ephemeral port on 127.0.0.1 (listening or not).
+UniqueFd bound_socket(bool listening, int& port) {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  if (listening) {
+    EXPECT_EQ(::listen(fd.get(), 1), 0);
+  }
+  port = store_detail::local_port(fd.get());
+  return fd;
+}
+
+// A hand-driven connection, to send what TcpStore never would.
+class RawClient {
+ public:
+  explicit RawClient(int port) {
+    fd_.reset(::socket(AF_INET, SOCK_STREAM, 0));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  }
+  void send(const Bytes& bytes) {
+    EXPECT_EQ(::send(fd_.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bytes.size()));
+  }
+  // The next message, or nullopt when the server closed the connection.
+  std::optional<Message> read(Ms timeout = 2000ms) {
+    uint8_t buffer[4096];
+    for (;;) {
+      if (auto m = parser_.next()) return m;
+      pollfd p{fd_.get(), POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(timeout.count())) != 1) {
+        ADD_FAILURE() << "no reply from the server";
+        return std::nullopt;
+      }
+      const ssize_t n = ::recv(fd_.get(), buffer, sizeof(buffer), 0);
+      if (n <= 0) return std::nullopt;
+      parser_.feed(buffer, static_cast<size_t>(n));
+    }
+  }
+
+ private:
+  UniqueFd fd_;
+  MessageParser parser_;
+};
+
+TEST(StoreTcp, SetGetAddCompareSetDeleteCheck) {
+  TcpStoreServer server(server_options());
+  TcpStore store(client_options(server.port()));
+  store.set("name", "rank0");
+  EXPECT_EQ(store.get_string("name"), "rank0");
+  store.set("empty", Bytes{});
+  EXPECT_EQ(store.get("empty"), Bytes{});
+
+  EXPECT_EQ(store.add("n", 5), 5);
+  EXPECT_EQ(store.add("n", -7), -2);
+  EXPECT_EQ(store.get_string("n"), "-2");  // counters are decimal text, as in PyTorch
+
+  EXPECT_EQ(store.compare_set("cas", {}, bytes_of("first")),
+            bytes_of("first"));  // absent + empty: set
+  EXPECT_EQ(store.compare_set("cas", bytes_of("wrong"), bytes_of("x")), bytes_of("first"));
+  EXPECT_EQ(store.compare_set("cas", bytes_of("first"), bytes_of("second")), bytes_of("second"));
+  EXPECT_EQ(store.compare_set("absent", bytes_of("x"), bytes_of("y")), Bytes{});
+  EXPECT_FALSE(store.check({"absent"}));
+
+  EXPECT_TRUE(store.check({"name", "n", "cas"}));
+  EXPECT_FALSE(store.check({"name", "nope"}));
+  EXPECT_TRUE(store.delete_key("name"));
+  EXPECT_FALSE(store.delete_key("name"));
+  EXPECT_FALSE(store.check({"name"}));
+  EXPECT_EQ(store.timeout(), 2000ms);
+}
+
+TEST(StoreTcp, ErrorReplyKeepsTheConnection) {
+  TcpStoreServer server(server_options());
+  TcpStore store(client_options(server.port()));
+  store.set("text", "abc");
+  const std::string error = error_of<StoreError>([&] { store.add("text", 1); });
+  EXPECT_NE(error.find(
+                "add('text', 1) failed: add('text'): the key holds a value that is not an integer"),
+            std::string::npos)
+      << error;
+  store.set("max", std::to_string(INT64_MAX));
+  EXPECT_NE(error_of<StoreError>([&] { store.add("max", 1); }).find("overflow"), std::string::npos);
+  EXPECT_EQ(store.get_string("text"), "abc");
+}
+
+TEST(StoreTcp, GetBlocksUntilAnotherClientSetsTheKey) {
+  TcpStoreServer server(server_options());
+  TcpStore reader(client_options(server.port()));
+  TcpStore writer(client_options(server.port()));
+  const auto start = std::chrono::steady_clock::now();
+  std::thread later([&] {
+    std::this_thread::sleep_for(100ms);
+    writer.set("late", "here");
+  });
+  EXPECT_EQ(reader.get_string("late"), "here");
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 90ms);
+  later.join();
+  reader.wait({"late"});  // already there: returns at once
+}
+
+TEST(StoreTcp, GetTimeoutNamesTheKey) {
+  TcpStoreServer server(server_options());
+  TcpStore store(client_options(server.port(), "", 200ms));
+  const std::string error = error_of<StoreTimeoutError>([&] { store.get("never"); });
+  EXPECT_NE(error.find("store get('never') timed out after 0.2 s: no rank set the key"),
+            std::string::npos)
+      << error;
+  store.set("after", "ok");  // the connection is still usable
+  EXPECT_EQ(store.get_string("after"), "ok");
+}
+
+TEST(StoreTcp, WaitTimeoutNamesTheMissingKeys) {
+  TcpStoreServer server(server_options());
+  TcpStore store(client_options(server.port()));
+  store.set("rank0", "up");
+  const auto start = std::chrono::steady_clock::now();
+  const std::string error = error_of<StoreTimeoutError>([&] {
+    store.wait({"rank0", "rank1", "rank2"}, 200ms);
+  });
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_NE(
+      error.find(
+          "store wait timed out after 0.2 s; missing keys: 'rank1', 'rank2' (2 of 3 waited for)"),
+      std::string::npos)
+      << error;
+  EXPECT_GE(elapsed, 190ms);
+  EXPECT_LT(elapsed, 2000ms);
+}
+
+TEST(StoreTcp, WaitReturnsWhenTheLastKeyAppears) {
+  TcpStoreServer server(server_options());
+  TcpStore waiter(client_options(server.port()));
+  TcpStore writer(client_options(server.port()));
+  std::thread later([&] {
+    writer.set("a", "1");
+    std::this_thread::sleep_for(50ms);
+    writer.add("b", 1);
+  });
+  waiter.wait({"a", "b"}, 2000ms);
+  later.join();
+  EXPECT_EQ(waiter.get_string("b"), "1");
+}
+
+TEST(StoreTcp, SixteenClientsAddConcurrently) {
+  TcpStoreServer server(server_options());
+  constexpr int kClients = 16;
+  constexpr int kAdds = 100;
+  std::vector<std::vector<int64_t>> seen(kClients);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      TcpStore store(client_options(server.port()));
+      for (int k = 0; k < kAdds; ++k) seen[i].push_back(store.add("counter", 1));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  TcpStore store(client_options(server.port()));
+  EXPECT_EQ(store.add("counter", 0), kClients * kAdds);
+  std::set<int64_t> all;
+  for (const auto& values : seen) all.insert(values.begin(), values.end());
+  EXPECT_EQ(all.size(), static_cast<size_t>(kClients * kAdds));  // every add saw a distinct value
+}
+
+TEST(StoreTcp, ClientMayStartBeforeTheServer) {
+  int port = 0;
+  { UniqueFd probe = bound_socket(false, port); }  // a free port, released for the server
+  std::unique_ptr<TcpStoreServer> server;
+  std::thread starter([&] {
+    std::this_thread::sleep_for(300ms);
+    server = std::make_unique<TcpStoreServer>(server_options("", port));
+  });
+  const auto start = std::chrono::steady_clock::now();
+  TcpStore store(client_options(port));  // refused at first, retried with backoff
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 250ms);
+  starter.join();
+  store.set("k", "v");
+  EXPECT_EQ(store.get_string("k"), "v");
+}
+
+TEST(StoreTcp, PortInUseSaysWhatToDo) {
+  TcpStoreServer first(server_options());
+  const std::string error =
+      error_of<StoreError>([&] { TcpStoreServer second(server_options("", first.port())); });
+  EXPECT_EQ(error,
+            fmt::format("cannot listen on 127.0.0.1:{}: Address already in use; another job (or "
+                        "a stale ddprun) holds the port — pass --master-port or stop it",
+                        first.port()));
+}
+
+TEST(StoreTcp, ConnectionRefusedSaysWhatToCheck) {
+  int port = 0;
+  UniqueFd not_listening = bound_socket(false, port);  // connecting here is refused
+  TcpStoreOptions options = client_options(port);
+  options.connect_timeout = 300ms;
+  const auto start = std::chrono::steady_clock::now();
+  const std::string error = error_of<StoreError>([&] { TcpStore store(options); });
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(error,
+            fmt::format("cannot connect to the store at 127.0.0.1:{} after 0.3 s: Connection "
+                        "refused. Is MASTER_ADDR/MASTER_PORT right and is rank 0 / ddprun running?",
+                        port));
+  EXPECT_GE(elapsed, 290ms);
+  EXPECT_LT(elapsed, 2000ms);
+}
+
+TEST(StoreTcp, WrongOrMissingSecretIsRejected) {
+  TcpStoreServer server(server_options("s3cret"));
+  const std::string error =
+      error_of<StoreError>([&] { TcpStore store(client_options(server.port(), "guess")); });
+  EXPECT_NE(error.find("refused this client: wrong or missing secret"), std::string::npos) << error;
+  EXPECT_NE(error.find("DDP_STORE_SECRET"), std::string::npos) << error;
+
+  RawClient no_hello(server.port());  // skips HELLO: answered ERROR, then closed
+  no_hello.send(encode(msg::set("k", bytes_of("v"))));
+  const auto reply = no_hello.read();
+  ASSERT_TRUE(reply.has_value());
+  EXPECT_EQ(reply->command, Command::kError);
+  EXPECT_NE(reply->text.find("wrong or missing secret"), std::string::npos) << reply->text;
+  EXPECT_FALSE(no_hello.read().has_value());
+
+  TcpStore store(client_options(server.port(), "s3cret"));
+  EXPECT_FALSE(store.check({"k"}));  // the rejected SET was not applied
+}
+
+TEST(StoreTcp, EmptySecretAcceptsAnyClient) {
+  TcpStoreServer server(server_options(""));
+  TcpStore with_secret(client_options(server.port(), "anything"));
+  with_secret.set("k", "v");
+  RawClient raw(server.port());  // no HELLO at all
+  raw.send(encode(msg::get("k", 0)));
+  const auto reply = raw.read();
+  ASSERT_TRUE(reply.has_value());
+  EXPECT_EQ(*reply, msg::value(bytes_of("v")));
+}
+
+void expect_rejected(int port, const Bytes& bytes, const std::string& expected_text) {
+  RawClient raw(port);
+  raw.send(bytes);
+  auto reply = raw.read();
+  if (reply && reply->command == Command::kOk) reply = raw.read();  // the answer to HELLO
+  ASSERT_TRUE(reply.has_value());
+  EXPECT_EQ(reply->command, Command::kError);
+  EXPECT_NE(reply->text.find(expected_text), std::string::npos) << reply->text;
+  EXPECT_FALSE(raw.read().has_value()) << "the server should close the connection";
+}
+
+TEST(StoreTcp, ServerSurvivesMalformedAndOversizedMessages) {
+  TcpStoreServer server(server_options("s3cret"));
+  TcpStore store(client_options(server.port(), "s3cret"));
+  store.set("alive", "yes");
+  std::thread blocked([&] {
+    TcpStore waiter(client_options(server.port(), "s3cret"));
+    EXPECT_EQ(waiter.get_string("later"), "set");  // parked across all the abuse below
+  });
+  expect_rejected(server.port(), {1, 0, 0, 0, 99}, "unknown command 99");
+  expect_rejected(server.port(), {0xFF, 0xFF, 0xFF, 0x7F},
+                  "oversized store message");  // before HELLO
+  Bytes hello = encode(msg::hello("s3cret"));
+  Bytes big = hello;
+  big.insert(big.end(), {0x01, 0x00, 0x00, 0x05});  // 80 MiB announced after HELLO
+  expect_rejected(server.port(), big, "the limit is 67108864 bytes (64 MiB)");
+  Bytes truncated = hello;
+  truncated.insert(truncated.end(), {7, 0, 0, 0, 2, 100, 0, 0, 0, 'a', 'b'});
+  expect_rejected(server.port(), truncated, "'key' is truncated");
+  Bytes reply_as_request = hello;
+  encode(msg::ok(), reply_as_request);
+  expect_rejected(server.port(), reply_as_request, "unexpected OK message");
+  {
+    RawClient vanishes(server.port());
+    vanishes.send({5, 0, 0});
+  }  // half a header, then gone
+
+  EXPECT_EQ(store.get_string("alive"), "yes");
+  TcpStore fresh(client_options(server.port(), "s3cret"));
+  fresh.set("later", "set");
+  blocked.join();
+}
+
+TEST(StoreTcp, StopReleasesABlockedClientPromptly) {
+  auto server = std::make_unique<TcpStoreServer>(server_options());
+  TcpStore store(client_options(server->port(), "", 10000ms));
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(100ms);
+    server->stop();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  const std::string error = error_of<StoreError>([&] { store.get("never"); });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2000ms);
+  EXPECT_NE(error.find("lost the connection to the store"), std::string::npos) << error;
+  stopper.join();
+  server->stop();  // idempotent
+}
+
+TEST(StoreTcp, SecretComesFromTheEnvironment) {
+  ::unsetenv(kStoreSecretEnv);
+  EXPECT_EQ(store_secret_from_env(), "");
+  ::setenv(kStoreSecretEnv, "from-env", 1);
+  EXPECT_EQ(store_secret_from_env(), "from-env");
+  ::unsetenv(kStoreSecretEnv);
+}
+
+}  // namespace
+}  // namespace ddp
