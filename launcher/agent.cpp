@@ -1,0 +1,151 @@
+#include "launcher/agent.h"
+
+#include "collectives/store/tcp_store.h"
+#include "launcher/group.h"
+#include "launcher/rank_env.h"
+#include "launcher/rendezvous.h"
+#include "launcher/watchdog.h"
+#include "runtime/device.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <random>
+#include <thread>
+
+namespace ddp::launcher {
+namespace {
+
+using std::chrono::milliseconds;
+
+milliseconds to_ms(double seconds) {
+  return milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+}
+
+int local_ranks(const LaunchOptions& o) {
+  const std::string& spec = o.nproc_per_node;
+  if (spec != "gpu" && spec != "auto") return resolve_nproc(spec, 0);
+  const int gpus = device_count(DeviceType::cuda);
+  return resolve_nproc(spec, gpus, gpus > 0 ? "" : unavailable_reason(DeviceType::cuda));
+}
+
+// Node 0 makes one up when the user exported none; the other nodes cannot
+// guess it (Note in docs/ddprun.md, "The store secret").
+std::string store_secret(const LaunchOptions& o) {
+  std::string secret = store_secret_from_env();
+  if (!secret.empty()) return secret;
+  DDP_CHECK_T(LaunchError, o.node_rank == 0,
+              "--node-rank {} needs DDP_STORE_SECRET: export the same value on every node "
+              "(node 0 prints the one it generated when none was set), e.g. export "
+              "DDP_STORE_SECRET=$(openssl rand -hex 16) before starting ddprun everywhere",
+              o.node_rank);
+  std::random_device rd;
+  for (int i = 0; i < 16; ++i) secret += fmt::format("{:02x}", rd() & 0xff);
+  if (o.nnodes > 1) {
+    say(
+        fmt::format("generated DDP_STORE_SECRET={}; export it before starting ddprun on the "
+                    "other nodes",
+                    secret));
+  }
+  return secret;
+}
+
+GroupSpec make_spec(const LaunchOptions& o, const std::string& program_path, int nproc, int restart,
+                    const std::string& secret, const Rendezvous& rendezvous) {
+  GroupSpec spec;
+  spec.program_path = program_path;
+  spec.node_rank = o.node_rank;
+  spec.restart = restart;
+  spec.output = {.log_dir = o.log_dir, .tee = o.tee, .quiet = o.quiet, .prefix = o.prefix};
+  spec.grace = to_ms(o.grace_period_s);
+  spec.argv.push_back(o.program);
+  spec.argv.insert(spec.argv.end(), o.program_args.begin(), o.program_args.end());
+  const auto base = current_environment();
+  const int threads = threads_per_rank(usable_cores(), nproc);
+  for (int i = 0; i < nproc; ++i) {
+    const int rank = o.node_rank * nproc + i;
+    spec.ranks.push_back(rank);
+    spec.envs.push_back(rank_environment(base, {.rank = rank,
+                                                .local_rank = i,
+                                                .world_size = o.nnodes * nproc,
+                                                .local_world_size = nproc,
+                                                .group_rank = o.node_rank,
+                                                .master_addr = o.master_addr,
+                                                .master_port = rendezvous.port(),
+                                                .restart_count = restart,
+                                                .run_id = rendezvous.run_id(),
+                                                .store_secret = secret,
+                                                .backend = o.backend,
+                                                .threads = threads}));
+  }
+  return spec;
+}
+
+// After this node's ranks succeeded: the others' (node 0 keeps the store up
+// for them until then).
+GroupResult wait_for_other_nodes(Rendezvous& rendezvous) {
+  rendezvous.publish_done();
+  while (!rendezvous.all_done()) {
+    if (const int sig = SignalPipe::stop_signal()) throw Interrupted(sig);
+    if (auto failure = rendezvous.remote_failure()) {
+      say(fmt::format("this node's ranks succeeded, but the group failed: {}", failure->what));
+      return {Outcome::remote_failed, failure->exit_code};
+    }
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  return {Outcome::success, 0};
+}
+
+GroupResult run_attempt(const LaunchOptions& o, const std::string& program_path, int nproc,
+                        int restart, const std::string& secret, Rendezvous& rendezvous,
+                        SignalPipe& signals) {
+  rendezvous.begin_attempt(restart);
+  const GroupSpec spec = make_spec(o, program_path, nproc, restart, secret, rendezvous);
+  GroupResult result = run_local_group(spec, signals, rendezvous);
+  if (result.outcome == Outcome::success) result = wait_for_other_nodes(rendezvous);
+  return result;
+}
+
+}  // namespace
+
+int run_agent(const LaunchOptions& o, const std::string& program_path) {
+  start_watchdog();  // before the store server's thread exists
+  const int nproc = local_ranks(o);
+  SignalPipe signals;
+  const std::string secret = store_secret(o);
+  Rendezvous rendezvous({.master_addr = o.master_addr,
+                         .master_port = o.master_port,
+                         .standalone = o.standalone,
+                         .nnodes = o.nnodes,
+                         .node_rank = o.node_rank,
+                         .local_ranks = nproc,
+                         .timeout = to_ms(o.rdzv_timeout_s),
+                         .secret = secret});
+  for (int restart = 0;; ++restart) {
+    GroupResult result;
+    try {
+      result = run_attempt(o, program_path, nproc, restart, secret, rendezvous, signals);
+    } catch (const Interrupted& e) {
+      say(e.what());
+      return 128 + e.signal();
+    }
+    rendezvous.end_attempt();
+    if (result.outcome == Outcome::success) return 0;
+    if (SignalPipe::stop_signal() != 0) return result.exit_code;  // never restart then
+    if (restart >= o.max_restarts) {
+      if (o.max_restarts > 0)
+        say(fmt::format("no restarts left (--max-restarts {})", o.max_restarts));
+      return result.exit_code;
+    }
+    say(fmt::format("restarting the group: restart {} of {}", restart + 1, o.max_restarts));
+  }
+}
+
+}  // namespace ddp::launcher

@@ -1,0 +1,329 @@
+#include "launcher/group.h"
+
+#include "launcher/output.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <optional>
+
+namespace ddp::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr milliseconds kRemoteCheckInterval{250};
+constexpr milliseconds kMaxPollWait{250};
+// After the last rank exited, how long to keep reading pipes that an escaped
+// grandchild still holds open.
+constexpr milliseconds kDrainAfterExit{500};
+constexpr size_t kTailLines = 10;
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+bool failed(int wait_status) {
+  return !WIFEXITED(wait_status) || WEXITSTATUS(wait_status) != 0;
+}
+
+struct RankProcess {
+  int local_rank = 0;
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  bool signalled = false;  // ddprun sent it a signal (it did not fail on its own)
+  int status = 0;
+  Clock::time_point start, end;
+  std::string err_log;  // "" without --log-dir
+  Fd out_file, err_file;
+  std::unique_ptr<RankStream> out, err;
+};
+
+class Watcher {
+ public:
+  Watcher(const GroupSpec& spec, SignalPipe& signals, Rendezvous& rendezvous)
+      : spec_(spec), signals_(signals), rendezvous_(rendezvous) {}
+
+  GroupResult run();
+
+ private:
+  void spawn_all();
+  void spawn_one(RankProcess& r);
+  void open_logs(RankProcess& r);
+  void poll_once();
+  void handle_signals();
+  void reap_exited();
+  void check_remote();
+  void stop_all(int sig, const std::string& why);
+  void kill_all();
+  bool all_exited() const;
+  bool streams_open() const;
+  GroupResult result() const;
+  void print_summary() const;
+
+  const GroupSpec& spec_;
+  SignalPipe& signals_;
+  Rendezvous& rendezvous_;
+  std::vector<RankProcess> ranks_;
+  Clock::time_point start_ = Clock::now();
+  Clock::time_point last_exit_;
+  Clock::time_point next_remote_check_ = Clock::now();
+  bool stopping_ = false;
+  bool killed_ = false;
+  Clock::time_point kill_deadline_;
+  int stop_signal_ = 0;                  // ddprun's own SIGINT/SIGTERM/SIGHUP
+  std::optional<size_t> first_failure_;  // index into ranks_
+  std::optional<GroupFailure> remote_;   // another node's failure
+};
+
+GroupResult Watcher::run() {
+  spawn_all();
+  while (!all_exited() || streams_open()) {
+    poll_once();
+    if (all_exited() && Clock::now() - last_exit_ >= kDrainAfterExit) {
+      for (auto& r : ranks_) {
+        r.out->close();
+        r.err->close();
+      }
+    }
+  }
+  const GroupResult out = result();
+  if (out.outcome != Outcome::success) print_summary();
+  return out;
+}
+
+void Watcher::spawn_all() {
+  ranks_.resize(spec_.ranks.size());
+  try {
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+      ranks_[i].local_rank = static_cast<int>(i);
+      ranks_[i].rank = spec_.ranks[i];
+      open_logs(ranks_[i]);
+      spawn_one(ranks_[i]);
+    }
+  } catch (...) {
+    for (auto& r : ranks_) {
+      if (!r.running) continue;
+      signal_group(r.pid, SIGKILL);
+      int status = 0;
+      ::waitpid(r.pid, &status, 0);
+    }
+    throw;
+  }
+}
+
+void Watcher::open_logs(RankProcess& r) {
+  const std::string& dir = spec_.output.log_dir;
+  if (dir.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (spec_.restart == 0 ? O_TRUNC : O_APPEND);
+  const std::string base = fmt::format("{}/rank_{}", dir, r.rank);
+  r.out_file = Fd(::open((base + ".out").c_str(), flags, 0644));
+  r.err_file = Fd(::open((base + ".err").c_str(), flags, 0644));
+  if (!r.out_file || !r.err_file) {
+    throw LaunchError(
+        fmt::format("cannot write the logs {}.out/.err: {}; pass a writable "
+                    "--log-dir",
+                    base, std::strerror(errno)));
+  }
+  r.err_log = base + ".err";
+  if (spec_.restart > 0) {
+    const std::string header = fmt::format("ddprun: restart {}\n", spec_.restart);
+    write_all(r.out_file.get(), header.data(), header.size());
+    write_all(r.err_file.get(), header.data(), header.size());
+  }
+}
+
+void Watcher::spawn_one(RankProcess& r) {
+  const OutputOptions& o = spec_.output;
+  const bool console = o.quiet ? r.rank == 0 : (o.log_dir.empty() || o.tee);
+  const std::string prefix = o.prefix ? fmt::format("[rank {}] ", r.rank) : "";
+  Pipe out = make_pipe();
+  Pipe err = make_pipe();
+  r.out = std::make_unique<RankStream>(std::move(out.read),
+                                       StreamSink{.console_fd = console ? STDOUT_FILENO : -1,
+                                                  .file_fd = r.out_file.get(),
+                                                  .prefix = prefix});
+  r.err = std::make_unique<RankStream>(std::move(err.read),
+                                       StreamSink{.console_fd = console ? STDERR_FILENO : -1,
+                                                  .file_fd = r.err_file.get(),
+                                                  .prefix = prefix,
+                                                  .tail_lines = kTailLines});
+  r.start = Clock::now();
+  r.pid = spawn({.path = spec_.program_path,
+                 .argv = spec_.argv,
+                 .env = spec_.envs[static_cast<size_t>(r.local_rank)],
+                 .stdout_fd = out.write.get(),
+                 .stderr_fd = err.write.get()});
+  r.running = true;
+}
+
+void Watcher::poll_once() {
+  std::vector<pollfd> fds{{signals_.fd(), POLLIN, 0}};
+  std::vector<RankStream*> streams;
+  for (auto& r : ranks_) {
+    for (RankStream* s : {r.out.get(), r.err.get()}) {
+      if (s->fd() < 0) continue;
+      fds.push_back({s->fd(), POLLIN, 0});
+      streams.push_back(s);
+    }
+  }
+  auto wait = kMaxPollWait;
+  if (stopping_ && !killed_) {
+    const auto left = std::chrono::ceil<milliseconds>(kill_deadline_ - Clock::now());
+    wait = std::clamp(left, milliseconds(0), kMaxPollWait);
+  }
+  const int n = ::poll(fds.data(), fds.size(), static_cast<int>(wait.count()));
+  if (n > 0) {
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (fds[i].revents != 0) streams[i - 1]->on_readable();
+    }
+  }
+  handle_signals();
+  reap_exited();
+  check_remote();
+  if (stopping_ && !killed_ && Clock::now() >= kill_deadline_) kill_all();
+}
+
+void Watcher::handle_signals() {
+  for (const int sig : signals_.drain()) {
+    if (sig == SIGCHLD) continue;
+    if (stop_signal_ == 0) {
+      stop_signal_ = sig;
+      stop_all(sig, fmt::format("got {}", signal_name(sig)));
+    } else if (!killed_) {
+      say(fmt::format("got {} again: SIGKILL to every rank now", signal_name(sig)));
+      kill_all();
+    }
+  }
+}
+
+// Reaps every rank that exited before signalling anyone, so that ranks which
+// failed on their own at the same moment are not reported as stopped by ddprun.
+void Watcher::reap_exited() {
+  std::optional<size_t> failure;
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    RankProcess& r = ranks_[i];
+    if (!r.running) continue;
+    const auto status = try_reap(r.pid);
+    if (!status) continue;
+    r.running = false;
+    r.status = *status;
+    r.end = last_exit_ = Clock::now();
+    if (failed(r.status) && !stopping_ && !failure) failure = i;
+  }
+  if (!failure) return;
+  first_failure_ = failure;
+  const RankProcess& r = ranks_[*failure];
+  const std::string what = fmt::format("rank {} (pid {}) failed: {} after {:.1f} s", r.rank, r.pid,
+                                       describe_status(r.status), seconds_between(r.start, r.end));
+  rendezvous_.publish_failure({.node = spec_.node_rank,
+                               .exit_code = exit_code_of(r.status),
+                               .what = fmt::format("{} on node {}", what, spec_.node_rank)});
+  stop_all(SIGTERM, what);
+}
+
+void Watcher::check_remote() {
+  if (stopping_ || !rendezvous_.multi_node() || Clock::now() < next_remote_check_) return;
+  next_remote_check_ = Clock::now() + kRemoteCheckInterval;
+  if (auto failure = rendezvous_.remote_failure()) {
+    remote_ = failure;
+    stop_all(SIGTERM, failure->what);
+  }
+}
+
+// Sends `sig` to every running rank's process group; SIGKILL follows at the
+// end of the grace period (kill_all() from poll_once()).
+void Watcher::stop_all(int sig, const std::string& why) {
+  stopping_ = true;
+  kill_deadline_ = Clock::now() + spec_.grace;
+  const auto running =
+      std::count_if(ranks_.begin(), ranks_.end(), [](auto& r) { return r.running; });
+  if (running > 0) {
+    say(fmt::format("{}; sending {} to {} rank{}, SIGKILL after {:.3g} s", why, signal_name(sig),
+                    running, running == 1 ? "" : "s",
+                    std::chrono::duration<double>(spec_.grace).count()));
+  } else {
+    say(why);
+  }
+  for (auto& r : ranks_) {
+    if (!r.running) continue;
+    r.signalled = true;
+    signal_group(r.pid, sig);
+  }
+}
+
+void Watcher::kill_all() {
+  killed_ = true;
+  for (auto& r : ranks_) {
+    if (!r.running) continue;
+    r.signalled = true;
+    signal_group(r.pid, SIGKILL);
+  }
+}
+
+bool Watcher::all_exited() const {
+  return std::none_of(ranks_.begin(), ranks_.end(), [](auto& r) { return r.running; });
+}
+
+bool Watcher::streams_open() const {
+  return std::any_of(ranks_.begin(), ranks_.end(),
+                     [](auto& r) { return r.out->fd() >= 0 || r.err->fd() >= 0; });
+}
+
+GroupResult Watcher::result() const {
+  if (first_failure_) {
+    return {Outcome::rank_failed, exit_code_of(ranks_[*first_failure_].status)};
+  }
+  if (stop_signal_ != 0) return {Outcome::interrupted, 128 + stop_signal_};
+  if (remote_) return {Outcome::remote_failed, remote_->exit_code};
+  return {Outcome::success, 0};
+}
+
+void Watcher::print_summary() const {
+  say(fmt::format("summary of restart {} on node {}: {} local rank{} in {:.1f} s{}", spec_.restart,
+                  spec_.node_rank, ranks_.size(), ranks_.size() == 1 ? "" : "s",
+                  seconds_between(start_, last_exit_),
+                  remote_ ? fmt::format("; the group failed elsewhere: {}", remote_->what) : ""));
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    const RankProcess& r = ranks_[i];
+    std::string note;
+    if (first_failure_ == i)
+      note = "  <- first failure";
+    else if (r.signalled && failed(r.status))
+      note = "  (stopped by ddprun)";
+    say(fmt::format("  rank {:<3} pid {:<8} {:<28} {:6.1f} s{}", r.rank, r.pid,
+                    describe_status(r.status), seconds_between(r.start, r.end), note));
+  }
+  if (!first_failure_) return;
+  const RankProcess& f = ranks_[*first_failure_];
+  const auto& tail = f.err->tail();
+  if (tail.empty()) {
+    say(fmt::format("rank {} wrote nothing to stderr", f.rank));
+  } else {
+    say(fmt::format("last {} line{} of rank {}'s stderr:", tail.size(), tail.size() == 1 ? "" : "s",
+                    f.rank));
+    for (const auto& line : tail) say("  | " + line);
+  }
+  if (!f.err_log.empty()) say(fmt::format("rank {}'s log: {}", f.rank, f.err_log));
+}
+
+}  // namespace
+
+GroupResult run_local_group(const GroupSpec& spec, SignalPipe& signals, Rendezvous& rendezvous) {
+  Watcher watcher(spec, signals, rendezvous);
+  return watcher.run();
+}
+
+}  // namespace ddp::launcher

@@ -1,0 +1,52 @@
+// One attempt of this node's ranks: spawned together, watched together (their
+// exits, their output, ddprun's signals, the other nodes' failures) and
+// stopped together.
+//
+//   rank fails (exit != 0 or a signal)  -> SIGTERM to every other rank's group,
+//                                          SIGKILL after the grace period, summary
+//   ddprun gets SIGINT/SIGTERM/SIGHUP   -> that signal to every rank's group,
+//                                          SIGKILL after the grace period; a
+//                                          second one: SIGKILL at once
+//   another node's rank fails           -> as a local failure, without restarting here alone
+#pragma once
+
+#include "launcher/process.h"
+#include "launcher/rendezvous.h"
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace ddp::launcher {
+
+struct OutputOptions {
+  std::string log_dir;  // DIR/rank_<R>.out and .err; empty: none
+  bool tee = false;     // with log_dir: the console as well
+  bool quiet = false;   // only global rank 0 on the console
+  bool prefix = true;   // "[rank N] "
+};
+
+struct GroupSpec {
+  std::string program_path;                    // resolved
+  std::vector<std::string> argv;               // argv[0] as typed
+  std::vector<std::vector<std::string>> envs;  // the environment of each local rank
+  std::vector<int> ranks;                      // the global rank of each local rank
+  int node_rank = 0;
+  int restart = 0;
+  OutputOptions output;
+  std::chrono::milliseconds grace{10000};
+};
+
+enum class Outcome { success, rank_failed, remote_failed, interrupted };
+
+struct GroupResult {
+  Outcome outcome = Outcome::success;
+  int exit_code = 0;  // ddprun's exit status for this outcome
+};
+
+// Runs one attempt to the end: returns when every local rank is gone (and its
+// process group is empty). Throws LaunchError when the log directory cannot be
+// written or a rank cannot be started (the ranks already started are killed).
+GroupResult run_local_group(const GroupSpec& spec, SignalPipe& signals, Rendezvous& rendezvous);
+
+}  // namespace ddp::launcher

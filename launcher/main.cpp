@@ -1,0 +1,62 @@
+// ddprun: the launcher of ddp (its torchrun). See --help and docs/ddprun.md.
+#include "ddp/config.h"
+#include "launcher/agent.h"
+#include "launcher/options.h"
+#include "launcher/program_path.h"
+#include "runtime/error.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+
+namespace {
+
+// Ranks get our fds 0-2 re-pointed; make sure they exist, so that no pipe of
+// ours lands on 0, 1 or 2 when ddprun was started with one closed.
+void ensure_standard_fds() {
+  for (;;) {
+    const int fd = ::open("/dev/null", O_RDWR);
+    if (fd < 0) return;
+    if (fd > STDERR_FILENO) {
+      ::close(fd);
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ensure_standard_fds();
+  ddp::launcher::ParseResult parsed;
+  try {
+    parsed = ddp::launcher::parse_ddprun_args(argc, argv);
+  } catch (const ddp::Error& e) {
+    std::cerr << "ddprun: " << e.what() << "\n\n" << ddp::launcher::kDdprunUsage;
+    return 2;
+  }
+  if (parsed.action == ddp::launcher::ParseAction::help) {
+    std::cout << ddp::launcher::kDdprunUsage;
+    return 0;
+  }
+  if (parsed.action == ddp::launcher::ParseAction::version) {
+    std::cout << "ddprun (ddp) " << DDP_VERSION << "\n";
+    return 0;
+  }
+  const auto& options = parsed.options;
+  const char* path_env = std::getenv("PATH");
+  const auto program = ddp::launcher::find_program(options.program, ddp::launcher::self_exe_dir(),
+                                                   path_env != nullptr ? path_env : "");
+  if (program.path.empty()) {
+    std::cerr << "ddprun: error: " << program.error << "\n";
+    return program.exit_code;
+  }
+  try {
+    return ddp::launcher::run_agent(options, program.path);
+  } catch (const ddp::Error& e) {
+    std::cerr << "ddprun: error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,235 @@
+#include "launcher/options.h"
+
+#include "runtime/error.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <functional>
+#include <map>
+
+namespace ddp::launcher {
+
+const char* const kDdprunUsage = R"(usage: ddprun [options] PROGRAM [ARGS...]
+
+Starts PROGRAM once per rank with the environment of torchrun (RANK, LOCAL_RANK,
+WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, ...), hosts
+the rendezvous store, prefixes and forwards every rank's output, and stops the
+whole group when one rank fails. PROGRAM is a path, else a program next to
+ddprun, else found on PATH. Options end at PROGRAM (or at "--").
+
+ranks:
+  -n, --nproc-per-node N|gpu|auto
+                        ranks on this node (default 1); gpu: one per visible
+                        GPU (an error without one); auto: one per GPU, else 1
+  --nnodes N            nodes taking part (default 1); start one ddprun per node
+  --node-rank R         this node's rank, 0..N-1 (default 0); node 0 hosts the
+                        store, the others connect to it
+  --backend NAME        sets DDP_BACKEND for the ranks:
+                        auto|local|shm|gloo|mpi|nccl
+rendezvous:
+  --master-addr HOST    node 0's address (default 127.0.0.1)
+  --master-port PORT    the store's TCP port on node 0 (default 29500)
+  --rdzv-endpoint HOST:PORT
+                        both at once (torchrun's spelling)
+  --standalone          one node, on a free port chosen for you
+  --rdzv-timeout S      seconds the agents wait for each other (default 300)
+failures:
+  --max-restarts K      restart the whole group up to K times when a rank
+                        fails (default 0); ranks see DDPRUN_RESTART_COUNT
+  --grace-period S      seconds between SIGTERM and SIGKILL when the group is
+                        stopped (default 10)
+output:
+  --log-dir DIR         write DIR/rank_<R>.out and DIR/rank_<R>.err instead of
+                        the console
+  --tee                 with --log-dir: the console as well
+  --quiet               only rank 0 on the console (the others still go to
+                        --log-dir)
+  --no-prefix           no "[rank N] " before each line
+  --version             ddprun's version
+  -h, --help            this text
+
+Underscore spellings (--nproc_per_node, --master_addr, ...) are accepted.
+Exit status: 0 when every rank succeeded; else the first failing rank's exit
+code, or 128+N when it died of signal N (or ddprun got signal N); 1 when ddprun
+itself failed (rendezvous, port in use); 2 for bad options; 126 when PROGRAM
+is not executable; 127 when it is not found.
+Docs: docs/ddprun.md.
+)";
+
+namespace {
+
+constexpr const char* kBackendNames[] = {"auto", "local", "shm", "gloo", "mpi", "nccl"};
+
+template <typename T>
+T parse_number(const std::string& flag, const std::string& text, const char* expected) {
+  T value{};
+  const char* end = text.data() + text.size();
+  const auto r = std::from_chars(text.data(), end, value);
+  bool ok = r.ec == std::errc() && r.ptr == end;
+  if constexpr (std::is_floating_point_v<T>) ok = ok && std::isfinite(value);
+  DDP_CHECK(ok, "{} '{}': expected {}", flag, text, expected);
+  return value;
+}
+
+int parse_int(const std::string& flag, const std::string& text) {
+  return parse_number<int>(flag, text, "a whole number");
+}
+
+double parse_seconds(const std::string& flag, const std::string& text) {
+  return parse_number<double>(flag, text, "a number of seconds");
+}
+
+void parse_endpoint(LaunchOptions& o, const std::string& text) {
+  const auto colon = text.rfind(':');
+  DDP_CHECK(colon != std::string::npos && colon > 0, "--rdzv-endpoint '{}': expected HOST:PORT",
+            text);
+  o.master_addr = text.substr(0, colon);
+  o.master_port = parse_int("--rdzv-endpoint port", text.substr(colon + 1));
+}
+
+using Setter = std::function<void(LaunchOptions&, const std::string&)>;
+
+const std::map<std::string, Setter>& valued_flags() {
+  static const std::map<std::string, Setter> table = {
+      {"--nproc-per-node", [](auto& o, auto& v) { o.nproc_per_node = v; }},
+      {"--nnodes", [](auto& o, auto& v) { o.nnodes = parse_int("--nnodes", v); }},
+      {"--node-rank", [](auto& o, auto& v) { o.node_rank = parse_int("--node-rank", v); }},
+      {"--master-addr", [](auto& o, auto& v) { o.master_addr = v; }},
+      {"--master-port", [](auto& o, auto& v) { o.master_port = parse_int("--master-port", v); }},
+      {"--rdzv-endpoint", [](auto& o, auto& v) { parse_endpoint(o, v); }},
+      {"--backend", [](auto& o, auto& v) { o.backend = v; }},
+      {"--max-restarts", [](auto& o, auto& v) { o.max_restarts = parse_int("--max-restarts", v); }},
+      {"--log-dir", [](auto& o, auto& v) { o.log_dir = v; }},
+      {"--grace-period",
+       [](auto& o, auto& v) { o.grace_period_s = parse_seconds("--grace-period", v); }},
+      {"--rdzv-timeout",
+       [](auto& o, auto& v) { o.rdzv_timeout_s = parse_seconds("--rdzv-timeout", v); }},
+  };
+  return table;
+}
+
+bool* switch_flag(LaunchOptions& o, const std::string& name) {
+  if (name == "--standalone") return &o.standalone;
+  if (name == "--tee") return &o.tee;
+  if (name == "--quiet") return &o.quiet;
+  return nullptr;
+}
+
+// torchrun options that ddprun does not have: named in the error, so a user
+// coming from torchrun learns it is a deliberate gap, not a typo.
+bool is_torchrun_only(const std::string& name) {
+  static const char* const kNames[] = {"--rdzv-backend",      "--rdzv-id",      "--rdzv-conf",
+                                       "--monitor-interval",  "--role",         "--redirects",
+                                       "--local-addr",        "--module",       "--no-python",
+                                       "--run-path",          "--start-method", "--logs-specs",
+                                       "--local-ranks-filter"};
+  return std::any_of(std::begin(kNames), std::end(kNames),
+                     [&](const char* n) { return name == n; });
+}
+
+void validate(const LaunchOptions& o) {
+  const std::string& n = o.nproc_per_node;
+  if (n != "gpu" && n != "auto") {
+    DDP_CHECK(parse_int("--nproc-per-node", n) >= 1,
+              "--nproc-per-node {}: must be at least 1 (or gpu, auto)", n);
+  }
+  DDP_CHECK(o.nnodes >= 1, "--nnodes {}: must be at least 1", o.nnodes);
+  DDP_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes,
+            "--node-rank {}: must be in 0..{} for --nnodes {}", o.node_rank, o.nnodes - 1,
+            o.nnodes);
+  DDP_CHECK(o.master_port >= 1 && o.master_port <= 65535,
+            "--master-port {}: must be a TCP port in 1..65535 (or use --standalone for a free one)",
+            o.master_port);
+  DDP_CHECK(!o.master_addr.empty(), "--master-addr: must not be empty");
+  DDP_CHECK(!o.standalone || o.nnodes == 1, "--standalone is for one node, not --nnodes {}",
+            o.nnodes);
+  DDP_CHECK(o.max_restarts >= 0, "--max-restarts {}: must be >= 0", o.max_restarts);
+  DDP_CHECK(o.grace_period_s >= 0, "--grace-period {}: must be >= 0 seconds", o.grace_period_s);
+  DDP_CHECK(o.rdzv_timeout_s > 0, "--rdzv-timeout {}: must be > 0 seconds", o.rdzv_timeout_s);
+  DDP_CHECK(!o.tee || !o.log_dir.empty(), "--tee needs --log-dir DIR (the files to tee into)");
+  if (!o.backend.empty()) {
+    DDP_CHECK(std::any_of(std::begin(kBackendNames), std::end(kBackendNames),
+                          [&](const char* b) { return o.backend == b; }),
+              "--backend '{}': valid values are auto, local, shm, gloo, mpi, nccl", o.backend);
+  }
+  DDP_CHECK(!o.program.empty(), "missing PROGRAM: what should each rank run?");
+}
+
+// Splits "--flag=value" and normalises torchrun's underscores: "--nproc_per_node".
+void split_long_option(std::string& name, std::optional<std::string>& value) {
+  if (const auto eq = name.find('='); eq != std::string::npos) {
+    value = name.substr(eq + 1);
+    name.resize(eq);
+  }
+  std::replace(name.begin() + 2, name.end(), '_', '-');
+}
+
+}  // namespace
+
+ParseResult parse_ddprun_args(int argc, const char* const* argv) {
+  ParseResult result;
+  LaunchOptions& o = result.options;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string name = argv[i];
+    std::optional<std::string> value;
+    if (name == "--") {
+      ++i;
+      break;
+    }
+    if (name.size() < 2 || name[0] != '-') break;  // PROGRAM
+    if (name.starts_with("--")) {
+      split_long_option(name, value);
+    } else if (name.starts_with("-n") && name.size() > 2) {
+      value = name.substr(2);
+      name = "-n";
+    }
+    if (name == "-h" || name == "--help" || name == "--version") {
+      result.action = name == "--version" ? ParseAction::version : ParseAction::help;
+      return result;
+    }
+    if (name == "-n") name = "--nproc-per-node";
+    if (name == "--no-prefix" || switch_flag(o, name) != nullptr) {
+      DDP_CHECK(!value, "{} takes no value", name);
+      if (name == "--no-prefix")
+        o.prefix = false;
+      else
+        *switch_flag(o, name) = true;
+      continue;
+    }
+    const auto it = valued_flags().find(name);
+    DDP_CHECK(!is_torchrun_only(name),
+              "unknown option '{}': a torchrun option that ddprun does not have (see "
+              "docs/ddprun.md, \"Departures from torchrun\")",
+              name);
+    DDP_CHECK(it != valued_flags().end(), "unknown option '{}'", name);
+    if (!value) {
+      DDP_CHECK(i + 1 < argc, "{} needs a value", name);
+      value = argv[++i];
+    }
+    it->second(o, *value);
+  }
+  if (i < argc) o.program = argv[i++];
+  for (; i < argc; ++i) o.program_args.emplace_back(argv[i]);
+  validate(o);
+  return result;
+}
+
+int resolve_nproc(const std::string& spec, int gpu_count, const std::string& why_no_gpu) {
+  if (spec == "auto") return std::max(1, gpu_count);
+  if (spec == "gpu") {
+    DDP_CHECK(gpu_count > 0,
+              "--nproc-per-node gpu: no GPU is visible{}{}; pass a number of ranks (-n 4) or "
+              "auto (one rank per GPU, else 1)",
+              why_no_gpu.empty() ? "" : ": ", why_no_gpu);
+    return gpu_count;
+  }
+  return parse_int("--nproc-per-node", spec);
+}
+
+int threads_per_rank(int cores, int local_ranks) {
+  return std::max(1, cores / std::max(1, local_ranks));
+}
+
+}  // namespace ddp::launcher

@@ -1,0 +1,78 @@
+#include "launcher/output.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace ddp::launcher {
+
+RankStream::RankStream(Fd pipe_read, StreamSink sink)
+    : pipe_(std::move(pipe_read)), sink_(std::move(sink)) {}
+
+void RankStream::on_readable() {
+  char buffer[16384];
+  // A bounded number of reads per wakeup, so one chatty rank cannot starve the others.
+  for (int reads = 0; pipe_ && reads < 8; ++reads) {
+    const ssize_t n = ::read(pipe_.get(), buffer, sizeof(buffer));
+    if (n > 0) {
+      if (sink_.file_fd >= 0) write_all(sink_.file_fd, buffer, static_cast<size_t>(n));
+      consume(std::string_view(buffer, static_cast<size_t>(n)));
+    } else if (n == 0) {
+      finish();
+    } else if (errno != EINTR) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK) finish();
+      return;
+    }
+  }
+}
+
+void RankStream::close() {
+  if (!pipe_) return;
+  on_readable();
+  finish();
+}
+
+void RankStream::consume(std::string_view bytes) {
+  while (!bytes.empty()) {
+    const size_t newline = bytes.find('\n');
+    if (newline == std::string_view::npos) {
+      partial_.append(bytes);
+      while (partial_.size() >= kMaxLineBytes) {
+        emit_line(std::string_view(partial_).substr(0, kMaxLineBytes));
+        partial_.erase(0, kMaxLineBytes);
+      }
+      return;
+    }
+    if (partial_.empty()) {
+      emit_line(bytes.substr(0, newline));
+    } else {
+      partial_.append(bytes.substr(0, newline));
+      emit_line(partial_);
+      partial_.clear();
+    }
+    bytes.remove_prefix(newline + 1);
+  }
+}
+
+void RankStream::emit_line(std::string_view line) {
+  if (sink_.console_fd >= 0) {
+    line_.assign(sink_.prefix);
+    line_.append(line);
+    line_.push_back('\n');
+    write_all(sink_.console_fd, line_.data(), line_.size());
+  }
+  if (sink_.tail_lines > 0) {
+    tail_.emplace_back(line);
+    if (tail_.size() > sink_.tail_lines) tail_.pop_front();
+  }
+}
+
+void RankStream::finish() {
+  if (!partial_.empty()) {
+    emit_line(partial_);
+    partial_.clear();
+  }
+  pipe_.reset();
+}
+
+}  // namespace ddp::launcher

@@ -1,0 +1,233 @@
+#include "launcher/process.h"
+
+#include "launcher/watchdog.h"
+
+#include "runtime/error.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+namespace ddp::launcher {
+
+Fd& Fd::operator=(Fd&& other) noexcept {
+  if (this != &other) reset(other.release());
+  return *this;
+}
+
+int Fd::release() {
+  const int fd = fd_;
+  fd_ = -1;
+  return fd;
+}
+
+void Fd::reset(int fd) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
+Pipe make_pipe() {
+  int fds[2];
+  DDP_CHECK_T(Error, ::pipe2(fds, O_CLOEXEC) == 0, "ddprun: pipe2 failed: {}",
+              std::strerror(errno));
+  ::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+  return {Fd(fds[0]), Fd(fds[1])};
+}
+
+bool write_all(int fd, const char* data, size_t bytes) {
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd, data, bytes);
+    if (n >= 0) {
+      data += n;
+      bytes -= static_cast<size_t>(n);
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      pollfd p{fd, POLLOUT, 0};
+      ::poll(&p, 1, 1000);
+    } else if (errno != EINTR) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void say(const std::string& text) {
+  const std::string line = "ddprun: " + text + "\n";
+  write_all(STDERR_FILENO, line.data(), line.size());
+}
+
+namespace {
+
+std::vector<char*> c_strings(const std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  out.reserve(strings.size() + 1);
+  for (const auto& s : strings) out.push_back(const_cast<char*>(s.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+// Between fork and exec: async-signal-safe calls only (the agent has threads).
+[[noreturn]] void exec_child(const SpawnRequest& r, pid_t agent, int null_fd, int report_fd,
+                             char* const* argv, char* const* envp) {
+  ::setpgid(0, 0);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != agent) ::_exit(127);  // the agent died before prctl took effect
+  ::dup2(null_fd, STDIN_FILENO);
+  ::dup2(r.stdout_fd, STDOUT_FILENO);
+  ::dup2(r.stderr_fd, STDERR_FILENO);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE, SIGQUIT})
+    ::sigaction(sig, &dfl, nullptr);
+  sigset_t none;
+  ::sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::execve(r.path.c_str(), argv, envp);
+  const int error = errno;
+  ssize_t ignored = ::write(report_fd, &error, sizeof(error));
+  (void)ignored;
+  ::_exit(127);
+}
+
+}  // namespace
+
+pid_t spawn(const SpawnRequest& request) {
+  Fd null_fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  DDP_CHECK_T(Error, static_cast<bool>(null_fd), "ddprun: cannot open /dev/null: {}",
+              std::strerror(errno));
+  Pipe report = make_pipe();  // exec failure: the child writes errno here
+  const auto argv = c_strings(request.argv);
+  const auto envp = c_strings(request.env);
+  const pid_t agent = ::getpid();
+  const pid_t pid = ::fork();
+  DDP_CHECK_T(Error, pid >= 0, "ddprun: fork failed: {}", std::strerror(errno));
+  if (pid == 0)
+    exec_child(request, agent, null_fd.get(), report.write.get(), argv.data(), envp.data());
+  ::setpgid(pid, pid);  // also here, so signal_group() works before the child ran
+  watchdog_track(pid);
+  report.write.reset();
+  int error = 0;
+  ssize_t n;
+  do {
+    pollfd p{report.read.get(), POLLIN, 0};
+    ::poll(&p, 1, -1);
+    n = ::read(report.read.get(), &error, sizeof(error));
+  } while (n < 0 && (errno == EINTR || errno == EAGAIN));
+  if (n == static_cast<ssize_t>(sizeof(error))) {
+    watchdog_untrack(pid);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    throw Error(fmt::format("ddprun: cannot execute '{}': {}", request.path, std::strerror(error)));
+  }
+  return pid;
+}
+
+void signal_group(pid_t pgid, int sig) {
+  if (pgid > 0) ::kill(-pgid, sig);
+}
+
+std::optional<int> try_reap(pid_t pid) {
+  siginfo_t info{};
+  if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+      info.si_pid == 0) {
+    return std::nullopt;
+  }
+  ::kill(-pid, SIGKILL);  // Note [no orphans]: the zombie still holds the pgid
+  watchdog_untrack(pid);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return status;
+}
+
+std::string signal_name(int sig) {
+  const char* abbrev = ::sigabbrev_np(sig);
+  return abbrev != nullptr ? fmt::format("SIG{}", abbrev) : fmt::format("signal {}", sig);
+}
+
+std::string describe_status(int wait_status) {
+  if (WIFEXITED(wait_status)) return fmt::format("exit code {}", WEXITSTATUS(wait_status));
+  if (WIFSIGNALED(wait_status)) {
+    return fmt::format("killed by {}{}", signal_name(WTERMSIG(wait_status)),
+                       WCOREDUMP(wait_status) ? " (core dumped)" : "");
+  }
+  return fmt::format("wait status {:#x}", wait_status);
+}
+
+int exit_code_of(int wait_status) {
+  if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
+  if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
+  return 1;
+}
+
+// ---- signals -------------------------------------------------------------------
+
+namespace {
+
+constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+std::atomic<int> g_signal_write_fd{-1};
+std::atomic<int> g_stop_signal{0};
+struct sigaction g_previous[std::size(kHandledSignals) + 1];
+
+void on_signal(int sig) {
+  const int saved = errno;
+  if (sig != SIGCHLD) {
+    int expected = 0;
+    g_stop_signal.compare_exchange_strong(expected, sig);
+  }
+  const unsigned char byte = static_cast<unsigned char>(sig);
+  ssize_t ignored = ::write(g_signal_write_fd.load(), &byte, 1);  // full pipe: a wakeup is pending
+  (void)ignored;
+  errno = saved;
+}
+
+}  // namespace
+
+SignalPipe::SignalPipe() {
+  Pipe p = make_pipe();
+  ::fcntl(p.write.get(), F_SETFL, ::fcntl(p.write.get(), F_GETFL) | O_NONBLOCK);
+  read_ = std::move(p.read);
+  write_ = std::move(p.write);
+  g_signal_write_fd = write_.get();
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+  ::sigemptyset(&sa.sa_mask);
+  for (size_t i = 0; i < std::size(kHandledSignals); ++i) {
+    ::sigaction(kHandledSignals[i], &sa, &g_previous[i]);
+  }
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  ::sigaction(SIGPIPE, &ignore, &g_previous[std::size(kHandledSignals)]);
+}
+
+SignalPipe::~SignalPipe() {
+  for (size_t i = 0; i < std::size(kHandledSignals); ++i) {
+    ::sigaction(kHandledSignals[i], &g_previous[i], nullptr);
+  }
+  ::sigaction(SIGPIPE, &g_previous[std::size(kHandledSignals)], nullptr);
+  g_signal_write_fd = -1;
+}
+
+std::vector<int> SignalPipe::drain() {
+  std::vector<int> out;
+  unsigned char buffer[64];
+  for (;;) {
+    const ssize_t n = ::read(read_.get(), buffer, sizeof(buffer));
+    if (n <= 0) break;
+    out.insert(out.end(), buffer, buffer + n);
+  }
+  return out;
+}
+
+int SignalPipe::stop_signal() {
+  return g_stop_signal.load();
+}
+
+}  // namespace ddp::launcher

@@ -1,0 +1,109 @@
+// Processes and signals of the agent: file descriptors, spawning one rank,
+// reaping it, stopping its process group, and turning signals into bytes on a
+// pipe that the agent's poll loop watches (the self-pipe trick).
+//
+// Note [no orphans]
+// Every rank is the leader of its own process group, so a signal to -pgid
+// reaches whatever the rank started too. The child sets PR_SET_PDEATHSIG to
+// SIGKILL before exec (and exits if ddprun already died in between), so ranks
+// die with ddprun even when ddprun is SIGKILLed. When a rank exits, whatever is
+// left in its group is SIGKILLed before the rank is reaped (the pgid cannot be
+// reused while the zombie exists). When ddprun is SIGKILLed, its watchdog
+// (launcher/watchdog.h) SIGKILLs the groups, so what the ranks started dies
+// too. Grandchildren that leave the group (setsid) are out of reach: only
+// cgroups could catch those.
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddp::launcher {
+
+// Owns one file descriptor; closes it on destruction.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& other) noexcept : fd_(other.release()) {}
+  Fd& operator=(Fd&& other) noexcept;
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() { reset(); }
+
+  int get() const { return fd_; }
+  explicit operator bool() const { return fd_ >= 0; }
+  int release();
+  void reset(int fd = -1);
+
+ private:
+  int fd_ = -1;
+};
+
+struct Pipe {
+  Fd read;   // non-blocking, close-on-exec
+  Fd write;  // blocking, close-on-exec (dup2 into the child clears that)
+};
+Pipe make_pipe();
+
+// ddprun's own message: "ddprun: TEXT\n" on stderr, in one write (never
+// interleaved with the ranks' lines, which the agent writes whole too).
+void say(const std::string& text);
+
+// Writes all of `data` (retrying short writes and EINTR); false when the
+// descriptor is gone (EPIPE: the console was closed), which callers ignore.
+bool write_all(int fd, const char* data, size_t bytes);
+
+struct SpawnRequest {
+  std::string path;               // the resolved executable
+  std::vector<std::string> argv;  // argv[0] as the user typed it
+  std::vector<std::string> env;   // "KEY=VALUE", the whole environment
+  int stdout_fd = -1;             // becomes the child's fd 1
+  int stderr_fd = -1;             // becomes the child's fd 2
+};
+
+// fork + exec with Note [no orphans]; stdin is /dev/null. Returns the pid, which
+// is also the process group id. Throws ddp::Error naming the program when exec
+// fails (the child reports errno through a close-on-exec pipe).
+pid_t spawn(const SpawnRequest& request);
+
+// kill(-pgid, sig); a group that is already gone is not an error.
+void signal_group(pid_t pgid, int sig);
+
+// When `pid` has exited: SIGKILLs what is left of its process group, reaps it,
+// and returns its wait status. nullopt while it runs. Never blocks.
+std::optional<int> try_reap(pid_t pid);
+
+// "exit code 3", "killed by SIGKILL", "SIGSEGV (core dumped)".
+std::string describe_status(int wait_status);
+// The shell's convention: the exit code, or 128 + the signal number.
+int exit_code_of(int wait_status);
+// "SIGTERM", or "signal 42".
+std::string signal_name(int sig);
+
+// Installs handlers for SIGINT, SIGTERM, SIGHUP and SIGCHLD that write the
+// signal number to a pipe, and ignores SIGPIPE (a closed console must not kill
+// the agent). One per process.
+class SignalPipe {
+ public:
+  SignalPipe();
+  ~SignalPipe();  // restores the previous handlers
+  SignalPipe(const SignalPipe&) = delete;
+  SignalPipe& operator=(const SignalPipe&) = delete;
+
+  int fd() const { return read_.get(); }
+  // The signals that arrived since the last call, in order.
+  std::vector<int> drain();
+  // The first of SIGINT/SIGTERM/SIGHUP received, or 0: ddprun is being stopped
+  // and never restarts after that. Safe to poll from any loop (the rendezvous
+  // waits use it).
+  static int stop_signal();
+
+ private:
+  Fd read_;
+  Fd write_;
+};
+
+}  // namespace ddp::launcher

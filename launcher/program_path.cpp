@@ -1,0 +1,67 @@
+#include "launcher/program_path.h"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <sstream>
+
+namespace ddp::launcher {
+namespace {
+
+bool is_regular(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool is_executable(const std::string& path) {
+  return is_regular(path) && ::access(path.c_str(), X_OK) == 0;
+}
+
+ProgramLookup found(std::string path) {
+  ProgramLookup out;
+  out.path = std::move(path);
+  return out;
+}
+
+ProgramLookup not_found(int exit_code, std::string error) {
+  ProgramLookup out;
+  out.exit_code = exit_code;
+  out.error = std::move(error);
+  return out;
+}
+
+}  // namespace
+
+ProgramLookup find_program(const std::string& program, const std::string& self_dir,
+                           const std::string& path_env) {
+  if (program.find('/') != std::string::npos) {
+    if (is_executable(program)) return found(program);
+    if (is_regular(program)) {
+      return not_found(126, fmt::format("'{}' is not executable (chmod +x it?)", program));
+    }
+    return not_found(127, fmt::format("'{}': no such file", program));
+  }
+  if (!self_dir.empty() && is_executable(self_dir + "/" + program)) {
+    return found(self_dir + "/" + program);
+  }
+  std::stringstream dirs(path_env);
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    const std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
+    if (is_executable(candidate)) return found(candidate);
+  }
+  return not_found(
+      127,
+      fmt::format("program '{}' not found: not next to ddprun ({}) and not on PATH; pass a "
+                  "path (./{}) or build it (ninja -C build {})",
+                  program, self_dir.empty() ? "unknown directory" : self_dir, program, program));
+}
+
+std::string self_exe_dir() {
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string() : exe.parent_path().string();
+}
+
+}  // namespace ddp::launcher

@@ -1,0 +1,23 @@
+// Finding PROGRAM the way `ddprun -n 4 train` expects from any directory.
+#pragma once
+
+#include <string>
+
+namespace ddp::launcher {
+
+struct ProgramLookup {
+  std::string path;   // what to exec; empty when not found
+  std::string error;  // why not, with what was tried (when path is empty)
+  int exit_code = 0;  // 127 not found, 126 found but not executable (as a shell)
+};
+
+// PROGRAM containing '/' is a path, used as is. Otherwise, in order: a file
+// next to ddprun (in `self_dir`), then the directories of `path_env` (PATH).
+// Only regular files that this user may execute count.
+ProgramLookup find_program(const std::string& program, const std::string& self_dir,
+                           const std::string& path_env);
+
+// The directory of the running executable (/proc/self/exe), "" when unknown.
+std::string self_exe_dir();
+
+}  // namespace ddp::launcher

@@ -1,0 +1,268 @@
+#include "launcher/rendezvous.h"
+
+#include "collectives/store/tcp_store.h"
+#include "launcher/process.h"
+
+#include <unistd.h>
+
+#include <random>
+#include <thread>
+
+namespace ddp::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr milliseconds kPollInterval{100};
+constexpr milliseconds kCallTimeout{30000};
+
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "?";
+  return name;
+}
+
+std::string random_hex(int bytes) {
+  std::random_device rd;
+  std::string out;
+  for (int i = 0; i < bytes; ++i) out += fmt::format("{:02x}", rd() & 0xff);
+  return out;
+}
+
+}  // namespace
+
+std::string Rendezvous::node_value() const {
+  return fmt::format("{} {}", options_.local_ranks, host_name());
+}
+
+namespace {
+
+double seconds(milliseconds ms) {
+  return static_cast<double>(ms.count()) / 1000.0;
+}
+
+void check_interrupt() {
+  if (const int sig = SignalPipe::stop_signal()) throw Interrupted(sig);
+}
+
+bool contains(const char* text, const char* part) {
+  return std::string_view(text).find(part) != std::string_view::npos;
+}
+
+}  // namespace
+
+Interrupted::Interrupted(int sig)
+    : Error(fmt::format("interrupted by {}", signal_name(sig))), signal_(sig) {}
+
+Rendezvous::Rendezvous(RendezvousOptions options)
+    : options_(std::move(options)), port_(options_.master_port) {
+  if (options_.node_rank == 0) run_id_ = random_hex(8);
+}
+
+Rendezvous::~Rendezvous() = default;
+
+std::string Rendezvous::endpoint() const {
+  return fmt::format("{}:{}", options_.master_addr, port_);
+}
+
+void Rendezvous::begin_attempt(int restart) {
+  if (options_.node_rank == 0) host(restart);
+  if (multi_node()) {
+    if (options_.node_rank != 0) join(restart);
+    wait_for_nodes(restart);
+  }
+}
+
+void Rendezvous::end_attempt() {
+  store_.reset();
+  server_.reset();  // stops it: Note [one store per attempt]
+  store_lost_ = false;
+}
+
+// Node 0. One node binds --master-addr; several bind every interface, since
+// --master-addr is how the other nodes see this one (a name that resolves to
+// 127.0.1.1 here is common).
+void Rendezvous::host(int restart) {
+  end_attempt();
+  const std::string bind = multi_node() ? "0.0.0.0" : options_.master_addr;
+  const int port = options_.standalone ? 0 : options_.master_port;
+  try {
+    server_ = std::make_unique<TcpStoreServer>(
+        TcpStoreServerOptions{.host = bind, .port = port, .secret = options_.secret});
+  } catch (const StoreError& e) {
+    throw LaunchError(fmt::format(
+        "cannot host the rendezvous store: {}; or, on one node, let --standalone pick a free "
+        "port",
+        e.what()));
+  }
+  port_ = server_->port();
+  if (!multi_node()) return;
+  try {
+    store_ = std::make_unique<TcpStore>(TcpStoreOptions{.host = options_.master_addr,
+                                                        .port = port_,
+                                                        .secret = options_.secret,
+                                                        .timeout = kCallTimeout,
+                                                        .connect_timeout = milliseconds(5000)});
+    store_->set("run_id", run_id_);
+    store_->set("attempt", std::to_string(restart));
+    store_->set("node/0", node_value());
+  } catch (const StoreError& e) {
+    throw LaunchError(fmt::format(
+        "node 0 cannot reach its own store at {}: {}. --master-addr must be an address of this "
+        "machine that the other nodes can reach",
+        endpoint(), e.what()));
+  }
+}
+
+void Rendezvous::join(int restart) {
+  const auto deadline = Clock::now() + options_.timeout;
+  std::string error;
+  while (!try_join_once(restart, error)) {
+    check_interrupt();
+    if (Clock::now() >= deadline) {
+      throw LaunchError(fmt::format(
+          "node {} cannot reach the rendezvous store at {} (hosted by node 0's ddprun) within "
+          "{} s. Check that `ddprun --node-rank 0` runs with the same --master-port, that "
+          "--master-addr is node 0's address as seen from this node, and that no firewall "
+          "blocks the port (--rdzv-timeout sets the wait). Last error: {}",
+          options_.node_rank, endpoint(), seconds(options_.timeout), error));
+    }
+    std::this_thread::sleep_for(kPollInterval * 2);
+  }
+}
+
+bool Rendezvous::try_join_once(int restart, std::string& error) {
+  try {
+    auto store = std::make_unique<TcpStore>(TcpStoreOptions{.host = options_.master_addr,
+                                                            .port = port_,
+                                                            .secret = options_.secret,
+                                                            .timeout = kCallTimeout,
+                                                            .connect_timeout = milliseconds(1000)});
+    if (!store->check({"attempt"}) || store->get_string("attempt") != std::to_string(restart)) {
+      error = "node 0 has not opened this attempt's store yet";
+      return false;
+    }
+    run_id_ = store->get_string("run_id");
+    store->set(fmt::format("node/{}", options_.node_rank), node_value());
+    store_ = std::move(store);
+    return true;
+  } catch (const StoreError& e) {
+    if (contains(e.what(), "refused this client")) {
+      std::string why = e.what();
+      while (!why.empty() && why.back() == '.') why.pop_back();
+      throw LaunchError(fmt::format(
+          "{}. Export the same DDP_STORE_SECRET on every node before starting ddprun (node 0 "
+          "prints the one it generated when none was set)",
+          why));
+    }
+    error = e.what();
+    return false;
+  }
+}
+
+void Rendezvous::wait_for_nodes(int restart) {
+  std::vector<std::string> keys;
+  for (int r = 0; r < options_.nnodes; ++r) keys.push_back(fmt::format("node/{}", r));
+  const auto deadline = Clock::now() + options_.timeout;
+  try {
+    while (!store_->check(keys)) {
+      check_interrupt();
+      if (Clock::now() >= deadline) {
+        throw LaunchError(fmt::format(
+            "attempt {}: {} did not join the rendezvous at {} within {} s. Start `ddprun "
+            "--nnodes {} --node-rank R --master-addr {} --master-port {} ...` on each of them, "
+            "with the same DDP_STORE_SECRET (--rdzv-timeout sets the wait)",
+            restart, missing_nodes(), endpoint(), seconds(options_.timeout), options_.nnodes,
+            options_.master_addr, port_));
+      }
+      std::this_thread::sleep_for(kPollInterval);
+    }
+    check_same_local_ranks();
+  } catch (const StoreError& e) {
+    throw LaunchError(
+        fmt::format("lost the rendezvous store at {} while waiting for the other "
+                    "nodes: {}",
+                    endpoint(), e.what()));
+  }
+}
+
+std::string Rendezvous::missing_nodes() {
+  std::vector<int> missing;
+  for (int r = 0; r < options_.nnodes; ++r) {
+    if (!store_->check({fmt::format("node/{}", r)})) missing.push_back(r);
+  }
+  return fmt::format("node{} {}", missing.size() == 1 ? "" : "s", fmt::join(missing, ", "));
+}
+
+void Rendezvous::check_same_local_ranks() {
+  for (int r = 0; r < options_.nnodes; ++r) {
+    const std::string value = store_->get_string(fmt::format("node/{}", r));
+    int ranks = 0;
+    char host[256] = {};
+    std::sscanf(value.c_str(), "%d %255s", &ranks, host);
+    if (ranks == options_.local_ranks) continue;
+    throw LaunchError(
+        fmt::format("node {} ({}) runs {} local ranks but node {} runs {}: ddprun needs the same "
+                    "--nproc-per-node on every node",
+                    r, host, ranks, options_.node_rank, options_.local_ranks));
+  }
+}
+
+void Rendezvous::publish_failure(const GroupFailure& failure) {
+  if (!multi_node() || !store_ || store_lost_) return;
+  const std::string value =
+      fmt::format("{} {} {}", failure.exit_code, options_.node_rank, failure.what);
+  try {
+    store_->compare_set("failed", {}, Bytes(value.begin(), value.end()));
+  } catch (const StoreError&) {
+    store_lost_ = true;  // node 0 is gone: nobody left to tell
+  }
+}
+
+std::optional<GroupFailure> Rendezvous::remote_failure() {
+  if (!multi_node() || !store_) return std::nullopt;
+  if (store_lost_)
+    return GroupFailure{0, 1, fmt::format("lost the rendezvous store at {}", endpoint())};
+  try {
+    if (!store_->check({"failed"})) return std::nullopt;
+    const std::string value = store_->get_string("failed");
+    GroupFailure f;
+    char what[512] = {};
+    if (std::sscanf(value.c_str(), "%d %d %511[^\n]", &f.exit_code, &f.node, what) < 2) {
+      return GroupFailure{0, 1, value};
+    }
+    f.what = what;
+    if (f.node == options_.node_rank) return std::nullopt;  // our own
+    return f;
+  } catch (const StoreError& e) {
+    store_lost_ = true;
+    return GroupFailure{0, 1,
+                        fmt::format("lost the rendezvous store at {} (node 0's ddprun exited or "
+                                    "is unreachable): {}",
+                                    endpoint(), e.what())};
+  }
+}
+
+void Rendezvous::publish_done() {
+  if (!multi_node() || !store_ || store_lost_) return;
+  try {
+    store_->set(fmt::format("done/{}", options_.node_rank), "1");
+  } catch (const StoreError&) {
+    store_lost_ = true;
+  }
+}
+
+bool Rendezvous::all_done() {
+  if (!multi_node() || !store_ || store_lost_) return true;
+  std::vector<std::string> keys;
+  for (int r = 0; r < options_.nnodes; ++r) keys.push_back(fmt::format("done/{}", r));
+  try {
+    return store_->check(keys);
+  } catch (const StoreError&) {
+    store_lost_ = true;
+    return true;
+  }
+}
+
+}  // namespace ddp::launcher

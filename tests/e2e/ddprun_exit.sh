@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Exit codes and the failure summary: a rank that exits 3, one that dies of
+# SIGSEGV, one that ignores SIGTERM (SIGKILL after --grace-period); the others
+# are stopped at once and nothing is left behind.
+# usage: ddprun_exit.sh DDPRUN PROBE
+. "$(dirname "$0")/lib_ddprun.sh"
+grace=2
+
+"$DDPRUN" --standalone -n 3 "$PROBE" >"$WORK/ok.log" 2>&1 || fail "all ranks succeeded, yet exit $?"
+
+start=$(now)
+"$DDPRUN" --standalone -n 3 --grace-period $grace "$PROBE" --exit-code 3 --on-rank 1 --sleep 60 \
+  --stderr-lines 12 --marker "$MARKER" >"$WORK/exit3.log" 2>&1
+status=$? took=$(elapsed_since "$start")
+[ $status -eq 3 ] || fail "rank 1 exited 3, ddprun exited $status"
+at_most "$took" $((grace + 1)) || fail "took $took s to stop the group"
+no_process_left 1
+grep -qE '^ddprun:   rank 1 +pid [0-9]+ +exit code 3 .*<- first failure' "$WORK/exit3.log" ||
+  fail "the summary does not name rank 1 with exit code 3"
+grep -qE '^ddprun:   rank 0 +pid [0-9]+ +killed by SIGTERM' "$WORK/exit3.log" ||
+  fail "the summary does not show rank 0 stopped by SIGTERM"
+grep -q "^ddprun: last 10 lines of rank 1's stderr:" "$WORK/exit3.log" || fail "no stderr tail"
+grep -q '^ddprun:   | err line 3$' "$WORK/exit3.log" && fail "the tail holds more than 10 lines"
+grep -q '^ddprun:   | rank_probe: rank 1 failing on purpose$' "$WORK/exit3.log" || fail "tail lacks the last line"
+
+"$DDPRUN" --standalone -n 2 --grace-period $grace "$PROBE" --signal SEGV --on-rank 0 --sleep 60 \
+  --marker "$MARKER" >"$WORK/segv.log" 2>&1
+status=$?
+[ $status -eq 139 ] || fail "rank 0 died of SIGSEGV, ddprun exited $status (expected 128+11)"
+grep -qE '^ddprun:   rank 0 +pid [0-9]+ +killed by SIGSEGV' "$WORK/segv.log" || fail "summary lacks SIGSEGV"
+no_process_left 1
+
+# Ranks that ignore SIGTERM: SIGKILL after the grace period, not before. Rank 2
+# fails after 1 s, once the others surely ignore SIGTERM.
+"$DDPRUN" --standalone -n 3 --grace-period $grace "$PROBE" --exit-code 4 --on-rank 2 --sleep 60 \
+  --fail-after 1 --ignore-sigterm --marker "$MARKER" >"$WORK/stubborn.log" 2>&1 &
+agent=$!
+wait_for_lines "$WORK/stubborn.log" '^\[rank [0-9]\] pid=' 3
+wait_for_lines "$WORK/stubborn.log" '^ddprun: rank 2 .*failed' 1
+start=$(now)
+wait $agent
+status=$? took=$(elapsed_since "$start")
+[ $status -eq 4 ] || fail "rank 2 exited 4, ddprun exited $status"
+at_most $((grace - 1)) "$took" || fail "SIGKILL came after $took s, before the grace period"
+at_most "$took" $((grace + 1)) || fail "took $took s, more than grace + 1"
+grep -qE '^ddprun:   rank 0 +pid [0-9]+ +killed by SIGKILL' "$WORK/stubborn.log" || fail "no SIGKILL in summary"
+no_process_left 1
+echo "ddprun_exit: ok"

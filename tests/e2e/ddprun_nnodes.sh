@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# --nnodes 2 on one machine: two agents (node 0 hosts the store, node 1 joins)
+# give ranks 0..3 one world, one run id, a working all_reduce (gloo); a failure
+# on node 1 stops node 0 too.
+# usage: ddprun_nnodes.sh DDPRUN PROBE
+. "$(dirname "$0")/lib_ddprun.sh"
+export DDP_STORE_SECRET="e2e-$RANDOM$RANDOM"
+port=$(free_port)
+common=(--nnodes 2 -n 2 --master-port "$port" --grace-period 2 --rdzv-timeout 20)
+"$DDPRUN" "${common[@]}" --node-rank 1 "$PROBE" --allreduce --marker "$MARKER" >"$WORK/node1.log" 2>&1 &
+node1=$!
+"$DDPRUN" "${common[@]}" --node-rank 0 "$PROBE" --allreduce --marker "$MARKER" >"$WORK/node0.log" 2>&1 &
+node0=$!
+wait $node0 || fail "node 0 exited $?"
+wait $node1 || fail "node 1 exited $?"
+run_id=$(sed -n 's/^\[rank 0\] DDPRUN_RUN_ID=//p' "$WORK/node0.log")
+[ -n "$run_id" ] || fail "no run id"
+for r in 0 1 2 3; do
+  node=$((r / 2)) log="$WORK/node$((r / 2)).log"
+  for kv in "RANK=$r" "LOCAL_RANK=$((r % 2))" "WORLD_SIZE=4" "LOCAL_WORLD_SIZE=2" "GROUP_RANK=$node" \
+            "MASTER_PORT=$port" "DDPRUN_RUN_ID=$run_id" "DDP_STORE_SECRET=$DDP_STORE_SECRET"; do
+    grep -qxF "[rank $r] $kv" "$log" || fail "rank $r (node $node) lacks $kv"
+  done
+  grep -qE "^\[rank $r\] allreduce=10 backend=" "$log" || fail "rank $r: all_reduce across nodes failed"
+done
+
+# Rank 3 (node 1) fails: both agents stop, and both report its exit code.
+port=$(free_port)
+common=(--nnodes 2 -n 2 --master-port "$port" --grace-period 2 --rdzv-timeout 20)
+"$DDPRUN" "${common[@]}" --node-rank 1 "$PROBE" --exit-code 9 --on-rank 3 --sleep 60 \
+  --marker "$MARKER" >"$WORK/fail1.log" 2>&1 &
+node1=$!
+"$DDPRUN" "${common[@]}" --node-rank 0 "$PROBE" --exit-code 9 --on-rank 3 --sleep 60 \
+  --marker "$MARKER" >"$WORK/fail0.log" 2>&1 &
+node0=$!
+wait $node0; s0=$?
+wait $node1; s1=$?
+[ $s0 -eq 9 ] && [ $s1 -eq 9 ] || fail "rank 3 exited 9; node 0 exited $s0, node 1 exited $s1"
+grep -q "the group failed elsewhere: rank 3 .*exit code 9.* on node 1" "$WORK/fail0.log" ||
+  fail "node 0 does not say that rank 3 on node 1 failed"
+no_process_left 1
+echo "ddprun_nnodes: ok"

@@ -1,0 +1,233 @@
+// ddprun's pure parts: option parsing, the rank count, the rank environment
+// and the program lookup. The processes themselves: tests/e2e/ddprun_*.sh.
+#include "launcher/options.h"
+#include "launcher/program_path.h"
+#include "launcher/rank_env.h"
+#include "runtime/error.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+namespace ddp::launcher {
+namespace {
+
+ParseResult parse(std::vector<const char*> args) {
+  args.insert(args.begin(), "ddprun");
+  return parse_ddprun_args(static_cast<int>(args.size()), args.data());
+}
+
+std::string parse_error(std::vector<const char*> args) {
+  try {
+    parse(std::move(args));
+  } catch (const ValueError& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST(DdprunOptions, DefaultsMatchTorchrun) {
+  const LaunchOptions o = parse({"train"}).options;
+  EXPECT_EQ(o.nproc_per_node, "1");
+  EXPECT_EQ(o.nnodes, 1);
+  EXPECT_EQ(o.node_rank, 0);
+  EXPECT_EQ(o.master_addr, "127.0.0.1");
+  EXPECT_EQ(o.master_port, 29500);
+  EXPECT_EQ(o.max_restarts, 0);
+  EXPECT_DOUBLE_EQ(o.grace_period_s, 10);
+  EXPECT_DOUBLE_EQ(o.rdzv_timeout_s, 300);
+  EXPECT_TRUE(o.prefix);
+  EXPECT_EQ(o.program, "train");
+  EXPECT_TRUE(o.program_args.empty());
+}
+
+TEST(DdprunOptions, EverySpelling) {
+  const LaunchOptions o = parse({"-n4",
+                                 "--nnodes=2",
+                                 "--node_rank",
+                                 "1",
+                                 "--master-addr",
+                                 "10.0.0.1",
+                                 "--master_port=1234",
+                                 "--backend",
+                                 "gloo",
+                                 "--max-restarts",
+                                 "3",
+                                 "--log-dir",
+                                 "logs",
+                                 "--tee",
+                                 "--quiet",
+                                 "--grace-period",
+                                 "2.5",
+                                 "--rdzv_timeout",
+                                 "7",
+                                 "--no-prefix",
+                                 "train",
+                                 "--epochs",
+                                 "3"})
+                              .options;
+  EXPECT_EQ(o.nproc_per_node, "4");
+  EXPECT_EQ(o.nnodes, 2);
+  EXPECT_EQ(o.node_rank, 1);
+  EXPECT_EQ(o.master_addr, "10.0.0.1");
+  EXPECT_EQ(o.master_port, 1234);
+  EXPECT_EQ(o.backend, "gloo");
+  EXPECT_EQ(o.max_restarts, 3);
+  EXPECT_EQ(o.log_dir, "logs");
+  EXPECT_TRUE(o.tee);
+  EXPECT_TRUE(o.quiet);
+  EXPECT_DOUBLE_EQ(o.grace_period_s, 2.5);
+  EXPECT_DOUBLE_EQ(o.rdzv_timeout_s, 7);
+  EXPECT_FALSE(o.prefix);
+  EXPECT_EQ(o.program, "train");
+  EXPECT_EQ(o.program_args, (std::vector<std::string>{"--epochs", "3"}));
+}
+
+TEST(DdprunOptions, OptionsEndAtProgramOrDoubleDash) {
+  LaunchOptions o = parse({"--nproc_per_node", "gpu", "prog", "-n", "2", "--help"}).options;
+  EXPECT_EQ(o.nproc_per_node, "gpu");
+  EXPECT_EQ(o.program, "prog");
+  EXPECT_EQ(o.program_args, (std::vector<std::string>{"-n", "2", "--help"}));
+  o = parse({"--standalone", "--", "--weird-name", "x"}).options;
+  EXPECT_TRUE(o.standalone);
+  EXPECT_EQ(o.program, "--weird-name");
+  EXPECT_EQ(o.program_args, (std::vector<std::string>{"x"}));
+}
+
+TEST(DdprunOptions, RdzvEndpointSetsAddressAndPort) {
+  const LaunchOptions o = parse({"--rdzv-endpoint=node0:29400", "train"}).options;
+  EXPECT_EQ(o.master_addr, "node0");
+  EXPECT_EQ(o.master_port, 29400);
+}
+
+TEST(DdprunOptions, HelpAndVersion) {
+  EXPECT_EQ(parse({"-h"}).action, ParseAction::help);
+  EXPECT_EQ(parse({"-n", "2", "--help", "train"}).action, ParseAction::help);
+  EXPECT_EQ(parse({"--version"}).action, ParseAction::version);
+}
+
+TEST(DdprunOptions, UsageDocumentsEveryFlag) {
+  for (const char* flag :
+       {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
+        "--rdzv-endpoint", "--standalone", "--backend", "--max-restarts", "--log-dir", "--tee",
+        "--quiet", "--grace-period", "--rdzv-timeout", "--no-prefix", "--version", "--help"}) {
+    EXPECT_NE(std::string(kDdprunUsage).find(flag), std::string::npos) << flag;
+  }
+}
+
+TEST(DdprunOptions, ErrorsSayWhatIsValid) {
+  EXPECT_EQ(parse_error({"--bogus", "train"}), "unknown option '--bogus'");
+  EXPECT_NE(parse_error({"--rdzv_backend", "c10d", "train"}).find("torchrun option"),
+            std::string::npos);
+  EXPECT_EQ(parse_error({"--nnodes"}), "--nnodes needs a value");
+  EXPECT_EQ(parse_error({"-n", "four", "train"}),
+            "--nproc-per-node 'four': expected a whole number");
+  EXPECT_NE(parse_error({"-n", "0", "train"}).find("at least 1"), std::string::npos);
+  EXPECT_NE(parse_error({"--nnodes", "2", "--node-rank", "2", "train"}).find("0..1"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"--master-port", "70000", "train"}).find("1..65535"), std::string::npos);
+  EXPECT_NE(parse_error({"--grace-period", "soon", "train"}).find("seconds"), std::string::npos);
+  EXPECT_NE(parse_error({"--backend", "tcp", "train"}).find("auto, local, shm, gloo, mpi, nccl"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"--tee", "train"}).find("--log-dir"), std::string::npos);
+  EXPECT_NE(parse_error({"--standalone", "--nnodes", "2", "train"}).find("one node"),
+            std::string::npos);
+  EXPECT_EQ(parse_error({"--quiet=yes", "train"}), "--quiet takes no value");
+  EXPECT_NE(parse_error({"-n", "2"}).find("missing PROGRAM"), std::string::npos);
+}
+
+TEST(DdprunOptions, ResolveNproc) {
+  EXPECT_EQ(resolve_nproc("3", 0), 3);
+  EXPECT_EQ(resolve_nproc("gpu", 8), 8);
+  EXPECT_EQ(resolve_nproc("auto", 2), 2);
+  EXPECT_EQ(resolve_nproc("auto", 0), 1);
+  try {
+    resolve_nproc("gpu", 0, "no CUDA driver");
+    FAIL() << "gpu without GPUs must throw";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("no GPU is visible: no CUDA driver"), std::string::npos);
+  }
+}
+
+TEST(DdprunOptions, ThreadsPerRank) {
+  EXPECT_EQ(threads_per_rank(16, 4), 4);
+  EXPECT_EQ(threads_per_rank(2, 4), 1);
+  EXPECT_EQ(threads_per_rank(7, 2), 3);
+  EXPECT_EQ(threads_per_rank(1, 1), 1);
+}
+
+bool has(const std::vector<std::string>& env, const std::string& entry) {
+  return std::find(env.begin(), env.end(), entry) != env.end();
+}
+
+TEST(DdprunRankEnv, ContractReplacesInheritedThreadsOnlyWhenUnset) {
+  const std::vector<std::string> base = {"PATH=/bin", "RANK=9", "OMP_NUM_THREADS=7"};
+  const auto env = rank_environment(base, {.rank = 5,
+                                           .local_rank = 1,
+                                           .world_size = 8,
+                                           .local_world_size = 4,
+                                           .group_rank = 1,
+                                           .master_addr = "10.0.0.1",
+                                           .master_port = 1234,
+                                           .restart_count = 2,
+                                           .run_id = "abc",
+                                           .store_secret = "s3",
+                                           .backend = "gloo",
+                                           .threads = 3});
+  for (const char* e :
+       {"PATH=/bin", "RANK=5", "LOCAL_RANK=1", "WORLD_SIZE=8", "LOCAL_WORLD_SIZE=4", "GROUP_RANK=1",
+        "MASTER_ADDR=10.0.0.1", "MASTER_PORT=1234", "DDPRUN_RESTART_COUNT=2", "DDPRUN_RUN_ID=abc",
+        "DDPRUN_STORE=agent", "DDP_STORE_SECRET=s3", "DDP_BACKEND=gloo", "OMP_NUM_THREADS=7",
+        "OPENBLAS_NUM_THREADS=3"}) {
+    EXPECT_TRUE(has(env, e)) << e;
+  }
+  EXPECT_FALSE(has(env, "RANK=9"));
+  EXPECT_EQ(std::count_if(env.begin(), env.end(),
+                          [](const std::string& e) { return e.starts_with("OMP_NUM_THREADS="); }),
+            1);
+}
+
+class DdprunProgramLookup : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("ddprun_lookup_" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir_ / "self");
+    std::filesystem::create_directories(dir_ / "path");
+    make_file(dir_ / "self" / "train", 0755);
+    make_file(dir_ / "path" / "train", 0755);
+    make_file(dir_ / "path" / "tool", 0755);
+    make_file(dir_ / "path" / "data", 0644);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  static void make_file(const std::filesystem::path& p, mode_t mode) {
+    std::ofstream(p) << "#!/bin/sh\n";
+    ::chmod(p.c_str(), mode);
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(DdprunProgramLookup, NextToDdprunThenPath) {
+  const std::string self = (dir_ / "self").string(),
+                    path = "/nonexistent:" + (dir_ / "path").string();
+  EXPECT_EQ(find_program("train", self, path).path, self + "/train");
+  EXPECT_EQ(find_program("tool", self, path).path, (dir_ / "path" / "tool").string());
+  const auto missing = find_program("nosuch", self, path);
+  EXPECT_TRUE(missing.path.empty());
+  EXPECT_EQ(missing.exit_code, 127);
+  EXPECT_NE(missing.error.find("not found"), std::string::npos);
+  EXPECT_EQ(find_program("data", self, path).exit_code, 127);  // not executable: skipped on PATH
+}
+
+TEST_F(DdprunProgramLookup, PathsAreTakenAsIs) {
+  const std::string tool = (dir_ / "path" / "tool").string();
+  EXPECT_EQ(find_program(tool, "", "").path, tool);
+  EXPECT_EQ(find_program((dir_ / "path" / "data").string(), "", "").exit_code, 126);
+  EXPECT_EQ(find_program((dir_ / "nosuch").string(), "", "").exit_code, 127);
+}
+
+}  // namespace
+}  // namespace ddp::launcher
