@@ -12,6 +12,7 @@
 #include <charconv>
 #include <exception>
 #include <iostream>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -50,6 +51,24 @@ constexpr std::array kSubcommands = {
                "float64 reference on sampled entries is reported too.\n"
                "Defaults: 2 warmups + 25 repeats, each repeat at least 5 ms of back-to-back calls.",
                run_gemm_bench},
+    Subcommand{
+        "allreduce", "all_reduce latency and bandwidth over ranks (nccl-tests columns)",
+        "Run it under a launcher: `ddprun -n 4 bench allreduce`, or\n"
+        "`mpirun -np 4 bench allreduce` (alone it is one rank). For each size from\n"
+        "--min-bytes to --max-bytes (doubling): all_reduce(sum) of a tensor, timed\n"
+        "over --iters iterations after --warmup ones (the slowest rank's time), with\n"
+        "algbw = bytes / time and busbw = algbw * 2 (n - 1) / n as nccl-tests defines\n"
+        "them, then a correctness check (rank r contributes r + 1: every element must\n"
+        "be n (n + 1) / 2). Rank 0 prints one row per size.\n"
+        "  --min-bytes N   smallest size (default 4)\n"
+        "  --max-bytes N   largest size (default 268435456 = 256 MiB)\n"
+        "  --iters N       timed iterations per size (default: about 0.2 s per size,\n"
+        "                  5 to 1000)\n"
+        "  --dtype D       f32, bf16, f16, i32, i64 (default f32)\n"
+        "  --backend B     auto, local, shm, gloo, mpi, nccl (default: DDP_BACKEND or auto)\n"
+        "JSON rows: bytes, count, dtype, time_us, algbw_gbps, busbw_gbps, check, backend,\n"
+        "world_size.",
+        run_allreduce_bench, "--min-bytes --max-bytes --iters --dtype --backend"},
 };
 
 constexpr std::string_view kFlagsHelp =
@@ -106,7 +125,21 @@ struct Command {
   bool json = false;
   std::optional<std::string> device;
   std::optional<int> repeats, warmup;
+  std::map<std::string, std::string, std::less<>> extra;
 };
+
+// True when `flag` is one of the subcommand's own flags.
+bool is_sub_flag(const Subcommand* sub, std::string_view flag) {
+  if (sub == nullptr) return false;
+  std::string_view list = sub->flags;
+  while (!list.empty()) {
+    const size_t space = list.find(' ');
+    if (list.substr(0, space) == flag) return true;
+    if (space == std::string_view::npos) break;
+    list.remove_prefix(space + 1);
+  }
+  return false;
+}
 
 Command parse_args(const std::vector<std::string_view>& args) {
   Command cmd;
@@ -145,11 +178,14 @@ Command parse_args(const std::vector<std::string_view>& args) {
       cmd.repeats = parse_count(flag, value(), 1);
     } else if (flag == "--warmup") {
       cmd.warmup = parse_count(flag, value(), 0);
+    } else if (is_sub_flag(cmd.sub, flag)) {
+      cmd.extra[std::string(flag)] = std::string(value());
     } else {
       throw UsageError{
           fmt::format("unknown flag '{}'; valid flags: --device, --repeats, --warmup, "
-                      "--json, --help",
-                      flag)};
+                      "--json, --help{}{}",
+                      flag, cmd.sub != nullptr && !cmd.sub->flags.empty() ? ", " : "",
+                      cmd.sub != nullptr ? cmd.sub->flags : "")};
     }
   }
   return cmd;
@@ -181,7 +217,8 @@ int run(const std::vector<std::string_view>& args) {
     BenchOptions options{.device = resolve_device(cmd.device),
                          .json = cmd.json,
                          .repeats = cmd.repeats,
-                         .warmup = cmd.warmup};
+                         .warmup = cmd.warmup,
+                         .extra = cmd.extra};
     const Reporter reporter(std::string(cmd.sub->name), options.json);
     return cmd.sub->run(options, reporter);
   } catch (const UsageError& e) {

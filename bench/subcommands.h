@@ -10,7 +10,9 @@
 #include "bench/timing.h"
 #include "runtime/device.h"
 
+#include <map>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace ddp::bench {
@@ -20,6 +22,13 @@ struct BenchOptions {
   bool json = false;
   std::optional<int> repeats;  // --repeats: overrides every measurement's default
   std::optional<int> warmup;   // --warmup
+  // Flags of one subcommand (Subcommand::flags), by name ("--min-bytes" -> "4").
+  std::map<std::string, std::string, std::less<>> extra;
+
+  std::string flag(std::string_view name, std::string_view fallback) const {
+    auto it = extra.find(name);
+    return it == extra.end() ? std::string(fallback) : it->second;
+  }
 
   // A measurement's defaults with the user's --repeats/--warmup applied.
   TimingOptions timing(int default_warmup, int default_repeats, double min_sample_ms = 0.0) const {
@@ -38,9 +47,11 @@ struct Subcommand {
   std::string_view summary;  // one line, for `bench --help`
   std::string_view help;     // what it measures and its defaults, for `bench <name> --help`
   SubcommandFn run;
+  std::string_view flags = "";  // its own value flags, space separated ("--min-bytes --iters")
 };
 
 int run_device_bench(const BenchOptions& options, const Reporter& reporter);
 int run_gemm_bench(const BenchOptions& options, const Reporter& reporter);
+int run_allreduce_bench(const BenchOptions& options, const Reporter& reporter);
 
 }  // namespace ddp::bench
