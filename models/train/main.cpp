@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   }
   try {
     const auto result = ddp::train::run_training(*options, std::cout);
+    if (result.rank != 0) return 0;  // rank 0 reports for the group
     if (result.epochs.empty()) {
       std::cout << "nothing to do: the checkpoint already covers " << options->epochs
                 << " epochs\n";

@@ -1,5 +1,7 @@
 #include "models/train/trainer.h"
 
+#include "collectives/bootstrap.h"
+#include "collectives/ddp/distributed_data_parallel.h"
 #include "models/train/checkpoint.h"
 #include "runtime/autograd/functions.h"
 #include "runtime/data/loader.h"
@@ -61,7 +63,8 @@ optim::LrSchedule make_schedule(const TrainOptions& o, int64_t steps_per_epoch) 
   return s;
 }
 
-double evaluate(nn::Module& model, DataLoader& loader) {
+// comm (world size > 1): every rank evaluates its shard; correct and total are summed.
+double evaluate(nn::Module& model, DataLoader& loader, Communicator* comm) {
   NoGradGuard no_grad;
   model.eval();
   loader.start_epoch(0);
@@ -74,6 +77,13 @@ double evaluate(nn::Module& model, DataLoader& loader) {
     total += static_cast<int64_t>(labels.size());
   }
   model.train();
+  if (comm != nullptr) {
+    Tensor counts = from_vector<int64_t>({correct, total}, {2});
+    comm->all_reduce(counts)->wait();
+    const auto summed = counts.to_vector<int64_t>();
+    correct = summed[0];
+    total = summed[1];
+  }
   return total == 0 ? 0.0 : static_cast<double>(correct) / static_cast<double>(total);
 }
 
@@ -106,14 +116,15 @@ class Progress {
   bool bar_;
 };
 
-void write_metrics(const std::string& path, const EpochMetrics& m) {
+void write_metrics(const std::string& path, const EpochMetrics& m, int world_size) {
   if (path.empty()) return;
   std::ofstream f(path, std::ios::app);
   DDP_CHECK(f.good(), "--metrics {}: cannot open for appending", path);
   f << fmt::format(
       "{{\"epoch\": {}, \"train_loss\": {:.6f}, \"test_acc\": {:.6f}, \"samples_per_s\": {:.1f}, "
-      "\"step_ms\": {:.4f}, \"time_s\": {:.3f}, \"lr\": {}, \"steps\": {}, \"world_size\": 1}}\n",
-      m.epoch, m.train_loss, m.test_acc, m.samples_per_s, m.step_ms, m.time_s, m.lr, m.steps);
+      "\"step_ms\": {:.4f}, \"time_s\": {:.3f}, \"lr\": {}, \"steps\": {}, \"world_size\": {}}}\n",
+      m.epoch, m.train_loss, m.test_acc, m.samples_per_s, m.step_ms, m.time_s, m.lr, m.steps,
+      world_size);
 }
 
 struct Run {
@@ -125,6 +136,11 @@ struct Run {
   std::unique_ptr<optim::Optimizer> optimizer;
   optim::LrSchedule schedule;
   int64_t first_epoch = 0;
+  // World size > 1 only (launched by ddprun, mpirun, srun): the process group and
+  // the model wrapped in DistributedDataParallel.
+  ProcessGroup* pg = nullptr;
+  std::unique_ptr<DistributedDataParallel> ddp;
+  int world_size = 1;
 };
 
 EpochMetrics train_epoch(Run& r, DataLoader& loader, DataLoader& test_loader, int64_t epoch) {
@@ -138,8 +154,13 @@ EpochMetrics train_epoch(Run& r, DataLoader& loader, DataLoader& test_loader, in
   int64_t step = 0, samples = 0;
   while (step < steps && loader.next(batch)) {
     r.optimizer->zero_grad(/*set_to_none=*/true);  // backward then hands .grad its fresh tensors
-    Tensor loss = functional::cross_entropy((*r.model)(batch.inputs), batch.labels);
-    backward(loss);
+    const Tensor logits = r.ddp ? r.ddp->forward(batch.inputs) : (*r.model)(batch.inputs);
+    Tensor loss = functional::cross_entropy(logits, batch.labels);
+    if (r.ddp) {
+      r.ddp->backward(loss);  // gradients averaged over ranks
+    } else {
+      backward(loss);
+    }
     r.optimizer->set_lr(r.schedule.lr_at(r.optimizer->steps()));
     r.optimizer->step();
     {
@@ -147,7 +168,7 @@ EpochMetrics train_epoch(Run& r, DataLoader& loader, DataLoader& test_loader, in
       axpy_(1.0f, loss, loss_sum);
     }
     ++step;
-    samples += batch.labels.size(0);
+    samples += batch.labels.size(0) * r.world_size;  // global samples
     if (r.o.log_every > 0 ? step % r.o.log_every == 0 : step % 10 == 0 || step == steps) {
       progress.step(epoch + 1, r.o.epochs, step, steps, loss.item<float>(),
                     static_cast<double>(samples) / seconds_since(start));
@@ -162,7 +183,7 @@ EpochMetrics train_epoch(Run& r, DataLoader& loader, DataLoader& test_loader, in
   m.train_loss = step == 0 ? 0.0 : loss_sum.item<float>() / static_cast<double>(step);
   m.samples_per_s = static_cast<double>(samples) / train_s;
   m.step_ms = step == 0 ? 0.0 : 1e3 * train_s / static_cast<double>(step);
-  m.test_acc = evaluate(*r.model, test_loader);
+  m.test_acc = evaluate(*r.model, test_loader, r.pg ? r.pg->comm.get() : nullptr);
   m.time_s = seconds_since(start);
   return m;
 }
@@ -176,9 +197,41 @@ Device resolve_device(const std::string& text) {
   return d;
 }
 
-TrainResult run_training(const TrainOptions& o, std::ostream& out) {
+namespace {
+
+// Metrics, checkpoint and the epoch line (each only where the options ask for it).
+void report_epoch(const Run& r, const EpochMetrics& m) {
+  const TrainOptions& o = r.o;
+  write_metrics(o.metrics, m, r.world_size);
+  if (!o.save.empty()) {
+    save_checkpoint(
+        o.save, *r.model, *r.optimizer,
+        {models::describe(r.config), r.optimizer->name(), m.epoch, r.optimizer->steps(), o.seed});
+  }
+  if (!o.quiet) {
+    r.out << fmt::format(
+                 "epoch {}/{}: train_loss {:.4f} test_acc {:.4f} {:.0f} samples/s {:.3f} ms/step "
+                 "{:.1f} s\n",
+                 m.epoch, o.epochs, m.train_loss, m.test_acc, m.samples_per_s, m.step_ms, m.time_s)
+          << std::flush;
+  }
+}
+
+// pg: null for a single process.
+TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* pg) {
   const auto start = Clock::now();
-  Run r{o, out, resolve_device(o.device), o.model, nullptr, nullptr, {}, 0};
+  Run r{o,
+        out,
+        pg ? pg->device : resolve_device(o.device),
+        o.model,
+        nullptr,
+        nullptr,
+        {},
+        0,
+        pg,
+        nullptr,
+        pg ? pg->env.world_size : 1};
+  const int rank = pg ? pg->env.rank : 0;
   const Data data = load_data(o);
   const auto& in = data.train.inputs.shape();
   r.config.in_channels = in.size() == 4 ? in[1] : 1;
@@ -189,10 +242,12 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
   r.model = models::make_model(r.config, gen);
   r.model->to(r.device);
   r.optimizer = make_optimizer(o, *r.model);
-  DataLoader loader(data.train, {.batch_size = o.batch_size, .device = r.device},
-                    DistributedSampler(data.train.size(), 0, 1, {.shuffle = true, .seed = o.seed}));
-  DataLoader test_loader(data.test, {.batch_size = 1000, .device = r.device},
-                         DistributedSampler(data.test.size(), 0, 1, {.shuffle = false}));
+  DataLoader loader(
+      data.train, {.batch_size = o.batch_size, .device = r.device},
+      DistributedSampler(data.train.size(), rank, r.world_size, {.shuffle = true, .seed = o.seed}));
+  DataLoader test_loader(
+      data.test, {.batch_size = 1000, .device = r.device},
+      DistributedSampler(data.test.size(), rank, r.world_size, {.shuffle = false}));
   r.schedule = make_schedule(o, loader.num_batches());
   if (!o.resume.empty()) {
     const CheckpointInfo info =
@@ -202,7 +257,9 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
       out << fmt::format("resumed from {} after epoch {} (step {})\n", o.resume, info.epoch,
                          info.step);
   }
-  TrainResult result{{}, r.device, r.model->num_parameters(), 0};
+  // After a resume, so every rank starts from the same (rank 0's) values.
+  if (pg != nullptr) r.ddp = std::make_unique<DistributedDataParallel>(r.model, pg->comm);
+  TrainResult result{{}, r.device, r.model->num_parameters(), 0, rank};
   if (!o.quiet) {
     out << fmt::format(
                "train: {} ({} parameters) on {}, {} ({} train / {} test), batch {}, {} lr {}\n",
@@ -211,24 +268,32 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
         << std::flush;
   }
   for (int64_t epoch = r.first_epoch; epoch < o.epochs; ++epoch) {
-    const EpochMetrics m = train_epoch(r, loader, test_loader, epoch);
-    result.epochs.push_back(m);
-    write_metrics(o.metrics, m);
-    if (!o.save.empty()) {
-      save_checkpoint(
-          o.save, *r.model, *r.optimizer,
-          {models::describe(r.config), r.optimizer->name(), m.epoch, r.optimizer->steps(), o.seed});
-    }
-    if (!o.quiet) {
-      out << fmt::format(
-                 "epoch {}/{}: train_loss {:.4f} test_acc {:.4f} {:.0f} samples/s {:.3f} ms/step "
-                 "{:.1f} s\n",
-                 m.epoch, o.epochs, m.train_loss, m.test_acc, m.samples_per_s, m.step_ms, m.time_s)
-          << std::flush;
-    }
+    result.epochs.push_back(train_epoch(r, loader, test_loader, epoch));
+    report_epoch(r, result.epochs.back());
   }
   result.total_s = seconds_since(start);
   return result;
+}
+
+}  // namespace
+
+// Note [distributed train]: with WORLD_SIZE > 1 (ddprun, mpirun, srun) every rank
+// trains on its DistributedSampler shard with the model in DistributedDataParallel;
+// rank 0 alone prints, writes metrics and saves; samples_per_s counts all ranks and
+// test accuracy sums every rank's shard (the sampler pads the test set to a multiple
+// of the world size, so up to world_size - 1 samples count twice).
+TrainResult run_training(const TrainOptions& o, std::ostream& out) {
+  if (read_launch_env().world_size <= 1) return run_on_rank(o, out, nullptr);
+  ProcessGroupOptions pg_options;
+  pg_options.device = o.device == "auto" ? "" : o.device;
+  ProcessGroup pg = init_process_group(pg_options);
+  TrainOptions mine = o;
+  if (pg.env.rank != 0) {
+    mine.quiet = true;
+    mine.save.clear();
+    mine.metrics.clear();
+  }
+  return run_on_rank(mine, out, &pg);
 }
 
 }  // namespace ddp::train

@@ -26,6 +26,7 @@ struct TrainResult {
   Device device;
   int64_t num_parameters = 0;
   double total_s = 0;
+  int rank = 0;  // under a launcher with WORLD_SIZE > 1; only rank 0 reports
 };
 
 // Resolves --device: "auto" is default_device(); others are parsed and checked.

@@ -101,8 +101,9 @@ TEST(ShmCommunicator, RankThatNeverAttachesIsNamed) {
           require(text.find("rank 2 did not attach") != std::string::npos &&
                       text.find(shm::segment_name(spawn.run_id)) != std::string::npos,
                   "unexpected message: " + text);
-          // Stay a while: rank 1 must time out too, not see this rank exit first.
-          if (rank == 0) std::this_thread::sleep_for(500ms);
+          // Stay a while: the other waiting rank must time out too, not see this one exit
+          // first (either of ranks 0 and 1 may reach its deadline first).
+          std::this_thread::sleep_for(500ms);
           return 0;
         }
         throw std::runtime_error("the group formed without rank 2");

@@ -1,0 +1,154 @@
+#include "collectives/ddp/distributed_data_parallel.h"
+
+#include "collectives/ddp/reducer.h"
+#include "runtime/autograd/autograd.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace ddp {
+namespace {
+
+// Note [model fingerprint]: every parameter, then every buffer, is described by
+// kRecord integers: kind (0 parameter, 1 buffer), dtype, rank of the shape and
+// up to kMaxDims sizes (further dims folded into the last). Ranks all_gather
+// these records, so each rank can name the first difference and the ranks.
+constexpr int64_t kRecord = 8;
+constexpr int64_t kMaxDims = kRecord - 3;
+
+void append_record(std::vector<int64_t>& out, int64_t kind, const Tensor& t) {
+  out.push_back(kind);
+  out.push_back(static_cast<int64_t>(t.dtype()));
+  out.push_back(t.dim());
+  for (int64_t d = 0; d < kMaxDims; ++d) {
+    int64_t size = d < t.dim() ? t.shape()[static_cast<size_t>(d)] : 0;
+    for (int64_t e = kMaxDims; d == kMaxDims - 1 && e < t.dim(); ++e) {
+      size *= t.shape()[static_cast<size_t>(e)];
+    }
+    out.push_back(size);
+  }
+}
+
+std::string describe_record(const int64_t* r, int64_t index, int64_t num_params) {
+  if (r[0] < 0) return "absent";
+  std::vector<int64_t> dims(r + 3, r + 3 + std::min(r[2], kMaxDims));
+  const char* kind = r[0] == 0 ? "parameter" : "buffer";
+  const int64_t n = r[0] == 0 ? index : index - num_params;
+  return fmt::format("{} {} of dtype {} and shape {}", kind, n,
+                     dtype_name(static_cast<DType>(r[1])), shape_str(dims));
+}
+
+std::vector<int64_t> gather(Communicator& comm, const std::vector<int64_t>& local) {
+  const auto n = static_cast<int64_t>(local.size());
+  Tensor input = from_vector<int64_t>(local, {n});
+  Tensor output = empty({n * comm.size()}, {.dtype = DType::i64});
+  comm.all_gather(input, output)->wait();
+  return output.to_vector<int64_t>();
+}
+
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module,
+                                                 std::shared_ptr<Communicator> comm,
+                                                 DdpOptions options)
+    : module_(std::move(module)), comm_(std::move(comm)), options_(options) {
+  DDP_CHECK(module_ != nullptr && comm_ != nullptr,
+            "DistributedDataParallel needs a module and a communicator");
+  verify_same_model();
+  std::vector<Tensor> state;
+  for (auto& [name, t] : module_->named_parameters()) state.push_back(t);
+  for (auto& [name, t] : module_->named_buffers()) state.push_back(t);
+  broadcast_from_rank0(state);
+
+  // Reverse registration order (Note [bucket order]).
+  std::vector<Tensor> params;
+  std::vector<std::string> names;
+  const nn::NamedTensors named = module_->named_parameters();
+  for (auto it = named.rbegin(); it != named.rend(); ++it) {
+    if (!requires_grad(it->second)) continue;
+    names.push_back(it->first);
+    params.push_back(it->second);
+  }
+  constexpr double kMiB = 1024.0 * 1024.0;
+  const BucketCaps caps{.first_bucket_bytes = static_cast<size_t>(options_.first_bucket_mb * kMiB),
+                        .bucket_bytes = static_cast<size_t>(options_.bucket_cap_mb * kMiB)};
+  reducer_ = std::make_shared<Reducer>(std::move(params), std::move(names), comm_, caps,
+                                       options_.find_unused_parameters);
+  reducer_->install_hooks();
+}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+
+void DistributedDataParallel::verify_same_model() {
+  std::vector<int64_t> records;
+  const nn::NamedTensors params = module_->named_parameters();
+  const nn::NamedTensors buffers = module_->named_buffers();
+  for (const auto& [name, t] : params) append_record(records, 0, t);
+  for (const auto& [name, t] : buffers) append_record(records, 1, t);
+  const int size = comm_->size();
+  const auto num_params = static_cast<int64_t>(params.size());
+  const std::vector<int64_t> counts =
+      gather(*comm_, {num_params, static_cast<int64_t>(buffers.size())});
+  int64_t most = 0;
+  for (int r = 0; r < size; ++r) most = std::max(most, counts[2 * r] + counts[2 * r + 1]);
+  records.resize(static_cast<size_t>(most * kRecord), -1);
+  const std::vector<int64_t> all = gather(*comm_, records);
+  const int64_t stride = most * kRecord;
+  for (int r = 1; r < size; ++r) {
+    for (int64_t k = 0; k < most; ++k) {
+      const int64_t* mine = all.data() + k * kRecord;  // rank 0's record
+      const int64_t* theirs = all.data() + r * stride + k * kRecord;
+      if (std::equal(mine, mine + kRecord, theirs)) continue;
+      DDP_CHECK(false,
+                "DistributedDataParallel: the model differs across ranks: rank 0 has {} "
+                "parameters and {} buffers, rank {} has {} and {}; the first difference is "
+                "entry {}: {} on rank 0 but {} on rank {}. Every rank must build the same "
+                "model (same layers, sizes and dtypes) before wrapping it",
+                counts[0], counts[1], r, counts[2 * r], counts[2 * r + 1], k,
+                describe_record(mine, k, counts[0]), describe_record(theirs, k, counts[2 * r]), r);
+    }
+  }
+}
+
+void DistributedDataParallel::broadcast_from_rank0(const std::vector<Tensor>& tensors) {
+  if (comm_->size() == 1) return;
+  std::vector<std::shared_ptr<Work>> works;
+  std::vector<Tensor> handles = tensors;
+  for (Tensor& t : handles) works.push_back(comm_->broadcast(t, 0));
+  for (const auto& work : works) work->wait();
+}
+
+Tensor DistributedDataParallel::forward(const Tensor& x) {
+  reducer_->prepare(!no_sync_);
+  if (options_.broadcast_buffers) {
+    std::vector<Tensor> buffers;
+    for (auto& [name, t] : module_->named_buffers()) buffers.push_back(t);
+    if (!buffers.empty()) broadcast_from_rank0(buffers);
+  }
+  return module_->forward(x);
+}
+
+void DistributedDataParallel::backward(const Tensor& loss) {
+  ddp::backward(loss);
+  finish_backward();
+}
+
+void DistributedDataParallel::finish_backward() {
+  reducer_->finish();
+}
+
+const std::vector<Bucket>& DistributedDataParallel::buckets() const {
+  return reducer_->buckets();
+}
+
+DistributedDataParallel::NoSyncGuard::NoSyncGuard(DistributedDataParallel& ddp)
+    : ddp_(ddp), previous_(ddp.no_sync_) {
+  ddp_.no_sync_ = true;
+}
+
+DistributedDataParallel::NoSyncGuard::~NoSyncGuard() {
+  ddp_.no_sync_ = previous_;
+}
+
+}  // namespace ddp

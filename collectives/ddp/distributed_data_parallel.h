@@ -1,0 +1,92 @@
+// DistributedDataParallel: wraps a module so that every rank computes gradients
+// on its own shard of the batch and, after backward, every parameter's .grad
+// holds the average over ranks (as torch.nn.parallel.DistributedDataParallel).
+//
+// Contract:
+// - Construction is collective: every rank checks that all ranks hold the same
+//   parameters and buffers (count, shapes, dtypes; a ValueError names the first
+//   difference and the ranks) and then takes rank 0's values.
+// - Gradients are reduced in buckets (collectives/ddp/bucket_plan.h). A
+//   parameter's post-accumulate-grad hook copies its gradient into its bucket;
+//   a bucket whose gradients are all in is all_reduced (avg) asynchronously, in
+//   bucket order on every rank, while backward goes on.
+// - Note [finishing backward]: PyTorch finishes the reduction from a callback of
+//   the autograd engine; here ddp.backward(loss) runs backward and then
+//   finish_backward(), which launches what is left, waits, and writes the
+//   averages into every .grad. Calling ddp::backward directly needs a
+//   finish_backward() after it, before optimizer.step().
+// - forward() must be used (not module().forward) for no_sync() and buffer
+//   broadcast to take effect. The object must outlive the backward passes it
+//   reduces; after it is destroyed its hooks do nothing.
+// - A CommError of a collective propagates from finish_backward().
+#pragma once
+
+#include "collectives/communicator.h"
+#include "collectives/ddp/bucket_plan.h"
+#include "runtime/nn/module.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ddp {
+
+struct DdpOptions {
+  double bucket_cap_mb = 25;
+  double first_bucket_mb = 1;
+  // false: a parameter that got no gradient in a synchronized backward is a
+  // ValueError naming it. true: its bucket slice is zero and it takes part.
+  bool find_unused_parameters = false;
+  bool broadcast_buffers = true;  // rank 0's buffers before every forward
+};
+
+class Reducer;
+
+class DistributedDataParallel {
+ public:
+  DistributedDataParallel(std::shared_ptr<nn::Module> module, std::shared_ptr<Communicator> comm,
+                          DdpOptions options = {});
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  Tensor forward(const Tensor& x);
+  Tensor operator()(const Tensor& x) { return forward(x); }
+  // ddp::backward(loss) then finish_backward() (Note [finishing backward]).
+  void backward(const Tensor& loss);
+  // After a synchronized backward: every .grad holds the average over ranks.
+  // After a backward under no_sync(): nothing to do.
+  void finish_backward();
+
+  // While alive, forward passes do not synchronize: their backward only
+  // accumulates .grad locally; the next synchronized backward reduces the sum.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(DistributedDataParallel& ddp);
+    ~NoSyncGuard();
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    DistributedDataParallel& ddp_;
+    bool previous_;
+  };
+  NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+
+  nn::Module& module() { return *module_; }
+  const std::shared_ptr<Communicator>& comm() const { return comm_; }
+  // The plan over the parameters in reverse registration order (Note [bucket order]).
+  const std::vector<Bucket>& buckets() const;
+
+ private:
+  void verify_same_model();
+  void broadcast_from_rank0(const std::vector<Tensor>& tensors);
+
+  std::shared_ptr<nn::Module> module_;
+  std::shared_ptr<Communicator> comm_;
+  DdpOptions options_;
+  std::shared_ptr<Reducer> reducer_;  // hooks hold it weakly
+  bool no_sync_ = false;
+};
+
+}  // namespace ddp

@@ -1,0 +1,56 @@
+// The gradient reducer behind DistributedDataParallel (internal): owns one flat
+// tensor per bucket of the plan, fills it from post-accumulate-grad hooks and
+// all_reduces (avg) full buckets in bucket order while backward goes on.
+#pragma once
+
+#include "collectives/communicator.h"
+#include "collectives/ddp/bucket_plan.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ddp {
+
+class Reducer : public std::enable_shared_from_this<Reducer> {
+ public:
+  // params and names in plan order (Note [bucket order]); every param requires grad.
+  Reducer(std::vector<Tensor> params, std::vector<std::string> names,
+          std::shared_ptr<Communicator> comm, const BucketCaps& caps, bool find_unused);
+  // Registers one hook per parameter; each holds this reducer weakly.
+  void install_hooks();
+  // Called by every forward: whether the coming backward synchronizes.
+  void prepare(bool sync);
+  // The hook of param i: its gradient for this backward is complete.
+  void mark_ready(size_t i);
+  // Launches what is left, waits, and gives every param its averaged .grad.
+  void finish();
+  const std::vector<Bucket>& buckets() const { return plan_; }
+
+ private:
+  void allocate_buckets();
+  void launch_ready_buckets();
+  void handle_unused();
+  void reset();
+
+  std::vector<Tensor> params_;
+  std::vector<std::string> names_;
+  std::shared_ptr<Communicator> comm_;
+  bool find_unused_;
+  std::vector<Bucket> plan_;
+  std::vector<Tensor> flats_;  // one per bucket
+  std::vector<Tensor> views_;  // param i's slice of its bucket, param-shaped
+  std::vector<size_t> bucket_of_;
+  // State of the current backward.
+  bool sync_ = true;
+  std::vector<char> ready_;
+  std::vector<size_t> pending_;  // per bucket: params not ready yet
+  size_t next_launch_ = 0;       // buckets below it have been launched
+  std::vector<std::shared_ptr<Work>> works_;
+  // Buckets and works abandoned by a failed backward: kept alive until the
+  // communicator is done with them (Communicator contract).
+  std::vector<Tensor> orphaned_flats_;
+  std::vector<std::shared_ptr<Work>> orphaned_works_;
+};
+
+}  // namespace ddp

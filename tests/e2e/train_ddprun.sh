@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# train_ddprun.sh DDPRUN TRAIN NPROC MIN_ACC: `ddprun -n NPROC train` on the synthetic
+# set trains with DistributedDataParallel; only rank 0 reports, the final test
+# accuracy (all ranks' shards) reaches MIN_ACC and the metrics say the world size.
+set -uo pipefail
+ddprun=$1 train=$2 nproc=$3 min_acc=$4
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+output=$("$ddprun" -n "$nproc" "$train" --data synthetic --synthetic-size 3000 --epochs 3 \
+         --metrics "$dir/m.jsonl" 2>&1)
+status=$?
+printf '%s\n' "$output"
+fail() { echo "train_ddprun.sh: $*" >&2; exit 1; }
+[ "$status" -eq 0 ] || fail "exit code $status"
+grep -q '^\[rank [1-9]' <<<"$output" && fail "a rank other than 0 printed"
+acc=$(sed -nE 's/^\[rank 0\] summary: .*final test_acc ([0-9.]+).*/\1/p' <<<"$output")
+[ -n "$acc" ] || fail "no summary from rank 0"
+awk -v a="$acc" -v m="$min_acc" 'BEGIN { exit !(a >= m) }' || fail "test_acc $acc < $min_acc"
+grep -q "\"world_size\": $nproc" "$dir/m.jsonl" || fail "metrics lack world_size $nproc"
+echo "train_ddprun.sh: ok (test_acc $acc with $nproc ranks)"
