@@ -1,5 +1,7 @@
 #include "bench/table.h"
 
+#include "runtime/checkpoint/json.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -52,7 +54,7 @@ std::string table_text(const Cell& cell) {
 }
 
 std::string json_value(const Cell& cell) {
-  if (const auto* s = std::get_if<std::string>(&cell)) return "\"" + json_escape(*s) + "\"";
+  if (const auto* s = std::get_if<std::string>(&cell)) return json::quote(*s);
   if (const auto* i = std::get_if<int64_t>(&cell)) return fmt::format("{}", *i);
   const auto& n = std::get<Number>(cell);
   if (!std::isfinite(n.value)) return "null";
@@ -60,37 +62,6 @@ std::string json_value(const Cell& cell) {
 }
 
 }  // namespace
-
-std::string json_escape(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (char c : text) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out;
-}
 
 void print_table(std::ostream& os, std::string_view title, const std::vector<Row>& rows) {
   std::vector<std::string> columns;
@@ -134,7 +105,7 @@ void print_json_line(std::ostream& os, const Row& row) {
   for (const auto& [key, cell] : row.cells()) {
     if (!first) line += ", ";
     first = false;
-    line += "\"" + json_escape(key) + "\": " + json_value(cell);
+    line += json::quote(key) + ": " + json_value(cell);
   }
   line += "}\n";
   os << line;

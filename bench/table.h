@@ -52,7 +52,6 @@ class Row {
 void print_table(std::ostream& os, std::string_view title, const std::vector<Row>& rows);
 // One compact JSON object per row, one per line.
 void print_json_line(std::ostream& os, const Row& row);
-std::string json_escape(std::string_view text);  // without the surrounding quotes
 
 class Reporter {
  public:

@@ -17,22 +17,6 @@
 
 namespace ddp::launcher {
 
-Fd& Fd::operator=(Fd&& other) noexcept {
-  if (this != &other) reset(other.release());
-  return *this;
-}
-
-int Fd::release() {
-  const int fd = fd_;
-  fd_ = -1;
-  return fd;
-}
-
-void Fd::reset(int fd) {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = fd;
-}
-
 Pipe make_pipe() {
   int fds[2];
   DDP_CHECK_T(Error, ::pipe2(fds, O_CLOEXEC) == 0, "ddprun: pipe2 failed: {}",

@@ -16,31 +16,15 @@
 
 #include <sys/types.h>
 
+#include "runtime/unique_fd.h"
+
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace ddp::launcher {
 
-// Owns one file descriptor; closes it on destruction.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& other) noexcept : fd_(other.release()) {}
-  Fd& operator=(Fd&& other) noexcept;
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-
-  int get() const { return fd_; }
-  explicit operator bool() const { return fd_ >= 0; }
-  int release();
-  void reset(int fd = -1);
-
- private:
-  int fd_ = -1;
-};
+using Fd = ::ddp::UniqueFd;
 
 struct Pipe {
   Fd read;   // non-blocking, close-on-exec

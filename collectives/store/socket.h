@@ -1,30 +1,14 @@
 // POSIX socket helpers shared by the TCP store's client and server.
 #pragma once
 
+#include "runtime/unique_fd.h"
+
 #include <chrono>
 #include <string>
 
 namespace ddp::store_detail {
 
-// Owns one file descriptor; closes it on destruction.
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(UniqueFd&& other) noexcept : fd_(other.release()) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept;
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd() { reset(); }
-
-  int get() const { return fd_; }
-  explicit operator bool() const { return fd_ >= 0; }
-  int release();
-  void reset(int fd = -1);
-
- private:
-  int fd_ = -1;
-};
+using UniqueFd = ::ddp::UniqueFd;
 
 // "Connection refused" for ECONNREFUSED (thread-safe, unlike strerror).
 std::string errno_text(int error);

@@ -3,6 +3,8 @@
 // kernel (ops/cpu/nn.cpp, ops/cuda/nn.cu).
 #include "runtime/ops/nn_ops.h"
 
+#include "runtime/ops/dispatch.h"
+
 #include "runtime/ops/ops.h"
 
 #include <string>
@@ -13,27 +15,7 @@ namespace {
 
 using kernels::Conv2dGeometry;
 
-// Calls kernels::cpu::NAME or kernels::cuda::NAME for `device`.
-#define DDP_NN_DISPATCH(device, name, ...)              \
-  do {                                                  \
-    switch ((device).type) {                            \
-      case DeviceType::cpu:                             \
-        kernels::cpu::name(__VA_ARGS__);                \
-        break;                                          \
-      case DeviceType::cuda:                            \
-        kernels::cuda::name(__VA_ARGS__);               \
-        break;                                          \
-      case DeviceType::mps:                             \
-        check_available(device);                        \
-        DDP_ASSERT(false, "no mps kernels for " #name); \
-    }                                                   \
-  } while (0)
-
-void check_dtype(std::string_view op, const Tensor& t, DType expected, const char* what) {
-  DDP_CHECK(t.dtype() == expected,
-            "{}: {} must have dtype {}, got {} (shape {}); convert with cast()", op, what,
-            dtype_name(expected), dtype_name(t.dtype()), shape_str(t.shape()));
-}
+using ops_detail::check_dtype;
 
 void check_f32(std::string_view op, const Tensor& t, const char* what) {
   check_dtype(op, t, DType::f32, what);
@@ -120,7 +102,7 @@ Tensor im2col(const Tensor& x, const Conv2dGeometry& g) {
   check_f32("im2col", x, "input");
   check_input("im2col", x, g, "input");
   Tensor cols = empty_f32({g.n * g.out_h() * g.out_w(), g.c * g.kernel_h * g.kernel_w}, x.device());
-  if (cols.numel() > 0) DDP_NN_DISPATCH(x.device(), im2col, x, g, cols);
+  if (cols.numel() > 0) DDP_DISPATCH(x.device(), im2col, x, g, cols);
   return cols;
 }
 
@@ -131,7 +113,7 @@ Tensor col2im(const Tensor& cols, const Conv2dGeometry& g) {
   check_shape("col2im", cols, {g.n * g.out_h() * g.out_w(), g.c * g.kernel_h * g.kernel_w}, "cols",
               g);
   Tensor grad_x = empty_f32(input_shape(g), cols.device());
-  if (grad_x.numel() > 0) DDP_NN_DISPATCH(cols.device(), col2im, cols, g, grad_x);
+  if (grad_x.numel() > 0) DDP_DISPATCH(cols.device(), col2im, cols, g, grad_x);
   return grad_x;
 }
 
@@ -148,7 +130,7 @@ Tensor permute4(const Tensor& x, std::array<int, 4> perm) {
   Shape shape(4);
   for (size_t i = 0; i < 4; ++i) shape[i] = x.size(perm[i]);
   Tensor out = empty(shape, {.dtype = x.dtype(), .device = x.device()});
-  if (out.numel() > 0) DDP_NN_DISPATCH(x.device(), permute4, x, perm, out);
+  if (out.numel() > 0) DDP_DISPATCH(x.device(), permute4, x, perm, out);
   return out;
 }
 
@@ -161,7 +143,7 @@ MaxPoolResult max_pool2d(const Tensor& x, const Conv2dGeometry& g) {
             geometry_str(g), shape_str(x.shape()));
   MaxPoolResult r{empty_f32(pooled_shape(g), x.device()),
                   empty(pooled_shape(g), {.dtype = DType::i64, .device = x.device()})};
-  if (r.out.numel() > 0) DDP_NN_DISPATCH(x.device(), max_pool2d, x, g, r.out, r.indices);
+  if (r.out.numel() > 0) DDP_DISPATCH(x.device(), max_pool2d, x, g, r.out, r.indices);
   return r;
 }
 
@@ -174,7 +156,7 @@ Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const 
   check_shape("max_pool2d_backward", indices, pooled_shape(g), "indices", g);
   Tensor grad_x = empty_f32(input_shape(g), grad_out.device());
   if (grad_x.numel() > 0) {
-    DDP_NN_DISPATCH(grad_out.device(), max_pool2d_backward, grad_out, indices, g, grad_x);
+    DDP_DISPATCH(grad_out.device(), max_pool2d_backward, grad_out, indices, g, grad_x);
   }
   return grad_x;
 }
@@ -184,7 +166,7 @@ Tensor dropout_mask(const Shape& shape, uint64_t seed, uint64_t offset, float p,
   DDP_CHECK(p >= 0.0f && p < 1.0f,
             "dropout_mask: p must be in [0, 1), got {} (p is the probability of dropping)", p);
   Tensor mask = empty_f32(shape, device);
-  if (mask.numel() > 0) DDP_NN_DISPATCH(device, dropout_mask, mask, seed, offset, p);
+  if (mask.numel() > 0) DDP_DISPATCH(device, dropout_mask, mask, seed, offset, p);
   return mask;
 }
 
@@ -206,7 +188,7 @@ void sgd_update_(Tensor& param, const Tensor& grad, Tensor& buf, const kernels::
             "sgd_update_: lr, momentum and weight_decay must be >= 0, got {}, {} and {}", s.lr,
             s.momentum, s.weight_decay);
   DDP_CHECK(!s.nesterov || momentum, "sgd_update_: nesterov needs momentum > 0, got momentum 0");
-  if (param.numel() > 0) DDP_NN_DISPATCH(param.device(), sgd_update, param, grad, buf, s);
+  if (param.numel() > 0) DDP_DISPATCH(param.device(), sgd_update, param, grad, buf, s);
 }
 
 void adamw_update_(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
@@ -226,7 +208,7 @@ void adamw_update_(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
             s.weight_decay);
   DDP_CHECK(s.step >= 1,
             "adamw_update_: step counts the steps taken including this one (>= 1), got {}", s.step);
-  if (param.numel() > 0) DDP_NN_DISPATCH(param.device(), adamw_update, param, grad, m, v, s);
+  if (param.numel() > 0) DDP_DISPATCH(param.device(), adamw_update, param, grad, m, v, s);
 }
 
 }  // namespace ddp

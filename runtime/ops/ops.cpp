@@ -4,35 +4,25 @@
 
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/memory/allocator.h"
+#include "runtime/ops/dispatch.h"
 #include "runtime/ops/kernels.h"
 #include "runtime/stream.h"
 
 #include <cstring>
 
 namespace ddp {
-namespace {
 
-// Calls kernels::cpu::NAME or kernels::cuda::NAME for the device of the first tensor.
-#define DDP_DISPATCH(device, name, ...)                 \
-  do {                                                  \
-    switch ((device).type) {                            \
-      case DeviceType::cpu:                             \
-        kernels::cpu::name(__VA_ARGS__);                \
-        break;                                          \
-      case DeviceType::cuda:                            \
-        kernels::cuda::name(__VA_ARGS__);               \
-        break;                                          \
-      case DeviceType::mps:                             \
-        check_available(device);                        \
-        DDP_ASSERT(false, "no mps kernels for " #name); \
-    }                                                   \
-  } while (0)
-
+namespace ops_detail {
 void check_dtype(std::string_view op, const Tensor& t, DType expected, const char* what) {
   DDP_CHECK(t.dtype() == expected,
             "{}: {} must have dtype {}, got {} (shape {}); convert with cast()", op, what,
             dtype_name(expected), dtype_name(t.dtype()), shape_str(t.shape()));
 }
+}  // namespace ops_detail
+
+namespace {
+
+using ops_detail::check_dtype;
 
 void check_f32(std::string_view op, const Tensor& t) {
   check_dtype(op, t, DType::f32, "input");
