@@ -2,12 +2,12 @@
 # Installs what is missing, configures, builds and runs the test suite.
 #
 #   deploy/test.sh [--build-dir DIR] [--cpu-only] [--sanitize address|thread]
-#                  [--werror] [--label L] [--no-install] [--jobs N]
+#                  [--no-werror] [--label L] [--no-install] [--jobs N]
 #
 #   --build-dir DIR    build folder (default: build)
 #   --cpu-only         configure with -DDDP_CUDA=OFF (default: CUDA when nvcc is found)
 #   --sanitize KIND    sanitizer build: address (ASan + UBSan) or thread (TSan)
-#   --werror           treat compiler warnings as errors (CI does)
+#   --no-werror        let compiler warnings pass (default: they are errors, as in CI)
 #   --label L          run only ctest tests with label L (unit, gpu, ...)
 #   --no-install       skip deploy/install-deps.sh
 #   --jobs N           parallel build and test jobs (default: nproc)
@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 build_dir=build
 cuda=AUTO
 sanitize=""
-werror=OFF
+werror=ON
 label=""
 install=1
 jobs=$(nproc)
@@ -30,6 +30,7 @@ while [ $# -gt 0 ]; do
     --cpu-only) cuda=OFF; shift ;;
     --sanitize) sanitize=$2; shift 2 ;;
     --werror) werror=ON; shift ;;
+    --no-werror) werror=OFF; shift ;;
     --label) label=$2; shift 2 ;;
     --no-install) install=0; shift ;;
     --jobs) jobs=$2; shift 2 ;;

@@ -6,7 +6,8 @@ set -uo pipefail
 ddprun=$1 train=$2 nproc=$3 min_acc=$4
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-output=$("$ddprun" -n "$nproc" "$train" --data synthetic --synthetic-size 3000 --epochs 3 \
+# --standalone: a free port, so parallel ctest runs do not collide on 29500.
+output=$("$ddprun" --standalone -n "$nproc" "$train" --data synthetic --synthetic-size 3000 --epochs 3 \
          --metrics "$dir/m.jsonl" 2>&1)
 status=$?
 printf '%s\n' "$output"
