@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -69,6 +70,11 @@ class Work {
   // True once finished (successfully or not); never blocks.
   virtual bool done() const = 0;
   virtual int64_t sequence() const = 0;
+  // Once done(): how long the backend ran the collective (from its start on the
+  // communication thread or stream to its end; queueing excluded). nullopt where
+  // the backend does not measure it. Benchmarks use it to tell hidden from
+  // exposed communication.
+  virtual std::optional<std::chrono::nanoseconds> duration() const { return std::nullopt; }
 };
 
 struct CommOptions {

@@ -200,6 +200,7 @@ void ThreadedCommunicator::loop() {
     }
     try {
       if (debug_ && size() > 1) check_fingerprints(task.collective);
+      task.work->start();
       run(task.collective);
       task.work->finish();
     } catch (...) {

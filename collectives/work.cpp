@@ -29,9 +29,21 @@ bool ThreadWork::done() const {
   return done_;
 }
 
+void ThreadWork::start() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  started_ = std::chrono::steady_clock::now();
+}
+
+std::optional<std::chrono::nanoseconds> ThreadWork::duration() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!done_ || error_ || started_ == std::chrono::steady_clock::time_point{}) return std::nullopt;
+  return finished_ - started_;
+}
+
 void ThreadWork::finish() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    finished_ = std::chrono::steady_clock::now();
     done_ = true;
   }
   cv_.notify_all();

@@ -18,6 +18,8 @@ class ThreadWork : public Work {
   void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) override;
   bool done() const override;
   int64_t sequence() const override { return sequence_; }
+  std::optional<std::chrono::nanoseconds> duration() const override;
+  void start();  // the backend begins running it (for duration())
   void finish();
   void fail(std::exception_ptr error);
   const std::string& description() const { return description_; }
@@ -32,6 +34,7 @@ class ThreadWork : public Work {
   std::condition_variable cv_;
   bool done_ = false;
   std::exception_ptr error_;
+  std::chrono::steady_clock::time_point started_{}, finished_{};
 };
 
 // A Work that is already complete (or failed) when returned.

@@ -43,4 +43,13 @@ struct Bucket {
 // after). A param larger than the cap gets a bucket of its own.
 std::vector<Bucket> plan_buckets(const std::vector<ParamInfo>& params, const BucketCaps& caps = {});
 
+// Note [bucket rebuild]: the same packing over params taken in `order`, a
+// permutation of 0 .. params.size() - 1 (the order in which the first backward
+// completed the gradients, as rank 0 observed it); Bucket::params then holds
+// indices into `params`, in packing order. Throws ValueError if `order` is not
+// a permutation.
+std::vector<Bucket> plan_buckets_in_order(const std::vector<ParamInfo>& params,
+                                          const std::vector<size_t>& order,
+                                          const BucketCaps& caps = {});
+
 }  // namespace ddp

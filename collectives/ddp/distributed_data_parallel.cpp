@@ -55,6 +55,10 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     : module_(std::move(module)), comm_(std::move(comm)), options_(options) {
   DDP_CHECK(module_ != nullptr && comm_ != nullptr,
             "DistributedDataParallel needs a module and a communicator");
+  DDP_CHECK(options_.bucket_cap_mb > 0 && options_.first_bucket_mb > 0,
+            "DistributedDataParallel: bucket_cap_mb {} and first_bucket_mb {} must be positive "
+            "(MiB; PyTorch's defaults are 25 and 1)",
+            options_.bucket_cap_mb, options_.first_bucket_mb);
   verify_same_model();
   std::vector<Tensor> state;
   for (auto& [name, t] : module_->named_parameters()) state.push_back(t);
@@ -73,8 +77,13 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   constexpr double kMiB = 1024.0 * 1024.0;
   const BucketCaps caps{.first_bucket_bytes = static_cast<size_t>(options_.first_bucket_mb * kMiB),
                         .bucket_bytes = static_cast<size_t>(options_.bucket_cap_mb * kMiB)};
-  reducer_ = std::make_shared<Reducer>(std::move(params), std::move(names), comm_, caps,
-                                       options_.find_unused_parameters);
+  bucket_names_ = names;
+  reducer_ = std::make_shared<Reducer>(
+      std::move(params), std::move(names), comm_,
+      ReducerOptions{.caps = caps,
+                     .find_unused = options_.find_unused_parameters,
+                     .gradient_as_bucket_view = options_.gradient_as_bucket_view,
+                     .comm_hook = options_.comm_hook});
   reducer_->install_hooks();
 }
 
@@ -140,6 +149,14 @@ void DistributedDataParallel::finish_backward() {
 
 const std::vector<Bucket>& DistributedDataParallel::buckets() const {
   return reducer_->buckets();
+}
+
+bool DistributedDataParallel::buckets_rebuilt() const {
+  return reducer_->rebuilt();
+}
+
+const CommStats& DistributedDataParallel::comm_stats() const {
+  return reducer_->stats();
 }
 
 DistributedDataParallel::NoSyncGuard::NoSyncGuard(DistributedDataParallel& ddp)

@@ -23,6 +23,7 @@
 
 #include "collectives/communicator.h"
 #include "collectives/ddp/bucket_plan.h"
+#include "collectives/ddp/ddp_types.h"
 #include "runtime/nn/module.h"
 
 #include <memory>
@@ -38,6 +39,11 @@ struct DdpOptions {
   // ValueError naming it. true: its bucket slice is zero and it takes part.
   bool find_unused_parameters = false;
   bool broadcast_buffers = true;  // rank 0's buffers before every forward
+  // true: after a synchronized backward every .grad is a view into its bucket
+  // (no copy back, less memory; the next backward overwrites it). false: the
+  // averages are copied into the existing .grad tensors.
+  bool gradient_as_bucket_view = false;
+  CommHook comm_hook = CommHook::none;  // Note [comm hooks] in ddp_types.h
 };
 
 class Reducer;
@@ -75,8 +81,15 @@ class DistributedDataParallel {
 
   nn::Module& module() { return *module_; }
   const std::shared_ptr<Communicator>& comm() const { return comm_; }
-  // The plan over the parameters in reverse registration order (Note [bucket order]).
+  // The current plan: over the parameters in reverse registration order until
+  // the first synchronized backward, then over the order rank 0 observed
+  // (Note [bucket rebuild]). Bucket::params index bucket_parameters().
   const std::vector<Bucket>& buckets() const;
+  // The names of the parameters that Bucket::params index.
+  const std::vector<std::string>& bucket_parameters() const { return bucket_names_; }
+  bool buckets_rebuilt() const;
+  // Timing and bytes of the last synchronized backward.
+  const CommStats& comm_stats() const;
 
  private:
   void verify_same_model();
@@ -86,6 +99,7 @@ class DistributedDataParallel {
   std::shared_ptr<Communicator> comm_;
   DdpOptions options_;
   std::shared_ptr<Reducer> reducer_;  // hooks hold it weakly
+  std::vector<std::string> bucket_names_;
   bool no_sync_ = false;
 };
 

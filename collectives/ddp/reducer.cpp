@@ -7,24 +7,45 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <chrono>
 
 namespace ddp {
+namespace {
+
+DType wire_dtype(CommHook hook, DType dtype) {
+  if (dtype != DType::f32) return dtype;  // only float32 buckets are compressed
+  switch (hook) {
+    case CommHook::bf16:
+      return DType::bf16;
+    case CommHook::fp16:
+      return DType::f16;
+    case CommHook::none:
+      break;
+  }
+  return dtype;
+}
+
+bool same_memory(const Tensor& a, const Tensor& b) {
+  return a.defined() && b.defined() && a.data_ptr() == b.data_ptr() && a.device() == b.device();
+}
+
+}  // namespace
 
 Reducer::Reducer(std::vector<Tensor> params, std::vector<std::string> names,
-                 std::shared_ptr<Communicator> comm, const BucketCaps& caps, bool find_unused)
+                 std::shared_ptr<Communicator> comm, ReducerOptions options)
     : params_(std::move(params)),
       names_(std::move(names)),
       comm_(std::move(comm)),
-      find_unused_(find_unused) {
-  std::vector<ParamInfo> infos;
-  for (const Tensor& p : params_) infos.push_back({p.numel(), p.dtype(), p.device()});
-  plan_ = plan_buckets(infos, caps);
+      options_(options) {
+  for (const Tensor& p : params_) infos_.push_back({p.numel(), p.dtype(), p.device()});
+  plan_ = plan_buckets(infos_, options_.caps);
   allocate_buckets();
   reset();
 }
 
 void Reducer::allocate_buckets() {
   flats_.clear();
+  compressed_.assign(plan_.size(), Tensor());
   views_.resize(params_.size());
   bucket_of_.resize(params_.size());
   for (size_t b = 0; b < plan_.size(); ++b) {
@@ -53,6 +74,7 @@ void Reducer::prepare(bool sync) {
             "backward is unfinished; call ddp.finish_backward() after ddp::backward(loss) "
             "(or use ddp.backward(loss), which does both)");
   sync_ = sync;
+  if (sync_) stats_.bytes = 0;
 }
 
 void Reducer::mark_ready(size_t i) {
@@ -62,8 +84,12 @@ void Reducer::mark_ready(size_t i) {
             "finish_backward(); call ddp.finish_backward() after every backward (or use "
             "ddp.backward(loss))",
             names_[i]);
-  copy_(views_[i], grad(params_[i]));
+  // Under gradient_as_bucket_view with zero_grad(set_to_none=false), autograd
+  // already accumulated into the bucket: nothing to copy.
+  const Tensor g = grad(params_[i]);
+  if (!same_memory(g, views_[i])) copy_(views_[i], g);
   ready_[i] = 1;
+  if (!rebuilt_) ready_order_.push_back(i);
   --pending_[bucket_of_[i]];
   launch_ready_buckets();
 }
@@ -73,8 +99,13 @@ void Reducer::mark_ready(size_t i) {
 // complete in another order.
 void Reducer::launch_ready_buckets() {
   while (next_launch_ < plan_.size() && pending_[next_launch_] == 0) {
-    works_.push_back(comm_->all_reduce(flats_[next_launch_], ReduceOp::avg));
-    ++next_launch_;
+    const size_t b = next_launch_++;
+    Tensor& flat = flats_[b];
+    const DType wire = wire_dtype(options_.comm_hook, flat.dtype());
+    if (wire != flat.dtype()) compressed_[b] = cast(flat, wire);  // Note [comm hooks]
+    Tensor& sent = wire != flat.dtype() ? compressed_[b] : flat;
+    stats_.bytes += static_cast<int64_t>(sent.nbytes());
+    works_.push_back(comm_->all_reduce(sent, ReduceOp::avg));
   }
 }
 
@@ -84,8 +115,11 @@ void Reducer::handle_unused() {
     if (!ready_[i]) unused.push_back(names_[i]);
   }
   if (unused.empty()) return;
-  if (!find_unused_) {
+  if (!options_.find_unused) {
     orphaned_flats_.insert(orphaned_flats_.end(), flats_.begin(), flats_.end());
+    for (const Tensor& t : compressed_) {
+      if (t.defined()) orphaned_flats_.push_back(t);
+    }
     orphaned_works_.insert(orphaned_works_.end(), works_.begin(), works_.end());
     allocate_buckets();
     reset();
@@ -109,11 +143,78 @@ void Reducer::finish() {
   if (!sync_) return;
   handle_unused();
   DDP_ASSERT(next_launch_ == plan_.size(), "{} of {} buckets launched", next_launch_, plan_.size());
+  const auto start = std::chrono::steady_clock::now();
   for (const auto& work : works_) work->wait();
-  // A fresh tensor per .grad: gradients handed over by autograd may alias each
-  // other (Note [stealing gradients] in autograd.cpp), so they are not written.
-  for (size_t i = 0; i < params_.size(); ++i) set_grad(params_[i], views_[i].clone());
+  stats_.exposed_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats_.comm_s = 0;
+  for (const auto& work : works_) {
+    if (auto d = work->duration()) stats_.comm_s += std::chrono::duration<double>(*d).count();
+  }
+  stats_.buckets = static_cast<int64_t>(plan_.size());
+  for (size_t b = 0; b < plan_.size(); ++b) {
+    if (!compressed_[b].defined()) continue;
+    Tensor restored = cast(compressed_[b], flats_[b].dtype());
+    copy_(flats_[b], restored);
+    compressed_[b] = Tensor();
+  }
+  write_grads();
+  if (!rebuilt_) rebuild_buckets();
   reset();
+}
+
+// Note [writing gradients back]: with gradient_as_bucket_view every .grad becomes
+// its bucket view (no copy; the next backward overwrites it, as in PyTorch).
+// Otherwise the average is copied into the existing .grad: autograd never makes
+// .grad alias another tensor (Note [stealing gradients] in autograd.cpp), so
+// writing it in place is safe; an unused parameter without .grad gets a copy.
+void Reducer::write_grads() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor g = grad(params_[i]);
+    if (options_.gradient_as_bucket_view) {
+      if (!same_memory(g, views_[i])) set_grad(params_[i], views_[i]);
+    } else if (g.defined() && !same_memory(g, views_[i])) {
+      copy_(g, views_[i]);
+    } else {
+      set_grad(params_[i], views_[i].clone());
+    }
+  }
+}
+
+// Note [bucket rebuild]: once, after the first synchronized backward, the
+// buckets are re-planned over the order in which gradients became ready, so the
+// first bucket holds what backward finishes first. Ranks may observe different
+// orders (threads, unused parameters), so rank 0's order is broadcast and every
+// rank plans the same buckets. Parameters that never became ready (unused) go
+// last, in their original order.
+void Reducer::rebuild_buckets() {
+  rebuilt_ = true;
+  std::vector<size_t> order = ready_order_;
+  std::vector<char> seen(params_.size(), 0);
+  for (size_t i : order) seen[i] = 1;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!seen[i]) order.push_back(i);
+  }
+  ready_order_.clear();
+  if (comm_->size() > 1) {
+    std::vector<int64_t> wire(order.begin(), order.end());
+    Tensor t = from_vector<int64_t>(wire, {static_cast<int64_t>(wire.size())});
+    comm_->broadcast(t, 0)->wait();
+    const std::vector<int64_t> from_rank0 = t.to_vector<int64_t>();
+    order.assign(from_rank0.begin(), from_rank0.end());
+  }
+  std::vector<Bucket> plan = plan_buckets_in_order(infos_, order, options_.caps);
+  const bool same =
+      std::equal(plan.begin(), plan.end(), plan_.begin(), plan_.end(),
+                 [](const Bucket& a, const Bucket& b) { return a.params == b.params; });
+  if (same) return;
+  const std::vector<Tensor> old_views = views_;
+  plan_ = std::move(plan);
+  allocate_buckets();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    copy_(views_[i], old_views[i]);
+    if (options_.gradient_as_bucket_view) set_grad(params_[i], views_[i]);
+  }
 }
 
 void Reducer::reset() {

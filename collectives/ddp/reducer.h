@@ -5,6 +5,7 @@
 
 #include "collectives/communicator.h"
 #include "collectives/ddp/bucket_plan.h"
+#include "collectives/ddp/ddp_types.h"
 
 #include <memory>
 #include <string>
@@ -12,11 +13,19 @@
 
 namespace ddp {
 
+struct ReducerOptions {
+  BucketCaps caps;
+  bool find_unused = false;
+  bool gradient_as_bucket_view = false;
+  CommHook comm_hook = CommHook::none;
+};
+
 class Reducer : public std::enable_shared_from_this<Reducer> {
  public:
-  // params and names in plan order (Note [bucket order]); every param requires grad.
+  // params and names in reverse registration order (Note [bucket order]);
+  // every param requires grad.
   Reducer(std::vector<Tensor> params, std::vector<std::string> names,
-          std::shared_ptr<Communicator> comm, const BucketCaps& caps, bool find_unused);
+          std::shared_ptr<Communicator> comm, ReducerOptions options);
   // Registers one hook per parameter; each holds this reducer weakly.
   void install_hooks();
   // Called by every forward: whether the coming backward synchronizes.
@@ -25,28 +34,38 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void mark_ready(size_t i);
   // Launches what is left, waits, and gives every param its averaged .grad.
   void finish();
+  // Bucket::params index the params given to the constructor.
   const std::vector<Bucket>& buckets() const { return plan_; }
+  bool rebuilt() const { return rebuilt_; }
+  const CommStats& stats() const { return stats_; }
 
  private:
   void allocate_buckets();
   void launch_ready_buckets();
   void handle_unused();
+  void write_grads();
+  void rebuild_buckets();
   void reset();
 
   std::vector<Tensor> params_;
   std::vector<std::string> names_;
   std::shared_ptr<Communicator> comm_;
-  bool find_unused_;
+  ReducerOptions options_;
+  std::vector<ParamInfo> infos_;
   std::vector<Bucket> plan_;
-  std::vector<Tensor> flats_;  // one per bucket
-  std::vector<Tensor> views_;  // param i's slice of its bucket, param-shaped
+  std::vector<Tensor> flats_;       // one per bucket
+  std::vector<Tensor> compressed_;  // per launched bucket under a comm hook
+  std::vector<Tensor> views_;       // param i's slice of its bucket, param-shaped
   std::vector<size_t> bucket_of_;
+  bool rebuilt_ = false;             // Note [bucket rebuild]
+  std::vector<size_t> ready_order_;  // of the first synchronized backward
   // State of the current backward.
   bool sync_ = true;
   std::vector<char> ready_;
   std::vector<size_t> pending_;  // per bucket: params not ready yet
   size_t next_launch_ = 0;       // buckets below it have been launched
   std::vector<std::shared_ptr<Work>> works_;
+  CommStats stats_;
   // Buckets and works abandoned by a failed backward: kept alive until the
   // communicator is done with them (Communicator contract).
   std::vector<Tensor> orphaned_flats_;

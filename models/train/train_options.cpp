@@ -41,6 +41,21 @@ device and files:
   --save PATH              write a safetensors checkpoint after every epoch
   --resume PATH            continue from a checkpoint written by --save
   --metrics FILE           append one JSON object per epoch
+parallelism:
+  --mode auto|single|ddp|dp
+                           single: one device; ddp: DistributedDataParallel over
+                           the ranks of ddprun/mpirun/srun; dp: DataParallel over
+                           --devices in this process (default auto: ddp when
+                           WORLD_SIZE > 1, else single)
+  --devices D[,D...]       dp: the devices, e.g. cpu,cpu or cuda:0,cuda:1 (the
+                           first holds the model and gathers the outputs)
+  --bucket-cap-mb X        ddp: gradient bucket size in MiB (default 25)
+  --comm-hook none|bf16|fp16
+                           ddp: compress each bucket for the all_reduce
+                           (default none)
+  --grad-accum K           micro-batches of --batch-size per optimizer step;
+                           under ddp the first K-1 run under no_sync()
+                           (default 1)
 output:
   --log-every N            a progress line every N steps (default: a progress
                            bar on a terminal, one line per epoch otherwise)
@@ -115,6 +130,21 @@ const std::map<std::string, Setter>& setters() {
       {"--save", [](auto& o, auto& v) { o.save = v; }},
       {"--resume", [](auto& o, auto& v) { o.resume = v; }},
       {"--metrics", [](auto& o, auto& v) { o.metrics = v; }},
+      {"--mode",
+       [](auto& o, auto& v) {
+         check_choice("--mode", v, {"auto", "single", "ddp", "dp"});
+         o.mode = v;
+       }},
+      {"--devices", [](auto& o, auto& v) { o.devices = v; }},
+      {"--bucket-cap-mb",
+       [](auto& o, auto& v) { o.bucket_cap_mb = parse_number<double>("--bucket-cap-mb", v); }},
+      {"--comm-hook",
+       [](auto& o, auto& v) {
+         check_choice("--comm-hook", v, {"none", "bf16", "fp16"});
+         o.comm_hook = v;
+       }},
+      {"--grad-accum",
+       [](auto& o, auto& v) { o.grad_accum = parse_number<int64_t>("--grad-accum", v); }},
       {"--log-every",
        [](auto& o, auto& v) { o.log_every = parse_number<int64_t>("--log-every", v); }},
   };
@@ -132,6 +162,13 @@ void validate(const TrainOptions& o) {
   DDP_CHECK(o.synthetic_size >= 10, "--synthetic-size {}: must be at least 10", o.synthetic_size);
   DDP_CHECK(o.log_every >= 0 && o.max_steps >= 0 && o.warmup_steps >= 0,
             "--log-every, --max-steps and --warmup-steps must be >= 0");
+  DDP_CHECK(o.bucket_cap_mb > 0, "--bucket-cap-mb {}: must be positive (MiB, e.g. 25)",
+            o.bucket_cap_mb);
+  DDP_CHECK(o.grad_accum >= 1, "--grad-accum {}: must be at least 1", o.grad_accum);
+  DDP_CHECK(o.mode == "dp" || o.devices.empty(),
+            "--devices {} needs --mode dp (ddp and single take --device)", o.devices);
+  DDP_CHECK(o.mode != "dp" || !o.devices.empty(),
+            "--mode dp needs --devices, e.g. --devices cpu,cpu or --devices cuda:0,cuda:1");
 }
 
 }  // namespace

@@ -32,6 +32,14 @@ struct TrainOptions {
                                 // terminal, else one line per epoch)
   int64_t max_steps = 0;        // stop each epoch after this many steps (0: no limit)
   bool quiet = false;
+  // Parallelism (docs/train.md): auto = ddp when WORLD_SIZE > 1, else single.
+  std::string mode = "auto";       // auto | single | ddp | dp
+  std::string devices;             // dp: comma-separated devices, e.g. "cpu,cpu" or "cuda:0,cuda:1"
+  double bucket_cap_mb = 25;       // ddp: gradient bucket cap (the first bucket is min(1, cap))
+  std::string comm_hook = "none";  // ddp: none | bf16 | fp16 (compress buckets for the all_reduce)
+  int64_t grad_accum = 1;          // micro-batches per optimizer step (ddp: all but the last
+                                   // under no_sync()); --batch-size is the micro-batch
+  bool sync_timing = false;        // not a flag: bench train sets it to time CUDA phases
 };
 
 // Throws ValueError (the caller prints it with the usage and exits 2).

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 
 namespace ddp::train {
 namespace {
@@ -116,15 +117,20 @@ class Progress {
   bool bar_;
 };
 
-void write_metrics(const std::string& path, const EpochMetrics& m, int world_size) {
+void write_metrics(const std::string& path, const EpochMetrics& m, int world_size,
+                   const std::string& mode) {
   if (path.empty()) return;
   std::ofstream f(path, std::ios::app);
   DDP_CHECK(f.good(), "--metrics {}: cannot open for appending", path);
   f << fmt::format(
       "{{\"epoch\": {}, \"train_loss\": {:.6f}, \"test_acc\": {:.6f}, \"samples_per_s\": {:.1f}, "
-      "\"step_ms\": {:.4f}, \"time_s\": {:.3f}, \"lr\": {}, \"steps\": {}, \"world_size\": {}}}\n",
+      "\"step_ms\": {:.4f}, \"time_s\": {:.3f}, \"lr\": {}, \"steps\": {}, \"world_size\": {}, "
+      "\"mode\": \"{}\", \"data_ms\": {:.4f}, \"forward_ms\": {:.4f}, \"backward_ms\": {:.4f}, "
+      "\"comm_exposed_ms\": {:.4f}, \"optimizer_ms\": {:.4f}, \"comm_ms\": {:.4f}, "
+      "\"overlap\": {:.4f}}}\n",
       m.epoch, m.train_loss, m.test_acc, m.samples_per_s, m.step_ms, m.time_s, m.lr, m.steps,
-      world_size);
+      world_size, mode, m.data_ms, m.forward_ms, m.backward_ms, m.comm_exposed_ms, m.optimizer_ms,
+      m.comm_ms, m.overlap());
 }
 
 struct Run {
@@ -141,36 +147,97 @@ struct Run {
   ProcessGroup* pg = nullptr;
   std::unique_ptr<DistributedDataParallel> ddp;
   int world_size = 1;
+  std::string mode = "single";  // single | ddp | dp
 };
+
+// Times the phases of a step; on CUDA a lap synchronizes the device first when
+// sync_timing is set (else it measures the host's launch time).
+class PhaseClock {
+ public:
+  PhaseClock(const Device& device, bool sync) : device_(device), sync_(sync && device.is_cuda()) {}
+  double lap() {
+    if (sync_) synchronize(device_);
+    const auto now = Clock::now();
+    const double s = std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+    return s;
+  }
+
+ private:
+  Device device_;
+  bool sync_;
+  Clock::time_point last_ = Clock::now();
+};
+
+struct PhaseTotals {
+  double data = 0, forward = 0, backward = 0, exposed = 0, optimizer = 0, comm = 0;
+};
+
+// One optimizer step: o.grad_accum micro-batches (under DDP all but the last run
+// under no_sync()), each loss scaled by 1 / grad_accum so the gradient is the
+// mean over the step's samples. Returns the samples this rank used (0: the
+// loader ran out).
+int64_t train_step(Run& r, DataLoader& loader, Tensor& loss_sum, Tensor& last_loss,
+                   PhaseTotals& t) {
+  const int64_t k = r.o.grad_accum;
+  PhaseClock clock(r.device, r.o.sync_timing);
+  r.optimizer->zero_grad(/*set_to_none=*/true);  // backward then hands .grad its fresh tensors
+  int64_t samples = 0;
+  Batch batch;
+  for (int64_t m = 0; m < k; ++m) {
+    if (!loader.next(batch)) return 0;
+    t.data += clock.lap();
+    const bool sync = m + 1 == k;
+    Tensor logits;
+    if (r.ddp) {
+      std::optional<DistributedDataParallel::NoSyncGuard> no_sync;
+      if (!sync) no_sync.emplace(*r.ddp);
+      logits = r.ddp->forward(batch.inputs);
+    } else {
+      logits = (*r.model)(batch.inputs);
+    }
+    Tensor loss = functional::cross_entropy(logits, batch.labels);
+    if (k > 1) loss = functional::scale(loss, 1.0f / static_cast<float>(k));
+    t.forward += clock.lap();
+    backward(loss);
+    t.backward += clock.lap();
+    if (r.ddp && sync) {
+      r.ddp->finish_backward();  // every .grad now holds the average over ranks
+      t.exposed += clock.lap();
+      t.comm += r.ddp->comm_stats().comm_s;
+    }
+    {
+      NoGradGuard no_grad;
+      axpy_(k > 1 ? static_cast<float>(k) : 1.0f, loss, loss_sum);
+    }
+    last_loss = loss;
+    samples += batch.labels.size(0);
+  }
+  r.optimizer->set_lr(r.schedule.lr_at(r.optimizer->steps()));
+  r.optimizer->step();
+  t.optimizer += clock.lap();
+  return samples;
+}
 
 EpochMetrics train_epoch(Run& r, DataLoader& loader, DataLoader& test_loader, int64_t epoch) {
   const auto start = Clock::now();
   Progress progress(r.o, r.out);
   loader.start_epoch(epoch);
-  const int64_t steps =
-      r.o.max_steps > 0 ? std::min(r.o.max_steps, loader.num_batches()) : loader.num_batches();
+  const int64_t available = loader.num_batches() / r.o.grad_accum;
+  const int64_t steps = r.o.max_steps > 0 ? std::min(r.o.max_steps, available) : available;
   Tensor loss_sum = zeros({}, {.device = r.device});
-  Batch batch;
-  int64_t step = 0, samples = 0;
-  while (step < steps && loader.next(batch)) {
-    r.optimizer->zero_grad(/*set_to_none=*/true);  // backward then hands .grad its fresh tensors
-    const Tensor logits = r.ddp ? r.ddp->forward(batch.inputs) : (*r.model)(batch.inputs);
-    Tensor loss = functional::cross_entropy(logits, batch.labels);
-    if (r.ddp) {
-      r.ddp->backward(loss);  // gradients averaged over ranks
-    } else {
-      backward(loss);
-    }
-    r.optimizer->set_lr(r.schedule.lr_at(r.optimizer->steps()));
-    r.optimizer->step();
-    {
-      NoGradGuard no_grad;
-      axpy_(1.0f, loss, loss_sum);
-    }
+  Tensor last_loss;
+  PhaseTotals t;
+  int64_t step = 0, samples = 0, micro_batches = 0;
+  while (step < steps) {
+    const int64_t used = train_step(r, loader, loss_sum, last_loss, t);
+    if (used == 0) break;
     ++step;
-    samples += batch.labels.size(0) * r.world_size;  // global samples
+    micro_batches += r.o.grad_accum;
+    samples += used * r.world_size;  // global samples
     if (r.o.log_every > 0 ? step % r.o.log_every == 0 : step % 10 == 0 || step == steps) {
-      progress.step(epoch + 1, r.o.epochs, step, steps, loss.item<float>(),
+      const float shown = last_loss.item<float>() * static_cast<float>(r.o.grad_accum);
+      progress.step(epoch + 1, r.o.epochs, step, steps, shown,
                     static_cast<double>(samples) / seconds_since(start));
     }
   }
@@ -180,9 +247,16 @@ EpochMetrics train_epoch(Run& r, DataLoader& loader, DataLoader& test_loader, in
   m.epoch = epoch + 1;
   m.steps = step;
   m.lr = r.optimizer->lr();
-  m.train_loss = step == 0 ? 0.0 : loss_sum.item<float>() / static_cast<double>(step);
+  m.train_loss = step == 0 ? 0.0 : loss_sum.item<float>() / static_cast<double>(micro_batches);
   m.samples_per_s = static_cast<double>(samples) / train_s;
   m.step_ms = step == 0 ? 0.0 : 1e3 * train_s / static_cast<double>(step);
+  const double per_step = step == 0 ? 0.0 : 1e3 / static_cast<double>(step);
+  m.data_ms = t.data * per_step;
+  m.forward_ms = t.forward * per_step;
+  m.backward_ms = t.backward * per_step;
+  m.comm_exposed_ms = t.exposed * per_step;
+  m.optimizer_ms = t.optimizer * per_step;
+  m.comm_ms = t.comm * per_step;
   m.test_acc = evaluate(*r.model, test_loader, r.pg ? r.pg->comm.get() : nullptr);
   m.time_s = seconds_since(start);
   return m;
@@ -202,7 +276,7 @@ namespace {
 // Metrics, checkpoint and the epoch line (each only where the options ask for it).
 void report_epoch(const Run& r, const EpochMetrics& m) {
   const TrainOptions& o = r.o;
-  write_metrics(o.metrics, m, r.world_size);
+  write_metrics(o.metrics, m, r.world_size, r.mode);
   if (!o.save.empty()) {
     save_checkpoint(
         o.save, *r.model, *r.optimizer,
@@ -211,8 +285,14 @@ void report_epoch(const Run& r, const EpochMetrics& m) {
   if (!o.quiet) {
     r.out << fmt::format(
                  "epoch {}/{}: train_loss {:.4f} test_acc {:.4f} {:.0f} samples/s {:.3f} ms/step "
-                 "{:.1f} s\n",
-                 m.epoch, o.epochs, m.train_loss, m.test_acc, m.samples_per_s, m.step_ms, m.time_s)
+                 "{:.1f} s{}\n",
+                 m.epoch, o.epochs, m.train_loss, m.test_acc, m.samples_per_s, m.step_ms, m.time_s,
+                 r.mode == "single"
+                     ? ""
+                     : fmt::format(" (ms: forward {:.3f} backward {:.3f} comm exposed {:.3f} of "
+                                   "{:.3f} optimizer {:.3f})",
+                                   m.forward_ms, m.backward_ms, m.comm_exposed_ms, m.comm_ms,
+                                   m.optimizer_ms))
           << std::flush;
   }
 }
@@ -230,7 +310,8 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
         0,
         pg,
         nullptr,
-        pg ? pg->env.world_size : 1};
+        pg ? pg->env.world_size : 1,
+        pg ? "ddp" : "single"};
   const int rank = pg ? pg->env.rank : 0;
   const Data data = load_data(o);
   const auto& in = data.train.inputs.shape();
@@ -258,13 +339,26 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
                          info.step);
   }
   // After a resume, so every rank starts from the same (rank 0's) values.
-  if (pg != nullptr) r.ddp = std::make_unique<DistributedDataParallel>(r.model, pg->comm);
-  TrainResult result{{}, r.device, r.model->num_parameters(), 0, rank};
+  if (pg != nullptr) {
+    DdpOptions ddp_options;
+    ddp_options.bucket_cap_mb = o.bucket_cap_mb;
+    ddp_options.first_bucket_mb = std::min(1.0, o.bucket_cap_mb);
+    ddp_options.comm_hook = parse_comm_hook(o.comm_hook);
+    ddp_options.gradient_as_bucket_view = true;  // Note [writing gradients back] in reducer.cpp
+    r.ddp = std::make_unique<DistributedDataParallel>(r.model, pg->comm, ddp_options);
+  }
+  TrainResult result{{}, r.device, r.model->num_parameters(), 0, rank, r.world_size, r.mode};
   if (!o.quiet) {
     out << fmt::format(
-               "train: {} ({} parameters) on {}, {} ({} train / {} test), batch {}, {} lr {}\n",
+               "train: {} ({} parameters) on {}, {} ({} train / {} test), batch {}{}, {} lr {}{}\n",
                models::describe(r.config), result.num_parameters, r.device.str(), data.train.name,
-               data.train.size(), data.test.size(), o.batch_size, o.optimizer, o.lr)
+               data.train.size(), data.test.size(), o.batch_size,
+               o.grad_accum > 1 ? fmt::format(" x {} accumulated", o.grad_accum) : "", o.optimizer,
+               o.lr,
+               r.ddp ? fmt::format(", ddp over {} ranks ({} backend, {} bucket(s), comm hook {})",
+                                   r.world_size, pg->comm->backend(), r.ddp->buckets().size(),
+                                   o.comm_hook)
+                     : "")
         << std::flush;
   }
   for (int64_t epoch = r.first_epoch; epoch < o.epochs; ++epoch) {
@@ -282,8 +376,19 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
 // rank 0 alone prints, writes metrics and saves; samples_per_s counts all ranks and
 // test accuracy sums every rank's shard (the sampler pads the test set to a multiple
 // of the world size, so up to world_size - 1 samples count twice).
+//
+// --mode: auto is ddp when WORLD_SIZE > 1, else single; ddp alone (world size 1)
+// runs DistributedDataParallel over the local backend (its overhead, measurable);
+// single and dp under a launcher are errors (every rank would train alone).
 TrainResult run_training(const TrainOptions& o, std::ostream& out) {
-  if (read_launch_env().world_size <= 1) return run_on_rank(o, out, nullptr);
+  const int world_size = read_launch_env().world_size;
+  const std::string mode = o.mode == "auto" ? (world_size > 1 ? "ddp" : "single") : o.mode;
+  DDP_CHECK(mode == "ddp" || world_size <= 1,
+            "--mode {} under a launcher with WORLD_SIZE={}: every rank would train its own "
+            "model. Use --mode ddp (the default there), or run train without ddprun/mpirun",
+            mode, world_size);
+  DDP_CHECK(mode != "dp", "--mode dp: DataParallel is not implemented yet");
+  if (mode == "single") return run_on_rank(o, out, nullptr);
   ProcessGroupOptions pg_options;
   pg_options.device = o.device == "auto" ? "" : o.device;
   ProcessGroup pg = init_process_group(pg_options);

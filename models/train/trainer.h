@@ -5,7 +5,9 @@
 #include "models/train/train_options.h"
 #include "runtime/device.h"
 
+#include <algorithm>
 #include <ostream>
+#include <string>
 #include <vector>
 
 namespace ddp::train {
@@ -19,6 +21,19 @@ struct EpochMetrics {
   double time_s = 0;  // the epoch's wall time, evaluation included
   float lr = 0;
   int64_t steps = 0;
+  // The mean optimizer step split into phases, in milliseconds (docs/train.md):
+  // data (next batch), forward (model and loss), backward (autograd, DDP's hooks
+  // and launches included), comm_exposed (ddp: waiting for the all_reduces after
+  // backward), optimizer; comm (ddp: the backend's time running the
+  // all_reduces, hidden or not). On CUDA the phases are separated by device
+  // synchronizations only when TrainOptions::sync_timing is set.
+  double data_ms = 0, forward_ms = 0, backward_ms = 0, comm_exposed_ms = 0, optimizer_ms = 0;
+  double comm_ms = 0;
+  // Share of the communication time hidden behind backward: 1 - exposed / comm
+  // (0 when nothing was communicated).
+  double overlap() const {
+    return comm_ms <= 0 ? 0.0 : std::clamp(1.0 - comm_exposed_ms / comm_ms, 0.0, 1.0);
+  }
 };
 
 struct TrainResult {
@@ -27,6 +42,8 @@ struct TrainResult {
   int64_t num_parameters = 0;
   double total_s = 0;
   int rank = 0;  // under a launcher with WORLD_SIZE > 1; only rank 0 reports
+  int world_size = 1;
+  std::string mode;  // single | ddp | dp, as resolved from --mode
 };
 
 // Resolves --device: "auto" is default_device(); others are parsed and checked.

@@ -1,5 +1,6 @@
 // The DDP bucket plan alone (collectives/ddp/bucket_plan.h): a pure function.
 #include "collectives/ddp/bucket_plan.h"
+#include "runtime/error.h"
 
 #include <gtest/gtest.h>
 
@@ -68,6 +69,30 @@ TEST(BucketPlan, SeparatesDevices) {
   const auto buckets = plan_buckets({f32(4), gpu, gpu});
   EXPECT_EQ(groups(buckets), (std::vector<std::vector<size_t>>{{0}, {1, 2}}));
   EXPECT_EQ(buckets[1].device, Device::cuda(0));
+}
+
+// Note [bucket rebuild]: the plan over an observed order keeps indices into the
+// original list, packed in the order given.
+TEST(BucketPlan, RebuildPacksInTheObservedOrder) {
+  const std::vector<ParamInfo> params = {f32(100), f32(100), f32(100), f32(100)};
+  const auto buckets =
+      plan_buckets_in_order(params, {2, 0, 3, 1}, {.first_bucket_bytes = 400, .bucket_bytes = 800});
+  EXPECT_EQ(groups(buckets), (std::vector<std::vector<size_t>>{{2}, {0, 3}, {1}}));
+  EXPECT_EQ(buckets[1].offsets, (std::vector<int64_t>{0, 100}));
+}
+
+TEST(BucketPlan, IdentityOrderEqualsThePlainPlan) {
+  const std::vector<ParamInfo> params = {f32(10), f32(300), f32(10), f32(10)};
+  const BucketCaps caps{.first_bucket_bytes = 100, .bucket_bytes = 1300};
+  EXPECT_EQ(groups(plan_buckets_in_order(params, {0, 1, 2, 3}, caps)),
+            groups(plan_buckets(params, caps)));
+}
+
+TEST(BucketPlan, RebuildRejectsAnOrderThatIsNotAPermutation) {
+  const std::vector<ParamInfo> params = {f32(1), f32(1), f32(1)};
+  EXPECT_THROW(plan_buckets_in_order(params, std::vector<size_t>{0, 0, 1}), ValueError);
+  EXPECT_THROW(plan_buckets_in_order(params, std::vector<size_t>{0, 1}), ValueError);
+  EXPECT_THROW(plan_buckets_in_order(params, std::vector<size_t>{0, 1, 3}), ValueError);
 }
 
 }  // namespace

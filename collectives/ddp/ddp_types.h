@@ -1,0 +1,46 @@
+// Small types shared by DistributedDataParallel and its reducer.
+#pragma once
+
+#include "runtime/error.h"
+
+#include <cstdint>
+#include <string>
+
+namespace ddp {
+
+// Note [comm hooks]: a hook compresses every bucket for its all_reduce and
+// decompresses the average afterwards (PyTorch's bf16_compress_hook and
+// fp16_compress_hook): half the bytes on the wire, at the price of rounding the
+// averaged gradient to 8 (bf16) or 11 (fp16) significant bits. fp16 overflows
+// above 65504; bf16 keeps float32's range.
+enum class CommHook { none, bf16, fp16 };
+
+inline const char* comm_hook_name(CommHook hook) {
+  switch (hook) {
+    case CommHook::none:
+      return "none";
+    case CommHook::bf16:
+      return "bf16";
+    case CommHook::fp16:
+      return "fp16";
+  }
+  return "?";
+}
+
+inline CommHook parse_comm_hook(const std::string& text) {
+  if (text == "none") return CommHook::none;
+  if (text == "bf16") return CommHook::bf16;
+  if (text == "fp16") return CommHook::fp16;
+  throw ValueError("comm hook '" + text + "': valid values are none, bf16, fp16");
+}
+
+// Timing of the last synchronized backward, for benchmarks (bench train).
+struct CommStats {
+  double comm_s = 0;     // the backend's time running the buckets' all_reduces
+                         // (Work::duration; 0 where the backend does not measure)
+  double exposed_s = 0;  // time finish_backward() waited for them: not hidden by backward
+  int64_t buckets = 0;
+  int64_t bytes = 0;  // bytes all_reduced (after compression)
+};
+
+}  // namespace ddp
