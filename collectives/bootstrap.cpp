@@ -4,7 +4,10 @@
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/env.h"
 #include "runtime/logging.h"
+#include "runtime/unique_fd.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <random>
@@ -166,6 +169,41 @@ std::string shared_run_id(ProcessGroup& pg) {
   return pg.store->get_string("ddp/run_id");
 }
 
+// Note [gloo address]: every gloo rank listens on an address that it publishes
+// in the store, and by default gloo takes this host's name. Where that name
+// resolves to a loopback address (/etc/hosts of containers, Debian's 127.0.1.1,
+// network namespaces), ranks on other nodes cannot connect. The address this
+// rank uses to reach the store's host is one they can reach, so that is the
+// default when it is not a loopback address (MASTER_ADDR 127.0.0.1 on one node
+// keeps the host name, as before). DDP_GLOO_HOSTNAME overrides both.
+std::string gloo_hostname(const LaunchEnv& e) {
+  if (auto name = env::get(env::kGlooHostname)) return *name;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(e.master_addr.c_str(), "9", &hints, &found) != 0) return "";
+  std::string address;
+  for (addrinfo* a = found; a != nullptr && address.empty(); a = a->ai_next) {
+    const UniqueFd fd(socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0));
+    sockaddr_storage local{};
+    socklen_t length = sizeof(local);
+    // connect() on a UDP socket only picks the route and the source address; nothing is sent.
+    if (!fd || connect(fd.get(), a->ai_addr, a->ai_addrlen) != 0 ||
+        getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &length) != 0) {
+      continue;
+    }
+    char text[NI_MAXHOST] = {};
+    if (getnameinfo(reinterpret_cast<sockaddr*>(&local), length, text, sizeof(text), nullptr, 0,
+                    NI_NUMERICHOST) == 0) {
+      address = text;
+    }
+  }
+  freeaddrinfo(found);
+  const bool loopback = address.starts_with("127.") || address == "::1";
+  return loopback ? "" : address;
+}
+
 }  // namespace
 
 ProcessGroup init_process_group(const ProcessGroupOptions& options) {
@@ -185,6 +223,8 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options) {
   }
   if (backend == "mpi") {
     pg.comm = make_mpi_communicator(comm);
+    DDP_LOG_DEBUG("process group: backend mpi rank {}/{} on {}", pg.env.rank, pg.env.world_size,
+                  pg.device.str());
     return pg;
   }
   connect_store(pg, timeout);
@@ -198,8 +238,10 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options) {
                                      .run_id = shared_run_id(pg),
                                      .comm = comm});
   } else if (backend == "gloo") {
+    const std::string hostname = gloo_hostname(pg.env);  // Note [gloo address]
     pg.comm = make_gloo_communicator(
-        pg.store, {.rank = pg.env.rank, .size = pg.env.world_size, .hostname = "", .comm = comm});
+        pg.store,
+        {.rank = pg.env.rank, .size = pg.env.world_size, .hostname = hostname, .comm = comm});
   } else {
     DDP_CHECK_T(DeviceError, pg.device.is_cuda(),
                 "the nccl backend needs a CUDA device; this rank "

@@ -170,11 +170,13 @@ std::shared_ptr<gloo::Context> connect(std::shared_ptr<Store> store, const GlooO
   } catch (const Error&) {
     throw;                             // ours, e.g. a StoreTimeoutError naming the missing key
   } catch (const std::exception& e) {  // gloo::Exception, gloo::EnforceNotMet
-    throw CommError(fmt::format("rank {}: gloo could not connect to the other {} ranks from host "
-                                "'{}': {}. Check that every rank's hostname resolves to an address "
-                                "the others reach (GlooOptions::hostname)",
-                                options.rank, options.size - 1, attr.hostname, e.what()),
-                    options.rank, "gloo rendezvous", -1, 0);
+    throw CommError(
+        fmt::format("rank {}: gloo could not connect to the other {} ranks from host "
+                    "'{}': {}. Check that every rank's hostname resolves to an address "
+                    "the others reach (GlooOptions::hostname; for train and other programs of a "
+                    "launcher, export DDP_GLOO_HOSTNAME=<this node's address>)",
+                    options.rank, options.size - 1, attr.hostname, e.what()),
+        options.rank, "gloo rendezvous", -1, 0);
   }
   return context;
 }

@@ -9,6 +9,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git clang-format
+  iproute2 python3
   libgtest-dev libgmock-dev googletest
   libspdlog-dev libfmt-dev
   libopenblas-dev

@@ -14,6 +14,8 @@
 //   DDP_BACKEND    auto|local|shm|gloo|mpi|nccl                (default: auto)
 //   DDP_TIMEOUT_S  collective and rendezvous timeout, seconds  (default: 300)
 //   DDP_DEBUG      off|detail                                  (default: off)
+//   DDP_GLOO_HOSTNAME  address gloo ranks listen on (default: the address that
+//                      reaches MASTER_ADDR, else the host name; Note [gloo address])
 #pragma once
 
 #include <cstdint>
@@ -38,6 +40,7 @@ inline constexpr const char* kRestartCount = "DDPRUN_RESTART_COUNT";
 inline constexpr const char* kRunId = "DDPRUN_RUN_ID";
 inline constexpr const char* kStore = "DDPRUN_STORE";
 inline constexpr const char* kStoreSecret = "DDP_STORE_SECRET";
+inline constexpr const char* kGlooHostname = "DDP_GLOO_HOSTNAME";
 
 // The value of a variable, or nullopt when unset or empty.
 std::optional<std::string> get(const char* name);
