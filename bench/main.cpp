@@ -69,6 +69,30 @@ constexpr std::array kSubcommands = {
         "JSON rows: bytes, count, dtype, time_us, algbw_gbps, busbw_gbps, check, backend,\n"
         "world_size.",
         run_allreduce_bench, "--min-bytes --max-bytes --iters --dtype --backend"},
+    Subcommand{"train", "a training step of `train`, split into phases, alone or under a launcher",
+               "Runs `train` (models/train) for --warmup epochs (default 1) and then --repeats\n"
+               "epochs (default 3) of --steps steps each, constant lr, and reports the median\n"
+               "epoch: global samples/s, ms per optimizer step, and the step split into data,\n"
+               "forward, backward (autograd with DDP's hooks and bucket launches), exposed\n"
+               "communication (DDP: waiting for the all_reduces after backward), optimizer;\n"
+               "comm_ms is the backend's time running the all_reduces, hidden or not, and\n"
+               "overlap = 1 - exposed / comm. On CUDA the phases are separated by device\n"
+               "synchronizations. Run it under ddprun/mpirun for DDP (`ddprun -n 2 bench train`),\n"
+               "alone for one device, or with --mode ddp alone for DDP over one rank.\n"
+               "  --model mlp|cnn     (default mlp)      --hidden N[,N]  mlp sizes (default 256)\n"
+               "  --batch-size N      per rank (default 64)\n"
+               "  --steps N           steps per epoch (default 300)\n"
+               "  --mode M            auto|single|ddp|dp (default auto)   --devices D,D  for dp\n"
+               "  --bucket-cap-mb X   DDP bucket cap (default 25)\n"
+               "  --comm-hook H       none|bf16|fp16 (default none)\n"
+               "  --grad-accum K      micro-batches per step (default 1)\n"
+               "  --data DIR|synthetic (default Fashion-MNIST when installed, else synthetic)\n"
+               "JSON rows: model, mode, world, batch, bucket_mb, hook, samples_per_s, step_ms,\n"
+               "data_ms, forward_ms, backward_ms, exposed_ms, optimizer_ms, comm_ms, overlap,\n"
+               "exposed_pct, steps, device.",
+               run_train_bench,
+               "--model --hidden --batch-size --steps --mode --devices --bucket-cap-mb --comm-hook "
+               "--grad-accum --data"},
 };
 
 constexpr std::string_view kFlagsHelp =

@@ -53,5 +53,6 @@ struct Subcommand {
 int run_device_bench(const BenchOptions& options, const Reporter& reporter);
 int run_gemm_bench(const BenchOptions& options, const Reporter& reporter);
 int run_allreduce_bench(const BenchOptions& options, const Reporter& reporter);
+int run_train_bench(const BenchOptions& options, const Reporter& reporter);
 
 }  // namespace ddp::bench
