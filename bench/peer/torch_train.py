@@ -81,6 +81,8 @@ def parse_args(argv):
     parser.add_argument("--momentum", type=float, default=0.9,
                         help="SGD momentum (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="init and shuffle seed (default 0)")
+    parser.add_argument("--bucket-cap-mb", type=float, default=25.0,
+                        help="DistributedDataParallel bucket_cap_mb (default %(default)s)")
     args = parser.parse_args(argv)
     if args.warmup < 0:
         parser.error("--warmup must be >= 0")
@@ -130,7 +132,7 @@ def main(argv=None):
         inputs, labels = torch_models.load_fashion_mnist(args.data, "train")
     model = torch_models.build(args.model, hidden=args.hidden)
     if world_size > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model)
+        model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
 
@@ -166,6 +168,7 @@ def main(argv=None):
             "steps": args.steps,
             "warmup": args.warmup,
             "world_size": world_size,
+            "bucket_cap_mb": args.bucket_cap_mb,
             "last_loss": round(loss, 4),
             "torch": torch.__version__,
             "data": "synthetic" if args.data == "synthetic" else "fashion-mnist",
