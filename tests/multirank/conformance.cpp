@@ -1,6 +1,7 @@
 #include "tests/multirank/conformance.h"
 
 #include "collectives/backends.h"
+#include "collectives/store/tcp_store.h"
 #include "runtime/env.h"
 
 #include <algorithm>
@@ -52,6 +53,31 @@ double load(const void* data, DType dtype, int64_t i) {
   return NAN;
 }
 
+// Rank 0 hosts the TcpStore server on MASTER_PORT. The server must outlive the
+// group: the returned pointer owns both and releases the communicator first.
+std::shared_ptr<Communicator> make_gloo(int rank, int size, CommOptions comm) {
+  const auto port = env::get("MASTER_PORT");
+  require(port.has_value(), "gloo: MASTER_PORT is not set (spawn_ranks sets it)");
+  std::shared_ptr<TcpStoreServer> server;
+  if (rank == 0) {
+    TcpStoreServerOptions server_options;
+    server_options.port = std::stoi(*port);
+    server = std::make_shared<TcpStoreServer>(server_options);
+  }
+  TcpStoreOptions store_options;
+  store_options.host = "127.0.0.1";
+  store_options.port = std::stoi(*port);
+  store_options.timeout = std::chrono::milliseconds(30000);
+  std::shared_ptr<Communicator> gloo =
+      make_gloo_communicator(std::make_shared<TcpStore>(store_options),
+                             {.rank = rank, .size = size, .hostname = "127.0.0.1", .comm = comm});
+  Communicator* raw = gloo.get();
+  return std::shared_ptr<Communicator>(raw, [gloo, server](Communicator*) mutable {
+    gloo.reset();
+    server.reset();
+  });
+}
+
 }  // namespace
 
 std::string case_name(const BackendCase& c) {
@@ -73,9 +99,10 @@ std::shared_ptr<Communicator> make_backend(const std::string& name, int rank, in
     require(run_id.has_value(), "shm: DDPRUN_RUN_ID is not set (spawn_ranks sets it)");
     return make_shm_communicator({.rank = rank, .size = size, .run_id = *run_id, .comm = comm});
   }
-  // Note [backend factory]: gloo and mpi go here.
+  if (name == "gloo") return make_gloo(rank, size, comm);
+  // Note [backend factory]: mpi goes here.
   throw std::runtime_error(fmt::format(
-      "make_backend: no backend '{}' in the conformance suite; known: local, shm", name));
+      "make_backend: no backend '{}' in the conformance suite; known: local, shm, gloo", name));
 }
 
 double input_value(DType dtype, int rank, int64_t i) {

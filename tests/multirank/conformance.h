@@ -24,8 +24,9 @@ void PrintTo(const BackendCase& c, std::ostream* os);
 // each rank spawned by spawn_ranks (rank and size passed in; RANK, WORLD_SIZE,
 // MASTER_ADDR, MASTER_PORT and DDPRUN_RUN_ID in the environment). Adding a
 // backend is adding a case to make_backend() and an INSTANTIATE_TEST_SUITE_P:
-//   gloo: connect a TcpStore to MASTER_ADDR:MASTER_PORT (rank 0 hosts the
-//         server) and call make_gloo_communicator(store, {rank, size, "", comm}).
+//   gloo: (built) a TcpStore on 127.0.0.1:MASTER_PORT, whose server rank 0 hosts
+//         and the returned communicator owns; gloo_conformance_test.cpp has its
+//         own suite (gloo's errors cannot name the failed rank).
 //   mpi:  ranks come from mpirun, not from fork(): the suite then needs a
 //         launcher that runs the body in this process under mpirun (see
 //         run_on_ranks in conformance_test.cpp) and make_mpi_communicator(comm).
