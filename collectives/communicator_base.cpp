@@ -155,63 +155,100 @@ void ThreadedCommunicator::start_thread() {
 }
 
 void ThreadedCommunicator::stop_thread() {
+  Queue& q = *queue_;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
+    std::lock_guard<std::mutex> lock(q.mutex);
+    q.stopping = true;
   }
-  cv_.notify_all();
+  q.cv.notify_all();
   if (thread_.joinable()) thread_.join();
+  // A waiter may still be running a collective inline (Note [waiter runs it]).
+  std::unique_lock<std::mutex> lock(q.mutex);
+  q.cv.wait(lock, [&q] { return !q.running; });
 }
 
 std::shared_ptr<Work> ThreadedCommunicator::submit(Collective c) {
   auto work =
       std::make_shared<ThreadWork>(c.sequence, c.describe(), rank(), c.count(), options().timeout);
+  // The waiter touches `this` only after claiming the queue, and stop_thread()
+  // (first in every backend's destructor) waits for such a claim to end.
+  std::weak_ptr<Queue> weak = queue_;
+  work->set_helper([this, weak](const ThreadWork& w) {
+    if (auto q = weak.lock()) run_queued_until(*q, w);
+  });
+  Queue& q = *queue_;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (broken_) {
-      work->fail(broken_);
+    std::lock_guard<std::mutex> lock(q.mutex);
+    if (q.broken) {
+      work->fail(q.broken);
       return work;
     }
-    queue_.push_back({std::move(c), work});
+    q.tasks.push_back({std::move(c), work});
   }
-  cv_.notify_all();
+  q.cv.notify_all();
   return work;
 }
 
-void ThreadedCommunicator::loop() {
+void ThreadedCommunicator::run_queued_until(Queue& q, const ThreadWork& work) {
   for (;;) {
     Task task;
     {
-      std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      task = std::move(queue_.front());
-      queue_.pop_front();
-      if (stopping_ || broken_) {
-        task.work->fail(broken_ ? broken_
-                                : std::make_exception_ptr(CommError(
-                                      fmt::format("rank {}: {} cancelled: the communicator was "
-                                                  "destroyed",
-                                                  rank(), task.collective.describe()),
-                                      rank(), task.work->description(), task.collective.sequence,
-                                      task.collective.count())));
+      std::lock_guard<std::mutex> lock(q.mutex);
+      if (work.done() || q.running || q.stopping || q.broken || q.tasks.empty()) return;
+      task = std::move(q.tasks.front());
+      q.tasks.pop_front();
+      q.running = true;
+    }
+    execute(q, task);
+  }
+}
+
+void ThreadedCommunicator::loop() {
+  Queue& q = *queue_;
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(q.mutex);
+      q.cv.wait(lock, [&q] { return q.stopping || (!q.tasks.empty() && !q.running); });
+      if (q.tasks.empty()) return;
+      task = std::move(q.tasks.front());
+      q.tasks.pop_front();
+      if (q.stopping || q.broken) {
+        task.work->fail(q.broken ? q.broken
+                                 : std::make_exception_ptr(CommError(
+                                       fmt::format("rank {}: {} cancelled: the communicator was "
+                                                   "destroyed",
+                                                   rank(), task.collective.describe()),
+                                       rank(), task.work->description(), task.collective.sequence,
+                                       task.collective.count())));
         continue;
       }
+      q.running = true;
     }
-    try {
-      if (debug_ && size() > 1) check_fingerprints(task.collective);
-      task.work->start();
-      run(task.collective);
-      task.work->finish();
-    } catch (...) {
-      std::exception_ptr error = std::current_exception();
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        broken_ = error;
-      }
-      task.work->fail(error);
-    }
+    execute(q, task);
   }
+}
+
+// Runs one claimed task (q.running is set) and releases the claim.
+void ThreadedCommunicator::execute(Queue& q, Task& task) {
+  try {
+    if (debug_ && size() > 1) check_fingerprints(task.collective);
+    task.work->start();
+    run(task.collective);
+    task.work->finish();
+  } catch (...) {
+    std::exception_ptr error = std::current_exception();
+    {
+      std::lock_guard<std::mutex> lock(q.mutex);
+      q.broken = error;
+    }
+    task.work->fail(error);
+  }
+  {
+    std::lock_guard<std::mutex> lock(q.mutex);
+    q.running = false;
+  }
+  q.cv.notify_all();
 }
 
 void ThreadedCommunicator::fail(const Collective& c, const std::string& message) const {

@@ -4,8 +4,12 @@
 //
 // ThreadedCommunicator runs a backend's blocking `run()` on one communication
 // thread, in issue order, so the caller is blocked only in Work::wait() and DDP's
-// backward overlaps the all-reduces. After the first failure the communicator is
-// broken: every later collective fails at once with the first error, as NCCL's
+// backward overlaps the all-reduces. Note [waiter runs it]: a thread that waits
+// for a collective the communication thread has not started yet runs it (and
+// any collectives queued before it) itself, one at a time and in issue order,
+// which saves two thread hand-offs exactly where the caller blocks anyway (DDP's
+// last bucket, small collectives). The backend's own timeout then applies. After the first failure
+// the communicator is broken: every later collective fails at once with the first error, as NCCL's
 // aborted communicators do.
 #pragma once
 
@@ -75,6 +79,7 @@ class ThreadedCommunicator : public CommunicatorBase {
   // within options().timeout and throw CommError (or CommTimeoutError).
   virtual void run(const Collective& collective) = 0;
   std::shared_ptr<Work> submit(Collective collective) override;
+
   // Throws a CommError for `c` with this rank and the message.
   [[noreturn]] void fail(const Collective& c, const std::string& message) const;
   [[noreturn]] void fail_timeout(const Collective& c, const std::string& message) const;
@@ -84,14 +89,25 @@ class ThreadedCommunicator : public CommunicatorBase {
     Collective collective;
     std::shared_ptr<ThreadWork> work;
   };
+  // The queue, shared with the Works' waiters (they hold it weakly: a Work may
+  // outlive its communicator).
+  struct Queue {
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::deque<Task> tasks;
+    bool stopping = false;
+    bool running = false;  // a thread is inside run(): others must not start one
+    std::exception_ptr broken;
+  };
   void loop();
+  // Note [waiter runs it]: runs queued collectives on the calling thread, from the
+  // front, until `work` is done or another thread is running one.
+  void run_queued_until(Queue& q, const ThreadWork& work);
+  // Runs one claimed task (q.running is set) and releases the claim.
+  void execute(Queue& q, Task& task);
   void check_fingerprints(const Collective& c);
 
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<Task> queue_;
-  bool stopping_ = false;
-  std::exception_ptr broken_;
+  std::shared_ptr<Queue> queue_ = std::make_shared<Queue>();
   bool debug_ = false;
   std::thread thread_;
 };

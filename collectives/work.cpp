@@ -10,8 +10,13 @@ ThreadWork::ThreadWork(int64_t sequence, std::string description, int rank, int6
       count_(count),
       default_timeout_(default_timeout) {}
 
+void ThreadWork::set_helper(std::function<void(const ThreadWork&)> helper) {
+  helper_ = std::move(helper);
+}
+
 void ThreadWork::wait(std::chrono::milliseconds timeout) {
   if (timeout.count() <= 0) timeout = default_timeout_;
+  if (helper_) helper_(*this);
   std::unique_lock<std::mutex> lock(mutex_);
   if (!cv_.wait_for(lock, timeout, [this] { return done_; })) {
     throw CommTimeoutError(

@@ -6,6 +6,7 @@
 
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <mutex>
 
 namespace ddp {
@@ -20,6 +21,9 @@ class ThreadWork : public Work {
   int64_t sequence() const override { return sequence_; }
   std::optional<std::chrono::nanoseconds> duration() const override;
   void start();  // the backend begins running it (for duration())
+  // Called by wait() before blocking: the communicator may run the collective on
+  // the waiting thread (Note [waiter runs it] in communicator_base.h).
+  void set_helper(std::function<void(const ThreadWork&)> helper);
   void finish();
   void fail(std::exception_ptr error);
   const std::string& description() const { return description_; }
@@ -35,6 +39,7 @@ class ThreadWork : public Work {
   bool done_ = false;
   std::exception_ptr error_;
   std::chrono::steady_clock::time_point started_{}, finished_{};
+  std::function<void(const ThreadWork&)> helper_;  // set once, before the Work is returned
 };
 
 // A Work that is already complete (or failed) when returned.

@@ -116,13 +116,7 @@ void Reducer::handle_unused() {
   }
   if (unused.empty()) return;
   if (!options_.find_unused) {
-    orphaned_flats_.insert(orphaned_flats_.end(), flats_.begin(), flats_.end());
-    for (const Tensor& t : compressed_) {
-      if (t.defined()) orphaned_flats_.push_back(t);
-    }
-    orphaned_works_.insert(orphaned_works_.end(), works_.begin(), works_.end());
-    allocate_buckets();
-    reset();
+    abandon_buckets();
     DDP_CHECK(false,
               "DistributedDataParallel: {} parameter(s) received no gradient in this "
               "backward: {}. Every parameter must take part in the loss on every rank; if "
@@ -139,12 +133,30 @@ void Reducer::handle_unused() {
   launch_ready_buckets();
 }
 
+void Reducer::abandon_buckets() {
+  orphaned_flats_.insert(orphaned_flats_.end(), flats_.begin(), flats_.end());
+  for (const Tensor& t : compressed_) {
+    if (t.defined()) orphaned_flats_.push_back(t);
+  }
+  orphaned_works_.insert(orphaned_works_.end(), works_.begin(), works_.end());
+  allocate_buckets();
+  reset();
+}
+
 void Reducer::finish() {
   if (!sync_) return;
   handle_unused();
   DDP_ASSERT(next_launch_ == plan_.size(), "{} of {} buckets launched", next_launch_, plan_.size());
   const auto start = std::chrono::steady_clock::now();
-  for (const auto& work : works_) work->wait();
+  try {
+    for (const auto& work : works_) work->wait();
+  } catch (...) {
+    // The buckets may still be in the backend's hands (a timeout): keep them
+    // alive, and leave the reducer ready for the next forward, whose
+    // collectives then fail with the communicator's first error.
+    abandon_buckets();
+    throw;
+  }
   stats_.exposed_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   stats_.comm_s = 0;

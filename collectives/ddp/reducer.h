@@ -43,6 +43,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void allocate_buckets();
   void launch_ready_buckets();
   void handle_unused();
+  // After a failed backward: moves the buckets and works to the orphans, fresh
+  // buckets, state reset.
+  void abandon_buckets();
   void write_grads();
   void rebuild_buckets();
   void reset();

@@ -144,7 +144,17 @@ int crash_body(const std::string& backend, const std::string& names_peer, int ra
                         rank, seconds, kCrashTimeout.count(), what));
     require(what.find(names_peer) != std::string::npos,
             fmt::format("rank {}: the CommError does not name '{}': {}", rank, names_peer, what));
-    return 0;
+    // The next step fails with the communicator's error again, not with advice
+    // about an unfinished backward.
+    try {
+      ddp.backward(cross_entropy(ddp(b.x), b.labels));
+    } catch (const CommError&) {
+      return 0;
+    } catch (const ValueError& again) {
+      require(false, fmt::format("rank {}: the step after the failure threw a ValueError: {}", rank,
+                                 again.what()));
+    }
+    require(false, fmt::format("rank {}: the step after the failure succeeded", rank));
   }
   throw std::runtime_error(fmt::format("rank {}: backward succeeded although rank 1 died", rank));
 }

@@ -5,9 +5,9 @@
 // DDP_DEBUG=detail). Rank 0 hosts the TcpStore server the ranks rendezvous on.
 //
 // Why not an instantiation of Conformance (conformance_test.cpp): its fixture is
-// private to that file and its factory (make_backend) has no gloo case yet; and
-// gloo cannot name the rank that failed (its errors name a socket), which the
-// shared fault tests require. The values and the harness are the shared ones.
+// private to that file, and gloo cannot name the rank that failed (its errors
+// name a socket), which the shared fault tests require. The values, the harness
+// and make_backend("gloo", ...) are the shared ones.
 #include "collectives/backends.h"
 #include "collectives/store/tcp_store.h"
 #include "runtime/env.h"
