@@ -1,6 +1,7 @@
 #include "models/train/trainer.h"
 
 #include "collectives/bootstrap.h"
+#include "collectives/data_parallel/data_parallel.h"
 #include "collectives/ddp/distributed_data_parallel.h"
 #include "models/train/checkpoint.h"
 #include "runtime/autograd/functions.h"
@@ -148,6 +149,8 @@ struct Run {
   std::unique_ptr<DistributedDataParallel> ddp;
   int world_size = 1;
   std::string mode = "single";  // single | ddp | dp
+  // --mode dp: the model wrapped in DataParallel over --devices (device = devices[0]).
+  std::unique_ptr<DataParallel> dp;
 };
 
 // Times the phases of a step; on CUDA a lap synchronizes the device first when
@@ -193,6 +196,8 @@ int64_t train_step(Run& r, DataLoader& loader, Tensor& loss_sum, Tensor& last_lo
       std::optional<DistributedDataParallel::NoSyncGuard> no_sync;
       if (!sync) no_sync.emplace(*r.ddp);
       logits = r.ddp->forward(batch.inputs);
+    } else if (r.dp) {
+      logits = r.dp->forward(batch.inputs);  // replicate, scatter, parallel apply, gather
     } else {
       logits = (*r.model)(batch.inputs);
     }
@@ -300,9 +305,14 @@ void report_epoch(const Run& r, const EpochMetrics& m) {
 // pg: null for a single process.
 TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* pg) {
   const auto start = Clock::now();
+  const bool dp = pg == nullptr && o.mode == "dp";
+  const std::vector<Device> dp_devices = dp ? parse_device_list(o.devices) : std::vector<Device>{};
+  if (dp) check_data_parallel_devices(dp_devices);  // before the data and the model
   Run r{o,
         out,
-        pg ? pg->device : resolve_device(o.device),
+        pg   ? pg->device
+        : dp ? dp_devices.front()
+             : resolve_device(o.device),
         o.model,
         nullptr,
         nullptr,
@@ -311,7 +321,10 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
         pg,
         nullptr,
         pg ? pg->env.world_size : 1,
-        pg ? "ddp" : "single"};
+        pg   ? "ddp"
+        : dp ? "dp"
+             : "single",
+        nullptr};
   const int rank = pg ? pg->env.rank : 0;
   const Data data = load_data(o);
   const auto& in = data.train.inputs.shape();
@@ -347,6 +360,7 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
     ddp_options.gradient_as_bucket_view = true;  // Note [writing gradients back] in reducer.cpp
     r.ddp = std::make_unique<DistributedDataParallel>(r.model, pg->comm, ddp_options);
   }
+  if (dp) r.dp = std::make_unique<DataParallel>(r.model, dp_devices);
   TrainResult result{{}, r.device, r.model->num_parameters(), 0, rank, r.world_size, r.mode};
   if (!o.quiet) {
     out << fmt::format(
@@ -355,10 +369,11 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
                data.train.size(), data.test.size(), o.batch_size,
                o.grad_accum > 1 ? fmt::format(" x {} accumulated", o.grad_accum) : "", o.optimizer,
                o.lr,
-               r.ddp ? fmt::format(", ddp over {} ranks ({} backend, {} bucket(s), comm hook {})",
-                                   r.world_size, pg->comm->backend(), r.ddp->buckets().size(),
-                                   o.comm_hook)
-                     : "")
+               r.ddp  ? fmt::format(", ddp over {} ranks ({} backend, {} bucket(s), comm hook {})",
+                                    r.world_size, pg->comm->backend(), r.ddp->buckets().size(),
+                                    o.comm_hook)
+               : r.dp ? fmt::format(", dp over {} replicas ({})", dp_devices.size(), o.devices)
+                      : "")
         << std::flush;
   }
   for (int64_t epoch = r.first_epoch; epoch < o.epochs; ++epoch) {
@@ -387,8 +402,7 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
             "--mode {} under a launcher with WORLD_SIZE={}: every rank would train its own "
             "model. Use --mode ddp (the default there), or run train without ddprun/mpirun",
             mode, world_size);
-  DDP_CHECK(mode != "dp", "--mode dp: DataParallel is not implemented yet");
-  if (mode == "single") return run_on_rank(o, out, nullptr);
+  if (mode == "single" || mode == "dp") return run_on_rank(o, out, nullptr);
   ProcessGroupOptions pg_options;
   pg_options.device = o.device == "auto" ? "" : o.device;
   ProcessGroup pg = init_process_group(pg_options);

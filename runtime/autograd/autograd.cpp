@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <limits>
+#include <mutex>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -55,7 +56,18 @@ struct AccumulateGrad : Node {
   std::weak_ptr<TensorImpl> target_;
 };
 
+// Note [autograd and threads]: forward passes may record graphs in several threads at
+// once (DataParallel's replicas do). Grad mode is per thread (a new thread starts with
+// it on; DataParallel hands its workers the caller's mode), sequence numbers are
+// atomic, and a recorded node and its output's metadata belong to the thread that
+// records them. What threads share are leaves (a parameter used by several replicas):
+// their metadata exists before the threads start (requires_grad was set), and the
+// lazily made accumulate node is created under this lock. backward() runs in one
+// thread; running two backward passes over one graph at once is not supported.
+std::mutex g_accumulate_mutex;
+
 std::shared_ptr<Node> accumulate_node(const Tensor& leaf) {
+  std::lock_guard<std::mutex> lock(g_accumulate_mutex);
   AutogradMeta& m = meta(leaf);
   auto node = m.accumulate_node.lock();
   if (!node) {
@@ -197,7 +209,10 @@ NoGradGuard::~NoGradGuard() {
 
 namespace autograd {
 
-bool needs_grad(std::initializer_list<const Tensor*> inputs) {
+namespace {
+
+template <typename Inputs>
+bool any_needs_grad(const Inputs& inputs) {
   if (!t_grad_mode) return false;
   for (const Tensor* t : inputs) {
     if (t->defined() && requires_grad(*t)) return true;
@@ -205,13 +220,32 @@ bool needs_grad(std::initializer_list<const Tensor*> inputs) {
   return false;
 }
 
-void record(Tensor& output, std::shared_ptr<Node> node,
-            std::initializer_list<const Tensor*> inputs) {
+template <typename Inputs>
+void record_edges(Tensor& output, std::shared_ptr<Node> node, const Inputs& inputs) {
   node->next.clear();
   for (const Tensor* t : inputs) node->next.push_back({t->defined() ? node_of(*t) : nullptr});
   AutogradMeta& m = meta(output);
   m.requires_grad = true;
   m.grad_fn = std::move(node);
+}
+
+}  // namespace
+
+bool needs_grad(std::initializer_list<const Tensor*> inputs) {
+  return any_needs_grad(inputs);
+}
+
+bool needs_grad(const std::vector<const Tensor*>& inputs) {
+  return any_needs_grad(inputs);
+}
+
+void record(Tensor& output, std::shared_ptr<Node> node,
+            std::initializer_list<const Tensor*> inputs) {
+  record_edges(output, std::move(node), inputs);
+}
+
+void record(Tensor& output, std::shared_ptr<Node> node, const std::vector<const Tensor*>& inputs) {
+  record_edges(output, std::move(node), inputs);
 }
 
 }  // namespace autograd

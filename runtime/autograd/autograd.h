@@ -66,7 +66,8 @@ void register_post_accumulate_grad_hook(Tensor& param, GradHook hook);
 // the seed gradient is 1. Throws ValueError if root does not require grad.
 void backward(const Tensor& root, const Tensor& grad_root = Tensor());
 
-// Grad mode: while disabled (NoGradGuard), ops record nothing.
+// Grad mode: while disabled (NoGradGuard), ops record nothing. Per thread
+// (Note [autograd and threads] in autograd.cpp: forward may record in several threads).
 bool grad_mode_enabled();
 class NoGradGuard {
  public:
@@ -85,6 +86,9 @@ bool needs_grad(std::initializer_list<const Tensor*> inputs);
 // Attaches `node` (its edges taken from `inputs`) as the grad_fn of `output`.
 void record(Tensor& output, std::shared_ptr<Node> node,
             std::initializer_list<const Tensor*> inputs);
+// The same for ops with a number of inputs known only at run time (gather).
+bool needs_grad(const std::vector<const Tensor*>& inputs);
+void record(Tensor& output, std::shared_ptr<Node> node, const std::vector<const Tensor*>& inputs);
 }  // namespace autograd
 
 }  // namespace ddp

@@ -3,6 +3,7 @@
 #include "runtime/ops/ops.h"
 
 #include <cmath>
+#include <mutex>
 
 namespace ddp::nn {
 namespace {
@@ -30,6 +31,11 @@ Tensor Linear::forward(const Tensor& x) {
   return functional::linear(x, weight, bias);
 }
 
+void Linear::rebind_members() {
+  weight = own_parameter("weight");
+  bias = own_parameter("bias");
+}
+
 std::string Linear::extra_repr() const {
   return fmt::format("in_features={}, out_features={}, bias={}", weight.size(1), weight.size(0),
                      bias.defined() ? "True" : "False");
@@ -50,6 +56,11 @@ Tensor Conv2d::forward(const Tensor& x) {
   return functional::conv2d(x, weight, bias, options_);
 }
 
+void Conv2d::rebind_members() {
+  weight = own_parameter("weight");
+  bias = own_parameter("bias");
+}
+
 std::string Conv2d::extra_repr() const {
   return fmt::format("{}, {}, kernel_size=({}, {}), stride=({}, {}), padding=({}, {})",
                      weight.size(1), weight.size(0), weight.size(2), weight.size(3),
@@ -60,12 +71,25 @@ std::string MaxPool2d::extra_repr() const {
   return fmt::format("kernel_size={}, stride={}", kernel_, stride_ == 0 ? kernel_ : stride_);
 }
 
-Dropout::Dropout(float p, uint64_t seed) : p_(p), gen_(seed) {
+struct Dropout::MaskStream {
+  std::mutex mutex;
+  Generator gen;
+};
+
+Dropout::Dropout(float p, uint64_t seed) : p_(p), masks_(std::make_shared<MaskStream>()) {
   DDP_CHECK(p >= 0.0f && p < 1.0f, "Dropout: probability {} is outside [0, 1)", p);
+  masks_->gen = Generator(seed);
 }
 
 Tensor Dropout::forward(const Tensor& x) {
-  return functional::dropout(x, p_, is_training(), gen_);
+  if (!is_training() || p_ == 0.0f) return x;
+  // This forward's counters, taken under the lock: replicas share the stream.
+  Generator mine;
+  {
+    std::lock_guard<std::mutex> lock(masks_->mutex);
+    mine = Generator(masks_->gen.seed(), masks_->gen.take(x.numel()));
+  }
+  return functional::dropout(x, p_, true, mine);
 }
 
 std::string Dropout::extra_repr() const {

@@ -9,16 +9,19 @@
 
 namespace ddp::nn {
 
-class Linear : public Module {
+class Linear : public Cloneable<Linear> {
  public:
   Linear(int64_t in_features, int64_t out_features, Generator& gen, bool bias = true);
   Tensor forward(const Tensor& x) override;
   std::string name() const override { return "Linear"; }
   std::string extra_repr() const override;
   Tensor weight, bias;  // [out, in], [out]
+
+ protected:
+  void rebind_members() override;
 };
 
-class Conv2d : public Module {
+class Conv2d : public Cloneable<Conv2d> {
  public:
   Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, Generator& gen,
          functional::Conv2dOptions options = {}, bool bias = true);
@@ -27,23 +30,26 @@ class Conv2d : public Module {
   std::string extra_repr() const override;
   Tensor weight, bias;  // [C_out, C_in, k, k], [C_out]
 
+ protected:
+  void rebind_members() override;
+
  private:
   functional::Conv2dOptions options_;
 };
 
-class ReLU : public Module {
+class ReLU : public Cloneable<ReLU> {
  public:
   Tensor forward(const Tensor& x) override { return functional::relu(x); }
   std::string name() const override { return "ReLU"; }
 };
 
-class Flatten : public Module {
+class Flatten : public Cloneable<Flatten> {
  public:
   Tensor forward(const Tensor& x) override { return functional::flatten(x); }
   std::string name() const override { return "Flatten"; }
 };
 
-class MaxPool2d : public Module {
+class MaxPool2d : public Cloneable<MaxPool2d> {
  public:
   explicit MaxPool2d(int64_t kernel_size, int64_t stride = 0)
       : kernel_(kernel_size), stride_(stride) {}
@@ -55,21 +61,25 @@ class MaxPool2d : public Module {
   int64_t kernel_, stride_;
 };
 
-class Dropout : public Module {
+class Dropout : public Cloneable<Dropout> {
  public:
   // Masks come from their own Philox stream (seed), advancing every training forward.
+  // Replicas share the stream (each forward takes its own counters, under a lock), so
+  // DataParallel replicas draw distinct masks; which replica gets which counters then
+  // depends on thread timing.
   explicit Dropout(float p, uint64_t seed = 0);
   Tensor forward(const Tensor& x) override;
   std::string name() const override { return "Dropout"; }
   std::string extra_repr() const override;
 
  private:
+  struct MaskStream;
   float p_;
-  Generator gen_;
+  std::shared_ptr<MaskStream> masks_;
 };
 
 // Children named "0", "1", ... as torch.nn.Sequential names them.
-class Sequential : public Module {
+class Sequential : public Cloneable<Sequential> {
  public:
   Sequential() = default;
   Sequential& add(std::shared_ptr<Module> layer);

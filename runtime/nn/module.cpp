@@ -139,6 +139,76 @@ void Module::zero_grad(bool set_to_none) {
   }
 }
 
+std::shared_ptr<Module> Module::shallow_copy() const {
+  throw ValueError(fmt::format(
+      "{} cannot be replicated (DataParallel): derive it from nn::Cloneable<{}> instead of "
+      "nn::Module, and re-point members that hold parameters, buffers or children in "
+      "rebind_members()",
+      name(), name()));
+}
+
+Tensor Module::own_parameter(const std::string& name) const {
+  for (const auto& [n, t] : params_) {
+    if (n == name) return t;
+  }
+  return Tensor();
+}
+
+Tensor Module::own_buffer(const std::string& name) const {
+  for (const auto& [n, t] : buffers_) {
+    if (n == name) return t;
+  }
+  return Tensor();
+}
+
+std::shared_ptr<Module> Module::own_child(const std::string& name) const {
+  for (const auto& [n, child] : children_) {
+    if (n == name) return child;
+  }
+  return nullptr;
+}
+
+std::shared_ptr<Module> Module::replicate(const std::vector<Tensor>& parameters,
+                                          const std::vector<Tensor>& buffers) const {
+  const NamedTensors params = named_parameters(), bufs = named_buffers();
+  DDP_CHECK(parameters.size() == params.size() && buffers.size() == bufs.size(),
+            "replicate {}: got {} parameters and {} buffers for a module with {} and {}", name(),
+            parameters.size(), buffers.size(), params.size(), bufs.size());
+  size_t next_param = 0, next_buffer = 0;
+  auto copy = replicate_from(parameters, buffers, next_param, next_buffer);
+  DDP_ASSERT(next_param == parameters.size() && next_buffer == buffers.size(),
+             "replicate visited {} of {} parameters and {} of {} buffers", next_param,
+             parameters.size(), next_buffer, buffers.size());
+  return copy;
+}
+
+// Visits tensors in named_parameters()/named_buffers() order: own ones, then each
+// child's, depth first.
+std::shared_ptr<Module> Module::replicate_from(const std::vector<Tensor>& parameters,
+                                               const std::vector<Tensor>& buffers,
+                                               size_t& next_param, size_t& next_buffer) const {
+  std::shared_ptr<Module> copy = shallow_copy();
+  DDP_ASSERT(copy != nullptr && copy.get() != this, "{}::shallow_copy returned no new module",
+             name());
+  auto take = [this](NamedTensors& own, const std::vector<Tensor>& given, size_t& next) {
+    for (auto& [n, t] : own) {
+      const Tensor& value = given.at(next++);
+      DDP_CHECK(value.shape() == t.shape() && value.dtype() == t.dtype(),
+                "replicate {}: tensor '{}' is {} ({}), its replacement {} ({})", name(), n,
+                shape_str(t.shape()), dtype_name(t.dtype()), shape_str(value.shape()),
+                dtype_name(value.dtype()));
+      t = value;
+    }
+  };
+  take(copy->params_, parameters, next_param);
+  take(copy->buffers_, buffers, next_buffer);
+  for (auto& [n, child] : copy->children_) {
+    child = child->replicate_from(parameters, buffers, next_param, next_buffer);
+  }
+  copy->rebind_members();
+  return copy;
+}
+
 std::string Module::str(int indent) const {
   std::string out = name() + "(" + extra_repr();
   if (!children_.empty()) {

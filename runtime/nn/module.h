@@ -45,6 +45,17 @@ class Module {
   // A description like PyTorch's repr.
   std::string str(int indent = 0) const;
 
+  // Note [module replicas]: a copy of this module for a DataParallel replica: the
+  // same classes, names, training flag and children (replicated too), whose
+  // parameters and buffers are the given tensors, in named_parameters() and
+  // named_buffers() order, each of the shape and dtype of the one it stands for.
+  // The tensors are used as given, so a replica's parameter can be a non-leaf
+  // whose gradient flows back to this module's. This module is not changed.
+  // Throws ValueError for a wrong count or shape, or for a class that cannot be
+  // copied (derive it from nn::Cloneable<Class>).
+  std::shared_ptr<Module> replicate(const std::vector<Tensor>& parameters,
+                                    const std::vector<Tensor>& buffers) const;
+
  protected:
   Tensor register_parameter(std::string name, Tensor value, bool requires_grad = true);
   Tensor register_buffer(std::string name, Tensor value);
@@ -57,12 +68,36 @@ class Module {
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const {
     return children_;
   }
+  // For replicate(): a copy of *this sharing every tensor and child (nn::Cloneable
+  // implements it); the default throws ValueError naming the class.
+  virtual std::shared_ptr<Module> shallow_copy() const;
+  // For replicate(): called on the copy once its parameters, buffers and children were
+  // replaced; classes that hold them in members too re-point the members here.
+  virtual void rebind_members() {}
+  // This module's own parameter, buffer or child by name; undefined/null when absent.
+  Tensor own_parameter(const std::string& name) const;
+  Tensor own_buffer(const std::string& name) const;
+  std::shared_ptr<Module> own_child(const std::string& name) const;
 
  private:
+  std::shared_ptr<Module> replicate_from(const std::vector<Tensor>& parameters,
+                                         const std::vector<Tensor>& buffers, size_t& next_param,
+                                         size_t& next_buffer) const;
+
   NamedTensors params_;
   NamedTensors buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
+};
+
+// Gives a module class the shallow_copy() that replicate() needs (libtorch's name):
+// `class Net : public nn::Cloneable<Net>`. The class must be copy-constructible.
+template <typename Derived>
+class Cloneable : public Module {
+ protected:
+  std::shared_ptr<Module> shallow_copy() const override {
+    return std::make_shared<Derived>(static_cast<const Derived&>(*this));
+  }
 };
 
 // Moves a tensor's data to `device` in place: every handle to it sees the new device.
