@@ -16,6 +16,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libgloo-dev
   zlib1g-dev
+  patchelf shellcheck python3-yaml
   dataset-fashion-mnist
 )
 for arg in "$@"; do

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# install_package.sh CMAKE BUILD_DIR SOURCE_DIR CXX GENERATOR: installs the build
+# tree into a fresh prefix, builds examples/scaling_experiment against it as an
+# outside project would (find_package(ddp), CMAKE_PREFIX_PATH) and runs it under
+# <prefix>/bin/ddprun -n 2. Passes when both ranks train (the last loss is below
+# the first), hold identical parameters afterwards, and rank 0 prints a
+# throughput line.
+set -uo pipefail
+cmake=$1 build=$2 source=$3 cxx=$4 generator=$5
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "install_package.sh: FAIL: $*" >&2; exit 1; }
+run() {  # run LOG COMMAND...: quiet on success, the log on failure
+  local log=$1
+  shift
+  "$@" >"$work/$log" 2>&1 || { cat "$work/$log" >&2; fail "$* (exit $?)"; }
+}
+
+prefix=$work/prefix
+t0=$SECONDS
+run install.log "$cmake" --install "$build" --prefix "$prefix"
+for f in bin/ddprun bin/train include/ddp/collectives/ddp/distributed_data_parallel.h \
+         include/ddp/runtime/tensor.h include/ddp/ddp/config.h; do
+  [ -e "$prefix/$f" ] || fail "the install lacks $f"
+done
+config=$(find "$prefix" -name ddpConfig.cmake -print -quit)
+[ -n "$config" ] || fail "the install lacks ddpConfig.cmake"
+echo "installed into a temporary prefix in $((SECONDS - t0)) s (package: ${config#"$prefix"/})"
+
+# The example sees only the installed prefix: not this source tree, not the build tree.
+t0=$SECONDS
+run configure.log "$cmake" -S "$source/examples/scaling_experiment" -B "$work/example" -G "$generator" \
+  -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix"
+run build.log "$cmake" --build "$work/example"
+exe=$work/example/scaling_experiment
+[ -x "$exe" ] || fail "the example did not build $exe"
+if grep -qE -- "(-I|-isystem )($source|$build)(/| |\$)" -r --include=build.ninja --include=flags.make "$work/example"; then
+  fail "the example was compiled with include paths into the source or build tree"
+fi
+echo "configured and built the example in $((SECONDS - t0)) s"
+
+# --standalone: a free port, so parallel ctest runs do not collide on 29500.
+output=$("$prefix/bin/ddprun" --standalone -n 2 "$exe" 150 32 2>&1)
+status=$?
+printf '%s\n' "$output"
+[ "$status" -eq 0 ] || fail "ddprun -n 2 scaling_experiment exited $status"
+for r in 0 1; do
+  first=$(sed -nE "s/^\[rank $r\] rank $r step 1 loss ([0-9.]+)$/\1/p" <<<"$output")
+  last=$(sed -nE "s/^\[rank $r\] rank $r step 150 loss ([0-9.]+)$/\1/p" <<<"$output")
+  if [ -z "$first" ] || [ -z "$last" ]; then fail "rank $r did not print its first and last loss"; fi
+  awk -v a="$last" -v b="$first" 'BEGIN { exit !(a < 0.8 * b) }' ||
+    fail "rank $r did not learn: loss $first -> $last"
+done
+sums=$(sed -nE 's/^\[rank [01]\] rank [01] parameter checksum (.*)$/\1/p' <<<"$output" | sort -u)
+if [ -z "$sums" ] || [ "$(wc -l <<<"$sums")" -ne 1 ]; then
+  fail "the ranks' parameters differ after training: $(tr '\n' ' ' <<<"$sums")"
+fi
+grep -qE '^\[rank 0\] throughput: [0-9]+ samples/s \(world size 2,' <<<"$output" ||
+  fail "no throughput line from rank 0"
+echo "install_package.sh: ok (both ranks learned, parameters identical)"
