@@ -1,0 +1,226 @@
+#include "bench/scale/cli.h"
+
+#include "runtime/error.h"
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <map>
+
+#ifndef DDP_SOURCE_DIR
+#define DDP_SOURCE_DIR "."
+#endif
+
+namespace ddp::scale {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kUsage = R"usage(usage: scale [options]
+
+Runs data-parallel training over a list of world sizes and records its
+throughput: ours as `ddprun --standalone -n W train ...`, PyTorch DDP (gloo) as W
+processes of bench/peer/torch_train.py. Writes a CSV (one row per run) and an
+SVG plot of samples/s and scaling efficiency against world size, with the ideal
+lines. Resumable: points already in the CSV are skipped, so an interrupted or
+extended sweep runs only what is missing. docs/scaling.md explains the method.
+
+sweep (LIST: comma-separated):
+  --world-sizes LIST     ranks per run (default 1,2,4)
+  --models LIST          mlp, cnn (default mlp)
+  --scaling LIST         strong: fixed --global-batch split over the ranks;
+                         weak: fixed --batch per rank (default strong,weak)
+  --impls LIST           ours, torch (default ours)
+  --backends LIST        ours' backend: auto, shm, gloo (default auto: shm on one
+                         node); torch always runs gloo, once per point
+  --bucket-caps LIST     DDP bucket caps in MiB, both implementations (default 25)
+  --global-batch N       strong scaling: samples per step over all ranks; every
+                         world size must divide it (default 256)
+  --batch N              weak scaling: samples per step per rank (default 64)
+  --steps N              timed steps per run (default 100). Ours: train --epochs 2
+                         --max-steps N, the second epoch's samples_per_s; torch:
+                         N untimed warmup steps, then N timed
+  --repeats R            runs per point; the plot shows the median (default 1)
+  --threads T            BLAS/OpenMP threads per rank, both implementations
+                         (default 1; W x T beyond the cores oversubscribes)
+  --data synthetic|DIR   train's data (default synthetic, sized for N steps per
+                         epoch: max(10000, N x global batch) samples)
+  --device D             ours: train's --device (default cpu)
+files:
+  --csv FILE             measurements; existing rows are kept (default scale.csv)
+  --svg FILE             the plot (default: FILE of --csv with .svg)
+  --title TEXT           the plot's title (default "Data-parallel scaling")
+  --subtitle TEXT        the line under it (default: the batches, steps, threads
+                         and load averages found in the CSV)
+  --plot-only            run nothing: recompute efficiencies, rewrite the CSV
+                         and redraw the SVG from it
+  --dry-run              print the points still to run and their commands
+programs:
+  --ddprun PATH          default: ddprun next to this program
+  --train PATH           default: train next to this program
+  --python PATH          for the torch peer (default /usr/bin/python3, which
+                         needs python3-torch)
+  --torch-script PATH    default: bench/peer/torch_train.py of the source tree
+  --timeout S            seconds per run before it is stopped (default 900)
+  -h, --help             this text
+
+Output: a progress line per run on stderr ("[3/24] ours mlp strong ... 41250
+samples/s, efficiency 0.93 (load 1.8, 12s; ~3m left)"), then a table of the
+series on stdout. Efficiency = (samples/s / W) / (samples/s / W0), W0 the
+series' smallest world size. A failed run is reported and left out of the CSV
+(the next invocation retries it); exit 1 then. Exit 2: bad flags.
+)usage";
+
+int parse_int(const std::string& flag, const std::string& text, int minimum) {
+  int value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  DDP_CHECK(ec == std::errc() && end == text.data() + text.size(),
+            "{} '{}': expected a whole number", flag, text);
+  DDP_CHECK(value >= minimum, "{} {}: must be at least {}", flag, value, minimum);
+  return value;
+}
+
+double parse_double(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  DDP_CHECK(!text.empty() && end == text.c_str() + text.size(), "{} '{}': expected a number", flag,
+            text);
+  return value;
+}
+
+std::vector<std::string> parse_list(const std::string& flag, const std::string& text) {
+  std::vector<std::string> items;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    DDP_CHECK(!item.empty(), "{} '{}': empty item in the list", flag, text);
+    items.push_back(item);
+    start = comma + 1;
+  }
+  return items;
+}
+
+template <typename T, typename F>
+std::vector<T> parse_list_of(const std::string& flag, const std::string& text, F parse) {
+  std::vector<T> out;
+  for (const auto& item : parse_list(flag, text)) out.push_back(parse(flag, item));
+  return out;
+}
+
+using Setter = std::function<void(Config&, const std::string& flag, const std::string& value)>;
+
+const std::map<std::string, Setter>& setters() {
+  static const std::map<std::string, Setter> table = {
+      {"--world-sizes",
+       [](Config& c, auto& f, auto& v) {
+         c.sweep.world_sizes =
+             parse_list_of<int>(f, v, [](auto& fl, auto& t) { return parse_int(fl, t, 1); });
+       }},
+      {"--models", [](Config& c, auto& f, auto& v) { c.sweep.models = parse_list(f, v); }},
+      {"--scaling", [](Config& c, auto& f, auto& v) { c.sweep.scalings = parse_list(f, v); }},
+      {"--impls", [](Config& c, auto& f, auto& v) { c.sweep.impls = parse_list(f, v); }},
+      {"--backends", [](Config& c, auto& f, auto& v) { c.sweep.backends = parse_list(f, v); }},
+      {"--bucket-caps",
+       [](Config& c, auto& f, auto& v) {
+         c.sweep.bucket_caps_mb = parse_list_of<double>(f, v, parse_double);
+       }},
+      {"--global-batch",
+       [](Config& c, auto& f, auto& v) { c.sweep.global_batch = parse_int(f, v, 1); }},
+      {"--batch", [](Config& c, auto& f, auto& v) { c.sweep.batch = parse_int(f, v, 1); }},
+      {"--steps", [](Config& c, auto& f, auto& v) { c.sweep.steps = parse_int(f, v, 1); }},
+      {"--repeats", [](Config& c, auto& f, auto& v) { c.sweep.repeats = parse_int(f, v, 1); }},
+      {"--threads", [](Config& c, auto& f, auto& v) { c.sweep.threads = parse_int(f, v, 1); }},
+      {"--data", [](Config& c, auto&, auto& v) { c.run.programs.data = v; }},
+      {"--device", [](Config& c, auto&, auto& v) { c.run.programs.device = v; }},
+      {"--csv", [](Config& c, auto&, auto& v) { c.csv = v; }},
+      {"--svg", [](Config& c, auto&, auto& v) { c.svg = v; }},
+      {"--title", [](Config& c, auto&, auto& v) { c.title = v; }},
+      {"--subtitle", [](Config& c, auto&, auto& v) { c.subtitle = v; }},
+      {"--ddprun", [](Config& c, auto&, auto& v) { c.run.programs.ddprun = v; }},
+      {"--train", [](Config& c, auto&, auto& v) { c.run.programs.train = v; }},
+      {"--python", [](Config& c, auto&, auto& v) { c.run.programs.python = v; }},
+      {"--torch-script", [](Config& c, auto&, auto& v) { c.run.programs.torch_script = v; }},
+      {"--timeout", [](Config& c, auto& f,
+                       auto& v) { c.run.timeout = std::chrono::seconds(parse_int(f, v, 1)); }},
+  };
+  return table;
+}
+
+std::string self_dir() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(".") : exe.parent_path().string();
+}
+
+void fill_defaults(Config& c) {
+  Programs& p = c.run.programs;
+  if (p.ddprun.empty()) p.ddprun = self_dir() + "/ddprun";
+  if (p.train.empty()) p.train = self_dir() + "/train";
+  if (p.torch_script.empty())
+    p.torch_script = std::string(DDP_SOURCE_DIR) + "/bench/peer/torch_train.py";
+  if (c.svg.empty()) c.svg = fs::path(c.csv).replace_extension(".svg").string();
+}
+
+}  // namespace
+
+std::string usage() {
+  return kUsage;
+}
+
+std::optional<Config> parse_cli(const std::vector<std::string>& args) {
+  Config c;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i], value;
+    bool has_value = false;
+    if (const size_t eq = flag.find('='); flag.starts_with("--") && eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+      has_value = true;
+    }
+    if (flag == "-h" || flag == "--help") return std::nullopt;
+    if (flag == "--dry-run" || flag == "--plot-only") {
+      DDP_CHECK(!has_value, "{} takes no value", flag);
+      (flag == "--dry-run" ? c.dry_run : c.plot_only) = true;
+      continue;
+    }
+    const auto it = setters().find(flag);
+    DDP_CHECK(it != setters().end(), "unknown option '{}'", flag);
+    if (!has_value) {
+      DDP_CHECK(i + 1 < args.size(), "{} needs a value", flag);
+      value = args[++i];
+    }
+    it->second(c, flag, value);
+  }
+  fill_defaults(c);
+  return c;
+}
+
+void check_programs(const Config& c) {
+  if (c.plot_only) return;
+  const auto& impls = c.sweep.impls;
+  const bool ours = std::find(impls.begin(), impls.end(), "ours") != impls.end();
+  const bool torch = std::find(impls.begin(), impls.end(), "torch") != impls.end();
+  const Programs& p = c.run.programs;
+  if (ours) {
+    for (const auto& [flag, path] : {std::pair{"--ddprun", p.ddprun}, {"--train", p.train}}) {
+      DDP_CHECK(::access(path.c_str(), X_OK) == 0,
+                "{} {}: not an executable file; build it (cmake --build BUILD --target ddprun "
+                "train) or pass {} PATH",
+                flag, path, flag);
+    }
+  }
+  if (torch) {
+    DDP_CHECK(::access(p.torch_script.c_str(), R_OK) == 0,
+              "--torch-script {}: no such file; pass the path of bench/peer/torch_train.py",
+              p.torch_script);
+  }
+}
+
+}  // namespace ddp::scale

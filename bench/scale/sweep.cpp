@@ -1,0 +1,227 @@
+#include "bench/scale/sweep.h"
+
+#include "runtime/error.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <tuple>
+
+namespace ddp::scale {
+namespace {
+
+bool contains(std::initializer_list<std::string_view> valid, std::string_view value) {
+  return std::find(valid.begin(), valid.end(), value) != valid.end();
+}
+
+void check_choices(std::string_view flag, const std::vector<std::string>& values,
+                   std::initializer_list<std::string_view> valid) {
+  DDP_CHECK(!values.empty(), "{}: the list is empty", flag);
+  for (const auto& v : values) {
+    DDP_CHECK(contains(valid, v), "{} '{}': valid values are {}", flag, v, fmt::join(valid, ", "));
+  }
+}
+
+// The batch that stays fixed along a series: global (strong) or per rank (weak).
+int fixed_batch(const PointSpec& p) {
+  return p.scaling == "strong" ? p.global_batch() : p.batch_per_rank;
+}
+
+// Everything but world size and repeat: the points of one series share it.
+auto series_key(const PointSpec& p) {
+  return std::make_tuple(p.impl, p.model, p.scaling, p.backend, std::llround(p.bucket_cap_mb * 1e6),
+                         fixed_batch(p), p.steps, p.threads);
+}
+
+}  // namespace
+
+void validate(const SweepOptions& o) {
+  DDP_CHECK(!o.world_sizes.empty(), "--world-sizes: the list is empty");
+  for (int w : o.world_sizes) {
+    DDP_CHECK(w >= 1 && w <= 1024, "--world-sizes: {} is not a world size (1 to 1024)", w);
+  }
+  check_choices("--models", o.models, {"mlp", "cnn"});
+  check_choices("--scaling", o.scalings, {"strong", "weak"});
+  check_choices("--impls", o.impls, {"ours", "torch"});
+  check_choices("--backends", o.backends, {"auto", "shm", "gloo"});
+  DDP_CHECK(!o.bucket_caps_mb.empty(), "--bucket-caps: the list is empty");
+  for (double cap : o.bucket_caps_mb) {
+    DDP_CHECK(cap > 0 && std::isfinite(cap), "--bucket-caps: {} is not a positive size in MiB",
+              cap);
+  }
+  DDP_CHECK(o.global_batch >= 1 && o.batch >= 1 && o.steps >= 1 && o.repeats >= 1 && o.threads >= 1,
+            "--global-batch, --batch, --steps, --repeats and --threads must be at least 1");
+  if (std::find(o.scalings.begin(), o.scalings.end(), "strong") != o.scalings.end()) {
+    for (int w : o.world_sizes) {
+      DDP_CHECK(
+          o.global_batch % w == 0,
+          "strong scaling splits --global-batch {} over the ranks, but world size {} does not "
+          "divide it; choose a global batch that every world size divides (e.g. {})",
+          o.global_batch, w, o.global_batch / w * w + w);
+    }
+  }
+}
+
+std::string PointSpec::describe() const {
+  return fmt::format("{} {} {} {} {}MiB W={} {}/rank #{}", impl, model, scaling, backend,
+                     bucket_cap_mb, world_size, batch_per_rank, repeat);
+}
+
+bool same_point(const PointSpec& a, const PointSpec& b) {
+  return a.impl == b.impl && a.model == b.model && a.scaling == b.scaling &&
+         a.backend == b.backend && std::abs(a.bucket_cap_mb - b.bucket_cap_mb) < 1e-9 &&
+         a.world_size == b.world_size && a.batch_per_rank == b.batch_per_rank &&
+         a.steps == b.steps && a.threads == b.threads && a.repeat == b.repeat;
+}
+
+std::vector<PointSpec> plan_sweep(const SweepOptions& o) {
+  validate(o);
+  std::vector<PointSpec> plan;
+  for (int repeat = 0; repeat < o.repeats; ++repeat) {
+    for (const auto& model : o.models) {
+      for (const auto& scaling : o.scalings) {
+        for (int w : o.world_sizes) {
+          for (double cap : o.bucket_caps_mb) {
+            for (const auto& impl : o.impls) {
+              // torch has one backend here (gloo): one point, whatever --backends lists.
+              const std::vector<std::string> torch_backend{"gloo"};
+              for (const auto& backend : impl == "torch" ? torch_backend : o.backends) {
+                plan.push_back(
+                    {.impl = impl,
+                     .model = model,
+                     .scaling = scaling,
+                     .backend = backend,
+                     .bucket_cap_mb = cap,
+                     .world_size = w,
+                     .batch_per_rank = scaling == "strong" ? o.global_batch / w : o.batch,
+                     .steps = o.steps,
+                     .threads = o.threads,
+                     .repeat = repeat});
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return plan;
+}
+
+std::vector<PointSpec> remaining_points(const std::vector<PointSpec>& plan,
+                                        const std::vector<Measurement>& done) {
+  std::vector<PointSpec> left;
+  for (const auto& p : plan) {
+    const bool measured = std::any_of(done.begin(), done.end(),
+                                      [&](const Measurement& m) { return same_point(m.spec, p); });
+    if (!measured) left.push_back(p);
+  }
+  return left;
+}
+
+double median(std::vector<double> values) {
+  DDP_ASSERT(!values.empty(), "median of an empty list");
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+std::vector<Series> series_of(const std::vector<Measurement>& measurements) {
+  using Key = decltype(series_key(PointSpec{}));
+  std::vector<Key> order;
+  std::map<Key, std::map<int, std::vector<double>>> samples;  // key -> world size -> sps
+  std::map<Key, const PointSpec*> first;
+  std::set<std::string> backends;
+  std::set<double> caps;
+  for (const auto& m : measurements) {
+    const Key key = series_key(m.spec);
+    if (!samples.contains(key)) {
+      order.push_back(key);
+      first[key] = &m.spec;
+    }
+    samples[key][m.spec.world_size].push_back(m.samples_per_s);
+    if (m.spec.impl != "torch") backends.insert(m.spec.backend);
+    caps.insert(m.spec.bucket_cap_mb);
+  }
+  std::vector<Series> out;
+  for (const auto& key : order) {
+    const PointSpec& p = *first[key];
+    std::string suffix;
+    if (backends.size() > 1) suffix += " " + p.backend;
+    if (caps.size() > 1) suffix += fmt::format(" {}MiB", p.bucket_cap_mb);
+    Series s{.label = fmt::format("{} {} {}{}", p.impl, p.model, p.scaling, suffix),
+             .group = fmt::format("{} {}{}", p.impl, p.model, suffix),
+             .impl = p.impl,
+             .model = p.model,
+             .scaling = p.scaling,
+             .points = {}};
+    for (const auto& [w, values] : samples[key]) {
+      s.points.push_back({.world_size = w,
+                          .samples_per_s = median(values),
+                          .efficiency = 0.0,
+                          .repeats = static_cast<int>(values.size())});
+    }
+    const SeriesPoint base = s.points.front();  // the smallest world size (std::map order)
+    for (auto& point : s.points) {
+      const double per_rank = point.samples_per_s / point.world_size;
+      const double base_per_rank = base.samples_per_s / base.world_size;
+      point.efficiency = base_per_rank > 0 ? per_rank / base_per_rank : 0.0;
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+void fill_efficiency(std::vector<Measurement>& measurements) {
+  // Each row against the median of its series' smallest world size, as series_of does.
+  using Key = decltype(series_key(PointSpec{}));
+  std::map<Key, std::map<int, std::vector<double>>> samples;
+  for (const auto& m : measurements) {
+    samples[series_key(m.spec)][m.spec.world_size].push_back(m.samples_per_s);
+  }
+  for (auto& m : measurements) {
+    const auto& [w0, base_values] = *samples[series_key(m.spec)].begin();
+    const double base_per_rank = median(base_values) / w0;
+    m.efficiency = base_per_rank > 0 ? (m.samples_per_s / m.spec.world_size) / base_per_rank : 0.0;
+  }
+}
+
+std::string describe_measurements(const std::vector<Measurement>& measurements) {
+  std::set<int> strong, weak, steps, threads;
+  double load_lo = 1e300, load_hi = 0;
+  for (const auto& m : measurements) {
+    (m.spec.scaling == "strong" ? strong : weak).insert(fixed_batch(m.spec));
+    steps.insert(m.spec.steps);
+    threads.insert(m.spec.threads);
+    load_lo = std::min(load_lo, m.load1);
+    load_hi = std::max(load_hi, m.load1);
+  }
+  std::vector<std::string> parts;
+  if (!strong.empty())
+    parts.push_back(fmt::format("strong: global batch {}", fmt::join(strong, "/")));
+  if (!weak.empty()) parts.push_back(fmt::format("weak: {} per rank", fmt::join(weak, "/")));
+  if (!steps.empty()) parts.push_back(fmt::format("{} timed steps", fmt::join(steps, "/")));
+  if (!threads.empty())
+    parts.push_back(fmt::format("{} thread(s) per rank", fmt::join(threads, "/")));
+  if (!measurements.empty())
+    parts.push_back(fmt::format("load average {:.1f}-{:.1f}", load_lo, load_hi));
+  return fmt::format("{}", fmt::join(parts, "; "));
+}
+
+std::optional<double> json_number(std::string_view line, std::string_view key) {
+  const std::string quoted = fmt::format("\"{}\"", key);
+  size_t at = line.find(quoted);
+  if (at == std::string_view::npos) return std::nullopt;
+  at += quoted.size();
+  while (at < line.size() && (line[at] == ' ' || line[at] == ':')) ++at;
+  const std::string rest(line.substr(at, 64));
+  char* end = nullptr;
+  const double value = std::strtod(rest.c_str(), &end);
+  if (end == rest.c_str()) return std::nullopt;
+  return value;
+}
+
+}  // namespace ddp::scale
