@@ -43,6 +43,11 @@ Reducer::Reducer(std::vector<Tensor> params, std::vector<std::string> names,
   reset();
 }
 
+Reducer::~Reducer() {
+  if (!options_.gradient_as_bucket_view) return;
+  for (Tensor& p : params_) set_gradient_destination(p, Tensor());
+}
+
 void Reducer::allocate_buckets() {
   flats_.clear();
   compressed_.assign(plan_.size(), Tensor());
@@ -55,6 +60,8 @@ void Reducer::allocate_buckets() {
       const size_t i = bucket.params[k];
       views_[i] = flats_[b].flat_view(bucket.offsets[k], params_[i].shape());
       bucket_of_[i] = b;
+      // Backward writes the gradient straight into the bucket where it can.
+      if (options_.gradient_as_bucket_view) set_gradient_destination(params_[i], views_[i]);
     }
   }
 }

@@ -26,6 +26,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // every param requires grad.
   Reducer(std::vector<Tensor> params, std::vector<std::string> names,
           std::shared_ptr<Communicator> comm, ReducerOptions options);
+  // Clears the gradient destinations it set (Note [gradient destinations]).
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
   // Registers one hook per parameter; each holds this reducer weakly.
   void install_hooks();
   // Called by every forward: whether the coming backward synchronizes.

@@ -38,7 +38,13 @@ struct AccumulateGrad : Node {
     AutogradMeta& m = meta(param);
     DDP_ASSERT(g.shape() == param.shape(), "gradient shape {} for a parameter of shape {}",
                shape_str(g.shape()), shape_str(param.shape()));
-    if (!m.grad.defined()) {
+    const bool at_destination = m.grad_destination.defined() &&
+                                g.data_ptr() == m.grad_destination.data_ptr() &&
+                                g.device() == m.grad_destination.device();
+    m.grad_destination_taken = false;
+    if (!m.grad.defined() && at_destination) {
+      m.grad = m.grad_destination;  // Note [gradient destinations]
+    } else if (!m.grad.defined()) {
       // Note [stealing gradients]: a gradient nobody else references (the fresh output
       // of a backward op) becomes .grad as it is; a shared one (AddBackward hands the
       // same tensor to both inputs) is copied, so .grad never aliases another tensor.
@@ -149,6 +155,30 @@ void set_grad(Tensor& t, const Tensor& g) {
 std::shared_ptr<Node> grad_fn(const Tensor& t) {
   const AutogradMeta* m = meta_if(t);
   return m == nullptr ? nullptr : m->grad_fn;
+}
+
+void set_gradient_destination(Tensor& param, const Tensor& destination) {
+  if (destination.defined()) {
+    check_same_device({&param, &destination});
+    DDP_CHECK(destination.shape() == param.shape() && destination.dtype() == param.dtype(),
+              "set_gradient_destination: destination {} {} for a parameter {} {}",
+              shape_str(destination.shape()), dtype_name(destination.dtype()),
+              shape_str(param.shape()), dtype_name(param.dtype()));
+  }
+  AutogradMeta& m = meta(param);
+  m.grad_destination = destination;
+  m.grad_destination_taken = false;
+}
+
+Tensor gradient_destination(const Tensor& param) {
+  if (meta_if(param) == nullptr) return Tensor();
+  AutogradMeta& m = meta(param);
+  if (!m.requires_grad || m.grad_fn || !m.grad_destination.defined() || m.grad.defined() ||
+      m.grad_destination_taken) {
+    return Tensor();
+  }
+  m.grad_destination_taken = true;
+  return m.grad_destination;
 }
 
 void register_post_accumulate_grad_hook(Tensor& param, GradHook hook) {

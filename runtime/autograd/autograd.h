@@ -49,6 +49,8 @@ struct AutogradMeta {
   std::shared_ptr<Node> grad_fn;        // null for leaves
   std::weak_ptr<Node> accumulate_node;  // leaves: shared by every use in a graph
   std::vector<GradHook> post_accumulate_hooks;
+  Tensor grad_destination;              // Note [gradient destinations]
+  bool grad_destination_taken = false;  // handed to a backward op, not yet accumulated
 };
 
 // Leaves.
@@ -61,6 +63,20 @@ void set_grad(Tensor& t, const Tensor& grad);
 std::shared_ptr<Node> grad_fn(const Tensor& t);
 // Runs after `param`'s gradient for the current backward is fully accumulated.
 void register_post_accumulate_grad_hook(Tensor& param, GradHook hook);
+
+// Note [gradient destinations]: DDP's gradient_as_bucket_view gives each
+// parameter a destination, its slice of a bucket. A backward op that computes a
+// parameter's whole gradient into fresh memory (Linear's weight GEMM) may write
+// it there instead (gradient_destination()); AccumulateGrad then makes that
+// memory the .grad without a copy, and DDP's hook finds the gradient already in
+// its bucket. Handed out once per accumulation: a parameter used twice in one
+// graph gets the destination for one use and fresh memory for the other (the
+// engine sums them out of place, so the sum is right either way).
+void set_gradient_destination(Tensor& param, const Tensor& destination);  // undefined: none
+// The memory a backward op may write `param`'s gradient to, or undefined: only a
+// leaf that requires grad, has a destination, has no .grad yet (the first
+// gradient since zero_grad(set_to_none)) and has not handed it out already.
+Tensor gradient_destination(const Tensor& param);
 
 // Backpropagates from `root`. Without `grad_root`, root must hold one element and
 // the seed gradient is 1. Throws ValueError if root does not require grad.

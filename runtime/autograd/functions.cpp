@@ -113,7 +113,12 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return recorded(y, "LinearBackward", {&x, &weight, &bias}, [x, weight, bias](const Tensor& g) {
     std::vector<Tensor> grads(3);
     if (requires_grad(x)) grads[0] = ddp::matmul(g, weight);
-    grads[1] = ddp::matmul(g, x, {.trans_a = true});
+    grads[1] = gradient_destination(weight);  // Note [gradient destinations]
+    if (grads[1].defined()) {
+      ddp::matmul_out(g, x, grads[1], {.trans_a = true});
+    } else {
+      grads[1] = ddp::matmul(g, x, {.trans_a = true});
+    }
     if (bias.defined()) grads[2] = ddp::sum(g, 0);
     return grads;
   });
