@@ -63,7 +63,8 @@ void ReplicaThreads::worker_loop(size_t index) {
       error = std::current_exception();
     }
     std::lock_guard<std::mutex> lock(mutex_);
-    errors_[index] = error;
+    // Moved, so the exception is released by the caller's thread, which reads it.
+    errors_[index] = std::move(error);
     if (--pending_ == 0) done_.notify_one();
   }
 }

@@ -270,9 +270,9 @@ TEST(DataParallel, DeviceErrors) {
       "devices must all be of one type");
   expect_throw_with<DeviceError>(
       [] {
-        DataParallel(mlp(1), {Device::cuda(7), Device::cuda(7)});
+        DataParallel(mlp(1), {Device::cuda(99), Device::cuda(99)});
       },
-      "cuda:7 is not available");
+      "cuda:99 is not available");
   if (device_count(DeviceType::cuda) == 0) {
     expect_throw_with<DeviceError>([] { DataParallel(mlp(1)); }, "no CUDA device is available");
   }
