@@ -58,8 +58,9 @@ file(RELATIVE_PATH _ddp_bin_to_lib /${CMAKE_INSTALL_BINDIR} /${CMAKE_INSTALL_LIB
 set(DDP_PROGRAM_RPATH "$ORIGIN/${_ddp_bin_to_lib}")
 set(DDP_BUNDLE_SEARCH_DIRS)
 if(DDP_HAVE_CUDA)
-  # CUDA is expected on the target where it is on the build machine (/usr/local/cuda).
-  list(APPEND DDP_PROGRAM_RPATH ${CUDAToolkit_LIBRARY_DIR})
+  # CUDA is expected on the target where it is on the build machine, or in the
+  # toolkit's usual place; failing both, the loader's own paths (ld.so.conf).
+  list(APPEND DDP_PROGRAM_RPATH ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
   list(APPEND DDP_BUNDLE_SEARCH_DIRS ${CUDAToolkit_LIBRARY_DIR})
 endif()
 if(DDP_HAVE_NCCL)
