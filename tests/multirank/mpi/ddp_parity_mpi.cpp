@@ -9,6 +9,7 @@
 #include "collectives/backends.h"
 #include "tests/multirank/conformance.h"
 #include "tests/multirank/ddp_parity.h"
+#include "tests/multirank/mpi/sum_results.h"
 
 #include <cstdio>
 #include <string>
@@ -52,18 +53,7 @@ int run() {
       std::fprintf(stderr, "[rank %d] FAILED %s: %s\n", rank, c.name.c_str(), e.what());
     }
   }
-  Tensor counts = from_vector<int64_t>({passed, failed}, {2});
-  try {
-    comm->all_reduce(counts)->wait();
-  } catch (const CommError& e) {
-    std::fprintf(stderr, "[rank %d] cannot sum the results: %s\n", rank, e.what());
-  }
-  const auto total = counts.to_vector<int64_t>();
-  if (rank == 0) {
-    std::printf("ddp parity over mpi, world size %d: %lld passed, %lld failed\n", comm->size(),
-                static_cast<long long>(total[0]), static_cast<long long>(total[1]));
-  }
-  return total[1] == 0 && failed == 0 ? 0 : 1;
+  return sum_results(*comm, rank, "ddp parity over mpi", passed, failed);
 }
 
 }  // namespace

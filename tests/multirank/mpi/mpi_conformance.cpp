@@ -15,6 +15,7 @@
 //                                            kills the stopped rank.
 #include "collectives/backends.h"
 #include "tests/multirank/conformance.h"
+#include "tests/multirank/mpi/sum_results.h"
 
 #include <mpi.h>
 #include <signal.h>
@@ -201,19 +202,7 @@ int run_conformance() {
   if (comm->size() >= 2) {
     tally.check("mismatch with DDP_DEBUG=detail", rank, [&] { mismatch_with_debug_detail(rank); });
   }
-  // Sum the tallies over the ranks (a broken communicator: this rank's own).
-  Tensor counts = from_vector<int64_t>({tally.passed, tally.failed}, {2});
-  try {
-    comm->all_reduce(counts)->wait();
-  } catch (const CommError& e) {
-    std::fprintf(stderr, "[rank %d] cannot sum the results: %s\n", rank, e.what());
-  }
-  const auto total = counts.to_vector<int64_t>();
-  if (rank == 0) {
-    std::printf("mpi conformance, world size %d: %lld passed, %lld failed\n", comm->size(),
-                static_cast<long long>(total[0]), static_cast<long long>(total[1]));
-  }
-  return total[1] == 0 && tally.failed == 0 ? 0 : 1;
+  return sum_results(*comm, rank, "mpi conformance", tally.passed, tally.failed);
 }
 
 // Rank 1 stops; every other rank must see a CommTimeoutError after about the timeout.
