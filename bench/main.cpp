@@ -115,7 +115,7 @@ std::string subcommand_names() {
 
 void print_main_help(std::ostream& os) {
   os << "usage: bench <subcommand> [flags]\n\nMeasurements of the ddp runtime.\n\nsubcommands:\n";
-  for (const auto& sub : kSubcommands) os << fmt::format("  {:<8} {}\n", sub.name, sub.summary);
+  for (const auto& sub : kSubcommands) os << fmt::format("  {:<10} {}\n", sub.name, sub.summary);
   os << "\n" << kFlagsHelp << "\n`bench <subcommand> --help` describes one subcommand.\n";
 }
 

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <iostream>
 #include <sstream>
 
 namespace ddp::bench {
@@ -57,7 +58,9 @@ int run_train_bench(const BenchOptions& o, const Reporter& reporter) {
   try {
     options = train::parse_train_args(static_cast<int>(argv.size()), argv.data());
   } catch (const ValueError& e) {
-    throw ValueError(fmt::format("{} (bench train passes its flags to train)", e.what()));
+    // A usage error, as main's own flag errors (exit code 2).
+    std::cerr << "bench: " << e.what() << "\n(run `bench train --help` for usage)\n";
+    return 2;
   }
   DDP_CHECK(options.has_value(), "bench train: --help is handled by bench");
   options->sync_timing = true;
