@@ -67,14 +67,7 @@ std::string duration_text(double seconds) {
 }
 
 void print_summary(const std::vector<Measurement>& measurements) {
-  std::cout << fmt::format("{:<28} {:>5} {:>14} {:>10}\n", "series", "W", "samples/s",
-                           "efficiency");
-  for (const auto& s : series_of(measurements)) {
-    for (const auto& p : s.points) {
-      std::cout << fmt::format("{:<28} {:>5} {:>14.0f} {:>10.2f}\n", s.label, p.world_size,
-                               p.samples_per_s, p.efficiency);
-    }
-  }
+  std::cout << markdown_table(series_of(measurements)) << std::flush;
 }
 
 int sweep(const Config& c) {

@@ -129,26 +129,43 @@ double median(std::vector<double> values) {
   return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
+namespace {
+
+// The point of one world size: medians over its repeats.
+SeriesPoint point_of(const std::vector<const Measurement*>& runs) {
+  std::vector<double> sps, comm;
+  for (const Measurement* m : runs) {
+    sps.push_back(m->samples_per_s);
+    comm.push_back(m->comm_exposed_ms);
+  }
+  return {.world_size = runs.front()->spec.world_size,
+          .batch_per_rank = runs.front()->spec.batch_per_rank,
+          .samples_per_s = median(sps),
+          .min_samples_per_s = *std::min_element(sps.begin(), sps.end()),
+          .max_samples_per_s = *std::max_element(sps.begin(), sps.end()),
+          .comm_exposed_ms = median(comm),
+          .efficiency = 0.0,
+          .repeats = static_cast<int>(runs.size())};
+}
+
+}  // namespace
+
 std::vector<Series> series_of(const std::vector<Measurement>& measurements) {
   using Key = decltype(series_key(PointSpec{}));
   std::vector<Key> order;
-  std::map<Key, std::map<int, std::vector<double>>> samples;  // key -> world size -> sps
-  std::map<Key, const PointSpec*> first;
+  std::map<Key, std::map<int, std::vector<const Measurement*>>> runs;  // key -> W -> runs
   std::set<std::string> backends;
   std::set<double> caps;
   for (const auto& m : measurements) {
     const Key key = series_key(m.spec);
-    if (!samples.contains(key)) {
-      order.push_back(key);
-      first[key] = &m.spec;
-    }
-    samples[key][m.spec.world_size].push_back(m.samples_per_s);
+    if (!runs.contains(key)) order.push_back(key);
+    runs[key][m.spec.world_size].push_back(&m);
     if (m.spec.impl != "torch") backends.insert(m.spec.backend);
     caps.insert(m.spec.bucket_cap_mb);
   }
   std::vector<Series> out;
   for (const auto& key : order) {
-    const PointSpec& p = *first[key];
+    const PointSpec& p = runs[key].begin()->second.front()->spec;
     std::string suffix;
     if (backends.size() > 1) suffix += " " + p.backend;
     if (caps.size() > 1) suffix += fmt::format(" {}MiB", p.bucket_cap_mb);
@@ -158,19 +175,34 @@ std::vector<Series> series_of(const std::vector<Measurement>& measurements) {
              .model = p.model,
              .scaling = p.scaling,
              .points = {}};
-    for (const auto& [w, values] : samples[key]) {
-      s.points.push_back({.world_size = w,
-                          .samples_per_s = median(values),
-                          .efficiency = 0.0,
-                          .repeats = static_cast<int>(values.size())});
-    }
-    const SeriesPoint base = s.points.front();  // the smallest world size (std::map order)
+    for (const auto& [w, of_w] : runs[key]) s.points.push_back(point_of(of_w));
+    // The baseline: the smallest world size (std::map order).
+    const double base_per_rank = s.points.front().samples_per_s / s.points.front().world_size;
     for (auto& point : s.points) {
-      const double per_rank = point.samples_per_s / point.world_size;
-      const double base_per_rank = base.samples_per_s / base.world_size;
-      point.efficiency = base_per_rank > 0 ? per_rank / base_per_rank : 0.0;
+      point.efficiency =
+          base_per_rank > 0 ? point.samples_per_s / point.world_size / base_per_rank : 0.0;
     }
     out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::string markdown_table(const std::vector<Series>& series) {
+  std::string out =
+      "| model | scaling | impl | W | batch/rank | samples/s | min..max | efficiency | exposed "
+      "comm "
+      "ms | runs |\n|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& s : series) {
+    // What the label adds after "impl model" (a backend or bucket cap that varies).
+    const std::string extra =
+        s.group.substr(std::min(s.group.size(), s.impl.size() + s.model.size() + 1));
+    for (const auto& p : s.points) {
+      const std::string comm = s.impl == "torch" ? "-" : fmt::format("{:.2f}", p.comm_exposed_ms);
+      out += fmt::format(
+          "| {} | {} | {}{} | {} | {} | {:.0f} | {:.0f}..{:.0f} | {:.2f} | {} | {} |\n", s.model,
+          s.scaling, s.impl, extra, p.world_size, p.batch_per_rank, p.samples_per_s,
+          p.min_samples_per_s, p.max_samples_per_s, p.efficiency, comm, p.repeats);
+    }
   }
   return out;
 }

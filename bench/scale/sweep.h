@@ -73,8 +73,11 @@ std::vector<PointSpec> remaining_points(const std::vector<PointSpec>& plan,
 // One line of the plot: the points that differ only in world size (and repeat).
 struct SeriesPoint {
   int world_size = 1;
-  double samples_per_s = 0.0;  // median over repeats
-  double efficiency = 0.0;     // (sps(W) / W) / (sps(W0) / W0), W0 the series' smallest W
+  int batch_per_rank = 1;
+  double samples_per_s = 0.0;                               // median over repeats
+  double min_samples_per_s = 0.0, max_samples_per_s = 0.0;  // their spread
+  double comm_exposed_ms = 0.0;                             // median over repeats
+  double efficiency = 0.0;  // (sps(W) / W) / (sps(W0) / W0), W0 the series' smallest W
   int repeats = 0;
 };
 struct Series {
@@ -87,6 +90,11 @@ struct Series {
 // Groups measurements into series (first-seen order) and computes the medians
 // and efficiencies; labels name backend and bucket cap only where they vary.
 std::vector<Series> series_of(const std::vector<Measurement>& measurements);
+
+// The series as a Markdown table (model, scaling, impl, W, batch per rank,
+// samples/s, min..max, efficiency, exposed communication, runs), one row per point, for
+// the console and docs/benchmarks.md.
+std::string markdown_table(const std::vector<Series>& series);
 
 // Sets every measurement's `efficiency` from its series (repeats share the median's).
 void fill_efficiency(std::vector<Measurement>& measurements);

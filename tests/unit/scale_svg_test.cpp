@@ -59,8 +59,14 @@ Series series(std::string impl, std::string scaling, std::vector<std::pair<int, 
            .points = {}};
   const double base = points.front().second / points.front().first;
   for (auto [w, sps] : points) {
-    s.points.push_back(
-        {.world_size = w, .samples_per_s = sps, .efficiency = sps / w / base, .repeats = 1});
+    s.points.push_back({.world_size = w,
+                        .batch_per_rank = 64,
+                        .samples_per_s = sps,
+                        .min_samples_per_s = sps,
+                        .max_samples_per_s = sps,
+                        .comm_exposed_ms = 0.0,
+                        .efficiency = sps / w / base,
+                        .repeats = 1});
   }
   return s;
 }

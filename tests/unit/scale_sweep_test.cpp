@@ -153,6 +153,8 @@ TEST(ScaleSeries, MedianOfRepeatsAndABaselineOtherThanOne) {
   EXPECT_EQ(series[0].points[0].world_size, 2);
   EXPECT_DOUBLE_EQ(series[0].points[0].samples_per_s, 100.0);  // median of 90, 200, 100
   EXPECT_EQ(series[0].points[0].repeats, 3);
+  EXPECT_DOUBLE_EQ(series[0].points[0].min_samples_per_s, 90.0);
+  EXPECT_DOUBLE_EQ(series[0].points[0].max_samples_per_s, 200.0);
   EXPECT_DOUBLE_EQ(series[0].points[1].efficiency, (150.0 / 4) / (100.0 / 2));
   EXPECT_DOUBLE_EQ(median({4, 1, 3, 2}), 2.5);
 }
@@ -173,6 +175,21 @@ TEST(ScaleSeries, OneSeriesPerImplementationModelScalingAndVaryingBackend) {
   EXPECT_DOUBLE_EQ(series[3].points[0].efficiency, 1.0);
   EXPECT_EQ(series[0].group, "ours mlp auto");
   EXPECT_EQ(series[2].group, "ours mlp auto");  // strong and weak share a colour
+}
+
+TEST(ScaleSeries, MarkdownTableHasOneRowPerPoint) {
+  Measurement a = measured(point("ours", "strong", 1, 256), 1000);
+  Measurement b = measured(point("ours", "strong", 2, 128), 1500);
+  b.comm_exposed_ms = 0.25;
+  const std::string table =
+      markdown_table(series_of({a, b, measured(point("torch", "weak", 1, 64), 700)}));
+  EXPECT_EQ(table,
+            "| model | scaling | impl | W | batch/rank | samples/s | min..max | efficiency | "
+            "exposed comm ms | runs |\n"
+            "|---|---|---|---|---|---|---|---|---|---|\n"
+            "| mlp | strong | ours | 1 | 256 | 1000 | 1000..1000 | 1.00 | 0.00 | 1 |\n"
+            "| mlp | strong | ours | 2 | 128 | 1500 | 1500..1500 | 0.75 | 0.25 | 1 |\n"
+            "| mlp | weak | torch | 1 | 64 | 700 | 700..700 | 1.00 | - | 1 |\n");
 }
 
 TEST(ScaleJson, ReadsNumberFieldsOfMetricsLines) {
