@@ -20,6 +20,7 @@
 #include "collectives/backends.h"
 #include "collectives/communicator_base.h"
 #include "collectives/reduce_kernels.h"
+#include "collectives/sigpipe_block.h"
 #include "runtime/ops/ops.h"
 
 #include <gloo/allgather.h>
@@ -34,8 +35,6 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
-#include <pthread.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -73,33 +72,6 @@ class GlooStore : public gloo::rendezvous::Store {
   }
   std::shared_ptr<ddp::Store> store_;
   std::string prefix_;
-};
-
-// Note [gloo SIGPIPE]: gloo writes to its sockets without MSG_NOSIGNAL, so a write
-// to a rank that died raises SIGPIPE, which ends the process by default. gloo's
-// threads and the communication thread are created while SIGPIPE is blocked in
-// the constructing thread (threads inherit the mask), so such writes fail with
-// EPIPE and become a CommError; the program's own signal handling is untouched.
-class SigpipeBlock {
- public:
-  SigpipeBlock() {
-    sigemptyset(&pipe_);
-    sigaddset(&pipe_, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &pipe_, &previous_);
-  }
-  ~SigpipeBlock() {
-    // Drop a SIGPIPE raised in this thread meanwhile, then restore the caller's mask.
-    const timespec zero{};
-    while (sigtimedwait(&pipe_, nullptr, &zero) == SIGPIPE) {
-    }
-    pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
-  }
-  SigpipeBlock(const SigpipeBlock&) = delete;
-  SigpipeBlock& operator=(const SigpipeBlock&) = delete;
-
- private:
-  sigset_t pipe_;
-  sigset_t previous_;
 };
 
 std::string this_host_name() {
@@ -188,7 +160,7 @@ class GlooCommunicator : public ThreadedCommunicator {
     DDP_CHECK(store != nullptr || options.size == 1,
               "gloo: world size {} needs a rendezvous store (only world size 1 works without one)",
               options.size);
-    const SigpipeBlock block;  // Note [gloo SIGPIPE]
+    const comm::SigpipeBlock block;  // Note [gloo SIGPIPE]
     context_ = connect(std::move(store), options);
     start_thread();
   }
@@ -211,6 +183,7 @@ class GlooCommunicator : public ThreadedCommunicator {
 };
 
 void GlooCommunicator::run(const Collective& c) {
+  const comm::SigpipeBlock block;  // this may be a waiter's thread: Note [gloo SIGPIPE]
   try {
     dispatch(c);
   } catch (const gloo::IoException& e) {
