@@ -16,9 +16,11 @@
 #include "tests/multirank/spawn.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 
 namespace ddp::test {
@@ -116,10 +118,15 @@ TEST(DdpParityGloo, NoSyncAccumulationTwoRanks) {
 // later layers are launched (one bucket per parameter), the others never come.
 // Every other rank must fail out of ddp.backward with a CommError that names the
 // dead peer, within the communicator timeout rather than at the harness timeout.
+// gloo names a socket, not a rank; and when the peer dies while gloo waits for a
+// send to complete, gloo does not always notice the closed connection and gives
+// up at its deadline instead (Note [gloo deadline]), still within the timeout:
+// for gloo either message is accepted (seen under load in CI).
 constexpr auto kCrashTimeout = 5s;
 constexpr auto kCrashSpawnTimeout = 60s;
 
-int crash_body(const std::string& backend, const std::string& names_peer, int rank, int world) {
+int crash_body(const std::string& backend, const std::vector<std::string>& names_peer, int rank,
+               int world) {
   auto comm = make_backend(backend, rank, world, {.timeout = kCrashTimeout});
   DdpOptions options;
   options.bucket_cap_mb = kTinyCapMb;
@@ -142,8 +149,10 @@ int crash_body(const std::string& backend, const std::string& names_peer, int ra
     require(seconds < std::chrono::duration<double>(kCrashTimeout).count() + 2.0,
             fmt::format("rank {}: the CommError came after {:.2f} s, past the {} s timeout: {}",
                         rank, seconds, kCrashTimeout.count(), what));
-    require(what.find(names_peer) != std::string::npos,
-            fmt::format("rank {}: the CommError does not name '{}': {}", rank, names_peer, what));
+    require(std::any_of(names_peer.begin(), names_peer.end(),
+                        [&](const std::string& n) { return what.find(n) != std::string::npos; }),
+            fmt::format("rank {}: the CommError says none of '{}': {}", rank,
+                        fmt::join(names_peer, "', '"), what));
     // The next step fails with the communicator's error again, not with advice
     // about an unfinished backward.
     try {
@@ -159,7 +168,7 @@ int crash_body(const std::string& backend, const std::string& names_peer, int ra
   throw std::runtime_error(fmt::format("rank {}: backward succeeded although rank 1 died", rank));
 }
 
-void run_crash(const std::string& backend, int world, const std::string& names_peer) {
+void run_crash(const std::string& backend, int world, const std::vector<std::string>& names_peer) {
   const auto start = Clock::now();
   const auto results = spawn_ranks(
       world, [&](int rank, int size) { return crash_body(backend, names_peer, rank, size); },
@@ -174,11 +183,11 @@ void run_crash(const std::string& backend, int world, const std::string& names_p
 }
 
 TEST(DdpCrash, RankKilledDuringBackwardFailsThePeersShm) {
-  run_crash("shm", 3, "rank 1 (pid");
+  run_crash("shm", 3, {"rank 1 (pid"});
 }
 // gloo's errors name a socket, not a rank (gloo_conformance_test.cpp).
 TEST(DdpCrash, RankKilledDuringBackwardFailsThePeersGloo) {
-  run_crash("gloo", 2, "peer rank probably died");
+  run_crash("gloo", 2, {"peer rank probably died", "timed out after"});
 }
 
 TEST(DdpConstruction, DifferentModelsFailNamingTheMismatch) {
