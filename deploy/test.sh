@@ -74,7 +74,7 @@ flaky=$(awk '/Test +#[0-9]+: / {
   END { for (n in failed) if (n in passed) print names[n] }' "$log")
 if [ -n "$flaky" ]; then
   echo "flaky: these tests failed once and passed when run again; look at them:"
-  echo "$flaky" | sed 's/^/  /'
+  while read -r name; do echo "  $name"; done <<<"$flaky"
 fi
 
 # Say why gpu tests skipped, once, rather than leaving a silent "Skipped".
