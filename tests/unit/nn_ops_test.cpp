@@ -190,6 +190,18 @@ TEST(NnOps, Permute4MovesEveryElement) {
   }
 }
 
+// Larger than the CPU's 16x16 transpose tiles and no multiple of them: the
+// convolution's layouts {0, 3, 1, 2} and {0, 2, 3, 1} are tiled transposes there.
+TEST(NnOps, Permute4TransposesAcrossTileEdges) {
+  const Tensor x = randn({2, 19, 5, 37}, 41);
+  for (const std::array<int, 4>& perm :
+       std::vector<std::array<int, 4>>{{0, 3, 1, 2}, {0, 2, 3, 1}}) {
+    SCOPED_TRACE(fmt::format("perm [{}, {}, {}, {}]", perm[0], perm[1], perm[2], perm[3]));
+    expect_permuted<float>(x, perm);
+  }
+  expect_permuted<int64_t>(cast(x, DType::i64), {0, 3, 1, 2});
+}
+
 TEST(NnOps, Permute4TakesEveryElementWidth) {
   const Tensor x = arange(0.0, 120.0, 1.0).reshape({5, 1, 4, 6});
   expect_permuted<int64_t>(cast(x, DType::i64), {2, 0, 3, 1});
@@ -228,9 +240,10 @@ PoolRef naive_pool(const std::vector<double>& x, const Conv2dGeometry& g) {
   return r;
 }
 
+// The first two take the CPU's 2x2 stride-2 fast path (the second with odd sizes).
 const std::vector<Conv2dGeometry> kPoolCases = {
-    {2, 3, 8, 8, 2, 2, 2, 2, 0, 0}, {1, 2, 7, 9, 3, 3, 2, 2, 0, 0}, {2, 2, 6, 5, 3, 3, 1, 1, 1, 1},
-    {1, 1, 5, 6, 2, 3, 1, 2, 1, 1}, {1, 2, 4, 4, 4, 4, 1, 1, 0, 0},
+    {2, 3, 8, 8, 2, 2, 2, 2, 0, 0}, {1, 2, 7, 9, 2, 2, 2, 2, 0, 0}, {1, 2, 7, 9, 3, 3, 2, 2, 0, 0},
+    {2, 2, 6, 5, 3, 3, 1, 1, 1, 1}, {1, 1, 5, 6, 2, 3, 1, 2, 1, 1}, {1, 2, 4, 4, 4, 4, 1, 1, 0, 0},
 };
 
 TEST(NnOps, MaxPool2dMatchesNaiveIncludingTies) {

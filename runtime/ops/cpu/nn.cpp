@@ -35,25 +35,33 @@ Window window_at(const Conv2dGeometry& g, int64_t oh, int64_t ow) {
 
 // Writes the C * kernel_h * kernel_w entries of one cols row from `image` [C, H, W].
 // Plain loops rather than memcpy / fill: kernel rows are a few elements long.
+// KW > 0 is the kernel width known at compile time (the loops unroll), 0 reads it from g.
+template <int KW>
 void im2col_row(const float* image, const Conv2dGeometry& g, const Window& win, float* row) {
-  const int64_t kw_n = g.kernel_w, plane = g.h * g.w;
+  const int64_t kw_n = KW > 0 ? KW : g.kernel_w, plane = g.h * g.w;
+  const bool full_width = win.ws.begin == 0 && win.ws.end == kw_n;
   for (int64_t c = 0; c < g.c; ++c) {
     for (int64_t kh = 0; kh < g.kernel_h; ++kh, row += kw_n) {
       if (kh < win.hs.begin || kh >= win.hs.end) {
         for (int64_t kw = 0; kw < kw_n; ++kw) row[kw] = 0.0f;
         continue;
       }
-      const float* src = image + c * plane + (win.h0 + kh) * g.w;  // image row h0 + kh
+      const float* src = image + c * plane + (win.h0 + kh) * g.w + win.w0;  // image row h0 + kh
+      if (full_width) {
+        for (int64_t kw = 0; kw < kw_n; ++kw) row[kw] = src[kw];
+        continue;
+      }
       for (int64_t kw = 0; kw < win.ws.begin; ++kw) row[kw] = 0.0f;
-      for (int64_t kw = win.ws.begin; kw < win.ws.end; ++kw) row[kw] = src[win.w0 + kw];
+      for (int64_t kw = win.ws.begin; kw < win.ws.end; ++kw) row[kw] = src[kw];
       for (int64_t kw = win.ws.end; kw < kw_n; ++kw) row[kw] = 0.0f;
     }
   }
 }
 
 // Adds one cols row into `image` [C, H, W]: the adjoint of im2col_row.
+template <int KW>
 void col2im_row(const float* row, const Conv2dGeometry& g, const Window& win, float* image) {
-  const int64_t kw_n = g.kernel_w, plane = g.h * g.w;
+  const int64_t kw_n = KW > 0 ? KW : g.kernel_w, plane = g.h * g.w;
   for (int64_t c = 0; c < g.c; ++c) {
     for (int64_t kh = win.hs.begin; kh < win.hs.end; ++kh) {
       const float* src = row + (c * g.kernel_h + kh) * kw_n;
@@ -61,6 +69,36 @@ void col2im_row(const float* row, const Conv2dGeometry& g, const Window& win, fl
       for (int64_t kw = win.ws.begin; kw < win.ws.end; ++kw) dst[win.w0 + kw] += src[kw];
     }
   }
+}
+
+// Calls f(std::integral_constant<int, KW>) with KW the kernel width for the
+// common 3 and 5, 0 (read at run time) otherwise.
+template <typename F>
+void with_kernel_width(int64_t kernel_w, F&& f) {
+  if (kernel_w == 3) return f(std::integral_constant<int, 3>{});
+  if (kernel_w == 5) return f(std::integral_constant<int, 5>{});
+  f(std::integral_constant<int, 0>{});
+}
+
+// out [cols, rows] = in [rows, cols] transposed, in square tiles that stay in L1.
+template <typename T>
+void transpose_2d(const T* in, int64_t rows, int64_t cols, T* out) {
+  constexpr int64_t kTile = 16;
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+    const int64_t r1 = std::min(rows, r0 + kTile);
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+      const int64_t c1 = std::min(cols, c0 + kTile);
+      for (int64_t c = c0; c < c1; ++c) {
+        for (int64_t r = r0; r < r1; ++r) out[c * rows + r] = in[r * cols + c];
+      }
+    }
+  }
+}
+
+// {0, 3, 1, 2} (NHWC to NCHW) and {0, 2, 3, 1} (NCHW to NHWC) are a 2-D transpose
+// per batch element: the layouts of a convolution's GEMM rows and of its output.
+inline bool transposes_batches(const std::array<int, 4>& perm) {
+  return perm == std::array<int, 4>{0, 3, 1, 2} || perm == std::array<int, 4>{0, 2, 3, 1};
 }
 
 // T is an unsigned integer of the element's width: a permutation only moves bits.
@@ -74,6 +112,16 @@ void permute_loop(const T* in, const Shape& in_shape, const std::array<int, 4>& 
   for (size_t i = 0; i < 4; ++i) {
     size[i] = in_shape[static_cast<size_t>(perm[i])];
     stride[i] = in_stride[perm[i]];
+  }
+  if (transposes_batches(perm)) {
+    // {0, 3, 1, 2}: [H*W, C] to [C, H*W] per batch; {0, 2, 3, 1}: [C, H*W] to [H*W, C].
+    const bool to_channels_first = perm[1] == 3;
+    const int64_t rows = to_channels_first ? in_shape[1] * in_shape[2] : in_shape[1];
+    const int64_t cols = to_channels_first ? in_shape[3] : in_shape[2] * in_shape[3];
+    for (int64_t a = 0; a < size[0]; ++a) {
+      transpose_2d(in + a * rows * cols, rows, cols, out + a * rows * cols);
+    }
+    return;
   }
   for (int64_t a = 0; a < size[0]; ++a) {
     for (int64_t b = 0; b < size[1]; ++b) {
@@ -120,6 +168,35 @@ inline void window_max(const float* src, int64_t w, Taps rows, Taps columns, flo
   *index_out = best_index;
 }
 
+// max_pool2d with a 2x2 kernel, stride 2, no padding (every CNN's pooling): the
+// windows are never clipped, so the four taps are compared in (h, w) order with
+// the same rule as window_max and no bounds arithmetic.
+void max_pool_2x2(const float* in, int64_t planes, int64_t h, int64_t w, float* best_out,
+                  int64_t* index_out) {
+  const int64_t out_h = h / 2, out_w = w / 2;
+  for (int64_t plane = 0; plane < planes; ++plane) {
+    const float* src = in + plane * h * w;
+    for (int64_t oh = 0; oh < out_h; ++oh, best_out += out_w, index_out += out_w) {
+      const float* top = src + 2 * oh * w;
+      const float* bottom = top + w;
+      const int64_t base = 2 * oh * w;
+      // Which tap won, as a small integer: the loop then vectorizes (plain selects).
+      for (int64_t ow = 0; ow < out_w; ++ow) {
+        float best = top[2 * ow];
+        int32_t which = 0;
+        const float taps[3] = {top[2 * ow + 1], bottom[2 * ow], bottom[2 * ow + 1]};
+        for (int32_t t = 0; t < 3; ++t) {
+          const bool take = better(taps[t], best);
+          best = take ? taps[t] : best;
+          which = take ? t + 1 : which;
+        }
+        best_out[ow] = best;
+        index_out[ow] = base + (which >> 1) * w + 2 * ow + (which & 1);
+      }
+    }
+  }
+}
+
 template <bool kFirstStep, bool kNesterov>
 void sgd_momentum_loop(float* p, const float* g, float* buf, int64_t n, const SgdStep& s) {
   const float lr = s.lr, mu = s.momentum, wd = s.weight_decay;
@@ -137,14 +214,16 @@ void im2col(const Tensor& x, const Conv2dGeometry& g, Tensor& cols) {
   const float* in = x.data<float>();
   float* row = cols.data<float>();
   const int64_t out_h = g.out_h(), out_w = g.out_w(), row_len = g.c * g.kernel_h * g.kernel_w;
-  for (int64_t n = 0; n < g.n; ++n) {
-    const float* image = in + n * g.c * g.h * g.w;
-    for (int64_t oh = 0; oh < out_h; ++oh) {
-      for (int64_t ow = 0; ow < out_w; ++ow, row += row_len) {
-        im2col_row(image, g, window_at(g, oh, ow), row);
+  with_kernel_width(g.kernel_w, [&](auto kw) {
+    for (int64_t n = 0; n < g.n; ++n) {
+      const float* image = in + n * g.c * g.h * g.w;
+      for (int64_t oh = 0; oh < out_h; ++oh) {
+        for (int64_t ow = 0; ow < out_w; ++ow, row += row_len) {
+          im2col_row<decltype(kw)::value>(image, g, window_at(g, oh, ow), row);
+        }
       }
     }
-  }
+  });
 }
 
 // Each pixel sums its entries in row order (n, oh, ow), as the CUDA gather does.
@@ -153,14 +232,16 @@ void col2im(const Tensor& cols, const Conv2dGeometry& g, Tensor& grad_x) {
   float* out = grad_x.data<float>();
   std::fill(out, out + grad_x.numel(), 0.0f);
   const int64_t out_h = g.out_h(), out_w = g.out_w(), row_len = g.c * g.kernel_h * g.kernel_w;
-  for (int64_t n = 0; n < g.n; ++n) {
-    float* image = out + n * g.c * g.h * g.w;
-    for (int64_t oh = 0; oh < out_h; ++oh) {
-      for (int64_t ow = 0; ow < out_w; ++ow, row += row_len) {
-        col2im_row(row, g, window_at(g, oh, ow), image);
+  with_kernel_width(g.kernel_w, [&](auto kw) {
+    for (int64_t n = 0; n < g.n; ++n) {
+      float* image = out + n * g.c * g.h * g.w;
+      for (int64_t oh = 0; oh < out_h; ++oh) {
+        for (int64_t ow = 0; ow < out_w; ++ow, row += row_len) {
+          col2im_row<decltype(kw)::value>(row, g, window_at(g, oh, ow), image);
+        }
       }
     }
-  }
+  });
 }
 
 void permute4(const Tensor& x, const std::array<int, 4>& perm, Tensor& out) {
@@ -186,6 +267,10 @@ void max_pool2d(const Tensor& x, const Conv2dGeometry& g, Tensor& out, Tensor& i
   float* best_out = out.data<float>();
   int64_t* index_out = indices.data<int64_t>();
   const int64_t out_h = g.out_h(), out_w = g.out_w();
+  if (g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_h == 0 &&
+      g.pad_w == 0) {
+    return max_pool_2x2(in, g.n * g.c, g.h, g.w, best_out, index_out);
+  }
   for (int64_t plane = 0; plane < g.n * g.c; ++plane) {
     const float* src = in + plane * g.h * g.w;
     for (int64_t oh = 0; oh < out_h; ++oh) {
