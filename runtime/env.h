@@ -16,6 +16,8 @@
 //   DDP_DEBUG      off|detail                                  (default: off)
 //   DDP_GLOO_HOSTNAME  address gloo ranks listen on (default: the address that
 //                      reaches MASTER_ADDR, else the host name; Note [gloo address])
+//   DDP_CPU_CACHE_MB   MiB of freed large CPU blocks kept for reuse (default: 1024;
+//                      0: off; Note [cpu block cache] in memory/cpu_allocator.h)
 #pragma once
 
 #include <cstdint>
@@ -41,6 +43,7 @@ inline constexpr const char* kRunId = "DDPRUN_RUN_ID";
 inline constexpr const char* kStore = "DDPRUN_STORE";
 inline constexpr const char* kStoreSecret = "DDP_STORE_SECRET";
 inline constexpr const char* kGlooHostname = "DDP_GLOO_HOSTNAME";
+inline constexpr const char* kCpuCacheMb = "DDP_CPU_CACHE_MB";
 
 // The value of a variable, or nullopt when unset or empty.
 std::optional<std::string> get(const char* name);

@@ -3,6 +3,7 @@
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/error.h"
 #include "runtime/memory/caching_allocator.h"
+#include "runtime/memory/cpu_allocator.h"
 
 #include <algorithm>
 #include <atomic>
@@ -15,59 +16,7 @@
 namespace ddp {
 namespace {
 
-constexpr size_t kCpuAlignment = 64;
-
-// CPU memory: 64-byte aligned (AVX-512 loads, no false sharing), not cached.
-class CpuAllocator : public Allocator {
- public:
-  void* allocate(size_t bytes) override {
-    if (bytes == 0) return nullptr;
-    const size_t size = (bytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
-    void* ptr = std::aligned_alloc(kCpuAlignment, size);
-    if (ptr == nullptr) {
-      throw OutOfMemoryError(fmt::format(
-          "cpu out of memory: tried to allocate {} ({} bytes); {} allocated by ddp on the cpu. "
-          "Reduce the batch size or the model, or free tensors you no longer need.",
-          format_bytes(bytes), bytes, format_bytes(stats().allocated)));
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    sizes_[ptr] = size;
-    stats_.allocated += size;
-    stats_.reserved += size;
-    ++stats_.num_allocs;
-    ++stats_.num_raw_allocs;
-    stats_.max_allocated = std::max(stats_.max_allocated, stats_.allocated);
-    stats_.max_reserved = std::max(stats_.max_reserved, stats_.reserved);
-    return ptr;
-  }
-  void deallocate(void* ptr) override {
-    if (ptr == nullptr) return;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = sizes_.find(ptr);
-      DDP_ASSERT(it != sizes_.end(), "cpu allocator: free of a pointer it did not hand out");
-      stats_.allocated -= it->second;
-      stats_.reserved -= it->second;
-      ++stats_.num_raw_frees;
-      sizes_.erase(it);
-    }
-    std::free(ptr);
-  }
-  MemoryStats stats() const override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return stats_;
-  }
-  void reset_peak_stats() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stats_.max_allocated = stats_.allocated;
-    stats_.max_reserved = stats_.reserved;
-  }
-
- private:
-  mutable std::mutex mutex_;
-  std::unordered_map<void*, size_t> sizes_;
-  MemoryStats stats_;
-};
+constexpr size_t kCpuAlignment = 64;  // as CpuAllocator
 
 CachingAllocator::Backend cuda_backend(int device) {
   CachingAllocator::Backend b;
@@ -123,8 +72,9 @@ CachingAllocator::Backend pinned_backend() {
 
 Allocator& device_allocator(const Device& device) {
   if (device.is_cpu()) {
-    static CpuAllocator cpu;
-    return cpu;
+    // Never destroyed, as the CUDA allocators: tensors in static objects may outlive it.
+    static auto* cpu = new CpuAllocator(CpuAllocator::from_environment());
+    return *cpu;
   }
   check_available(device);
   DDP_ASSERT(device.is_cuda(), "no allocator for device {}", device.str());

@@ -1,6 +1,8 @@
 // Memory: one allocator per device, plus pinned host memory for staging.
 //
-// CPU memory is 64-byte aligned and not cached (the C library caches). CUDA
+// CPU memory is 64-byte aligned; freed blocks of 128 KiB and more are kept for
+// reuse (memory/cpu_allocator.h, Note [cpu block cache]), smaller ones go back to
+// the C library. CUDA
 // memory goes through a CachingAllocator (memory/caching_allocator.h): freed
 // blocks are kept for reuse by the stream that used them; empty_cache() gives
 // them back. Pinned host memory is cached the same way, and a block freed while

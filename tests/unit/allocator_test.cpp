@@ -1,6 +1,7 @@
 #include "runtime/memory/allocator.h"
 #include "runtime/error.h"
 #include "runtime/memory/caching_allocator.h"
+#include "runtime/memory/cpu_allocator.h"
 #include "runtime/tensor.h"
 
 #include <gtest/gtest.h>
@@ -205,6 +206,63 @@ TEST(CpuAllocator, OutOfMemoryIsATypedErrorWithTheSize) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Note [cpu block cache]: large blocks come back for the same size without a raw
+// allocation; small ones, or any block past the limit, go back to the C library.
+TEST(CpuAllocator, LargeBlocksAreReusedForTheSameSize) {
+  CpuAllocator alloc({.min_cached_bytes = 1 << 20, .cache_limit_bytes = 8 << 20});
+  void* a = alloc.allocate(3 << 20);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 64, 0u);
+  alloc.deallocate(a);
+  EXPECT_EQ(alloc.stats().allocated, 0u);
+  EXPECT_EQ(alloc.stats().reserved, size_t{3} << 20) << "the freed block is kept";
+  void* b = alloc.allocate((3 << 20) - 100);  // the same rounded size
+  EXPECT_EQ(b, a);
+  EXPECT_EQ(alloc.stats().num_raw_allocs, 1u);
+  EXPECT_EQ(alloc.stats().num_cache_hits, 1u);
+  EXPECT_EQ(alloc.stats().allocated, size_t{3} << 20);
+  // Much smaller requests do not take a large block (at most 1/8 slack).
+  void* c = alloc.allocate(2 << 20);
+  EXPECT_NE(c, b);
+  EXPECT_EQ(alloc.stats().num_raw_allocs, 2u);
+  alloc.deallocate(b);
+  alloc.deallocate(c);
+  EXPECT_EQ(alloc.stats().reserved, size_t{5} << 20);
+  alloc.empty_cache();
+  EXPECT_EQ(alloc.stats().reserved, 0u);
+  EXPECT_EQ(alloc.stats().num_raw_frees, 2u);
+}
+
+TEST(CpuAllocator, SmallBlocksAndBlocksPastTheLimitAreFreed) {
+  CpuAllocator alloc({.min_cached_bytes = 1 << 20, .cache_limit_bytes = 4 << 20});
+  alloc.deallocate(alloc.allocate(4000));
+  EXPECT_EQ(alloc.stats().reserved, 0u) << "small blocks are not cached";
+  void* a = alloc.allocate(3 << 20);
+  void* b = alloc.allocate(3 << 20);
+  alloc.deallocate(a);  // cached: 3 MiB of 4
+  alloc.deallocate(b);  // would make 6 MiB: freed
+  EXPECT_EQ(alloc.stats().reserved, size_t{3} << 20);
+  EXPECT_EQ(alloc.stats().num_raw_frees, 2u);  // the small block and b
+  CpuAllocator off({.min_cached_bytes = 1 << 20, .cache_limit_bytes = 0});
+  off.deallocate(off.allocate(3 << 20));
+  EXPECT_EQ(off.stats().reserved, 0u) << "a limit of 0 turns the cache off";
+}
+
+TEST(CpuAllocator, TheEnvironmentSetsTheLimit) {
+  ASSERT_EQ(setenv("DDP_CPU_CACHE_MB", "5", 1), 0);
+  const CpuCacheOptions five = CpuAllocator::from_environment();
+  ASSERT_EQ(setenv("DDP_CPU_CACHE_MB", "-1", 1), 0);
+  EXPECT_THROW(CpuAllocator::from_environment(), ValueError);
+  ASSERT_EQ(unsetenv("DDP_CPU_CACHE_MB"), 0);
+  const CpuCacheOptions standard = CpuAllocator::from_environment();
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  EXPECT_EQ(five.cache_limit_bytes, 0u) << "sanitizers must see every free";
+  EXPECT_EQ(standard.cache_limit_bytes, 0u);
+#else
+  EXPECT_EQ(five.cache_limit_bytes, size_t{5} << 20);
+  EXPECT_EQ(standard.cache_limit_bytes, size_t{1024} << 20);
+#endif
 }
 
 TEST(PinnedAllocator, WorksWithoutAGpu) {
