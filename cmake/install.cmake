@@ -83,6 +83,12 @@ foreach(layer runtime collectives launcher models)
 endforeach()
 install(FILES ${PROJECT_BINARY_DIR}/generated/ddp/config.h
         DESTINATION ${DDP_INSTALL_INCLUDE_ROOT}/ddp COMPONENT dev)
+# The PyTorch peer that `scale --impls torch` runs, in the source tree's layout
+# (torch_train.py imports ../../models/torch_models.py).
+install(FILES ${PROJECT_SOURCE_DIR}/bench/peer/torch_train.py
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/ddp/bench/peer COMPONENT runtime)
+install(FILES ${PROJECT_SOURCE_DIR}/models/torch_models.py
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/ddp/models COMPONENT runtime)
 
 install(EXPORT ddpTargets NAMESPACE ddp:: DESTINATION ${DDP_INSTALL_CMAKEDIR} COMPONENT dev)
 # ddp::ddprun, ddp::train, ddp::bench; ddpConfig.cmake loads them only where bin/ddprun is installed.

@@ -66,7 +66,8 @@ programs:
   --train PATH           default: train next to this program
   --python PATH          for the torch peer (default /usr/bin/python3, which
                          needs python3-torch)
-  --torch-script PATH    default: bench/peer/torch_train.py of the source tree
+  --torch-script PATH    default: <prefix>/share/ddp/bench/peer/torch_train.py for an
+                         installed scale, else bench/peer/torch_train.py of the source tree
   --timeout S            seconds per run before it is stopped (default 900)
   -h, --help             this text
 
@@ -159,12 +160,22 @@ std::string self_dir() {
   return ec ? std::string(".") : exe.parent_path().string();
 }
 
+// An installed scale (<prefix>/bin) finds the peer script installed beside it
+// (<prefix>/share/ddp/bench/peer, with models/ next to bench/ as in the source
+// tree, which the script imports from); a build tree's scale uses the source tree.
+std::string default_torch_script(const std::string& program_dir) {
+  const fs::path installed =
+      fs::path(program_dir) / ".." / "share" / "ddp" / "bench" / "peer" / "torch_train.py";
+  std::error_code ec;
+  if (fs::exists(installed, ec)) return fs::weakly_canonical(installed, ec).string();
+  return std::string(DDP_SOURCE_DIR) + "/bench/peer/torch_train.py";
+}
+
 void fill_defaults(Config& c) {
   Programs& p = c.run.programs;
   if (p.ddprun.empty()) p.ddprun = self_dir() + "/ddprun";
   if (p.train.empty()) p.train = self_dir() + "/train";
-  if (p.torch_script.empty())
-    p.torch_script = std::string(DDP_SOURCE_DIR) + "/bench/peer/torch_train.py";
+  if (p.torch_script.empty()) p.torch_script = default_torch_script(self_dir());
   if (c.svg.empty()) c.svg = fs::path(c.csv).replace_extension(".svg").string();
 }
 

@@ -26,6 +26,14 @@ done
 config=$(find "$prefix" -name ddpConfig.cmake -print -quit)
 [ -n "$config" ] || fail "the install lacks ddpConfig.cmake"
 echo "installed into a temporary prefix in $((SECONDS - t0)) s (package: ${config#"$prefix"/})"
+# An installed scale runs the installed PyTorch peer, not the source tree's.
+if [ -x "$prefix/bin/scale" ]; then
+  plan=$("$prefix/bin/scale" --dry-run --impls torch --world-sizes 1 --scaling weak \
+    --csv "$work/plan.csv" 2>&1) || fail "scale --dry-run --impls torch: $plan"
+  grep -qF "$(realpath "$prefix")/share/ddp/bench/peer/torch_train.py" <<<"$plan" ||
+    fail "the installed scale does not run the installed torch_train.py: $plan"
+  [ -e "$prefix/share/ddp/models/torch_models.py" ] || fail "the install lacks torch_models.py"
+fi
 
 # The example sees only the installed prefix: not this source tree, not the build tree.
 t0=$SECONDS
