@@ -98,3 +98,18 @@ no_process_left() {
     [ -z "$(ip netns pids "$ns" 2>/dev/null)" ] || fail "processes left in $ns: $(ip netns pids "$ns")"
   done
 }
+
+# expect_same_as_one_node NAME WORLD WHAT: the two-namespace checkpoint equals the
+# one-node run's of WORLD ranks ($WORK/{two_nodes,one_node}.safetensors, relative
+# 1e-5); then no process is left and "NAME: ok (...)" is printed. WHAT names the
+# two-node run in the failure message.
+expect_same_as_one_node() {
+  local name=$1 world=$2 what=$3 status
+  python3 "$(dirname "${BASH_SOURCE[0]}")/compare_checkpoints.py" "$WORK/one_node.safetensors" \
+    "$WORK/two_nodes.safetensors" --rtol 1e-5 >"$WORK/compare.log" 2>&1
+  status=$?
+  cat "$WORK/compare.log"
+  [ $status -eq 0 ] || fail "$what differs from $world ranks on one node (shm)"
+  no_process_left
+  echo "$name: ok ($world ranks on 2 namespaces match one node: $(tail -1 "$WORK/compare.log" | sed 's/^compare_checkpoints: //'))"
+}

@@ -45,10 +45,4 @@ for r in $(seq 0 $((world - 1))); do
 done
 [ -f "$WORK/node1_unused.safetensors" ] && fail "node 1 wrote a checkpoint (only rank 0 saves)"
 grep -q "\"world_size\": $world" "$WORK/metrics.jsonl" || fail "metrics lack world_size $world"
-python3 "$here/compare_checkpoints.py" "$WORK/one_node.safetensors" "$WORK/two_nodes.safetensors" \
-  --rtol 1e-5 >"$WORK/compare.log" 2>&1
-status=$?
-cat "$WORK/compare.log"
-[ $status -eq 0 ] || fail "2 nodes x $nproc ranks (gloo) differ from $world ranks on one node (shm)"
-no_process_left
-echo "netns_ddprun: ok ($world ranks on 2 namespaces match one node: $(tail -1 "$WORK/compare.log" | sed 's/^compare_checkpoints: //'))"
+expect_same_as_one_node netns_ddprun "$world" "2 nodes x $nproc ranks (gloo)"

@@ -74,10 +74,4 @@ for r in $(seq 0 $((world - 1))); do  # mpirun fills the first host's slots firs
     fail "rank $r did not run in node $((r / nproc))'s namespace"
 done
 grep -q "\"world_size\": $world" "$WORK/metrics.jsonl" || fail "metrics lack world_size $world"
-python3 "$here/compare_checkpoints.py" "$WORK/one_node.safetensors" "$WORK/two_nodes.safetensors" \
-  --rtol 1e-5 >"$WORK/compare.log" 2>&1
-status=$?
-cat "$WORK/compare.log"
-[ $status -eq 0 ] || fail "mpirun over 2 namespaces x $nproc ranks differs from $world ranks on one node (shm)"
-no_process_left
-echo "netns_mpirun: ok ($world ranks on 2 namespaces match one node: $(tail -1 "$WORK/compare.log" | sed 's/^compare_checkpoints: //'))"
+expect_same_as_one_node netns_mpirun "$world" "mpirun over 2 namespaces x $nproc ranks"
