@@ -155,6 +155,12 @@ Tensor Tensor::pin_memory() const {
   return out;
 }
 
+void Tensor::record_stream(const Stream& stream) const {
+  const Storage& s = *storage();
+  if (s.data() != nullptr && s.allocator() != nullptr)
+    s.allocator()->record_stream(s.data(), stream);
+}
+
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
   DDP_CHECK(DTypeOf<T>::value == dtype(), "to_vector<{}>() on a tensor of dtype {}; cast first",

@@ -20,6 +20,7 @@
 namespace ddp {
 
 class Allocator;
+class Stream;
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& shape);  // "[64, 784]"
 int64_t shape_numel(const Shape& shape);
@@ -38,6 +39,7 @@ class Storage {
   size_t bytes() const { return bytes_; }
   const Device& device() const { return device_; }
   bool pinned() const { return pinned_; }
+  Allocator* allocator() const { return allocator_; }  // null for wrapped memory
 
  private:
   Device device_;
@@ -108,6 +110,11 @@ class Tensor {
   Tensor cpu() const { return to(Device::cpu()); }
   Tensor clone() const;
   Tensor pin_memory() const;  // a pinned host copy (cpu tensors only)
+  // This tensor's memory is also used by work queued on `stream` (a communication
+  // or copy stream other than the one it was allocated on): once freed, it is
+  // handed out again only after that work has finished (PyTorch's record_stream).
+  // A no-op for ordinary CPU memory and for memory from from_blob.
+  void record_stream(const Stream& stream) const;
 
   // Reads to the host (synchronous). item() needs exactly one element.
   template <typename T>

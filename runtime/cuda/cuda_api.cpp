@@ -4,6 +4,7 @@
 
 #include "runtime/cuda/cuda_check.h"
 
+#include <atomic>
 #include <mutex>
 
 namespace ddp::cuda_api {
@@ -33,6 +34,8 @@ const DeviceCount& device_count_once() {
   });
   return result;
 }
+
+std::atomic<uint64_t> g_host_syncs{0};
 
 cudaStream_t to_stream(StreamHandle stream) {
   return static_cast<cudaStream_t>(stream);
@@ -111,6 +114,7 @@ void set_device(int device) {
 
 void device_synchronize(int device) {
   DeviceGuard guard(device);
+  ++g_host_syncs;
   DDP_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -178,6 +182,7 @@ void stream_destroy(StreamHandle stream) {
 }
 
 void stream_synchronize(StreamHandle stream) {
+  ++g_host_syncs;
   DDP_CUDA_CHECK(cudaStreamSynchronize(to_stream(stream)));
 }
 
@@ -203,6 +208,7 @@ void event_record(EventHandle event, StreamHandle stream) {
 }
 
 void event_synchronize(EventHandle event) {
+  ++g_host_syncs;
   DDP_CUDA_CHECK(cudaEventSynchronize(to_event(event)));
 }
 
@@ -223,6 +229,10 @@ void stream_wait_event(StreamHandle stream, EventHandle event) {
 void check_last_error(const char* what) {
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) detail::throw_cuda_error(err, fmt::format("launch of {}", what));
+}
+
+uint64_t host_sync_count() {
+  return g_host_syncs.load(std::memory_order_relaxed);
 }
 
 }  // namespace ddp::cuda_api

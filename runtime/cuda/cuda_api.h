@@ -66,4 +66,9 @@ void stream_wait_event(StreamHandle stream, EventHandle event);
 // Throws CudaError if a kernel launch failed (cudaGetLastError), naming `what`.
 void check_last_error(const char* what);
 
+// How many times ddp blocked the host on the GPU so far (stream, event and device
+// synchronizations, in every thread): tests count them to show that a path, such
+// as DDP's backward, never stalls the host. Always 0 in a build without CUDA.
+uint64_t host_sync_count();
+
 }  // namespace ddp::cuda_api
