@@ -120,14 +120,18 @@ std::chrono::milliseconds resolve_timeout(const ProcessGroupOptions& o) {
   return std::chrono::milliseconds(300000);
 }
 
+// Note [rank devices]: a device without an index ("cuda", "cpu", or nothing: cuda
+// where there are GPUs, else cpu) means this rank's own one, by local rank:
+// cuda:LOCAL_RANK, or cuda:(LOCAL_RANK mod GPUs) when ranks outnumber the GPUs
+// (several ranks on one GPU work with shm or gloo; nccl refuses them with a clear
+// error); likewise cpu:(LOCAL_RANK mod N) with N virtual cpu devices (Note
+// [virtual cpu devices]). An explicit index is taken as it is.
 Device resolve_device(const ProcessGroupOptions& o, const LaunchEnv& e) {
   std::string text = o.device.empty() ? env::get(env::kDevice).value_or("") : o.device;
-  if (text.empty()) {
-    const int gpus = device_count(DeviceType::cuda);
-    return gpus > 0 ? Device::cuda(e.local_rank % gpus) : Device::cpu();
-  }
+  if (text.empty()) text = device_count(DeviceType::cuda) > 0 ? "cuda" : "cpu";
   Device d = Device::parse(text);
-  if (d.is_cuda() && text.find(':') == std::string::npos) d.index = e.local_rank;
+  const int count = device_count(d.type);
+  if (text.find(':') == std::string::npos && count > 0) d.index = e.local_rank % count;
   check_available(d);
   return d;
 }
@@ -210,8 +214,8 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options) {
   ProcessGroup pg;
   pg.env = read_launch_env();
   const auto timeout = resolve_timeout(options);
-  const CommOptions comm{.timeout = timeout};
   pg.device = resolve_device(options, pg.env);
+  const CommOptions comm{.timeout = timeout, .device = pg.device};
   if (pg.device.is_cuda()) cuda_api::set_device(pg.device.index);
   const std::string backend = resolve_backend(options, pg.env, pg.device);
   set_log_rank(pg.env.rank, pg.env.world_size);

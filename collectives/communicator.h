@@ -13,6 +13,15 @@
 //   backend knows, the ranks that did not arrive. Never a hang.
 // - A size-1 communicator is the identity (LocalCommunicator), so single-process
 //   code never asks "am I distributed?".
+// - Note [communicator devices]: a communicator is bound to one device, this
+//   rank's (CommOptions::device; nccl: its GPU). Every tensor of a collective is
+//   checked with accepts(), and one it does not accept fails at once with a
+//   DeviceError naming both devices. nccl accepts only its GPU; shm, gloo and mpi
+//   accept their device and, when that is a GPU, host (cpu) tensors too, staging
+//   CUDA tensors through pinned host memory (Note [host staging]); the local
+//   communicator accepts every device. Metadata that code exchanges through a
+//   communicator (model fingerprints, counts, orders) is created on device(), so
+//   the same code works on every backend.
 // - Dtypes f32, bf16, f16, i32, i64 (and u8 for broadcast/all_gather); avg on
 //   integer tensors is an error.
 #pragma once
@@ -79,6 +88,7 @@ class Work {
 
 struct CommOptions {
   std::chrono::milliseconds timeout{300000};
+  Device device = Device::cpu();  // this rank's device (Note [communicator devices])
 };
 
 class Communicator {
@@ -87,6 +97,11 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string backend() const = 0;  // "local", "shm", "gloo", "mpi", "nccl"
+  // Note [communicator devices]: the device this rank's collectives are bound to,
+  // where metadata tensors for a collective belong; and whether tensors on
+  // `device` are taken.
+  virtual Device device() const = 0;
+  virtual bool accepts(const Device& device) const = 0;
 
   virtual std::shared_ptr<Work> all_reduce(Tensor& tensor, ReduceOp op = ReduceOp::sum) = 0;
   virtual std::shared_ptr<Work> broadcast(Tensor& tensor, int root) = 0;

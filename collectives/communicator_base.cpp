@@ -1,6 +1,8 @@
 #include "collectives/communicator_base.h"
 
+#include "collectives/host_staging.h"
 #include "collectives/reduce_kernels.h"
+#include "runtime/cuda/cuda_api.h"
 #include "runtime/env.h"
 #include "runtime/ops/ops.h"
 
@@ -70,13 +72,18 @@ CommunicatorBase::CommunicatorBase(int rank, int size, CommOptions options)
             rank, size);
 }
 
+bool CommunicatorBase::accepts(const Device& d) const {
+  return d == options_.device || (options_.device.is_cuda() && d == Device::cpu());
+}
+
 void CommunicatorBase::check_tensor(const char* op, const Tensor& t, bool allow_u8) const {
   DDP_CHECK(t.defined(), "{}: undefined tensor", op);
-  DDP_CHECK_T(
-      DeviceError, supports_device(t.device()),
-      "{}: the {} backend does not take tensors on {}; move the tensor (e.g. .cpu()) or use "
-      "a backend for that device",
-      op, backend(), t.device().str());
+  DDP_CHECK_T(DeviceError, accepts(t.device()),
+              "{}: rank {}'s {} communicator is bound to {} and does not take a tensor on {}; "
+              "create the tensor on comm.device() ({}) or move it there with .to(), and give "
+              "every rank its own device when it creates the process group (Note "
+              "[communicator devices])",
+              op, rank_, backend(), options_.device.str(), t.device().str(), options_.device.str());
   DDP_CHECK(
       t.dtype() != DType::u8 || allow_u8,
       "{}: dtype u8 can be broadcast or gathered but not reduced; valid: f32, bf16, f16, i32, "
@@ -92,14 +99,14 @@ std::shared_ptr<Work> CommunicatorBase::start(Collective c) {
 std::shared_ptr<Work> CommunicatorBase::all_reduce(Tensor& tensor, ReduceOp op) {
   check_tensor("all_reduce", tensor, false);
   comm::check_reducible(tensor.dtype(), op);
-  return start({CollectiveKind::all_reduce, op, 0, 0, tensor, tensor});
+  return start({CollectiveKind::all_reduce, op, 0, 0, tensor, tensor, {}});
 }
 
 std::shared_ptr<Work> CommunicatorBase::broadcast(Tensor& tensor, int root) {
   check_tensor("broadcast", tensor, true);
   DDP_CHECK(root >= 0 && root < size_, "broadcast: root {} is not a rank (world size {})", root,
             size_);
-  return start({CollectiveKind::broadcast, ReduceOp::sum, root, 0, tensor, tensor});
+  return start({CollectiveKind::broadcast, ReduceOp::sum, root, 0, tensor, tensor, {}});
 }
 
 std::shared_ptr<Work> CommunicatorBase::all_gather(const Tensor& input, Tensor& output) {
@@ -110,7 +117,7 @@ std::shared_ptr<Work> CommunicatorBase::all_gather(const Tensor& input, Tensor& 
       output.dtype() == input.dtype() && output.numel() == input.numel() * size_,
       "all_gather: output must hold world size ({}) x {} elements of {}, got {} elements of {}",
       size_, input.numel(), dtype_name(input.dtype()), output.numel(), dtype_name(output.dtype()));
-  return start({CollectiveKind::all_gather, ReduceOp::sum, 0, 0, input, output});
+  return start({CollectiveKind::all_gather, ReduceOp::sum, 0, 0, input, output, {}});
 }
 
 std::shared_ptr<Work> CommunicatorBase::reduce_scatter(const Tensor& input, Tensor& output,
@@ -124,7 +131,7 @@ std::shared_ptr<Work> CommunicatorBase::reduce_scatter(const Tensor& input, Tens
             "of {}",
             size_, output.numel(), dtype_name(output.dtype()), input.numel(),
             dtype_name(input.dtype()));
-  return start({CollectiveKind::reduce_scatter, op, 0, 0, input, output});
+  return start({CollectiveKind::reduce_scatter, op, 0, 0, input, output, {}});
 }
 
 std::shared_ptr<Work> CommunicatorBase::reduce(Tensor& tensor, int root, ReduceOp op) {
@@ -132,11 +139,11 @@ std::shared_ptr<Work> CommunicatorBase::reduce(Tensor& tensor, int root, ReduceO
   comm::check_reducible(tensor.dtype(), op);
   DDP_CHECK(root >= 0 && root < size_, "reduce: root {} is not a rank (world size {})", root,
             size_);
-  return start({CollectiveKind::reduce, op, root, 0, tensor, tensor});
+  return start({CollectiveKind::reduce, op, root, 0, tensor, tensor, {}});
 }
 
 std::shared_ptr<Work> CommunicatorBase::barrier() {
-  return start({CollectiveKind::barrier, ReduceOp::sum, 0, 0, Tensor(), Tensor()});
+  return start({CollectiveKind::barrier, ReduceOp::sum, 0, 0, Tensor(), Tensor(), {}});
 }
 
 // ---- ThreadedCommunicator ---------------------------------------------------------------
@@ -151,7 +158,12 @@ ThreadedCommunicator::~ThreadedCommunicator() {
 }
 
 void ThreadedCommunicator::start_thread() {
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this] {
+    // A thread starts on GPU 0: without this, every rank's staging copies would
+    // make a context there (the "all ranks on GPU 0" complaint).
+    if (device().is_cuda()) cuda_api::set_device(device().index);
+    loop();
+  });
 }
 
 void ThreadedCommunicator::stop_thread() {
@@ -168,6 +180,7 @@ void ThreadedCommunicator::stop_thread() {
 }
 
 std::shared_ptr<Work> ThreadedCommunicator::submit(Collective c) {
+  comm::stage(c, rank());  // Note [host staging]
   auto work =
       std::make_shared<ThreadWork>(c.sequence, c.describe(), rank(), c.count(), options().timeout);
   // The waiter touches `this` only after claiming the queue, and stop_thread()
@@ -234,7 +247,9 @@ void ThreadedCommunicator::execute(Queue& q, Task& task) {
   try {
     if (debug_ && size() > 1) check_fingerprints(task.collective);
     task.work->start();
+    comm::before_run(task.collective);
     run(task.collective);
+    comm::after_run(task.collective, staging_stream(task.collective));
     task.work->finish();
   } catch (...) {
     std::exception_ptr error = std::current_exception();
@@ -249,6 +264,16 @@ void ThreadedCommunicator::execute(Queue& q, Task& task) {
     q.running = false;
   }
   q.cv.notify_all();
+}
+
+// One stream for the copies back of staged collectives; only the thread that
+// holds the queue's claim (q.running) gets here.
+const Stream& ThreadedCommunicator::staging_stream(const Collective& c) {
+  if (c.staging) {
+    const Device& device = c.staging->device_output.device();
+    if (staging_stream_.device() != device) staging_stream_ = Stream::create(device);
+  }
+  return staging_stream_;
 }
 
 void ThreadedCommunicator::fail(const Collective& c, const std::string& message) const {
@@ -273,7 +298,7 @@ void ThreadedCommunicator::check_fingerprints(const Collective& c) {
                                        c.root, static_cast<int64_t>(c.dtype()), c.count()};
   Tensor in = from_vector<int64_t>(std::vector<int64_t>(mine.begin(), mine.end()), {5});
   Tensor out = zeros({5 * size()}, {.dtype = DType::i64});
-  run({CollectiveKind::all_gather, ReduceOp::sum, 0, c.sequence, in, out});
+  run({CollectiveKind::all_gather, ReduceOp::sum, 0, c.sequence, in, out, {}});
   const auto all = out.to_vector<int64_t>();
   for (int r = 0; r < size(); ++r) {
     Collective theirs;

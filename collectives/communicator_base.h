@@ -8,18 +8,26 @@
 // for a collective the communication thread has not started yet runs it (and
 // any collectives queued before it) itself, one at a time and in issue order,
 // which saves two thread hand-offs exactly where the caller blocks anyway (DDP's
-// last bucket, small collectives). The backend's own timeout then applies. After the first failure
+// last bucket, small collectives). The backend's own timeout then applies. Tensors
+// that are not host memory (CUDA tensors) are staged through pinned host buffers
+// (Note [host staging]); the communication thread makes the communicator's device
+// current when it starts, so a rank's CUDA work stays on its GPU. After the first failure
 // the communicator is broken: every later collective fails at once with the first error, as NCCL's
 // aborted communicators do.
 #pragma once
 
 #include "collectives/communicator.h"
 #include "collectives/work.h"
+#include "runtime/stream.h"
 
 #include <deque>
 #include <thread>
 
 namespace ddp {
+
+namespace comm {
+struct HostStaging;
+}
 
 struct Collective {
   CollectiveKind kind = CollectiveKind::barrier;
@@ -28,6 +36,9 @@ struct Collective {
   int64_t sequence = 0;
   Tensor input;  // all_reduce, broadcast, reduce: input and output are the same tensor
   Tensor output;
+  // Set when input/output are host buffers standing in for the caller's tensors
+  // (Note [host staging] in collectives/host_staging.h).
+  std::shared_ptr<const comm::HostStaging> staging;
   int64_t count() const { return input.defined() ? input.numel() : 0; }
   DType dtype() const { return input.defined() ? input.dtype() : DType::u8; }
   // "all_reduce(sum) #12 of 1024 f32", "broadcast(root 0) #3 of 10 i64", "barrier #7"
@@ -39,6 +50,10 @@ class CommunicatorBase : public Communicator {
   CommunicatorBase(int rank, int size, CommOptions options);
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  Device device() const override { return options_.device; }
+  // Default: the bound device, and host tensors when bound to a GPU (the host
+  // staging backends); nccl and local override it.
+  bool accepts(const Device& device) const override;
   int64_t next_sequence() const override { return next_sequence_; }
   const CommOptions& options() const override { return options_; }
 
@@ -52,8 +67,6 @@ class CommunicatorBase : public Communicator {
  protected:
   // Runs (or starts) one validated collective.
   virtual std::shared_ptr<Work> submit(Collective collective) = 0;
-  // Which devices this backend takes tensors on (default: cpu only).
-  virtual bool supports_device(const Device& device) const { return device.is_cpu(); }
 
  private:
   void check_tensor(const char* op, const Tensor& t, bool allow_u8) const;
@@ -106,8 +119,10 @@ class ThreadedCommunicator : public CommunicatorBase {
   // Runs one claimed task (q.running is set) and releases the claim.
   void execute(Queue& q, Task& task);
   void check_fingerprints(const Collective& c);
+  const Stream& staging_stream(const Collective& c);
 
   std::shared_ptr<Queue> queue_ = std::make_shared<Queue>();
+  Stream staging_stream_;  // made on first use by whichever thread runs a collective
   bool debug_ = false;
   std::thread thread_;
 };

@@ -9,9 +9,9 @@ class LocalCommunicator : public CommunicatorBase {
  public:
   explicit LocalCommunicator(CommOptions options) : CommunicatorBase(0, 1, options) {}
   std::string backend() const override { return "local"; }
+  bool accepts(const Device&) const override { return true; }
 
  protected:
-  bool supports_device(const Device&) const override { return true; }
   std::shared_ptr<Work> submit(Collective c) override {
     try {
       if (c.kind == CollectiveKind::all_gather || c.kind == CollectiveKind::reduce_scatter) {

@@ -20,10 +20,8 @@
 // MPI_UINT16_T with user-defined MPI_Ops that combine pairs in f32 through
 // comm::reduce_buffers. avg is MPI_SUM then a scale by 1 / world size.
 //
-// Note [mpi cuda staging]: CUDA tensors are staged through pinned host tensors.
-// submit() records an event on the caller's current stream; the communication
-// thread waits for it, copies the data to the host, runs the collective and
-// copies the result back before the Work completes.
+// CUDA tensors are staged through pinned host tensors by ThreadedCommunicator
+// (Note [host staging] in collectives/host_staging.h), as for shm and gloo.
 #include "collectives/backends.h"
 #include "collectives/communicator_base.h"
 #include "collectives/reduce_kernels.h"
@@ -162,10 +160,6 @@ const char* mpi_call_name(CollectiveKind kind) {
   return "?";
 }
 
-Tensor pinned_like(const Tensor& t) {
-  return empty(t.shape(), {.dtype = t.dtype(), .device = Device::cpu(), .pinned = true});
-}
-
 class MpiCommunicator : public ThreadedCommunicator {
  public:
   MpiCommunicator(MPI_Comm comm, int rank, int size, CommOptions options)
@@ -176,23 +170,16 @@ class MpiCommunicator : public ThreadedCommunicator {
   std::string backend() const override { return "mpi"; }
 
  protected:
-  bool supports_device(const Device& device) const override {
-    return device.is_cpu() || device.is_cuda();
-  }
-  std::shared_ptr<Work> submit(Collective c) override;
   void run(const Collective& c) override;
 
  private:
-  void run_staged(const Collective& c);
   void run_host(const Collective& c);
   MPI_Request start(const Collective& c);
   void wait_request(const Collective& c, MPI_Request& request);
   void scale_for_avg(const Tensor& t) const;
 
   MPI_Comm comm_;
-  std::mutex events_mutex_;
-  std::map<int64_t, std::shared_ptr<Event>> ready_events_;  // by sequence, cuda collectives
-  std::vector<Tensor> abandoned_;                           // Note [mpi abandoned requests]
+  std::vector<Tensor> abandoned_;  // Note [mpi abandoned requests]
 };
 
 MpiCommunicator::~MpiCommunicator() {
@@ -204,48 +191,12 @@ MpiCommunicator::~MpiCommunicator() {
   if (!mpi_finalized()) MPI_Comm_free(&comm_);
 }
 
-std::shared_ptr<Work> MpiCommunicator::submit(Collective c) {
-  if (c.input.defined() && c.input.device().is_cuda()) {
-    auto ready = std::make_shared<Event>(c.input.device(), false);
-    ready->record();  // the caller's current stream produces the tensor
-    std::lock_guard<std::mutex> lock(events_mutex_);
-    ready_events_[c.sequence] = std::move(ready);
-  }
-  return ThreadedCommunicator::submit(std::move(c));
-}
-
 void MpiCommunicator::run(const Collective& c) {
   try {
-    if (c.input.defined() && c.input.device().is_cuda()) {
-      run_staged(c);
-    } else {
-      run_host(c);
-    }
+    run_host(c);
   } catch (const MpiError& e) {
     fail(c, e.what());
   }
-}
-
-// Note [mpi cuda staging].
-void MpiCommunicator::run_staged(const Collective& c) {
-  std::shared_ptr<Event> ready;
-  {
-    std::lock_guard<std::mutex> lock(events_mutex_);
-    auto it = ready_events_.find(c.sequence);
-    DDP_ASSERT(it != ready_events_.end(), "mpi: no ready event for {}", c.describe());
-    ready = std::move(it->second);
-    ready_events_.erase(it);
-  }
-  ready->synchronize();
-  Collective host = c;
-  host.input = pinned_like(c.input);
-  copy_(host.input, c.input);
-  const bool in_place =
-      c.kind != CollectiveKind::all_gather && c.kind != CollectiveKind::reduce_scatter;
-  host.output = in_place ? host.input : pinned_like(c.output);
-  run_host(host);
-  Tensor out = c.output;
-  copy_(out, host.output);
 }
 
 void MpiCommunicator::run_host(const Collective& c) {

@@ -229,10 +229,17 @@ ncclUniqueId exchange_unique_id(Store* store, const NcclOptions& options) {
   return id;
 }
 
+// Note [communicator devices]: an nccl communicator is bound to its GPU.
+CommOptions bound_to(const NcclOptions& options) {
+  CommOptions comm = options.comm;
+  comm.device = Device::cuda(options.device);
+  return comm;
+}
+
 class NcclCommunicator : public CommunicatorBase {
  public:
   NcclCommunicator(std::shared_ptr<Store> store, const NcclOptions& options)
-      : CommunicatorBase(options.rank, options.size, options.comm),
+      : CommunicatorBase(options.rank, options.size, bound_to(options)),
         device_(Device::cuda(options.device)) {
     check_available(device_);
     DeviceScope scope(options.device);
@@ -243,9 +250,9 @@ class NcclCommunicator : public CommunicatorBase {
   }
   ~NcclCommunicator() override;
   std::string backend() const override { return "nccl"; }
+  bool accepts(const Device& device) const override { return device == device_; }
 
  protected:
-  bool supports_device(const Device& device) const override { return device == device_; }
   std::shared_ptr<Work> submit(Collective c) override;
 
  private:

@@ -16,7 +16,7 @@
 namespace ddp {
 namespace {
 
-constexpr const char* kForms = "cpu, cuda, cuda:N (N = 0, 1, ...), mps";
+constexpr const char* kForms = "cpu, cpu:N, cuda, cuda:N (N = 0, 1, ...), mps";
 
 std::string trim_lower(std::string_view text) {
   while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front())))
@@ -62,10 +62,11 @@ Device Device::parse(std::string_view text) {
         "invalid device '{}': the index '{}' is not a non-negative integer; expected one of {}",
         text, idx, kForms);
   }
-  if (type == "cpu" || type == "mps") {
-    DDP_CHECK(index == 0, "invalid device '{}': {} has only index 0; expected one of {}", text,
-              type, kForms);
-    return type == "cpu" ? Device::cpu() : Device::mps();
+  if (type == "cpu") return {DeviceType::cpu, index};  // Note [virtual cpu devices]
+  if (type == "mps") {
+    DDP_CHECK(index == 0, "invalid device '{}': mps has only index 0; expected one of {}", text,
+              kForms);
+    return Device::mps();
   }
   if (type == "cuda") return Device::cuda(index);
   throw ValueError(fmt::format("invalid device '{}'; expected one of {}", text, kForms));
@@ -84,7 +85,9 @@ std::string_view device_type_name(DeviceType type) {
 }
 
 std::string Device::str() const {
-  if (type == DeviceType::cuda) return fmt::format("cuda:{}", index);
+  if (type == DeviceType::cuda || (type == DeviceType::cpu && index != 0)) {
+    return fmt::format("{}:{}", device_type_name(type), index);
+  }
   return std::string(device_type_name(type));
 }
 
@@ -92,10 +95,23 @@ std::ostream& operator<<(std::ostream& os, const Device& d) {
   return os << d.str();
 }
 
+namespace {
+// Note [virtual cpu devices]. Read on every call so that a test can change it.
+int virtual_cpu_devices() {
+  const auto n = env::get_int(env::kVirtualCpuDevices);
+  if (!n) return 1;
+  DDP_CHECK(*n >= 1 && *n <= 1024,
+            "{}={} must be a number of CPU devices from 1 to 1024 (1, the default, is the "
+            "ordinary single CPU device)",
+            env::kVirtualCpuDevices, *n);
+  return static_cast<int>(*n);
+}
+}  // namespace
+
 int device_count(DeviceType type) {
   switch (type) {
     case DeviceType::cpu:
-      return 1;
+      return virtual_cpu_devices();
     case DeviceType::cuda:
       return cuda_api::device_count();
     case DeviceType::mps:
@@ -121,7 +137,7 @@ std::vector<Device> available_devices() {
   std::vector<Device> out;
   for (int i = 0; i < device_count(DeviceType::cuda); ++i) out.push_back(Device::cuda(i));
   if (device_count(DeviceType::mps) > 0) out.push_back(Device::mps());
-  out.push_back(Device::cpu());
+  for (int i = 0; i < device_count(DeviceType::cpu); ++i) out.push_back({DeviceType::cpu, i});
   return out;
 }
 
@@ -135,6 +151,11 @@ void check_available(const Device& d) {
   std::string why;
   if (count == 0) {
     why = unavailable_reason(d.type);
+  } else if (d.is_cpu()) {
+    why = fmt::format(
+        "this process has {} cpu device{}; set {}=N for N virtual cpu devices "
+        "(Note [virtual cpu devices])",
+        count, count == 1 ? "" : "s", env::kVirtualCpuDevices);
   } else {
     why = fmt::format("this machine has {} {} device{} ({}:0..{}:{})", count,
                       device_type_name(d.type), count == 1 ? "" : "s", device_type_name(d.type),

@@ -18,6 +18,8 @@
 //                      reaches MASTER_ADDR, else the host name; Note [gloo address])
 //   DDP_CPU_CACHE_MB   MiB of freed large CPU blocks kept for reuse (default: 1024;
 //                      0: off; Note [cpu block cache] in memory/cpu_allocator.h)
+//   DDP_VIRTUAL_CPU_DEVICES  N distinct CPU devices cpu:0..cpu:N-1 for testing
+//                      multi-device code without a GPU (default: 1; Note [virtual cpu devices])
 #pragma once
 
 #include <cstdint>
@@ -44,6 +46,7 @@ inline constexpr const char* kStore = "DDPRUN_STORE";
 inline constexpr const char* kStoreSecret = "DDP_STORE_SECRET";
 inline constexpr const char* kGlooHostname = "DDP_GLOO_HOSTNAME";
 inline constexpr const char* kCpuCacheMb = "DDP_CPU_CACHE_MB";
+inline constexpr const char* kVirtualCpuDevices = "DDP_VIRTUAL_CPU_DEVICES";
 
 // The value of a variable, or nullopt when unset or empty.
 std::optional<std::string> get(const char* name);

@@ -15,12 +15,11 @@ thread_local std::map<int, Stream> t_current;
 }  // namespace
 
 Stream Stream::default_stream(const Device& device) {
-  if (!device.is_cuda()) return Stream();
   return Stream(device, nullptr, nullptr);
 }
 
 Stream Stream::create(const Device& device) {
-  if (!device.is_cuda()) return Stream();
+  if (!device.is_cuda()) return Stream(device, nullptr, nullptr);
   check_available(device);
   void* handle = cuda_api::stream_create(device.index);
   std::shared_ptr<void> owner(handle, [](void* h) {
@@ -42,7 +41,7 @@ bool Stream::query() const {
 }
 
 Stream current_stream(const Device& device) {
-  if (!device.is_cuda()) return Stream();
+  if (!device.is_cuda()) return Stream::default_stream(device);
   auto it = t_current.find(device.index);
   return it == t_current.end() ? Stream::default_stream(device) : it->second;
 }

@@ -18,7 +18,8 @@ class Stream {
  public:
   Stream() = default;  // the CPU stream
   static Stream default_stream(const Device& device);
-  static Stream create(const Device& device);  // a new CUDA stream (CPU: the CPU stream)
+  // A new CUDA stream (on a cpu device: that device's one synchronous stream).
+  static Stream create(const Device& device);
 
   const Device& device() const { return device_; }
   void* handle() const { return handle_; }  // cudaStream_t, nullptr for default/CPU

@@ -112,7 +112,7 @@ std::string Tensor::str() const {
   } else {
     p.print(0, 0, static_cast<int>(std::string("tensor(").size()));
   }
-  if (!device().is_cpu()) p.out += fmt::format(", device='{}'", device().str());
+  if (device() != Device::cpu()) p.out += fmt::format(", device='{}'", device().str());
   if (dtype() != DType::f32 && dtype() != DType::i64) {
     p.out += fmt::format(", dtype={}", dtype_name(dtype()));
   }

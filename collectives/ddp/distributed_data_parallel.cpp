@@ -39,10 +39,11 @@ std::string describe_record(const int64_t* r, int64_t index, int64_t num_params)
                      dtype_name(static_cast<DType>(r[1])), shape_str(dims));
 }
 
+// Metadata travels on the communicator's device (Note [communicator devices]).
 std::vector<int64_t> gather(Communicator& comm, const std::vector<int64_t>& local) {
   const auto n = static_cast<int64_t>(local.size());
-  Tensor input = from_vector<int64_t>(local, {n});
-  Tensor output = empty({n * comm.size()}, {.dtype = DType::i64});
+  Tensor input = from_vector<int64_t>(local, {n}, {.dtype = DType::i64, .device = comm.device()});
+  Tensor output = empty({n * comm.size()}, {.dtype = DType::i64, .device = comm.device()});
   comm.all_gather(input, output)->wait();
   return output.to_vector<int64_t>();
 }
@@ -59,6 +60,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
             "DistributedDataParallel: bucket_cap_mb {} and first_bucket_mb {} must be positive "
             "(MiB; PyTorch's defaults are 25 and 1)",
             options_.bucket_cap_mb, options_.first_bucket_mb);
+  check_devices();
   verify_same_model();
   std::vector<Tensor> state;
   for (auto& [name, t] : module_->named_parameters()) state.push_back(t);
@@ -88,6 +90,19 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
 }
 
 DistributedDataParallel::~DistributedDataParallel() = default;
+
+void DistributedDataParallel::check_devices() const {
+  auto check = [this](const char* kind, const std::string& name, const Tensor& t) {
+    DDP_CHECK_T(DeviceError, comm_->accepts(t.device()),
+                "DistributedDataParallel: {} '{}' is on {}, but rank {}'s {} communicator is "
+                "bound to {}; move the model there first (module->to(pg.device)) or create the "
+                "process group with this rank's device",
+                kind, name, t.device().str(), comm_->rank(), comm_->backend(),
+                comm_->device().str());
+  };
+  for (const auto& [name, t] : module_->named_parameters()) check("parameter", name, t);
+  for (const auto& [name, t] : module_->named_buffers()) check("buffer", name, t);
+}
 
 void DistributedDataParallel::verify_same_model() {
   std::vector<int64_t> records;

@@ -92,6 +92,7 @@ class DistributedDataParallel {
   const CommStats& comm_stats() const;
 
  private:
+  void check_devices() const;
   void verify_same_model();
   void broadcast_from_rank0(const std::vector<Tensor>& tensors);
 

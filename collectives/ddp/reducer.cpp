@@ -217,7 +217,8 @@ void Reducer::rebuild_buckets() {
   ready_order_.clear();
   if (comm_->size() > 1) {
     std::vector<int64_t> wire(order.begin(), order.end());
-    Tensor t = from_vector<int64_t>(wire, {static_cast<int64_t>(wire.size())});
+    Tensor t = from_vector<int64_t>(wire, {static_cast<int64_t>(wire.size())},
+                                    {.dtype = DType::i64, .device = comm_->device()});
     comm_->broadcast(t, 0)->wait();
     const std::vector<int64_t> from_rank0 = t.to_vector<int64_t>();
     order.assign(from_rank0.begin(), from_rank0.end());

@@ -35,9 +35,11 @@ optimisation:
   --seed N                 model initialisation and shuffling (default 0)
   --max-steps N            stop each epoch after N steps (default: no limit)
 device and files:
-  --device auto|cpu|cuda|cuda:N|mps
+  --device auto|cpu|cpu:N|cuda|cuda:N|mps
                            (default auto: cuda, then mps, then cpu; DDP_DEVICE
-                           overrides auto)
+                           overrides auto). Under a launcher, cuda (or cpu with
+                           DDP_VIRTUAL_CPU_DEVICES) without an index is each
+                           rank's own: cuda:(LOCAL_RANK mod GPUs)
   --save PATH              write a safetensors checkpoint after every epoch
   --resume PATH            continue from a checkpoint written by --save
   --metrics FILE           append one JSON object per epoch
@@ -49,6 +51,11 @@ parallelism:
                            WORLD_SIZE > 1, else single)
   --devices D[,D...]       dp: the devices, e.g. cpu,cpu or cuda:0,cuda:1 (the
                            first holds the model and gathers the outputs)
+  --backend auto|local|shm|gloo|mpi|nccl
+                           ddp: the communicator (default DDP_BACKEND, else
+                           auto: nccl for CUDA, mpi under mpirun, shm on one
+                           node, gloo across nodes). Several ranks on one GPU:
+                           shm or gloo
   --bucket-cap-mb X        ddp: gradient bucket size in MiB (default 25)
   --comm-hook none|bf16|fp16
                            ddp: compress each bucket for the all_reduce
@@ -136,6 +143,11 @@ const std::map<std::string, Setter>& setters() {
          o.mode = v;
        }},
       {"--devices", [](auto& o, auto& v) { o.devices = v; }},
+      {"--backend",
+       [](auto& o, auto& v) {
+         check_choice("--backend", v, {"auto", "local", "shm", "gloo", "mpi", "nccl"});
+         o.backend = v;
+       }},
       {"--bucket-cap-mb",
        [](auto& o, auto& v) { o.bucket_cap_mb = parse_number<double>("--bucket-cap-mb", v); }},
       {"--comm-hook",

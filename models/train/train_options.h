@@ -24,7 +24,7 @@ struct TrainOptions {
   std::string lr_schedule = "cosine";  // constant | step | cosine
   int64_t warmup_steps = 0;
   uint64_t seed = 0;
-  std::string device = "auto";  // auto | cpu | cuda | cuda:N | mps
+  std::string device = "auto";  // auto | cpu | cpu:N | cuda | cuda:N | mps
   std::string save;             // checkpoint written after every epoch
   std::string resume;           // checkpoint to continue from
   std::string metrics;          // JSON lines, one per epoch
@@ -33,9 +33,10 @@ struct TrainOptions {
   int64_t max_steps = 0;        // stop each epoch after this many steps (0: no limit)
   bool quiet = false;
   // Parallelism (docs/train.md): auto = ddp when WORLD_SIZE > 1, else single.
-  std::string mode = "auto";       // auto | single | ddp | dp
-  std::string devices;             // dp: comma-separated devices, e.g. "cpu,cpu" or "cuda:0,cuda:1"
-  double bucket_cap_mb = 25;       // ddp: gradient bucket cap (the first bucket is min(1, cap))
+  std::string mode = "auto";  // auto | single | ddp | dp
+  std::string devices;        // dp: comma-separated devices, e.g. "cpu,cpu" or "cuda:0,cuda:1"
+  std::string backend;        // ddp: auto|local|shm|gloo|mpi|nccl ("" = DDP_BACKEND, else auto)
+  double bucket_cap_mb = 25;  // ddp: gradient bucket cap (the first bucket is min(1, cap))
   std::string comm_hook = "none";  // ddp: none | bf16 | fp16 (compress buckets for the all_reduce)
   int64_t grad_accum = 1;          // micro-batches per optimizer step (ddp: all but the last
                                    // under no_sync()); --batch-size is the micro-batch

@@ -80,7 +80,8 @@ double evaluate(nn::Module& model, DataLoader& loader, Communicator* comm) {
   }
   model.train();
   if (comm != nullptr) {
-    Tensor counts = from_vector<int64_t>({correct, total}, {2});
+    Tensor counts = from_vector<int64_t>({correct, total}, {2},
+                                         {.dtype = DType::i64, .device = comm->device()});
     comm->all_reduce(counts)->wait();
     const auto summed = counts.to_vector<int64_t>();
     correct = summed[0];
@@ -405,6 +406,7 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
   if (mode == "single" || mode == "dp") return run_on_rank(o, out, nullptr);
   ProcessGroupOptions pg_options;
   pg_options.device = o.device == "auto" ? "" : o.device;
+  pg_options.backend = o.backend;
   ProcessGroup pg = init_process_group(pg_options);
   TrainOptions mine = o;
   if (pg.env.rank != 0) {

@@ -72,6 +72,7 @@ CachingAllocator::Backend pinned_backend() {
 
 Allocator& device_allocator(const Device& device) {
   if (device.is_cpu()) {
+    if (device.index != 0) check_available(device);  // Note [virtual cpu devices]
     // Never destroyed, as the CUDA allocators: tensors in static objects may outlive it.
     static auto* cpu = new CpuAllocator(CpuAllocator::from_environment());
     return *cpu;

@@ -56,10 +56,12 @@ std::shared_ptr<nn::Sequential> train_reference(int world, int micro_batches) {
 
 void train_ddp(DistributedDataParallel& ddp, int rank, int world, int micro_batches) {
   optim::SGD sgd = make_sgd(ddp.module());
+  const Device device = ddp.comm()->device();  // the model lives there too
   for (int step = 0; step < kSteps; ++step) {
     sgd.zero_grad(true);
     for (int m = 0; m < micro_batches; ++m) {
-      const Batch b = rank_batch(world, rank, step, m);
+      const Batch host = rank_batch(world, rank, step, m);
+      const Batch b{host.x.to(device), host.labels.to(device)};
       if (m + 1 < micro_batches) {
         auto guard = ddp.no_sync();
         ddp.backward(cross_entropy(ddp(b.x), b.labels));
@@ -92,7 +94,9 @@ void check_parity(const std::shared_ptr<Communicator>& comm, const ParityOptions
   const int rank = comm->rank(), world = comm->size();
   DdpOptions ddp_options = options.ddp;
   ddp_options.first_bucket_mb = std::min(ddp_options.first_bucket_mb, ddp_options.bucket_cap_mb);
-  DistributedDataParallel ddp(tiny_mlp(1 + static_cast<uint64_t>(rank)), comm, ddp_options);
+  auto model = tiny_mlp(1 + static_cast<uint64_t>(rank));
+  model->to(comm->device());  // Note [communicator devices]
+  DistributedDataParallel ddp(model, comm, ddp_options);
   if (ddp_options.bucket_cap_mb < 1e-3) {
     require(ddp.buckets().size() == ddp.module().parameters().size(),
             fmt::format("a tiny cap should give one bucket per parameter, got {}",

@@ -57,7 +57,8 @@ struct ParityOptions {
   double rel_tol = kRelTol;
 };
 
-// On every rank of comm (collective): wraps tiny_mlp(1 + rank) (rank-dependent
+// On every rank of comm (collective): wraps tiny_mlp(1 + rank), moved to
+// comm->device() and trained on batches there (rank-dependent
 // initial values, so only the broadcast from rank 0 makes them agree), trains
 // with train_ddp and compares against train_reference. A bucket cap below 1e-3
 // MB must give one bucket per parameter; a comm hook must send 2 bytes per

@@ -1,5 +1,7 @@
 #include "runtime/device.h"
 #include "runtime/error.h"
+#include "runtime/ops/ops.h"
+#include "runtime/stream.h"
 #include "runtime/tensor.h"
 
 #include <gtest/gtest.h>
@@ -26,7 +28,7 @@ TEST(Device, PrintsLikePyTorch) {
 }
 
 TEST(Device, RejectsBadTextNamingIt) {
-  for (const char* bad : {"gpu", "cuda:", "cuda:-1", "cuda:x", "cpu:1", "", "cuda:1:2"}) {
+  for (const char* bad : {"gpu", "cuda:", "cuda:-1", "cuda:x", "mps:1", "cpu:-1", "", "cuda:1:2"}) {
     try {
       Device::parse(bad);
       ADD_FAILURE() << "parsed '" << bad << "'";
@@ -35,6 +37,65 @@ TEST(Device, RejectsBadTextNamingIt) {
           << e.what();
       EXPECT_NE(std::string(e.what()).find("cuda:N"), std::string::npos) << e.what();
     }
+  }
+}
+
+TEST(Device, ParsesAndPrintsVirtualCpuDevices) {
+  EXPECT_EQ(Device::parse("cpu:3"), (Device{DeviceType::cpu, 3}));
+  EXPECT_EQ((Device{DeviceType::cpu, 3}).str(), "cpu:3");
+  EXPECT_EQ(Device::parse((Device{DeviceType::cpu, 2}).str()), (Device{DeviceType::cpu, 2}));
+  EXPECT_NE((Device{DeviceType::cpu, 1}), Device::cpu());
+}
+
+// Note [virtual cpu devices]: sets the variable for one test and restores it.
+class VirtualCpuDevices {
+ public:
+  explicit VirtualCpuDevices(const char* n) { setenv("DDP_VIRTUAL_CPU_DEVICES", n, 1); }
+  ~VirtualCpuDevices() { unsetenv("DDP_VIRTUAL_CPU_DEVICES"); }
+};
+
+TEST(Device, VirtualCpuDevicesAreDistinctAndDoNotMix) {
+  const Device cpu1{DeviceType::cpu, 1};
+  EXPECT_FALSE(is_available(cpu1));
+  try {
+    empty({2}, {.device = cpu1});
+    FAIL() << "no error for cpu:1 without virtual devices";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("DDP_VIRTUAL_CPU_DEVICES"), std::string::npos) << e.what();
+  }
+  VirtualCpuDevices three("3");
+  EXPECT_EQ(device_count(DeviceType::cpu), 3);
+  EXPECT_TRUE(is_available(cpu1));
+  const auto devices = available_devices();
+  EXPECT_EQ(devices.back(), (Device{DeviceType::cpu, 2}));
+  Tensor a = full({3}, 2.0, {.device = cpu1});
+  Tensor b = full({3}, 1.0);
+  EXPECT_EQ(a.device(), cpu1);
+  EXPECT_NE(a.str().find("device='cpu:1'"), std::string::npos) << a.str();
+  try {
+    add(a, b);
+    FAIL() << "cpu:1 and cpu mixed";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("Expected all tensors to be on the same device, but "
+                                         "found at least two devices, cpu:1 and cpu!"),
+              std::string::npos)
+        << e.what();
+  }
+  Tensor moved = a.to(Device::cpu());
+  EXPECT_EQ(moved.device(), Device::cpu());
+  EXPECT_NE(moved.data_ptr(), a.data_ptr());
+  EXPECT_EQ(add(moved, b).to_vector<float>(), (std::vector<float>{3, 3, 3}));
+  EXPECT_EQ(current_stream(cpu1).device(), cpu1);
+}
+
+TEST(Device, BadVirtualCpuDeviceCountNamesTheVariable) {
+  VirtualCpuDevices zero("0");
+  try {
+    device_count(DeviceType::cpu);
+    FAIL() << "no error";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("DDP_VIRTUAL_CPU_DEVICES=0"), std::string::npos)
+        << e.what();
   }
 }
 
