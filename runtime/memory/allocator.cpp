@@ -26,11 +26,11 @@ CachingAllocator::Backend cuda_backend(int device) {
   b.current_stream = [device] { return current_stream(Device::cuda(device)).handle(); };
   b.record_event = [device](void* stream) {
     void* e = cuda_api::event_create(device, false);
-    cuda_api::event_record(e, stream);
+    cuda_api::event_record(device, e, stream);
     return e;
   };
-  b.event_done = [](void* e) { return cuda_api::event_query(e); };
-  b.destroy_event = [](void* e) { cuda_api::event_destroy(e); };
+  b.event_done = [device](void* e) { return cuda_api::event_query(device, e); };
+  b.destroy_event = [device](void* e) { cuda_api::event_destroy(device, e); };
   b.oom_hint = [device] {
     uint64_t free_bytes = 0, total = 0;
     cuda_api::mem_get_info(device, &free_bytes, &total);
@@ -51,12 +51,13 @@ CachingAllocator::Backend pinned_backend() {
     b.raw_alloc = [](size_t bytes) { return cuda_api::malloc_pinned(bytes); };
     b.raw_free = [](void* p) { cuda_api::free_pinned(p); };
     b.record_event = [](void* stream) {
-      void* e = cuda_api::event_create(cuda_api::current_device(), false);
-      cuda_api::event_record(e, stream);
+      const int device = cuda_api::current_device();
+      void* e = cuda_api::event_create(device, false);
+      cuda_api::event_record(device, e, stream);
       return e;
     };
-    b.event_done = [](void* e) { return cuda_api::event_query(e); };
-    b.destroy_event = [](void* e) { cuda_api::event_destroy(e); };
+    b.event_done = [](void* e) { return cuda_api::event_query(cuda_api::current_device(), e); };
+    b.destroy_event = [](void* e) { cuda_api::event_destroy(cuda_api::current_device(), e); };
   } else {
     // No GPU: page-locking buys nothing, plain aligned memory stands in.
     b.raw_alloc = [](size_t bytes) { return std::aligned_alloc(kCpuAlignment, bytes); };

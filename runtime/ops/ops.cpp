@@ -68,23 +68,6 @@ Tensor binary_op(std::string_view op, kernels::BinaryOp kind, const Tensor& a, c
   return out;
 }
 
-// Restores the thread's current CUDA device after a cross-device copy.
-class CudaDeviceScope {
- public:
-  explicit CudaDeviceScope(int device) : previous_(cuda_api::current_device()) {
-    if (device != previous_) cuda_api::set_device(device);
-  }
-  ~CudaDeviceScope() {
-    try {
-      cuda_api::set_device(previous_);
-    } catch (...) {
-    }
-  }
-
- private:
-  int previous_;
-};
-
 }  // namespace
 
 void check_same_device(std::initializer_list<const Tensor*> tensors) {
@@ -286,11 +269,10 @@ void copy_(Tensor& dst, const Tensor& src, bool non_blocking) {
   DDP_CHECK_T(DeviceError, dd.type != DeviceType::mps && sd.type != DeviceType::mps,
               "copy_: mps is not available in this build");
   const Device& gpu = dd.is_cuda() ? dd : sd;
-  CudaDeviceScope scope(gpu.index);
   const Stream stream = current_stream(gpu);
   if (dd.is_cuda() && sd.is_cuda()) {
     if (dd == sd) {
-      cuda_api::memcpy_async(dst.data_ptr(), src.data_ptr(), bytes,
+      cuda_api::memcpy_async(gpu.index, dst.data_ptr(), src.data_ptr(), bytes,
                              cuda_api::CopyKind::device_to_device, stream.handle());
     } else {
       cuda_api::memcpy_peer_async(dst.data_ptr(), dd.index, src.data_ptr(), sd.index, bytes,
@@ -301,7 +283,7 @@ void copy_(Tensor& dst, const Tensor& src, bool non_blocking) {
   }
   if (dd.is_cuda()) {  // host -> device
     if (src.is_pinned() || !non_blocking) {
-      cuda_api::memcpy_async(dst.data_ptr(), src.data_ptr(), bytes,
+      cuda_api::memcpy_async(gpu.index, dst.data_ptr(), src.data_ptr(), bytes,
                              cuda_api::CopyKind::host_to_device, stream.handle());
       if (src.is_pinned()) {
         pinned_host_allocator().record_stream(src.storage()->data(), stream);
@@ -314,14 +296,14 @@ void copy_(Tensor& dst, const Tensor& src, bool non_blocking) {
     Tensor staging =
         empty(src.shape(), {.dtype = src.dtype(), .device = Device::cpu(), .pinned = true});
     std::memcpy(staging.data_ptr(), src.data_ptr(), bytes);
-    cuda_api::memcpy_async(dst.data_ptr(), staging.data_ptr(), bytes,
+    cuda_api::memcpy_async(gpu.index, dst.data_ptr(), staging.data_ptr(), bytes,
                            cuda_api::CopyKind::host_to_device, stream.handle());
     pinned_host_allocator().record_stream(staging.storage()->data(), stream);
     return;
   }
   // device -> host: asynchronous only into pinned memory.
-  cuda_api::memcpy_async(dst.data_ptr(), src.data_ptr(), bytes, cuda_api::CopyKind::device_to_host,
-                         stream.handle());
+  cuda_api::memcpy_async(gpu.index, dst.data_ptr(), src.data_ptr(), bytes,
+                         cuda_api::CopyKind::device_to_host, stream.handle());
   if (!non_blocking || !dst.is_pinned()) stream.synchronize();
 }
 
