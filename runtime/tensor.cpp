@@ -131,7 +131,8 @@ Tensor Tensor::flat_view(int64_t offset, const Shape& shape) const {
 
 Tensor Tensor::to(const Device& device, bool non_blocking) const {
   if (device == this->device()) return *this;
-  const bool pinned_result = device.is_cpu() && non_blocking;
+  // A non-blocking copy from a GPU can only land in pinned memory (Note [copy semantics]).
+  const bool pinned_result = device.is_cpu() && this->device().is_cuda() && non_blocking;
   Tensor out = empty(shape(), {.dtype = dtype(), .device = device, .pinned = pinned_result});
   copy_(out, *this, non_blocking);
   return out;

@@ -102,9 +102,11 @@ class Tensor {
   // view into a larger buffer, as DDP buckets use).
   Tensor flat_view(int64_t offset, const Shape& shape) const;
 
-  // Moves. `to` returns *this (no copy) when nothing changes. non_blocking
-  // host->device copies go through pinned staging and do not wait; device->host
-  // with non_blocking gives a pinned tensor valid once the current stream syncs.
+  // Moves, with copy_'s rules (Note [copy semantics] in ops/copy.cpp). `to` returns
+  // *this (no copy) when nothing changes. Between two GPUs it never blocks the host;
+  // non_blocking host->device copies go through pinned staging and do not wait;
+  // device->host with non_blocking gives a pinned tensor valid once the current
+  // stream syncs. clone() never blocks the host for a CUDA tensor.
   Tensor to(const Device& device, bool non_blocking = false) const;
   Tensor to(DType dtype) const;
   Tensor cpu() const { return to(Device::cpu()); }

@@ -59,8 +59,10 @@ Tensor softmax_cross_entropy_backward(const Tensor& probs, const Tensor& labels,
                                       const Tensor& grad_loss);
 
 void fill_(Tensor& t, double value);  // any dtype
-// dst <- src: same shape and dtype, any two devices (asynchronous on CUDA streams
-// unless a host side is pageable).
+// dst <- src: same shape and dtype, any two devices. Never blocks the host between
+// two CUDA tensors (same device or not: ordered on the devices' current streams);
+// host -> device blocks unless non_blocking, device -> host unless non_blocking and
+// dst is pinned. Note [copy semantics] in copy.cpp has the details.
 void copy_(Tensor& dst, const Tensor& src, bool non_blocking = false);
 // Casts between any two dtypes on the tensor's device (f32 <-> bf16/f16 round to nearest even).
 Tensor cast(const Tensor& x, DType dtype);
