@@ -25,7 +25,9 @@ using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& shape);  // "[64, 784]"
 int64_t shape_numel(const Shape& shape);
 
-// Memory that one or more tensors view. Freed through its allocator with the last reference.
+// Memory that one or more tensors view. Freed through its allocator with the last
+// reference; a failure to free (or a throwing from_blob deleter) is logged, never
+// thrown, and the memory leaked (Note [errors freeing memory] in tensor.cpp).
 class Storage {
  public:
   Storage(Device device, size_t bytes, bool pinned);
