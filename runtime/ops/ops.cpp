@@ -133,6 +133,15 @@ Tensor scale(const Tensor& a, float s) {
   return out;
 }
 
+Tensor expand_scalar(const Tensor& scalar, const Shape& shape) {
+  check_f32("expand_scalar", scalar);
+  DDP_CHECK(scalar.numel() == 1, "expand_scalar: needs a tensor with one element, got shape {}",
+            shape_str(scalar.shape()));
+  Tensor out = empty(shape, {.dtype = DType::f32, .device = scalar.device()});
+  if (out.numel() > 0) DDP_DISPATCH(scalar.device(), broadcast_scalar, scalar, out);
+  return out;
+}
+
 void axpy_(float alpha, const Tensor& x, Tensor& y) {
   check_same_device({&x, &y});
   check_same_shape("axpy_", x, y);

@@ -33,6 +33,10 @@ Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor scale(const Tensor& a, float s);
+// A new tensor of `shape` whose every element is the one element of `scalar` (f32,
+// any shape with one element), on scalar's device. The value is read on the device,
+// so this never waits for the kernel that computes `scalar` (unlike fill_ with item()).
+Tensor expand_scalar(const Tensor& scalar, const Shape& shape);
 void axpy_(float alpha, const Tensor& x, Tensor& y);  // y += alpha * x, in place
 // x [rows, cols] + bias [cols] broadcast along rows.
 Tensor add_bias_rows(const Tensor& x, const Tensor& bias);
