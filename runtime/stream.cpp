@@ -22,9 +22,9 @@ Stream Stream::create(const Device& device) {
   if (!device.is_cuda()) return Stream(device, nullptr, nullptr);
   check_available(device);
   void* handle = cuda_api::stream_create(device.index);
-  std::shared_ptr<void> owner(handle, [](void* h) {
+  std::shared_ptr<void> owner(handle, [index = device.index](void* h) {
     try {
-      cuda_api::stream_destroy(h);
+      cuda_api::stream_destroy(index, h);
     } catch (...) {
       // Destroying a stream during shutdown may fail once the driver is gone; nothing to do.
     }
@@ -32,12 +32,17 @@ Stream Stream::create(const Device& device) {
   return Stream(device, handle, std::move(owner));
 }
 
+Stream Stream::from_external(const Device& device, void* handle) {
+  if (!device.is_cuda()) return Stream();
+  return Stream(device, handle, nullptr);
+}
+
 void Stream::synchronize() const {
-  if (device_.is_cuda()) cuda_api::stream_synchronize(handle_);
+  if (device_.is_cuda()) cuda_api::stream_synchronize(device_.index, handle_);
 }
 
 bool Stream::query() const {
-  return !device_.is_cuda() || cuda_api::stream_query(handle_);
+  return !device_.is_cuda() || cuda_api::stream_query(device_.index, handle_);
 }
 
 Stream current_stream(const Device& device) {
@@ -65,7 +70,7 @@ Event::Event(const Device& device, bool enable_timing) : device_(device) {
 Event::~Event() {
   if (handle_ != nullptr) {
     try {
-      cuda_api::event_destroy(handle_);
+      cuda_api::event_destroy(device_.index, handle_);
     } catch (...) {
       // See Stream::create: teardown after the driver is gone.
     }
@@ -91,7 +96,7 @@ void Event::record(const Stream& stream) {
               "Event on {} cannot record a stream of {}; create the event on the stream's device",
               device_.str(), stream.device().str());
   if (handle_ != nullptr) {
-    cuda_api::event_record(handle_, stream.handle());
+    cuda_api::event_record(device_.index, handle_, stream.handle());
   } else {
     host_time_ = std::chrono::steady_clock::now();
   }
@@ -99,22 +104,22 @@ void Event::record(const Stream& stream) {
 }
 
 void Event::synchronize() const {
-  if (handle_ != nullptr && recorded_) cuda_api::event_synchronize(handle_);
+  if (handle_ != nullptr && recorded_) cuda_api::event_synchronize(device_.index, handle_);
 }
 
 bool Event::query() const {
-  return handle_ == nullptr || !recorded_ || cuda_api::event_query(handle_);
+  return handle_ == nullptr || !recorded_ || cuda_api::event_query(device_.index, handle_);
 }
 
 void Event::block(const Stream& stream) const {
   if (handle_ != nullptr && recorded_ && stream.device().is_cuda()) {
-    cuda_api::stream_wait_event(stream.handle(), handle_);
+    cuda_api::stream_wait_event(stream.device().index, stream.handle(), handle_);
   }
 }
 
 float Event::elapsed_ms(const Event& end) const {
   DDP_CHECK(recorded_ && end.recorded_, "Event::elapsed_ms: both events must be recorded first");
-  if (handle_ != nullptr) return cuda_api::event_elapsed_ms(handle_, end.handle_);
+  if (handle_ != nullptr) return cuda_api::event_elapsed_ms(device_.index, handle_, end.handle_);
   return std::chrono::duration<float, std::milli>(end.host_time_ - host_time_).count();
 }
 

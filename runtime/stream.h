@@ -1,5 +1,9 @@
 // Streams and events.
 //
+// Every call on a CUDA stream or event runs with the stream's (event's) device
+// current (Note [stream device] in cuda/cuda_api.h), whatever the calling thread's
+// current device is.
+//
 // A Stream is a cheap, copyable handle; streams made by Stream::create are owned
 // by a shared handle and destroyed with the last copy. Each thread has a current
 // stream per device (the default stream until set), as in PyTorch. On the CPU
@@ -20,11 +24,15 @@ class Stream {
   static Stream default_stream(const Device& device);
   // A new CUDA stream (on a cpu device: that device's one synchronous stream).
   static Stream create(const Device& device);
+  // A stream ddp did not create (a cudaStream_t of another library, or of the user)
+  // on `device`, as PyTorch's getStreamFromExternal. ddp never destroys it; the caller
+  // keeps it alive while ddp may use it. nullptr is the device's default stream.
+  static Stream from_external(const Device& device, void* handle);
 
   const Device& device() const { return device_; }
   void* handle() const { return handle_; }  // cudaStream_t, nullptr for default/CPU
-  void synchronize() const;
-  bool query() const;  // true when all work queued so far has finished
+  void synchronize() const;  // blocks the host until the work queued so far has finished
+  bool query() const;        // true when all work queued so far has finished
   friend bool operator==(const Stream& a, const Stream& b) {
     return a.device_ == b.device_ && a.handle_ == b.handle_;
   }

@@ -1,8 +1,11 @@
 #include "runtime/tensor.h"
 
+#include "runtime/logging.h"
 #include "runtime/memory/allocator.h"
 #include "runtime/ops/ops.h"
 
+#include <atomic>
+#include <exception>
 #include <numeric>
 
 namespace ddp {
@@ -35,11 +38,36 @@ Storage::Storage(Device device, size_t bytes, void* data, std::function<void(voi
       data_(data),
       deleter_(std::move(deleter)) {}
 
+namespace {
+
+// Note [errors freeing memory]: a destructor cannot throw (it may run during stack
+// unwinding, and ~Storage is noexcept), and one failed free (a CUDA error while
+// recording an event, a throwing from_blob deleter) is no reason to end the process.
+// The memory is leaked and the error logged; the first few in full, then one line.
+void report_release_error(const Device& device, size_t bytes, const char* what) {
+  constexpr int kLogged = 10;
+  static std::atomic<int> count{0};
+  const int n = ++count;
+  if (n <= kLogged) {
+    DDP_LOG_ERROR("freeing {} of tensor memory on {} failed (the memory may be leaked): {}",
+                  format_bytes(bytes), device.str(), what);
+  }
+  if (n == kLogged) DDP_LOG_ERROR("further errors freeing tensor memory are not logged");
+}
+
+}  // namespace
+
 Storage::~Storage() {
-  if (allocator_ != nullptr) {
-    allocator_->deallocate(data_);
-  } else if (deleter_) {
-    deleter_(data_);
+  try {
+    if (allocator_ != nullptr) {
+      allocator_->deallocate(data_);
+    } else if (deleter_) {
+      deleter_(data_);
+    }
+  } catch (const std::exception& e) {
+    report_release_error(device_, bytes_, e.what());
+  } catch (...) {
+    report_release_error(device_, bytes_, "an exception that is not a std::exception");
   }
 }
 
@@ -131,7 +159,8 @@ Tensor Tensor::flat_view(int64_t offset, const Shape& shape) const {
 
 Tensor Tensor::to(const Device& device, bool non_blocking) const {
   if (device == this->device()) return *this;
-  const bool pinned_result = device.is_cpu() && non_blocking;
+  // A non-blocking copy from a GPU can only land in pinned memory (Note [copy semantics]).
+  const bool pinned_result = device.is_cpu() && this->device().is_cuda() && non_blocking;
   Tensor out = empty(shape(), {.dtype = dtype(), .device = device, .pinned = pinned_result});
   copy_(out, *this, non_blocking);
   return out;

@@ -25,7 +25,9 @@ using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& shape);  // "[64, 784]"
 int64_t shape_numel(const Shape& shape);
 
-// Memory that one or more tensors view. Freed through its allocator with the last reference.
+// Memory that one or more tensors view. Freed through its allocator with the last
+// reference; a failure to free (or a throwing from_blob deleter) is logged, never
+// thrown, and the memory leaked (Note [errors freeing memory] in tensor.cpp).
 class Storage {
  public:
   Storage(Device device, size_t bytes, bool pinned);
@@ -102,9 +104,11 @@ class Tensor {
   // view into a larger buffer, as DDP buckets use).
   Tensor flat_view(int64_t offset, const Shape& shape) const;
 
-  // Moves. `to` returns *this (no copy) when nothing changes. non_blocking
-  // host->device copies go through pinned staging and do not wait; device->host
-  // with non_blocking gives a pinned tensor valid once the current stream syncs.
+  // Moves, with copy_'s rules (Note [copy semantics] in ops/copy.cpp). `to` returns
+  // *this (no copy) when nothing changes. Between two GPUs it never blocks the host;
+  // non_blocking host->device copies go through pinned staging and do not wait;
+  // device->host with non_blocking gives a pinned tensor valid once the current
+  // stream syncs. clone() never blocks the host for a CUDA tensor.
   Tensor to(const Device& device, bool non_blocking = false) const;
   Tensor to(DType dtype) const;
   Tensor cpu() const { return to(Device::cpu()); }

@@ -1,6 +1,7 @@
 #include "collectives/data_parallel/parallel_apply.h"
 
 #include "runtime/autograd/autograd.h"
+#include "runtime/cuda/cuda_api.h"
 
 #include <optional>
 
@@ -27,6 +28,16 @@ namespace {
   // Anything else (std::bad_alloc, ...) propagates unchanged from the rethrow above.
 }
 
+// Runs `job` with `device` current if it is a GPU. Without it a worker thread, which
+// never chose a device, would run CUDA calls on GPU 0 (creating a context there) and
+// the stream handle nullptr would mean GPU 0's default stream (Note [device guard]
+// in runtime/cuda/cuda_api.h).
+void run_on(const Device& device, const std::function<void()>& job) {
+  std::optional<cuda_api::DeviceGuard> guard;
+  if (device.is_cuda()) guard.emplace(device.index);
+  job();
+}
+
 }  // namespace
 
 ReplicaThreads::ReplicaThreads(size_t count) : errors_(count) {
@@ -47,18 +58,22 @@ void ReplicaThreads::worker_loop(size_t index) {
   uint64_t seen = 0;
   for (;;) {
     const std::function<void()>* job = nullptr;
+    Device device;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
       if (stopping_) return;
       seen = generation_;
       // A worker without a job this call may wake after run() returned: jobs_ is null.
-      if (jobs_ != nullptr && index < jobs_->size()) job = &(*jobs_)[index];
+      if (jobs_ != nullptr && index < jobs_->size()) {
+        job = &(*jobs_)[index];
+        device = (*devices_)[index];
+      }
     }
     if (job == nullptr) continue;  // fewer jobs than threads this time
     std::exception_ptr error;
     try {
-      (*job)();
+      run_on(device, *job);
     } catch (...) {
       error = std::current_exception();
     }
@@ -76,13 +91,14 @@ void ReplicaThreads::run(const std::vector<std::function<void()>>& jobs,
   {
     std::lock_guard<std::mutex> lock(mutex_);
     jobs_ = &jobs;
+    devices_ = &devices;
     pending_ = jobs.size() - 1;
     std::fill(errors_.begin(), errors_.end(), nullptr);
     ++generation_;
   }
   if (jobs.size() > 1) wake_.notify_all();
   try {
-    jobs[0]();
+    run_on(devices[0], jobs[0]);
   } catch (...) {
     errors_[0] = std::current_exception();
   }
@@ -90,6 +106,7 @@ void ReplicaThreads::run(const std::vector<std::function<void()>>& jobs,
     std::unique_lock<std::mutex> lock(mutex_);
     done_.wait(lock, [&] { return pending_ == 0; });
     jobs_ = nullptr;
+    devices_ = nullptr;
   }
   for (size_t i = 0; i < jobs.size(); ++i) {
     if (errors_[i]) {
@@ -111,6 +128,9 @@ std::vector<Tensor> parallel_apply(const std::vector<std::shared_ptr<nn::Module>
   finished.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     devices.push_back(inputs[i].device());
+    DDP_ASSERT(streams[i].device() == devices[i] || !devices[i].is_cuda(),
+               "replica {}: its stream is on {} but its input on {}", i, streams[i].device().str(),
+               devices[i].str());
     queued.emplace_back(devices[i], /*enable_timing=*/false);
     finished.emplace_back(devices[i], /*enable_timing=*/false);
     queued[i].record(current_stream(devices[i]));

@@ -24,7 +24,9 @@ class ReplicaThreads {
   ReplicaThreads(const ReplicaThreads&) = delete;
   ReplicaThreads& operator=(const ReplicaThreads&) = delete;
 
-  // Runs jobs[i] as above (jobs.size() <= count) and returns when all have finished.
+  // Runs jobs[i] as above (jobs.size() <= count), with devices[i] current if it is a
+  // GPU (the calling thread's device is restored afterwards, Note [device guard] in
+  // runtime/cuda/cuda_api.h), and returns when all have finished.
   // If any threw, rethrows the exception of the lowest index, of the same type,
   // its message prefixed with "replica i on <device>: " (devices[i]).
   void run(const std::vector<std::function<void()>>& jobs, const std::vector<Device>& devices);
@@ -38,6 +40,7 @@ class ReplicaThreads {
   size_t pending_ = 0;
   bool stopping_ = false;
   const std::vector<std::function<void()>>* jobs_ = nullptr;
+  const std::vector<Device>* devices_ = nullptr;
   std::vector<std::exception_ptr> errors_;
   std::vector<std::thread> threads_;
 };

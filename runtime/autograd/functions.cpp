@@ -73,10 +73,10 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor sum(const Tensor& x) {
+  // The upstream gradient stays on the device: reading it with item() would block
+  // the host in the middle of backward.
   return recorded(ddp::sum(x), "SumBackward", {&x}, [shape = x.shape()](const Tensor& g) {
-    Tensor out = empty(shape, {.dtype = g.dtype(), .device = g.device()});
-    fill_(out, g.item_double());
-    return std::vector<Tensor>{out};
+    return std::vector<Tensor>{ddp::expand_scalar(g, shape)};
   });
 }
 

@@ -4,8 +4,13 @@
 
 #include "runtime/cuda/cuda_check.h"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include <atomic>
+#include <map>
 #include <mutex>
+#include <utility>
 
 namespace ddp::cuda_api {
 namespace {
@@ -156,16 +161,20 @@ void free_pinned(void* ptr) {
   DDP_CUDA_CHECK(cudaFreeHost(ptr));
 }
 
-void memcpy_async(void* dst, const void* src, size_t bytes, CopyKind kind, StreamHandle stream) {
+void memcpy_async(int device, void* dst, const void* src, size_t bytes, CopyKind kind,
+                  StreamHandle stream) {
+  DeviceGuard guard(device);
   DDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, to_cuda_kind(kind), to_stream(stream)));
 }
 
 void memcpy_peer_async(void* dst, int dst_device, const void* src, int src_device, size_t bytes,
                        StreamHandle stream) {
+  DeviceGuard guard(dst_device);
   DDP_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, to_stream(stream)));
 }
 
-void memset_async(void* dst, int value, size_t bytes, StreamHandle stream) {
+void memset_async(int device, void* dst, int value, size_t bytes, StreamHandle stream) {
+  DeviceGuard guard(device);
   DDP_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, to_stream(stream)));
 }
 
@@ -176,17 +185,20 @@ StreamHandle stream_create(int device) {
   return stream;
 }
 
-void stream_destroy(StreamHandle stream) {
+void stream_destroy(int device, StreamHandle stream) {
   if (stream == nullptr) return;  // the legacy default stream is not ours to destroy
+  DeviceGuard guard(device);
   DDP_CUDA_CHECK(cudaStreamDestroy(to_stream(stream)));
 }
 
-void stream_synchronize(StreamHandle stream) {
+void stream_synchronize(int device, StreamHandle stream) {
+  DeviceGuard guard(device);
   ++g_host_syncs;
   DDP_CUDA_CHECK(cudaStreamSynchronize(to_stream(stream)));
 }
 
-bool stream_query(StreamHandle stream) {
+bool stream_query(int device, StreamHandle stream) {
+  DeviceGuard guard(device);
   return ready(cudaStreamQuery(to_stream(stream)), "cudaStreamQuery(stream)");
 }
 
@@ -198,31 +210,39 @@ EventHandle event_create(int device, bool enable_timing) {
   return event;
 }
 
-void event_destroy(EventHandle event) {
+// The calls below that name no stream do not need their device current, but a call
+// on a thread whose current device has no context yet would create one there.
+void event_destroy(int device, EventHandle event) {
   if (event == nullptr) return;
+  DeviceGuard guard(device);
   DDP_CUDA_CHECK(cudaEventDestroy(to_event(event)));
 }
 
-void event_record(EventHandle event, StreamHandle stream) {
+void event_record(int device, EventHandle event, StreamHandle stream) {
+  DeviceGuard guard(device);
   DDP_CUDA_CHECK(cudaEventRecord(to_event(event), to_stream(stream)));
 }
 
-void event_synchronize(EventHandle event) {
+void event_synchronize(int device, EventHandle event) {
+  DeviceGuard guard(device);
   ++g_host_syncs;
   DDP_CUDA_CHECK(cudaEventSynchronize(to_event(event)));
 }
 
-bool event_query(EventHandle event) {
+bool event_query(int device, EventHandle event) {
+  DeviceGuard guard(device);
   return ready(cudaEventQuery(to_event(event)), "cudaEventQuery(event)");
 }
 
-float event_elapsed_ms(EventHandle start, EventHandle end) {
+float event_elapsed_ms(int device, EventHandle start, EventHandle end) {
+  DeviceGuard guard(device);
   float ms = 0.0f;
   DDP_CUDA_CHECK(cudaEventElapsedTime(&ms, to_event(start), to_event(end)));
   return ms;
 }
 
-void stream_wait_event(StreamHandle stream, EventHandle event) {
+void stream_wait_event(int stream_device, StreamHandle stream, EventHandle event) {
+  DeviceGuard guard(stream_device);
   DDP_CUDA_CHECK(cudaStreamWaitEvent(to_stream(stream), to_event(event), 0));
 }
 
@@ -233,6 +253,116 @@ void check_last_error(const char* what) {
 
 uint64_t host_sync_count() {
   return g_host_syncs.load(std::memory_order_relaxed);
+}
+
+// ---- The calling thread's device, peer access ----
+
+namespace {
+
+// The two driver functions Note [device guard] needs, looked up through the runtime:
+// linking libcuda directly would keep the binaries from starting without a driver.
+struct PrimaryContextQuery {
+  PFN_cuDeviceGet_v2000 device_get = nullptr;
+  PFN_cuDevicePrimaryCtxGetState_v7000 get_state = nullptr;
+};
+
+const PrimaryContextQuery& primary_context_query() {
+  static const PrimaryContextQuery query = [] {
+    PrimaryContextQuery q;
+    // 12000: a version every driver that can run a CUDA 12 or 13 runtime has; a
+    // version newer than the driver would fail the lookup.
+    constexpr unsigned kVersion = 12000;
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    if (cudaGetDriverEntryPointByVersion("cuDeviceGet", &fn, kVersion, cudaEnableDefault,
+                                         &status) == cudaSuccess &&
+        status == cudaDriverEntryPointSuccess) {
+      q.device_get = reinterpret_cast<PFN_cuDeviceGet_v2000>(fn);
+    }
+    fn = nullptr;
+    if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &fn, kVersion,
+                                         cudaEnableDefault, &status) == cudaSuccess &&
+        status == cudaDriverEntryPointSuccess) {
+      q.get_state = reinterpret_cast<PFN_cuDevicePrimaryCtxGetState_v7000>(fn);
+    }
+    (void)cudaGetLastError();  // a failed lookup is an answer, not an error to report later
+    return q;
+  }();
+  return query;
+}
+
+// Whether `device`'s primary context exists. When the driver cannot be asked (not
+// expected with a CUDA 12+ driver) the answer is "yes": the guard then restores the
+// previous device as a plain guard would.
+bool has_primary_context(int device) {
+  const PrimaryContextQuery& q = primary_context_query();
+  if (q.device_get == nullptr || q.get_state == nullptr) return true;
+  CUdevice handle = 0;
+  if (q.device_get(&handle, device) != CUDA_SUCCESS) return true;
+  unsigned int flags = 0;
+  int active = 0;
+  if (q.get_state(handle, &flags, &active) != CUDA_SUCCESS) return true;
+  return active != 0;
+}
+
+// Peer access answers per (device, peer) pair: asked and enabled once per process.
+struct PeerAccess {
+  std::mutex mutex;
+  std::map<std::pair<int, int>, bool> can_access;
+  std::map<std::pair<int, int>, bool> enabled;
+};
+
+PeerAccess& peer_access() {
+  static auto* state = new PeerAccess();  // never destroyed: used until exit
+  return *state;
+}
+
+bool can_access_peer_locked(PeerAccess& state, int device, int peer) {
+  const auto key = std::make_pair(device, peer);
+  auto it = state.can_access.find(key);
+  if (it != state.can_access.end()) return it->second;
+  int can = 0;
+  if (device != peer) DDP_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, device, peer));
+  state.can_access[key] = can != 0;
+  return can != 0;
+}
+
+}  // namespace
+
+DeviceGuard::DeviceGuard(int device) : device_(device) {
+  DDP_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (previous_ != device_) DDP_CUDA_CHECK(cudaSetDevice(device_));
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ == device_ || !has_primary_context(previous_)) return;
+  // A destructor must not throw; restoring a device that was valid a moment ago does
+  // not fail in practice, and a failure would show in the next check.
+  if (cudaSetDevice(previous_) != cudaSuccess) (void)cudaGetLastError();
+}
+
+bool can_access_peer(int device, int peer) {
+  PeerAccess& state = peer_access();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  return can_access_peer_locked(state, device, peer);
+}
+
+bool enable_peer_access(int device, int peer) {
+  PeerAccess& state = peer_access();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  const auto key = std::make_pair(device, peer);
+  if (auto it = state.enabled.find(key); it != state.enabled.end()) return it->second;
+  bool enabled = false;
+  if (can_access_peer_locked(state, device, peer)) {
+    DeviceGuard guard(device);
+    const cudaError_t err = cudaDeviceEnablePeerAccess(peer, 0);
+    // Already enabled (by another library, or by the user) is what we wanted. Anything
+    // else (too many peers, ...) leaves copies staged by the driver: slower, not wrong.
+    enabled = err == cudaSuccess || err == cudaErrorPeerAccessAlreadyEnabled;
+    if (err != cudaSuccess) (void)cudaGetLastError();
+  }
+  state.enabled[key] = enabled;
+  return enabled;
 }
 
 }  // namespace ddp::cuda_api

@@ -43,25 +43,37 @@ void* malloc_pinned(size_t bytes);
 void free_pinned(void* ptr);
 
 enum class CopyKind { host_to_device, device_to_host, device_to_device, host_to_host };
-// Asynchronous on `stream` (which belongs to the device of the device side).
-void memcpy_async(void* dst, const void* src, size_t bytes, CopyKind kind, StreamHandle stream);
-// Async copy between two different GPUs (peer copy).
+
+// Note [stream device]: a call that takes a stream also takes the device the stream
+// belongs to (`device`), and runs with that device current (DeviceGuard below). A
+// stream handle alone is ambiguous: nullptr is the legacy default stream of the
+// *current* device, and an event can be recorded only on a stream of its own device.
+
+// Asynchronous on `stream` of `device` (the device side of the copy).
+void memcpy_async(int device, void* dst, const void* src, size_t bytes, CopyKind kind,
+                  StreamHandle stream);
+// Async copy between two different GPUs, on `stream` of `dst_device`. Works without
+// peer access (the driver stages it); enable_peer_access() makes it direct.
 void memcpy_peer_async(void* dst, int dst_device, const void* src, int src_device, size_t bytes,
                        StreamHandle stream);
-void memset_async(void* dst, int value, size_t bytes, StreamHandle stream);
+void memset_async(int device, void* dst, int value, size_t bytes, StreamHandle stream);
 
 StreamHandle stream_create(int device);  // non-blocking w.r.t. the legacy default stream
-void stream_destroy(StreamHandle stream);
-void stream_synchronize(StreamHandle stream);
-bool stream_query(StreamHandle stream);  // true when all work on it finished
+void stream_destroy(int device, StreamHandle stream);
+void stream_synchronize(int device, StreamHandle stream);  // blocks the host
+bool stream_query(int device, StreamHandle stream);        // true when all work on it finished
 
+// An event belongs to the device it was created on; every call names that device.
 EventHandle event_create(int device, bool enable_timing);
-void event_destroy(EventHandle event);
-void event_record(EventHandle event, StreamHandle stream);
-void event_synchronize(EventHandle event);
-bool event_query(EventHandle event);
-float event_elapsed_ms(EventHandle start, EventHandle end);
-void stream_wait_event(StreamHandle stream, EventHandle event);
+void event_destroy(int device, EventHandle event);
+// `stream` must belong to `device`, the event's device.
+void event_record(int device, EventHandle event, StreamHandle stream);
+void event_synchronize(int device, EventHandle event);  // blocks the host
+bool event_query(int device, EventHandle event);
+float event_elapsed_ms(int device, EventHandle start, EventHandle end);
+// Makes `stream` of `stream_device` wait (on the GPU) for `event`, which may belong to
+// another device.
+void stream_wait_event(int stream_device, StreamHandle stream, EventHandle event);
 
 // Throws CudaError if a kernel launch failed (cudaGetLastError), naming `what`.
 void check_last_error(const char* what);
@@ -70,5 +82,41 @@ void check_last_error(const char* what);
 // synchronizations, in every thread): tests count them to show that a path, such
 // as DDP's backward, never stalls the host. Always 0 in a build without CUDA.
 uint64_t host_sync_count();
+
+// ---- The calling thread's device, peer access ----
+
+// Makes `device` current for the scope and then restores the previous device, so that
+// ddp never changes the caller's current device behind its back, with one exception
+// (Note [device guard]): it does not switch back to a device that has no CUDA context
+// yet. Usable anywhere: this header includes no CUDA header. In a build without CUDA
+// the constructor throws DeviceError.
+//
+// Note [device guard]: since CUDA 12, cudaSetDevice(k) creates device k's primary
+// context (about 500 MiB of GPU memory). A thread that never chose a device has
+// current device 0, so restoring "the previous device" would create a context on GPU 0
+// in every process and every worker thread: the "all ranks on GPU 0" symptom. As
+// PyTorch's MaybeSetDevice, the guard restores the previous device only if its primary
+// context is active (cuDevicePrimaryCtxGetState, looked up through the runtime so that
+// libcuda is not linked); otherwise the thread keeps `device` current, which is what a
+// thread that has not chosen a device wants anyway.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int device_;
+  int previous_ = 0;
+};
+
+// Whether `device` can read and write `peer`'s memory directly (NVLink or PCIe P2P),
+// from cudaDeviceCanAccessPeer; asked once per pair. False for device == peer.
+bool can_access_peer(int device, int peer);
+// Lets kernels and copies on `device` access `peer`'s memory directly, once per pair
+// (later calls return the first answer). Returns whether access is enabled; false when
+// the hardware cannot (copies still work, staged by the driver), never throws for that.
+bool enable_peer_access(int device, int peer);
 
 }  // namespace ddp::cuda_api

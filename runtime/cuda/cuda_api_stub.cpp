@@ -64,49 +64,49 @@ void free_pinned(void* ptr) {
   std::free(ptr);
 }
 
-void memcpy_async(void* dst, const void* src, size_t bytes, CopyKind kind, StreamHandle) {
+void memcpy_async(int, void* dst, const void* src, size_t bytes, CopyKind kind, StreamHandle) {
   if (kind != CopyKind::host_to_host) no_cuda("memcpy_async");
   if (bytes != 0) std::memcpy(dst, src, bytes);
 }
 void memcpy_peer_async(void*, int, const void*, int, size_t, StreamHandle) {
   no_cuda("memcpy_peer_async");
 }
-void memset_async(void*, int, size_t, StreamHandle) {
+void memset_async(int, void*, int, size_t, StreamHandle) {
   no_cuda("memset_async");
 }
 
 StreamHandle stream_create(int) {
   no_cuda("stream_create");
 }
-void stream_destroy(StreamHandle stream) {
+void stream_destroy(int, StreamHandle stream) {
   if (stream != nullptr) no_cuda("stream_destroy");
 }
-void stream_synchronize(StreamHandle) {
+void stream_synchronize(int, StreamHandle) {
   no_cuda("stream_synchronize");
 }
-bool stream_query(StreamHandle) {
+bool stream_query(int, StreamHandle) {
   no_cuda("stream_query");
 }
 
 EventHandle event_create(int, bool) {
   no_cuda("event_create");
 }
-void event_destroy(EventHandle event) {
+void event_destroy(int, EventHandle event) {
   if (event != nullptr) no_cuda("event_destroy");
 }
-void event_record(EventHandle, StreamHandle) {
+void event_record(int, EventHandle, StreamHandle) {
   no_cuda("event_record");
 }
-void event_synchronize(EventHandle) {
+void event_synchronize(int, EventHandle) {
   no_cuda("event_synchronize");
 }
-bool event_query(EventHandle) {
+bool event_query(int, EventHandle) {
   no_cuda("event_query");
 }
-float event_elapsed_ms(EventHandle, EventHandle) {
+float event_elapsed_ms(int, EventHandle, EventHandle) {
   no_cuda("event_elapsed_ms");
 }
-void stream_wait_event(StreamHandle, EventHandle) {
+void stream_wait_event(int, StreamHandle, EventHandle) {
   no_cuda("stream_wait_event");
 }
 
@@ -116,6 +116,21 @@ void check_last_error(const char*) {
 
 uint64_t host_sync_count() {
   return 0;
+}
+
+// Without CUDA there is no device to make current; the members stay unused.
+DeviceGuard::DeviceGuard(int device) : device_(device) {
+  (void)device_;
+  (void)previous_;
+  no_cuda("DeviceGuard");
+}
+DeviceGuard::~DeviceGuard() = default;
+
+bool can_access_peer(int, int) {
+  return false;
+}
+bool enable_peer_access(int, int) {
+  return false;
 }
 
 }  // namespace ddp::cuda_api

@@ -1,10 +1,11 @@
-// Checks for CUDA runtime and cuBLAS calls, and a guard for the current device.
+// Checks for CUDA runtime and cuBLAS calls (the device guard is in cuda_api.h).
 // Internal to runtime/cuda and runtime/ops/cuda: it includes CUDA's headers.
 //
 //   DDP_CUDA_CHECK(cudaMalloc(&p, bytes));     throws ddp::CudaError on failure
 //   DDP_CUBLAS_CHECK(cublasSgemm(...));        same; needs <cublas_v2.h> included first
 #pragma once
 
+#include "runtime/cuda/cuda_api.h"
 #include "runtime/error.h"
 
 #include <cuda_runtime.h>
@@ -44,28 +45,3 @@ inline void check_cuda(cudaError_t err, std::string_view call) {
                                                   static_cast<int>(ddp_status_), #call); \
     }                                                                                    \
   } while (0)
-
-namespace ddp::cuda_api {
-
-// Makes `device` current for the scope and restores the previous device, so that
-// ddp never changes the caller's current device behind its back.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) : device_(device) {
-    DDP_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device_) DDP_CUDA_CHECK(cudaSetDevice(device_));
-  }
-  ~DeviceGuard() {
-    // A destructor must not throw; restoring a device that was valid a moment ago
-    // does not fail in practice, and a failure would show in the next check.
-    if (previous_ != device_) (void)cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int device_;
-  int previous_ = 0;
-};
-
-}  // namespace ddp::cuda_api

@@ -1,9 +1,11 @@
 #include "runtime/data/loader.h"
 
+#include "runtime/cuda/cuda_api.h"
 #include "runtime/error.h"
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 namespace ddp {
 
@@ -71,9 +73,14 @@ std::vector<int64_t> DataLoader::batch_indices(int64_t batch) const {
 void DataLoader::launch_prefetch(int64_t batch) {
   // The task owns copies of everything it reads: Tensor handles of the (immutable)
   // dataset and its batch's indices; nothing it touches is shared with this thread.
+  // The task's thread allocates pinned memory, a CUDA call: with the loader's device
+  // current, so that it does not create a context on GPU 0 (Note [device guard] in
+  // runtime/cuda/cuda_api.h).
   pending_ = std::async(std::launch::async, [dataset = dataset_, indices = batch_indices(batch),
-                                             pinned = options_.device.is_cuda()] {
-    return gather(dataset, indices, pinned);
+                                             device = options_.device] {
+    std::optional<cuda_api::DeviceGuard> guard;
+    if (device.is_cuda()) guard.emplace(device.index);
+    return gather(dataset, indices, /*pinned=*/device.is_cuda());
   });
 }
 

@@ -18,19 +18,30 @@ namespace {
 
 constexpr size_t kCpuAlignment = 64;  // as CpuAllocator
 
+// Events of the caching allocators are ddp::Events: each is created on, and every
+// call on it made with, the device of the stream it is recorded on (which, after a
+// cross-device copy, need not be the allocator's device; pinned memory has none).
+void* record_cuda_event(const Stream& stream) {
+  auto event = std::make_unique<Event>(stream.device(), /*enable_timing=*/false);
+  event->record(stream);
+  return event.release();
+}
+bool cuda_event_done(void* event) {
+  return static_cast<const Event*>(event)->query();
+}
+void destroy_cuda_event(void* event) {
+  delete static_cast<Event*>(event);
+}
+
 CachingAllocator::Backend cuda_backend(int device) {
   CachingAllocator::Backend b;
   b.name = fmt::format("CUDA device cuda:{}", device);
   b.raw_alloc = [device](size_t bytes) { return cuda_api::malloc_device(device, bytes); };
   b.raw_free = [device](void* p) { cuda_api::free_device(device, p); };
-  b.current_stream = [device] { return current_stream(Device::cuda(device)).handle(); };
-  b.record_event = [device](void* stream) {
-    void* e = cuda_api::event_create(device, false);
-    cuda_api::event_record(e, stream);
-    return e;
-  };
-  b.event_done = [](void* e) { return cuda_api::event_query(e); };
-  b.destroy_event = [](void* e) { cuda_api::event_destroy(e); };
+  b.current_stream = [device] { return current_stream(Device::cuda(device)); };
+  b.record_event = record_cuda_event;
+  b.event_done = cuda_event_done;
+  b.destroy_event = destroy_cuda_event;
   b.oom_hint = [device] {
     uint64_t free_bytes = 0, total = 0;
     cuda_api::mem_get_info(device, &free_bytes, &total);
@@ -39,29 +50,24 @@ CachingAllocator::Backend cuda_backend(int device) {
   return b;
 }
 
-// Pinned host blocks have no stream of their own (nullptr); a copy that reads one
-// records its stream, so the block is reused only after that copy finished.
+// Pinned host blocks belong to the CPU stream, never current on a GPU; a copy that
+// reads or writes one records its CUDA stream, so the block is reused only after
+// that copy finished.
 CachingAllocator::Backend pinned_backend() {
   CachingAllocator::Backend b;
   b.name = "pinned host memory";
-  // A tag, not a stream: distinct from every CUDA stream handle, the default (nullptr) included.
-  static char host_tag;
-  b.current_stream = [] { return static_cast<void*>(&host_tag); };
+  b.current_stream = [] { return Stream(); };
   if (cuda_api::device_count() > 0) {
     b.raw_alloc = [](size_t bytes) { return cuda_api::malloc_pinned(bytes); };
     b.raw_free = [](void* p) { cuda_api::free_pinned(p); };
-    b.record_event = [](void* stream) {
-      void* e = cuda_api::event_create(cuda_api::current_device(), false);
-      cuda_api::event_record(e, stream);
-      return e;
-    };
-    b.event_done = [](void* e) { return cuda_api::event_query(e); };
-    b.destroy_event = [](void* e) { cuda_api::event_destroy(e); };
+    b.record_event = record_cuda_event;
+    b.event_done = cuda_event_done;
+    b.destroy_event = destroy_cuda_event;
   } else {
     // No GPU: page-locking buys nothing, plain aligned memory stands in.
     b.raw_alloc = [](size_t bytes) { return std::aligned_alloc(kCpuAlignment, bytes); };
     b.raw_free = [](void* p) { std::free(p); };
-    b.record_event = [](void*) -> void* { return nullptr; };
+    b.record_event = [](const Stream&) -> void* { return nullptr; };
     b.event_done = [](void*) { return true; };
     b.destroy_event = [](void*) {};
   }

@@ -16,6 +16,10 @@ size_t round_up(size_t n, size_t m) {
   return (n + m - 1) / m * m;
 }
 
+auto stream_key(const Stream& s) {
+  return std::make_tuple(static_cast<int>(s.device().type), s.device().index, s.handle());
+}
+
 }  // namespace
 
 size_t CachingAllocator::round_size(size_t bytes) {
@@ -24,7 +28,8 @@ size_t CachingAllocator::round_size(size_t bytes) {
 }
 
 bool CachingAllocator::BySizeOrder::operator()(const Block* a, const Block* b) const {
-  return std::tie(a->stream, a->size, a->ptr) < std::tie(b->stream, b->size, b->ptr);
+  return std::tuple_cat(stream_key(a->stream), std::tie(a->size, a->ptr)) <
+         std::tuple_cat(stream_key(b->stream), std::tie(b->size, b->ptr));
 }
 
 CachingAllocator::CachingAllocator(Backend backend) : backend_(std::move(backend)) {}
@@ -39,7 +44,7 @@ CachingAllocator::~CachingAllocator() {
   }
 }
 
-CachingAllocator::Block* CachingAllocator::take_cached(void* stream, size_t size) {
+CachingAllocator::Block* CachingAllocator::take_cached(const Stream& stream, size_t size) {
   Block key;
   key.stream = stream;
   key.size = size;
@@ -56,7 +61,7 @@ void* CachingAllocator::allocate(size_t bytes) {
   const size_t size = round_size(bytes);
   std::lock_guard<std::mutex> lock(mutex_);
   process_pending();
-  void* stream = backend_.current_stream ? backend_.current_stream() : nullptr;
+  const Stream stream = backend_.current_stream ? backend_.current_stream() : Stream();
   Block* block = take_cached(stream, size);
   if (block != nullptr) {
     ++stats_.num_cache_hits;
@@ -102,17 +107,29 @@ void CachingAllocator::deallocate(void* ptr) {
     free_.insert(block);
     return;
   }
-  for (void* s : block->other_streams) block->pending_events.push_back(backend_.record_event(s));
+  try {
+    for (const Stream& s : block->other_streams) {
+      block->pending_events.push_back(backend_.record_event(s));
+    }
+  } catch (...) {
+    // Without an event on every stream nothing says when the block is free again:
+    // leak it (it stays counted as reserved) rather than hand it out too early.
+    for (void* e : block->pending_events) {
+      try {
+        backend_.destroy_event(e);
+      } catch (...) {
+        // The error being thrown already says what went wrong with this device.
+      }
+    }
+    delete block;
+    throw;
+  }
   block->other_streams.clear();
   pending_.push_back(block);
 }
 
 void CachingAllocator::record_stream(void* ptr, const Stream& stream) {
-  record_stream_handle(ptr, stream.handle());
-}
-
-void CachingAllocator::record_stream_handle(void* ptr, void* stream) {
-  if (ptr == nullptr) return;
+  if (ptr == nullptr || !stream.device().is_cuda()) return;  // the CPU stream is synchronous
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = live_.find(ptr);
   DDP_CHECK(it != live_.end(), "{}: record_stream on a pointer this allocator did not hand out",
@@ -124,16 +141,22 @@ void CachingAllocator::record_stream_handle(void* ptr, void* stream) {
 }
 
 void CachingAllocator::process_pending() {
-  auto done = [this](Block* block) {
-    for (void* e : block->pending_events) {
-      if (!backend_.event_done(e)) return false;
+  // By index rather than remove_if: event_done may throw, and pending_ must stay whole.
+  for (size_t i = 0; i < pending_.size();) {
+    Block* block = pending_[i];
+    const auto& events = block->pending_events;
+    if (!std::all_of(events.begin(), events.end(),
+                     [this](void* e) { return backend_.event_done(e); })) {
+      ++i;
+      continue;
     }
-    for (void* e : block->pending_events) backend_.destroy_event(e);
+    pending_[i] = pending_.back();
+    pending_.pop_back();
+    const std::vector<void*> done = std::move(block->pending_events);
     block->pending_events.clear();
     free_.insert(block);
-    return true;
-  };
-  pending_.erase(std::remove_if(pending_.begin(), pending_.end(), done), pending_.end());
+    for (void* e : done) backend_.destroy_event(e);
+  }
 }
 
 void CachingAllocator::release_cached() {

@@ -9,8 +9,14 @@
 // - Blocks belong to the stream that was current when they were allocated:
 //   work on that stream is ordered, so a block freed there can be handed out
 //   again at once. A block that record_stream() marked as used by other streams
-//   is parked on free until an event recorded on each of those streams has
-//   completed (checked on later allocations).
+//   is parked on free until an event recorded on each of those streams (at the
+//   free) has completed; parked blocks are checked on later allocations and by
+//   empty_cache(), which never returns a parked block to the system.
+// - A stream is its device and its handle (the handle nullptr is the default
+//   stream of *each* device). The allocator keeps the Stream objects it holds, so
+//   a stream ddp created is not destroyed, and its handle not reused by a new
+//   stream, while a cached block still belongs to it or a freed block waits on it.
+//   Streams of the CPU are synchronous: recording one is a no-op.
 // - When the raw allocation fails, the cache is released and the allocation
 //   retried once; then OutOfMemoryError names the device, the request,
 //   allocated and reserved bytes.
@@ -33,8 +39,9 @@ class CachingAllocator : public Allocator {
     std::string name;                        // "cuda:0", "pinned host": used in messages
     std::function<void*(size_t)> raw_alloc;  // nullptr when out of memory
     std::function<void(void*)> raw_free;
-    std::function<void*()> current_stream;     // the stream a new block belongs to
-    std::function<void*(void*)> record_event;  // new event recorded on a stream
+    std::function<Stream()> current_stream;  // the stream a new block belongs to
+    // A new event recorded on `stream` (a CUDA stream, of any device).
+    std::function<void*(const Stream&)> record_event;
     std::function<bool(void*)> event_done;
     std::function<void(void*)> destroy_event;
     std::function<std::string()> oom_hint;  // extra text for the OOM message (free/total)
@@ -44,9 +51,10 @@ class CachingAllocator : public Allocator {
   ~CachingAllocator() override;
 
   void* allocate(size_t bytes) override;
+  // Throws if recording an event fails; the block is then leaked (never reused),
+  // since nothing tells when the other streams are done with it.
   void deallocate(void* ptr) override;
   void record_stream(void* ptr, const Stream& stream) override;
-  void record_stream_handle(void* ptr, void* stream);
   MemoryStats stats() const override;
   void reset_peak_stats() override;
   void empty_cache() override;
@@ -57,15 +65,15 @@ class CachingAllocator : public Allocator {
   struct Block {
     void* ptr = nullptr;
     size_t size = 0;  // rounded
-    void* stream = nullptr;
-    std::vector<void*> other_streams;
+    Stream stream;
+    std::vector<Stream> other_streams;
     std::vector<void*> pending_events;
   };
   struct BySizeOrder {
     bool operator()(const Block* a, const Block* b) const;
   };
 
-  Block* take_cached(void* stream, size_t size);
+  Block* take_cached(const Stream& stream, size_t size);
   void process_pending();
   void release_cached();
   void update_peaks();

@@ -2,13 +2,9 @@
 // allocation on the inputs' device, then the CPU or CUDA kernel.
 #include "runtime/ops/ops.h"
 
-#include "runtime/cuda/cuda_api.h"
 #include "runtime/memory/allocator.h"
 #include "runtime/ops/dispatch.h"
 #include "runtime/ops/kernels.h"
-#include "runtime/stream.h"
-
-#include <cstring>
 
 namespace ddp {
 
@@ -67,23 +63,6 @@ Tensor binary_op(std::string_view op, kernels::BinaryOp kind, const Tensor& a, c
   DDP_DISPATCH(a.device(), binary, kind, a, b, out);
   return out;
 }
-
-// Restores the thread's current CUDA device after a cross-device copy.
-class CudaDeviceScope {
- public:
-  explicit CudaDeviceScope(int device) : previous_(cuda_api::current_device()) {
-    if (device != previous_) cuda_api::set_device(device);
-  }
-  ~CudaDeviceScope() {
-    try {
-      cuda_api::set_device(previous_);
-    } catch (...) {
-    }
-  }
-
- private:
-  int previous_;
-};
 
 }  // namespace
 
@@ -151,6 +130,15 @@ Tensor scale(const Tensor& a, float s) {
   check_f32("scale", a);
   Tensor out = like(a);
   DDP_DISPATCH(a.device(), scale, a, s, out);
+  return out;
+}
+
+Tensor expand_scalar(const Tensor& scalar, const Shape& shape) {
+  check_f32("expand_scalar", scalar);
+  DDP_CHECK(scalar.numel() == 1, "expand_scalar: needs a tensor with one element, got shape {}",
+            shape_str(scalar.shape()));
+  Tensor out = empty(shape, {.dtype = DType::f32, .device = scalar.device()});
+  if (out.numel() > 0) DDP_DISPATCH(scalar.device(), broadcast_scalar, scalar, out);
   return out;
 }
 
@@ -268,61 +256,6 @@ Tensor cast(const Tensor& x, DType dtype) {
   Tensor out = empty(x.shape(), {.dtype = dtype, .device = x.device()});
   if (x.numel() > 0) DDP_DISPATCH(x.device(), cast, x, out);
   return out;
-}
-
-void copy_(Tensor& dst, const Tensor& src, bool non_blocking) {
-  DDP_CHECK(dst.shape() == src.shape() && dst.dtype() == src.dtype(),
-            "copy_: destination {} {} and source {} {} must have the same shape and dtype",
-            shape_str(dst.shape()), dtype_name(dst.dtype()), shape_str(src.shape()),
-            dtype_name(src.dtype()));
-  const size_t bytes = src.nbytes();
-  if (bytes == 0 || (dst.data_ptr() == src.data_ptr() && dst.device() == src.device())) return;
-  const Device& dd = dst.device();
-  const Device& sd = src.device();
-  if (dd.is_cpu() && sd.is_cpu()) {
-    std::memcpy(dst.data_ptr(), src.data_ptr(), bytes);
-    return;
-  }
-  DDP_CHECK_T(DeviceError, dd.type != DeviceType::mps && sd.type != DeviceType::mps,
-              "copy_: mps is not available in this build");
-  const Device& gpu = dd.is_cuda() ? dd : sd;
-  CudaDeviceScope scope(gpu.index);
-  const Stream stream = current_stream(gpu);
-  if (dd.is_cuda() && sd.is_cuda()) {
-    if (dd == sd) {
-      cuda_api::memcpy_async(dst.data_ptr(), src.data_ptr(), bytes,
-                             cuda_api::CopyKind::device_to_device, stream.handle());
-    } else {
-      cuda_api::memcpy_peer_async(dst.data_ptr(), dd.index, src.data_ptr(), sd.index, bytes,
-                                  stream.handle());
-    }
-    if (!non_blocking || dd != sd) stream.synchronize();
-    return;
-  }
-  if (dd.is_cuda()) {  // host -> device
-    if (src.is_pinned() || !non_blocking) {
-      cuda_api::memcpy_async(dst.data_ptr(), src.data_ptr(), bytes,
-                             cuda_api::CopyKind::host_to_device, stream.handle());
-      if (src.is_pinned()) {
-        pinned_host_allocator().record_stream(src.storage()->data(), stream);
-      }
-      if (!non_blocking) stream.synchronize();
-      return;
-    }
-    // Pageable source, non_blocking: stage through pinned memory so the host can go
-    // on; the staging block is reused only after this copy finished.
-    Tensor staging =
-        empty(src.shape(), {.dtype = src.dtype(), .device = Device::cpu(), .pinned = true});
-    std::memcpy(staging.data_ptr(), src.data_ptr(), bytes);
-    cuda_api::memcpy_async(dst.data_ptr(), staging.data_ptr(), bytes,
-                           cuda_api::CopyKind::host_to_device, stream.handle());
-    pinned_host_allocator().record_stream(staging.storage()->data(), stream);
-    return;
-  }
-  // device -> host: asynchronous only into pinned memory.
-  cuda_api::memcpy_async(dst.data_ptr(), src.data_ptr(), bytes, cuda_api::CopyKind::device_to_host,
-                         stream.handle());
-  if (!non_blocking || !dst.is_pinned()) stream.synchronize();
 }
 
 }  // namespace ddp

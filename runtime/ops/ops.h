@@ -33,6 +33,10 @@ Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor scale(const Tensor& a, float s);
+// A new tensor of `shape` whose every element is the one element of `scalar` (f32,
+// any shape with one element), on scalar's device. The value is read on the device,
+// so this never waits for the kernel that computes `scalar` (unlike fill_ with item()).
+Tensor expand_scalar(const Tensor& scalar, const Shape& shape);
 void axpy_(float alpha, const Tensor& x, Tensor& y);  // y += alpha * x, in place
 // x [rows, cols] + bias [cols] broadcast along rows.
 Tensor add_bias_rows(const Tensor& x, const Tensor& bias);
@@ -59,8 +63,10 @@ Tensor softmax_cross_entropy_backward(const Tensor& probs, const Tensor& labels,
                                       const Tensor& grad_loss);
 
 void fill_(Tensor& t, double value);  // any dtype
-// dst <- src: same shape and dtype, any two devices (asynchronous on CUDA streams
-// unless a host side is pageable).
+// dst <- src: same shape and dtype, any two devices. Never blocks the host between
+// two CUDA tensors (same device or not: ordered on the devices' current streams);
+// host -> device blocks unless non_blocking, device -> host unless non_blocking and
+// dst is pinned. Note [copy semantics] in copy.cpp has the details.
 void copy_(Tensor& dst, const Tensor& src, bool non_blocking = false);
 // Casts between any two dtypes on the tensor's device (f32 <-> bf16/f16 round to nearest even).
 Tensor cast(const Tensor& x, DType dtype);

@@ -13,16 +13,41 @@
 namespace ddp {
 namespace {
 
+// A fake stream of the fake device: a CUDA stream as the allocator sees it (no CUDA
+// call is made on it). Handle 0 is the default stream of `device`.
+Stream fake_stream(intptr_t handle, int device = 0) {
+  return Stream::from_external(Device::cuda(device), reinterpret_cast<void*>(handle));
+}
+
 // A fake device: raw memory from malloc with a capacity, streams are integers,
-// events are completed by the test.
+// events complete when the test finishes their stream.
 struct FakeDevice {
+  struct FakeEvent {
+    Stream stream;
+    bool done = false;
+  };
   size_t capacity = 64 << 20;
   size_t used = 0;
   int raw_allocs = 0;
   std::map<void*, size_t> live;
-  void* stream = reinterpret_cast<void*>(1);
-  std::set<int*> events;  // each event: pointer to a "done" flag
-  bool events_done = false;
+  Stream stream = fake_stream(1);
+  std::set<FakeEvent*> events;
+  int fail_record_after = -1;  // record_event throws after this many, as a CUDA error would
+
+  // After the allocator (declared later, destroyed first): what it still holds, such
+  // as a leaked block, goes back so that sanitizer builds see no leak.
+  ~FakeDevice() {
+    for (auto& [p, n] : live) std::free(p);
+    for (FakeEvent* e : events) delete e;
+  }
+
+  // Every event recorded on `s` so far completes.
+  void finish(const Stream& s) {
+    for (FakeEvent* e : events) e->done = e->done || e->stream == s;
+  }
+  void finish_all() {
+    for (FakeEvent* e : events) e->done = true;
+  }
 
   CachingAllocator::Backend backend() {
     CachingAllocator::Backend b;
@@ -41,15 +66,17 @@ struct FakeDevice {
       std::free(p);
     };
     b.current_stream = [this] { return stream; };
-    b.record_event = [this](void*) -> void* {
-      auto* e = new int(0);
+    b.record_event = [this](const Stream& s) -> void* {
+      if (fail_record_after == 0) throw CudaError("cudaEventRecord failed: fake");
+      if (fail_record_after > 0) --fail_record_after;
+      auto* e = new FakeEvent{s};
       events.insert(e);
       return e;
     };
-    b.event_done = [this](void*) { return events_done; };
+    b.event_done = [](void* e) { return static_cast<FakeEvent*>(e)->done; };
     b.destroy_event = [this](void* e) {
-      events.erase(static_cast<int*>(e));
-      delete static_cast<int*>(e);
+      events.erase(static_cast<FakeEvent*>(e));
+      delete static_cast<FakeEvent*>(e);
     };
     b.oom_hint = [] { return std::string("fake hint"); };
     return b;
@@ -102,10 +129,10 @@ TEST(CachingAllocator, BlocksBelongToTheirStream) {
   CachingAllocator alloc(dev.backend());
   void* a = alloc.allocate(4096);
   alloc.deallocate(a);
-  dev.stream = reinterpret_cast<void*>(2);
+  dev.stream = fake_stream(2);
   void* b = alloc.allocate(4096);
   EXPECT_NE(a, b) << "a block cached for stream 1 was handed to stream 2";
-  dev.stream = reinterpret_cast<void*>(1);
+  dev.stream = fake_stream(1);
   void* c = alloc.allocate(4096);
   EXPECT_EQ(a, c);
   alloc.deallocate(b);
@@ -116,17 +143,127 @@ TEST(CachingAllocator, RecordedStreamDelaysReuseUntilEventCompletes) {
   FakeDevice dev;
   CachingAllocator alloc(dev.backend());
   void* a = alloc.allocate(4096);
-  alloc.record_stream_handle(a, reinterpret_cast<void*>(7));
+  alloc.record_stream(a, fake_stream(7));
   alloc.deallocate(a);
-  EXPECT_EQ(dev.events.size(), 1u);
+  ASSERT_EQ(dev.events.size(), 1u);
+  EXPECT_EQ((*dev.events.begin())->stream, fake_stream(7)) << "the event must be on stream 7";
   void* b = alloc.allocate(4096);
   EXPECT_NE(a, b) << "reused while stream 7 may still read it";
-  dev.events_done = true;
+  dev.finish(fake_stream(7));
   alloc.deallocate(b);
   void* c = alloc.allocate(4096);
   EXPECT_TRUE(c == a || c == b);
   EXPECT_TRUE(dev.events.empty()) << "completed events must be destroyed";
+  void* d = alloc.allocate(4096);
+  EXPECT_TRUE((d == a || d == b) && d != c) << "both blocks are free again";
+  EXPECT_EQ(alloc.stats().num_raw_allocs, 2u);
   alloc.deallocate(c);
+  alloc.deallocate(d);
+}
+
+TEST(CachingAllocator, BlockWaitsForEveryRecordedStream) {
+  FakeDevice dev;
+  CachingAllocator alloc(dev.backend());
+  void* a = alloc.allocate(4096);
+  alloc.record_stream(a, fake_stream(7));
+  alloc.record_stream(a, fake_stream(8));
+  alloc.record_stream(a, fake_stream(7));  // once per stream
+  alloc.deallocate(a);
+  EXPECT_EQ(dev.events.size(), 2u);
+  dev.finish(fake_stream(7));
+  void* b = alloc.allocate(4096);
+  EXPECT_NE(a, b) << "reused while stream 8 may still read it";
+  dev.finish(fake_stream(8));
+  alloc.deallocate(b);
+  void* c = alloc.allocate(4096);
+  void* d = alloc.allocate(4096);
+  EXPECT_TRUE((c == a && d == b) || (c == b && d == a));
+  EXPECT_TRUE(dev.events.empty());
+  alloc.deallocate(c);
+  alloc.deallocate(d);
+}
+
+// Work queued on a stream after the free is not waited for: the event is taken at
+// the free, so a stream that keeps working does not hold the block forever.
+TEST(CachingAllocator, TheEventIsRecordedAtTheFree) {
+  FakeDevice dev;
+  CachingAllocator alloc(dev.backend());
+  void* a = alloc.allocate(4096);
+  alloc.record_stream(a, fake_stream(7));
+  EXPECT_TRUE(dev.events.empty()) << "no event before the block is freed";
+  alloc.deallocate(a);
+  EXPECT_EQ(dev.events.size(), 1u);
+  dev.finish(fake_stream(7));
+  EXPECT_EQ(alloc.allocate(4096), a);
+  alloc.deallocate(a);
+}
+
+TEST(CachingAllocator, OwnStreamAndCpuStreamNeedNoEvent) {
+  FakeDevice dev;
+  CachingAllocator alloc(dev.backend());
+  void* a = alloc.allocate(4096);
+  alloc.record_stream(a, dev.stream);  // the block's own stream: ordered anyway
+  alloc.record_stream(a, Stream());    // the CPU stream is synchronous
+  alloc.deallocate(a);
+  EXPECT_TRUE(dev.events.empty());
+  EXPECT_EQ(alloc.allocate(4096), a);
+  alloc.deallocate(a);
+}
+
+// The handle nullptr is the default stream of each device: the default stream of
+// cuda:1 is another stream than that of cuda:0, and its event is recorded on cuda:1.
+TEST(CachingAllocator, DefaultStreamsOfTwoDevicesAreDifferentStreams) {
+  FakeDevice dev;
+  dev.stream = fake_stream(0, /*device=*/0);
+  CachingAllocator alloc(dev.backend());
+  void* a = alloc.allocate(4096);
+  alloc.record_stream(a, fake_stream(0, /*device=*/1));
+  alloc.deallocate(a);
+  ASSERT_EQ(dev.events.size(), 1u) << "cuda:1's default stream was taken for the block's own";
+  EXPECT_EQ((*dev.events.begin())->stream.device(), Device::cuda(1));
+  void* b = alloc.allocate(4096);
+  EXPECT_NE(b, a);
+  dev.finish_all();
+  void* c = alloc.allocate(4096);
+  EXPECT_EQ(c, a);
+  alloc.deallocate(b);
+  alloc.deallocate(c);
+}
+
+TEST(CachingAllocator, EmptyCacheKeepsBlocksOtherStreamsStillUse) {
+  FakeDevice dev;
+  CachingAllocator alloc(dev.backend());
+  void* a = alloc.allocate(4096);
+  alloc.record_stream(a, fake_stream(7));
+  alloc.deallocate(a);
+  alloc.deallocate(alloc.allocate(2 << 20));  // a plain cached block
+  alloc.empty_cache();
+  EXPECT_EQ(dev.used, 4096u) << "only the block stream 7 may still use is kept";
+  EXPECT_EQ(alloc.stats().reserved, 4096u);
+  EXPECT_EQ(dev.live.count(a), 1u);
+  dev.finish(fake_stream(7));
+  alloc.empty_cache();
+  EXPECT_EQ(dev.used, 0u);
+  EXPECT_EQ(alloc.stats().reserved, 0u);
+  EXPECT_TRUE(dev.events.empty());
+}
+
+TEST(CachingAllocator, AFailedEventRecordLeaksTheBlockInsteadOfReusingIt) {
+  FakeDevice dev;
+  CachingAllocator alloc(dev.backend());
+  void* a = alloc.allocate(4096);
+  alloc.record_stream(a, fake_stream(7));
+  alloc.record_stream(a, fake_stream(8));
+  dev.fail_record_after = 1;  // the event on stream 7 is made, the one on 8 fails
+  EXPECT_THROW(alloc.deallocate(a), CudaError);
+  dev.fail_record_after = -1;
+  EXPECT_TRUE(dev.events.empty()) << "the events recorded before the failure must be destroyed";
+  EXPECT_EQ(alloc.stats().allocated, 0u);
+  void* b = alloc.allocate(4096);
+  EXPECT_NE(b, a) << "a block whose readers are unknown was handed out";
+  alloc.deallocate(b);
+  EXPECT_EQ(alloc.allocate(4096), b);
+  alloc.deallocate(b);
 }
 
 TEST(CachingAllocator, PeakAndReset) {

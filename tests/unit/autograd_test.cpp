@@ -80,6 +80,20 @@ TEST(Autograd, MatmulLinearAndReductions) {
   gradcheck([](auto& in) { return F::flatten(in[0]); }, {randn({2, 3, 2}, 12)});
 }
 
+// The sum's backward spreads its upstream gradient, whatever it is, to every element
+// (it used to read it on the host with item(); now a device-side broadcast).
+TEST(Autograd, SumSpreadsItsUpstreamGradient) {
+  Tensor x = leaf(randn({2, 3}, 30));
+  backward(F::sum(x), full({}, -2.5));
+  for (float g : grad(x).to_vector<float>()) EXPECT_EQ(g, -2.5f);
+  Tensor y = leaf(randn({4}, 31));
+  backward(F::scale(F::sum(y), 3.0f));
+  for (float g : grad(y).to_vector<float>()) EXPECT_EQ(g, 3.0f);
+  Tensor z = leaf(randn({5}, 32));
+  backward(F::mean(z), from_vector<float>({2.0f}, {1}));
+  for (float g : grad(z).to_vector<float>()) EXPECT_FLOAT_EQ(g, 2.0f / 5.0f);
+}
+
 TEST(Autograd, CrossEntropy) {
   const Tensor labels = from_vector<int64_t>({2, 0, 1, 2}, {4});
   gradcheck([labels](auto& in) { return F::reshape(F::cross_entropy(in[0], labels), {1}); },

@@ -125,6 +125,18 @@ TEST(Ops, BiasAddAlongRows) {
   EXPECT_THROW(add_bias_rows(x, randn({4}, 1)), ValueError);
 }
 
+TEST(Ops, ExpandScalarRepeatsTheOneElement) {
+  const Tensor s = full({}, 1.75);
+  const Tensor e = expand_scalar(s, {2, 3});
+  EXPECT_EQ(e.shape(), (Shape{2, 3}));
+  EXPECT_EQ(e.to_vector<float>(), std::vector<float>(6, 1.75f));
+  EXPECT_EQ(expand_scalar(from_vector<float>({-4.0f}, {1, 1}), {3}).to_vector<float>(),
+            std::vector<float>(3, -4.0f));
+  EXPECT_EQ(expand_scalar(s, {0, 4}).numel(), 0);
+  EXPECT_THROW(expand_scalar(ones({2}), {2}), ValueError);  // two elements
+  EXPECT_THROW(expand_scalar(full({}, 1, {.dtype = DType::i64}), {2}), ValueError);
+}
+
 TEST(Ops, ReductionsMatchReference) {
   const Tensor x = randn({3, 4, 5}, 14);
   const auto v = as_double(x);

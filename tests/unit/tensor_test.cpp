@@ -1,8 +1,13 @@
 #include "runtime/tensor.h"
+#include "runtime/logging.h"
 #include "runtime/memory/allocator.h"
 #include "runtime/ops/ops.h"
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+
+#include <sstream>
+#include <stdexcept>
 
 namespace ddp {
 namespace {
@@ -79,6 +84,29 @@ TEST(Tensor, MovesAndCopiesAreExplicit) {
   EXPECT_EQ(dst.to_vector<float>(), t.to_vector<float>());
   Tensor wrong = empty({4, 3});
   EXPECT_THROW(copy_(wrong, t), ValueError);
+}
+
+// Note [errors freeing memory]: a failing free is reported and the process goes on
+// (an exception out of ~Storage, which is noexcept, would call std::terminate).
+TEST(Tensor, AFailingFreeIsLoggedNotFatal) {
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  logger().sinks().push_back(sink);
+  int calls = 0;
+  {
+    float value = 1.0f;
+    Tensor t = from_blob(&value, {1}, {}, [&calls](void*) {
+      ++calls;
+      throw std::runtime_error("the deleter failed on purpose");
+    });
+    Tensor view = t.reshape({1, 1});
+  }  // the last view goes: the deleter runs and throws
+  logger().flush();
+  logger().sinks().pop_back();
+  EXPECT_EQ(calls, 1);
+  EXPECT_NE(log.str().find("the deleter failed on purpose"), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("freeing 4 B of tensor memory on cpu failed"), std::string::npos)
+      << log.str();
 }
 
 TEST(Tensor, FromVectorAndItem) {

@@ -29,6 +29,11 @@ void scale(const Tensor& a, float s, Tensor& out) {
   for (int64_t i = 0, n = a.numel(); i < n; ++i) z[i] = x[i] * s;
 }
 
+void broadcast_scalar(const Tensor& scalar, Tensor& out) {
+  float* z = out.data<float>();
+  std::fill(z, z + out.numel(), *scalar.data<float>());
+}
+
 void axpy(float alpha, const Tensor& x, Tensor& y) {
   const float* p = x.data<float>();
   float* q = y.data<float>();

@@ -18,6 +18,9 @@ void binary(BinaryOp, const Tensor&, const Tensor&, Tensor&) {
 void scale(const Tensor&, float, Tensor&) {
   DDP_NO_CUDA_KERNEL("scale");
 }
+void broadcast_scalar(const Tensor&, Tensor&) {
+  DDP_NO_CUDA_KERNEL("broadcast_scalar");
+}
 void axpy(float, const Tensor&, Tensor&) {
   DDP_NO_CUDA_KERNEL("axpy");
 }

@@ -45,6 +45,14 @@ struct ScaleFn {
   __device__ void operator()(int64_t i) const { out[i] = a[i] * s; }
 };
 
+// Reads the value on the device: no host round trip (and no sync) for a scalar
+// that a kernel just produced, such as the upstream gradient of a sum.
+struct BroadcastScalarFn {
+  const float* scalar;
+  float* out;
+  __device__ void operator()(int64_t i) const { out[i] = *scalar; }
+};
+
 struct AxpyFn {
   float alpha;
   const float* x;
@@ -164,6 +172,11 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
 
 void scale(const Tensor& a, float s, Tensor& out) {
   for_each_index(out, out.numel(), ScaleFn{ptr<const float>(a), s, ptr<float>(out)}, "scale");
+}
+
+void broadcast_scalar(const Tensor& scalar, Tensor& out) {
+  const BroadcastScalarFn fn{ptr<const float>(scalar), ptr<float>(out)};
+  for_each_index(out, out.numel(), fn, "broadcast_scalar");
 }
 
 void axpy(float alpha, const Tensor& x, Tensor& y) {
