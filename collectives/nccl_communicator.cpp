@@ -17,10 +17,9 @@
 // joined; the rendezvous of the unique id has the store's timeout.
 #include "collectives/backends.h"
 #include "collectives/communicator_base.h"
+#include "collectives/nccl_library.h"
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/stream.h"
-
-#include <nccl.h>
 
 #include <atomic>
 #include <cstring>
@@ -33,8 +32,8 @@ namespace {
 
 void check_nccl(ncclResult_t result, const char* call) {
   if (result != ncclSuccess) {
-    throw Error(fmt::format("{} failed: {} (ncclResult_t {})", call, ncclGetErrorString(result),
-                            static_cast<int>(result)));
+    throw Error(fmt::format("{} failed: {} (ncclResult_t {})", call,
+                            nccl::library().get_error_string(result), static_cast<int>(result)));
   }
 }
 
@@ -64,10 +63,10 @@ class DeviceScope {
 class NcclHandle {
  public:
   NcclHandle(int size, const ncclUniqueId& id, int rank) {
-    NCCL_CHECK(ncclCommInitRank(&comm_, size, id, rank));
+    NCCL_CHECK(nccl::library().comm_init_rank(&comm_, size, id, rank));
   }
   ~NcclHandle() {
-    if (!aborted_) ncclCommDestroy(comm_);
+    if (!aborted_) nccl::library().comm_destroy(comm_);
   }
   NcclHandle(const NcclHandle&) = delete;
   NcclHandle& operator=(const NcclHandle&) = delete;
@@ -76,12 +75,14 @@ class NcclHandle {
   bool aborted() const { return aborted_; }
   void abort() {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!aborted_.exchange(true)) ncclCommAbort(comm_);
+    if (!aborted_.exchange(true)) nccl::library().comm_abort(comm_);
   }
   ncclResult_t async_error() {
     std::lock_guard<std::mutex> lock(mutex_);
     ncclResult_t result = ncclSuccess;
-    if (!aborted_ && ncclCommGetAsyncError(comm_, &result) != ncclSuccess) result = ncclSystemError;
+    if (!aborted_ && nccl::library().comm_get_async_error(comm_, &result) != ncclSuccess) {
+      result = ncclSystemError;
+    }
     return result;
   }
 
@@ -104,7 +105,8 @@ Outcome poll(const Event& event, NcclHandle& comm, std::chrono::milliseconds tim
       return Outcome::error;
     }
     if (const ncclResult_t result = comm.async_error(); result != ncclSuccess) {
-      *error = fmt::format("NCCL reported an asynchronous error: {}", ncclGetErrorString(result));
+      *error = fmt::format("NCCL reported an asynchronous error: {}",
+                           nccl::library().get_error_string(result));
       return Outcome::error;
     }
     if (std::chrono::steady_clock::now() > deadline) return Outcome::timeout;
@@ -215,7 +217,7 @@ ncclUniqueId exchange_unique_id(Store* store, const NcclOptions& options) {
   const std::string key = instance == 0 ? "nccl/uid" : fmt::format("nccl/uid/{}", instance);
   ncclUniqueId id{};
   if (options.rank == 0) {
-    NCCL_CHECK(ncclGetUniqueId(&id));
+    NCCL_CHECK(nccl::library().get_unique_id(&id));
     if (store != nullptr) store->set(key, Bytes(id.internal, id.internal + NCCL_UNIQUE_ID_BYTES));
     return id;
   }
@@ -306,7 +308,7 @@ void NcclCommunicator::launch(const Collective& c) {
   ncclComm_t comm = comm_->get();
   if (c.kind == CollectiveKind::barrier) {
     void* x = barrier_scratch_.data_ptr();
-    NCCL_CHECK(ncclAllReduce(x, x, 1, ncclFloat32, ncclSum, comm, stream));
+    NCCL_CHECK(nccl::library().all_reduce(x, x, 1, ncclFloat32, ncclSum, comm, stream));
     return;
   }
   if (c.count() == 0) return;  // every rank has the same count: nothing to move
@@ -316,20 +318,20 @@ void NcclCommunicator::launch(const Collective& c) {
   const ncclDataType_t type = nccl_type(c.dtype());
   switch (c.kind) {
     case CollectiveKind::all_reduce:
-      NCCL_CHECK(ncclAllReduce(in, in, n, type, nccl_op(c.op), comm, stream));
+      NCCL_CHECK(nccl::library().all_reduce(in, in, n, type, nccl_op(c.op), comm, stream));
       break;
     case CollectiveKind::broadcast:
-      NCCL_CHECK(ncclBroadcast(in, in, n, type, c.root, comm, stream));
+      NCCL_CHECK(nccl::library().broadcast(in, in, n, type, c.root, comm, stream));
       break;
     case CollectiveKind::all_gather:
-      NCCL_CHECK(ncclAllGather(in, out, n, type, comm, stream));
+      NCCL_CHECK(nccl::library().all_gather(in, out, n, type, comm, stream));
       break;
     case CollectiveKind::reduce_scatter:
-      NCCL_CHECK(ncclReduceScatter(in, out, static_cast<size_t>(c.output.numel()), type,
-                                   nccl_op(c.op), comm, stream));
+      NCCL_CHECK(nccl::library().reduce_scatter(in, out, static_cast<size_t>(c.output.numel()),
+                                                type, nccl_op(c.op), comm, stream));
       break;
     case CollectiveKind::reduce:
-      NCCL_CHECK(ncclReduce(in, in, n, type, nccl_op(c.op), c.root, comm, stream));
+      NCCL_CHECK(nccl::library().reduce(in, in, n, type, nccl_op(c.op), c.root, comm, stream));
       break;
     case CollectiveKind::barrier:
       break;
