@@ -18,6 +18,9 @@
 //                      reaches MASTER_ADDR, else the host name; Note [gloo address])
 //   DDP_CPU_CACHE_MB   MiB of freed large CPU blocks kept for reuse (default: 1024;
 //                      0: off; Note [cpu block cache] in memory/cpu_allocator.h)
+//   DDP_NCCL_ASYNC_ERROR_HANDLING  0: a failed or timed-out nccl collective is logged,
+//                      recorded and aborts the communicator (default); 1: the watchdog
+//                      also ends the process after logging (Note [nccl watchdog])
 #pragma once
 
 #include <cstdint>
@@ -44,6 +47,7 @@ inline constexpr const char* kStore = "DDPRUN_STORE";
 inline constexpr const char* kStoreSecret = "DDP_STORE_SECRET";
 inline constexpr const char* kGlooHostname = "DDP_GLOO_HOSTNAME";
 inline constexpr const char* kCpuCacheMb = "DDP_CPU_CACHE_MB";
+inline constexpr const char* kNcclAsyncErrorHandling = "DDP_NCCL_ASYNC_ERROR_HANDLING";
 
 // The value of a variable, or nullopt when unset or empty.
 std::optional<std::string> get(const char* name);
