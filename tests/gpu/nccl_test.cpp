@@ -13,6 +13,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -142,37 +144,54 @@ TEST(NcclCommunicator, DurationComesFromCudaEvents) {
   EXPECT_LT(*d, 10s);
 }
 
-// The collective waits for the caller's stream (Note [nccl streams]); a stream kept
-// busy far longer than the timeout makes it time out even with world size 1, so
-// the watchdog's path runs: it aborts the communicator, wait() throws the
-// CommTimeoutError, later collectives fail at once with it, and destroying the
-// communicator returns.
-TEST(NcclCommunicator, TimeoutAbortsAndLaterCollectivesGetTheFirstError) {
-  DDP_REQUIRE_NCCL();
+// The body of the timeout test; "" when everything held, else what did not.
+std::string timeout_scenario() {
   auto comm = make_nccl_communicator(nullptr,
                                      {.rank = 0, .size = 1, .device = 0, .comm = {.timeout = 5ms}});
   const Tensor a = randn({4096, 4096}, 1, {.device = kGpu});
   Tensor busy = a;
-  for (int i = 0; i < 40; ++i) busy = matmul(busy, a);  // about 0.1 s or more of GEMMs
+  for (int i = 0; i < 40; ++i) busy = matmul(busy, a);  // about 0.1 s or more of f32 GEMMs
   Tensor t = gpu_values(DType::f32, 1024);
   std::shared_ptr<Work> work = comm->all_reduce(t);
   try {
     work->synchronize();
-    FAIL() << "the collective did not time out: the GEMMs finished within 5 ms?";
+    return "the collective did not time out: the GEMMs finished within 5 ms?";
   } catch (const CommTimeoutError& e) {
-    EXPECT_EQ(e.sequence(), 0);
-    EXPECT_NE(std::string(e.what()).find("timed out"), std::string::npos) << e.what();
+    if (e.sequence() != 0) return std::string("wrong sequence: ") + e.what();
   }
-  EXPECT_THROW(work->wait(), CommTimeoutError);
+  try {
+    work->wait();
+    return "wait() after the timeout did not throw";
+  } catch (const CommTimeoutError&) {
+  }
   std::shared_ptr<Work> later = comm->barrier();
   try {
     later->wait();
-    FAIL() << "a collective after the failure succeeded";
+    return "a collective after the failure succeeded";
   } catch (const CommError& e) {
-    EXPECT_EQ(e.sequence(), 0) << "the first error: " << e.what();
+    if (e.sequence() != 0) return std::string("not the first error: ") + e.what();
   }
   synchronize(kGpu);
-  comm.reset();  // must not hang
+  comm.reset();  // must not hang (ctest's timeout would say so)
+  return "";
+}
+
+// The collective waits for the caller's stream (Note [nccl streams]); a stream kept
+// busy far longer than the timeout makes it time out even with world size 1, so
+// the watchdog's path runs: it aborts the communicator, synchronize() and wait()
+// throw the CommTimeoutError, later collectives fail at once with it, and
+// destroying the communicator returns. In a child process (a fresh CUDA context):
+// whatever the abort leaves behind cannot touch the other tests.
+TEST(NcclCommunicator, TimeoutAbortsAndLaterCollectivesGetTheFirstError) {
+  DDP_REQUIRE_NCCL();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        const std::string problem = timeout_scenario();
+        if (!problem.empty()) std::fprintf(stderr, "%s\n", problem.c_str());
+        std::_Exit(problem.empty() ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 // The GPU's identity in the duplicate check (nccl_placement.h): a PCI address.
