@@ -4,7 +4,8 @@
 // read column-major is its transpose [c, r]. So row-major C = op(A) op(B) is
 // computed as column-major C^T = op(B)^T op(A)^T: swap the operands and m/n,
 // keep the transpose flags, and pass the row-major leading dimensions.
-#include "runtime/ops/cuda/launch.cuh"
+#include "runtime/ops/cuda/launch.cuh"  // first (see its top)
+
 #include "runtime/cuda/cublas_library.h"
 #include "runtime/ops/kernels.h"
 

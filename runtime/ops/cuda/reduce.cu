@@ -7,8 +7,9 @@
 // Threads and trees add in double (the CPU sums in double too); the traffic, not
 // the arithmetic, bounds the speed. Sums and argmax along one dimension follow
 // the same rules with a block tree per output (Note [dim reduce] in dim_reduce.h).
+#include "runtime/ops/cuda/launch.cuh"  // first (see its top)
+
 #include "runtime/ops/cuda/dim_reduce.h"
-#include "runtime/ops/cuda/launch.cuh"
 #include "runtime/ops/kernels.h"
 
 #include <math_constants.h>
