@@ -1,23 +1,24 @@
-// BareCublas in a CUDA build: plain cublasSgemm on the caller's buffers.
+// BareCublas in a CUDA build: plain cublasSgemm on the caller's buffers (through
+// the cuBLAS that runtime/cuda/cublas_library.h opens on first use).
 #include "bench/gemm_cublas.h"
 
+#include "runtime/cuda/cublas_library.h"
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/error.h"
 #include "runtime/stream.h"
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <limits>
 
-#define DDP_BENCH_CUBLAS_CHECK(call)                                         \
-  do {                                                                       \
-    const cublasStatus_t status_ = (call);                                   \
-    if (status_ != CUBLAS_STATUS_SUCCESS) {                                  \
-      throw ::ddp::CudaError(::fmt::format("{} failed: {} ({})", #call,      \
-                                           cublasGetStatusName(status_),     \
-                                           cublasGetStatusString(status_))); \
-    }                                                                        \
+#define DDP_BENCH_CUBLAS_CHECK(call)                                                    \
+  do {                                                                                  \
+    const cublasStatus_t status_ = (call);                                              \
+    if (status_ != CUBLAS_STATUS_SUCCESS) {                                             \
+      throw ::ddp::CudaError(::fmt::format("{} failed: {} ({})", #call,                 \
+                                           cuda_api::cublas().status_name(status_),     \
+                                           cuda_api::cublas().status_string(status_))); \
+    }                                                                                   \
   } while (0)
 
 namespace ddp::bench {
@@ -40,19 +41,19 @@ BareCublas::BareCublas(const Device& device) {
               device.str());
   cuda_api::set_device(device.index);
   cublasHandle_t handle = nullptr;
-  DDP_BENCH_CUBLAS_CHECK(cublasCreate(&handle));
+  DDP_BENCH_CUBLAS_CHECK(cuda_api::cublas().create(&handle));
   handle_ = handle;
   const auto stream = static_cast<cudaStream_t>(current_stream(device).handle());
   try {
-    DDP_BENCH_CUBLAS_CHECK(cublasSetStream(handle, stream));
+    DDP_BENCH_CUBLAS_CHECK(cuda_api::cublas().set_stream(handle, stream));
   } catch (...) {
-    cublasDestroy(handle);
+    cuda_api::cublas().destroy(handle);
     throw;
   }
 }
 
 BareCublas::~BareCublas() {
-  if (handle_ != nullptr) cublasDestroy(as_handle(handle_));
+  if (handle_ != nullptr) cuda_api::cublas().destroy(as_handle(handle_));
 }
 
 // Note [row-major through cuBLAS]: cuBLAS is column-major, and a row-major
@@ -68,9 +69,9 @@ void BareCublas::sgemm(const GemmDims& dims, const float* a, const float* b, flo
   const int ldb = dims.trans_b ? k : n;
   const float alpha = 1.0f;
   const float beta = 0.0f;
-  DDP_BENCH_CUBLAS_CHECK(cublasSgemm(as_handle(handle_), dims.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                     dims.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
-                                     ldb, a, lda, &beta, out, n));
+  DDP_BENCH_CUBLAS_CHECK(cuda_api::cublas().sgemm(
+      as_handle(handle_), dims.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+      dims.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a, lda, &beta, out, n));
 }
 
 }  // namespace ddp::bench

@@ -1,7 +1,8 @@
 # Runs at install time (component bundle, cmake/install.cmake): copies the shared
 # libraries the installed programs need into <prefix>/lib, except the ones every
 # Linux target has (glibc) and, unless DDP_BUNDLE_CUDA_LIBS, the CUDA ones the
-# target's CUDA installation provides; then gives each copied library the
+# target's CUDA installation provides (cuBLAS and NCCL, opened on first use; the
+# CUDA runtime is linked statically); then gives each copied library the
 # RUNPATH $ORIGIN, so libraries they load in turn (libgfortran under OpenBLAS,
 # Open MPI's libopen-pal under libmpi) are found next to them too.
 #
@@ -40,8 +41,24 @@ if(NOT DDP_BUNDLE_CUDA_LIBS)
   list(APPEND _system_libs "^libcudart\\.so" "^libcublas\\.so" "^libcublasLt\\.so" "^libnccl\\.so")
 endif()
 
+# cuBLAS and NCCL are opened on first use, so no program lists them: with
+# DDP_BUNDLE_CUDA_LIBS they (and what they load, cublasLt) are added by name.
+set(_dlopened)
+if(DDP_BUNDLE_CUDA_LIBS)
+  foreach(lib IN LISTS DDP_BUNDLE_DLOPEN_LIBS)
+    if(NOT EXISTS "${lib}")
+      message(FATAL_ERROR "bundle: ${lib} does not exist; DDP_BUNDLE_CUDA_LIBS needs it")
+    endif()
+    list(APPEND _dlopened "${lib}")
+  endforeach()
+endif()
+set(_libraries_arg)
+if(_dlopened)
+  set(_libraries_arg LIBRARIES ${_dlopened})
+endif()
 file(GET_RUNTIME_DEPENDENCIES
   EXECUTABLES ${_programs}
+  ${_libraries_arg}
   RESOLVED_DEPENDENCIES_VAR _deps
   UNRESOLVED_DEPENDENCIES_VAR _unresolved
   PRE_EXCLUDE_REGEXES ${_system_libs}
@@ -49,6 +66,8 @@ file(GET_RUNTIME_DEPENDENCIES
 if(_unresolved)
   message(FATAL_ERROR "bundle: cannot find ${_unresolved}, needed by ${DDP_BUNDLE_PROGRAMS}")
 endif()
+list(APPEND _deps ${_dlopened})
+list(REMOVE_DUPLICATES _deps)
 
 file(MAKE_DIRECTORY "${_libdir}")
 foreach(dep IN LISTS _deps)

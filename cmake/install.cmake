@@ -57,16 +57,21 @@ target_link_libraries(ddp_all INTERFACE ddp_runtime ddp_collectives ddp_launcher
 file(RELATIVE_PATH _ddp_bin_to_lib /${CMAKE_INSTALL_BINDIR} /${CMAKE_INSTALL_LIBDIR})
 set(DDP_PROGRAM_RPATH "$ORIGIN/${_ddp_bin_to_lib}")
 set(DDP_BUNDLE_SEARCH_DIRS)
+set(DDP_BUNDLE_DLOPEN_LIBS)  # opened on first use, so not in any program's ldd
 if(DDP_HAVE_CUDA)
-  # CUDA is expected on the target where it is on the build machine, or in the
-  # toolkit's usual place; failing both, the loader's own paths (ld.so.conf).
+  # cuBLAS and NCCL are opened on first use (Note [vendor libraries on first use]);
+  # the programs' RUNPATH is where dlopen looks first: the bundle's lib/, where
+  # CUDA is on the build machine, the toolkit's usual place; then ld.so.conf.
   list(APPEND DDP_PROGRAM_RPATH ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
   list(APPEND DDP_BUNDLE_SEARCH_DIRS ${CUDAToolkit_LIBRARY_DIR})
+  list(APPEND DDP_BUNDLE_DLOPEN_LIBS
+       ${CUDAToolkit_LIBRARY_DIR}/libcublas.so.${CUDAToolkit_VERSION_MAJOR})
 endif()
 if(DDP_HAVE_NCCL)
   get_filename_component(_ddp_nccl_dir "${NCCL_LIBRARY}" DIRECTORY)
   list(APPEND DDP_PROGRAM_RPATH ${_ddp_nccl_dir})
   list(APPEND DDP_BUNDLE_SEARCH_DIRS ${_ddp_nccl_dir})
+  list(APPEND DDP_BUNDLE_DLOPEN_LIBS ${_ddp_nccl_dir}/libnccl.so.2)
 endif()
 list(REMOVE_DUPLICATES DDP_PROGRAM_RPATH)
 set_target_properties(${DDP_PROGRAM_TARGETS} PROPERTIES INSTALL_RPATH "${DDP_PROGRAM_RPATH}")
@@ -109,6 +114,7 @@ install(CODE "
   set(DDP_BUNDLE_LIBDIR \"${CMAKE_INSTALL_LIBDIR}\")
   set(DDP_BUNDLE_SEARCH_DIRS \"${DDP_BUNDLE_SEARCH_DIRS}\")
   set(DDP_BUNDLE_CUDA_LIBS ${DDP_BUNDLE_CUDA_LIBS})
+  set(DDP_BUNDLE_DLOPEN_LIBS \"${DDP_BUNDLE_DLOPEN_LIBS}\")
   include(\"${PROJECT_SOURCE_DIR}/cmake/bundle_runtime_deps.cmake\")
 " COMPONENT bundle EXCLUDE_FROM_ALL)
 

@@ -70,12 +70,29 @@ class CommTimeoutError : public CommError {
 };
 
 // The handle of one asynchronous collective.
+//
+// wait() and synchronize(): on the CPU backends (shm, gloo, mpi, local) both
+// block the host until the collective finished. On nccl, wait() returns once the
+// caller's current stream (of the communicator's device) is ordered after the
+// collective: work queued on that stream afterwards sees the result, but the host
+// is not blocked (PyTorch's WorkNCCL::wait); synchronize() blocks the host. The
+// nccl watchdog enforces the timeout of every collective from its launch and
+// aborts the communicator on a timeout or NCCL error; that error is thrown by
+// the next wait(), synchronize() or collective (Note [nccl watchdog] in
+// nccl_communicator.cpp).
 class Work {
  public:
   virtual ~Work() = default;
-  // Blocks until the collective finished, or throws its CommError. A timeout of
-  // zero means the communicator's timeout. Waiting again returns (or throws) again.
+  // Returns once the collective's result can be used (see above), or throws its
+  // CommError. A timeout of zero means the communicator's timeout; on nccl a
+  // non-zero timeout, or a barrier, makes wait() block the host like synchronize().
+  // Waiting again returns (or throws) again.
   virtual void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) = 0;
+  // Blocks the host until the collective finished, or throws its CommError (a
+  // CommTimeoutError after `timeout`; zero: the communicator's timeout).
+  virtual void synchronize(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {
+    wait(timeout);
+  }
   // True once finished (successfully or not); never blocks.
   virtual bool done() const = 0;
   virtual int64_t sequence() const = 0;

@@ -2,177 +2,203 @@
 //
 // Note [nccl streams]: NCCL runs on a stream of its own. Each collective records
 // an event on the caller's current stream and makes the NCCL stream wait for it
-// (so the tensor is ready), launches the NCCL call, and records a completion
-// event. Work::wait() blocks the host until that event (polling, with the
-// timeout, and checking ncclCommGetAsyncError) and then makes the caller's
-// current stream wait on it, so later work on that stream sees the result.
-// Until their completion event has passed, the communicator keeps the tensors of
-// each collective alive, so memory the caller drops early is not reused under
-// NCCL's feet.
+// (so the tensors are ready), records a start event, launches the NCCL call and
+// records an end event (the two time Work::duration()). Work::wait() does not
+// block the host: it makes the caller's current stream wait on the end event, so
+// later work on that stream sees the result (PyTorch's WorkNCCL::wait).
+// Work::synchronize() blocks the host until the end event. The tensors are
+// recorded on the NCCL stream (Tensor::record_stream), so memory the caller
+// frees before NCCL is done is not handed to other work until NCCL's stream has
+// passed this point; the watchdog also keeps them alive until the end event.
 //
-// Note [nccl failures]: a collective that times out or reports an asynchronous
-// error aborts the communicator (ncclCommAbort), as PyTorch's watchdog does: the
-// NCCL kernels of a stopped peer would otherwise never finish. Every later
-// collective fails at once. ncclCommInitRank itself blocks until all ranks
-// joined; the rendezvous of the unique id has the store's timeout.
+// Note [nccl watchdog]: one thread per communicator (NcclWatchdog holds its
+// decisions) polls the end events of the collectives in flight, checks
+// ncclCommGetAsyncError and each collective's deadline (CommOptions::timeout from
+// its launch). On a failure it logs it at once (the main thread may be busy
+// elsewhere), records it as the communicator's first error and aborts the
+// communicator (ncclCommAbort), as PyTorch's watchdog does: the kernels of a
+// collective whose peer stopped would otherwise never finish, and the abort ends
+// them. The recorded error is thrown by the next wait(), synchronize() or
+// collective. With DDP_NCCL_ASYNC_ERROR_HANDLING=1 it ends the process after
+// logging instead (for programs that may never call into ddp again). Every NCCL
+// call on the communicator holds its lock (NCCL allows one thread at a time), so
+// the abort never frees it under a launch; a launch that blocks inside NCCL delays
+// the abort until it returns. ncclCommInitRank itself blocks until all ranks
+// joined; the rendezvous before it (the GPU check and the unique id) has the
+// store's timeout.
 #include "collectives/backends.h"
 #include "collectives/communicator_base.h"
+#include "collectives/nccl_library.h"
+#include "collectives/nccl_placement.h"
+#include "collectives/nccl_watchdog.h"
 #include "runtime/cuda/cuda_api.h"
+#include "runtime/logging.h"
 #include "runtime/stream.h"
 
-#include <nccl.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <mutex>
 #include <thread>
 
 namespace ddp {
 namespace {
 
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+// How often the watchdog looks at collectives in flight, and at an idle communicator.
+constexpr auto kPollInterval = 5ms;
+constexpr auto kIdleInterval = 100ms;
+
 void check_nccl(ncclResult_t result, const char* call) {
   if (result != ncclSuccess) {
-    throw Error(fmt::format("{} failed: {} (ncclResult_t {})", call, ncclGetErrorString(result),
-                            static_cast<int>(result)));
+    throw Error(fmt::format("{} failed: {} (ncclResult_t {})", call,
+                            nccl::library().get_error_string(result), static_cast<int>(result)));
   }
 }
 
 #define NCCL_CHECK(call) check_nccl((call), #call)
 
-// Makes `device` current for the scope (NCCL and CUDA calls act on the current device).
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) : previous_(cuda_api::current_device()) {
-    if (device != previous_) cuda_api::set_device(device);
-  }
-  ~DeviceScope() {
-    try {
-      cuda_api::set_device(previous_);
-    } catch (...) {
-      // Restoring a device that was current a moment ago does not fail in practice.
-    }
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_;
-};
-
-// Owns an ncclComm_t: destroyed with the last owner, or aborted (Note [nccl failures]).
+// Owns an ncclComm_t: destroyed with the last owner, or aborted (Note [nccl watchdog]).
 class NcclHandle {
  public:
   NcclHandle(int size, const ncclUniqueId& id, int rank) {
-    NCCL_CHECK(ncclCommInitRank(&comm_, size, id, rank));
+    NCCL_CHECK(nccl::library().comm_init_rank(&comm_, size, id, rank));
   }
   ~NcclHandle() {
-    if (!aborted_) ncclCommDestroy(comm_);
+    if (!aborted_) nccl::library().comm_destroy(comm_);
   }
   NcclHandle(const NcclHandle&) = delete;
   NcclHandle& operator=(const NcclHandle&) = delete;
 
-  ncclComm_t get() const { return comm_; }
-  bool aborted() const { return aborted_; }
-  void abort() {
+  // Runs `launch(comm)` holding the communicator; throws once it was aborted.
+  template <typename F>
+  void use(F&& launch) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!aborted_.exchange(true)) ncclCommAbort(comm_);
+    if (aborted_) throw Error("the communicator was aborted after an earlier failure");
+    launch(comm_);
   }
-  ncclResult_t async_error() {
-    std::lock_guard<std::mutex> lock(mutex_);
+  // False when a launch holds the communicator right now (the watchdog retries).
+  bool try_abort() {
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) return false;
+    if (!aborted_) {
+      aborted_ = true;
+      nccl::library().comm_abort(comm_);
+    }
+    return true;
+  }
+  // NCCL's asynchronous error in words; "" when none (or when a launch holds it now).
+  std::string async_error() {
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock() || aborted_) return "";
     ncclResult_t result = ncclSuccess;
-    if (!aborted_ && ncclCommGetAsyncError(comm_, &result) != ncclSuccess) result = ncclSystemError;
-    return result;
+    const ncclResult_t call = nccl::library().comm_get_async_error(comm_, &result);
+    if (call != ncclSuccess) result = call;
+    if (result == ncclSuccess || result == ncclInProgress) return "";
+    return fmt::format("{} (ncclResult_t {})", nccl::library().get_error_string(result),
+                       static_cast<int>(result));
   }
 
  private:
   ncclComm_t comm_ = nullptr;
-  std::atomic<bool> aborted_{false};
   std::mutex mutex_;
+  bool aborted_ = false;  // guarded by mutex_
 };
 
-enum class Outcome { done, error, timeout };
+// The start and end of one collective on the NCCL stream, with timing.
+struct CollectiveEvents {
+  explicit CollectiveEvents(const Device& device) : start(device, true), end(device, true) {}
+  Event start, end;
+};
 
-// Waits for `event` while watching the communicator; `error` says what went wrong.
-Outcome poll(const Event& event, NcclHandle& comm, std::chrono::milliseconds timeout,
-             std::string* error) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (int polls = 0;; ++polls) {
-    if (event.query()) return Outcome::done;
-    if (comm.aborted()) {
-      *error = "the communicator was aborted after an earlier failure";
-      return Outcome::error;
-    }
-    if (const ncclResult_t result = comm.async_error(); result != ncclSuccess) {
-      *error = fmt::format("NCCL reported an asynchronous error: {}", ncclGetErrorString(result));
-      return Outcome::error;
-    }
-    if (std::chrono::steady_clock::now() > deadline) return Outcome::timeout;
-    if (polls > 100) std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
-}
+// What the watchdog keeps alive until a collective finished (Note [nccl streams]).
+struct InFlight {
+  std::shared_ptr<CollectiveEvents> events;
+  Tensor input, output;
+};
 
 class NcclWork : public Work {
  public:
-  NcclWork(std::shared_ptr<NcclHandle> comm, std::shared_ptr<Event> done, const Collective& c,
-           int rank, std::chrono::milliseconds default_timeout)
-      : comm_(std::move(comm)),
-        done_(std::move(done)),
-        device_(c.input.defined() ? c.input.device() : done_->device()),
-        description_(c.describe()),
-        sequence_(c.sequence),
-        count_(c.count()),
-        rank_(rank),
-        default_timeout_(default_timeout) {}
+  NcclWork(std::shared_ptr<NcclWatchdog> watchdog, std::shared_ptr<CollectiveEvents> events,
+           Device device, int64_t sequence, bool host_barrier)
+      : watchdog_(std::move(watchdog)),
+        events_(std::move(events)),
+        device_(device),
+        sequence_(sequence),
+        host_barrier_(host_barrier) {}
 
+  // Note [nccl streams]: orders the caller's current stream after the collective.
+  // Given a timeout, it also blocks the host, as PyTorch's wait(timeout) does; so
+  // does a barrier's, which users (and PyTorch) expect to hold the host.
   void wait(std::chrono::milliseconds timeout) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (error_) std::rethrow_exception(error_);
-    if (timeout.count() <= 0) timeout = default_timeout_;
-    std::string why;
-    const Outcome outcome = poll(*done_, *comm_, timeout, &why);
-    if (outcome == Outcome::done) {
-      done_->block(current_stream(device_));
+    if (timeout.count() > 0 || host_barrier_) {
+      synchronize(timeout);
       return;
     }
-    comm_->abort();
-    error_ = outcome == Outcome::timeout ? timeout_error(timeout) : failure(why);
-    failed_ = true;
-    std::rethrow_exception(error_);
+    switch (watchdog_->state(sequence_)) {
+      case NcclWatchdog::State::failed:
+        std::rethrow_exception(watchdog_->error());
+      case NcclWatchdog::State::finished:
+        return;
+      case NcclWatchdog::State::in_flight:
+        events_->end.block(current_stream(device_));
+        return;
+    }
   }
-  bool done() const override { return failed_ || done_->query(); }
+  void synchronize(std::chrono::milliseconds timeout) override;
+  bool done() const override {
+    if (watchdog_->state(sequence_) != NcclWatchdog::State::in_flight) return true;
+    try {
+      return events_->end.query();
+    } catch (const std::exception&) {
+      return true;  // a CUDA error: the watchdog records it for wait()
+    }
+  }
   int64_t sequence() const override { return sequence_; }
+  std::optional<std::chrono::nanoseconds> duration() const override {
+    if (!done() || watchdog_->state(sequence_) == NcclWatchdog::State::failed) return std::nullopt;
+    try {
+      const double ms = events_->start.elapsed_ms(events_->end);
+      return std::chrono::nanoseconds(static_cast<int64_t>(ms * 1e6));
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
 
  private:
-  std::exception_ptr timeout_error(std::chrono::milliseconds timeout) const {
-    return std::make_exception_ptr(CommTimeoutError(
-        fmt::format("rank {}: {} timed out after {:.1f} s on the nccl backend: its kernels did not "
-                    "finish, so a rank stopped, died or issued a different collective. The "
-                    "communicator was aborted (ncclCommAbort). DDP_DEBUG=detail compares "
-                    "collectives across ranks; NCCL_DEBUG=INFO shows NCCL's view",
-                    rank_, description_, static_cast<double>(timeout.count()) / 1000.0),
-        rank_, description_, sequence_, count_));
-  }
-  std::exception_ptr failure(const std::string& why) const {
-    return std::make_exception_ptr(
-        CommError(fmt::format("rank {}: {} failed on the nccl backend: {}. The communicator was "
-                              "aborted (ncclCommAbort); NCCL_DEBUG=INFO tells more",
-                              rank_, description_, why),
-                  rank_, description_, sequence_, count_));
-  }
-
-  std::shared_ptr<NcclHandle> comm_;
-  std::shared_ptr<Event> done_;
+  std::shared_ptr<NcclWatchdog> watchdog_;
+  std::shared_ptr<CollectiveEvents> events_;
   Device device_;
-  std::string description_;
   int64_t sequence_;
-  int64_t count_;
-  int rank_;
-  std::chrono::milliseconds default_timeout_;
-  std::mutex mutex_;  // one waiter at a time; guards error_
-  std::exception_ptr error_;
-  std::atomic<bool> failed_{false};
+  bool host_barrier_;
 };
+
+// Polls rather than cudaEventSynchronize, so that a failure the watchdog records
+// (which may leave the kernels running) ends the wait too.
+void NcclWork::synchronize(std::chrono::milliseconds timeout) {
+  const std::optional<Clock::time_point> deadline =
+      timeout.count() > 0 ? std::optional(Clock::now() + timeout) : std::nullopt;
+  for (int polls = 0;; ++polls) {
+    const NcclWatchdog::State state = watchdog_->state(sequence_);
+    if (state == NcclWatchdog::State::failed) std::rethrow_exception(watchdog_->error());
+    if (state == NcclWatchdog::State::finished || events_->end.query()) break;
+    if (deadline && Clock::now() >= *deadline) {
+      if (auto message = watchdog_->time_out(sequence_, timeout)) DDP_LOG_ERROR("{}", *message);
+      continue;  // the next round sees the failure, or that it finished meanwhile
+    }
+    if (polls > 100) std::this_thread::sleep_for(polls > 1000 ? 1ms : 50us);
+  }
+  events_->end.synchronize();  // returns at once; counts the wait (cuda_api::host_sync_count)
+  // The end event also passes when an abort ended the kernels: the error decides.
+  if (watchdog_->state(sequence_) == NcclWatchdog::State::failed) {
+    std::rethrow_exception(watchdog_->error());
+  }
+}
 
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {
@@ -206,16 +232,16 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   DDP_ASSERT(false, "nccl: unknown ReduceOp");
 }
 
-// The n-th NCCL communicator made in this process takes its id from "nccl/uid"
-// (n = 0) or "nccl/uid/<n>"; every rank must create them in the same order.
+// The n-th NCCL communicator made in this process uses the store keys of instance
+// n; every rank must create them in the same order.
 std::atomic<int> g_nccl_instances{0};
 
-ncclUniqueId exchange_unique_id(Store* store, const NcclOptions& options) {
-  const int instance = g_nccl_instances++;
+// The unique id from "nccl/uid" (instance 0) or "nccl/uid/<n>": rank 0 sets it.
+ncclUniqueId exchange_unique_id(Store* store, const NcclOptions& options, int instance) {
   const std::string key = instance == 0 ? "nccl/uid" : fmt::format("nccl/uid/{}", instance);
   ncclUniqueId id{};
   if (options.rank == 0) {
-    NCCL_CHECK(ncclGetUniqueId(&id));
+    NCCL_CHECK(nccl::library().get_unique_id(&id));
     if (store != nullptr) store->set(key, Bytes(id.internal, id.internal + NCCL_UNIQUE_ID_BYTES));
     return id;
   }
@@ -236,18 +262,26 @@ CommOptions bound_to(const NcclOptions& options) {
   return comm;
 }
 
+std::string host_name() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "unknown";
+  return name;
+}
+
+// Every rank publishes its GPU under "nccl/<n>/gpu/<rank>" and reads the others';
+// two ranks on one GPU fail on every rank, before NCCL would (nccl_placement.h).
+void check_gpus(Store& store, const NcclOptions& options, int instance) {
+  const RankGpu mine{.rank = options.rank,
+                     .host = host_name(),
+                     .device = options.device,
+                     .name = cuda_api::properties(options.device).name,
+                     .pci_bus_id = cuda_api::pci_bus_id(options.device)};
+  check_one_gpu_per_rank(store, fmt::format("nccl/{}/gpu/", instance), mine, options.size);
+}
+
 class NcclCommunicator : public CommunicatorBase {
  public:
-  NcclCommunicator(std::shared_ptr<Store> store, const NcclOptions& options)
-      : CommunicatorBase(options.rank, options.size, bound_to(options)),
-        device_(Device::cuda(options.device)) {
-    check_available(device_);
-    DeviceScope scope(options.device);
-    const ncclUniqueId id = exchange_unique_id(store.get(), options);
-    comm_ = std::make_shared<NcclHandle>(options.size, id, options.rank);
-    stream_ = Stream::create(device_);
-    barrier_scratch_ = zeros({1}, {.dtype = DType::f32, .device = device_});
-  }
+  NcclCommunicator(std::shared_ptr<Store> store, const NcclOptions& options);
   ~NcclCommunicator() override;
   std::string backend() const override { return "nccl"; }
   bool accepts(const Device& device) const override { return device == device_; }
@@ -257,63 +291,157 @@ class NcclCommunicator : public CommunicatorBase {
 
  private:
   std::shared_ptr<Work> enqueue(const Collective& c);
-  void launch(const Collective& c);
+  void launch(const Collective& c, ncclComm_t comm);
+  NcclWatchdog::Backend watchdog_backend() const;
+  void watch();  // the watchdog thread (Note [nccl watchdog])
+  void wake_watchdog();
 
-  struct InFlight {
-    std::shared_ptr<Event> done;
-    Tensor input, output;
-  };
   Device device_;
   std::shared_ptr<NcclHandle> comm_;
   Stream stream_;
   Tensor barrier_scratch_;
-  std::deque<InFlight> in_flight_;  // Note [nccl streams]
+  std::shared_ptr<NcclWatchdog> watchdog_;  // shared with the Works, which may outlive this
+  std::mutex watch_mutex_;
+  std::condition_variable watch_cv_;
+  bool stopping_ = false;  // guarded by watch_mutex_
+  bool woken_ = false;     // guarded by watch_mutex_: a collective started
+  std::thread watcher_;
 };
 
-// Waits (with the timeout) for collectives still running, so their tensors can go.
+NcclCommunicator::NcclCommunicator(std::shared_ptr<Store> store, const NcclOptions& options)
+    : CommunicatorBase(options.rank, options.size, bound_to(options)),
+      device_(Device::cuda(options.device)) {
+  check_available(device_);
+  const bool tear_down = nccl_tear_down_on_error();  // a bad value fails before any rendezvous
+  cuda_api::DeviceGuard guard(options.device);       // NCCL acts on the current device
+  const int instance = g_nccl_instances++;
+  if (options.size > 1 && store != nullptr) check_gpus(*store, options, instance);
+  const ncclUniqueId id = exchange_unique_id(store.get(), options, instance);
+  comm_ = std::make_shared<NcclHandle>(options.size, id, options.rank);
+  stream_ = Stream::create(device_);
+  barrier_scratch_ = zeros({1}, {.dtype = DType::f32, .device = device_});
+  NcclWatchdog::Backend backend = watchdog_backend();
+  if (tear_down) {
+    backend.tear_down = [](const std::string& message) {
+      DDP_LOG_ERROR("{}. DDP_NCCL_ASYNC_ERROR_HANDLING=1: ending the process", message);
+      logger().flush();
+      std::abort();
+    };
+  }
+  watchdog_ = std::make_shared<NcclWatchdog>(rank(), std::move(backend));
+  watcher_ = std::thread([this] { watch(); });
+}
+
+// Stops the watchdog once nothing is in flight; a collective still running either
+// finishes or fails at its deadline (and is aborted), so this ends within the timeout.
 NcclCommunicator::~NcclCommunicator() {
-  std::string why;
-  for (const InFlight& f : in_flight_) {
-    if (poll(*f.done, *comm_, options().timeout, &why) != Outcome::done) {
-      comm_->abort();
-      break;
+  {
+    std::lock_guard<std::mutex> lock(watch_mutex_);
+    stopping_ = true;
+  }
+  watch_cv_.notify_all();
+  if (watcher_.joinable()) watcher_.join();
+}
+
+NcclWatchdog::Backend NcclCommunicator::watchdog_backend() const {
+  std::shared_ptr<NcclHandle> comm = comm_;
+  return {
+      .now = [] { return Clock::now(); },
+      .finished =
+          [](const NcclWatchdog::Entry& e) {
+            return static_cast<const InFlight*>(e.keep_alive.get())->events->end.query();
+          },
+      .async_error = [comm] { return comm->async_error(); },
+      .abort = [comm] { return comm->try_abort(); },
+      .tear_down = nullptr,
+  };
+}
+
+void NcclCommunicator::watch() {
+  try {
+    cuda_api::set_device(device_.index);  // for the CUDA calls of freeing the tensors it releases
+  } catch (const std::exception& e) {
+    DDP_LOG_ERROR("nccl watchdog: cannot make {} current: {}", device_.str(), e.what());
+  }
+  std::unique_lock<std::mutex> lock(watch_mutex_);
+  for (;;) {
+    lock.unlock();
+    try {
+      if (std::optional<std::string> message = watchdog_->tick()) DDP_LOG_ERROR("{}", *message);
+    } catch (const std::exception& e) {
+      DDP_LOG_ERROR("nccl watchdog: {}", e.what());  // never let the thread die
     }
+    const bool idle = watchdog_->idle();
+    lock.lock();
+    if (stopping_ && idle) return;
+    watch_cv_.wait_for(lock, idle ? kIdleInterval : kPollInterval,
+                       [this] { return stopping_ || woken_; });
+    woken_ = false;
   }
 }
 
+void NcclCommunicator::wake_watchdog() {
+  {
+    std::lock_guard<std::mutex> lock(watch_mutex_);
+    woken_ = true;
+  }
+  watch_cv_.notify_all();
+}
+
+// A failure here (NCCL refused the launch, a CUDA error) breaks the communicator
+// like one the watchdog finds: every later collective fails with the first error.
 std::shared_ptr<Work> NcclCommunicator::submit(Collective c) {
   try {
     return enqueue(c);
-  } catch (const CommError&) {
-    return completed_work(c.sequence, std::current_exception());
-  } catch (const std::exception& e) {
-    return completed_work(c.sequence, std::make_exception_ptr(CommError(
-                                          fmt::format("rank {}: {} failed on the nccl backend: {}",
-                                                      rank(), c.describe(), e.what()),
-                                          rank(), c.describe(), c.sequence, c.count())));
+  } catch (...) {
+    std::exception_ptr error = std::current_exception();
+    try {
+      std::rethrow_exception(error);
+    } catch (const CommError&) {
+      // Already has its context (the first error, or an aborted communicator).
+    } catch (const std::exception& e) {
+      error = std::make_exception_ptr(CommError(
+          fmt::format("rank {}: {} failed on the nccl backend: {}", rank(), c.describe(), e.what()),
+          rank(), c.describe(), c.sequence, c.count()));
+    }
+    if (std::optional<std::string> message = watchdog_->fail(error)) DDP_LOG_ERROR("{}", *message);
+    return completed_work(c.sequence, watchdog_->error());
   }
 }
 
 std::shared_ptr<Work> NcclCommunicator::enqueue(const Collective& c) {
-  DDP_CHECK(!comm_->aborted(), "the communicator was aborted after an earlier failure");
-  while (!in_flight_.empty() && in_flight_.front().done->query()) in_flight_.pop_front();
-  DeviceScope scope(device_.index);
+  if (std::exception_ptr first = watchdog_->error()) std::rethrow_exception(first);
+  cuda_api::DeviceGuard guard(device_.index);
   Event ready(device_, false);
   ready.record(current_stream(device_));
   ready.block(stream_);
-  launch(c);
-  auto done = std::make_shared<Event>(device_, false);
-  done->record(stream_);
-  in_flight_.push_back({done, c.input, c.output});
-  return std::make_shared<NcclWork>(comm_, std::move(done), c, rank(), options().timeout);
+  auto kept = std::make_shared<InFlight>(
+      InFlight{std::make_shared<CollectiveEvents>(device_), c.input, c.output});
+  kept->events->start.record(stream_);
+  comm_->use([&](ncclComm_t comm) { launch(c, comm); });
+  kept->events->end.record(stream_);
+  // Note [nccl streams]: freed memory is not reused before NCCL's stream passed here.
+  if (c.input.defined()) c.input.record_stream(stream_);
+  if (c.output.defined() && c.output.data_ptr() != c.input.data_ptr()) {
+    c.output.record_stream(stream_);
+  }
+  std::shared_ptr<CollectiveEvents> events = kept->events;
+  watchdog_->start({.sequence = c.sequence,
+                    .description = c.describe(),
+                    .count = c.count(),
+                    .timeout = options().timeout,
+                    .keep_alive = std::move(kept)});
+  wake_watchdog();
+  return std::make_shared<NcclWork>(watchdog_, std::move(events), device_, c.sequence,
+                                    c.kind == CollectiveKind::barrier);
 }
 
-void NcclCommunicator::launch(const Collective& c) {
+void NcclCommunicator::launch(const Collective& c, ncclComm_t comm) {
+  const nccl::Library& nccl = nccl::library();
   auto stream = static_cast<cudaStream_t>(stream_.handle());
-  ncclComm_t comm = comm_->get();
   if (c.kind == CollectiveKind::barrier) {
     void* x = barrier_scratch_.data_ptr();
-    NCCL_CHECK(ncclAllReduce(x, x, 1, ncclFloat32, ncclSum, comm, stream));
+    NCCL_CHECK(nccl.all_reduce(x, x, 1, ncclFloat32, ncclSum, comm, stream));
     return;
   }
   if (c.count() == 0) return;  // every rank has the same count: nothing to move
@@ -323,20 +451,20 @@ void NcclCommunicator::launch(const Collective& c) {
   const ncclDataType_t type = nccl_type(c.dtype());
   switch (c.kind) {
     case CollectiveKind::all_reduce:
-      NCCL_CHECK(ncclAllReduce(in, in, n, type, nccl_op(c.op), comm, stream));
+      NCCL_CHECK(nccl.all_reduce(in, in, n, type, nccl_op(c.op), comm, stream));
       break;
     case CollectiveKind::broadcast:
-      NCCL_CHECK(ncclBroadcast(in, in, n, type, c.root, comm, stream));
+      NCCL_CHECK(nccl.broadcast(in, in, n, type, c.root, comm, stream));
       break;
     case CollectiveKind::all_gather:
-      NCCL_CHECK(ncclAllGather(in, out, n, type, comm, stream));
+      NCCL_CHECK(nccl.all_gather(in, out, n, type, comm, stream));
       break;
     case CollectiveKind::reduce_scatter:
-      NCCL_CHECK(ncclReduceScatter(in, out, static_cast<size_t>(c.output.numel()), type,
-                                   nccl_op(c.op), comm, stream));
+      NCCL_CHECK(nccl.reduce_scatter(in, out, static_cast<size_t>(c.output.numel()), type,
+                                     nccl_op(c.op), comm, stream));
       break;
     case CollectiveKind::reduce:
-      NCCL_CHECK(ncclReduce(in, in, n, type, nccl_op(c.op), c.root, comm, stream));
+      NCCL_CHECK(nccl.reduce(in, in, n, type, nccl_op(c.op), c.root, comm, stream));
       break;
     case CollectiveKind::barrier:
       break;

@@ -20,6 +20,9 @@
 //                      0: off; Note [cpu block cache] in memory/cpu_allocator.h)
 //   DDP_VIRTUAL_CPU_DEVICES  N distinct CPU devices cpu:0..cpu:N-1 for testing
 //                      multi-device code without a GPU (default: 1; Note [virtual cpu devices])
+//   DDP_NCCL_ASYNC_ERROR_HANDLING  0: a failed or timed-out nccl collective is logged,
+//                      recorded and aborts the communicator (default); 1: the watchdog
+//                      also ends the process after logging (Note [nccl watchdog])
 #pragma once
 
 #include <cstdint>
@@ -47,6 +50,7 @@ inline constexpr const char* kStoreSecret = "DDP_STORE_SECRET";
 inline constexpr const char* kGlooHostname = "DDP_GLOO_HOSTNAME";
 inline constexpr const char* kCpuCacheMb = "DDP_CPU_CACHE_MB";
 inline constexpr const char* kVirtualCpuDevices = "DDP_VIRTUAL_CPU_DEVICES";
+inline constexpr const char* kNcclAsyncErrorHandling = "DDP_NCCL_ASYNC_ERROR_HANDLING";
 
 // The value of a variable, or nullopt when unset or empty.
 std::optional<std::string> get(const char* name);

@@ -3,11 +3,13 @@
 #include "runtime/cuda/cuda_api.h"
 
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/driver_check.h"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -20,6 +22,40 @@ struct DeviceCount {
   std::string reason;  // why count is 0, "" otherwise
 };
 
+CudaProblem problem_of(cudaError_t err, int driver_version) {
+  switch (err) {
+    case cudaErrorInsufficientDriver:
+      return driver_version == 0 ? CudaProblem::no_driver : CudaProblem::driver_too_old;
+    case cudaErrorCallRequiresNewerDriver:
+      return CudaProblem::driver_too_old;
+    case cudaErrorNoDevice:
+    case cudaSuccess:  // no error, but no device either
+      return CudaProblem::no_device;
+    case cudaErrorCompatNotSupportedOnDevice:
+    case cudaErrorSystemDriverMismatch:
+      return CudaProblem::compat_mismatch;
+    default:
+      return CudaProblem::other;
+  }
+}
+
+// Why there is no device, with the versions that explain it (driver_check.h).
+std::string describe_no_device(cudaError_t err) {
+  CudaStartup s;
+  int driver = 0;
+  // Works without a device, and reports 0 when no driver is installed.
+  if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
+  (void)cudaGetLastError();
+  s.driver_version = driver;
+  s.runtime_version = CUDART_VERSION;
+  s.problem = problem_of(err, driver);
+  s.error = err == cudaSuccess
+                ? "no CUDA device is visible"
+                : fmt::format("{}: {}", cudaGetErrorName(err), cudaGetErrorString(err));
+  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) s.visible_devices = visible;
+  return describe(s);
+}
+
 // The first CUDA call of a process initializes the driver; asking once keeps the
 // answer (and the error of a machine without a GPU) stable and cheap.
 const DeviceCount& device_count_once() {
@@ -29,12 +65,10 @@ const DeviceCount& device_count_once() {
     int count = 0;
     const cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess) {
-      result.reason = fmt::format("cudaGetDeviceCount: {}", cudaGetErrorString(err));
       (void)cudaGetLastError();
       count = 0;
-    } else if (count == 0) {
-      result.reason = "cudaGetDeviceCount: no CUDA device is visible";
     }
+    if (count == 0) result.reason = describe_no_device(err);
     result.count = count;
   });
   return result;
@@ -105,6 +139,12 @@ void mem_get_info(int device, uint64_t* free_bytes, uint64_t* total_bytes) {
   DDP_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   if (free_bytes) *free_bytes = free_b;
   if (total_bytes) *total_bytes = total_b;
+}
+
+std::string pci_bus_id(int device) {
+  char id[64] = {};  // "dddd:bb:dd.f" and a terminator fit; CUDA asks for at least 13
+  DDP_CUDA_CHECK(cudaDeviceGetPCIBusId(id, static_cast<int>(sizeof(id)), device));
+  return id;
 }
 
 int current_device() {

@@ -30,6 +30,9 @@ struct Properties {
 };
 Properties properties(int device);
 void mem_get_info(int device, uint64_t* free_bytes, uint64_t* total_bytes);
+// The GPU's PCI address, "0000:3b:00.0" (cudaDeviceGetPCIBusId): the same GPU has
+// the same address in every process, whatever CUDA_VISIBLE_DEVICES numbers it.
+std::string pci_bus_id(int device);
 
 int current_device();
 void set_device(int device);

@@ -37,6 +37,9 @@ Properties properties(int) {
 void mem_get_info(int, uint64_t*, uint64_t*) {
   no_cuda("mem_get_info");
 }
+std::string pci_bus_id(int) {
+  no_cuda("pci_bus_id");
+}
 int current_device() {
   no_cuda("current_device");
 }

@@ -2,7 +2,7 @@
 // Internal to runtime/cuda and runtime/ops/cuda: it includes CUDA's headers.
 //
 //   DDP_CUDA_CHECK(cudaMalloc(&p, bytes));     throws ddp::CudaError on failure
-//   DDP_CUBLAS_CHECK(cublasSgemm(...));        same; needs <cublas_v2.h> included first
+//   DDP_CUBLAS_CHECK(cublas().sgemm(...));     same; needs runtime/cuda/cublas_library.h
 #pragma once
 
 #include "runtime/cuda/cuda_api.h"
@@ -35,13 +35,14 @@ inline void check_cuda(cudaError_t err, std::string_view call) {
 
 #define DDP_CUDA_CHECK(call) ::ddp::cuda_api::detail::check_cuda((call), #call)
 
-// A macro rather than a function so that only the files that use cuBLAS (and link
-// it) need its declarations.
-#define DDP_CUBLAS_CHECK(call)                                                           \
-  do {                                                                                   \
-    const cublasStatus_t ddp_status_ = (call);                                           \
-    if (!DDP_LIKELY(ddp_status_ == CUBLAS_STATUS_SUCCESS)) {                             \
-      ::ddp::cuda_api::detail::throw_cublas_error(cublasGetStatusName(ddp_status_),      \
-                                                  static_cast<int>(ddp_status_), #call); \
-    }                                                                                    \
+// A macro rather than a function so that only the files that use cuBLAS need its
+// declarations (runtime/cuda/cublas_library.h, which opens it on first use).
+#define DDP_CUBLAS_CHECK(call)                                                               \
+  do {                                                                                       \
+    const cublasStatus_t ddp_status_ = (call);                                               \
+    if (!DDP_LIKELY(ddp_status_ == CUBLAS_STATUS_SUCCESS)) {                                 \
+      ::ddp::cuda_api::detail::throw_cublas_error(                                           \
+          ::ddp::cuda_api::cublas().status_name(ddp_status_), static_cast<int>(ddp_status_), \
+          #call);                                                                            \
+    }                                                                                        \
   } while (0)

@@ -4,7 +4,8 @@
 #  1. ldd of each program resolves every library either inside the bundle or to
 #     one the bundle leaves to the target on purpose (glibc; the CUDA toolkit
 #     and driver), and nothing is "not found";
-#  2. the bundle holds no glibc library;
+#  2. the bundle holds no glibc library, and no program needs a CUDA library
+#     from the target to start;
 #  3. `bin/ddprun -n 2 bin/train --data synthetic --epochs 1` trains;
 #  4. as root, the same run inside a chroot that holds only the bundle and the
 #     libraries of (1) left to the target: proof that no -dev package (or any
@@ -58,6 +59,12 @@ for exe in "$b"/bin/*; do
   [ -n "$interp" ] && echo "$interp" >>"$work/outside"
   echo "ldd $(basename "$exe"): $(grep -c " => $b/bin/../lib/" <<<"$ldd_out") libraries from the bundle"
 done
+
+# No program needs a CUDA library to start (runtime/dynamic_library.h): none is
+# left to the target, so the chroot run of step 4 has none at all.
+if grep -E '/lib(cudart|cublas|cublasLt|nccl)\.so' "$work/outside"; then
+  fail "the programs need CUDA libraries from the target to start (listed above)"
+fi
 
 # 2. No glibc inside.
 for f in "$b"/lib/*; do

@@ -213,6 +213,50 @@ TEST(GpuOps, SumAndArgmaxAlongEachDimMatchCpu) {
   }
 }
 
+// Long reduced dims take a block tree and several passes (Note [dim reduce]):
+// sums against a float64 reference computed here, argmax against the CPU.
+TEST(GpuOps, SumAndArgmaxAlongLongDimsMatchFloat64) {
+  DDP_REQUIRE_CUDA();
+  const Shape shapes[] = {{4096, 3}, {3, 4096}, {64, 4096, 2}, {2, 100003}, {100003, 2}, {9, 1}};
+  uint64_t seed = 40;
+  for (const Shape& shape : shapes) {
+    const Tensor x = gpu_randn(shape, seed++);
+    const Tensor hx = x.cpu();
+    const std::vector<float> v = hx.to_vector<float>();
+    for (int64_t dim = 0; dim < static_cast<int64_t>(shape.size()); ++dim) {
+      SCOPED_TRACE(::testing::Message() << "shape " << shape_str(shape) << " dim " << dim);
+      int64_t outer = 1, inner = 1;
+      for (int64_t d = 0; d < dim; ++d) outer *= shape[static_cast<size_t>(d)];
+      for (size_t d = static_cast<size_t>(dim) + 1; d < shape.size(); ++d) inner *= shape[d];
+      const int64_t n = shape[static_cast<size_t>(dim)];
+      const std::vector<float> got = sum(x, dim).cpu().to_vector<float>();
+      ASSERT_EQ(static_cast<int64_t>(got.size()), outer * inner);
+      for (int64_t o = 0; o < outer; ++o) {
+        for (int64_t i = 0; i < inner; ++i) {
+          double ref = 0.0, magnitude = 0.0;
+          for (int64_t j = 0; j < n; ++j) {
+            const double e = v[static_cast<size_t>((o * n + j) * inner + i)];
+            ref += e;
+            magnitude += std::fabs(e);
+          }
+          // Accumulated in double: the float result is off by its final rounding only.
+          const double got_i = got[static_cast<size_t>(o * inner + i)];
+          ASSERT_LE(std::fabs(got_i - ref), 1e-6 * magnitude + 1e-30)
+              << "output (" << o << ", " << i << "): " << got_i << " vs float64 " << ref;
+        }
+      }
+      EXPECT_EQ(argmax(x, dim).cpu().to_vector<int64_t>(), argmax(hx, dim).to_vector<int64_t>());
+    }
+  }
+}
+
+TEST(GpuOps, SumAlongADimIsTheSameOnEveryRun) {
+  DDP_REQUIRE_CUDA();
+  const Tensor x = gpu_randn({3, 70001, 5}, 47);
+  const Tensor first = sum(x, 1);
+  for (int run = 0; run < 3; ++run) expect_same_bytes(sum(x, 1), first);
+}
+
 TEST(GpuOps, ArgmaxTakesTheFirstOfEqualMaxima) {
   DDP_REQUIRE_CUDA();
   const Tensor x = from_vector<float>({1, 5, 5, 2, 7, 7, 7, 0}, {2, 4}, {.device = kGpu});

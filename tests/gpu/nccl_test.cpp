@@ -1,16 +1,21 @@
 // The nccl backend with world size 1 on cuda:0: every collective is the identity
 // (or a copy), on every dtype, issued from a non-default current stream so the
-// stream ordering of Note [nccl streams] is exercised. Without NCCL in the build
+// stream ordering of Note [nccl streams] is exercised; wait() against
+// synchronize(), durations, and a timeout (a busy caller stream). Without NCCL in the build
 // or without a GPU every test skips and says why. Multi-rank NCCL runs belong to
 // a multi-GPU machine (ddprun -n N on it).
 #include "collectives/backends.h"
 #include "ddp/config.h"
+#include "runtime/cuda/cuda_api.h"
 #include "runtime/device.h"
 #include "runtime/ops/ops.h"
 #include "runtime/stream.h"
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #define DDP_REQUIRE_NCCL()                                                                 \
@@ -101,6 +106,102 @@ TEST(NcclCommunicator, AsyncWorksCompleteInAnyOrder) {
     EXPECT_EQ(host_values(tensors[static_cast<size_t>(k)]),
               host_values(gpu_values(DType::bf16, 100'000 + k)));
   }
+}
+
+// Note [nccl streams]: wait() orders the current stream after the collective
+// without blocking the host; synchronize() blocks it.
+TEST(NcclCommunicator, WaitDoesNotBlockTheHostAndSynchronizeDoes) {
+  DDP_REQUIRE_NCCL();
+  auto comm = make_single_rank();
+  const Stream side = Stream::create(kGpu);
+  StreamGuard guard(side);
+  Tensor t = gpu_values(DType::f32, 1 << 20);
+  const Tensor expected = gpu_values(DType::f32, 1 << 20);
+  std::shared_ptr<Work> work = comm->all_reduce(t);
+  const uint64_t before = cuda_api::host_sync_count();
+  work->wait();
+  EXPECT_EQ(cuda_api::host_sync_count(), before) << "wait() blocked the host";
+  // Work queued on the current stream after wait() sees the result.
+  const Tensor doubled = add(t, t);
+  EXPECT_EQ(host_values(doubled), host_values(add(expected, expected)));
+
+  std::shared_ptr<Work> second = comm->all_reduce(t);
+  const uint64_t before_sync = cuda_api::host_sync_count();
+  second->synchronize();
+  EXPECT_GT(cuda_api::host_sync_count(), before_sync) << "synchronize() did not block the host";
+  EXPECT_TRUE(second->done());
+}
+
+TEST(NcclCommunicator, DurationComesFromCudaEvents) {
+  DDP_REQUIRE_NCCL();
+  auto comm = make_single_rank();
+  Tensor t = gpu_values(DType::f32, 1 << 22);
+  std::shared_ptr<Work> work = comm->all_reduce(t);
+  work->synchronize();
+  const std::optional<std::chrono::nanoseconds> d = work->duration();
+  ASSERT_TRUE(d.has_value());
+  EXPECT_GE(d->count(), 0);
+  EXPECT_LT(*d, 10s);
+}
+
+// The body of the timeout test; "" when everything held, else what did not.
+std::string timeout_scenario() {
+  auto comm = make_nccl_communicator(nullptr,
+                                     {.rank = 0, .size = 1, .device = 0, .comm = {.timeout = 5ms}});
+  const Tensor a = randn({4096, 4096}, 1, {.device = kGpu});
+  Tensor busy = a;
+  for (int i = 0; i < 40; ++i) busy = matmul(busy, a);  // about 0.1 s or more of f32 GEMMs
+  Tensor t = gpu_values(DType::f32, 1024);
+  std::shared_ptr<Work> work = comm->all_reduce(t);
+  try {
+    work->synchronize();
+    return "the collective did not time out: the GEMMs finished within 5 ms?";
+  } catch (const CommTimeoutError& e) {
+    if (e.sequence() != 0) return std::string("wrong sequence: ") + e.what();
+  }
+  try {
+    work->wait();
+    return "wait() after the timeout did not throw";
+  } catch (const CommTimeoutError&) {
+  }
+  std::shared_ptr<Work> later = comm->barrier();
+  try {
+    later->wait();
+    return "a collective after the failure succeeded";
+  } catch (const CommError& e) {
+    if (e.sequence() != 0) return std::string("not the first error: ") + e.what();
+  }
+  synchronize(kGpu);
+  comm.reset();  // must not hang (ctest's timeout would say so)
+  return "";
+}
+
+// The collective waits for the caller's stream (Note [nccl streams]); a stream kept
+// busy far longer than the timeout makes it time out even with world size 1, so
+// the watchdog's path runs: it aborts the communicator, synchronize() and wait()
+// throw the CommTimeoutError, later collectives fail at once with it, and
+// destroying the communicator returns. In a child process (a fresh CUDA context):
+// whatever the abort leaves behind cannot touch the other tests.
+TEST(NcclCommunicator, TimeoutAbortsAndLaterCollectivesGetTheFirstError) {
+  DDP_REQUIRE_NCCL();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        const std::string problem = timeout_scenario();
+        if (!problem.empty()) std::fprintf(stderr, "%s\n", problem.c_str());
+        std::_Exit(problem.empty() ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+// The GPU's identity in the duplicate check (nccl_placement.h): a PCI address.
+TEST(NcclCommunicator, PciBusIdNamesTheGpu) {
+  DDP_REQUIRE_NCCL();
+  const std::string id = cuda_api::pci_bus_id(0);
+  EXPECT_EQ(id.size(), 12u) << id;  // dddd:bb:dd.f
+  EXPECT_EQ(id[4], ':') << id;
+  EXPECT_EQ(id[7], ':') << id;
+  EXPECT_EQ(id[10], '.') << id;
 }
 
 TEST(NcclCommunicator, RejectsCpuTensors) {

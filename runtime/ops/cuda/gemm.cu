@@ -4,10 +4,10 @@
 // read column-major is its transpose [c, r]. So row-major C = op(A) op(B) is
 // computed as column-major C^T = op(B)^T op(A)^T: swap the operands and m/n,
 // keep the transpose flags, and pass the row-major leading dimensions.
-#include "runtime/ops/cuda/launch.cuh"
-#include "runtime/ops/kernels.h"
+#include "runtime/ops/cuda/launch.cuh"  // first (see its top)
 
-#include <cublas_v2.h>
+#include "runtime/cuda/cublas_library.h"
+#include "runtime/ops/kernels.h"
 
 #include <climits>
 #include <unordered_map>
@@ -20,12 +20,12 @@ class CublasHandle {
  public:
   explicit CublasHandle(int device) {
     cuda_api::DeviceGuard guard(device);
-    DDP_CUBLAS_CHECK(cublasCreate(&handle_));
+    DDP_CUBLAS_CHECK(cuda_api::cublas().create(&handle_));
   }
   ~CublasHandle() {
     // Errors cannot be reported from a destructor; at thread exit the context may
     // already be going away, which is not worth a crash.
-    if (handle_ != nullptr) (void)cublasDestroy(handle_);
+    if (handle_ != nullptr) (void)cuda_api::cublas().destroy(handle_);
   }
   CublasHandle(const CublasHandle&) = delete;
   CublasHandle& operator=(const CublasHandle&) = delete;
@@ -44,7 +44,7 @@ cublasHandle_t handle_for(const Tensor& t) {
   auto it = handles.find(device);
   if (it == handles.end()) it = handles.try_emplace(device, device).first;
   cublasHandle_t handle = it->second.get();
-  DDP_CUBLAS_CHECK(cublasSetStream(handle, detail::stream_of(t)));
+  DDP_CUBLAS_CHECK(cuda_api::cublas().set_stream(handle, detail::stream_of(t)));
   return handle;
 }
 
@@ -89,15 +89,15 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool tran
   // Note [row-major gemm]: B first, then A; C^T is [n, m] with leading dimension n.
   if (out.dtype() == DType::f32) {
     // The default math mode keeps full f32 (no TF32) unless NVIDIA_TF32_OVERRIDE says so.
-    DDP_CUBLAS_CHECK(cublasSgemm(handle, op_b, op_a, ni, mi, ki, &alpha,
-                                 detail::ptr<const float>(b), ldb, detail::ptr<const float>(a), lda,
-                                 &beta, detail::ptr<float>(out), ni));
+    DDP_CUBLAS_CHECK(cuda_api::cublas().sgemm(
+        handle, op_b, op_a, ni, mi, ki, &alpha, detail::ptr<const float>(b), ldb,
+        detail::ptr<const float>(a), lda, &beta, detail::ptr<float>(out), ni));
     return;
   }
   const cudaDataType_t type = cublas_type(out.dtype());
-  DDP_CUBLAS_CHECK(cublasGemmEx(handle, op_b, op_a, ni, mi, ki, &alpha, b.data_ptr(), type, ldb,
-                                a.data_ptr(), type, lda, &beta, out.data_ptr(), type, ni,
-                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  DDP_CUBLAS_CHECK(cuda_api::cublas().gemm_ex(
+      handle, op_b, op_a, ni, mi, ki, &alpha, b.data_ptr(), type, ldb, a.data_ptr(), type, lda,
+      &beta, out.data_ptr(), type, ni, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace ddp::kernels::cuda

@@ -5,14 +5,18 @@
 // partials, each a fixed tree of warp shuffles, then one block over the partials.
 // No atomics, so the same input gives the same bits on every run and every GPU.
 // Threads and trees add in double (the CPU sums in double too); the traffic, not
-// the arithmetic, bounds the speed.
-#include "runtime/ops/cuda/launch.cuh"
+// the arithmetic, bounds the speed. Sums and argmax along one dimension follow
+// the same rules with a block tree per output (Note [dim reduce] in dim_reduce.h).
+#include "runtime/ops/cuda/launch.cuh"  // first (see its top)
+
+#include "runtime/ops/cuda/dim_reduce.h"
 #include "runtime/ops/kernels.h"
 
 #include <math_constants.h>
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 namespace ddp::kernels::cuda {
 namespace {
@@ -96,40 +100,87 @@ void reduce_sum(const Tensor& on, const float* x, int64_t n, float scale, float*
   cuda_api::check_last_error("final_sum_kernel");
 }
 
-// x viewed as [outer, n, inner]: one thread per (outer, inner) output.
-struct SumDimFn {
-  const float* x;
-  int64_t n, inner;
-  float* out;
-  __device__ void operator()(int64_t idx) const {
-    const int64_t o = idx / inner, i = idx % inner;
-    const float* p = x + o * n * inner + i;
-    float acc = 0.0f;
-    for (int64_t j = 0; j < n; ++j) acc += p[j * inner];
-    out[idx] = acc;
-  }
-};
-
-struct ArgmaxDimFn {
-  const float* x;
-  int64_t n, inner;
-  int64_t* out;
-  __device__ void operator()(int64_t idx) const {
-    const int64_t o = idx / inner, i = idx % inner;
-    const float* p = x + o * n * inner + i;
-    int64_t best_j = 0;
-    float best = n > 0 ? p[0] : 0.0f;
-    for (int64_t j = 1; j < n; ++j) {
-      const float v = p[j * inner];
-      // As on the CPU: ties keep the first index, and the first NaN is the maximum.
-      if (v > best || (isnan(v) && !isnan(best))) {
-        best = v;
-        best_j = j;
+// One pass of Note [dim reduce] (dim_reduce.h): the tiles of `plan` over x, viewed
+// as [outer, n, inner], into out [outer, plan.chunks, inner]: R's partials (Out is
+// R::Acc) or, in the last pass, R's results.
+template <typename R, typename In, typename Out>
+__global__ void dim_reduce_kernel(const In* x, int64_t outer, int64_t n, int64_t inner,
+                                  dim_reduce::Plan plan, Out* out) {
+  __shared__ typename R::Acc partial[dim_reduce::kBlockThreads];
+  const int t = static_cast<int>(threadIdx.x);
+  const dim_reduce::Slot slot = dim_reduce::slot_of(plan, t);
+  const int64_t tiles = plan.tiles(outer);
+  // `base` is the same for the whole block, so every thread reaches each barrier.
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * plan.tz; base < tiles;
+       base += static_cast<int64_t>(gridDim.x) * plan.tz) {
+    const int64_t tile = base + slot.z;
+    const bool active = tile < tiles;
+    const dim_reduce::Tile at = dim_reduce::tile_at(plan, active ? tile : 0);
+    partial[t] =
+        active ? dim_reduce::thread_partial<R>(x, plan, at, slot, n, inner) : R::identity();
+    __syncthreads();
+    for (int stride = plan.ty / 2; stride > 0; stride /= 2) {
+      if (slot.y < stride) partial[t] = R::combine(partial[t], partial[t + stride * plan.tx]);
+      __syncthreads();
+    }
+    const int64_t col = at.col0 + slot.x;
+    if (active && slot.y == 0 && col < inner) {
+      if constexpr (std::is_same_v<Out, typename R::Acc>) {
+        out[dim_reduce::out_index(plan, at, col, inner)] = partial[t];
+      } else {
+        out[dim_reduce::out_index(plan, at, col, inner)] = R::finish(partial[t]);
       }
     }
-    out[idx] = best_j;
+    __syncthreads();  // the next round overwrites `partial`
   }
-};
+}
+
+template <typename R, typename In, typename Out>
+void launch_dim_pass(const In* x, int64_t outer, int64_t n, int64_t inner,
+                     const dim_reduce::Plan& plan, Out* out, cudaStream_t stream,
+                     const char* name) {
+  const int64_t tiles = plan.tiles(outer);
+  const int64_t blocks = std::min((tiles + plan.tz - 1) / plan.tz, detail::kMaxBlocks);
+  dim_reduce_kernel<R, In, Out><<<static_cast<int>(blocks), dim_reduce::kBlockThreads, 0, stream>>>(
+      x, outer, n, inner, plan, out);
+  cuda_api::check_last_error(name);
+}
+
+// out[o, i] = R over x[o, :, i], in as many passes as Note [dim reduce] needs.
+template <typename R, typename Out>
+void reduce_dim(const Tensor& x, int64_t outer, int64_t n, int64_t inner, Tensor& out,
+                const char* name) {
+  using Acc = typename R::Acc;
+  static_assert(sizeof(Acc) % sizeof(int64_t) == 0, "partials are stored in i64 tensors");
+  if (outer == 0 || inner == 0) return;
+  cuda_api::DeviceGuard guard(out.device().index);
+  const cudaStream_t stream = stream_of(out);
+  const float* first = ptr<const float>(x);
+  Tensor partials;  // the previous pass's output; see reduce_sum on freeing it early
+  for (;;) {
+    const dim_reduce::Plan plan = dim_reduce::make_plan(n, inner);
+    const Acc* in = partials.defined() ? static_cast<const Acc*>(partials.data_ptr()) : nullptr;
+    if (plan.chunks == 1) {
+      if (in != nullptr) {
+        launch_dim_pass<R>(in, outer, n, inner, plan, ptr<Out>(out), stream, name);
+      } else {
+        launch_dim_pass<R>(first, outer, n, inner, plan, ptr<Out>(out), stream, name);
+      }
+      return;
+    }
+    const int64_t count = outer * plan.chunks * inner;
+    Tensor next = empty({count * static_cast<int64_t>(sizeof(Acc) / sizeof(int64_t))},
+                        {.dtype = DType::i64, .device = out.device()});
+    Acc* next_ptr = static_cast<Acc*>(next.data_ptr());
+    if (in != nullptr) {
+      launch_dim_pass<R>(in, outer, n, inner, plan, next_ptr, stream, name);
+    } else {
+      launch_dim_pass<R>(first, outer, n, inner, plan, next_ptr, stream, name);
+    }
+    partials = std::move(next);
+    n = plan.chunks;
+  }
+}
 
 // One warp per row: max, sum of exp(x - max), probs, and the row's loss
 // log(sum) - (x[label] - max); NaN for a label outside [0, cols).
@@ -178,13 +229,11 @@ void sum_all(const Tensor& x, Tensor& out) {
 }
 
 void sum_dim(const Tensor& x, int64_t outer, int64_t n, int64_t inner, Tensor& out) {
-  const SumDimFn fn{ptr<const float>(x), n, inner, ptr<float>(out)};
-  detail::for_each_index(out, outer * inner, fn, "sum_dim");
+  reduce_dim<dim_reduce::Sum, float>(x, outer, n, inner, out, "sum_dim");
 }
 
 void argmax_dim(const Tensor& x, int64_t outer, int64_t n, int64_t inner, Tensor& out) {
-  const ArgmaxDimFn fn{ptr<const float>(x), n, inner, ptr<int64_t>(out)};
-  detail::for_each_index(out, outer * inner, fn, "argmax_dim");
+  reduce_dim<dim_reduce::Argmax, int64_t>(x, outer, n, inner, out, "argmax_dim");
 }
 
 void softmax_xent_forward(const Tensor& logits, const Tensor& labels, Tensor& loss, Tensor& probs) {

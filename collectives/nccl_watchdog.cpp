@@ -1,0 +1,171 @@
+#include "collectives/nccl_watchdog.h"
+
+#include "runtime/env.h"
+#include "runtime/error.h"
+
+#include <utility>
+#include <vector>
+
+namespace ddp {
+namespace {
+
+using Released = std::vector<std::shared_ptr<void>>;
+
+double seconds(std::chrono::milliseconds ms) {
+  return static_cast<double>(ms.count()) / 1000.0;
+}
+
+}  // namespace
+
+NcclWatchdog::NcclWatchdog(int rank, Backend backend) : rank_(rank), backend_(std::move(backend)) {
+  DDP_ASSERT(backend_.now && backend_.finished && backend_.async_error && backend_.abort,
+             "NcclWatchdog: now, finished, async_error and abort are required");
+}
+
+void NcclWatchdog::start(Entry entry) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (error_) std::rethrow_exception(error_);
+  DDP_ASSERT(entry.sequence >= next_sequence_, "NcclWatchdog: sequence {} after {}", entry.sequence,
+             next_sequence_ - 1);
+  next_sequence_ = entry.sequence + 1;
+  const Clock::time_point deadline = backend_.now() + entry.timeout;
+  in_flight_.push_back({std::move(entry), deadline});
+}
+
+std::optional<std::string> NcclWatchdog::tick() {
+  Released released;  // destroyed after the lock is released: freeing tensors takes time
+  std::lock_guard<std::mutex> lock(mutex_);
+  try_abort_locked();
+  std::optional<std::string> news;
+  // Collectives finish in order (one NCCL stream): stop at the first that has not.
+  while (!in_flight_.empty()) {
+    const Entry& oldest = in_flight_.front().entry;
+    bool finished = false;
+    try {
+      finished = backend_.finished(oldest);
+    } catch (const std::exception& e) {
+      const std::string why = fmt::format("CUDA reported an error: {}", e.what());
+      news = fail_locked(failure(oldest, why));
+      break;
+    }
+    if (!finished) break;
+    released.push_back(std::move(in_flight_.front().entry.keep_alive));
+    in_flight_.pop_front();
+  }
+  if (error_ || in_flight_.empty()) return news;
+
+  const Entry& oldest = in_flight_.front().entry;
+  std::string async;
+  try {
+    async = backend_.async_error();
+  } catch (const std::exception& e) {
+    async = e.what();
+  }
+  if (!async.empty()) {
+    const std::string why = fmt::format("NCCL reported an asynchronous error: {}", async);
+    return fail_locked(failure(oldest, why));
+  }
+  const Clock::time_point now = backend_.now();
+  for (const InFlight& f : in_flight_) {
+    if (now >= f.deadline) return fail_locked(timeout_error(f.entry, f.entry.timeout));
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> NcclWatchdog::time_out(int64_t sequence,
+                                                  std::chrono::milliseconds waited) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (error_) return std::nullopt;
+  for (const InFlight& f : in_flight_) {
+    if (f.entry.sequence == sequence) return fail_locked(timeout_error(f.entry, waited));
+  }
+  return std::nullopt;  // it finished (or was never started here)
+}
+
+std::optional<std::string> NcclWatchdog::fail(std::exception_ptr error) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return fail_locked(std::move(error));
+}
+
+// The first failure wins. Collectives still in flight fail with it (their results
+// cannot be trusted once the communicator is aborted), and so does every later one.
+std::optional<std::string> NcclWatchdog::fail_locked(std::exception_ptr error) {
+  if (error_) return std::nullopt;
+  error_ = std::move(error);
+  failed_from_ = in_flight_.empty() ? next_sequence_ : in_flight_.front().entry.sequence;
+  std::string text = "unknown error";
+  try {
+    std::rethrow_exception(error_);
+  } catch (const std::exception& e) {
+    text = e.what();
+  }
+  if (backend_.tear_down) backend_.tear_down(text);  // logs and ends the process
+  abort_pending_ = true;
+  try_abort_locked();
+  return text;
+}
+
+void NcclWatchdog::try_abort_locked() {
+  if (!abort_pending_) return;
+  bool done = true;
+  try {
+    done = backend_.abort();
+  } catch (...) {
+    // An abort that failed leaves nothing to retry: the communicator is unusable either way.
+  }
+  if (done) {
+    abort_pending_ = false;
+    aborted_ = true;
+  }
+}
+
+NcclWatchdog::State NcclWatchdog::state(int64_t sequence) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (error_ && sequence >= failed_from_) return State::failed;
+  if (sequence >= next_sequence_) return State::in_flight;  // not started yet
+  if (!in_flight_.empty() && sequence >= in_flight_.front().entry.sequence) {
+    return State::in_flight;
+  }
+  return State::finished;
+}
+
+std::exception_ptr NcclWatchdog::error() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_;
+}
+
+bool NcclWatchdog::idle() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (abort_pending_) return false;
+  return in_flight_.empty() || aborted_;
+}
+
+std::exception_ptr NcclWatchdog::timeout_error(const Entry& e,
+                                               std::chrono::milliseconds after) const {
+  return std::make_exception_ptr(CommTimeoutError(
+      fmt::format("rank {}: {} timed out after {:.1f} s on the nccl backend: its kernels did not "
+                  "finish, so a rank stopped, died or issued a different collective. The "
+                  "communicator was aborted (ncclCommAbort); NCCL_DEBUG=INFO shows NCCL's view",
+                  rank_, e.description, seconds(after)),
+      rank_, e.description, e.sequence, e.count));
+}
+
+std::exception_ptr NcclWatchdog::failure(const Entry& e, const std::string& why) const {
+  return std::make_exception_ptr(
+      CommError(fmt::format("rank {}: {} failed on the nccl backend: {}. The communicator was "
+                            "aborted (ncclCommAbort); NCCL_DEBUG=INFO tells more",
+                            rank_, e.description, why),
+                rank_, e.description, e.sequence, e.count));
+}
+
+bool nccl_tear_down_on_error() {
+  const std::optional<std::string> value = env::get(env::kNcclAsyncErrorHandling);
+  if (!value || *value == "0") return false;
+  DDP_CHECK(*value == "1",
+            "{}='{}' is not valid: 0 records a failed nccl collective and aborts the communicator "
+            "(the default), 1 also ends the process",
+            env::kNcclAsyncErrorHandling, *value);
+  return true;
+}
+
+}  // namespace ddp

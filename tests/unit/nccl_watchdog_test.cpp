@@ -1,0 +1,276 @@
+// The nccl watchdog's decisions (collectives/nccl_watchdog.h) with a fake clock,
+// fake completion events, NCCL errors and aborts: deadlines from each launch,
+// finished collectives released in order, the first error wins and is what every
+// later question gets, the abort is retried until it can run, the tear-down hook.
+#include "collectives/nccl_watchdog.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace ddp {
+namespace {
+
+using namespace std::chrono_literals;
+using State = NcclWatchdog::State;
+
+// The world the watchdog sees, set by each test.
+struct FakeWorld {
+  NcclWatchdog::Clock::time_point now{};
+  std::set<int64_t> finished;
+  int64_t cuda_error_on = -1;  // finished() throws for this sequence
+  std::string async_error;
+  bool abort_possible = true;
+  int aborts = 0;
+  int abort_calls = 0;
+  std::vector<std::string> torn_down;
+
+  NcclWatchdog::Backend backend(bool tear_down = false) {
+    NcclWatchdog::Backend b{
+        .now = [this] { return now; },
+        .finished =
+            [this](const NcclWatchdog::Entry& e) {
+              if (e.sequence == cuda_error_on) throw CudaError("cudaEventQuery: illegal address");
+              return finished.count(e.sequence) > 0;
+            },
+        .async_error = [this] { return async_error; },
+        .abort =
+            [this] {
+              ++abort_calls;
+              if (!abort_possible) return false;
+              ++aborts;
+              return true;
+            },
+        .tear_down = nullptr,
+    };
+    if (tear_down) b.tear_down = [this](const std::string& m) { torn_down.push_back(m); };
+    return b;
+  }
+};
+
+NcclWatchdog::Entry entry(int64_t sequence, std::shared_ptr<void> keep_alive = nullptr,
+                          std::chrono::milliseconds timeout = 10s) {
+  return {.sequence = sequence,
+          .description = "all_reduce(sum) #" + std::to_string(sequence) + " of 1024 f32",
+          .count = 1024,
+          .timeout = timeout,
+          .keep_alive = std::move(keep_alive)};
+}
+
+template <typename E>
+E thrown(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const E& e) {
+    return e;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "unexpected exception: " << e.what();
+  }
+  throw std::logic_error("no exception of the expected type");
+}
+
+TEST(NcclWatchdog, ReleasesFinishedCollectivesInOrder) {
+  FakeWorld w;
+  NcclWatchdog dog(3, w.backend());
+  auto tensors0 = std::make_shared<int>(0), tensors1 = std::make_shared<int>(1);
+  dog.start(entry(0, tensors0));
+  dog.start(entry(1, tensors1));
+  std::weak_ptr<int> weak0 = tensors0, weak1 = tensors1;
+  tensors0.reset();
+  tensors1.reset();
+  EXPECT_FALSE(dog.idle());
+  EXPECT_EQ(dog.state(0), State::in_flight);
+
+  // 1 finished first in this fake, but the NCCL stream finishes in order: 0 holds it.
+  w.finished = {1};
+  EXPECT_EQ(dog.tick(), std::nullopt);
+  EXPECT_FALSE(weak0.expired());
+  EXPECT_FALSE(weak1.expired());
+  EXPECT_EQ(dog.state(1), State::in_flight);
+
+  w.finished = {0, 1};
+  EXPECT_EQ(dog.tick(), std::nullopt);
+  EXPECT_TRUE(weak0.expired()) << "the tensors of a finished collective are released";
+  EXPECT_TRUE(weak1.expired());
+  EXPECT_EQ(dog.state(0), State::finished);
+  EXPECT_EQ(dog.state(1), State::finished);
+  EXPECT_EQ(dog.state(2), State::in_flight) << "not started yet";
+  EXPECT_TRUE(dog.idle());
+  EXPECT_EQ(dog.error(), nullptr);
+  EXPECT_EQ(w.abort_calls, 0);
+}
+
+TEST(NcclWatchdog, TimesOutEachCollectiveFromItsOwnLaunch) {
+  FakeWorld w;
+  NcclWatchdog dog(2, w.backend());
+  dog.start(entry(0, nullptr, 10s));
+  w.now += 6s;
+  dog.start(entry(1, nullptr, 10s));
+  w.finished = {0};
+  w.now += 9s;  // 15 s after #0 (finished), 9 s after #1
+  EXPECT_EQ(dog.tick(), std::nullopt);
+  w.now += 1s;  // #1's deadline
+  const std::optional<std::string> message = dog.tick();
+  ASSERT_TRUE(message.has_value());
+  EXPECT_NE(message->find("rank 2: all_reduce(sum) #1 of 1024 f32 timed out after 10.0 s"),
+            std::string::npos)
+      << *message;
+  EXPECT_NE(message->find("ncclCommAbort"), std::string::npos) << *message;
+  const auto e = thrown<CommTimeoutError>(dog.error());
+  EXPECT_EQ(e.rank(), 2);
+  EXPECT_EQ(e.sequence(), 1);
+  EXPECT_EQ(e.count(), 1024);
+  EXPECT_EQ(e.op(), "all_reduce(sum) #1 of 1024 f32");
+  EXPECT_EQ(w.aborts, 1);
+  EXPECT_EQ(dog.state(0), State::finished) << "finished before the failure: still good";
+  EXPECT_EQ(dog.state(1), State::failed);
+}
+
+TEST(NcclWatchdog, FirstErrorWinsAndLaterCollectivesGetIt) {
+  FakeWorld w;
+  NcclWatchdog dog(0, w.backend());
+  dog.start(entry(4));
+  dog.start(entry(5));
+  w.async_error = "unhandled system error (ncclResult_t 2)";
+  const std::optional<std::string> first = dog.tick();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_NE(first->find("all_reduce(sum) #4 of 1024 f32 failed on the nccl backend: NCCL reported "
+                        "an asynchronous error: unhandled system error"),
+            std::string::npos)
+      << *first;
+  const std::exception_ptr error = dog.error();
+  EXPECT_EQ(thrown<CommError>(error).sequence(), 4);
+
+  // Later failures are not news, and do not replace the first.
+  w.now += 1h;
+  EXPECT_EQ(dog.tick(), std::nullopt);
+  EXPECT_EQ(dog.time_out(5, 1s), std::nullopt);
+  EXPECT_EQ(dog.fail(std::make_exception_ptr(CommError("other", 0, "x", 9, 0))), std::nullopt);
+  EXPECT_EQ(dog.error(), error);
+  EXPECT_EQ(w.aborts, 1) << "aborted once";
+
+  // Every collective in flight failed with it, and a new one is refused with it.
+  EXPECT_EQ(dog.state(4), State::failed);
+  EXPECT_EQ(dog.state(5), State::failed);
+  EXPECT_EQ(dog.state(6), State::failed);
+  try {
+    dog.start(entry(6));
+    FAIL() << "start() after a failure must throw the first error";
+  } catch (const CommError& e) {
+    EXPECT_EQ(e.sequence(), 4);
+  }
+}
+
+TEST(NcclWatchdog, AbortWaitsForTheCommunicatorAndIsRetried) {
+  FakeWorld w;
+  w.abort_possible = false;  // a launch holds the communicator
+  NcclWatchdog dog(1, w.backend());
+  dog.start(entry(0, nullptr, 1s));
+  w.now += 2s;
+  ASSERT_TRUE(dog.tick().has_value());
+  EXPECT_EQ(w.aborts, 0);
+  EXPECT_FALSE(dog.idle()) << "the abort is still to be done";
+  EXPECT_EQ(dog.tick(), std::nullopt);
+  EXPECT_EQ(w.abort_calls, 2) << "tried again in the next round";
+  w.abort_possible = true;
+  EXPECT_EQ(dog.tick(), std::nullopt);
+  EXPECT_EQ(w.aborts, 1);
+  EXPECT_TRUE(dog.idle()) << "failed and aborted: nothing more to decide";
+  dog.tick();
+  EXPECT_EQ(w.aborts, 1) << "never aborted twice";
+}
+
+TEST(NcclWatchdog, AfterTheAbortTheTensorsAreStillReleased) {
+  FakeWorld w;
+  NcclWatchdog dog(0, w.backend());
+  auto tensors = std::make_shared<int>(7);
+  std::weak_ptr<int> weak = tensors;
+  dog.start(entry(0, std::move(tensors), 1s));
+  w.now += 1s;
+  ASSERT_TRUE(dog.tick().has_value());
+  EXPECT_FALSE(weak.expired());
+  w.finished = {0};  // the abort ended the kernels
+  dog.tick();
+  EXPECT_TRUE(weak.expired());
+  EXPECT_EQ(dog.state(0), State::failed) << "its end event passed because of the abort";
+}
+
+TEST(NcclWatchdog, CudaErrorOfAnEventFailsThatCollective) {
+  FakeWorld w;
+  w.cuda_error_on = 3;
+  NcclWatchdog dog(0, w.backend());
+  dog.start(entry(3));
+  const std::optional<std::string> message = dog.tick();
+  ASSERT_TRUE(message.has_value());
+  EXPECT_NE(message->find("#3 of 1024 f32 failed on the nccl backend: CUDA reported an error: "
+                          "cudaEventQuery: illegal address"),
+            std::string::npos)
+      << *message;
+  EXPECT_EQ(thrown<CommError>(dog.error()).sequence(), 3);
+}
+
+TEST(NcclWatchdog, HostWaiterTimeoutFailsOnlyAnUnfinishedCollective) {
+  FakeWorld w;
+  NcclWatchdog dog(0, w.backend());
+  dog.start(entry(0));
+  dog.start(entry(1));
+  w.finished = {0};
+  dog.tick();
+  EXPECT_EQ(dog.time_out(0, 2s), std::nullopt) << "#0 finished: nothing to fail";
+  EXPECT_EQ(dog.error(), nullptr);
+  const std::optional<std::string> message = dog.time_out(1, 2500ms);
+  ASSERT_TRUE(message.has_value());
+  EXPECT_NE(message->find("#1 of 1024 f32 timed out after 2.5 s"), std::string::npos) << *message;
+  EXPECT_EQ(dog.state(1), State::failed);
+  EXPECT_EQ(w.aborts, 1);
+}
+
+TEST(NcclWatchdog, LaunchFailureWithNothingInFlightFailsTheNextSequences) {
+  FakeWorld w;
+  NcclWatchdog dog(0, w.backend());
+  dog.start(entry(0));
+  w.finished = {0};
+  dog.tick();
+  ASSERT_TRUE(dog.fail(std::make_exception_ptr(CommError("launch refused", 0, "barrier #1", 1, 0)))
+                  .has_value());
+  EXPECT_EQ(dog.state(0), State::finished);
+  EXPECT_EQ(dog.state(1), State::failed);
+  EXPECT_EQ(w.aborts, 1);
+}
+
+TEST(NcclWatchdog, TearDownHookGetsTheMessage) {
+  FakeWorld w;
+  NcclWatchdog dog(5, w.backend(/*tear_down=*/true));
+  dog.start(entry(0, nullptr, 1s));
+  w.now += 1s;
+  const std::optional<std::string> message = dog.tick();
+  ASSERT_EQ(w.torn_down.size(), 1u);
+  EXPECT_EQ(w.torn_down[0], *message);
+  EXPECT_NE(w.torn_down[0].find("rank 5"), std::string::npos);
+}
+
+TEST(NcclWatchdog, AsyncErrorHandlingVariable) {
+  const char* name = "DDP_NCCL_ASYNC_ERROR_HANDLING";
+  unsetenv(name);
+  EXPECT_FALSE(nccl_tear_down_on_error());
+  setenv(name, "0", 1);
+  EXPECT_FALSE(nccl_tear_down_on_error());
+  setenv(name, "1", 1);
+  EXPECT_TRUE(nccl_tear_down_on_error());
+  setenv(name, "yes", 1);
+  try {
+    nccl_tear_down_on_error();
+    FAIL() << "'yes' accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("DDP_NCCL_ASYNC_ERROR_HANDLING='yes' is not valid: 0"),
+              std::string::npos)
+        << e.what();
+  }
+  unsetenv(name);
+}
+
+}  // namespace
+}  // namespace ddp
