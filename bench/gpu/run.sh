@@ -270,6 +270,8 @@ build_archs() {
 
 # ---- build or prebuilt ---------------------------------------------------------------
 bin="" unpacked=""
+# The unpacked prebuilt folder goes on every exit (finish, an error, a signal).
+trap '[[ -z "$unpacked" ]] || rm -rf "$unpacked"' EXIT
 # unpack TARBALL DIR: tar with xz, else Python's tarfile (a machine without xz).
 unpack() {
   mkdir -p "$2" || return 1
@@ -405,7 +407,6 @@ finish() {
   write_summary
   table=$(print_table)
   rm -f "$rows"
-  [[ -n "$unpacked" ]] && rm -rf "$unpacked"
   if [[ $pack_logs -eq 1 ]]; then
     tar -czf "$out/logs.tar.gz" -C "$out" logs && rm -rf "$logs"
   fi
