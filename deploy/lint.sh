@@ -4,7 +4,7 @@
 #   deploy/lint.sh [DDPRUN]
 #
 #  - shellcheck on the shell scripts (deploy/, the Slurm batch scripts, the
-#    packaging tests);
+#    packaging tests, the GPU machine's scripts bench/gpu/);
 #  - the Kubernetes manifests parse and agree with themselves
 #    (deploy/check_manifests.py), and with DDPRUN given, use only flags that
 #    `DDPRUN --help` lists;
@@ -26,7 +26,7 @@ done
 [ -n "$python" ] ||
   { echo "deploy/lint.sh: SKIP: no python3 with the yaml module (apt-get install python3-yaml)"; exit 77; }
 
-scripts=(deploy/*.sh deploy/slurm/*.sbatch tests/e2e/install_package.sh tests/e2e/bundle.sh)
+scripts=(deploy/*.sh deploy/slurm/*.sbatch tests/e2e/install_package.sh tests/e2e/bundle.sh bench/gpu/*.sh)
 shellcheck -x "${scripts[@]}" || fail "shellcheck"
 echo "deploy/lint.sh: shellcheck: ${#scripts[@]} scripts clean"
 

@@ -13,8 +13,14 @@ times --steps steps and prints one JSON line:
 What the timing includes: the per-epoch permutation gather (x[perm], y[perm])
 when an epoch starts inside the timed window, batch slicing, forward, loss,
 backward, optimizer step, and one loss.item() per step (as a progress log
-would). It excludes reading and normalizing the data set, model construction
-and the warmup steps, and there is no evaluation.
+would; --sync-every N reads it every N-th step instead, as ddp's `train` does
+with N = 10). It excludes reading and normalizing the data set, model
+construction and the warmup steps, and there is no evaluation.
+
+--device cuda[:N]: the model on the GPU; each batch is sliced on the host,
+pinned and copied with non_blocking=True (what a DataLoader with
+pin_memory=True does, and what ddp's loader does); the clock starts and stops
+after torch.cuda.synchronize().
 
 Distributed: if WORLD_SIZE > 1 in the environment, torch.distributed is
 initialized with the gloo backend from RANK, WORLD_SIZE, MASTER_ADDR and
@@ -83,6 +89,10 @@ def parse_args(argv):
     parser.add_argument("--seed", type=int, default=0, help="init and shuffle seed (default 0)")
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0,
                         help="DistributedDataParallel bucket_cap_mb (default %(default)s)")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu, cuda or cuda:N (default %(default)s)")
+    parser.add_argument("--sync-every", type=positive_int, default=1,
+                        help="read the loss (loss.item()) every N steps (default %(default)s)")
     args = parser.parse_args(argv)
     if args.warmup < 0:
         parser.error("--warmup must be >= 0")
@@ -91,7 +101,22 @@ def parse_args(argv):
         assert all(h > 0 for h in args.hidden)
     except (ValueError, AssertionError):
         parser.error(f"--hidden '{args.hidden}': expected positive sizes like 256 or 512,256")
+    if not (args.device == "cpu" or args.device == "cuda" or args.device.startswith("cuda:")):
+        parser.error(f"--device '{args.device}': valid values are cpu, cuda, cuda:N")
     return args
+
+
+def resolve_device(name):
+    """The torch.device for --device; exits with the reason when CUDA is unusable."""
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit(f"torch_train: --device {name}: torch.cuda.is_available() is False "
+                     f"(torch {torch.__version__}, built for CUDA {torch.version.cuda})")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            sys.exit(f"torch_train: --device {name}: this machine has "
+                     f"{torch.cuda.device_count()} CUDA device(s)")
+    return device
 
 
 def init_distributed():
@@ -108,53 +133,68 @@ def init_distributed():
     return rank, world_size
 
 
-def batches(inputs, labels, batch, seed, rank, world_size):
-    """Endless batches: each epoch a new permutation, this rank's shard, sliced."""
+def batches(inputs, labels, batch, seed, rank, world_size, device):
+    """Endless batches: each epoch a new permutation, this rank's shard, sliced;
+    on a GPU each batch pinned and copied asynchronously."""
     epoch = 0
+    on_gpu = device.type == "cuda"
     while True:
         gen = torch.Generator().manual_seed(seed + epoch)
         perm = torch.randperm(len(labels), generator=gen)[rank::world_size]
         x, y = inputs[perm], labels[perm]  # the loader's gather, once per epoch
         for i in range(0, len(y), batch):
-            yield x[i:i + batch], y[i:i + batch]
+            xb, yb = x[i:i + batch], y[i:i + batch]
+            if on_gpu:
+                xb = xb.pin_memory().to(device, non_blocking=True)
+                yb = yb.pin_memory().to(device, non_blocking=True)
+            yield xb, yb
         epoch += 1
+
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     rank, world_size = init_distributed()
+    device = resolve_device(args.device)
     torch.manual_seed(args.seed)
 
     if args.data == "synthetic":
         inputs, labels = torch_models.make_synthetic(args.synthetic_size)
     else:
         inputs, labels = torch_models.load_fashion_mnist(args.data, "train")
-    model = torch_models.build(args.model, hidden=args.hidden)
+    model = torch_models.build(args.model, hidden=args.hidden).to(device)
     if world_size > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
 
-    def step(x, y):
+    def step(x, y, read_loss):
         optimizer.zero_grad(set_to_none=False)  # zero in place, as ddp's zero_grad does
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         optimizer.step()
-        return loss.item()
+        return loss.item() if read_loss else None
 
-    stream = batches(inputs, labels, args.batch, args.seed, rank, world_size)
+    stream = batches(inputs, labels, args.batch, args.seed, rank, world_size, device)
     for _ in range(args.warmup):
-        step(*next(stream))
+        step(*next(stream), True)
     if world_size > 1:
         torch.distributed.barrier()
+    synchronize(device)
     samples = 0
     loss = 0.0
     start = time.perf_counter()
-    for _ in range(args.steps):
+    for i in range(args.steps):
         x, y = next(stream)
-        loss = step(x, y)
+        value = step(x, y, (i + 1) % args.sync_every == 0 or i + 1 == args.steps)
+        loss = loss if value is None else value
         samples += len(y)
+    synchronize(device)
     elapsed = time.perf_counter() - start
 
     if rank == 0:
@@ -171,6 +211,8 @@ def main(argv=None):
             "bucket_cap_mb": args.bucket_cap_mb,
             "last_loss": round(loss, 4),
             "torch": torch.__version__,
+            "device": str(device),
+            "sync_every": args.sync_every,
             "data": "synthetic" if args.data == "synthetic" else "fashion-mnist",
         }), flush=True)
     if world_size > 1:

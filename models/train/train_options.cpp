@@ -43,6 +43,9 @@ device and files:
   --save PATH              write a safetensors checkpoint after every epoch
   --resume PATH            continue from a checkpoint written by --save
   --metrics FILE           append one JSON object per epoch
+  --loss-log FILE          append "epoch step loss" for every step (full
+                           precision; reads the loss each step, which
+                           synchronizes a GPU: for parity checks)
 parallelism:
   --mode auto|single|ddp|dp
                            single: one device; ddp: DistributedDataParallel over
@@ -137,6 +140,7 @@ const std::map<std::string, Setter>& setters() {
       {"--save", [](auto& o, auto& v) { o.save = v; }},
       {"--resume", [](auto& o, auto& v) { o.resume = v; }},
       {"--metrics", [](auto& o, auto& v) { o.metrics = v; }},
+      {"--loss-log", [](auto& o, auto& v) { o.loss_log = v; }},
       {"--mode",
        [](auto& o, auto& v) {
          check_choice("--mode", v, {"auto", "single", "ddp", "dp"});

@@ -28,6 +28,7 @@ struct TrainOptions {
   std::string save;             // checkpoint written after every epoch
   std::string resume;           // checkpoint to continue from
   std::string metrics;          // JSON lines, one per epoch
+  std::string loss_log;         // one line per optimizer step: epoch, step, loss (parity checks)
   int64_t log_every = 0;        // steps between progress lines (0: a progress bar on a
                                 // terminal, else one line per epoch)
   int64_t max_steps = 0;        // stop each epoch after this many steps (0: no limit)

@@ -119,6 +119,26 @@ class Progress {
   bool bar_;
 };
 
+// --loss-log: "epoch step loss" per optimizer step, the loss of the step's last
+// micro-batch at full float precision (bench/gpu/run.sh compares CPU and CUDA runs
+// step by step). Reading the loss synchronizes a GPU every step, so only on request.
+class LossLog {
+ public:
+  explicit LossLog(const std::string& path) {
+    if (path.empty()) return;
+    file_.open(path, std::ios::app);
+    DDP_CHECK(file_.good(), "--loss-log {}: cannot open for appending", path);
+  }
+  void step(int64_t epoch, int64_t step, const Tensor& loss, int64_t grad_accum) {
+    if (!file_.is_open()) return;
+    file_ << fmt::format("{} {} {:.9g}\n", epoch, step,
+                         loss.item<float>() * static_cast<float>(grad_accum));
+  }
+
+ private:
+  std::ofstream file_;
+};
+
 void write_metrics(const std::string& path, const EpochMetrics& m, int world_size,
                    const std::string& mode) {
   if (path.empty()) return;
@@ -228,6 +248,7 @@ int64_t train_step(Run& r, DataLoader& loader, Tensor& loss_sum, Tensor& last_lo
 EpochMetrics train_epoch(Run& r, DataLoader& loader, DataLoader& test_loader, int64_t epoch) {
   const auto start = Clock::now();
   Progress progress(r.o, r.out);
+  LossLog loss_log(r.o.loss_log);
   loader.start_epoch(epoch);
   const int64_t available = loader.num_batches() / r.o.grad_accum;
   const int64_t steps = r.o.max_steps > 0 ? std::min(r.o.max_steps, available) : available;
@@ -239,6 +260,7 @@ EpochMetrics train_epoch(Run& r, DataLoader& loader, DataLoader& test_loader, in
     const int64_t used = train_step(r, loader, loss_sum, last_loss, t);
     if (used == 0) break;
     ++step;
+    loss_log.step(epoch + 1, step, last_loss, r.o.grad_accum);
     micro_batches += r.o.grad_accum;
     samples += used * r.world_size;  // global samples
     if (r.o.log_every > 0 ? step % r.o.log_every == 0 : step % 10 == 0 || step == steps) {
@@ -413,6 +435,7 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
     mine.quiet = true;
     mine.save.clear();
     mine.metrics.clear();
+    mine.loss_log.clear();
   }
   return run_on_rank(mine, out, &pg);
 }

@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""Reads the files that bench/gpu/run.sh's steps write and prints one line for its table.
+
+usage: results.py COMMAND ARGS...
+
+  gtest XML                  "P passed, F failed, S skipped" of a --gtest_output=xml file;
+                             the failed tests' names on stderr. Exit 1 when any failed
+                             or the file is unreadable.
+  no-cuda-skips XML          the number of tests skipped for "no CUDA device" (run.sh
+                             fails the step when nvidia-smi sees a GPU and this is > 0).
+  losses A B TOL             compares two `train --loss-log` files step by step: prints
+                             "max abs difference X over N steps"; exit 1 when the steps differ or
+                             X > TOL.
+  summary-acc LOG            the final test accuracy of `train`'s summary line.
+  metric FILE KEY            KEY of the last line of a `train --metrics` file.
+  json-key FILE KEY          KEY of the first JSON line of FILE that has it.
+  bench-device JSONL         "figure<TAB>reference" lines of `bench device --json`.
+  bench-gemm JSONL           the same for `bench gemm --json`.
+  copy-peak DEVICE           pinned 256 MiB host-to-device and device-to-host GB/s with
+                             PyTorch (CUDA events, median of 20): the copy peak that
+                             `bench device` is compared with. Exit 3 without CUDA torch.
+
+Only the standard library, except copy-peak (torch).
+"""
+
+import json
+import math
+import sys
+import xml.etree.ElementTree as ET
+
+
+def fail(message, code=1):
+    print(f"results.py: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def testcases(path):
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError) as e:
+        fail(f"{path}: not a readable gtest XML file: {e}")
+    return root.iter("testcase")
+
+
+def cmd_gtest(path):
+    passed = failed = skipped = 0
+    for case in testcases(path):
+        name = f"{case.get('classname')}.{case.get('name')}"
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed += 1
+            print(f"FAILED {name}", file=sys.stderr)
+        elif case.find("skipped") is not None or case.get("result") == "skipped":
+            skipped += 1
+        elif case.get("status", "run") == "run":
+            passed += 1
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    return 1 if failed else 0
+
+
+def cmd_no_cuda_skips(path):
+    count = 0
+    for case in testcases(path):
+        skipped = case.find("skipped")
+        if skipped is not None and "no CUDA device" in (skipped.get("message", "") +
+                                                        (skipped.text or "")):
+            count += 1
+    print(count)
+    return 0
+
+
+def read_losses(path):
+    rows = {}
+    with open(path) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) != 3:
+                fail(f"{path}: expected 'epoch step loss', got '{line.strip()}'")
+            rows[(int(parts[0]), int(parts[1]))] = float(parts[2])
+    return rows
+
+
+def cmd_losses(a, b, tol):
+    ra, rb = read_losses(a), read_losses(b)
+    if not ra or ra.keys() != rb.keys():
+        print(f"steps differ: {len(ra)} in {a}, {len(rb)} in {b}")
+        return 1
+    worst, where = -1.0, None
+    for key in sorted(ra):
+        d = abs(ra[key] - rb[key]) if math.isfinite(ra[key] + rb[key]) else math.inf
+        if d > worst:
+            worst, where = d, key
+    print(f"max abs difference {worst:.2g} over {len(ra)} steps (largest at step {where[1]}: "
+          f"{ra[where]:.6f} vs {rb[where]:.6f})")
+    return 0 if worst <= float(tol) else 1
+
+
+def cmd_summary_acc(path):
+    with open(path, errors="replace") as f:
+        for line in f:
+            if "final test_acc" in line:
+                print(line.split("final test_acc", 1)[1].split()[0].rstrip(";,"))
+                return 0
+    fail(f"{path}: no 'final test_acc' summary line")
+
+
+def cmd_metric(path, key):
+    with open(path) as f:
+        lines = [json.loads(x) for x in f if x.strip()]
+    if not lines or key not in lines[-1]:
+        fail(f"{path}: no '{key}' in the last metrics line")
+    print(lines[-1][key])
+    return 0
+
+
+def cmd_json_key(path, key):
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("{"):
+                row = json.loads(line)
+                if key in row:
+                    print(row[key])
+                    return 0
+    fail(f"{path}: no JSON line with '{key}'")
+
+
+def rows(path):
+    with open(path) as f:
+        return [json.loads(x) for x in f if x.strip().startswith("{")]
+
+
+def cmd_bench_device(path):
+    """Lines 'label<TAB>figure': the rand speedup and the 256 MiB copies."""
+    out = []
+    for r in rows(path):
+        section = r.get("section")
+        if section == "rand" and "speedup" in r:
+            out.append(("rand 10000^2: on device vs host + copy",
+                        f"{r['ms_median']:.2f} ms, {r['speedup']:.1f}x faster than host + copy"))
+        elif section == "host-device bandwidth" and r.get("bytes") == 256 << 20:
+            label = f"{r['direction']} 256 MiB {r['host_memory']}"
+            figure = f"{r['gb_per_s']:.1f} GB/s"
+            if "vs_pageable" in r:
+                figure += f" ({r['vs_pageable']:.1f}x pageable)"
+            out.append((label, figure))
+        elif section == "allocate+free pair" and "speedup_vs_raw" in r:
+            out.append((f"allocate+free {r['size']} (caching allocator)",
+                        f"{r['us_median']:.2f} us, {r['speedup_vs_raw']:.1f}x faster than raw"))
+    for label, figure in out:
+        print(f"{label}\t{figure}")
+    return 0 if out else 1
+
+
+def cmd_bench_gemm(path):
+    out = []
+    for r in rows(path):
+        if r.get("section") != "gflops":
+            continue
+        figure = f"{r.get('ours_gflops', float('nan')):.0f} GFLOP/s"
+        reference = "-"
+        if r.get("bare_gflops") is not None:
+            reference = (f"bare {r.get('bare', 'vendor call')} {r['bare_gflops']:.0f} GFLOP/s "
+                         f"(overhead {r.get('overhead_pct', float('nan')):+.1f}%)")
+        out.append((f"gemm {r.get('gemm')} {r.get('dtype')} {r.get('shape')}", figure, reference))
+    for label, figure, reference in out:
+        print(f"{label}\t{figure}\t{reference}")
+    return 0 if out else 1
+
+
+def cmd_copy_peak(device):
+    try:
+        import torch
+    except ImportError:
+        fail("no torch", 3)
+    if not torch.cuda.is_available():
+        fail("torch.cuda.is_available() is False", 3)
+    dev = torch.device(device)
+    n = (256 << 20) // 4
+    host = torch.rand(n).pin_memory()
+    gpu = torch.empty(n, device=dev)
+    result = {}
+    for name, dst, src in (("h2d", gpu, host), ("d2h", host, gpu)):
+        times = []
+        for i in range(23):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src, non_blocking=True)
+            end.record()
+            end.synchronize()
+            if i >= 3:  # warmup
+                times.append(start.elapsed_time(end))
+        times.sort()
+        result[name] = (256 << 20) / (times[len(times) // 2] * 1e-3) / 1e9
+    print(f"{result['h2d']:.1f} {result['d2h']:.1f}")
+    return 0
+
+
+COMMANDS = {
+    "gtest": (cmd_gtest, 1),
+    "no-cuda-skips": (cmd_no_cuda_skips, 1),
+    "losses": (cmd_losses, 3),
+    "summary-acc": (cmd_summary_acc, 1),
+    "metric": (cmd_metric, 2),
+    "json-key": (cmd_json_key, 2),
+    "bench-device": (cmd_bench_device, 1),
+    "bench-gemm": (cmd_bench_gemm, 1),
+    "copy-peak": (cmd_copy_peak, 1),
+}
+
+
+def main(argv):
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print(__doc__, file=sys.stderr)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    function, nargs = COMMANDS[argv[0]]
+    if len(argv) - 1 != nargs:
+        fail(f"{argv[0]} takes {nargs} argument(s), got {len(argv) - 1}", 2)
+    try:
+        return function(*argv[1:])
+    except (OSError, ValueError, KeyError) as e:
+        fail(f"{argv[0]}: {e}")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,224 @@
+# shellcheck shell=bash
+# The steps of bench/gpu/run.sh, sourced by it: each runs its programs through
+# run_logged and ends in one or more `record` rows of the table. They use
+# run.sh's state (bin, dev, data, logs, out, cuda, gpu_count, ...).
+# shellcheck disable=SC2154  # run.sh's variables
+
+# skip_cuda STEP [REFERENCE]: records "skipped: no GPU" and returns 0 when CUDA
+# steps cannot run (on --device cpu they run there).
+skip_cuda() {
+  [[ $cuda -eq 1 || $dev == cpu ]] && return 1
+  record "$1" "skipped: no GPU" "-" "${2:--}"
+  return 0
+}
+have_data() {
+  [[ -f "$data/train-images-idx3-ubyte.gz" || -f "$data/train-images-idx3-ubyte" ]] && return 0
+  record "$1" "FAILED: no Fashion-MNIST in $data (pass --data DIR, or carry it with prepare.sh)"
+  return 1
+}
+
+step_gpu_tests() {
+  local exe="$bin/ddp_gpu_tests" rc figure skips
+  if [[ ! -x "$exe" ]]; then
+    record gpu_tests "$([[ $with_tests -eq 0 ]] && echo "skipped: --no-tests" || echo "FAILED: $exe is missing")"
+    return
+  fi
+  run_logged gpu_tests 300 "$exe" --gtest_output="xml:$out/gpu_tests.xml" --gtest_color=no
+  rc=$?
+  figure=$(results gtest "$out/gpu_tests.xml" 2>>"$logs/gpu_tests.log") || true
+  skips=$(results no-cuda-skips "$out/gpu_tests.xml" 2>/dev/null || echo 0)
+  if [[ $rc -ne 0 ]]; then
+    record gpu_tests "FAILED: $(why_failed gpu_tests "$rc")" "$figure" "all pass"
+  elif [[ $gpu_count -gt 0 && "${skips:-0}" -gt 0 ]]; then
+    record gpu_tests "FAILED: $skips tests skipped for 'no CUDA device' although nvidia-smi sees ${gpu_name}" \
+      "$figure" "all pass"
+  elif [[ $cuda -eq 0 ]]; then
+    record gpu_tests "skipped: no GPU (the tests ran: they skip)" "$figure" "all pass"
+  else
+    record gpu_tests "ok" "$figure" "all pass; skips only for two-GPU cases"
+  fi
+}
+
+# CPU test accuracy of the same flags (train --model M --epochs E --device cpu
+# --data <Fashion-MNIST> --log-every 200), measured on the development machine
+# (2026-11-25, commit 7c8039a): the reference for train_mlp / train_cnn.
+# CPU and CUDA start from the same Philox stream and see the same batches, so
+# they end within rounding; the tolerance allows for the different summation order.
+readonly kMlpCpuAcc=0.8800 kCnnCpuAcc=0.8828 kAccTolerance=0.01
+
+# train_step STEP MODEL EPOCHS CPU_ACC
+train_step() {
+  local step=$1 model=$2 epochs=$3 ref=$4 rc acc step_ms
+  selected "$step" || return
+  have_data "$step" || return
+  skip_cuda "$step" "cpu test_acc $ref" && return
+  run_logged "$step" 300 "$bin/train" --model "$model" --epochs "$epochs" --device "$dev" --data "$data" \
+    --log-every 200 --metrics "$logs/$step.metrics.jsonl"
+  rc=$?
+  if [[ $rc -ne 0 ]]; then record "$step" "FAILED: $(why_failed "$step" "$rc")" "-" "cpu test_acc $ref"; return; fi
+  acc=$(results summary-acc "$logs/$step.log")
+  step_ms=$(results metric "$logs/$step.metrics.jsonl" step_ms)
+  local figure="test_acc $acc after $epochs epoch(s), ${step_ms} ms/step"
+  if awk -v a="$acc" -v r="$ref" -v t="$kAccTolerance" 'BEGIN { exit !(a + 0 >= r - t) }'; then
+    record "$step" "ok" "$figure" "cpu test_acc $ref (-$kAccTolerance allowed)"
+  else
+    record "$step" "FAILED: accuracy below the CPU's" "$figure" "cpu test_acc $ref (-$kAccTolerance allowed)"
+  fi
+}
+
+# parity_step STEP MODEL: 50 steps on cpu and on cuda:0, losses step by step.
+parity_step() {
+  local step=$1 model=$2 rc line
+  selected "$step" || return
+  have_data "$step" || return
+  local args=(--model "$model" --epochs 1 --max-steps 50 --data "$data" --quiet --seed 3)
+  rm -f "$logs/$step.cpu.loss" "$logs/$step.cuda.loss"
+  run_logged "$step.cpu" 300 "$bin/train" "${args[@]}" --device cpu --loss-log "$logs/$step.cpu.loss"
+  rc=$?
+  if [[ $rc -ne 0 ]]; then record "$step" "FAILED: the CPU run: $(why_failed "$step.cpu" "$rc")"; return; fi
+  skip_cuda "$step" "losses within 1e-4" && return
+  run_logged "$step.cuda" 180 "$bin/train" "${args[@]}" --device "$dev" --loss-log "$logs/$step.cuda.loss"
+  rc=$?
+  if [[ $rc -ne 0 ]]; then record "$step" "FAILED: the CUDA run: $(why_failed "$step.cuda" "$rc")"; return; fi
+  line=$(results losses "$logs/$step.cpu.loss" "$logs/$step.cuda.loss" 1e-4)
+  rc=$?
+  if [[ $rc -eq 0 ]]; then
+    record "$step" "ok" "$line" "cpu = $dev within 1e-4 per step"
+  else
+    record "$step" "FAILED: CPU and CUDA losses differ" "$line" "cpu = $dev within 1e-4 per step"
+  fi
+}
+
+# Shared by reference, ddp_* and dp_*: the global batch is 64 in every run.
+# Not --quiet: the header line names the backend (checked below).
+same_args=(--model mlp --epochs 1 --max-steps 100 --lr-schedule constant --seed 5)
+readonly kCheckpointRtol=1e-4
+
+step_reference() {
+  local rc
+  have_data reference || return
+  skip_cuda reference && return
+  run_logged reference 180 "$bin/train" "${same_args[@]}" --data "$data" --device "$dev" --batch-size 64 \
+    --save "$logs/reference.safetensors"
+  rc=$?
+  if [[ $rc -ne 0 ]]; then record reference "FAILED: $(why_failed reference "$rc")"; return; fi
+  record reference "ok" "test_acc $(results summary-acc "$logs/reference.log") (mlp, batch 64, 100 steps)" "-"
+}
+
+# compare_step STEP BACKEND_PATTERN REFERENCE_TEXT CMD...: runs CMD (which saves
+# logs/STEP.safetensors), checks its log names BACKEND_PATTERN, compares with the reference.
+compare_step() {
+  local step=$1 pattern=$2 what=$3 rc line
+  shift 3
+  selected "$step" || return
+  have_data "$step" || return
+  skip_cuda "$step" "$what" && return
+  if [[ ! -f "$logs/reference.safetensors" ]]; then
+    record "$step" "FAILED: no reference checkpoint (see the reference step)" "-" "$what"
+    return
+  fi
+  rm -f "$logs/$step.safetensors"
+  run_logged "$step" 240 "$@" --save "$logs/$step.safetensors"
+  rc=$?
+  if [[ $rc -ne 0 ]]; then record "$step" "FAILED: $(why_failed "$step" "$rc")" "-" "$what"; return; fi
+  if ! grep -qE "$pattern" "$logs/$step.log"; then
+    record "$step" "FAILED: the log does not show /$pattern/" "-" "$what"
+    return
+  fi
+  "$python" "$repo_root/tests/e2e/compare_checkpoints.py" "$logs/reference.safetensors" \
+    "$logs/$step.safetensors" --rtol "$kCheckpointRtol" >"$logs/$step.compare.log" 2>&1
+  rc=$?
+  line=$(grep -oE 'max difference [^ ]+' "$logs/$step.compare.log" | sort -k3 -g | tail -1)
+  line="${line:-identical}; test_acc $(results summary-acc "$logs/$step.log" 2>/dev/null || echo '?')"
+  if [[ $rc -eq 0 ]]; then
+    record "$step" "ok" "checkpoint $line" "$what (rtol $kCheckpointRtol)"
+  else
+    record "$step" "FAILED: the checkpoint differs from the reference (logs/$step.compare.log)" \
+      "checkpoint $line" "$what (rtol $kCheckpointRtol)"
+  fi
+}
+
+step_bench() {
+  local sub=$1 rc
+  selected "bench_$sub" || return
+  skip_cuda "bench_$sub" && return
+  # shellcheck disable=SC2016  # the positional parameters of the inner shell
+  run_logged "bench_$sub" 300 sh -c '"$1" "$2" --device "$3" --json >"$4"' sh "$bin/bench" "$sub" "$dev" \
+    "$out/bench_$sub.jsonl"
+  rc=$?
+  if [[ $rc -ne 0 ]]; then record "bench_$sub" "FAILED: $(why_failed "bench_$sub" "$rc")"; return; fi
+  local peak="" label figure reference h2d d2h
+  if [[ $sub == device ]]; then
+    if [[ $dev == cuda* ]] && peak=$(results copy-peak "$dev" 2>>"$logs/bench_device.log"); then
+      read -r h2d d2h <<<"$peak"
+    fi
+    while IFS=$'\t' read -r label figure; do
+      reference="-"
+      [[ $label == "host to device 256 MiB pinned" && -n "$peak" ]] && reference="PyTorch pinned copy $h2d GB/s"
+      [[ $label == "device to host 256 MiB pinned" && -n "$peak" ]] && reference="PyTorch pinned copy $d2h GB/s"
+      [[ $label == *pinned* && -z "$peak" ]] && reference="no CUDA PyTorch for the copy peak"
+      record "bench_device: $label" "ok" "$figure" "$reference"
+    done < <(results bench-device "$out/bench_device.jsonl")
+  else
+    while IFS=$'\t' read -r label figure reference; do
+      record "bench_gemm: ${label#gemm }" "ok" "$figure" "$reference"
+    done < <(results bench-gemm "$out/bench_gemm.jsonl")
+  fi
+}
+
+# torch_can_run: PyTorch is importable and, for a CUDA --device, sees CUDA.
+torch_can_run() {
+  "$python" -c 'import sys, torch; sys.exit(0 if sys.argv[1] == "cpu" or torch.cuda.is_available() else 1)' \
+    "$dev" 2>/dev/null
+}
+
+# torch_step STEP MODEL: ms per step of ours (epoch 2 of 2, 300 steps each) and of
+# PyTorch eager (300 steps after 50 warmup), same model, batch, optimizer and data.
+torch_step() {
+  local step=$1 model=$2 rc ours theirs
+  selected "$step" || return
+  have_data "$step" || return
+  skip_cuda "$step" && return
+  if ! torch_can_run; then record "$step" "skipped: no CUDA PyTorch for $python"; return; fi
+  rm -f "$logs/$step.ours.jsonl"
+  run_logged "$step.ours" 240 "$bin/train" --model "$model" --epochs 2 --max-steps 300 --lr-schedule constant \
+    --device "$dev" --data "$data" --quiet --metrics "$logs/$step.ours.jsonl"
+  rc=$?
+  if [[ $rc -ne 0 ]]; then record "$step" "FAILED: ours: $(why_failed "$step.ours" "$rc")"; return; fi
+  run_logged "$step.torch" 240 "$python" "$repo_root/bench/peer/torch_train.py" --model "$model" --device "$dev" \
+    --steps 300 --warmup 50 --sync-every 10 --data "$data"
+  rc=$?
+  if [[ $rc -ne 0 ]]; then record "$step" "FAILED: PyTorch: $(why_failed "$step.torch" "$rc")"; return; fi
+  ours=$(results metric "$logs/$step.ours.jsonl" step_ms)
+  theirs=$(results json-key "$logs/$step.torch.log" step_ms)
+  record "$step" "ok" "ours $ours ms/step" \
+    "PyTorch $theirs ms/step (ours/PyTorch $(awk -v a="$ours" -v b="$theirs" 'BEGIN { printf "%.2f", a / b }'))"
+}
+
+# run_steps: every step after the preflight, in order (--only picks some).
+run_steps() {
+  selected gpu_tests && step_gpu_tests
+  train_step train_mlp mlp 3 "$kMlpCpuAcc"
+  train_step train_cnn cnn 1 "$kCnnCpuAcc"
+  parity_step parity_mlp mlp
+  parity_step parity_cnn cnn
+  if selected reference || selected ddp_nccl_w1 || selected ddp_shm_w2 || selected dp_2replicas; then
+    step_reference
+  fi
+  if [[ $dev == cpu ]] && selected ddp_nccl_w1; then
+    record ddp_nccl_w1 "skipped: nccl needs CUDA (--device cpu)"
+  else
+    compare_step ddp_nccl_w1 "ddp over 1 ranks \(nccl backend" "= reference (one process)" \
+      env DDP_BACKEND=nccl "$bin/ddprun" --standalone -n 1 "$bin/train" "${same_args[@]}" --mode ddp \
+      --data "$data" --device "$dev" --batch-size 64
+  fi
+  compare_step ddp_shm_w2 "ddp over 2 ranks \(shm backend" "= reference (one process, 2x batch)" \
+    env DDP_BACKEND=shm "$bin/ddprun" --standalone -n 2 "$bin/train" "${same_args[@]}" \
+    --data "$data" --device "$dev" --batch-size 32
+  compare_step dp_2replicas "dp over 2 replicas" "= reference (one device)" \
+    "$bin/train" "${same_args[@]}" --mode dp --devices "$dev,$dev" --data "$data" --batch-size 64
+  step_bench device
+  step_bench gemm
+  torch_step torch_mlp mlp
+  torch_step torch_cnn cnn
+}
