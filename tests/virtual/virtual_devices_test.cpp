@@ -174,6 +174,9 @@ TEST_P(VirtualRanks, DdpRejectsAModelOnAnotherDevice) {
                   msg.find("bound to " + comm.device().str()) != std::string::npos,
               "unclear message: " + msg);
     }
+    // The check is local; the barrier keeps a fast rank from exiting while the
+    // others still join the group (shm names a rank that left during setup).
+    comm.barrier()->wait();
   });
 }
 
