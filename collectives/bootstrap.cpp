@@ -112,7 +112,13 @@ LaunchEnv read_launch_env() {
 namespace {
 
 std::chrono::milliseconds resolve_timeout(const ProcessGroupOptions& o) {
-  if (o.timeout) return *o.timeout;
+  if (o.timeout) {
+    DDP_CHECK(o.timeout->count() > 0,
+              "ProcessGroupOptions::timeout is {} ms; it must be positive (every collective "
+              "would time out at once)",
+              o.timeout->count());
+    return *o.timeout;
+  }
   if (auto s = env::get_int(env::kTimeoutS)) {
     DDP_CHECK(*s > 0, "{}={} must be a positive number of seconds", env::kTimeoutS, *s);
     return std::chrono::milliseconds(*s * 1000);

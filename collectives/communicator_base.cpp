@@ -160,8 +160,18 @@ ThreadedCommunicator::~ThreadedCommunicator() {
 void ThreadedCommunicator::start_thread() {
   thread_ = std::thread([this] {
     // A thread starts on GPU 0: without this, every rank's staging copies would
-    // make a context there (the "all ranks on GPU 0" complaint).
-    if (device().is_cuda()) cuda_api::set_device(device().index);
+    // make a context there (the "all ranks on GPU 0" complaint). A failure (an
+    // exclusive-process GPU, no memory for a context) breaks the communicator:
+    // every collective fails with it instead of the process terminating.
+    try {
+      if (device().is_cuda()) cuda_api::set_device(device().index);
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(queue_->mutex);
+      queue_->broken = std::make_exception_ptr(
+          CommError(fmt::format("rank {}: the {} communication thread cannot use {}: {}", rank(),
+                                backend(), device().str(), e.what()),
+                    rank(), "start", -1, 0));
+    }
     loop();
   });
 }

@@ -374,8 +374,9 @@ void NcclCommunicator::watch() {
     const bool idle = watchdog_->idle();
     lock.lock();
     if (stopping_ && idle) return;
+    // Stopping with collectives in flight: poll them at kPollInterval, not in a spin.
     watch_cv_.wait_for(lock, idle ? kIdleInterval : kPollInterval,
-                       [this] { return stopping_ || woken_; });
+                       [this] { return woken_ || (stopping_ && watchdog_->idle()); });
     woken_ = false;
   }
 }

@@ -166,10 +166,7 @@ void Reducer::finish() {
   }
   stats_.exposed_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  stats_.comm_s = 0;
-  for (const auto& work : works_) {
-    if (auto d = work->duration()) stats_.comm_s += std::chrono::duration<double>(*d).count();
-  }
+  measured_ = works_;  // comm_s is summed when read (stats())
   stats_.buckets = static_cast<int64_t>(plan_.size());
   for (size_t b = 0; b < plan_.size(); ++b) {
     if (!compressed_[b].defined()) continue;
@@ -180,6 +177,18 @@ void Reducer::finish() {
   write_grads();
   if (!rebuilt_) rebuild_buckets();
   reset();
+}
+
+// comm_s sums the durations of the last synchronized backward's collectives when
+// read: on nccl, Work::wait() only orders the caller's stream, so a collective may
+// still run on the GPU when finish() returns and has a duration only once it has
+// finished (after a device synchronize, which bench train's timing does).
+const CommStats& Reducer::stats() const {
+  stats_.comm_s = 0;
+  for (const auto& work : measured_) {
+    if (auto d = work->duration()) stats_.comm_s += std::chrono::duration<double>(*d).count();
+  }
+  return stats_;
 }
 
 // Note [writing gradients back]: with gradient_as_bucket_view every .grad becomes

@@ -41,7 +41,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // Bucket::params index the params given to the constructor.
   const std::vector<Bucket>& buckets() const { return plan_; }
   bool rebuilt() const { return rebuilt_; }
-  const CommStats& stats() const { return stats_; }
+  const CommStats& stats() const;
 
  private:
   void allocate_buckets();
@@ -72,7 +72,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::vector<size_t> pending_;  // per bucket: params not ready yet
   size_t next_launch_ = 0;       // buckets below it have been launched
   std::vector<std::shared_ptr<Work>> works_;
-  CommStats stats_;
+  std::vector<std::shared_ptr<Work>> measured_;  // the last synchronized backward's works
+  mutable CommStats stats_;                      // comm_s is summed in stats()
   // Buckets and works abandoned by a failed backward: kept alive until the
   // communicator is done with them (Communicator contract).
   std::vector<Tensor> orphaned_flats_;

@@ -76,6 +76,8 @@ const DeviceCount& device_count_once() {
 
 std::atomic<uint64_t> g_host_syncs{0};
 
+bool has_primary_context(int device);  // below, with the driver query
+
 cudaStream_t to_stream(StreamHandle stream) {
   return static_cast<cudaStream_t>(stream);
 }
@@ -184,7 +186,24 @@ void free_device(int device, void* ptr) {
   DDP_CUDA_CHECK(cudaFree(ptr));
 }
 
+// The device whose context serves a pinned allocation: the current one if it has a
+// context, else the first one that has, else the current one. A thread whose first
+// CUDA call is a pinned allocation (pin_memory, a staged copy) thus does not make a
+// context on GPU 0 in every rank (PyTorch's host allocator does the same).
+namespace {
+int pinned_device() {
+  int current = 0;
+  DDP_CUDA_CHECK(cudaGetDevice(&current));
+  if (has_primary_context(current)) return current;
+  for (int d = 0; d < device_count(); ++d) {
+    if (has_primary_context(d)) return d;
+  }
+  return current;
+}
+}  // namespace
+
 void* malloc_pinned(size_t bytes) {
+  DeviceGuard guard(pinned_device());
   void* ptr = nullptr;
   const cudaError_t err = cudaHostAlloc(&ptr, bytes, cudaHostAllocDefault);
   if (err == cudaErrorMemoryAllocation) {
@@ -198,6 +217,7 @@ void* malloc_pinned(size_t bytes) {
 }
 
 void free_pinned(void* ptr) {
+  DeviceGuard guard(pinned_device());
   DDP_CUDA_CHECK(cudaFreeHost(ptr));
 }
 

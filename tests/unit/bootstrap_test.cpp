@@ -1,0 +1,52 @@
+// init_process_group without a launcher (world size 1): the device binding of the
+// communicator (Note [communicator devices]) and option checks.
+#include "collectives/bootstrap.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+namespace ddp {
+namespace {
+
+using namespace std::chrono_literals;
+
+ProcessGroupOptions on(const std::string& device) {
+  ProcessGroupOptions o;
+  o.device = device;
+  return o;
+}
+
+TEST(Bootstrap, AloneTheCommunicatorIsLocalAndBoundToTheRanksDevice) {
+  setenv("DDP_VIRTUAL_CPU_DEVICES", "3", 1);
+  ProcessGroup pg = init_process_group(on("cpu:2"));
+  EXPECT_EQ(pg.comm->backend(), "local");
+  EXPECT_EQ(pg.device, (Device{DeviceType::cpu, 2}));
+  EXPECT_EQ(pg.comm->device(), pg.device);
+  // Without an index, "cpu" is this rank's own: cpu:(LOCAL_RANK mod 3) = cpu:0 alone.
+  EXPECT_EQ(init_process_group(on("cpu")).comm->device(), Device::cpu());
+  unsetenv("DDP_VIRTUAL_CPU_DEVICES");
+}
+
+TEST(Bootstrap, ANonPositiveTimeoutIsRejected) {
+  try {
+    ProcessGroupOptions o;
+    o.timeout = 0ms;
+    init_process_group(o);
+    FAIL() << "no error";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("timeout is 0 ms; it must be positive"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Bootstrap, AnUnavailableVirtualDeviceNamesTheVariable) {
+  try {
+    init_process_group(on("cpu:1"));
+    FAIL() << "no error";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("DDP_VIRTUAL_CPU_DEVICES"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace ddp
