@@ -22,6 +22,7 @@
 #include "runtime/optim/optimizer.h"
 #include "runtime/stream.h"
 #include "tests/gpu/driver_context.h"
+#include "tests/gpu/require_gpu.h"
 
 #include <gtest/gtest.h>
 
@@ -29,10 +30,6 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
-
-#define DDP_REQUIRE_CUDA()                               \
-  if (::ddp::device_count(::ddp::DeviceType::cuda) == 0) \
-  GTEST_SKIP() << "no CUDA device: " << ::ddp::unavailable_reason(::ddp::DeviceType::cuda)
 
 namespace ddp {
 namespace {

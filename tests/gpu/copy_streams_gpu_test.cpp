@@ -17,6 +17,7 @@
 #include "runtime/ops/ops.h"
 #include "runtime/stream.h"
 #include "runtime/tensor.h"
+#include "tests/gpu/require_gpu.h"
 
 #include <gtest/gtest.h>
 
@@ -26,10 +27,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#define DDP_REQUIRE_CUDA()                               \
-  if (::ddp::device_count(::ddp::DeviceType::cuda) == 0) \
-  GTEST_SKIP() << "no CUDA device: " << ::ddp::unavailable_reason(::ddp::DeviceType::cuda)
 
 #define DDP_REQUIRE_TWO_GPUS()                                 \
   DDP_REQUIRE_CUDA();                                          \

@@ -6,6 +6,7 @@
 #include "runtime/nn/layers.h"
 #include "runtime/ops/ops.h"
 #include "runtime/optim/optimizer.h"
+#include "tests/gpu/require_gpu.h"
 
 #include <gtest/gtest.h>
 
@@ -16,10 +17,6 @@
 
 namespace ddp {
 namespace {
-
-#define DDP_REQUIRE_CUDA()                               \
-  if (::ddp::device_count(::ddp::DeviceType::cuda) == 0) \
-  GTEST_SKIP() << "no CUDA device: " << ::ddp::unavailable_reason(::ddp::DeviceType::cuda)
 
 const Device kGpu = Device::cuda(0);
 

@@ -5,6 +5,7 @@
 #include "runtime/ops/ops.h"
 #include "runtime/stream.h"
 #include "runtime/tensor.h"
+#include "tests/gpu/require_gpu.h"
 
 #include <gtest/gtest.h>
 
@@ -14,10 +15,6 @@
 #include <string>
 #include <tuple>
 #include <vector>
-
-#define DDP_REQUIRE_CUDA()                               \
-  if (::ddp::device_count(::ddp::DeviceType::cuda) == 0) \
-  GTEST_SKIP() << "no CUDA device: " << ::ddp::unavailable_reason(::ddp::DeviceType::cuda)
 
 namespace ddp {
 namespace {

@@ -6,6 +6,7 @@
 #include "runtime/ops/nn_ops.h"
 #include "runtime/ops/ops.h"
 #include "runtime/tensor.h"
+#include "tests/gpu/require_gpu.h"
 
 #include <gtest/gtest.h>
 
@@ -73,10 +74,6 @@ std::string describe(const Conv2dGeometry& g) {
   return fmt::format("input [{}, {}, {}, {}] kernel {}x{} stride {}x{} padding {}x{}", g.n, g.c,
                      g.h, g.w, g.kernel_h, g.kernel_w, g.stride_h, g.stride_w, g.pad_h, g.pad_w);
 }
-
-#define DDP_REQUIRE_CUDA()                               \
-  if (::ddp::device_count(::ddp::DeviceType::cuda) == 0) \
-  GTEST_SKIP() << "no CUDA device: " << ::ddp::unavailable_reason(::ddp::DeviceType::cuda)
 
 TEST(NnOpsGpu, Im2colAndCol2imMatchCpu) {
   DDP_REQUIRE_CUDA();
