@@ -26,7 +26,6 @@
 #include "collectives/communicator_base.h"
 #include "collectives/reduce_kernels.h"
 #include "runtime/ops/ops.h"
-#include "runtime/stream.h"
 
 #include <mpi.h>
 
@@ -34,8 +33,6 @@
 #include <atomic>
 #include <climits>
 #include <cstdlib>
-#include <map>
-#include <mutex>
 #include <thread>
 #include <vector>
 

@@ -137,7 +137,8 @@ std::vector<Device> available_devices() {
   std::vector<Device> out;
   for (int i = 0; i < device_count(DeviceType::cuda); ++i) out.push_back(Device::cuda(i));
   if (device_count(DeviceType::mps) > 0) out.push_back(Device::mps());
-  for (int i = 0; i < device_count(DeviceType::cpu); ++i) out.push_back({DeviceType::cpu, i});
+  const int cpus = device_count(DeviceType::cpu);  // reads the environment: once
+  for (int i = 0; i < cpus; ++i) out.push_back({DeviceType::cpu, i});
   return out;
 }
 
