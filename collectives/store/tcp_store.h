@@ -33,11 +33,23 @@ inline constexpr const char* kStoreSecretEnv = env::kStoreSecret;
 // DDP_STORE_SECRET, or "" when unset (then servers accept any client).
 std::string store_secret_from_env();
 
+// Note [store admission]: the store's port is reachable by anything on the
+// network, so a connection must earn its place. Until a connection has sent a
+// complete first message (HELLO, which TcpStore sends right after connecting)
+// it is "pending": it is closed when first_message_timeout passes, and when
+// more than max_pending connections are pending, or the process is out of
+// descriptors, the oldest pending one is closed to make room. Real clients
+// greet within milliseconds, so idle or garbage-sending connections can delay
+// a rendezvous by at most first_message_timeout, never block it. Connections
+// past max_clients are refused with an ERROR naming the limit.
 struct TcpStoreServerOptions {
   std::string host = "127.0.0.1";  // the only address bound; "0.0.0.0" for every interface
   int port = 0;                    // 0: an ephemeral port, see port()
   std::string secret;              // empty: accept any client
   int backlog = 128;
+  std::chrono::milliseconds first_message_timeout{5000};
+  size_t max_pending = 256;  // connections that have not sent a first message yet
+  size_t max_clients = 16384;
 };
 
 // Serves the store from one background thread (poll() over every connection).

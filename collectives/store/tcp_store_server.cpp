@@ -44,12 +44,15 @@ struct Client {
   Bytes out;
   size_t out_offset = 0;
   bool authenticated = false;
+  bool greeted = false;  // a complete first message arrived (Note [store admission])
+  Clock::time_point first_message_deadline{};
   bool parked = false;  // a GET/WAIT is waiting; later requests wait behind it
   bool closed = false;
   Phase phase = Phase::kOpen;
   Clock::time_point linger_deadline{};
 
   size_t backlog() const { return out.size() - out_offset; }
+  bool pending() const { return !greeted && phase == Phase::kOpen && !closed; }
   bool can_process() const {
     return phase == Phase::kOpen && !parked && backlog() < kMaxBacklogBytes;
   }
@@ -84,11 +87,14 @@ using store_detail::Waiter;
 
 class TcpStoreServer::Loop {
  public:
-  Loop(UniqueFd listen_fd, UniqueFd wake_read, std::string secret,
+  Loop(UniqueFd listen_fd, UniqueFd wake_read, const TcpStoreServerOptions& options,
        const std::atomic<bool>& stopping)
       : listen_fd_(std::move(listen_fd)),
         wake_read_(std::move(wake_read)),
-        secret_(std::move(secret)),
+        secret_(options.secret),
+        first_message_timeout_(options.first_message_timeout),
+        max_pending_(std::max<size_t>(options.max_pending, 1)),
+        max_clients_(std::max<size_t>(options.max_clients, 1)),
         stopping_(stopping),
         read_buffer_(store_detail::kReadChunkBytes) {}
 
@@ -106,6 +112,9 @@ class TcpStoreServer::Loop {
   void run();
   int next_timeout_ms() const;
   void accept_clients();
+  void admit(UniqueFd fd);
+  bool close_oldest_pending(const char* why);
+  void drop_silent(Client& c, const char* why);
   void on_event(Client& c, short revents);
   void read_from(Client& c);
   void process(Client& c);
@@ -128,6 +137,11 @@ class TcpStoreServer::Loop {
   UniqueFd listen_fd_;
   UniqueFd wake_read_;
   std::string secret_;
+  std::chrono::milliseconds first_message_timeout_;
+  size_t max_pending_;
+  size_t max_clients_;
+  size_t dropped_silent_ = 0;  // since the last warning about them
+  Clock::time_point last_drop_warning_{};
   const std::atomic<bool>& stopping_;
   std::vector<uint8_t> read_buffer_;
   std::map<uint64_t, Client> clients_;
@@ -183,6 +197,7 @@ int TcpStoreServer::Loop::next_timeout_ms() const {
   for (const Waiter& w : waiters_) consider(w.deadline);
   for (const auto& [id, c] : clients_) {
     if (c.phase == Phase::kDraining) consider(c.linger_deadline);
+    if (c.pending()) consider(c.first_message_deadline);
   }
   if (Clock::now() < accept_paused_until_) consider(accept_paused_until_);
   return next ? store_detail::poll_ms_until(*next) : -1;
@@ -191,33 +206,80 @@ int TcpStoreServer::Loop::next_timeout_ms() const {
 void TcpStoreServer::Loop::accept_clients() {
   for (;;) {
     const int fd = ::accept(listen_fd_.get(), nullptr, nullptr);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) {
-        // Out of descriptors or memory: retry shortly instead of spinning on poll().
-        DDP_LOG_WARN("store server cannot accept a connection: {}; retrying in 100 ms",
-                     store_detail::errno_text(errno));
-        accept_paused_until_ = Clock::now() + std::chrono::milliseconds(100);
-      }
-      return;
+    if (fd >= 0) {
+      admit(UniqueFd(fd));
+      continue;
     }
-    ::fcntl(fd, F_SETFD, FD_CLOEXEC);
-    store_detail::set_nonblocking(fd);
-    store_detail::set_nodelay(fd);
-    Client c;
-    c.id = next_client_id_++;
-    c.fd.reset(fd);
-    c.peer = store_detail::peer_name(fd);
-    c.authenticated = secret_.empty();
-    c.parser.set_max_message_bytes(c.authenticated ? kMaxMessageBytes
-                                                   : store_detail::kMaxHelloBytes);
-    DDP_LOG_DEBUG("store server: client {} connected from {}", c.id, c.peer);
-    const uint64_t id = c.id;
-    clients_.emplace(id, std::move(c));
+    if (errno == EINTR || errno == ECONNABORTED) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+    // Out of descriptors: a connection that never said anything makes room
+    // (Note [store admission]); otherwise retry shortly instead of spinning.
+    if ((errno == EMFILE || errno == ENFILE) && close_oldest_pending("out of file descriptors"))
+      continue;
+    DDP_LOG_WARN("store server cannot accept a connection: {}; retrying in 100 ms",
+                 store_detail::errno_text(errno));
+    accept_paused_until_ = Clock::now() + std::chrono::milliseconds(100);
+    return;
   }
 }
 
+void TcpStoreServer::Loop::admit(UniqueFd fd) {
+  ::fcntl(fd.get(), F_SETFD, FD_CLOEXEC);
+  store_detail::set_nonblocking(fd.get());
+  store_detail::set_nodelay(fd.get());
+  Client c;
+  c.id = next_client_id_++;
+  c.fd = std::move(fd);
+  c.peer = store_detail::peer_name(c.fd.get());
+  c.authenticated = secret_.empty();
+  c.first_message_deadline = Clock::now() + first_message_timeout_;
+  c.parser.set_max_message_bytes(c.authenticated ? kMaxMessageBytes : store_detail::kMaxHelloBytes);
+  DDP_LOG_DEBUG("store server: client {} connected from {}", c.id, c.peer);
+  const uint64_t id = c.id;
+  const bool full = clients_.size() >= max_clients_;
+  Client& added = clients_.emplace(id, std::move(c)).first->second;
+  if (full) {
+    return reject(added, fmt::format("the store already serves {} connections, its limit; close "
+                                     "unused clients (or raise TcpStoreServerOptions::max_clients)",
+                                     max_clients_));
+  }
+  size_t pending = 0;
+  for (const auto& [other_id, other] : clients_) pending += other.pending() ? 1 : 0;
+  if (pending > max_pending_) close_oldest_pending("too many connections waiting to say HELLO");
+}
+
+// clients_ is ordered by id, that is by arrival: the first pending one has had
+// the longest time to greet. Its HELLO may be sitting unread in the socket (a
+// burst of real clients is accepted before any is read), so read it first.
+bool TcpStoreServer::Loop::close_oldest_pending(const char* why) {
+  for (auto& [id, c] : clients_) {
+    if (!c.pending()) continue;
+    read_from(c);
+    if (c.pending()) {
+      drop_silent(c, why);
+      return true;
+    }
+  }
+  return false;
+}
+
+void TcpStoreServer::Loop::drop_silent(Client& c, const char* why) {
+  DDP_LOG_DEBUG("store server: closing client {} ({}): no first message ({})", c.id, c.peer, why);
+  ++dropped_silent_;
+  const auto now = Clock::now();
+  if (now - last_drop_warning_ >= std::chrono::seconds(10)) {
+    DDP_LOG_WARN(
+        "store server: closed {} connection(s) that sent no complete first message "
+        "(latest from {}: {}); store clients send HELLO as soon as they connect",
+        dropped_silent_, c.peer, why);
+    dropped_silent_ = 0;
+    last_drop_warning_ = now;
+  }
+  close(c);  // at once: its descriptor is what the next client needs
+}
+
 void TcpStoreServer::Loop::on_event(Client& c, short revents) {
+  if (c.closed) return;  // dropped while this poll's results were being served
   if ((revents & POLLNVAL) != 0) return close(c);
   if ((revents & POLLOUT) != 0) flush(c);
   if (!c.closed && (revents & (POLLIN | POLLHUP | POLLERR)) != 0) read_from(c);
@@ -245,6 +307,7 @@ void TcpStoreServer::Loop::process(Client& c) {
       break;
     }
     if (!m) break;
+    c.greeted = true;
     handle(c, *m);
   }
   flush(c);
@@ -404,6 +467,7 @@ void TcpStoreServer::Loop::expire(Clock::time_point now) {
   });
   for (auto& [id, c] : clients_) {
     if (c.phase == Phase::kDraining && !c.closed && c.linger_deadline <= now) close(c);
+    if (c.pending() && c.first_message_deadline <= now) drop_silent(c, "first-message deadline");
   }
 }
 
@@ -434,8 +498,7 @@ TcpStoreServer::TcpStoreServer(TcpStoreServerOptions options) {
     store_detail::set_nonblocking(fd);
     ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   }
-  loop_ =
-      std::make_unique<Loop>(std::move(listen_fd), std::move(wake_read), options.secret, stopping_);
+  loop_ = std::make_unique<Loop>(std::move(listen_fd), std::move(wake_read), options, stopping_);
   thread_ = std::thread([this] { loop_->run_guarded(); });
   DDP_LOG_DEBUG("store server listening on {}{}", store_detail::endpoint(options.host, port_),
                 options.secret.empty() ? " (no secret: any client is accepted)" : "");

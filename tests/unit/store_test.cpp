@@ -498,6 +498,59 @@ TEST(StoreTcp, ServerSurvivesMalformedAndOversizedMessages) {
   blocked.join();
 }
 
+// Note [store admission]: a connection that says nothing is closed at the
+// first-message deadline; one that said HELLO stays.
+TEST(StoreTcp, SilentConnectionsAreClosedAtTheFirstMessageDeadline) {
+  TcpStoreServerOptions options = server_options("s3cret");
+  options.first_message_timeout = 200ms;
+  TcpStoreServer server(options);
+  RawClient silent(server.port());
+  RawClient half(server.port());
+  half.send({5, 0, 0});  // half a frame header, then nothing
+  TcpStore greeted(client_options(server.port(), "s3cret"));
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(silent.read(5000ms).has_value()) << "the silent connection should be closed";
+  EXPECT_FALSE(half.read(5000ms).has_value()) << "the half-frame connection should be closed";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 4000ms);
+  std::this_thread::sleep_for(300ms);
+  greeted.set("still", "here");  // past the deadline, the greeted client is served
+  EXPECT_EQ(greeted.get_string("still"), "here");
+}
+
+TEST(StoreTcp, TooManySilentConnectionsCloseTheOldest) {
+  TcpStoreServerOptions options = server_options("s3cret");
+  options.max_pending = 3;
+  TcpStoreServer server(options);
+  std::vector<std::unique_ptr<RawClient>> silent;
+  for (int i = 0; i < 5; ++i) silent.push_back(std::make_unique<RawClient>(server.port()));
+  TcpStore store(client_options(server.port(), "s3cret"));  // itself pending for a moment
+  store.set("k", "v");
+  // The oldest made room for the newer ones (each arrival past 3 closes one).
+  EXPECT_FALSE(silent[0]->read(2000ms).has_value());
+  EXPECT_FALSE(silent[1]->read(2000ms).has_value());
+  silent[4]->send(encode(msg::hello("s3cret")));
+  const auto reply = silent[4]->read();
+  ASSERT_TRUE(reply.has_value());
+  EXPECT_EQ(reply->command, Command::kOk);
+  EXPECT_EQ(store.get_string("k"), "v");
+}
+
+TEST(StoreTcp, ConnectionsPastTheLimitAreRefusedByName) {
+  TcpStoreServerOptions options = server_options("");
+  options.max_clients = 2;
+  TcpStoreServer server(options);
+  TcpStore first(client_options(server.port()));
+  TcpStore second(client_options(server.port()));
+  first.set("k", "v");
+  RawClient third(server.port());
+  third.send(encode(msg::get("k", 0)));
+  const auto reply = third.read();
+  ASSERT_TRUE(reply.has_value());
+  EXPECT_EQ(reply->command, Command::kError);
+  EXPECT_NE(reply->text.find("serves 2 connections, its limit"), std::string::npos) << reply->text;
+  EXPECT_EQ(second.get_string("k"), "v");
+}
+
 TEST(StoreTcp, StopReleasesABlockedClientPromptly) {
   auto server = std::make_unique<TcpStoreServer>(server_options());
   TcpStore store(client_options(server->port(), "", 10000ms));
