@@ -17,6 +17,17 @@
 // often an ephemeral port, not by rank; Debian's headers do not expose the
 // connections (tcp/pair.h includes a header the package lacks), so these errors
 // cannot name the rank that failed.
+//
+// Note [gloo mismatch]: when ranks issue different collectives (or sizes), a
+// peer's message is longer than the buffer gloo posted for it, and gloo's
+// network thread fails an enforce ("op.preamble.length <= op.nbytes") where no
+// caller can catch it: the process used to die of std::terminate (SIGABRT, exit
+// 134) with gloo's line only. Comparing every collective up front costs a round
+// trip per collective, which is what DDP_DEBUG=detail is for; instead a
+// terminate handler (installed with the first gloo communicator, chained to the
+// previous one for every other exception) recognises gloo's exception, says
+// what happened in our words (rank, this rank's collective in flight, the byte
+// counts) and exits 1.
 #include "collectives/backends.h"
 #include "collectives/communicator_base.h"
 #include "collectives/reduce_kernels.h"
@@ -40,6 +51,11 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <regex>
 
 namespace ddp {
 namespace {
@@ -153,6 +169,63 @@ std::shared_ptr<gloo::Context> connect(std::shared_ptr<Store> store, const GlooO
   return context;
 }
 
+// The collective this process's gloo communicator is running (Note [gloo
+// mismatch]); its Collective lives on the communication thread's stack, which
+// is blocked inside gloo when the network thread fails.
+std::atomic<const Collective*> g_in_flight{nullptr};
+std::atomic<int> g_in_flight_rank{-1};
+std::terminate_handler g_previous_terminate = nullptr;
+
+std::string explain_gloo_network_failure(const std::string& gloo_text, int rank,
+                                         const std::string& collective) {
+  const std::string during =
+      collective.empty() ? std::string("a collective") : fmt::format("its {}", collective);
+  std::smatch m;
+  static const std::regex kLonger(R"(preamble\.length <= op\.nbytes\.\s*(\d+) vs (\d+))");
+  if (std::regex_search(gloo_text, m, kLonger)) {
+    return fmt::format(
+        "rank {}: collective mismatch on the gloo backend: a peer sent {} bytes where rank {} "
+        "expected at most {} during {}. The ranks issued different collectives, sizes or dtypes "
+        "here; every rank must issue the same collectives in the same order with the same "
+        "shapes. Run with DDP_DEBUG=detail to compare every collective across ranks and name "
+        "the one that differs. (gloo: {})",
+        rank, m[1].str(), rank, m[2].str(), during, gloo_text);
+  }
+  return fmt::format(
+      "rank {}: the gloo backend failed in its network thread during {}: {}. A "
+      "peer may have issued a different collective (DDP_DEBUG=detail compares "
+      "them) or died",
+      rank, during, gloo_text);
+}
+
+[[noreturn]] void on_terminate() {
+  std::string text;
+  if (std::exception_ptr e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      text = ex.what();
+    } catch (...) {
+    }
+  }
+  if (text.find("gloo/") != std::string::npos) {
+    const Collective* c = g_in_flight.load();
+    const std::string message =
+        explain_gloo_network_failure(text, g_in_flight_rank.load(), c ? c->describe() : "");
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: %s\n", message.c_str());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  if (g_previous_terminate != nullptr) g_previous_terminate();
+  std::abort();
+}
+
+void install_terminate_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] { g_previous_terminate = std::set_terminate(on_terminate); });
+}
+
 class GlooCommunicator : public ThreadedCommunicator {
  public:
   GlooCommunicator(std::shared_ptr<Store> store, const GlooOptions& options)
@@ -162,6 +235,7 @@ class GlooCommunicator : public ThreadedCommunicator {
               options.size);
     const comm::SigpipeBlock block;  // Note [gloo SIGPIPE]
     context_ = connect(std::move(store), options);
+    install_terminate_handler();
     start_thread();
   }
   ~GlooCommunicator() override { stop_thread(); }
@@ -184,6 +258,13 @@ class GlooCommunicator : public ThreadedCommunicator {
 
 void GlooCommunicator::run(const Collective& c) {
   const comm::SigpipeBlock block;  // this may be a waiter's thread: Note [gloo SIGPIPE]
+  struct InFlight {                // Note [gloo mismatch]
+    InFlight(const Collective& c, int rank) {
+      g_in_flight_rank.store(rank);
+      g_in_flight.store(&c);
+    }
+    ~InFlight() { g_in_flight.store(nullptr); }
+  } in_flight(c, rank());
   try {
     dispatch(c);
   } catch (const gloo::IoException& e) {
