@@ -1,5 +1,6 @@
 #include "runtime/checkpoint/safetensors.h"
 
+#include "runtime/checkpoint/crc32c.h"
 #include "runtime/checkpoint/json.h"
 #include "runtime/error.h"
 
@@ -24,6 +25,22 @@ static_assert(std::endian::native == std::endian::little,
 namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // the limit of the reference implementation
+
+// Note [checkpoint checksums]: save writes, for every tensor, the CRC-32C of its
+// bytes into the metadata as "crc32c/<name>": "<8 hex digits>"; load recomputes
+// it and names the tensor whose bytes changed. Metadata is the one place the
+// format leaves for this, so the files stay plain safetensors (PyTorch and the
+// safetensors library read them and ignore the keys). Files without the keys,
+// such as PyTorch's, load unchecked. The keys are ddp's: a caller's metadata may
+// not use the prefix, and load hands back the metadata without them. CRC-32C
+// catches every burst error up to 32 bits and runs on SSE4.2's crc32
+// instruction; it guards against damage (disk, copy, truncation into a valid
+// layout, an edit), not against someone who recomputes it.
+constexpr std::string_view kChecksumPrefix = "crc32c/";
+
+std::string checksum_text(const Tensor& host) {
+  return fmt::format("{:08x}", crc32c(host.data_ptr(), host.nbytes()));
+}
 
 struct DTypeName {
   DType dtype;
@@ -53,6 +70,10 @@ void check_savable(const NamedTensors& tensors, const std::map<std::string, std:
     DDP_CHECK(t.defined(), "save_safetensors {}: tensor '{}' is undefined", path, name);
   }
   for (const auto& [key, value] : metadata) {
+    DDP_CHECK(!key.starts_with(kChecksumPrefix),
+              "save_safetensors {}: metadata key {} uses the prefix '{}', which ddp reserves for "
+              "the tensors' checksums; rename the key",
+              path, json::quote(key), kChecksumPrefix);
     DDP_CHECK(json::is_valid_utf8(key) && json::is_valid_utf8(value),
               "save_safetensors {}: metadata entry {} is not valid UTF-8", path, json::quote(key));
   }
@@ -282,6 +303,19 @@ void check_layout(std::vector<Entry>& entries, uint64_t data_bytes, const std::s
 }
 
 // The header's bytes, checked against the file's size.
+// Note [checkpoint checksums].
+void verify_checksum(const std::map<std::string, std::string>& metadata, const std::string& name,
+                     const Tensor& t, const std::string& path) {
+  const auto it = metadata.find(std::string(kChecksumPrefix) + name);
+  if (it == metadata.end()) return;  // written without checksums (PyTorch, older ddp)
+  const std::string actual = checksum_text(t);
+  DDP_CHECK(it->second == actual,
+            "{}: tensor '{}' is corrupted: its {} bytes have CRC-32C {}, but the file recorded "
+            "{} when it was written. The file was damaged after it was saved (disk, copy, "
+            "edit); restore it or resume from an earlier checkpoint",
+            path, name, t.nbytes(), actual, it->second);
+}
+
 std::string read_header(ReadFile& file, const std::string& path) {
   DDP_CHECK(file.size() >= 8,
             "{}: the file has {} bytes, too short for a safetensors file (it starts with an 8-byte "
@@ -312,15 +346,20 @@ std::string_view safetensors_dtype_name(DType dtype) {
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata) {
   check_savable(tensors, metadata, path);
-  const std::string header = build_header(tensors, metadata);
+  // The header holds the checksums, so the host bytes are ready before it is written.
+  std::vector<Tensor> host;
+  host.reserve(tensors.size());
+  std::map<std::string, std::string> with_checksums = metadata;
+  for (const auto& [name, t] : tensors) {
+    host.push_back(t.device().is_cpu() ? t : t.cpu());
+    with_checksums[std::string(kChecksumPrefix) + name] = checksum_text(host.back());
+  }
+  const std::string header = build_header(tensors, with_checksums);
   const uint64_t header_bytes = header.size();
   AtomicFile file(path);
   file.write(&header_bytes, 8);  // little-endian host (static_assert above)
   file.write(header.data(), header.size());
-  for (const auto& [name, t] : tensors) {
-    const Tensor host = t.device().is_cpu() ? t : t.cpu();
-    file.write(host.data_ptr(), host.nbytes());
-  }
+  for (const Tensor& t : host) file.write(t.data_ptr(), t.nbytes());
   file.commit();
 }
 
@@ -365,8 +404,10 @@ SafetensorsFile load_safetensors(const std::string& path) {
   for (const Entry& e : entries) {
     Tensor t = empty(e.shape, {.dtype = e.dtype});
     file.read_at(data_start + e.begin, t.data_ptr(), t.nbytes());
+    verify_checksum(out.metadata, e.name, t, path);
     out.tensors.emplace_back(e.name, std::move(t));
   }
+  std::erase_if(out.metadata, [](const auto& kv) { return kv.first.starts_with(kChecksumPrefix); });
   return out;
 }
 

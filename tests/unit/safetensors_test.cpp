@@ -1,4 +1,5 @@
 #include "runtime/checkpoint/safetensors.h"
+#include "runtime/checkpoint/crc32c.h"
 
 #include "runtime/checkpoint/json.h"
 #include "runtime/error.h"
@@ -108,24 +109,97 @@ TEST_F(SafetensorsFiles, RoundTripOfEveryDtypeKeepsOrderAndMetadata) {
   }
 }
 
+std::string crc_hex(const std::string& bytes) {
+  return fmt::format("{:08x}", crc32c_detail::table_crc32c(bytes.data(), bytes.size(), 0));
+}
+
 TEST_F(SafetensorsFiles, ExactBytesOfATinyFile) {
   save_safetensors(path("x.safetensors"), {{"x", from_vector<float>({1.0f, 2.0f}, {2})}});
-  const std::string header = R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
-  ASSERT_EQ(header.size(), 54u);
-  const std::string expected = std::string("\x38\0\0\0\0\0\0\0", 8) + header + "  " +
-                               std::string("\x00\x00\x80\x3f\x00\x00\x00\x40", 8);
+  const std::string data = std::string("\x00\x00\x80\x3f\x00\x00\x00\x40", 8);
+  const std::string header = R"({"__metadata__":{"crc32c/x":")" + crc_hex(data) +
+                             R"("},"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  ASSERT_EQ(header.size(), 93u);
+  const std::string expected =
+      std::string("\x60\0\0\0\0\0\0\0", 8) + header + std::string(3, ' ') + data;
   EXPECT_EQ(read_bytes(path("x.safetensors")), expected);
 
   save_safetensors(path("m.safetensors"), {{"b", from_vector<uint8_t>({9}, {1})}},
                    {{"format", "pt"}});
   const std::string with_meta =
-      R"({"__metadata__":{"format":"pt"},"b":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})";
+      R"({"__metadata__":{"crc32c/b":")" + crc_hex("\x09") +
+      R"(","format":"pt"},"b":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})";
   const std::string bytes = read_bytes(path("m.safetensors"));
   uint64_t n = 0;
   std::memcpy(&n, bytes.data(), 8);
   EXPECT_EQ(n % 8, 0u);
   EXPECT_EQ(bytes.substr(8, n), with_meta + std::string(n - with_meta.size(), ' '));
   EXPECT_EQ(bytes.size(), 8 + n + 1);
+}
+
+// Note [checkpoint checksums]: one flipped bit in a tensor's bytes, or in a
+// recorded checksum, is named; a file without checksums (PyTorch's) loads.
+TEST_F(SafetensorsFiles, ChecksumsNameTheCorruptedTensor) {
+  const std::string p = path("c.safetensors");
+  save_safetensors(
+      p, {{"a", from_vector<float>({1, 2, 3}, {3})}, {"b", from_vector<int64_t>({4, 5}, {2})}},
+      {{"step", "7"}});
+  const SafetensorsFile ok = load_safetensors(p);
+  EXPECT_EQ(ok.metadata, (std::map<std::string, std::string>{{"step", "7"}}))
+      << "the checksum keys are ddp's, not the caller's";
+  const std::string good = read_bytes(p);
+
+  std::string flipped = good;
+  flipped[flipped.size() - 3] ^= 0x10;  // inside b's data, the last tensor
+  const std::string error = load_error(write_bytes("flipped.safetensors", flipped));
+  EXPECT_NE(error.find("tensor 'b' is corrupted: its 16 bytes have CRC-32C"), std::string::npos)
+      << error;
+  EXPECT_NE(error.find("restore it or resume from an earlier checkpoint"), std::string::npos);
+
+  std::string bad_sum = good;
+  const size_t at = bad_sum.find("crc32c/a\":\"") + 11;
+  bad_sum[at] = bad_sum[at] == '0' ? '1' : '0';
+  EXPECT_NE(load_error(write_bytes("badsum.safetensors", bad_sum)).find("tensor 'a' is corrupted"),
+            std::string::npos);
+
+  const std::string plain = write_file(
+      "plain.safetensors", R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8);
+  EXPECT_EQ(load_safetensors(plain).at("t").numel(), 2);
+}
+
+TEST_F(SafetensorsFiles, ChecksumPrefixIsReserved) {
+  const std::string error = [&] {
+    try {
+      save_safetensors(path("r.safetensors"), {{"a", from_vector<float>({1}, {1})}},
+                       {{"crc32c/a", "00000000"}});
+    } catch (const ValueError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  }();
+  EXPECT_NE(error.find("reserves for the tensors' checksums"), std::string::npos) << error;
+  EXPECT_FALSE(fs::exists(path("r.safetensors")));
+}
+
+TEST(Crc32c, KnownValuesAndTheFastPathAgreeWithTheTable) {
+  const std::string check = "123456789";
+  EXPECT_EQ(crc32c(check.data(), check.size()), 0xE3069283u);  // the CRC-32C check value
+  EXPECT_EQ(crc32c(nullptr, 0), 0u);
+  std::vector<uint8_t> zeros(32, 0), ones(32, 0xFF), counting(32);
+  for (int i = 0; i < 32; ++i) counting[i] = static_cast<uint8_t>(i);
+  EXPECT_EQ(crc32c(zeros.data(), 32), 0x8A9136AAu);  // RFC 3720 B.4
+  EXPECT_EQ(crc32c(ones.data(), 32), 0x62A8AB43u);
+  EXPECT_EQ(crc32c(counting.data(), 32), 0x46DD794Eu);
+  std::vector<uint8_t> data(4099);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 131 + 7);
+  for (size_t offset : {0, 1, 3, 7}) {
+    for (size_t n : {0, 1, 7, 8, 9, 63, 4092}) {
+      EXPECT_EQ(crc32c(data.data() + offset, n),
+                crc32c_detail::table_crc32c(data.data() + offset, n, 0))
+          << offset << " " << n;
+    }
+  }
+  const uint32_t first = crc32c(data.data(), 1000);
+  EXPECT_EQ(crc32c(data.data() + 1000, 3099, first), crc32c(data.data(), 4099));
 }
 
 TEST_F(SafetensorsFiles, CorruptFilesNameTheProblem) {
