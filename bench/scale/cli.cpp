@@ -1,5 +1,6 @@
 #include "bench/scale/cli.h"
 
+#include "runtime/device.h"
 #include "runtime/error.h"
 
 #include <unistd.h>
@@ -139,7 +140,11 @@ const std::map<std::string, Setter>& setters() {
       {"--repeats", [](Config& c, auto& f, auto& v) { c.sweep.repeats = parse_int(f, v, 1); }},
       {"--threads", [](Config& c, auto& f, auto& v) { c.sweep.threads = parse_int(f, v, 1); }},
       {"--data", [](Config& c, auto&, auto& v) { c.run.programs.data = v; }},
-      {"--device", [](Config& c, auto&, auto& v) { c.run.programs.device = v; }},
+      {"--device",
+       [](Config& c, auto&, auto& v) {
+         Device::parse(v);  // a misspelled device is a usage error here, not a failed run
+         c.run.programs.device = v;
+       }},
       {"--csv", [](Config& c, auto&, auto& v) { c.csv = v; }},
       {"--svg", [](Config& c, auto&, auto& v) { c.svg = v; }},
       {"--title", [](Config& c, auto&, auto& v) { c.title = v; }},
