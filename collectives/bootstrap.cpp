@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <random>
 
 namespace ddp {
@@ -34,6 +35,8 @@ std::string seen_variables() {
                                  "MASTER_ADDR",
                                  "MASTER_PORT",
                                  "DDPRUN_RUN_ID",
+                                 "DDPRUN_STORE",
+                                 "DDPRUN_STORE_ADDR",
                                  "OMPI_COMM_WORLD_RANK",
                                  "OMPI_COMM_WORLD_SIZE",
                                  "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -86,6 +89,30 @@ void fill_ranks(LaunchEnv& e) {
   }
 }
 
+// DDPRUN_STORE_ADDR: "host:port" or "[v6 address]:port" (Note [two stores] in
+// launcher/rendezvous.h); unset: the store is on MASTER_ADDR:MASTER_PORT.
+void fill_store(LaunchEnv& e) {
+  e.store_host = e.master_addr;
+  e.store_port = e.master_port;
+  const auto text = env::get(env::kStoreAddr);
+  if (!text) return;
+  const auto colon = text->rfind(':');
+  DDP_CHECK(colon != std::string::npos && colon > 0,
+            "{}={}: expected HOST:PORT (ddprun sets it). Seen: {}", env::kStoreAddr, *text,
+            seen_variables());
+  std::string host = text->substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  const std::string port = text->substr(colon + 1);
+  char* end = nullptr;
+  const long value = std::strtol(port.c_str(), &end, 10);
+  DDP_CHECK(!port.empty() && *end == '\0' && value > 0 && value <= 65535,
+            "{}={}: the port '{}' is not a TCP port in 1..65535. Seen: {}", env::kStoreAddr, *text,
+            port, seen_variables());
+  e.store_host = host;
+  e.store_port = static_cast<int>(value);
+}
+
 }  // namespace
 
 LaunchEnv read_launch_env() {
@@ -105,7 +132,8 @@ LaunchEnv read_launch_env() {
   DDP_CHECK(e.master_port >= 0 && e.master_port <= 65535,
             "MASTER_PORT={} is not a TCP port. Seen: {}", e.master_port, seen_variables());
   e.run_id = env::get(env::kRunId).value_or("");
-  e.agent_store = env::get("DDPRUN_STORE").value_or("") == "agent";
+  e.agent_store = env::get(env::kStore).value_or("") == "agent";
+  fill_store(e);
   return e;
 }
 
@@ -156,17 +184,31 @@ std::string resolve_backend(const ProcessGroupOptions& o, const LaunchEnv& e, co
 
 void connect_store(ProcessGroup& pg, std::chrono::milliseconds timeout) {
   const LaunchEnv& e = pg.env;
-  DDP_CHECK(!e.master_addr.empty() && e.master_port > 0,
+  DDP_CHECK(!e.store_host.empty() && e.store_port > 0,
             "world size {} needs MASTER_ADDR and MASTER_PORT (the rendezvous store); ddprun sets "
             "them, with mpirun or srun export them. Seen: {}",
             e.world_size, seen_variables());
   const std::string secret = store_secret_from_env();
   if (e.rank == 0 && !e.agent_store) {
     pg.server = std::make_shared<TcpStoreServer>(
-        TcpStoreServerOptions{.host = e.master_addr, .port = e.master_port, .secret = secret});
+        TcpStoreServerOptions{.host = e.store_host, .port = e.store_port, .secret = secret});
   }
   pg.store = std::make_shared<TcpStore>(TcpStoreOptions{
-      .host = e.master_addr, .port = e.master_port, .secret = secret, .timeout = timeout});
+      .host = e.store_host, .port = e.store_port, .secret = secret, .timeout = timeout});
+}
+
+// Note [mpi needs mpirun]: MPI started without mpirun initialises as a
+// singleton (a world of 1), so ranks started by anything else would each train
+// alone and succeed. A world that disagrees with the launch environment is an
+// error that names mpirun.
+void check_mpi_world(const Communicator& comm, const LaunchEnv& e) {
+  DDP_CHECK(comm.size() == e.world_size && comm.rank() == e.rank,
+            "the mpi backend sees rank {} of a world of {}, but the launch environment says rank "
+            "{} of {} (launcher: {}): MPI ranks must be started by mpirun, e.g. `mpirun -n {} "
+            "PROGRAM ...` with --backend mpi or DDP_BACKEND=mpi; under ddprun use gloo or shm. "
+            "Seen: {}",
+            comm.rank(), comm.size(), e.rank, e.world_size, e.launcher, e.world_size,
+            seen_variables());
 }
 
 std::string shared_run_id(ProcessGroup& pg) {
@@ -192,7 +234,7 @@ std::string gloo_hostname(const LaunchEnv& e) {
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* found = nullptr;
-  if (getaddrinfo(e.master_addr.c_str(), "9", &hints, &found) != 0) return "";
+  if (getaddrinfo(e.store_host.c_str(), "9", &hints, &found) != 0) return "";
   std::string address;
   for (addrinfo* a = found; a != nullptr && address.empty(); a = a->ai_next) {
     const UniqueFd fd(socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0));
@@ -233,6 +275,7 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options) {
   }
   if (backend == "mpi") {
     pg.comm = make_mpi_communicator(comm);
+    check_mpi_world(*pg.comm, pg.env);  // Note [mpi needs mpirun]
     DDP_LOG_DEBUG("process group: backend mpi rank {}/{} on {}", pg.env.rank, pg.env.world_size,
                   pg.device.str());
     return pg;

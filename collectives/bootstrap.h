@@ -30,6 +30,10 @@ struct LaunchEnv {
   int master_port = 0;
   std::string run_id;
   bool agent_store = false;  // the launcher hosts the store (DDPRUN_STORE=agent)
+  // Where the store is: DDPRUN_STORE_ADDR (host:port) under ddprun, else
+  // MASTER_ADDR/MASTER_PORT (rank 0 hosts it there when no agent does).
+  std::string store_host;
+  int store_port = 0;
 };
 // Reads the variables; ValueError lists what it saw when they are inconsistent.
 LaunchEnv read_launch_env();

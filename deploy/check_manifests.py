@@ -61,8 +61,10 @@ def check_indexed_job(path, docs):
     if not master.startswith(f"{name}-0.{svc_name}"):
         fail(path, f"--master-addr {master} is not pod 0 ({name}-0.{svc_name})")
     port = int(arg_after(args, "--master-port", path))
-    if port not in [p["port"] for p in svc["spec"]["ports"]]:
-        fail(path, f"the Service does not list the store port {port}")
+    # MASTER_PORT (rank 0's store) and ddprun's agents' store on MASTER_PORT + 1.
+    for p in (port, port + 1):
+        if p not in [q["port"] for q in svc["spec"]["ports"]]:
+            fail(path, f"the Service does not list port {p} (MASTER_PORT {port}, the agents' store {port + 1})")
     return args
 
 

@@ -1,9 +1,11 @@
 #include "launcher/agent.h"
 
+#include "collectives/store/socket.h"
 #include "collectives/store/tcp_store.h"
 #include "launcher/group.h"
 #include "launcher/rank_env.h"
 #include "launcher/rendezvous.h"
+#include "launcher/secret_file.h"
 #include "launcher/watchdog.h"
 #include "runtime/device.h"
 
@@ -29,32 +31,53 @@ int usable_cores() {
   return static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
 }
 
+// `-n gpu` on a machine without one is a usage error (exit 2), like a bad flag.
 int local_ranks(const LaunchOptions& o) {
   const std::string& spec = o.nproc_per_node;
   if (spec != "gpu" && spec != "auto") return resolve_nproc(spec, 0);
   const int gpus = device_count(DeviceType::cuda);
-  return resolve_nproc(spec, gpus, gpus > 0 ? "" : unavailable_reason(DeviceType::cuda));
+  try {
+    return resolve_nproc(spec, gpus, gpus > 0 ? "" : unavailable_reason(DeviceType::cuda));
+  } catch (const ValueError& e) {
+    throw UsageError(e.what());
+  }
 }
 
-// Node 0 makes one up when the user exported none; the other nodes cannot
-// guess it (Note in docs/ddprun.md, "The store secret").
+// Note [store secret]: never printed. One node makes one up when none was
+// given (the ranks get it in their environment, nothing else needs it);
+// several nodes must share one, from the environment or a private file.
 std::string store_secret(const LaunchOptions& o) {
+  if (!o.store_secret_file.empty()) return read_secret_file(o.store_secret_file);
   std::string secret = store_secret_from_env();
   if (!secret.empty()) return secret;
-  DDP_CHECK_T(LaunchError, o.node_rank == 0,
-              "--node-rank {} needs DDP_STORE_SECRET: export the same value on every node "
-              "(node 0 prints the one it generated when none was set), e.g. export "
-              "DDP_STORE_SECRET=$(openssl rand -hex 16) before starting ddprun everywhere",
-              o.node_rank);
+  DDP_CHECK_T(UsageError, o.nnodes == 1,
+              "--nnodes {} needs the store's secret, the same on every node: export "
+              "DDP_STORE_SECRET (e.g. DDP_STORE_SECRET=$(openssl rand -hex 16)) or pass "
+              "--store-secret-file FILE (mode 0600) on every node",
+              o.nnodes);
   std::random_device rd;
   for (int i = 0; i < 16; ++i) secret += fmt::format("{:02x}", rd() & 0xff);
-  if (o.nnodes > 1) {
-    say(
-        fmt::format("generated DDP_STORE_SECRET={}; export it before starting ddprun on the "
-                    "other nodes",
-                    secret));
-  }
   return secret;
+}
+
+// --standalone: MASTER_PORT is a port that is free now, on the loopback
+// interface (rank 0 binds it a moment later; torchrun has the same window).
+int free_master_port(const std::string& addr) {
+  return store_detail::local_port(store_detail::listen_on(addr, 0, 1).get());
+}
+
+RendezvousOptions rendezvous_options(const LaunchOptions& o, int nproc, const std::string& secret) {
+  RendezvousOptions r{.nnodes = o.nnodes,
+                      .node_rank = o.node_rank,
+                      .local_ranks = nproc,
+                      .timeout = to_ms(o.rdzv_timeout_s),
+                      .secret = secret};
+  if (o.nnodes > 1) {  // Note [two stores]
+    r.host = rdzv_store_host(o);
+    r.port = rdzv_store_port(o);
+    r.bind = o.rdzv_bind.empty() ? r.host : o.rdzv_bind;
+  }
+  return r;
 }
 
 GroupSpec make_spec(const LaunchOptions& o, const std::string& program_path, int nproc, int restart,
@@ -65,10 +88,12 @@ GroupSpec make_spec(const LaunchOptions& o, const std::string& program_path, int
   spec.restart = restart;
   spec.output = {.log_dir = o.log_dir, .tee = o.tee, .quiet = o.quiet, .prefix = o.prefix};
   spec.grace = to_ms(o.grace_period_s);
+  spec.blame.stopped_timeout = to_ms(o.stopped_timeout_s);
   spec.argv.push_back(o.program);
   spec.argv.insert(spec.argv.end(), o.program_args.begin(), o.program_args.end());
   const auto base = current_environment();
   const int threads = threads_per_rank(usable_cores(), nproc);
+  const int master_port = o.standalone ? free_master_port(o.master_addr) : o.master_port;
   for (int i = 0; i < nproc; ++i) {
     const int rank = o.node_rank * nproc + i;
     spec.ranks.push_back(rank);
@@ -77,9 +102,12 @@ GroupSpec make_spec(const LaunchOptions& o, const std::string& program_path, int
                                                 .world_size = o.nnodes * nproc,
                                                 .local_world_size = nproc,
                                                 .group_rank = o.node_rank,
+                                                .group_world_size = o.nnodes,
                                                 .master_addr = o.master_addr,
-                                                .master_port = rendezvous.port(),
+                                                .master_port = master_port,
+                                                .store_addr = rendezvous.endpoint(),
                                                 .restart_count = restart,
+                                                .max_restarts = o.max_restarts,
                                                 .run_id = rendezvous.run_id(),
                                                 .store_secret = secret,
                                                 .backend = o.backend,
@@ -120,14 +148,7 @@ int run_agent(const LaunchOptions& o, const std::string& program_path) {
   const int nproc = local_ranks(o);
   SignalPipe signals;
   const std::string secret = store_secret(o);
-  Rendezvous rendezvous({.master_addr = o.master_addr,
-                         .master_port = o.master_port,
-                         .standalone = o.standalone,
-                         .nnodes = o.nnodes,
-                         .node_rank = o.node_rank,
-                         .local_ranks = nproc,
-                         .timeout = to_ms(o.rdzv_timeout_s),
-                         .secret = secret});
+  Rendezvous rendezvous(rendezvous_options(o, nproc, secret));
   for (int restart = 0;; ++restart) {
     GroupResult result;
     try {

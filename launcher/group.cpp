@@ -38,12 +38,8 @@ bool failed(int wait_status) {
 
 struct RankProcess {
   int local_rank = 0;
-  int rank = 0;
-  pid_t pid = -1;
+  RankRecord rec;  // what launcher/blame.h judges
   bool running = false;
-  bool signalled = false;  // ddprun sent it a signal (it did not fail on its own)
-  int status = 0;
-  Clock::time_point start, end;
   std::string err_log;  // "" without --log-dir
   Fd out_file, err_file;
   std::unique_ptr<RankStream> out, err;
@@ -63,6 +59,8 @@ class Watcher {
   void poll_once();
   void handle_signals();
   void reap_exited();
+  void note_stop_change(RankProcess& r);
+  void judge();
   void check_remote();
   void stop_all(int sig, const std::string& why);
   void kill_all();
@@ -81,9 +79,9 @@ class Watcher {
   bool stopping_ = false;
   bool killed_ = false;
   Clock::time_point kill_deadline_;
-  int stop_signal_ = 0;                  // ddprun's own SIGINT/SIGTERM/SIGHUP
-  std::optional<size_t> first_failure_;  // index into ranks_
-  std::optional<GroupFailure> remote_;   // another node's failure
+  int stop_signal_ = 0;                 // ddprun's own SIGINT/SIGTERM/SIGHUP
+  std::optional<Blame> blame_;          // the rank that ended the job (Note [blame])
+  std::optional<GroupFailure> remote_;  // another node's failure
 };
 
 GroupResult Watcher::run() {
@@ -107,16 +105,16 @@ void Watcher::spawn_all() {
   try {
     for (size_t i = 0; i < ranks_.size(); ++i) {
       ranks_[i].local_rank = static_cast<int>(i);
-      ranks_[i].rank = spec_.ranks[i];
+      ranks_[i].rec.rank = spec_.ranks[i];
       open_logs(ranks_[i]);
       spawn_one(ranks_[i]);
     }
   } catch (...) {
     for (auto& r : ranks_) {
       if (!r.running) continue;
-      signal_group(r.pid, SIGKILL);
+      signal_group(r.rec.pid, SIGKILL);
       int status = 0;
-      ::waitpid(r.pid, &status, 0);
+      ::waitpid(r.rec.pid, &status, 0);
     }
     throw;
   }
@@ -128,7 +126,7 @@ void Watcher::open_logs(RankProcess& r) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (spec_.restart == 0 ? O_TRUNC : O_APPEND);
-  const std::string base = fmt::format("{}/rank_{}", dir, r.rank);
+  const std::string base = fmt::format("{}/rank_{}", dir, r.rec.rank);
   r.out_file = Fd(::open((base + ".out").c_str(), flags, 0644));
   r.err_file = Fd(::open((base + ".err").c_str(), flags, 0644));
   if (!r.out_file || !r.err_file) {
@@ -147,8 +145,8 @@ void Watcher::open_logs(RankProcess& r) {
 
 void Watcher::spawn_one(RankProcess& r) {
   const OutputOptions& o = spec_.output;
-  const bool console = o.quiet ? r.rank == 0 : (o.log_dir.empty() || o.tee);
-  const std::string prefix = o.prefix ? fmt::format("[rank {}] ", r.rank) : "";
+  const bool console = o.quiet ? r.rec.rank == 0 : (o.log_dir.empty() || o.tee);
+  const std::string prefix = o.prefix ? fmt::format("[rank {}] ", r.rec.rank) : "";
   Pipe out = make_pipe();
   Pipe err = make_pipe();
   r.out = std::make_unique<RankStream>(std::move(out.read),
@@ -160,12 +158,12 @@ void Watcher::spawn_one(RankProcess& r) {
                                                   .file_fd = r.err_file.get(),
                                                   .prefix = prefix,
                                                   .tail_lines = kTailLines});
-  r.start = Clock::now();
-  r.pid = spawn({.path = spec_.program_path,
-                 .argv = spec_.argv,
-                 .env = spec_.envs[static_cast<size_t>(r.local_rank)],
-                 .stdout_fd = out.write.get(),
-                 .stderr_fd = err.write.get()});
+  r.rec.start = Clock::now();
+  r.rec.pid = spawn({.path = spec_.program_path,
+                     .argv = spec_.argv,
+                     .env = spec_.envs[static_cast<size_t>(r.local_rank)],
+                     .stdout_fd = out.write.get(),
+                     .stderr_fd = err.write.get()});
   r.running = true;
 }
 
@@ -209,29 +207,60 @@ void Watcher::handle_signals() {
   }
 }
 
-// Reaps every rank that exited before signalling anyone, so that ranks which
-// failed on their own at the same moment are not reported as stopped by ddprun.
+// Reaps every rank that exited before judging, so that ranks which failed on
+// their own at the same moment are not reported as stopped by ddprun.
 void Watcher::reap_exited() {
-  std::optional<size_t> failure;
-  for (size_t i = 0; i < ranks_.size(); ++i) {
-    RankProcess& r = ranks_[i];
+  for (RankProcess& r : ranks_) {
     if (!r.running) continue;
-    const auto status = try_reap(r.pid);
-    if (!status) continue;
+    const auto status = try_reap(r.rec.pid);
+    if (!status) {
+      note_stop_change(r);
+      continue;
+    }
     r.running = false;
-    r.status = *status;
-    r.end = last_exit_ = Clock::now();
-    if (failed(r.status) && !stopping_ && !failure) failure = i;
+    r.rec.wait_status = *status;
+    r.rec.stopped_since.reset();
+    r.rec.exit_time = last_exit_ = Clock::now();
   }
-  if (!failure) return;
-  first_failure_ = failure;
-  const RankProcess& r = ranks_[*failure];
-  const std::string what = fmt::format("rank {} (pid {}) failed: {} after {:.1f} s", r.rank, r.pid,
-                                       describe_status(r.status), seconds_between(r.start, r.end));
-  rendezvous_.publish_failure({.node = spec_.node_rank,
-                               .exit_code = exit_code_of(r.status),
-                               .what = fmt::format("{} on node {}", what, spec_.node_rank)});
-  stop_all(SIGTERM, what);
+  if (!stopping_) judge();
+}
+
+void Watcher::note_stop_change(RankProcess& r) {
+  const auto change = try_stop_change(r.rec.pid);
+  if (!change || change->stopped == r.rec.stopped_since.has_value()) return;
+  if (change->stopped) {
+    r.rec.stopped_since = Clock::now();
+    r.rec.stop_signal = change->signal;
+    const double limit = std::chrono::duration<double>(spec_.blame.stopped_timeout).count();
+    say(fmt::format("rank {} (pid {}) was stopped by {}{}", r.rec.rank, r.rec.pid,
+                    signal_name(change->signal),
+                    limit > 0 ? fmt::format("; the job ends if it is still stopped in {:g} s "
+                                            "(--stopped-timeout)",
+                                            limit)
+                              : ""));
+  } else {
+    say(fmt::format("rank {} (pid {}) continued after {:.1f} s stopped", r.rec.rank, r.rec.pid,
+                    seconds_between(*r.rec.stopped_since, Clock::now())));
+    r.rec.stopped_since.reset();
+  }
+}
+
+// Note [blame]: the decision is launcher/blame.h's; here it is carried out.
+void Watcher::judge() {
+  std::vector<RankRecord> records;
+  for (const RankProcess& r : ranks_) records.push_back(r.rec);
+  blame_ = find_blame(records, Clock::now(), spec_.blame);
+  if (!blame_) return;
+  RankProcess& r = ranks_[blame_->index];
+  rendezvous_.publish_failure(
+      {.node = spec_.node_rank,
+       .exit_code = blame_->exit_code,
+       .what = fmt::format("{} on node {}", blame_->what, spec_.node_rank)});
+  if (r.running) {  // stopped or stalled: it cannot act on SIGTERM
+    r.rec.signalled = true;
+    signal_group(r.rec.pid, SIGKILL);
+  }
+  stop_all(SIGTERM, blame_->what);
 }
 
 void Watcher::check_remote() {
@@ -259,8 +288,10 @@ void Watcher::stop_all(int sig, const std::string& why) {
   }
   for (auto& r : ranks_) {
     if (!r.running) continue;
-    r.signalled = true;
-    signal_group(r.pid, sig);
+    r.rec.signalled = true;
+    signal_group(r.rec.pid, sig);
+    // A stopped rank acts on nothing but SIGKILL and SIGCONT: let it handle `sig`.
+    if (r.rec.stopped_since) signal_group(r.rec.pid, SIGCONT);
   }
 }
 
@@ -268,8 +299,8 @@ void Watcher::kill_all() {
   killed_ = true;
   for (auto& r : ranks_) {
     if (!r.running) continue;
-    r.signalled = true;
-    signal_group(r.pid, SIGKILL);
+    r.rec.signalled = true;
+    signal_group(r.rec.pid, SIGKILL);
   }
 }
 
@@ -283,9 +314,7 @@ bool Watcher::streams_open() const {
 }
 
 GroupResult Watcher::result() const {
-  if (first_failure_) {
-    return {Outcome::rank_failed, exit_code_of(ranks_[*first_failure_].status)};
-  }
+  if (blame_) return {Outcome::rank_failed, blame_->exit_code};
   if (stop_signal_ != 0) return {Outcome::interrupted, 128 + stop_signal_};
   if (remote_) return {Outcome::remote_failed, remote_->exit_code};
   return {Outcome::success, 0};
@@ -297,26 +326,28 @@ void Watcher::print_summary() const {
                   seconds_between(start_, last_exit_),
                   remote_ ? fmt::format("; the group failed elsewhere: {}", remote_->what) : ""));
   for (size_t i = 0; i < ranks_.size(); ++i) {
-    const RankProcess& r = ranks_[i];
+    const RankRecord& r = ranks_[i].rec;
+    const int status = r.wait_status.value_or(0);
     std::string note;
-    if (first_failure_ == i)
-      note = "  <- first failure";
-    else if (r.signalled && failed(r.status))
+    if (blame_ && blame_->index == i)
+      note = blame_->reason == BlameReason::failed ? "  <- first failure" : "  <- to blame";
+    else if (r.signalled && failed(status))
       note = "  (stopped by ddprun)";
     say(fmt::format("  rank {:<3} pid {:<8} {:<28} {:6.1f} s{}", r.rank, r.pid,
-                    describe_status(r.status), seconds_between(r.start, r.end), note));
+                    describe_status(status), seconds_between(r.start, r.exit_time), note));
   }
-  if (!first_failure_) return;
-  const RankProcess& f = ranks_[*first_failure_];
+  if (!blame_) return;
+  const RankProcess& f = ranks_[blame_->index];
+  if (blame_->reason != BlameReason::failed) say(fmt::format("to blame: {}", blame_->what));
   const auto& tail = f.err->tail();
   if (tail.empty()) {
-    say(fmt::format("rank {} wrote nothing to stderr", f.rank));
+    say(fmt::format("rank {} wrote nothing to stderr", f.rec.rank));
   } else {
     say(fmt::format("last {} line{} of rank {}'s stderr:", tail.size(), tail.size() == 1 ? "" : "s",
-                    f.rank));
+                    f.rec.rank));
     for (const auto& line : tail) say("  | " + line);
   }
-  if (!f.err_log.empty()) say(fmt::format("rank {}'s log: {}", f.rank, f.err_log));
+  if (!f.err_log.empty()) say(fmt::format("rank {}'s log: {}", f.rec.rank, f.err_log));
 }
 
 }  // namespace

@@ -8,8 +8,12 @@
 //                                          SIGKILL after the grace period; a
 //                                          second one: SIGKILL at once
 //   another node's rank fails           -> as a local failure, without restarting here alone
+//   a rank is stopped (SIGSTOP, ...)    -> reported at once; past --stopped-timeout it is
+//                                          SIGKILLed and the others stopped as above
+// Which rank is to blame is launcher/blame.h's decision (Note [blame]).
 #pragma once
 
+#include "launcher/blame.h"
 #include "launcher/process.h"
 #include "launcher/rendezvous.h"
 
@@ -35,6 +39,7 @@ struct GroupSpec {
   int restart = 0;
   OutputOptions output;
   std::chrono::milliseconds grace{10000};
+  BlamePolicy blame;
 };
 
 enum class Outcome { success, rank_failed, remote_failed, interrupted };

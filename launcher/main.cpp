@@ -55,6 +55,9 @@ int main(int argc, char** argv) {
   }
   try {
     return ddp::launcher::run_agent(options, program.path);
+  } catch (const ddp::launcher::UsageError& e) {
+    std::cerr << "ddprun: error: " << e.what() << "\n";
+    return 2;
   } catch (const ddp::Error& e) {
     std::cerr << "ddprun: error: " << e.what() << "\n";
     return 1;

@@ -26,19 +26,32 @@ ranks:
   --node-rank R         this node's rank, 0..N-1 (default 0); node 0 hosts the
                         store, the others connect to it
   --backend NAME        sets DDP_BACKEND for the ranks:
-                        auto|local|shm|gloo|mpi|nccl
+                        auto|local|shm|gloo|nccl (mpi needs mpirun, not ddprun)
 rendezvous:
-  --master-addr HOST    node 0's address (default 127.0.0.1)
-  --master-port PORT    the store's TCP port on node 0 (default 29500)
+  --master-addr HOST    MASTER_ADDR: node 0's address (default 127.0.0.1)
+  --master-port PORT    MASTER_PORT (default 29500), left free for rank 0's own
+                        store (a PyTorch program's init_process_group)
+  --standalone          one node; MASTER_PORT is a free port chosen for you
+  --rdzv-port PORT      with --nnodes > 1: the port of the agents' store on
+                        node 0 (default: --master-port + 1)
   --rdzv-endpoint HOST:PORT
-                        both at once (torchrun's spelling)
-  --standalone          one node, on a free port chosen for you
+                        with --nnodes > 1: the agents' store (torchrun's
+                        spelling); HOST is also MASTER_ADDR unless given
+  --rdzv-bind ADDR      the address node 0's store binds (default: the one
+                        the store's HOST resolves to; 0.0.0.0: every interface)
   --rdzv-timeout S      seconds the agents wait for each other (default 300)
+  --store-secret-file FILE
+                        DDP_STORE_SECRET from FILE (mode 0600); with --nnodes
+                        > 1 this or DDP_STORE_SECRET in the environment is
+                        required
 failures:
   --max-restarts K      restart the whole group up to K times when a rank
                         fails (default 0); ranks see DDPRUN_RESTART_COUNT
+                        and TORCHELASTIC_RESTART_COUNT
   --grace-period S      seconds between SIGTERM and SIGKILL when the group is
                         stopped (default 10)
+  --stopped-timeout S   a rank stopped (SIGSTOP, SIGTSTP) for S seconds ends
+                        the job, and is blamed (default 30; 0: never)
 output:
   --log-dir DIR         write DIR/rank_<R>.out and DIR/rank_<R>.err instead of
                         the console
@@ -52,14 +65,15 @@ output:
 Underscore spellings (--nproc_per_node, --master_addr, ...) are accepted.
 Exit status: 0 when every rank succeeded; else the first failing rank's exit
 code, or 128+N when it died of signal N (or ddprun got signal N); 1 when ddprun
-itself failed (rendezvous, port in use); 2 for bad options; 126 when PROGRAM
+itself failed (rendezvous, port in use); 2 for bad options; 128+SIGSTOP (147)
+when a rank stayed stopped past --stopped-timeout; 126 when PROGRAM
 is not executable; 127 when it is not found.
 Docs: docs/ddprun.md.
 )";
 
 namespace {
 
-constexpr const char* kBackendNames[] = {"auto", "local", "shm", "gloo", "mpi", "nccl"};
+constexpr const char* kBackendNames[] = {"auto", "local", "shm", "gloo", "nccl"};
 
 template <typename T>
 T parse_number(const std::string& flag, const std::string& text, const char* expected) {
@@ -84,8 +98,8 @@ void parse_endpoint(LaunchOptions& o, const std::string& text) {
   const auto colon = text.rfind(':');
   DDP_CHECK(colon != std::string::npos && colon > 0, "--rdzv-endpoint '{}': expected HOST:PORT",
             text);
-  o.master_addr = text.substr(0, colon);
-  o.master_port = parse_int("--rdzv-endpoint port", text.substr(colon + 1));
+  o.rdzv_host = text.substr(0, colon);
+  o.rdzv_port = parse_int("--rdzv-endpoint port", text.substr(colon + 1));
 }
 
 using Setter = std::function<void(LaunchOptions&, const std::string&)>;
@@ -96,6 +110,11 @@ const std::map<std::string, Setter>& valued_flags() {
       {"--nnodes", [](auto& o, auto& v) { o.nnodes = parse_int("--nnodes", v); }},
       {"--node-rank", [](auto& o, auto& v) { o.node_rank = parse_int("--node-rank", v); }},
       {"--master-addr", [](auto& o, auto& v) { o.master_addr = v; }},
+      {"--rdzv-port", [](auto& o, auto& v) { o.rdzv_port = parse_int("--rdzv-port", v); }},
+      {"--rdzv-bind", [](auto& o, auto& v) { o.rdzv_bind = v; }},
+      {"--store-secret-file", [](auto& o, auto& v) { o.store_secret_file = v; }},
+      {"--stopped-timeout",
+       [](auto& o, auto& v) { o.stopped_timeout_s = parse_seconds("--stopped-timeout", v); }},
       {"--master-port", [](auto& o, auto& v) { o.master_port = parse_int("--master-port", v); }},
       {"--rdzv-endpoint", [](auto& o, auto& v) { parse_endpoint(o, v); }},
       {"--backend", [](auto& o, auto& v) { o.backend = v; }},
@@ -128,6 +147,25 @@ bool is_torchrun_only(const std::string& name) {
                      [&](const char* n) { return name == n; });
 }
 
+void validate_rendezvous(const LaunchOptions& o) {
+  DDP_CHECK(o.master_port >= 1 && o.master_port <= 65535,
+            "--master-port {}: must be a TCP port in 1..65535 (or use --standalone for a free one)",
+            o.master_port);
+  DDP_CHECK(!o.master_addr.empty(), "--master-addr: must not be empty");
+  DDP_CHECK(!o.standalone || o.nnodes == 1, "--standalone is for one node, not --nnodes {}",
+            o.nnodes);
+  if (o.nnodes == 1) return;  // the agents' store is on a free loopback port
+  const int port = rdzv_store_port(o);
+  DDP_CHECK(port >= 1 && port <= 65535,
+            "the agents' store port {}: must be a TCP port in 1..65535 "
+            "(--rdzv-port, --rdzv-endpoint, or --master-port + 1)",
+            port);
+  DDP_CHECK(port != o.master_port || rdzv_store_host(o) != o.master_addr,
+            "the agents' store and MASTER_PORT are both {}:{}: rank 0 of a PyTorch program hosts "
+            "its own store on MASTER_PORT; pass another --rdzv-port",
+            o.master_addr, port);
+}
+
 void validate(const LaunchOptions& o) {
   const std::string& n = o.nproc_per_node;
   if (n != "gpu" && n != "auto") {
@@ -138,20 +176,21 @@ void validate(const LaunchOptions& o) {
   DDP_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes,
             "--node-rank {}: must be in 0..{} for --nnodes {}", o.node_rank, o.nnodes - 1,
             o.nnodes);
-  DDP_CHECK(o.master_port >= 1 && o.master_port <= 65535,
-            "--master-port {}: must be a TCP port in 1..65535 (or use --standalone for a free one)",
-            o.master_port);
-  DDP_CHECK(!o.master_addr.empty(), "--master-addr: must not be empty");
-  DDP_CHECK(!o.standalone || o.nnodes == 1, "--standalone is for one node, not --nnodes {}",
-            o.nnodes);
+  validate_rendezvous(o);
   DDP_CHECK(o.max_restarts >= 0, "--max-restarts {}: must be >= 0", o.max_restarts);
   DDP_CHECK(o.grace_period_s >= 0, "--grace-period {}: must be >= 0 seconds", o.grace_period_s);
   DDP_CHECK(o.rdzv_timeout_s > 0, "--rdzv-timeout {}: must be > 0 seconds", o.rdzv_timeout_s);
+  DDP_CHECK(o.stopped_timeout_s >= 0, "--stopped-timeout {}: must be >= 0 seconds (0: never)",
+            o.stopped_timeout_s);
   DDP_CHECK(!o.tee || !o.log_dir.empty(), "--tee needs --log-dir DIR (the files to tee into)");
+  DDP_CHECK(o.backend != "mpi",
+            "--backend mpi: the mpi backend needs its ranks started by mpirun, which ddprun is "
+            "not; run `mpirun -n N PROGRAM ...` with --backend mpi (train) or DDP_BACKEND=mpi, or "
+            "keep ddprun and use --backend gloo or shm");
   if (!o.backend.empty()) {
     DDP_CHECK(std::any_of(std::begin(kBackendNames), std::end(kBackendNames),
                           [&](const char* b) { return o.backend == b; }),
-              "--backend '{}': valid values are auto, local, shm, gloo, mpi, nccl", o.backend);
+              "--backend '{}': valid values are auto, local, shm, gloo, nccl", o.backend);
   }
   DDP_CHECK(!o.program.empty(), "missing PROGRAM: what should each rank run?");
 }
@@ -170,6 +209,7 @@ void split_long_option(std::string& name, std::optional<std::string>& value) {
 ParseResult parse_ddprun_args(int argc, const char* const* argv) {
   ParseResult result;
   LaunchOptions& o = result.options;
+  bool master_addr_given = false;
   int i = 1;
   for (; i < argc; ++i) {
     std::string name = argv[i];
@@ -198,6 +238,7 @@ ParseResult parse_ddprun_args(int argc, const char* const* argv) {
         *switch_flag(o, name) = true;
       continue;
     }
+    if (name == "--master-addr") master_addr_given = true;
     const auto it = valued_flags().find(name);
     DDP_CHECK(!is_torchrun_only(name),
               "unknown option '{}': a torchrun option that ddprun does not have (see "
@@ -210,6 +251,7 @@ ParseResult parse_ddprun_args(int argc, const char* const* argv) {
     }
     it->second(o, *value);
   }
+  if (!master_addr_given && !o.rdzv_host.empty()) o.master_addr = o.rdzv_host;
   if (i < argc) o.program = argv[i++];
   for (; i < argc; ++i) o.program_args.emplace_back(argv[i]);
   validate(o);
@@ -226,6 +268,14 @@ int resolve_nproc(const std::string& spec, int gpu_count, const std::string& why
     return gpu_count;
   }
   return parse_int("--nproc-per-node", spec);
+}
+
+std::string rdzv_store_host(const LaunchOptions& o) {
+  return o.rdzv_host.empty() ? o.master_addr : o.rdzv_host;
+}
+
+int rdzv_store_port(const LaunchOptions& o) {
+  return o.rdzv_port != 0 ? o.rdzv_port : o.master_port + 1;
 }
 
 int threads_per_rank(int cores, int local_ranks) {

@@ -3,6 +3,8 @@
 // devices, no files, so it is unit-tested alone.
 #pragma once
 
+#include "runtime/error.h"
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -13,10 +15,21 @@ struct LaunchOptions {
   std::string nproc_per_node = "1";  // N | gpu | auto, resolved by resolve_nproc()
   int nnodes = 1;
   int node_rank = 0;
+  // MASTER_ADDR/MASTER_PORT of the ranks: where global rank 0 (of a PyTorch
+  // program) hosts its store; nothing of ddprun listens there (Note [two stores]
+  // in launcher/rendezvous.h).
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  bool standalone = false;  // one node, a free port chosen by the store server
-  std::string backend;      // empty: leave DDP_BACKEND as the user set it
+  // The agents' store with --nnodes > 1: rdzv_host (empty: master_addr) and
+  // rdzv_port (0: master_port + 1), bound on node 0 to rdzv_bind (empty: the
+  // address rdzv_host resolves to). Unused with one node (a free loopback port).
+  std::string rdzv_host;
+  int rdzv_port = 0;
+  std::string rdzv_bind;
+  bool standalone = false;        // one node, MASTER_PORT a free port
+  std::string backend;            // empty: leave DDP_BACKEND as the user set it
+  std::string store_secret_file;  // DDP_STORE_SECRET from a file of mode 0600 (or 0400)
+  double stopped_timeout_s = 30;  // a rank stopped this long ends the job; 0: never
   int max_restarts = 0;
   std::string log_dir;          // per-rank stdout and stderr files; empty: the console only
   bool tee = false;             // with log_dir: the console too
@@ -40,6 +53,9 @@ struct ParseResult {
 // torchrun's underscore spellings ("--nproc_per_node"). Throws ValueError with
 // the flag, the value and what is valid (the caller prints it with the usage
 // and exits 2).
+//
+// --rdzv-endpoint HOST:PORT sets rdzv_host/rdzv_port (torchrun's c10d meaning:
+// the agents' store), and master_addr too unless --master-addr was given.
 ParseResult parse_ddprun_args(int argc, const char* const* argv);
 
 // The number of local ranks for `spec` (N, "gpu" or "auto") given the visible
@@ -49,6 +65,16 @@ int resolve_nproc(const std::string& spec, int gpu_count, const std::string& why
 
 // OMP_NUM_THREADS for each of `local_ranks` ranks on `cores` cores: at least 1.
 int threads_per_rank(int cores, int local_ranks);
+
+// The agents' store endpoint with --nnodes > 1 (see LaunchOptions).
+std::string rdzv_store_host(const LaunchOptions& o);
+int rdzv_store_port(const LaunchOptions& o);
+
+// A usage error found after parsing (a missing secret, a secret file others can
+// read): ddprun prints it and exits 2, like a bad flag.
+class UsageError : public Error {
+  using Error::Error;
+};
 
 extern const char* const kDdprunUsage;
 

@@ -130,6 +130,20 @@ std::optional<int> try_reap(pid_t pid) {
   return status;
 }
 
+std::optional<StopChange> try_stop_change(pid_t pid) {
+  std::optional<StopChange> latest;
+  for (int i = 0; i < 4; ++i) {  // a stop and a continue may both be pending
+    siginfo_t info{};
+    if (::waitid(P_PID, static_cast<id_t>(pid), &info, WSTOPPED | WCONTINUED | WNOHANG) != 0 ||
+        info.si_pid == 0) {
+      break;
+    }
+    if (info.si_code == CLD_STOPPED) latest = StopChange{.stopped = true, .signal = info.si_status};
+    if (info.si_code == CLD_CONTINUED) latest = StopChange{.stopped = false};
+  }
+  return latest;
+}
+
 std::string signal_name(int sig) {
   const char* abbrev = ::sigabbrev_np(sig);
   return abbrev != nullptr ? fmt::format("SIG{}", abbrev) : fmt::format("signal {}", sig);
@@ -181,7 +195,7 @@ SignalPipe::SignalPipe() {
   g_signal_write_fd = write_.get();
   struct sigaction sa {};
   sa.sa_handler = on_signal;
-  sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+  sa.sa_flags = SA_RESTART;  // no SA_NOCLDSTOP: a stopped rank wakes the agent
   ::sigemptyset(&sa.sa_mask);
   for (size_t i = 0; i < std::size(kHandledSignals); ++i) {
     ::sigaction(kHandledSignals[i], &sa, &g_previous[i]);

@@ -60,6 +60,16 @@ void signal_group(pid_t pgid, int sig);
 // and returns its wait status. nullopt while it runs. Never blocks.
 std::optional<int> try_reap(pid_t pid);
 
+// A change of a running rank's job-control state.
+struct StopChange {
+  bool stopped = false;  // false: continued
+  int signal = 0;        // what stopped it (SIGSTOP, SIGTSTP, ...), with stopped
+};
+// The latest stop or continue of `pid` since the last call (waitid with
+// WSTOPPED | WCONTINUED, which consumes the report), or nullopt. Never blocks,
+// never reaps.
+std::optional<StopChange> try_stop_change(pid_t pid);
+
 // "exit code 3", "killed by SIGKILL", "SIGSEGV (core dumped)".
 std::string describe_status(int wait_status);
 // The shell's convention: the exit code, or 128 + the signal number.
@@ -67,9 +77,9 @@ int exit_code_of(int wait_status);
 // "SIGTERM", or "signal 42".
 std::string signal_name(int sig);
 
-// Installs handlers for SIGINT, SIGTERM, SIGHUP and SIGCHLD that write the
-// signal number to a pipe, and ignores SIGPIPE (a closed console must not kill
-// the agent). One per process.
+// Installs handlers for SIGINT, SIGTERM, SIGHUP and SIGCHLD (also when a child
+// stops or continues) that write the signal number to a pipe, and ignores SIGPIPE (a closed console
+// must not kill the agent). One per process.
 class SignalPipe {
  public:
   SignalPipe();

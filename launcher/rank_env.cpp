@@ -43,13 +43,24 @@ std::vector<std::string> rank_environment(const std::vector<std::string>& base,
       {env::kMasterPort, std::to_string(in.master_port)},
       {env::kRestartCount, std::to_string(in.restart_count)},
       {env::kRunId, in.run_id},
-      {"DDPRUN_STORE", "agent"},
+      {env::kStore, "agent"},
+      {env::kStoreAddr, in.store_addr},
       {kStoreSecretEnv, in.store_secret},
+      // torchrun's (torch/distributed/elastic/agent/server/local_elastic_agent.py), one role.
+      {"GROUP_WORLD_SIZE", std::to_string(in.group_world_size)},
+      {"ROLE_NAME", "default"},
+      {"ROLE_RANK", std::to_string(in.rank)},
+      {"ROLE_WORLD_SIZE", std::to_string(in.world_size)},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(in.restart_count)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(in.max_restarts)},
+      {"TORCHELASTIC_RUN_ID", in.run_id},
+      {"TORCHELASTIC_USE_AGENT_STORE", "False"},
   };
   for (const auto& [key, value] : contract) set_var(env, key, value);
   if (!in.backend.empty()) set_var(env, env::kBackend, in.backend);
   set_default(env, "OMP_NUM_THREADS", std::to_string(in.threads));
   set_default(env, "OPENBLAS_NUM_THREADS", std::to_string(in.threads));
+  set_default(env, "NCCL_ASYNC_ERROR_HANDLING", "1");  // torchrun's default too
   return env;
 }
 

@@ -12,10 +12,13 @@ struct RankEnvInputs {
   int local_rank = 0;
   int world_size = 1;
   int local_world_size = 1;
-  int group_rank = 0;  // the node rank
+  int group_rank = 0;        // the node rank
+  int group_world_size = 1;  // the number of nodes
   std::string master_addr;
   int master_port = 0;
+  std::string store_addr;  // "host:port" of ddprun's store (Note [two stores])
   int restart_count = 0;
+  int max_restarts = 0;
   std::string run_id;
   std::string store_secret;
   std::string backend;  // empty: DDP_BACKEND is left as inherited
@@ -24,7 +27,10 @@ struct RankEnvInputs {
 
 // `base` is "KEY=VALUE" (the agent's environ). Contract variables replace any
 // inherited value; OMP_NUM_THREADS and OPENBLAS_NUM_THREADS are added only when
-// absent, each on its own. DDPRUN_STORE=agent tells rank 0 not to host the store.
+// absent, each on its own. DDPRUN_STORE=agent and DDPRUN_STORE_ADDR tell our
+// ranks where ddprun's store is (rank 0 hosts none); the TORCHELASTIC_* and
+// ROLE_* variables are torchrun's, for PyTorch programs (TORCHELASTIC_USE_AGENT_STORE
+// is False: their rank 0 hosts its store on MASTER_PORT).
 std::vector<std::string> rank_environment(const std::vector<std::string>& base,
                                           const RankEnvInputs& in);
 

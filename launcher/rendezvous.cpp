@@ -1,5 +1,6 @@
 #include "launcher/rendezvous.h"
 
+#include "collectives/store/socket.h"
 #include "collectives/store/tcp_store.h"
 #include "launcher/process.h"
 
@@ -56,14 +57,14 @@ Interrupted::Interrupted(int sig)
     : Error(fmt::format("interrupted by {}", signal_name(sig))), signal_(sig) {}
 
 Rendezvous::Rendezvous(RendezvousOptions options)
-    : options_(std::move(options)), port_(options_.master_port) {
+    : options_(std::move(options)), port_(options_.port) {
   if (options_.node_rank == 0) run_id_ = random_hex(8);
 }
 
 Rendezvous::~Rendezvous() = default;
 
 std::string Rendezvous::endpoint() const {
-  return fmt::format("{}:{}", options_.master_addr, port_);
+  return store_detail::endpoint(options_.host, port_);  // [v6]:port
 }
 
 void Rendezvous::begin_attempt(int restart) {
@@ -80,26 +81,23 @@ void Rendezvous::end_attempt() {
   store_lost_ = false;
 }
 
-// Node 0. One node binds --master-addr; several bind every interface, since
-// --master-addr is how the other nodes see this one (a name that resolves to
-// 127.0.1.1 here is common).
+// Node 0 (Note [two stores]).
 void Rendezvous::host(int restart) {
   end_attempt();
-  const std::string bind = multi_node() ? "0.0.0.0" : options_.master_addr;
-  const int port = options_.standalone ? 0 : options_.master_port;
   try {
-    server_ = std::make_unique<TcpStoreServer>(
-        TcpStoreServerOptions{.host = bind, .port = port, .secret = options_.secret});
+    server_ = std::make_unique<TcpStoreServer>(TcpStoreServerOptions{
+        .host = options_.bind, .port = options_.port, .secret = options_.secret});
   } catch (const StoreError& e) {
     throw LaunchError(fmt::format(
-        "cannot host the rendezvous store: {}; or, on one node, let --standalone pick a free "
-        "port",
+        "cannot host the agents' store: {}. The agents' store needs --rdzv-port (default "
+        "--master-port + 1) free on an address of this machine; --rdzv-bind 0.0.0.0 binds every "
+        "interface",
         e.what()));
   }
   port_ = server_->port();
   if (!multi_node()) return;
   try {
-    store_ = std::make_unique<TcpStore>(TcpStoreOptions{.host = options_.master_addr,
+    store_ = std::make_unique<TcpStore>(TcpStoreOptions{.host = options_.host,
                                                         .port = port_,
                                                         .secret = options_.secret,
                                                         .timeout = kCallTimeout,
@@ -109,8 +107,8 @@ void Rendezvous::host(int restart) {
     store_->set("node/0", node_value());
   } catch (const StoreError& e) {
     throw LaunchError(fmt::format(
-        "node 0 cannot reach its own store at {}: {}. --master-addr must be an address of this "
-        "machine that the other nodes can reach",
+        "node 0 cannot reach its own store at {}: {}. --master-addr (or --rdzv-endpoint's "
+        "HOST) must be an address of this machine that the other nodes can reach",
         endpoint(), e.what()));
   }
 }
@@ -123,9 +121,9 @@ void Rendezvous::join(int restart) {
     if (Clock::now() >= deadline) {
       throw LaunchError(fmt::format(
           "node {} cannot reach the rendezvous store at {} (hosted by node 0's ddprun) within "
-          "{} s. Check that `ddprun --node-rank 0` runs with the same --master-port, that "
-          "--master-addr is node 0's address as seen from this node, and that no firewall "
-          "blocks the port (--rdzv-timeout sets the wait). Last error: {}",
+          "{} s. Check that `ddprun --node-rank 0` runs with the same --master-port and "
+          "--rdzv-port, that --master-addr is node 0's address as seen from this node, and that "
+          "no firewall blocks the port (--rdzv-timeout sets the wait). Last error: {}",
           options_.node_rank, endpoint(), seconds(options_.timeout), error));
     }
     std::this_thread::sleep_for(kPollInterval * 2);
@@ -134,7 +132,7 @@ void Rendezvous::join(int restart) {
 
 bool Rendezvous::try_join_once(int restart, std::string& error) {
   try {
-    auto store = std::make_unique<TcpStore>(TcpStoreOptions{.host = options_.master_addr,
+    auto store = std::make_unique<TcpStore>(TcpStoreOptions{.host = options_.host,
                                                             .port = port_,
                                                             .secret = options_.secret,
                                                             .timeout = kCallTimeout,
@@ -151,10 +149,10 @@ bool Rendezvous::try_join_once(int restart, std::string& error) {
     if (contains(e.what(), "refused this client")) {
       std::string why = e.what();
       while (!why.empty() && why.back() == '.') why.pop_back();
-      throw LaunchError(fmt::format(
-          "{}. Export the same DDP_STORE_SECRET on every node before starting ddprun (node 0 "
-          "prints the one it generated when none was set)",
-          why));
+      throw LaunchError(
+          fmt::format("{}. Give every node the same secret: DDP_STORE_SECRET in the environment or "
+                      "--store-secret-file FILE",
+                      why));
     }
     error = e.what();
     return false;
@@ -171,10 +169,10 @@ void Rendezvous::wait_for_nodes(int restart) {
       if (Clock::now() >= deadline) {
         throw LaunchError(fmt::format(
             "attempt {}: {} did not join the rendezvous at {} within {} s. Start `ddprun "
-            "--nnodes {} --node-rank R --master-addr {} --master-port {} ...` on each of them, "
-            "with the same DDP_STORE_SECRET (--rdzv-timeout sets the wait)",
-            restart, missing_nodes(), endpoint(), seconds(options_.timeout), options_.nnodes,
-            options_.master_addr, port_));
+            "--nnodes {} --node-rank R` with the same --master-addr, --master-port and "
+            "--rdzv-port on each of them, with the same DDP_STORE_SECRET (--rdzv-timeout sets "
+            "the wait)",
+            restart, missing_nodes(), endpoint(), seconds(options_.timeout), options_.nnodes));
       }
       std::this_thread::sleep_for(kPollInterval);
     }

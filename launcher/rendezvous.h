@@ -2,6 +2,21 @@
 // and every other agent connects to; the agents meet there before each attempt
 // and tell each other about failures and completion.
 //
+// Note [two stores]
+// ddprun's store is never on MASTER_PORT: that port is left to global rank 0,
+// which hosts a store of its own there when it is a PyTorch program
+// (init_process_group with env://, as without an agent). One node: ddprun's
+// store is on a free loopback port; several: on the rendezvous endpoint
+// (--rdzv-endpoint, --rdzv-port; default --master-port + 1), bound to the
+// address --master-addr (or the endpoint's host) resolves to. Our own ranks
+// find it through DDPRUN_STORE_ADDR (collectives/bootstrap.cpp). We do not
+// speak c10d's TCPStore protocol, for three reasons: it has no
+// authentication, so torch ranks on our store would bypass DDP_STORE_SECRET;
+// its wire format changed between torch versions (1.13's, 2.x's validation
+// message and libuv server), so speaking one version would break the others;
+// and rank 0 hosting the store is what env:// does anyway. docs/ddprun.md,
+// "PyTorch programs".
+//
 // Note [one store per attempt]
 // Node 0 hosts a fresh store for every attempt (restart), on the same port: the
 // ranks' keys ("ddp/run_id", "nccl/uid", gloo's) are not namespaced by restart,
@@ -47,9 +62,9 @@ class Interrupted : public Error {
 };
 
 struct RendezvousOptions {
-  std::string master_addr = "127.0.0.1";
-  int master_port = 29500;
-  bool standalone = false;  // port 0: the server picks a free one
+  std::string host = "127.0.0.1";  // where agents and ranks connect (Note [two stores])
+  int port = 0;                    // 0: a free one, chosen again for every attempt
+  std::string bind = "127.0.0.1";  // the address node 0's store binds
   int nnodes = 1;
   int node_rank = 0;
   int local_ranks = 1;  // every node must run as many (checked at the rendezvous)
@@ -79,8 +94,8 @@ class Rendezvous {
   void end_attempt();
 
   const std::string& run_id() const { return run_id_; }
-  // The port ranks connect to: the chosen one under --standalone.
-  int port() const { return port_; }
+  // The store ranks connect to this attempt: "host:port" (DDPRUN_STORE_ADDR).
+  std::string endpoint() const;
   bool multi_node() const { return options_.nnodes > 1; }
 
   // Multi-node only; no-ops (nullopt, true) on one node.
@@ -100,7 +115,6 @@ class Rendezvous {
   void wait_for_nodes(int restart);
   std::string missing_nodes();
   void check_same_local_ranks();
-  std::string endpoint() const;
   std::string node_value() const;
 
   RendezvousOptions options_;

@@ -4,6 +4,9 @@
 //   RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
 //   MASTER_PORT, DDPRUN_RESTART_COUNT, DDPRUN_RUN_ID, OMP_NUM_THREADS,
 //   DDPRUN_STORE=agent (the launcher hosts the store; rank 0 must not),
+//   DDPRUN_STORE_ADDR=host:port (where; default MASTER_ADDR:MASTER_PORT),
+//   TORCHELASTIC_{RESTART_COUNT,MAX_RESTARTS,RUN_ID,USE_AGENT_STORE}, ROLE_*,
+//   GROUP_WORLD_SIZE (torchrun's, read by PyTorch programs, not by ddp),
 //   DDP_STORE_SECRET (the store rejects clients without it; empty: no check)
 // Set by other launchers and understood by the bootstrap:
 //   OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}, PMI_RANK, PMI_SIZE,
@@ -46,6 +49,7 @@ inline constexpr const char* kMasterPort = "MASTER_PORT";
 inline constexpr const char* kRestartCount = "DDPRUN_RESTART_COUNT";
 inline constexpr const char* kRunId = "DDPRUN_RUN_ID";
 inline constexpr const char* kStore = "DDPRUN_STORE";
+inline constexpr const char* kStoreAddr = "DDPRUN_STORE_ADDR";
 inline constexpr const char* kStoreSecret = "DDP_STORE_SECRET";
 inline constexpr const char* kGlooHostname = "DDP_GLOO_HOSTNAME";
 inline constexpr const char* kCpuCacheMb = "DDP_CPU_CACHE_MB";

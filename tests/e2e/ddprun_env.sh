@@ -18,9 +18,16 @@ for n in 1 2 3 4; do
     for kv in "RANK=$r" "LOCAL_RANK=$r" "WORLD_SIZE=$n" "LOCAL_WORLD_SIZE=$n" "GROUP_RANK=0" \
               "MASTER_ADDR=127.0.0.1" "MASTER_PORT=$port" "DDPRUN_RESTART_COUNT=0" \
               "DDPRUN_RUN_ID=$run_id" "DDPRUN_STORE=agent" "DDP_STORE_SECRET=$secret" \
-              "OMP_NUM_THREADS=$threads" "OPENBLAS_NUM_THREADS=$threads"; do
+              "OMP_NUM_THREADS=$threads" "OPENBLAS_NUM_THREADS=$threads" \
+              "TORCHELASTIC_RESTART_COUNT=0" "TORCHELASTIC_MAX_RESTARTS=0" "TORCHELASTIC_RUN_ID=$run_id" \
+              "TORCHELASTIC_USE_AGENT_STORE=False" "ROLE_NAME=default" "ROLE_RANK=$r" \
+              "ROLE_WORLD_SIZE=$n" "GROUP_WORLD_SIZE=1"; do
       grep -qxF "[rank $r] $kv" "$out" || fail "-n $n: rank $r lacks $kv"
     done
+    # ddprun's own store: a loopback port other than MASTER_PORT (Note [two stores]).
+    store=$(value "$out" "$r" DDPRUN_STORE_ADDR)
+    [[ "$store" =~ ^127\.0\.0\.1:[0-9]+$ ]] && [ "${store#*:}" != "$port" ] ||
+      fail "-n $n: rank $r: DDPRUN_STORE_ADDR '$store' is not a loopback port other than MASTER_PORT $port"
   done
   [ "$(grep -c '\] RANK=' "$out")" -eq "$n" ] || fail "-n $n: wrong number of ranks"
 done

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # --nnodes 2 on one machine: two agents (node 0 hosts the store, node 1 joins)
 # give ranks 0..3 one world, one run id, a working all_reduce (gloo); a failure
-# on node 1 stops node 0 too.
+# on node 1 stops node 0 too. The agents' store is on --master-port + 1
+# (MASTER_PORT is rank 0's); the secret comes from the environment or a 0600
+# file and is never printed by ddprun.
 # usage: ddprun_nnodes.sh DDPRUN PROBE
 . "$(dirname "$0")/lib_ddprun.sh"
 export DDP_STORE_SECRET="e2e-$RANDOM$RANDOM"
@@ -18,15 +20,24 @@ run_id=$(sed -n 's/^\[rank 0\] DDPRUN_RUN_ID=//p' "$WORK/node0.log")
 for r in 0 1 2 3; do
   node=$((r / 2)) log="$WORK/node$((r / 2)).log"
   for kv in "RANK=$r" "LOCAL_RANK=$((r % 2))" "WORLD_SIZE=4" "LOCAL_WORLD_SIZE=2" "GROUP_RANK=$node" \
-            "MASTER_PORT=$port" "DDPRUN_RUN_ID=$run_id" "DDP_STORE_SECRET=$DDP_STORE_SECRET"; do
+            "MASTER_PORT=$port" "DDPRUN_RUN_ID=$run_id" "DDP_STORE_SECRET=$DDP_STORE_SECRET" \
+            "DDPRUN_STORE_ADDR=127.0.0.1:$((port + 1))" "TORCHELASTIC_RUN_ID=$run_id" \
+            "GROUP_WORLD_SIZE=2" "ROLE_RANK=$r" "ROLE_WORLD_SIZE=4" "TORCHELASTIC_USE_AGENT_STORE=False"; do
     grep -qxF "[rank $r] $kv" "$log" || fail "rank $r (node $node) lacks $kv"
   done
   grep -qE "^\[rank $r\] allreduce=10 backend=" "$log" || fail "rank $r: all_reduce across nodes failed"
 done
 
-# Rank 3 (node 1) fails: both agents stop, and both report its exit code.
+grep -q "^ddprun:.*$DDP_STORE_SECRET" "$WORK"/node*.log && fail "ddprun printed the secret"
+
+# Rank 3 (node 1) fails: both agents stop, and both report its exit code. The
+# secret from a file, on --rdzv-port.
+secret=$DDP_STORE_SECRET
+unset DDP_STORE_SECRET
+printf '%s\n' "$secret" >"$WORK/secret"
+chmod 600 "$WORK/secret"
 port=$(free_port)
-common=(--nnodes 2 -n 2 --master-port "$port" --grace-period 2 --rdzv-timeout 20)
+common=(--nnodes 2 -n 2 --rdzv-port "$port" --grace-period 2 --rdzv-timeout 20 --store-secret-file "$WORK/secret")
 "$DDPRUN" "${common[@]}" --node-rank 1 "$PROBE" --exit-code 9 --on-rank 3 --sleep 60 \
   --marker "$MARKER" >"$WORK/fail1.log" 2>&1 &
 node1=$!
@@ -38,5 +49,7 @@ wait $node1; s1=$?
 [ $s0 -eq 9 ] && [ $s1 -eq 9 ] || fail "rank 3 exited 9; node 0 exited $s0, node 1 exited $s1"
 grep -q "the group failed elsewhere: rank 3 .*exit code 9.* on node 1" "$WORK/fail0.log" ||
   fail "node 0 does not say that rank 3 on node 1 failed"
+grep -qx "\[rank 3\] DDP_STORE_SECRET=$secret" "$WORK/fail1.log" || fail "the ranks lack the file's secret"
+grep -q "^ddprun:.*$secret" "$WORK"/fail*.log && fail "ddprun printed the secret"
 no_process_left 1
 echo "ddprun_nnodes: ok"

@@ -12,6 +12,9 @@ status=$?
 # it runs the last attempt to the end.
 got=$(sed -n "s/^\[rank 1\] DDPRUN_RESTART_COUNT=//p" "$WORK/recover.log" | tr '\n' ' ')
 [ "$got" = "0 1 2 " ] || fail "rank 1 saw restart counts '$got', expected '0 1 2 '"
+got=$(sed -n "s/^\[rank 1\] TORCHELASTIC_RESTART_COUNT=//p" "$WORK/recover.log" | tr '\n' ' ')
+[ "$got" = "0 1 2 " ] || fail "rank 1 saw TORCHELASTIC_RESTART_COUNT '$got', expected '0 1 2 '"
+grep -qx '\[rank 1\] TORCHELASTIC_MAX_RESTARTS=2' "$WORK/recover.log" || fail "no TORCHELASTIC_MAX_RESTARTS=2"
 grep -qx '\[rank 0\] DDPRUN_RESTART_COUNT=2' "$WORK/recover.log" || fail "rank 0 did not run restart 2"
 grep -q '^ddprun: restarting the group: restart 2 of 2$' "$WORK/recover.log" || fail "no restart message"
 no_process_left 1

@@ -50,3 +50,29 @@ TEST(Bootstrap, AnUnavailableVirtualDeviceNamesTheVariable) {
 
 }  // namespace
 }  // namespace ddp
+
+// Note [two stores]: under ddprun the store is DDPRUN_STORE_ADDR, not MASTER_PORT
+// (which a PyTorch rank 0 holds); without it, MASTER_ADDR:MASTER_PORT as before.
+TEST(Bootstrap, TheStoreIsDdprunStoreAddrElseMaster) {
+  setenv("MASTER_ADDR", "10.0.0.1", 1);
+  setenv("MASTER_PORT", "29500", 1);
+  unsetenv("DDPRUN_STORE_ADDR");
+  ddp::LaunchEnv e = ddp::read_launch_env();
+  EXPECT_EQ(e.store_host, "10.0.0.1");
+  EXPECT_EQ(e.store_port, 29500);
+  setenv("DDPRUN_STORE_ADDR", "127.0.0.1:41000", 1);
+  e = ddp::read_launch_env();
+  EXPECT_EQ(e.store_host, "127.0.0.1");
+  EXPECT_EQ(e.store_port, 41000);
+  EXPECT_EQ(e.master_port, 29500);
+  setenv("DDPRUN_STORE_ADDR", "[::1]:41000", 1);
+  EXPECT_EQ(ddp::read_launch_env().store_host, "::1");
+  setenv("DDPRUN_STORE_ADDR", "127.0.0.1:0", 1);
+  try {
+    ddp::read_launch_env();
+    ADD_FAILURE() << "port 0 was accepted";
+  } catch (const ddp::ValueError& err) {
+    EXPECT_NE(std::string(err.what()).find("DDPRUN_STORE_ADDR=127.0.0.1:0"), std::string::npos);
+  }
+  for (const char* v : {"MASTER_ADDR", "MASTER_PORT", "DDPRUN_STORE_ADDR"}) unsetenv(v);
+}

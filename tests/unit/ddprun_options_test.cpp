@@ -98,10 +98,42 @@ TEST(DdprunOptions, OptionsEndAtProgramOrDoubleDash) {
   EXPECT_EQ(o.program_args, (std::vector<std::string>{"x"}));
 }
 
-TEST(DdprunOptions, RdzvEndpointSetsAddressAndPort) {
-  const LaunchOptions o = parse({"--rdzv-endpoint=node0:29400", "train"}).options;
+// Note [two stores]: the agents' store is never on MASTER_PORT.
+TEST(DdprunOptions, RdzvEndpointIsTheAgentsStoreAndNotMasterPort) {
+  LaunchOptions o = parse({"--nnodes", "2", "--rdzv-endpoint=node0:29400", "train"}).options;
+  EXPECT_EQ(o.master_addr, "node0");  // node 0's address, unless --master-addr says otherwise
+  EXPECT_EQ(o.master_port, 29500);
+  EXPECT_EQ(rdzv_store_host(o), "node0");
+  EXPECT_EQ(rdzv_store_port(o), 29400);
+  o = parse({"--nnodes", "2", "--rdzv-endpoint=rdzv:29400", "--master-addr", "node0", "train"})
+          .options;
   EXPECT_EQ(o.master_addr, "node0");
-  EXPECT_EQ(o.master_port, 29400);
+  EXPECT_EQ(rdzv_store_host(o), "rdzv");
+  o = parse({"--nnodes", "2", "--master-addr", "node0", "--master-port", "1234", "train"}).options;
+  EXPECT_EQ(rdzv_store_host(o), "node0");
+  EXPECT_EQ(rdzv_store_port(o), 1235);  // default: --master-port + 1
+  EXPECT_TRUE(o.rdzv_bind.empty());     // the address node0 resolves to, not 0.0.0.0
+  o = parse({"--nnodes", "2", "--rdzv-port", "7000", "--rdzv-bind", "0.0.0.0", "train"}).options;
+  EXPECT_EQ(rdzv_store_port(o), 7000);
+  EXPECT_EQ(o.rdzv_bind, "0.0.0.0");
+  EXPECT_NE(parse_error({"--nnodes", "2", "--rdzv-port", "29500", "train"}).find("MASTER_PORT"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"--nnodes", "2", "--master-port", "65535", "train"}).find("1..65535"),
+            std::string::npos);
+}
+
+TEST(DdprunOptions, StoppedTimeoutAndSecretFile) {
+  EXPECT_DOUBLE_EQ(parse({"train"}).options.stopped_timeout_s, 30);
+  const LaunchOptions o =
+      parse({"--stopped-timeout", "0", "--store-secret-file", "/s", "train"}).options;
+  EXPECT_DOUBLE_EQ(o.stopped_timeout_s, 0);
+  EXPECT_EQ(o.store_secret_file, "/s");
+  EXPECT_NE(parse_error({"--stopped-timeout", "-1", "train"}).find(">= 0"), std::string::npos);
+}
+
+TEST(DdprunOptions, BackendMpiNamesMpirun) {
+  const std::string e = parse_error({"-n", "2", "--backend", "mpi", "train"});
+  EXPECT_NE(e.find("mpirun -n N PROGRAM"), std::string::npos) << e;
 }
 
 TEST(DdprunOptions, HelpAndVersion) {
@@ -112,9 +144,12 @@ TEST(DdprunOptions, HelpAndVersion) {
 
 TEST(DdprunOptions, UsageDocumentsEveryFlag) {
   for (const char* flag :
-       {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
-        "--rdzv-endpoint", "--standalone", "--backend", "--max-restarts", "--log-dir", "--tee",
-        "--quiet", "--grace-period", "--rdzv-timeout", "--no-prefix", "--version", "--help"}) {
+       {"--nproc-per-node", "--nnodes",        "--node-rank",  "--master-addr",
+        "--master-port",    "--rdzv-endpoint", "--standalone", "--backend",
+        "--max-restarts",   "--log-dir",       "--tee",        "--quiet",
+        "--grace-period",   "--rdzv-timeout",  "--no-prefix",  "--version",
+        "--help",           "--rdzv-port",     "--rdzv-bind",  "--store-secret-file",
+        "--stopped-timeout"}) {
     EXPECT_NE(std::string(kDdprunUsage).find(flag), std::string::npos) << flag;
   }
 }
@@ -131,7 +166,7 @@ TEST(DdprunOptions, ErrorsSayWhatIsValid) {
             std::string::npos);
   EXPECT_NE(parse_error({"--master-port", "70000", "train"}).find("1..65535"), std::string::npos);
   EXPECT_NE(parse_error({"--grace-period", "soon", "train"}).find("seconds"), std::string::npos);
-  EXPECT_NE(parse_error({"--backend", "tcp", "train"}).find("auto, local, shm, gloo, mpi, nccl"),
+  EXPECT_NE(parse_error({"--backend", "tcp", "train"}).find("auto, local, shm, gloo, nccl"),
             std::string::npos);
   EXPECT_NE(parse_error({"--tee", "train"}).find("--log-dir"), std::string::npos);
   EXPECT_NE(parse_error({"--standalone", "--nnodes", "2", "train"}).find("one node"),
@@ -171,18 +206,40 @@ TEST(DdprunRankEnv, ContractReplacesInheritedThreadsOnlyWhenUnset) {
                                            .world_size = 8,
                                            .local_world_size = 4,
                                            .group_rank = 1,
+                                           .group_world_size = 2,
                                            .master_addr = "10.0.0.1",
                                            .master_port = 1234,
+                                           .store_addr = "10.0.0.1:1235",
                                            .restart_count = 2,
+                                           .max_restarts = 3,
                                            .run_id = "abc",
                                            .store_secret = "s3",
                                            .backend = "gloo",
                                            .threads = 3});
-  for (const char* e :
-       {"PATH=/bin", "RANK=5", "LOCAL_RANK=1", "WORLD_SIZE=8", "LOCAL_WORLD_SIZE=4", "GROUP_RANK=1",
-        "MASTER_ADDR=10.0.0.1", "MASTER_PORT=1234", "DDPRUN_RESTART_COUNT=2", "DDPRUN_RUN_ID=abc",
-        "DDPRUN_STORE=agent", "DDP_STORE_SECRET=s3", "DDP_BACKEND=gloo", "OMP_NUM_THREADS=7",
-        "OPENBLAS_NUM_THREADS=3"}) {
+  for (const char* e : {"PATH=/bin",
+                        "RANK=5",
+                        "LOCAL_RANK=1",
+                        "WORLD_SIZE=8",
+                        "LOCAL_WORLD_SIZE=4",
+                        "GROUP_RANK=1",
+                        "MASTER_ADDR=10.0.0.1",
+                        "MASTER_PORT=1234",
+                        "DDPRUN_RESTART_COUNT=2",
+                        "DDPRUN_RUN_ID=abc",
+                        "DDPRUN_STORE=agent",
+                        "DDP_STORE_SECRET=s3",
+                        "DDP_BACKEND=gloo",
+                        "OMP_NUM_THREADS=7",
+                        "OPENBLAS_NUM_THREADS=3",
+                        "DDPRUN_STORE_ADDR=10.0.0.1:1235",
+                        "GROUP_WORLD_SIZE=2",
+                        "ROLE_NAME=default",
+                        "ROLE_RANK=5",
+                        "ROLE_WORLD_SIZE=8",
+                        "TORCHELASTIC_RESTART_COUNT=2",
+                        "TORCHELASTIC_MAX_RESTARTS=3",
+                        "TORCHELASTIC_RUN_ID=abc",
+                        "TORCHELASTIC_USE_AGENT_STORE=False"}) {
     EXPECT_TRUE(has(env, e)) << e;
   }
   EXPECT_FALSE(has(env, "RANK=9"));

@@ -1,0 +1,68 @@
+// Which local rank ends the job, and why: one pure function over what the
+// agent knows of each rank, so the failure summary, the exit status and the
+// message published to the other nodes all come from one decision.
+//
+// Note [blame]
+// The rank to blame is the one whose trouble began first:
+//   - a rank that exited non-zero or died of a signal on its own (not from a
+//     signal ddprun sent it): its trouble began when it exited;
+//   - a rank stopped by a signal (SIGSTOP, SIGTSTP, ...) and not continued:
+//     its trouble began when it stopped;
+//   - a rank that made no progress (a hang detector's report): its trouble
+//     began at its last progress.
+// A stopped or stalled rank counts once it passed its limit (--stopped-timeout,
+// the progress timeout), or as soon as another rank fails after it stopped:
+// in a group that runs collectives in lockstep, the others' collectives time
+// out waiting for it, and blaming the first of them (the rank whose collective
+// timed out first) would send the user to the wrong process. Ties go to the
+// lower local rank.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddp::launcher {
+
+using Clock = std::chrono::steady_clock;
+
+// What the agent knows of one local rank.
+struct RankRecord {
+  int rank = 0;  // global
+  pid_t pid = -1;
+  Clock::time_point start;
+  std::optional<int> wait_status;  // once it exited (waitpid's status)
+  Clock::time_point exit_time;     // when the exit was seen
+  bool signalled = false;          // ddprun sent it a signal (it did not fail on its own)
+  std::optional<Clock::time_point> stopped_since;  // stopped and not continued
+  int stop_signal = 0;                             // what stopped it, with stopped_since
+  // The last time the rank was seen to make progress; unset: no such report
+  // (nothing feeds it yet but the tests: the observability issue's hang detector will).
+  std::optional<Clock::time_point> last_progress;
+};
+
+struct BlamePolicy {
+  std::chrono::milliseconds stopped_timeout{30000};  // 0: a stopped rank alone never ends the job
+  std::chrono::milliseconds progress_timeout{0};     // 0: no progress reports are judged
+};
+
+enum class BlameReason { failed, stopped, no_progress };
+
+struct Blame {
+  size_t index = 0;  // into the records
+  BlameReason reason = BlameReason::failed;
+  int exit_code = 1;  // ddprun's exit status: the rank's; 128 + the stop signal; 124
+  std::string what;   // "rank 1 (pid 42) has been stopped by SIGSTOP for 30.0 s (...)"
+};
+
+// Exit status for a rank blamed for making no progress (timeout(1)'s).
+inline constexpr int kNoProgressExitCode = 124;
+
+// The rank to blame at `now`, or nullopt while nothing is wrong (Note [blame]).
+std::optional<Blame> find_blame(const std::vector<RankRecord>& ranks, Clock::time_point now,
+                                const BlamePolicy& policy);
+
+}  // namespace ddp::launcher

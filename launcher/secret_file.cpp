@@ -1,0 +1,45 @@
+#include "launcher/secret_file.h"
+
+#include "launcher/options.h"
+#include "runtime/unique_fd.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace ddp::launcher {
+
+std::string read_secret_file(const std::string& path) {
+  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  DDP_CHECK_T(UsageError, static_cast<bool>(fd), "--store-secret-file {}: cannot open it: {}", path,
+              std::strerror(errno));
+  struct stat st {};
+  DDP_CHECK_T(UsageError, ::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode),
+              "--store-secret-file {}: not a regular file", path);
+  const unsigned mode = st.st_mode & 07777;
+  DDP_CHECK_T(UsageError, (mode & 077) == 0,
+              "--store-secret-file {}: mode {:04o} lets others read or change the secret; it must "
+              "be private to its owner: chmod 600 {}",
+              path, mode, path);
+  std::string secret;
+  char buffer[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd.get(), buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    DDP_CHECK_T(UsageError, n >= 0, "--store-secret-file {}: cannot read it: {}", path,
+                std::strerror(errno));
+    if (n == 0) break;
+    secret.append(buffer, static_cast<size_t>(n));
+  }
+  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
+  DDP_CHECK_T(UsageError, !secret.empty(),
+              "--store-secret-file {}: the file is empty; write a secret into it, e.g. "
+              "openssl rand -hex 16 > {}",
+              path, path);
+  return secret;
+}
+
+}  // namespace ddp::launcher
