@@ -259,6 +259,7 @@ int64_t train_step(Run& r, DataLoader& loader, Tensor& step_loss, Tensor& last_l
 void save(Run& r, int64_t completed, int64_t epoch_step, const Tensor& loss_sum,
           int64_t loss_count) {
   if (r.o.save.empty()) return;
+  r.nonfinite->check_weights(r.step, r.model->parameters());  // skip mode leaves them finite
   CheckpointInfo info{models::describe(r.config),
                       r.optimizer->name(),
                       completed,
