@@ -1,32 +1,128 @@
 #include "models/train/checkpoint.h"
 
+#include "runtime/checkpoint/json.h"
 #include "runtime/checkpoint/safetensors.h"
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 
 namespace ddp::train {
 namespace {
 
-int64_t meta_int(const SafetensorsFile& f, const std::string& path, const char* key) {
-  auto it = f.metadata.find(key);
-  DDP_CHECK(it != f.metadata.end(), "{}: checkpoint metadata has no '{}'", path, key);
-  int64_t v = 0;
-  auto [ptr, ec] = std::from_chars(it->second.data(), it->second.data() + it->second.size(), v);
-  DDP_CHECK(ec == std::errc() && ptr == it->second.data() + it->second.size(),
-            "{}: checkpoint metadata '{}' = '{}' is not an integer", path, key, it->second);
+// Note [resume mid-epoch]: the data order of an epoch is a pure function of
+// (seed, epoch) (Note [sampler shuffle]), and the zoo's models draw no random
+// numbers while training (no dropout), so (seed, epoch, epoch_step) restore the
+// data position exactly: a resumed run starts epoch `epoch`, passes over the first
+// epoch_step x grad_accum batches, and continues. The optimizer state (momentum,
+// AdamW's moments and step) is in the tensors, the step count and the partial
+// epoch loss in the metadata, so the final weights equal an uninterrupted run's
+// bit for bit on the CPU (e2e.train_restart_resume). A mid-epoch checkpoint only
+// continues with the same --seed and global batch; both are checked.
+template <typename T>
+T meta_number(const std::map<std::string, std::string>& m, const std::string& path, const char* key,
+              std::optional<T> fallback = std::nullopt) {
+  auto it = m.find(key);
+  if (it == m.end() && fallback) return *fallback;
+  DDP_CHECK(it != m.end(), "{}: checkpoint metadata has no '{}'", path, key);
+  T v{};
+  const char* end = it->second.data() + it->second.size();
+  auto [ptr, ec] = std::from_chars(it->second.data(), end, v);
+  DDP_CHECK(ec == std::errc() && ptr == end, "{}: checkpoint metadata '{}' = '{}' is not a number",
+            path, key, it->second);
   return v;
 }
 
-std::string meta_str(const SafetensorsFile& f, const std::string& path, const char* key) {
-  auto it = f.metadata.find(key);
-  DDP_CHECK(it != f.metadata.end(), "{}: checkpoint metadata has no '{}'", path, key);
+std::string meta_str(const std::map<std::string, std::string>& m, const std::string& path,
+                     const char* key) {
+  auto it = m.find(key);
+  DDP_CHECK(it != m.end(), "{}: checkpoint metadata has no '{}'", path, key);
   return it->second;
+}
+
+// The "__metadata__" object of a safetensors header, without reading the tensors.
+std::map<std::string, std::string> read_metadata(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  DDP_CHECK(f.good(), "{}: cannot open: {}", path, std::strerror(errno));
+  unsigned char size_bytes[8] = {};
+  f.read(reinterpret_cast<char*>(size_bytes), 8);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | size_bytes[i];
+  DDP_CHECK(f.good() && n <= 100'000'000, "{}: not a safetensors file (no valid header length)",
+            path);
+  std::string header(n, '\0');
+  f.read(header.data(), static_cast<std::streamsize>(n));
+  DDP_CHECK(f.good(), "{}: the header is cut short ({} bytes expected)", path, n);
+  const json::Value root = json::parse(header);
+  std::map<std::string, std::string> out;
+  const json::Value* meta = root.find("__metadata__");
+  if (meta == nullptr || meta->kind != json::Value::Kind::object) return out;
+  for (const auto& [key, value] : meta->object) {
+    if (value.kind == json::Value::Kind::string) out[key] = value.string;
+  }
+  return out;
+}
+
+// Note [stale temporary files]: save_safetensors writes `<path>.tmp.<pid>` and
+// renames it; a process killed in between leaves the temporary file behind. The
+// next save removes those of processes that no longer exist on this host (a live
+// pid may be another writer; a reused pid keeps its file until a later save).
+std::vector<std::string> remove_stale_tmp_files(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  const fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  const std::string prefix = target.filename().string() + ".tmp.";
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(prefix)) continue;
+    const std::string digits = name.substr(prefix.size());
+    pid_t pid = 0;
+    auto [ptr, err] = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
+    if (err != std::errc() || ptr != digits.data() + digits.size() || pid <= 0) continue;
+    if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    if (fs::remove(entry.path(), ec)) removed.push_back(entry.path().string());
+  }
+  return removed;
 }
 
 }  // namespace
 
+std::optional<CheckpointHeader> read_checkpoint_header(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::nullopt;
+  try {
+    const auto meta = read_metadata(path);
+    const std::string format = meta_str(meta, path, "format");
+    DDP_CHECK(format == kCheckpointFormat, "format '{}' is not {}", format, kCheckpointFormat);
+    return CheckpointHeader{meta_number<int64_t>(meta, path, "step"),
+                            meta_number<int64_t>(meta, path, "epoch")};
+  } catch (const ValueError& e) {
+    throw ValueError(fmt::format(
+        "{} exists but is not a readable train checkpoint ({}); remove it or choose another path",
+        path, e.what()));
+  }
+}
+
 void save_checkpoint(const std::string& path, const nn::Module& model,
-                     const optim::Optimizer& optimizer, const CheckpointInfo& info) {
+                     const optim::Optimizer& optimizer, const CheckpointInfo& info,
+                     std::vector<std::string>* removed) {
+  // Note [never older]: a restarted run that did not resume, or resumed from an
+  // older file, must not overwrite later progress; equal steps hold the same state.
+  if (const auto existing = read_checkpoint_header(path)) {
+    DDP_CHECK(existing->step <= info.step,
+              "refusing to replace {} (step {}, epoch {}) with an older checkpoint (step {}): "
+              "resume from it with --resume auto, or remove it to start over",
+              path, existing->step, existing->epoch, info.step);
+  }
+  auto stale = remove_stale_tmp_files(path);
+  if (removed != nullptr) *removed = std::move(stale);
   NamedTensors tensors = model.state_dict();
   for (auto& [name, t] : optimizer.state()) tensors.emplace_back(kOptimizerPrefix + name, t);
   save_safetensors(path, tensors,
@@ -36,21 +132,32 @@ void save_checkpoint(const std::string& path, const nn::Module& model,
                     {"epoch", std::to_string(info.epoch)},
                     {"step", std::to_string(info.step)},
                     {"seed", std::to_string(info.seed)},
-                    {"lr", fmt::format("{}", optimizer.lr())}});
+                    {"lr", fmt::format("{}", optimizer.lr())},
+                    {"epoch_step", std::to_string(info.epoch_step)},
+                    {"epoch_loss_sum", fmt::format("{}", info.epoch_loss_sum)},
+                    {"epoch_loss_count", std::to_string(info.epoch_loss_count)},
+                    {"global_batch", std::to_string(info.global_batch)},
+                    {"skipped_steps", std::to_string(info.skipped_steps)}});
 }
 
 CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model,
                                optim::Optimizer& optimizer, const std::string& expected_model) {
   const SafetensorsFile f = load_safetensors(path);
-  const std::string format = meta_str(f, path, "format");
+  const auto& m = f.metadata;
+  const std::string format = meta_str(m, path, "format");
   DDP_CHECK(format == kCheckpointFormat, "{}: format '{}' is not a ddp training checkpoint ({})",
             path, format, kCheckpointFormat);
   CheckpointInfo info;
-  info.model = meta_str(f, path, "model");
-  info.optimizer = meta_str(f, path, "optimizer");
-  info.epoch = meta_int(f, path, "epoch");
-  info.step = meta_int(f, path, "step");
-  info.seed = static_cast<uint64_t>(meta_int(f, path, "seed"));
+  info.model = meta_str(m, path, "model");
+  info.optimizer = meta_str(m, path, "optimizer");
+  info.epoch = meta_number<int64_t>(m, path, "epoch");
+  info.step = meta_number<int64_t>(m, path, "step");
+  info.seed = meta_number<uint64_t>(m, path, "seed");
+  info.epoch_step = meta_number<int64_t>(m, path, "epoch_step", 0);
+  info.epoch_loss_sum = meta_number<float>(m, path, "epoch_loss_sum", 0.0f);
+  info.epoch_loss_count = meta_number<int64_t>(m, path, "epoch_loss_count", 0);
+  info.global_batch = meta_number<int64_t>(m, path, "global_batch", 0);
+  info.skipped_steps = meta_number<int64_t>(m, path, "skipped_steps", 0);
   DDP_CHECK(info.model == expected_model,
             "{}: the checkpoint holds model '{}', but this run builds '{}'; pass the same --model "
             "and --hidden",
@@ -68,7 +175,7 @@ CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model,
   }
   try {
     model.load_state_dict(model_state);
-    optimizer.load_state(optimizer_state, info.step);
+    optimizer.load_state(optimizer_state, info.step - info.skipped_steps);
   } catch (const ValueError& e) {
     throw ValueError(fmt::format("{}: {}", path, e.what()));
   }

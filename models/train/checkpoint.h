@@ -1,13 +1,15 @@
 // Training checkpoints: one safetensors file with the model's state_dict under
 // PyTorch's names ("1.weight", ...), the optimizer's state under "optimizer.<i>.<buffer>",
-// and metadata: format, model, optimizer, epoch (completed), step, seed, lr.
-// Written atomically (runtime/checkpoint/safetensors.h).
+// and metadata: format, model, optimizer, epoch (completed), step, seed, lr, and where
+// the run stands inside an epoch (Note [resume mid-epoch] in checkpoint.cpp).
+// Written atomically (runtime/checkpoint/safetensors.h), never over a newer one.
 #pragma once
 
 #include "runtime/nn/module.h"
 #include "runtime/optim/optimizer.h"
 
 #include <map>
+#include <optional>
 #include <string>
 
 namespace ddp::train {
@@ -19,14 +21,36 @@ struct CheckpointInfo {
   std::string model;      // models::describe()
   std::string optimizer;  // "sgd" | "adamw"
   int64_t epoch = 0;      // completed epochs
-  int64_t step = 0;       // optimizer steps
+  int64_t step = 0;       // training steps taken, skipped ones (--on-nonfinite skip) included
   uint64_t seed = 0;
+  // Inside epoch `epoch` (0-based): the steps already taken in it (0 at an epoch
+  // boundary), the sum of their losses (for the epoch's train_loss) and the global
+  // batch they were cut with (--batch-size x --grad-accum x world size).
+  int64_t epoch_step = 0;
+  float epoch_loss_sum = 0;
+  int64_t epoch_loss_count = 0;  // micro-batches in epoch_loss_sum (skipped steps left out)
+  int64_t global_batch = 0;
+  int64_t skipped_steps = 0;  // steps whose update --on-nonfinite skip left out
 };
 
+// What the metadata of an existing checkpoint says, read from its header alone.
+struct CheckpointHeader {
+  int64_t step = 0;
+  int64_t epoch = 0;
+};
+// nullopt when `path` does not exist; ValueError naming the path when it exists but
+// is not a readable train checkpoint.
+std::optional<CheckpointHeader> read_checkpoint_header(const std::string& path);
+
+// Throws ValueError, before writing anything, when `path` holds a checkpoint of a
+// later step (Note [never older]). Removes stale `<path>.tmp.<pid>` files of dead
+// processes first (Note [stale temporary files]); `removed` gets their names.
 void save_checkpoint(const std::string& path, const nn::Module& model,
-                     const optim::Optimizer& optimizer, const CheckpointInfo& info);
+                     const optim::Optimizer& optimizer, const CheckpointInfo& info,
+                     std::vector<std::string>* removed = nullptr);
 // Loads model and optimizer state in place; throws ValueError naming the file when it
 // was written for another model or optimizer, or tensors are missing or mis-shaped.
+// Files without the mid-epoch fields (older ones) load as epoch boundaries.
 CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model,
                                optim::Optimizer& optimizer, const std::string& expected_model);
 

@@ -3,9 +3,13 @@
 #include "models/train/trainer.h"
 #include "runtime/error.h"
 
+#include <cstdio>
 #include <iostream>
 
 int main(int argc, char** argv) {
+  // Line-buffered even into a pipe (ddprun's): a rank stopped by SIGTERM, whose
+  // default action ends the process without flushing stdio, loses no complete line.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   std::optional<ddp::train::TrainOptions> options;
   try {
     options = ddp::train::parse_train_args(argc, argv);

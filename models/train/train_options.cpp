@@ -1,9 +1,11 @@
 #include "models/train/train_options.h"
 
+#include "runtime/device.h"
 #include "runtime/error.h"
 
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <map>
 
@@ -40,8 +42,14 @@ device and files:
                            overrides auto). Under a launcher, cuda (or cpu with
                            DDP_VIRTUAL_CPU_DEVICES) without an index is each
                            rank's own: cuda:(LOCAL_RANK mod GPUs)
-  --save PATH              write a safetensors checkpoint after every epoch
-  --resume PATH            continue from a checkpoint written by --save
+  --save PATH              write a safetensors checkpoint after every epoch (never
+                           over a checkpoint of a later step); the directory
+                           must exist
+  --save-every N           also save every N steps, mid-epoch (default 0: at
+                           epoch ends only)
+  --resume PATH|auto       continue from a checkpoint written by --save, mid-epoch
+                           included; auto: from --save's file if it exists, else
+                           start fresh (for ddprun --max-restarts)
   --metrics FILE           append one JSON object per epoch
   --loss-log FILE          append "epoch step loss" for every step (full
                            precision; reads the loss each step, which
@@ -63,6 +71,9 @@ parallelism:
   --comm-hook none|bf16|fp16
                            ddp: compress each bucket for the all_reduce
                            (default none)
+  --on-nonfinite stop|skip a NaN or infinite loss or gradient norm stops the
+                           run naming the step and rank (stop, default) or its
+                           update is left out on every rank (skip)
   --grad-accum K           micro-batches of --batch-size per optimizer step;
                            under ddp the first K-1 run under no_sync()
                            (default 1)
@@ -139,6 +150,13 @@ const std::map<std::string, Setter>& setters() {
       {"--device", [](auto& o, auto& v) { o.device = v; }},
       {"--save", [](auto& o, auto& v) { o.save = v; }},
       {"--resume", [](auto& o, auto& v) { o.resume = v; }},
+      {"--save-every",
+       [](auto& o, auto& v) { o.save_every = parse_number<int64_t>("--save-every", v); }},
+      {"--on-nonfinite",
+       [](auto& o, auto& v) {
+         check_choice("--on-nonfinite", v, {"stop", "skip"});
+         o.on_nonfinite = v;
+       }},
       {"--metrics", [](auto& o, auto& v) { o.metrics = v; }},
       {"--loss-log", [](auto& o, auto& v) { o.loss_log = v; }},
       {"--mode",
@@ -181,6 +199,20 @@ void validate(const TrainOptions& o) {
   DDP_CHECK(o.bucket_cap_mb > 0, "--bucket-cap-mb {}: must be positive (MiB, e.g. 25)",
             o.bucket_cap_mb);
   DDP_CHECK(o.grad_accum >= 1, "--grad-accum {}: must be at least 1", o.grad_accum);
+  DDP_CHECK(o.save_every >= 0, "--save-every {}: must be >= 0 (steps; 0: at epoch ends only)",
+            o.save_every);
+  DDP_CHECK(o.save_every == 0 || !o.save.empty(),
+            "--save-every {} needs --save PATH (where to write the checkpoints)", o.save_every);
+  DDP_CHECK(o.resume != "auto" || !o.save.empty(),
+            "--resume auto resumes from the --save file; pass --save PATH too");
+  DDP_CHECK(o.resume.empty() || o.resume == "auto" || o.resume != o.save ||
+                std::filesystem::exists(o.resume),
+            "--resume {0}: no such file. To resume only when {0} exists (a first run or a "
+            "restart), pass --resume auto",
+            o.resume);
+  // The spelling of a device is a usage error (exit 2); whether it exists is checked
+  // when the run starts (exit 1).
+  if (o.device != "auto") Device::parse(o.device);
   DDP_CHECK(o.mode == "dp" || o.devices.empty(),
             "--devices {} needs --mode dp (ddp and single take --device)", o.devices);
   DDP_CHECK(o.mode != "dp" || !o.devices.empty(),

@@ -24,14 +24,16 @@ struct TrainOptions {
   std::string lr_schedule = "cosine";  // constant | step | cosine
   int64_t warmup_steps = 0;
   uint64_t seed = 0;
-  std::string device = "auto";  // auto | cpu | cpu:N | cuda | cuda:N | mps
-  std::string save;             // checkpoint written after every epoch
-  std::string resume;           // checkpoint to continue from
-  std::string metrics;          // JSON lines, one per epoch
-  std::string loss_log;         // one line per optimizer step: epoch, step, loss (parity checks)
-  int64_t log_every = 0;        // steps between progress lines (0: a progress bar on a
-                                // terminal, else one line per epoch)
-  int64_t max_steps = 0;        // stop each epoch after this many steps (0: no limit)
+  std::string device = "auto";        // auto | cpu | cpu:N | cuda | cuda:N | mps
+  std::string save;                   // checkpoint written after every epoch (and --save-every)
+  std::string resume;                 // checkpoint to continue from, or "auto": --save's, if any
+  int64_t save_every = 0;             // also save every N steps (0: at epoch ends only)
+  std::string on_nonfinite = "stop";  // stop | skip (nonfinite.h)
+  std::string metrics;                // JSON lines, one per epoch
+  std::string loss_log;   // one line per optimizer step: epoch, step, loss (parity checks)
+  int64_t log_every = 0;  // steps between progress lines (0: a progress bar on a
+                          // terminal, else one line per epoch)
+  int64_t max_steps = 0;  // stop each epoch after this many steps (0: no limit)
   bool quiet = false;
   // Parallelism (docs/train.md): auto = ddp when WORLD_SIZE > 1, else single.
   std::string mode = "auto";  // auto | single | ddp | dp

@@ -4,17 +4,21 @@
 #include "collectives/data_parallel/data_parallel.h"
 #include "collectives/ddp/distributed_data_parallel.h"
 #include "models/train/checkpoint.h"
+#include "models/train/nonfinite.h"
+#include "models/train/run_log.h"
 #include "runtime/autograd/functions.h"
 #include "runtime/data/loader.h"
 #include "runtime/logging.h"
 #include "runtime/ops/ops.h"
 #include "runtime/stream.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
+#include <cstdlib>
+#include <limits>
 #include <optional>
 
 namespace ddp::train {
@@ -107,8 +111,7 @@ class Progress {
       if (step == steps) std::fprintf(stderr, "\r%*s\r", 90, "");
     } else if (!bar_ && every_ > 0 && step % every_ == 0) {
       out_ << fmt::format("epoch {} step {}/{} loss {:.4f} {:.0f} samples/s\n", epoch, step, steps,
-                          loss, rate)
-           << std::flush;
+                          loss, rate);  // stdout is line-buffered (main.cpp)
     }
   }
 
@@ -119,41 +122,30 @@ class Progress {
   bool bar_;
 };
 
-// --loss-log: "epoch step loss" per optimizer step, the loss of the step's last
-// micro-batch at full float precision (bench/gpu/run.sh compares CPU and CUDA runs
-// step by step). Reading the loss synchronizes a GPU every step, so only on request.
-class LossLog {
- public:
-  explicit LossLog(const std::string& path) {
-    if (path.empty()) return;
-    file_.open(path, std::ios::app);
-    DDP_CHECK(file_.good(), "--loss-log {}: cannot open for appending", path);
-  }
-  void step(int64_t epoch, int64_t step, const Tensor& loss, int64_t grad_accum) {
-    if (!file_.is_open()) return;
-    file_ << fmt::format("{} {} {:.9g}\n", epoch, step,
-                         loss.item<float>() * static_cast<float>(grad_accum));
-  }
+// Testing aids (docs/train.md, "Fault injection"): DDP_TEST_KILL_AT=RANK:STEP
+// makes that rank SIGKILL itself after training step STEP (and its checkpoint, if
+// one is due); DDP_TEST_NAN_AT=RANK:STEP makes its loss NaN at step STEP. Both act
+// only in a group's first attempt (DDPRUN_RESTART_COUNT unset or 0), so the
+// restarted group runs clean.
+struct TestFaults {
+  int64_t kill_step = -1, nan_step = -1;
 
- private:
-  std::ofstream file_;
+  static int64_t step_for(const char* name, int rank) {
+    const char* value = std::getenv(name);
+    if (value == nullptr || *value == '\0') return -1;
+    int r = -1;
+    long long step = -1;
+    char tail = 0;
+    DDP_CHECK(std::sscanf(value, "%d:%lld%c", &r, &step, &tail) == 2 && step >= 1,
+              "{}='{}': expected RANK:STEP, e.g. 1:7 (a testing aid)", name, value);
+    return r == rank ? step : -1;
+  }
+  static TestFaults from_env(int rank) {
+    const char* restart = std::getenv("DDPRUN_RESTART_COUNT");
+    if (restart != nullptr && std::string(restart) != "0") return {};
+    return {step_for("DDP_TEST_KILL_AT", rank), step_for("DDP_TEST_NAN_AT", rank)};
+  }
 };
-
-void write_metrics(const std::string& path, const EpochMetrics& m, int world_size,
-                   const std::string& mode) {
-  if (path.empty()) return;
-  std::ofstream f(path, std::ios::app);
-  DDP_CHECK(f.good(), "--metrics {}: cannot open for appending", path);
-  f << fmt::format(
-      "{{\"epoch\": {}, \"train_loss\": {:.6f}, \"test_acc\": {:.6f}, \"samples_per_s\": {:.1f}, "
-      "\"step_ms\": {:.4f}, \"time_s\": {:.3f}, \"lr\": {}, \"steps\": {}, \"world_size\": {}, "
-      "\"mode\": \"{}\", \"data_ms\": {:.4f}, \"forward_ms\": {:.4f}, \"backward_ms\": {:.4f}, "
-      "\"comm_exposed_ms\": {:.4f}, \"optimizer_ms\": {:.4f}, \"comm_ms\": {:.4f}, "
-      "\"overlap\": {:.4f}}}\n",
-      m.epoch, m.train_loss, m.test_acc, m.samples_per_s, m.step_ms, m.time_s, m.lr, m.steps,
-      world_size, mode, m.data_ms, m.forward_ms, m.backward_ms, m.comm_exposed_ms, m.optimizer_ms,
-      m.comm_ms, m.overlap());
-}
 
 struct Run {
   const TrainOptions& o;
@@ -172,6 +164,14 @@ struct Run {
   std::string mode = "single";  // single | ddp | dp
   // --mode dp: the model wrapped in DataParallel over --devices (device = devices[0]).
   std::unique_ptr<DataParallel> dp;
+  // Where the run stands (Note [resume mid-epoch] in checkpoint.cpp).
+  int64_t step = 0;        // training steps of the whole run, skipped ones included
+  CheckpointInfo resumed;  // epoch, epoch_step and epoch_loss_sum to start from
+  bool did_resume = false;
+  std::unique_ptr<MetricsLog> metrics;
+  std::unique_ptr<LossLog> loss_log;
+  std::unique_ptr<NonfiniteCheck> nonfinite;
+  TestFaults faults;
 };
 
 // Times the phases of a step; on CUDA a lap synchronizes the device first when
@@ -197,16 +197,19 @@ struct PhaseTotals {
   double data = 0, forward = 0, backward = 0, exposed = 0, optimizer = 0, comm = 0;
 };
 
-// One optimizer step: o.grad_accum micro-batches (under DDP all but the last run
+// One training step: o.grad_accum micro-batches (under DDP all but the last run
 // under no_sync()), each loss scaled by 1 / grad_accum so the gradient is the
-// mean over the step's samples. Returns the samples this rank used (0: the
-// loader ran out).
-int64_t train_step(Run& r, DataLoader& loader, Tensor& loss_sum, Tensor& last_loss,
-                   PhaseTotals& t) {
+// mean over the step's samples; then the non-finite check and the optimizer's
+// update, unless the check skips it. Returns the samples this rank used (0: the
+// loader ran out). `step_loss` gets the step's loss (the sum of its micro-batches').
+int64_t train_step(Run& r, DataLoader& loader, Tensor& step_loss, Tensor& last_loss, PhaseTotals& t,
+                   int64_t epoch) {
   const int64_t k = r.o.grad_accum;
+  const int64_t step = r.step + 1;
   PhaseClock clock(r.device, r.o.sync_timing);
   r.optimizer->zero_grad(/*set_to_none=*/true);  // backward then hands .grad its fresh tensors
   int64_t samples = 0;
+  step_loss = Tensor();
   Batch batch;
   for (int64_t m = 0; m < k; ++m) {
     if (!loader.next(batch)) return 0;
@@ -224,6 +227,9 @@ int64_t train_step(Run& r, DataLoader& loader, Tensor& loss_sum, Tensor& last_lo
     }
     Tensor loss = functional::cross_entropy(logits, batch.labels);
     if (k > 1) loss = functional::scale(loss, 1.0f / static_cast<float>(k));
+    if (sync && step == r.faults.nan_step) {
+      loss = functional::scale(loss, std::numeric_limits<float>::quiet_NaN());
+    }
     t.forward += clock.lap();
     backward(loss);
     t.backward += clock.lap();
@@ -234,51 +240,110 @@ int64_t train_step(Run& r, DataLoader& loader, Tensor& loss_sum, Tensor& last_lo
     }
     {
       NoGradGuard no_grad;
-      axpy_(k > 1 ? static_cast<float>(k) : 1.0f, loss, loss_sum);
+      const Tensor unscaled = k > 1 ? scale(loss, static_cast<float>(k)) : loss;
+      step_loss = step_loss.defined() ? add(step_loss, unscaled) : unscaled;
     }
     last_loss = loss;
     samples += batch.labels.size(0);
   }
-  r.optimizer->set_lr(r.schedule.lr_at(r.optimizer->steps()));
-  r.optimizer->step();
+  if (!r.nonfinite->after_backward(step, epoch + 1, step_loss, r.model->parameters())) {
+    r.optimizer->set_lr(r.schedule.lr_at(r.optimizer->steps()));
+    r.optimizer->step();
+  }
   t.optimizer += clock.lap();
   return samples;
+}
+
+// Writes --save (rank 0; the others have no --save) for the run as it stands:
+// `completed` epochs done and `epoch_step` steps into the next one.
+void save(Run& r, int64_t completed, int64_t epoch_step, const Tensor& loss_sum,
+          int64_t loss_count) {
+  if (r.o.save.empty()) return;
+  r.nonfinite->check_weights(r.step, r.model->parameters());  // skip mode leaves them finite
+  CheckpointInfo info{models::describe(r.config),
+                      r.optimizer->name(),
+                      completed,
+                      r.step,
+                      r.o.seed,
+                      epoch_step,
+                      epoch_step > 0 ? loss_sum.item<float>() : 0.0f,
+                      epoch_step > 0 ? loss_count : 0,
+                      r.o.batch_size * r.o.grad_accum * r.world_size,
+                      r.nonfinite->skipped()};
+  std::vector<std::string> removed;
+  save_checkpoint(r.o.save, *r.model, *r.optimizer, info, &removed);
+  for (const auto& f : removed) {
+    if (!r.o.quiet) r.out << "removed " << f << ", left by a save that did not finish\n";
+  }
+}
+
+// Note [resume mid-epoch] in checkpoint.cpp: the steps a resumed checkpoint took in
+// this epoch are passed over, and their loss sum restored.
+int64_t resume_in_epoch(Run& r, DataLoader& loader, int64_t epoch, Tensor& loss_sum,
+                        int64_t& loss_count) {
+  if (r.resumed.epoch != epoch || r.resumed.epoch_step == 0) return 0;
+  const int64_t step = r.resumed.epoch_step;
+  r.resumed.epoch_step = 0;  // once
+  fill_(loss_sum, static_cast<double>(r.resumed.epoch_loss_sum));
+  loss_count = r.resumed.epoch_loss_count;
+  Batch skipped;
+  for (int64_t b = 0; b < step * r.o.grad_accum; ++b)
+    DDP_ASSERT(loader.next(skipped), "batch {}", b);
+  return step;
 }
 
 EpochMetrics train_epoch(Run& r, DataLoader& loader, DataLoader& test_loader, int64_t epoch) {
   const auto start = Clock::now();
   Progress progress(r.o, r.out);
-  LossLog loss_log(r.o.loss_log);
   loader.start_epoch(epoch);
   const int64_t available = loader.num_batches() / r.o.grad_accum;
   const int64_t steps = r.o.max_steps > 0 ? std::min(r.o.max_steps, available) : available;
   Tensor loss_sum = zeros({}, {.device = r.device});
-  Tensor last_loss;
+  Tensor step_loss, last_loss;
   PhaseTotals t;
-  int64_t step = 0, samples = 0, micro_batches = 0;
+  int64_t micro_batches = 0, samples = 0;
+  const int64_t first_step = resume_in_epoch(r, loader, epoch, loss_sum, micro_batches);
+  int64_t step = first_step;
   while (step < steps) {
-    const int64_t used = train_step(r, loader, loss_sum, last_loss, t);
+    const int64_t skipped_before = r.nonfinite->skipped();
+    const int64_t used = train_step(r, loader, step_loss, last_loss, t, epoch);
     if (used == 0) break;
     ++step;
-    loss_log.step(epoch + 1, step, last_loss, r.o.grad_accum);
-    micro_batches += r.o.grad_accum;
+    ++r.step;
+    if (r.nonfinite->skipped() == skipped_before) {
+      NoGradGuard no_grad;
+      axpy_(1.0f, step_loss, loss_sum);
+      micro_batches += r.o.grad_accum;
+    }
+    r.loss_log->step(epoch + 1, step, last_loss, r.o.grad_accum);
     samples += used * r.world_size;  // global samples
     if (r.o.log_every > 0 ? step % r.o.log_every == 0 : step % 10 == 0 || step == steps) {
       const float shown = last_loss.item<float>() * static_cast<float>(r.o.grad_accum);
+      r.nonfinite->check();  // the device is read here anyway
       progress.step(epoch + 1, r.o.epochs, step, steps, shown,
                     static_cast<double>(samples) / seconds_since(start));
     }
+    if (r.o.save_every > 0 && r.step % r.o.save_every == 0 && step < steps) {
+      r.nonfinite->check();  // on every rank, so no checkpoint holds non-finite weights
+      save(r, epoch, step, loss_sum, micro_batches);
+    }
+    if (r.step == r.faults.kill_step) ::raise(SIGKILL);
   }
+  r.nonfinite->check();
   synchronize(r.device);
   const double train_s = seconds_since(start);
   EpochMetrics m;
   m.epoch = epoch + 1;
   m.steps = step;
+  m.skipped_steps = r.nonfinite->skipped();
   m.lr = r.optimizer->lr();
-  m.train_loss = step == 0 ? 0.0 : loss_sum.item<float>() / static_cast<double>(micro_batches);
+  m.train_loss =
+      micro_batches == 0 ? 0.0 : loss_sum.item<float>() / static_cast<double>(micro_batches);
   m.samples_per_s = static_cast<double>(samples) / train_s;
-  m.step_ms = step == 0 ? 0.0 : 1e3 * train_s / static_cast<double>(step);
-  const double per_step = step == 0 ? 0.0 : 1e3 / static_cast<double>(step);
+  // The phases of the steps this process ran (after a resume, not those before it).
+  const int64_t ran = step - first_step;
+  m.step_ms = ran == 0 ? 0.0 : 1e3 * train_s / static_cast<double>(ran);
+  const double per_step = ran == 0 ? 0.0 : 1e3 / static_cast<double>(ran);
   m.data_ms = t.data * per_step;
   m.forward_ms = t.forward * per_step;
   m.backward_ms = t.backward * per_step;
@@ -302,31 +367,88 @@ Device resolve_device(const std::string& text) {
 namespace {
 
 // Metrics, checkpoint and the epoch line (each only where the options ask for it).
-void report_epoch(const Run& r, const EpochMetrics& m) {
+// The metrics row goes first: a run killed before the checkpoint replays the
+// epoch, and the replayed row is then not written again (Note [no replayed rows]).
+void report_epoch(Run& r, const EpochMetrics& m) {
   const TrainOptions& o = r.o;
-  write_metrics(o.metrics, m, r.world_size, r.mode);
-  if (!o.save.empty()) {
-    save_checkpoint(
-        o.save, *r.model, *r.optimizer,
-        {models::describe(r.config), r.optimizer->name(), m.epoch, r.optimizer->steps(), o.seed});
-  }
+  r.metrics->write(m, r.step, r.world_size, r.mode);
+  save(r, m.epoch, 0, Tensor(), 0);
   if (!o.quiet) {
     r.out << fmt::format(
-                 "epoch {}/{}: train_loss {:.4f} test_acc {:.4f} {:.0f} samples/s {:.3f} ms/step "
-                 "{:.1f} s{}\n",
-                 m.epoch, o.epochs, m.train_loss, m.test_acc, m.samples_per_s, m.step_ms, m.time_s,
-                 r.mode == "single"
-                     ? ""
-                     : fmt::format(" (ms: forward {:.3f} backward {:.3f} comm exposed {:.3f} of "
-                                   "{:.3f} optimizer {:.3f})",
-                                   m.forward_ms, m.backward_ms, m.comm_exposed_ms, m.comm_ms,
-                                   m.optimizer_ms))
-          << std::flush;
+        "epoch {}/{}: train_loss {:.4f} test_acc {:.4f} {:.0f} samples/s {:.3f} ms/step "
+        "{:.1f} s{}\n",
+        m.epoch, o.epochs, m.train_loss, m.test_acc, m.samples_per_s, m.step_ms, m.time_s,
+        r.mode == "single"
+            ? ""
+            : fmt::format(" (ms: forward {:.3f} backward {:.3f} comm exposed {:.3f} of "
+                          "{:.3f} optimizer {:.3f})",
+                          m.forward_ms, m.backward_ms, m.comm_exposed_ms, m.comm_ms,
+                          m.optimizer_ms));
+  }
+}
+
+// The checkpoint to resume from: --resume PATH, or with --resume auto the --save
+// file when every rank sees one ("" when none does: a fresh start). Every rank
+// must find the same step, or they would train from different states.
+std::string resume_path(const TrainOptions& o, ProcessGroup* pg) {
+  if (o.resume != "auto") return o.resume;
+  const auto header = read_checkpoint_header(o.save);
+  const int64_t found = header ? header->step : -1;
+  if (pg != nullptr && pg->env.world_size > 1) {
+    Tensor v = from_vector<int64_t>({found, -found}, {2},
+                                    {.dtype = DType::i64, .device = pg->comm->device()});
+    pg->comm->all_reduce(v, ReduceOp::max)->wait();
+    const auto most = v.to_vector<int64_t>();
+    DDP_CHECK(most[0] == -most[1],
+              "--resume auto: rank {} finds {} in {}, but the ranks disagree (steps {} to {}; -1: "
+              "no file); --save must be on a file system every rank reads",
+              pg->env.rank, found < 0 ? "no checkpoint" : fmt::format("step {}", found), o.save,
+              -most[1], most[0]);
+  }
+  if (found >= 0) return o.save;
+  if (!o.quiet && (pg == nullptr || pg->env.rank == 0)) {
+    fmt::print("no checkpoint at {} yet: starting fresh\n", o.save);
+  }
+  return "";
+}
+
+// Loads `path` ("" for none) into the run and checks a mid-epoch position fits
+// this run's data order (Note [resume mid-epoch] in checkpoint.cpp).
+void resume(Run& r, const std::string& path) {
+  const TrainOptions& o = r.o;
+  if (!path.empty()) {
+    r.resumed = load_checkpoint(path, *r.model, *r.optimizer, models::describe(r.config));
+    r.did_resume = true;
+    r.first_epoch = r.resumed.epoch;
+    r.step = r.resumed.step;
+    const int64_t global_batch = o.batch_size * o.grad_accum * r.world_size;
+    DDP_CHECK(r.resumed.epoch_step == 0 ||
+                  (r.resumed.seed == o.seed && r.resumed.global_batch == global_batch),
+              "{}: the checkpoint stopped in the middle of epoch {} with --seed {} and a global "
+              "batch of {} (--batch-size x --grad-accum x ranks); this run has --seed {} and {}, "
+              "so its data order differs. Resume with the same values",
+              path, r.resumed.epoch + 1, r.resumed.seed, r.resumed.global_batch, o.seed,
+              global_batch);
+    if (!o.quiet) {
+      r.out << fmt::format("resumed from {} at step {} (epoch {}, step {} of it)\n", path,
+                           r.resumed.step, r.resumed.epoch + 1, r.resumed.epoch_step);
+    }
+  }
+  // Note [never older]: found now rather than at the first save.
+  if (const auto existing = o.save.empty() ? std::nullopt : read_checkpoint_header(o.save)) {
+    DDP_CHECK(existing->step <= r.step,
+              "--save {} already holds a checkpoint at step {} (epoch {}), later than this run's "
+              "start (step {}{}); pass --resume auto to continue from it, or remove it (or choose "
+              "another --save path) to start over",
+              o.save, existing->step, existing->epoch, r.step,
+              path.empty() ? "" : ", from " + path);
   }
 }
 
 // pg: null for a single process.
-TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* pg) {
+// resume_from: resume_path()'s answer.
+TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* pg,
+                        const std::string& resume_from) {
   const auto start = Clock::now();
   const bool dp = pg == nullptr && o.mode == "dp";
   const std::vector<Device> dp_devices = dp ? parse_device_list(o.devices) : std::vector<Device>{};
@@ -347,7 +469,14 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
         pg   ? "ddp"
         : dp ? "dp"
              : "single",
-        nullptr};
+        nullptr,
+        0,
+        {},
+        false,
+        nullptr,
+        nullptr,
+        nullptr,
+        {}};
   const int rank = pg ? pg->env.rank : 0;
   const Data data = load_data(o);
   const auto& in = data.train.inputs.shape();
@@ -366,14 +495,12 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
       data.test, {.batch_size = 1000, .device = r.device},
       DistributedSampler(data.test.size(), rank, r.world_size, {.shuffle = false}));
   r.schedule = make_schedule(o, loader.num_batches());
-  if (!o.resume.empty()) {
-    const CheckpointInfo info =
-        load_checkpoint(o.resume, *r.model, *r.optimizer, models::describe(r.config));
-    r.first_epoch = info.epoch;
-    if (!o.quiet)
-      out << fmt::format("resumed from {} after epoch {} (step {})\n", o.resume, info.epoch,
-                         info.step);
-  }
+  resume(r, resume_from);
+  r.metrics = std::make_unique<MetricsLog>(o.metrics, r.did_resume);
+  r.loss_log = std::make_unique<LossLog>(o.loss_log, r.did_resume);
+  r.nonfinite = std::make_unique<NonfiniteCheck>(o.on_nonfinite, r.device,
+                                                 pg ? pg->comm.get() : nullptr, rank);
+  r.faults = TestFaults::from_env(rank);
   // After a resume, so every rank starts from the same (rank 0's) values.
   if (pg != nullptr) {
     DdpOptions ddp_options;
@@ -387,17 +514,14 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
   TrainResult result{{}, r.device, r.model->num_parameters(), 0, rank, r.world_size, r.mode};
   if (!o.quiet) {
     out << fmt::format(
-               "train: {} ({} parameters) on {}, {} ({} train / {} test), batch {}{}, {} lr {}{}\n",
-               models::describe(r.config), result.num_parameters, r.device.str(), data.train.name,
-               data.train.size(), data.test.size(), o.batch_size,
-               o.grad_accum > 1 ? fmt::format(" x {} accumulated", o.grad_accum) : "", o.optimizer,
-               o.lr,
-               r.ddp  ? fmt::format(", ddp over {} ranks ({} backend, {} bucket(s), comm hook {})",
-                                    r.world_size, pg->comm->backend(), r.ddp->buckets().size(),
-                                    o.comm_hook)
-               : r.dp ? fmt::format(", dp over {} replicas ({})", dp_devices.size(), o.devices)
-                      : "")
-        << std::flush;
+        "train: {} ({} parameters) on {}, {} ({} train / {} test), batch {}{}, {} lr {}{}\n",
+        models::describe(r.config), result.num_parameters, r.device.str(), data.train.name,
+        data.train.size(), data.test.size(), o.batch_size,
+        o.grad_accum > 1 ? fmt::format(" x {} accumulated", o.grad_accum) : "", o.optimizer, o.lr,
+        r.ddp  ? fmt::format(", ddp over {} ranks ({} backend, {} bucket(s), comm hook {})",
+                             r.world_size, pg->comm->backend(), r.ddp->buckets().size(), o.comm_hook)
+        : r.dp ? fmt::format(", dp over {} replicas ({})", dp_devices.size(), o.devices)
+               : "");
   }
   for (int64_t epoch = r.first_epoch; epoch < o.epochs; ++epoch) {
     result.epochs.push_back(train_epoch(r, loader, test_loader, epoch));
@@ -405,6 +529,14 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
   }
   result.total_s = seconds_since(start);
   return result;
+}
+
+// Up-front validation (rank 0 writes the files): an unwritable --save, --metrics
+// or --loss-log path fails before the data is loaded, not after the first epoch.
+void check_output_paths(const TrainOptions& o) {
+  if (!o.save.empty()) check_can_create("--save", o.save);
+  if (!o.metrics.empty()) open_for_append("--metrics", o.metrics);
+  if (!o.loss_log.empty()) open_for_append("--loss-log", o.loss_log);
 }
 
 }  // namespace
@@ -425,11 +557,14 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
             "--mode {} under a launcher with WORLD_SIZE={}: every rank would train its own "
             "model. Use --mode ddp (the default there), or run train without ddprun/mpirun",
             mode, world_size);
-  if (mode == "single" || mode == "dp") return run_on_rank(o, out, nullptr);
+  if (read_launch_env().rank == 0) check_output_paths(o);
+  if (mode == "single" || mode == "dp")
+    return run_on_rank(o, out, nullptr, resume_path(o, nullptr));
   ProcessGroupOptions pg_options;
   pg_options.device = o.device == "auto" ? "" : o.device;
   pg_options.backend = o.backend;
   ProcessGroup pg = init_process_group(pg_options);
+  const std::string resume_from = resume_path(o, &pg);  // before the other ranks drop --save
   TrainOptions mine = o;
   if (pg.env.rank != 0) {
     mine.quiet = true;
@@ -437,7 +572,7 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
     mine.metrics.clear();
     mine.loss_log.clear();
   }
-  return run_on_rank(mine, out, &pg);
+  return run_on_rank(mine, out, &pg, resume_from);
 }
 
 }  // namespace ddp::train

@@ -20,7 +20,8 @@ struct EpochMetrics {
   double step_ms = 0;
   double time_s = 0;  // the epoch's wall time, evaluation included
   float lr = 0;
-  int64_t steps = 0;
+  int64_t steps = 0;          // the epoch's steps, those before a resume included
+  int64_t skipped_steps = 0;  // of the whole run so far (--on-nonfinite skip)
   // The mean optimizer step split into phases, in milliseconds (docs/train.md):
   // data (next batch), forward (model and loss), backward (autograd, DDP's hooks
   // and launches included), comm_exposed (ddp: waiting for the all_reduces after
