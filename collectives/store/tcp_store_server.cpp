@@ -113,7 +113,9 @@ class TcpStoreServer::Loop {
   int next_timeout_ms() const;
   void accept_clients();
   void admit(UniqueFd fd);
-  bool close_oldest_pending(const char* why);
+  size_t count_pending() const;
+  size_t close_silent_until(size_t pending_limit, const char* why);
+  bool free_a_descriptor();
   void drop_silent(Client& c, const char* why);
   void on_event(Client& c, short revents);
   void read_from(Client& c);
@@ -142,6 +144,7 @@ class TcpStoreServer::Loop {
   size_t max_clients_;
   size_t dropped_silent_ = 0;  // since the last warning about them
   Clock::time_point last_drop_warning_{};
+  Clock::time_point last_accept_warning_{};
   const std::atomic<bool>& stopping_;
   std::vector<uint8_t> read_buffer_;
   std::map<uint64_t, Client> clients_;
@@ -212,13 +215,17 @@ void TcpStoreServer::Loop::accept_clients() {
     }
     if (errno == EINTR || errno == ECONNABORTED) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-    // Out of descriptors: a connection that never said anything makes room
-    // (Note [store admission]); otherwise retry shortly instead of spinning.
-    if ((errno == EMFILE || errno == ENFILE) && close_oldest_pending("out of file descriptors"))
-      continue;
-    DDP_LOG_WARN("store server cannot accept a connection: {}; retrying in 100 ms",
-                 store_detail::errno_text(errno));
-    accept_paused_until_ = Clock::now() + std::chrono::milliseconds(100);
+    // Out of descriptors: a connection that never said anything, or one being
+    // closed, makes room (Note [store admission]); else retry shortly.
+    const int err = errno;
+    if ((err == EMFILE || err == ENFILE) && free_a_descriptor()) continue;
+    const auto now = Clock::now();
+    if (now - last_accept_warning_ >= std::chrono::seconds(10)) {
+      DDP_LOG_WARN("store server cannot accept a connection: {}; retrying every 100 ms",
+                   store_detail::errno_text(err));
+      last_accept_warning_ = now;
+    }
+    accept_paused_until_ = now + std::chrono::milliseconds(100);
     return;
   }
 }
@@ -243,20 +250,42 @@ void TcpStoreServer::Loop::admit(UniqueFd fd) {
                                      "unused clients (or raise TcpStoreServerOptions::max_clients)",
                                      max_clients_));
   }
-  size_t pending = 0;
-  for (const auto& [other_id, other] : clients_) pending += other.pending() ? 1 : 0;
-  if (pending > max_pending_) close_oldest_pending("too many connections waiting to say HELLO");
+  close_silent_until(max_pending_, "too many connections waiting to say HELLO");
 }
 
-// clients_ is ordered by id, that is by arrival: the first pending one has had
-// the longest time to greet. Its HELLO may be sitting unread in the socket (a
-// burst of real clients is accepted before any is read), so read it first.
-bool TcpStoreServer::Loop::close_oldest_pending(const char* why) {
-  for (auto& [id, c] : clients_) {
+size_t TcpStoreServer::Loop::count_pending() const {
+  size_t pending = 0;
+  for (const auto& [id, c] : clients_) pending += c.pending() ? 1 : 0;
+  return pending;
+}
+
+// Closes the oldest pending connections until at most `pending_limit` are left;
+// returns how many it closed. clients_ is ordered by id, that is by arrival: the
+// first pending one has had the longest time to greet. Its HELLO may be sitting
+// unread (a burst of real clients is accepted before any is read), so it is
+// read first, and one that turns out to have greeted only lowers the count.
+size_t TcpStoreServer::Loop::close_silent_until(size_t pending_limit, const char* why) {
+  size_t pending = count_pending();
+  size_t closed = 0;
+  for (auto it = clients_.begin(); it != clients_.end() && pending > pending_limit; ++it) {
+    Client& c = it->second;
     if (!c.pending()) continue;
     read_from(c);
     if (c.pending()) {
       drop_silent(c, why);
+      ++closed;
+    }
+    --pending;  // greeted, gone, or closed just now
+  }
+  return closed;
+}
+
+bool TcpStoreServer::Loop::free_a_descriptor() {
+  const size_t pending = count_pending();
+  if (pending > 0 && close_silent_until(pending - 1, "out of file descriptors") > 0) return true;
+  for (auto& [id, c] : clients_) {  // else the oldest rejected one, still lingering
+    if (c.phase == Phase::kDraining && !c.closed) {
+      close(c);
       return true;
     }
   }
