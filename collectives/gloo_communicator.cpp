@@ -172,46 +172,80 @@ std::shared_ptr<gloo::Context> connect(std::shared_ptr<Store> store, const GlooO
 // The collective this process's gloo communicator is running (Note [gloo
 // mismatch]); its Collective lives on the communication thread's stack, which
 // is blocked inside gloo when the network thread fails.
-std::atomic<const Collective*> g_in_flight{nullptr};
-std::atomic<int> g_in_flight_rank{-1};
+// The last collective a gloo communicator of this process started, copied
+// (not pointed to: it may finish while the handler reads), under a mutex the
+// handler only tries. With several gloo communicators it is the latest one's.
+struct InFlight {
+  int rank = -1;
+  Collective c;  // kind, op, root, sequence; no tensors
+  int64_t count = 0;
+  DType dtype = DType::u8;
+  bool has_input = false;
+};
+std::mutex g_in_flight_mutex;
+InFlight g_in_flight;
 std::terminate_handler g_previous_terminate = nullptr;
+
+void note_in_flight(int rank, const Collective& c) {
+  std::lock_guard<std::mutex> lock(g_in_flight_mutex);
+  g_in_flight.rank = rank;
+  g_in_flight.c.kind = c.kind;
+  g_in_flight.c.op = c.op;
+  g_in_flight.c.root = c.root;
+  g_in_flight.c.sequence = c.sequence;
+  g_in_flight.count = c.count();
+  g_in_flight.dtype = c.dtype();
+  g_in_flight.has_input = c.input.defined();
+}
+
+// (rank, "all_reduce(sum) #3 of 7 f32"), or (-1, "") when it cannot tell.
+std::pair<int, std::string> describe_in_flight() {
+  std::unique_lock<std::mutex> lock(g_in_flight_mutex, std::try_to_lock);
+  if (!lock.owns_lock() || g_in_flight.rank < 0) return {-1, ""};
+  std::string text = g_in_flight.c.describe();
+  if (g_in_flight.has_input) {
+    text += fmt::format(" of {} {}", g_in_flight.count, dtype_name(g_in_flight.dtype));
+  }
+  return {g_in_flight.rank, text};
+}
 
 std::string explain_gloo_network_failure(const std::string& gloo_text, int rank,
                                          const std::string& collective) {
+  const std::string who = rank >= 0 ? fmt::format("rank {}", rank) : "this rank";
   const std::string during =
       collective.empty() ? std::string("a collective") : fmt::format("its {}", collective);
   std::smatch m;
   static const std::regex kLonger(R"(preamble\.length <= op\.nbytes\.\s*(\d+) vs (\d+))");
   if (std::regex_search(gloo_text, m, kLonger)) {
     return fmt::format(
-        "rank {}: collective mismatch on the gloo backend: a peer sent {} bytes where rank {} "
-        "expected at most {} during {}. The ranks issued different collectives, sizes or dtypes "
-        "here; every rank must issue the same collectives in the same order with the same "
-        "shapes. Run with DDP_DEBUG=detail to compare every collective across ranks and name "
-        "the one that differs. (gloo: {})",
-        rank, m[1].str(), rank, m[2].str(), during, gloo_text);
+        "{}: collective mismatch on the gloo backend: a peer sent {} bytes where {} expected at "
+        "most {} during {}. The ranks issued different collectives, sizes or dtypes here; every "
+        "rank must issue the same collectives in the same order with the same shapes. Run with "
+        "DDP_DEBUG=detail to compare every collective across ranks and name the one that "
+        "differs. (gloo: {})",
+        who, m[1].str(), who, m[2].str(), during, gloo_text);
   }
   return fmt::format(
-      "rank {}: the gloo backend failed in its network thread during {}: {}. A "
-      "peer may have issued a different collective (DDP_DEBUG=detail compares "
-      "them) or died",
-      rank, during, gloo_text);
+      "{}: the gloo backend failed in its network thread during {}: {}. A peer may have issued a "
+      "different collective (DDP_DEBUG=detail compares them) or died",
+      who, during, gloo_text);
 }
 
 [[noreturn]] void on_terminate() {
-  std::string text;
+  std::optional<std::string> text;  // set for gloo's own exceptions only
   if (std::exception_ptr e = std::current_exception()) {
     try {
       std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
+    } catch (const gloo::EnforceNotMet& ex) {
+      text = ex.what();
+    } catch (const gloo::Exception& ex) {
       text = ex.what();
     } catch (...) {
     }
   }
-  if (text.find("gloo/") != std::string::npos) {
-    const Collective* c = g_in_flight.load();
-    const std::string message =
-        explain_gloo_network_failure(text, g_in_flight_rank.load(), c ? c->describe() : "");
+  if (text) {
+    const auto [rank, collective] = describe_in_flight();
+    const std::string message = explain_gloo_network_failure(*text, rank, collective);
     std::fflush(stdout);
     std::fprintf(stderr, "error: %s\n", message.c_str());
     std::fflush(stderr);
@@ -258,13 +292,7 @@ class GlooCommunicator : public ThreadedCommunicator {
 
 void GlooCommunicator::run(const Collective& c) {
   const comm::SigpipeBlock block;  // this may be a waiter's thread: Note [gloo SIGPIPE]
-  struct InFlight {                // Note [gloo mismatch]
-    InFlight(const Collective& c, int rank) {
-      g_in_flight_rank.store(rank);
-      g_in_flight.store(&c);
-    }
-    ~InFlight() { g_in_flight.store(nullptr); }
-  } in_flight(c, rank());
+  note_in_flight(rank(), c);       // Note [gloo mismatch]
   try {
     dispatch(c);
   } catch (const gloo::IoException& e) {
