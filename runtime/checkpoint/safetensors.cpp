@@ -128,6 +128,12 @@ class AtomicFile {
   void write(const void* data, size_t bytes) {
     if (bytes > 0 && std::fwrite(data, 1, bytes, file_) != bytes) fail("writing", errno);
   }
+  // Overwrites bytes written earlier, then goes back to the end.
+  void write_at(uint64_t offset, const void* data, size_t bytes) {
+    if (::fseeko(file_, static_cast<off_t>(offset), SEEK_SET) != 0) fail("seeking in", errno);
+    write(data, bytes);
+    if (::fseeko(file_, 0, SEEK_END) != 0) fail("seeking in", errno);
+  }
 
   void commit() {
     if (std::fflush(file_) != 0) fail("flushing", errno);
@@ -303,7 +309,31 @@ void check_layout(std::vector<Entry>& entries, uint64_t data_bytes, const std::s
 }
 
 // The header's bytes, checked against the file's size.
-// Note [checkpoint checksums].
+// Note [checkpoint checksums]: a file has a checksum for every tensor or for
+// none; a damaged key must not turn a tensor's check off.
+void check_checksum_keys(const std::map<std::string, std::string>& metadata,
+                         const std::vector<Entry>& entries, const std::string& path) {
+  std::set<std::string> names;
+  for (const Entry& e : entries) names.insert(e.name);
+  size_t keys = 0;
+  for (const auto& [key, value] : metadata) {
+    if (!key.starts_with(kChecksumPrefix)) continue;
+    ++keys;
+    const std::string name = key.substr(kChecksumPrefix.size());
+    DDP_CHECK(names.contains(name),
+              "{}: the metadata has a checksum for '{}', which is not a tensor of the file: the "
+              "header was damaged or edited; restore the file or resume from an earlier one",
+              path, name);
+  }
+  if (keys == 0) return;  // written without checksums (PyTorch, older ddp)
+  for (const Entry& e : entries) {
+    DDP_CHECK(metadata.contains(std::string(kChecksumPrefix) + e.name),
+              "{}: tensor '{}' has no checksum while the file's other tensors do: the header was "
+              "damaged or edited; restore the file or resume from an earlier one",
+              path, e.name);
+  }
+}
+
 void verify_checksum(const std::map<std::string, std::string>& metadata, const std::string& name,
                      const Tensor& t, const std::string& path) {
   const auto it = metadata.find(std::string(kChecksumPrefix) + name);
@@ -346,20 +376,25 @@ std::string_view safetensors_dtype_name(DType dtype) {
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata) {
   check_savable(tensors, metadata, path);
-  // The header holds the checksums, so the host bytes are ready before it is written.
-  std::vector<Tensor> host;
-  host.reserve(tensors.size());
+  // The checksums are fixed-width, so the header is written with placeholders,
+  // the tensors streamed (a GPU tensor copied to the host one at a time), and
+  // the header written again with the real values: same length, same place.
   std::map<std::string, std::string> with_checksums = metadata;
   for (const auto& [name, t] : tensors) {
-    host.push_back(t.device().is_cpu() ? t : t.cpu());
-    with_checksums[std::string(kChecksumPrefix) + name] = checksum_text(host.back());
+    with_checksums[std::string(kChecksumPrefix) + name] = std::string(8, '0');
   }
-  const std::string header = build_header(tensors, with_checksums);
-  const uint64_t header_bytes = header.size();
+  const uint64_t header_bytes = build_header(tensors, with_checksums).size();
   AtomicFile file(path);
   file.write(&header_bytes, 8);  // little-endian host (static_assert above)
-  file.write(header.data(), header.size());
-  for (const Tensor& t : host) file.write(t.data_ptr(), t.nbytes());
+  file.write(build_header(tensors, with_checksums).data(), header_bytes);
+  for (const auto& [name, t] : tensors) {
+    const Tensor host = t.device().is_cpu() ? t : t.cpu();
+    file.write(host.data_ptr(), host.nbytes());
+    with_checksums[std::string(kChecksumPrefix) + name] = checksum_text(host);
+  }
+  const std::string header = build_header(tensors, with_checksums);
+  DDP_ASSERT(header.size() == header_bytes, "checksums changed the header's length");
+  file.write_at(8, header.data(), header.size());
   file.commit();
 }
 
@@ -401,6 +436,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
   }
   const uint64_t data_start = 8 + header.size();
   check_layout(entries, file.size() - data_start, path);
+  check_checksum_keys(out.metadata, entries, path);
   for (const Entry& e : entries) {
     Tensor t = empty(e.shape, {.dtype = e.dtype});
     file.read_at(data_start + e.begin, t.data_ptr(), t.nbytes());

@@ -161,6 +161,13 @@ TEST_F(SafetensorsFiles, ChecksumsNameTheCorruptedTensor) {
   EXPECT_NE(load_error(write_bytes("badsum.safetensors", bad_sum)).find("tensor 'a' is corrupted"),
             std::string::npos);
 
+  std::string renamed = good;  // a damaged key must not switch a tensor's check off
+  renamed[renamed.find("crc32c/a") + 7] = 'x';
+  const std::string stray = load_error(write_bytes("renamed.safetensors", renamed));
+  EXPECT_NE(stray.find("has a checksum for 'x', which is not a tensor of the file"),
+            std::string::npos)
+      << stray;
+
   const std::string plain = write_file(
       "plain.safetensors", R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8);
   EXPECT_EQ(load_safetensors(plain).at("t").numel(), 2);
