@@ -138,8 +138,7 @@ void DistributedDataParallel::verify_same_model() {
 void DistributedDataParallel::broadcast_from_rank0(const std::vector<Tensor>& tensors) {
   if (comm_->size() == 1) return;
   std::vector<std::shared_ptr<Work>> works;
-  std::vector<Tensor> handles = tensors;
-  for (Tensor& t : handles) works.push_back(comm_->broadcast(t, 0));
+  for (const Tensor& t : tensors) works.push_back(comm_->broadcast(t, 0));
   for (const auto& work : works) work->wait();
 }
 
