@@ -51,6 +51,13 @@ DType parse_dtype(std::string_view t) {
   if (t == "i32" || t == "int32" || t == "int") return DType::i32;
   if (t == "i64" || t == "int64" || t == "long") return DType::i64;
   if (t == "u8" || t == "uint8") return DType::u8;
+  if (t == "f64" || t == "float64" || t == "double") {
+    throw ValueError(fmt::format(
+        "dtype '{}' (float64) is not supported by ddp; supported: f32, bf16, f16, i32, i64, u8. "
+        "Use f32: convert float64 data to float32 first (PyTorch: .to(torch.float32), NumPy: "
+        ".astype(np.float32))",
+        t));
+  }
   throw ValueError(
       fmt::format("unknown dtype '{}'; valid dtypes are f32, bf16, f16, i32, i64, u8", t));
 }

@@ -24,6 +24,23 @@ TEST(DType, SizesAndNames) {
   EXPECT_THROW(parse_dtype("f64"), ValueError);
 }
 
+// float64 is not a ddp dtype: the error names it, the supported dtypes and the fix.
+TEST(DType, Float64IsNamedInTheError) {
+  for (const char* name : {"f64", "float64", "double"}) {
+    try {
+      parse_dtype(name);
+      FAIL() << name << " parsed";
+    } catch (const ValueError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(std::string("dtype '") + name + "' (float64) is not supported by ddp"),
+                std::string::npos)
+          << what;
+      EXPECT_NE(what.find("supported: f32, bf16, f16, i32, i64, u8"), std::string::npos) << what;
+      EXPECT_NE(what.find(".to(torch.float32)"), std::string::npos) << what;
+    }
+  }
+}
+
 TEST(DType, Bf16RoundsToNearestEven) {
   EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
   EXPECT_EQ(bf16_to_float(0x3f80), 1.0f);
