@@ -45,16 +45,16 @@ headers_src=$work/headers
 mkdir -p "$headers_src"
 mapfile -t headers < <(cd "$prefix/include/ddp" && find . -type f -name '*.h' | sed 's|^\./||' | sort)
 [ "${#headers[@]}" -ge 50 ] || fail "only ${#headers[@]} headers under $prefix/include/ddp"
-{
-  echo 'cmake_minimum_required(VERSION 3.25)'
-  echo 'project(ddp_headers LANGUAGES CXX)'
-  echo 'set(CMAKE_CXX_STANDARD 20)'
-  echo 'set(CMAKE_CXX_STANDARD_REQUIRED ON)'
-  echo 'find_package(ddp 0.1 REQUIRED)'
-  echo 'file(GLOB sources ${CMAKE_SOURCE_DIR}/*.cpp)'
-  echo 'add_executable(all_headers ${sources})'
-  echo 'target_link_libraries(all_headers PRIVATE ddp::ddp)'
-} >"$headers_src/CMakeLists.txt"
+cat >"$headers_src/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.25)
+project(ddp_headers LANGUAGES CXX)
+set(CMAKE_CXX_STANDARD 20)
+set(CMAKE_CXX_STANDARD_REQUIRED ON)
+find_package(ddp 0.1 REQUIRED)
+file(GLOB sources ${CMAKE_SOURCE_DIR}/*.cpp)
+add_executable(all_headers ${sources})
+target_link_libraries(all_headers PRIVATE ddp::ddp)
+CMAKE
 for h in "${headers[@]}"; do
   printf '#include "%s"\n' "$h" >"$headers_src/h_$(tr '/.' '__' <<<"$h").cpp"
 done
