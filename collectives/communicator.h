@@ -5,8 +5,13 @@
 // - Collectives are issued in the same order on every rank; each gets the next
 //   sequence number of this communicator (0, 1, 2, ...).
 // - Every call returns at once with a Work; the caller blocks only in
-//   Work::wait(). Tensors passed in must stay alive and untouched until then.
-// - In place: all_reduce, broadcast and reduce overwrite `tensor`.
+//   Work::wait(). The communicator holds the tensors it was given until the
+//   collective finished (so a temporary may be passed); their data must not be
+//   touched until then.
+// - Inputs are `const Tensor&` (broadcast's tensor on root, all_gather's and
+//   reduce_scatter's input), so a const tensor or a temporary can be sent; what a
+//   collective writes is a `Tensor&`. In place: all_reduce and reduce overwrite
+//   `tensor`; broadcast overwrites it on every rank but root.
 // - Every collective has a timeout (CommOptions::timeout, default DDP_TIMEOUT_S
 //   or 300 s). A rank that died or stopped makes the others fail within it with
 //   a CommError naming the op, sequence number, element count and, where the
@@ -121,7 +126,10 @@ class Communicator {
   virtual bool accepts(const Device& device) const = 0;
 
   virtual std::shared_ptr<Work> all_reduce(Tensor& tensor, ReduceOp op = ReduceOp::sum) = 0;
-  virtual std::shared_ptr<Work> broadcast(Tensor& tensor, int root) = 0;
+  // Root's tensor is read (a const tensor or a temporary can be sent); every
+  // other rank's tensor receives root's data. A Tensor is a handle: the data of
+  // the storage it views is written, whatever the handle's constness.
+  virtual std::shared_ptr<Work> broadcast(const Tensor& tensor, int root) = 0;
   // output holds size() * input.numel() elements: rank r's input at [r * n, (r + 1) * n).
   virtual std::shared_ptr<Work> all_gather(const Tensor& input, Tensor& output) = 0;
   // input holds size() * output.numel() elements; rank r gets the reduction of block r.

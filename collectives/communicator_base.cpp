@@ -102,7 +102,7 @@ std::shared_ptr<Work> CommunicatorBase::all_reduce(Tensor& tensor, ReduceOp op) 
   return start({CollectiveKind::all_reduce, op, 0, 0, tensor, tensor, {}});
 }
 
-std::shared_ptr<Work> CommunicatorBase::broadcast(Tensor& tensor, int root) {
+std::shared_ptr<Work> CommunicatorBase::broadcast(const Tensor& tensor, int root) {
   check_tensor("broadcast", tensor, true);
   DDP_CHECK(root >= 0 && root < size_, "broadcast: root {} is not a rank (world size {})", root,
             size_);

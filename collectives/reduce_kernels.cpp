@@ -6,24 +6,51 @@
 namespace ddp::comm {
 namespace {
 
+// How a block of T is accumulated: in T itself (direct: read in place), or in
+// float for the 16-bit types, converted a block at a time.
 template <typename T>
 struct Acc {
   using type = T;
-  static type load(T v) { return v; }
-  static T store(type v) { return v; }
+  static constexpr bool direct = true;
 };
 template <>
 struct Acc<BFloat16> {
   using type = float;
-  static float load(BFloat16 v) { return bf16_to_float(v.bits); }
-  static BFloat16 store(float v) { return {float_to_bf16(v)}; }
+  static constexpr bool direct = false;
+  static void load(const BFloat16* src, float* out, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(src[i].bits);
+  }
+  static void store(const float* in, BFloat16* dst, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = {float_to_bf16(in[i])};
+  }
 };
 template <>
-struct Acc<Half> {
+struct Acc<Half> {  // Note [f16 conversion] in runtime/dtype.h
   using type = float;
-  static float load(Half v) { return f16_to_float(v.bits); }
-  static Half store(float v) { return {float_to_f16(v)}; }
+  static constexpr bool direct = false;
+  static void load(const Half* src, float* out, int64_t n) {
+    f16_to_floats(reinterpret_cast<const uint16_t*>(src), out, static_cast<size_t>(n));
+  }
+  static void store(const float* in, Half* dst, int64_t n) {
+    floats_to_f16(in, reinterpret_cast<uint16_t*>(dst), static_cast<size_t>(n));
+  }
 };
+
+template <typename V>
+void combine(V* acc, const V* src, int64_t len, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg:
+      for (int64_t i = 0; i < len; ++i) acc[i] += src[i];
+      break;
+    case ReduceOp::max:
+      for (int64_t i = 0; i < len; ++i) acc[i] = std::max(acc[i], src[i]);
+      break;
+    case ReduceOp::min:
+      for (int64_t i = 0; i < len; ++i) acc[i] = std::min(acc[i], src[i]);
+      break;
+  }
+}
 
 template <typename T>
 void reduce_typed(T* dst, const void* const* srcs, int n, int64_t count, ReduceOp op,
@@ -32,29 +59,29 @@ void reduce_typed(T* dst, const void* const* srcs, int n, int64_t count, ReduceO
   using V = typename A::type;
   constexpr int64_t kBlock = 1024;
   V acc[kBlock];
+  [[maybe_unused]] V converted[A::direct ? 1 : kBlock];
   for (int64_t base = 0; base < count; base += kBlock) {
     const int64_t len = std::min(kBlock, count - base);
-    const T* first = static_cast<const T*>(srcs[0]) + base;
-    for (int64_t i = 0; i < len; ++i) acc[i] = A::load(first[i]);
-    for (int k = 1; k < n; ++k) {
+    auto source = [&](int k) -> const V* {
       const T* src = static_cast<const T*>(srcs[k]) + base;
-      switch (op) {
-        case ReduceOp::sum:
-        case ReduceOp::avg:
-          for (int64_t i = 0; i < len; ++i) acc[i] += A::load(src[i]);
-          break;
-        case ReduceOp::max:
-          for (int64_t i = 0; i < len; ++i) acc[i] = std::max(acc[i], A::load(src[i]));
-          break;
-        case ReduceOp::min:
-          for (int64_t i = 0; i < len; ++i) acc[i] = std::min(acc[i], A::load(src[i]));
-          break;
+      if constexpr (A::direct) {
+        return src;
+      } else {
+        A::load(src, converted, len);
+        return converted;
       }
-    }
+    };
+    const V* first = source(0);
+    std::copy(first, first + len, acc);
+    for (int k = 1; k < n; ++k) combine(acc, source(k), len, op);
     if (op == ReduceOp::avg) {
       for (int64_t i = 0; i < len; ++i) acc[i] = static_cast<V>(acc[i] * static_cast<V>(scale));
     }
-    for (int64_t i = 0; i < len; ++i) dst[base + i] = A::store(acc[i]);
+    if constexpr (A::direct) {
+      std::copy(acc, acc + len, dst + base);
+    } else {
+      A::store(acc, dst + base, len);
+    }
   }
 }
 

@@ -190,7 +190,7 @@ void Tensor::record_stream(const Stream& stream) const {
     s.allocator()->record_stream(s.data(), stream);
 }
 
-template <typename T>
+template <typename T, DType>
 std::vector<T> Tensor::to_vector() const {
   DDP_CHECK(DTypeOf<T>::value == dtype(), "to_vector<{}>() on a tensor of dtype {}; cast first",
             dtype_name(DTypeOf<T>::value), dtype_name(dtype()));
@@ -199,7 +199,7 @@ std::vector<T> Tensor::to_vector() const {
   return std::vector<T>(p, p + numel());
 }
 
-template <typename T>
+template <typename T, DType>
 T Tensor::item() const {
   DDP_CHECK(numel() == 1, "item() needs a tensor with one element, got shape {}",
             shape_str(shape()));

@@ -120,10 +120,11 @@ class Tensor {
   // A no-op for ordinary CPU memory and for memory from from_blob.
   void record_stream(const Stream& stream) const;
 
-  // Reads to the host (synchronous). item() needs exactly one element.
-  template <typename T>
+  // Reads to the host (synchronous). item() needs exactly one element. The
+  // unnamed parameter stops item<double>() at compile time (DTypeOf).
+  template <typename T, DType = DTypeOf<T>::value>
   T item() const;
-  template <typename T>
+  template <typename T, DType = DTypeOf<T>::value>
   std::vector<T> to_vector() const;
   double item_double() const;  // any dtype, one element
 

@@ -8,11 +8,8 @@
 
 namespace ddp {
 
-// Note [comm hooks]: a hook compresses every bucket for its all_reduce and
-// decompresses the average afterwards (PyTorch's bf16_compress_hook and
-// fp16_compress_hook): half the bytes on the wire, at the price of rounding the
-// averaged gradient to 8 (bf16) or 11 (fp16) significant bits. fp16 overflows
-// above 65504; bf16 keeps float32's range.
+// The built-in comm hooks (Note [comm hooks] in collectives/ddp/comm_hook.h):
+// DdpOptions::comm_hook registers one of them.
 enum class CommHook { none, bf16, fp16 };
 
 inline const char* comm_hook_name(CommHook hook) {
@@ -40,7 +37,8 @@ struct CommStats {
                          // (Work::duration; 0 where the backend does not measure)
   double exposed_s = 0;  // time finish_backward() waited for them: not hidden by backward
   int64_t buckets = 0;
-  int64_t bytes = 0;  // bytes all_reduced (after compression)
+  int64_t bytes = 0;  // bytes this rank passed to the comm hook's collectives
+                      // (after compression; all_gather: its input)
 };
 
 }  // namespace ddp

@@ -85,7 +85,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
       ReducerOptions{.caps = caps,
                      .find_unused = options_.find_unused_parameters,
                      .gradient_as_bucket_view = options_.gradient_as_bucket_view,
-                     .comm_hook = options_.comm_hook});
+                     .comm_hook = builtin_comm_hook(options_.comm_hook)});
   reducer_->install_hooks();
 }
 
@@ -138,8 +138,7 @@ void DistributedDataParallel::verify_same_model() {
 void DistributedDataParallel::broadcast_from_rank0(const std::vector<Tensor>& tensors) {
   if (comm_->size() == 1) return;
   std::vector<std::shared_ptr<Work>> works;
-  std::vector<Tensor> handles = tensors;
-  for (Tensor& t : handles) works.push_back(comm_->broadcast(t, 0));
+  for (const Tensor& t : tensors) works.push_back(comm_->broadcast(t, 0));
   for (const auto& work : works) work->wait();
 }
 
@@ -160,6 +159,19 @@ void DistributedDataParallel::backward(const Tensor& loss) {
 
 void DistributedDataParallel::finish_backward() {
   reducer_->finish();
+}
+
+void DistributedDataParallel::register_comm_hook(CommHookFn hook) {
+  DDP_CHECK(!hook_registered_,
+            "DistributedDataParallel: register_comm_hook was called twice; a model has one comm "
+            "hook (as in PyTorch), so register it once, on every rank");
+  DDP_CHECK(options_.comm_hook == CommHook::none,
+            "DistributedDataParallel: register_comm_hook on a model whose DdpOptions::comm_hook "
+            "is {}; choose one: leave comm_hook at none to register your own hook, or call "
+            "bf16_compress_hook/fp16_compress_hook from it",
+            comm_hook_name(options_.comm_hook));
+  reducer_->set_comm_hook(std::move(hook));
+  hook_registered_ = true;
 }
 
 const std::vector<Bucket>& DistributedDataParallel::buckets() const {

@@ -8,8 +8,9 @@
 //   difference and the ranks) and then takes rank 0's values.
 // - Gradients are reduced in buckets (collectives/ddp/bucket_plan.h). A
 //   parameter's post-accumulate-grad hook copies its gradient into its bucket;
-//   a bucket whose gradients are all in is all_reduced (avg) asynchronously, in
-//   bucket order on every rank, while backward goes on.
+//   a bucket whose gradients are all in goes to the comm hook (default: an
+//   asynchronous all_reduce(avg)), in bucket order on every rank, while backward
+//   goes on (Note [comm hooks] in collectives/ddp/comm_hook.h).
 // - Note [finishing backward]: PyTorch finishes the reduction from a callback of
 //   the autograd engine; here ddp.backward(loss) runs backward and then
 //   finish_backward(), which launches what is left, waits, and writes the
@@ -23,9 +24,11 @@
 
 #include "collectives/communicator.h"
 #include "collectives/ddp/bucket_plan.h"
+#include "collectives/ddp/comm_hook.h"
 #include "collectives/ddp/ddp_types.h"
 #include "runtime/nn/module.h"
 
+#include <concepts>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,7 +46,9 @@ struct DdpOptions {
   // (no copy back, less memory; the next backward overwrites it). false: the
   // averages are copied into the existing .grad tensors.
   bool gradient_as_bucket_view = false;
-  CommHook comm_hook = CommHook::none;  // Note [comm hooks] in ddp_types.h
+  // The built-in hook to register (Note [comm hooks] in comm_hook.h); none is
+  // allreduce_hook. register_comm_hook() takes any other.
+  CommHook comm_hook = CommHook::none;
 };
 
 class Reducer;
@@ -63,6 +68,22 @@ class DistributedDataParallel {
   // After a synchronized backward: every .grad holds the average over ranks.
   // After a backward under no_sync(): nothing to do.
   void finish_backward();
+
+  // Note [comm hooks]: `hook` reduces every bucket from now on (PyTorch's
+  // ddp.register_comm_hook(state, hook)). Once per DistributedDataParallel, on
+  // every rank, before a forward; a ValueError if DdpOptions::comm_hook already
+  // chose a compressing built-in.
+  void register_comm_hook(CommHookFn hook);
+  // The same with a state the hook keeps between calls (error feedback, ...):
+  // hook(*state, comm, bucket). DDP holds `state` as long as the hook.
+  template <typename State, typename Hook>
+  requires std::invocable<Hook&, State&, Communicator&, GradBucket&>
+  void register_comm_hook(std::shared_ptr<State> state, Hook hook) {
+    register_comm_hook([state = std::move(state), hook = std::move(hook)](
+                           Communicator& comm, GradBucket& bucket) mutable -> BucketFuture {
+      return hook(*state, comm, bucket);
+    });
+  }
 
   // While alive, forward passes do not synchronize: their backward only
   // accumulates .grad locally; the next synchronized backward reduces the sum.
@@ -102,6 +123,7 @@ class DistributedDataParallel {
   std::shared_ptr<Reducer> reducer_;  // hooks hold it weakly
   std::vector<std::string> bucket_names_;
   bool no_sync_ = false;
+  bool hook_registered_ = false;
 };
 
 }  // namespace ddp

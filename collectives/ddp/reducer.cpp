@@ -12,19 +12,6 @@
 namespace ddp {
 namespace {
 
-DType wire_dtype(CommHook hook, DType dtype) {
-  if (dtype != DType::f32) return dtype;  // only float32 buckets are compressed
-  switch (hook) {
-    case CommHook::bf16:
-      return DType::bf16;
-    case CommHook::fp16:
-      return DType::f16;
-    case CommHook::none:
-      break;
-  }
-  return dtype;
-}
-
 bool same_memory(const Tensor& a, const Tensor& b) {
   return a.defined() && b.defined() && a.data_ptr() == b.data_ptr() && a.device() == b.device();
 }
@@ -36,7 +23,8 @@ Reducer::Reducer(std::vector<Tensor> params, std::vector<std::string> names,
     : params_(std::move(params)),
       names_(std::move(names)),
       comm_(std::move(comm)),
-      options_(options) {
+      options_(std::move(options)),
+      hook_comm_(std::make_shared<HookCommunicator>(comm_)) {
   for (const Tensor& p : params_) infos_.push_back({p.numel(), p.dtype(), p.device()});
   plan_ = plan_buckets(infos_, options_.caps);
   allocate_buckets();
@@ -50,7 +38,6 @@ Reducer::~Reducer() {
 
 void Reducer::allocate_buckets() {
   flats_.clear();
-  compressed_.assign(plan_.size(), Tensor());
   views_.resize(params_.size());
   bucket_of_.resize(params_.size());
   for (size_t b = 0; b < plan_.size(); ++b) {
@@ -81,7 +68,15 @@ void Reducer::prepare(bool sync) {
             "backward is unfinished; call ddp.finish_backward() after ddp::backward(loss) "
             "(or use ddp.backward(loss), which does both)");
   sync_ = sync;
-  if (sync_) stats_.bytes = 0;
+  if (sync_) hook_comm_->clear();
+}
+
+void Reducer::set_comm_hook(CommHookFn hook) {
+  DDP_CHECK(hook != nullptr, "DistributedDataParallel: register_comm_hook got an empty function");
+  DDP_CHECK(next_launch_ == 0,
+            "DistributedDataParallel: register_comm_hook during a backward; register it before "
+            "the first forward (or between finish_backward() and the next forward)");
+  options_.comm_hook = std::move(hook);
 }
 
 void Reducer::mark_ready(size_t i) {
@@ -105,15 +100,45 @@ void Reducer::mark_ready(size_t i) {
 // rank issues the same sequence of all_reduces even when its gradients
 // complete in another order.
 void Reducer::launch_ready_buckets() {
-  while (next_launch_ < plan_.size() && pending_[next_launch_] == 0) {
-    const size_t b = next_launch_++;
-    Tensor& flat = flats_[b];
-    const DType wire = wire_dtype(options_.comm_hook, flat.dtype());
-    if (wire != flat.dtype()) compressed_[b] = cast(flat, wire);  // Note [comm hooks]
-    Tensor& sent = wire != flat.dtype() ? compressed_[b] : flat;
-    stats_.bytes += static_cast<int64_t>(sent.nbytes());
-    works_.push_back(comm_->all_reduce(sent, ReduceOp::avg));
+  while (next_launch_ < plan_.size() && pending_[next_launch_] == 0) launch_bucket(next_launch_++);
+}
+
+void Reducer::launch_bucket(size_t b) {
+  GradBucket bucket;
+  bucket.index = b;
+  bucket.is_last = b + 1 == plan_.size();
+  bucket.buffer = flats_[b];
+  for (size_t i : plan_[b].params) {
+    bucket.parameters.push_back(params_[i]);
+    bucket.gradients.push_back(views_[i]);
   }
+  try {
+    futures_.push_back(options_.comm_hook(*hook_comm_, bucket));
+  } catch (...) {
+    abandon_buckets();  // the next forward starts a fresh backward
+    throw;
+  }
+  DDP_CHECK(futures_.back().valid(),
+            "DistributedDataParallel: the comm hook returned an empty BucketFuture for bucket "
+            "{}; return BucketFuture::ready(tensor) or BucketFuture::after(work, then)",
+            b);
+}
+
+void Reducer::collect_bucket(size_t b) {
+  const Tensor reduced = futures_[b].wait();
+  Tensor& flat = flats_[b];
+  const bool fits = reduced.defined() && reduced.numel() == flat.numel() &&
+                    reduced.dtype() == flat.dtype() && reduced.device() == flat.device();
+  DDP_CHECK(fits,
+            "DistributedDataParallel: the comm hook returned {} for bucket {}, which holds {} "
+            "elements of {} on {}; a hook must return the reduced bucket with the shape, dtype "
+            "and device of bucket.buffer (reduce into bucket.buffer and return it, or copy the "
+            "result there)",
+            reduced.defined() ? fmt::format("{} elements of {} on {}", reduced.numel(),
+                                            dtype_name(reduced.dtype()), reduced.device().str())
+                              : std::string("an undefined tensor"),
+            b, flat.numel(), dtype_name(flat.dtype()), flat.device().str());
+  if (!same_memory(reduced, flat)) copy_(flat, reduced.reshape(flat.shape()));
 }
 
 void Reducer::handle_unused() {
@@ -142,10 +167,8 @@ void Reducer::handle_unused() {
 
 void Reducer::abandon_buckets() {
   orphaned_flats_.insert(orphaned_flats_.end(), flats_.begin(), flats_.end());
-  for (const Tensor& t : compressed_) {
-    if (t.defined()) orphaned_flats_.push_back(t);
-  }
-  orphaned_works_.insert(orphaned_works_.end(), works_.begin(), works_.end());
+  orphaned_futures_.insert(orphaned_futures_.end(), futures_.begin(), futures_.end());
+  if (!rebuilt_) ready_order_.clear();  // the next backward observes the order afresh
   allocate_buckets();
   reset();
 }
@@ -156,7 +179,8 @@ void Reducer::finish() {
   DDP_ASSERT(next_launch_ == plan_.size(), "{} of {} buckets launched", next_launch_, plan_.size());
   const auto start = std::chrono::steady_clock::now();
   try {
-    for (const auto& work : works_) work->wait();
+    // In bucket order on every rank: a hook's continuation may issue collectives.
+    for (size_t b = 0; b < plan_.size(); ++b) collect_bucket(b);
   } catch (...) {
     // The buckets may still be in the backend's hands (a timeout): keep them
     // alive, and leave the reducer ready for the next forward, whose
@@ -166,14 +190,9 @@ void Reducer::finish() {
   }
   stats_.exposed_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  measured_ = works_;  // comm_s is summed when read (stats())
+  measured_ = hook_comm_->works();  // comm_s is summed when read (stats())
+  stats_.bytes = hook_comm_->bytes();
   stats_.buckets = static_cast<int64_t>(plan_.size());
-  for (size_t b = 0; b < plan_.size(); ++b) {
-    if (!compressed_[b].defined()) continue;
-    Tensor restored = cast(compressed_[b], flats_[b].dtype());
-    copy_(flats_[b], restored);
-    compressed_[b] = Tensor();
-  }
   write_grads();
   if (!rebuilt_) rebuild_buckets();
   reset();
@@ -251,7 +270,7 @@ void Reducer::reset() {
   pending_.clear();
   for (const Bucket& b : plan_) pending_.push_back(b.params.size());
   next_launch_ = 0;
-  works_.clear();
+  futures_.clear();
 }
 
 }  // namespace ddp

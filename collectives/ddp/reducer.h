@@ -1,11 +1,14 @@
 // The gradient reducer behind DistributedDataParallel (internal): owns one flat
 // tensor per bucket of the plan, fills it from post-accumulate-grad hooks and
-// all_reduces (avg) full buckets in bucket order while backward goes on.
+// hands full buckets to the comm hook in bucket order while backward goes on
+// (Note [comm hooks] in collectives/ddp/comm_hook.h).
 #pragma once
 
 #include "collectives/communicator.h"
 #include "collectives/ddp/bucket_plan.h"
+#include "collectives/ddp/comm_hook.h"
 #include "collectives/ddp/ddp_types.h"
+#include "collectives/ddp/hook_communicator.h"
 
 #include <memory>
 #include <string>
@@ -17,7 +20,7 @@ struct ReducerOptions {
   BucketCaps caps;
   bool find_unused = false;
   bool gradient_as_bucket_view = false;
-  CommHook comm_hook = CommHook::none;
+  CommHookFn comm_hook = allreduce_hook;
 };
 
 class Reducer : public std::enable_shared_from_this<Reducer> {
@@ -38,6 +41,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void mark_ready(size_t i);
   // Launches what is left, waits, and gives every param its averaged .grad.
   void finish();
+  // Replaces the comm hook; between backwards only.
+  void set_comm_hook(CommHookFn hook);
   // Bucket::params index the params given to the constructor.
   const std::vector<Bucket>& buckets() const { return plan_; }
   bool rebuilt() const { return rebuilt_; }
@@ -46,9 +51,14 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
  private:
   void allocate_buckets();
   void launch_ready_buckets();
+  // Runs the comm hook of bucket b; abandons the backward if it throws.
+  void launch_bucket(size_t b);
+  // Waits for bucket b's result and writes it into the bucket (ValueError if
+  // the hook returned a tensor of another shape).
+  void collect_bucket(size_t b);
   void handle_unused();
-  // After a failed backward: moves the buckets and works to the orphans, fresh
-  // buckets, state reset.
+  // After a failed backward: moves the buckets and futures to the orphans,
+  // fresh buckets, state reset.
   void abandon_buckets();
   void write_grads();
   void rebuild_buckets();
@@ -60,24 +70,24 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   ReducerOptions options_;
   std::vector<ParamInfo> infos_;
   std::vector<Bucket> plan_;
-  std::vector<Tensor> flats_;       // one per bucket
-  std::vector<Tensor> compressed_;  // per launched bucket under a comm hook
-  std::vector<Tensor> views_;       // param i's slice of its bucket, param-shaped
+  std::shared_ptr<HookCommunicator> hook_comm_;  // what the hook's collectives send
+  std::vector<Tensor> flats_;                    // one per bucket
+  std::vector<Tensor> views_;                    // param i's slice of its bucket, param-shaped
   std::vector<size_t> bucket_of_;
   bool rebuilt_ = false;             // Note [bucket rebuild]
   std::vector<size_t> ready_order_;  // of the first synchronized backward
   // State of the current backward.
   bool sync_ = true;
   std::vector<char> ready_;
-  std::vector<size_t> pending_;  // per bucket: params not ready yet
-  size_t next_launch_ = 0;       // buckets below it have been launched
-  std::vector<std::shared_ptr<Work>> works_;
+  std::vector<size_t> pending_;                  // per bucket: params not ready yet
+  size_t next_launch_ = 0;                       // buckets below it have been launched
+  std::vector<BucketFuture> futures_;            // per launched bucket
   std::vector<std::shared_ptr<Work>> measured_;  // the last synchronized backward's works
   mutable CommStats stats_;                      // comm_s is summed in stats()
   // Buckets and works abandoned by a failed backward: kept alive until the
   // communicator is done with them (Communicator contract).
   std::vector<Tensor> orphaned_flats_;
-  std::vector<std::shared_ptr<Work>> orphaned_works_;
+  std::vector<BucketFuture> orphaned_futures_;
 };
 
 }  // namespace ddp

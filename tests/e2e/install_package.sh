@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # install_package.sh CMAKE BUILD_DIR SOURCE_DIR CXX GENERATOR: installs the build
-# tree into a fresh prefix, builds examples/scaling_experiment against it as an
+# tree into a fresh prefix, compiles every installed header alone and all together
+# against it, builds examples/scaling_experiment against it as an
 # outside project would (find_package(ddp), CMAKE_PREFIX_PATH) and runs it under
 # <prefix>/bin/ddprun -n 2. Passes when both ranks train (the last loss is below
 # the first), hold identical parameters afterwards, and rank 0 prints a
@@ -13,7 +14,7 @@ fail() { echo "install_package.sh: FAIL: $*" >&2; exit 1; }
 run() {  # run LOG COMMAND...: quiet on success, the log on failure
   local log=$1
   shift
-  "$@" >"$work/$log" 2>&1 || { cat "$work/$log" >&2; fail "$* (exit $?)"; }
+  "$@" >"$work/$log" 2>&1 || { local rc=$?; cat "$work/$log" >&2; fail "$* (exit $rc)"; }
 }
 
 prefix=$work/prefix
@@ -35,6 +36,38 @@ if [ -x "$prefix/bin/scale" ]; then
   [ -e "$prefix/share/ddp/models/torch_models.py" ] || fail "the install lacks torch_models.py"
 fi
 
+# Every installed header compiles on its own, from the install alone: one
+# translation unit per header (so a header that misses an include fails) and
+# one that includes them all, linked against ddp::ddp. The list comes from the
+# install tree, so a new header is checked without touching this script.
+t0=$SECONDS
+headers_src=$work/headers
+mkdir -p "$headers_src"
+mapfile -t headers < <(cd "$prefix/include/ddp" && find . -type f -name '*.h' | sed 's|^\./||' | sort)
+[ "${#headers[@]}" -ge 50 ] || fail "only ${#headers[@]} headers under $prefix/include/ddp"
+cat >"$headers_src/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.25)
+project(ddp_headers LANGUAGES CXX)
+set(CMAKE_CXX_STANDARD 20)
+set(CMAKE_CXX_STANDARD_REQUIRED ON)
+find_package(ddp 0.1 REQUIRED)
+file(GLOB sources ${CMAKE_SOURCE_DIR}/*.cpp)
+add_executable(all_headers ${sources})
+target_link_libraries(all_headers PRIVATE ddp::ddp)
+CMAKE
+for h in "${headers[@]}"; do
+  printf '#include "%s"\n' "$h" >"$headers_src/h_$(tr '/.' '__' <<<"$h").cpp"
+done
+{
+  printf '#include "%s"\n' "${headers[@]}"
+  echo 'int main() { return 0; }'
+} >"$headers_src/all_headers.cpp"
+run headers_configure.log "$cmake" -S "$headers_src" -B "$work/headers-build" -G "$generator" \
+  -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix"
+run headers_build.log "$cmake" --build "$work/headers-build" --parallel 2
+[ -x "$work/headers-build/all_headers" ] || fail "the all-headers program did not build"
+echo "compiled each of the ${#headers[@]} installed headers on its own and all together in $((SECONDS - t0)) s"
+
 # The example sees only the installed prefix: not this source tree, not the build tree.
 t0=$SECONDS
 run configure.log "$cmake" -S "$source/examples/scaling_experiment" -B "$work/example" -G "$generator" \
@@ -42,8 +75,8 @@ run configure.log "$cmake" -S "$source/examples/scaling_experiment" -B "$work/ex
 run build.log "$cmake" --build "$work/example"
 exe=$work/example/scaling_experiment
 [ -x "$exe" ] || fail "the example did not build $exe"
-if grep -qE -- "(-I|-isystem )($source|$build)(/| |\$)" -r --include=build.ninja --include=flags.make "$work/example"; then
-  fail "the example was compiled with include paths into the source or build tree"
+if grep -qE -- "(-I|-isystem )($source|$build)(/| |\$)" -r --include=build.ninja --include=flags.make "$work/example" "$work/headers-build"; then
+  fail "the example or the headers were compiled with include paths into the source or build tree"
 fi
 echo "configured and built the example in $((SECONDS - t0)) s"
 

@@ -102,13 +102,18 @@ void check_parity(const std::shared_ptr<Communicator>& comm, const ParityOptions
             fmt::format("a tiny cap should give one bucket per parameter, got {}",
                         ddp.buckets().size()));
   }
+  if (options.comm_hook) ddp.register_comm_hook(options.comm_hook);
   train_ddp(ddp, rank, world, options.micro_batches);
-  if (ddp_options.comm_hook != CommHook::none) {  // the hook is in effect: 2 bytes per element
+  const int wire_bytes =
+      ddp_options.comm_hook != CommHook::none ? 2 : options.wire_bytes_per_element;
+  if (wire_bytes != 0) {  // the hook is in effect
     int64_t numel = 0;
     for (const Tensor& p : ddp.module().parameters()) numel += p.numel();
-    require(ddp.comm_stats().bytes == 2 * numel,
-            fmt::format("comm hook {}: the last backward all_reduced {} bytes for {} elements",
-                        comm_hook_name(ddp_options.comm_hook), ddp.comm_stats().bytes, numel));
+    require(ddp.comm_stats().bytes == wire_bytes * numel,
+            fmt::format("comm hook {}: the last backward sent {} bytes for {} elements, expected "
+                        "{} per element",
+                        comm_hook_name(ddp_options.comm_hook), ddp.comm_stats().bytes, numel,
+                        wire_bytes));
   }
   expect_close(ddp.module(), *train_reference(world, options.micro_batches), rank, options.rel_tol);
 }

@@ -55,6 +55,10 @@ struct ParityOptions {
   DdpOptions ddp{};  // first_bucket_mb is capped at bucket_cap_mb
   int micro_batches = 1;
   double rel_tol = kRelTol;
+  // When set, registered with ddp.register_comm_hook before training (Note
+  // [comm hooks]); wire_bytes_per_element: what it sends per element (0: unchecked).
+  CommHookFn comm_hook{};
+  int wire_bytes_per_element = 0;
 };
 
 // On every rank of comm (collective): wraps tiny_mlp(1 + rank), moved to

@@ -33,6 +33,22 @@ int all_reduce_once(const std::string& run_id, int rank, int size, CommOptions c
   return 0;
 }
 
+// Const inputs (collectives/communicator.h): root broadcasts a const tensor,
+// every rank all_gathers a temporary; the values arrive on every rank.
+TEST(ShmCommunicator, ConstAndTemporaryInputsAreSent) {
+  const auto results = spawn_ranks(2, [](int rank, int size) {
+    auto c = make_backend("shm", rank, size, {.timeout = 20s});
+    const Tensor sent = rank == 0 ? from_vector<float>({7, 8}, {2}) : zeros({2});
+    c->broadcast(sent, 0)->wait();
+    require(sent.to_vector<float>() == std::vector<float>{7, 8}, "broadcast of a const tensor");
+    Tensor all = zeros({2 * size});
+    c->all_gather(full({2}, rank + 1.0), all)->wait();
+    require(all.to_vector<float>() == std::vector<float>{1, 1, 2, 2}, "all_gather of a temporary");
+    return 0;
+  });
+  for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
+}
+
 TEST(ShmSegment, NameIsSanitised) {
   EXPECT_EQ(shm::segment_name("job-42_a.b"), "/ddp-shm-job-42_a.b");
   EXPECT_EQ(shm::segment_name("a/b c:d"), "/ddp-shm-a_b_c_d");

@@ -61,6 +61,15 @@ void cast_loop(const S* src, D* dst, int64_t n) {
   }
 }
 
+// float32 <-> f16 in bulk (Note [f16 conversion] in dtype.h); non-templates,
+// so overload resolution prefers them to cast_loop<S, D>.
+void cast_loop(const float* src, Half* dst, int64_t n) {
+  floats_to_f16(src, reinterpret_cast<uint16_t*>(dst), static_cast<size_t>(n));
+}
+void cast_loop(const Half* src, float* dst, int64_t n) {
+  f16_to_floats(reinterpret_cast<const uint16_t*>(src), dst, static_cast<size_t>(n));
+}
+
 }  // namespace
 
 void fill(Tensor& t, double value) {
