@@ -241,8 +241,11 @@ Entry parse_entry(const std::string& name, const json::Value& info, const std::s
   const auto parsed = parse_dtype_name(dtype);
   DDP_CHECK(parsed.has_value(),
             "{}: tensor '{}' has dtype '{}', which is unknown or not supported by ddp (supported: "
-            "F32, BF16, F16, I32, I64, U8)",
-            path, name, dtype);
+            "F32, BF16, F16, I32, I64, U8){}",
+            path, name, dtype,
+            dtype == "F64" ? "; ddp has no float64: save it from PyTorch as float32 "
+                             "(state_dict values .to(torch.float32))"
+                           : "");
   e.dtype = *parsed;
   for (const json::Value& s : field(info, "shape", Kind::array, path, name).array) {
     e.shape.push_back(

@@ -221,7 +221,9 @@ TEST_F(SafetensorsFiles, CorruptFilesNameTheProblem) {
        "the header is not valid JSON: at byte 20: expected a key string, found the end"},
       {"notobject", "[1,2]", 0, "the header must be a JSON object, found an array"},
       {"dtype", R"({"t":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})", 8,
-       "tensor 't' has dtype 'F64', which is unknown or not supported by ddp"},
+       "tensor 't' has dtype 'F64', which is unknown or not supported by ddp (supported: F32, "
+       "BF16, "
+       "F16, I32, I64, U8); ddp has no float64: save it from PyTorch as float32"},
       {"size", "{" + f32x2 + "[0,4]}}", 4,
        "tensor 't': data_offsets [0, 4] do not match its shape: F32 [2] needs 8 bytes"},
       {"range", "{" + f32x2 + "[0,8]}}", 4,
