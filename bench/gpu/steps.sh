@@ -98,6 +98,7 @@ step_reference() {
   local rc
   have_data reference || return
   skip_cuda reference && return
+  rm -f "$logs/reference.safetensors"  # a rerun's: train never replaces a later checkpoint
   run_logged reference 180 "$bin/train" "${same_args[@]}" --data "$data" --device "$dev" --batch-size 64 \
     --save "$logs/reference.safetensors"
   rc=$?
