@@ -3,6 +3,7 @@
 #include "collectives/store/socket.h"
 #include "collectives/store/tcp_store.h"
 #include "launcher/group.h"
+#include "launcher/node_address.h"
 #include "launcher/rank_env.h"
 #include "launcher/rendezvous.h"
 #include "launcher/secret_file.h"
@@ -148,6 +149,12 @@ int run_agent(const LaunchOptions& o, const std::string& program_path) {
   const int nproc = local_ranks(o);
   SignalPipe signals;
   const std::string secret = store_secret(o);
+  try {
+    check_node0_address(o, to_ms(o.rdzv_timeout_s));  // Note [node 0's address]
+  } catch (const Interrupted& e) {
+    say(e.what());
+    return 128 + e.signal();
+  }
   Rendezvous rendezvous(rendezvous_options(o, nproc, secret));
   for (int restart = 0;; ++restart) {
     GroupResult result;

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <sys/wait.h>
 
+#include <algorithm>
+
 namespace ddp::launcher {
 namespace {
 
@@ -34,12 +36,16 @@ std::optional<size_t> first_failure(const std::vector<RankRecord>& ranks) {
 
 // The candidates of a rank still running: stopped, or making no progress,
 // past its limit at `now` or before the first failure (Note [blame]).
+// `paused`: every running rank is stopped, and no limit applies (Note [stop clocks]).
 void add_stuck(std::vector<Candidate>& out, size_t i, const RankRecord& r, Clock::time_point now,
-               const std::optional<Clock::time_point>& failure_time, const BlamePolicy& policy) {
+               const std::optional<Clock::time_point>& failure_time, const BlamePolicy& policy,
+               bool paused) {
   if (r.wait_status) return;
   if (r.stopped_since) {
     const auto since = *r.stopped_since;
-    const bool limit = policy.stopped_timeout.count() > 0 && now - since >= policy.stopped_timeout;
+    const auto counted = std::max(since, r.stop_clock_restart.value_or(since));
+    const bool limit =
+        !paused && policy.stopped_timeout.count() > 0 && now - counted >= policy.stopped_timeout;
     if (limit || (failure_time && since <= *failure_time))
       out.push_back({i, BlameReason::stopped, since});
   }
@@ -80,6 +86,21 @@ std::string stuck_text(const Candidate& c, const RankRecord& r, Clock::time_poin
 
 }  // namespace
 
+bool every_running_rank_stopped(const std::vector<RankRecord>& ranks) {
+  bool any = false;
+  for (const RankRecord& r : ranks) {
+    if (r.wait_status) continue;
+    if (!r.stopped_since) return false;
+    any = true;
+  }
+  return any;
+}
+
+bool stop_clocks_restart(const std::vector<RankRecord>& ranks, Clock::time_point previous,
+                         Clock::time_point now) {
+  return every_running_rank_stopped(ranks) || now - previous > kStopClockGap;
+}
+
 std::optional<Blame> find_blame(const std::vector<RankRecord>& ranks, Clock::time_point now,
                                 const BlamePolicy& policy) {
   const auto failure = first_failure(ranks);
@@ -89,8 +110,9 @@ std::optional<Blame> find_blame(const std::vector<RankRecord>& ranks, Clock::tim
     failure_time = ranks[*failure].exit_time;
     candidates.push_back({*failure, BlameReason::failed, *failure_time});
   }
+  const bool paused = every_running_rank_stopped(ranks);
   for (size_t i = 0; i < ranks.size(); ++i)
-    add_stuck(candidates, i, ranks[i], now, failure_time, policy);
+    add_stuck(candidates, i, ranks[i], now, failure_time, policy, paused);
   if (candidates.empty()) return std::nullopt;
   const Candidate* pick = &candidates.front();
   for (const Candidate& c : candidates) {

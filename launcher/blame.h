@@ -39,6 +39,9 @@ struct RankRecord {
   bool signalled = false;          // ddprun sent it a signal (it did not fail on its own)
   std::optional<Clock::time_point> stopped_since;  // stopped and not continued
   int stop_signal = 0;                             // what stopped it, with stopped_since
+  // When --stopped-timeout last started counting again for this stop (Note
+  // [stop clocks]); unset: it counts from stopped_since.
+  std::optional<Clock::time_point> stop_clock_restart;
   // The last time the rank was seen to make progress; unset: no such report
   // (nothing feeds it yet but the tests: the observability issue's hang detector will).
   std::optional<Clock::time_point> last_progress;
@@ -60,6 +63,34 @@ struct Blame {
 
 // Exit status for a rank blamed for making no progress (timeout(1)'s).
 inline constexpr int kNoProgressExitCode = 124;
+
+// Note [stop clocks]
+// --stopped-timeout is for one rank stopped while the others wait for it in a
+// collective that will time out. Two kinds of stop are not that:
+//   - every running local rank is stopped (`pkill -STOP train`, a whole-job
+//     pause): nothing of this node waits, no collective can time out here, and
+//     the pause is the user's; the job is not ended for it. The clocks restart
+//     while it lasts, so a rank left stopped when the others continue gets a
+//     full --stopped-timeout from then.
+//   - ddprun itself was stopped: SLURM suspends a job with SIGSTOP to all its
+//     processes in no set order, and on resume ddprun may run before its
+//     ranks are continued. A gap between two monitor iterations far longer
+//     than their interval (kStopClockGap) means ddprun did not run; the clocks
+//     restart then, so the suspension is not counted against a rank.
+// With another node still running, its collectives do time out and that node
+// fails; this node then stops on the failure it publishes (Note [two stores]).
+
+// A gap between monitor iterations (their interval is 250 ms) that means
+// ddprun itself was not running.
+inline constexpr std::chrono::milliseconds kStopClockGap{2000};
+
+// Every rank still running is stopped (and at least one runs).
+bool every_running_rank_stopped(const std::vector<RankRecord>& ranks);
+
+// Whether the stopped ranks' clocks restart at `now`, the previous monitor
+// iteration having been at `previous` (Note [stop clocks]).
+bool stop_clocks_restart(const std::vector<RankRecord>& ranks, Clock::time_point previous,
+                         Clock::time_point now);
 
 // The rank to blame at `now`, or nullopt while nothing is wrong (Note [blame]).
 std::optional<Blame> find_blame(const std::vector<RankRecord>& ranks, Clock::time_point now,

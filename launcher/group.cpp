@@ -79,9 +79,10 @@ class Watcher {
   bool stopping_ = false;
   bool killed_ = false;
   Clock::time_point kill_deadline_;
-  int stop_signal_ = 0;                 // ddprun's own SIGINT/SIGTERM/SIGHUP
-  std::optional<Blame> blame_;          // the rank that ended the job (Note [blame])
-  std::optional<GroupFailure> remote_;  // another node's failure
+  Clock::time_point last_judged_ = Clock::now();  // Note [stop clocks]
+  int stop_signal_ = 0;                           // ddprun's own SIGINT/SIGTERM/SIGHUP
+  std::optional<Blame> blame_;                    // the rank that ended the job (Note [blame])
+  std::optional<GroupFailure> remote_;            // another node's failure
 };
 
 GroupResult Watcher::run() {
@@ -230,26 +231,40 @@ void Watcher::note_stop_change(RankProcess& r) {
   if (!change || change->stopped == r.rec.stopped_since.has_value()) return;
   if (change->stopped) {
     r.rec.stopped_since = Clock::now();
+    r.rec.stop_clock_restart.reset();
     r.rec.stop_signal = change->signal;
     const double limit = std::chrono::duration<double>(spec_.blame.stopped_timeout).count();
-    say(fmt::format("rank {} (pid {}) was stopped by {}{}", r.rec.rank, r.rec.pid,
-                    signal_name(change->signal),
-                    limit > 0 ? fmt::format("; the job ends if it is still stopped in {:g} s "
-                                            "(--stopped-timeout)",
-                                            limit)
-                              : ""));
+    // While the job ends, no deadline applies (stop_all() continues it).
+    say(fmt::format(
+        "rank {} (pid {}) was stopped by {}{}", r.rec.rank, r.rec.pid, signal_name(change->signal),
+        limit > 0 && !stopping_ ? fmt::format("; the job ends if it is still stopped in {:g} s "
+                                              "(--stopped-timeout)",
+                                              limit)
+                                : ""));
   } else {
-    say(fmt::format("rank {} (pid {}) continued after {:.1f} s stopped", r.rec.rank, r.rec.pid,
-                    seconds_between(*r.rec.stopped_since, Clock::now())));
+    // stop_all()'s own SIGCONT is no news.
+    if (!r.rec.signalled) {
+      say(fmt::format("rank {} (pid {}) continued after {:.1f} s stopped", r.rec.rank, r.rec.pid,
+                      seconds_between(*r.rec.stopped_since, Clock::now())));
+    }
     r.rec.stopped_since.reset();
+    r.rec.stop_clock_restart.reset();
   }
 }
 
 // Note [blame]: the decision is launcher/blame.h's; here it is carried out.
 void Watcher::judge() {
+  const auto now = Clock::now();
   std::vector<RankRecord> records;
   for (const RankProcess& r : ranks_) records.push_back(r.rec);
-  blame_ = find_blame(records, Clock::now(), spec_.blame);
+  if (stop_clocks_restart(records, last_judged_, now)) {  // Note [stop clocks]
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+      if (ranks_[i].rec.stopped_since)
+        ranks_[i].rec.stop_clock_restart = records[i].stop_clock_restart = now;
+    }
+  }
+  last_judged_ = now;
+  blame_ = find_blame(records, now, spec_.blame);
   if (!blame_) return;
   RankProcess& r = ranks_[blame_->index];
   rendezvous_.publish_failure(

@@ -99,6 +99,10 @@ void parse_endpoint(LaunchOptions& o, const std::string& text) {
   DDP_CHECK(colon != std::string::npos && colon > 0, "--rdzv-endpoint '{}': expected HOST:PORT",
             text);
   o.rdzv_host = text.substr(0, colon);
+  // "[::1]:29400": the host is "::1"; the brackets are endpoint syntax, added
+  // back wherever an endpoint is written (store_detail::endpoint).
+  if (o.rdzv_host.size() > 2 && o.rdzv_host.front() == '[' && o.rdzv_host.back() == ']')
+    o.rdzv_host = o.rdzv_host.substr(1, o.rdzv_host.size() - 2);
   o.rdzv_port = parse_int("--rdzv-endpoint port", text.substr(colon + 1));
 }
 
@@ -160,10 +164,23 @@ void validate_rendezvous(const LaunchOptions& o) {
             "the agents' store port {}: must be a TCP port in 1..65535 "
             "(--rdzv-port, --rdzv-endpoint, or --master-port + 1)",
             port);
-  DDP_CHECK(port != o.master_port || rdzv_store_host(o) != o.master_addr,
-            "the agents' store and MASTER_PORT are both {}:{}: rank 0 of a PyTorch program hosts "
-            "its own store on MASTER_PORT; pass another --rdzv-port",
-            o.master_addr, port);
+  // Whatever the hosts: rank 0 of a PyTorch program binds MASTER_PORT on every
+  // interface of node 0, where the agents' store is too.
+  DDP_CHECK(port != o.master_port,
+            "--rdzv-port (or --rdzv-endpoint's port) {} and --master-port {} are the same port: "
+            "rank 0 of a PyTorch program hosts its own store on MASTER_PORT on every interface of "
+            "node 0, where the agents' store is too; pass another --rdzv-port or --master-port",
+            port, o.master_port);
+}
+
+// Note [master port follows the rendezvous port]
+// torchrun scripts for SLURM pass `--rdzv-endpoint $HEAD:29500`, the port that
+// is also --master-port's default; the two stores cannot share it (Note [two
+// stores]). When --master-port was not given, MASTER_PORT moves to the next
+// port, 29501, rather than refusing a common script; given explicitly, the
+// clash is the user's to resolve and is an error.
+void move_default_master_port(LaunchOptions& o) {
+  if (o.nnodes > 1 && o.rdzv_port == o.master_port) o.master_port = o.rdzv_port + 1;
 }
 
 void validate(const LaunchOptions& o) {
@@ -210,6 +227,7 @@ ParseResult parse_ddprun_args(int argc, const char* const* argv) {
   ParseResult result;
   LaunchOptions& o = result.options;
   bool master_addr_given = false;
+  bool master_port_given = false;
   int i = 1;
   for (; i < argc; ++i) {
     std::string name = argv[i];
@@ -239,6 +257,7 @@ ParseResult parse_ddprun_args(int argc, const char* const* argv) {
       continue;
     }
     if (name == "--master-addr") master_addr_given = true;
+    if (name == "--master-port") master_port_given = true;
     const auto it = valued_flags().find(name);
     DDP_CHECK(!is_torchrun_only(name),
               "unknown option '{}': a torchrun option that ddprun does not have (see "
@@ -252,6 +271,7 @@ ParseResult parse_ddprun_args(int argc, const char* const* argv) {
     it->second(o, *value);
   }
   if (!master_addr_given && !o.rdzv_host.empty()) o.master_addr = o.rdzv_host;
+  if (!master_port_given) move_default_master_port(o);
   if (i < argc) o.program = argv[i++];
   for (; i < argc; ++i) o.program_args.emplace_back(argv[i]);
   validate(o);

@@ -12,13 +12,23 @@
 
 namespace ddp::launcher {
 
+// O_NONBLOCK: opening a FIFO for reading would wait for a writer for ever; the
+// fstat() after it refuses anything but a regular file, so nothing is read
+// from one (regular files ignore O_NONBLOCK). Like ssh with a private key, a
+// file owned by another user is refused: they could change the secret.
 std::string read_secret_file(const std::string& path) {
-  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
   DDP_CHECK_T(UsageError, static_cast<bool>(fd), "--store-secret-file {}: cannot open it: {}", path,
               std::strerror(errno));
   struct stat st {};
   DDP_CHECK_T(UsageError, ::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode),
-              "--store-secret-file {}: not a regular file", path);
+              "--store-secret-file {}: not a regular file (a FIFO, a device or a directory); "
+              "write the secret into a plain file of mode 0600",
+              path);
+  DDP_CHECK_T(UsageError, st.st_uid == ::geteuid(),
+              "--store-secret-file {}: owned by uid {}, not by this user (uid {}), who could not "
+              "trust it; copy it into a file of your own: install -m 600 {} ~/.ddp-secret",
+              path, st.st_uid, ::geteuid(), path);
   const unsigned mode = st.st_mode & 07777;
   DDP_CHECK_T(UsageError, (mode & 077) == 0,
               "--store-secret-file {}: mode {:04o} lets others read or change the secret; it must "

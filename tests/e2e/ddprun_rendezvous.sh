@@ -36,6 +36,54 @@ status=$?
 grep -q "nodes 1, 2 did not join the rendezvous at 127.0.0.1:$port within 1 s" "$WORK/missing.log" ||
   fail "missing nodes: the message does not name nodes 1, 2"
 
+# Note [node 0's address]: a host name that resolves to loopback (Debian maps
+# its own name to 127.0.1.1) is refused at once, naming the fix.
+name=$(hostname)
+resolved=$(getent ahosts "$name" | awk 'NR == 1 { print $1 }')
+case "$resolved" in
+127.* | ::1)
+  "$DDPRUN" --nnodes 2 --node-rank 0 --master-addr "$name" --rdzv-port "$port" "$PROBE" \
+    >"$WORK/loopback.log" 2>&1
+  status=$?
+  [ $status -eq 2 ] || fail "$name resolving to $resolved: exit $status, expected 2"
+  grep -q "'$name' (--master-addr, or --rdzv-endpoint's HOST) resolves to $resolved.*--rdzv-bind 0.0.0.0" \
+    "$WORK/loopback.log" || fail "the loopback refusal does not name $resolved and --rdzv-bind 0.0.0.0"
+  ;;
+*) echo "skipped the loopback-name check: $name resolves to '$resolved'" ;;
+esac
+
+# A name that never resolves: node 0 retries until --rdzv-timeout, naming it.
+"$DDPRUN" --nnodes 2 --node-rank 0 --master-addr no-such-host.invalid --rdzv-port "$port" \
+  --rdzv-timeout 2 "$PROBE" >"$WORK/unresolved.log" 2>&1
+status=$?
+[ $status -eq 1 ] || fail "an unresolvable --master-addr: exit $status, expected 1"
+grep -q "cannot resolve 'no-such-host.invalid' yet .*retrying for up to 2 s" "$WORK/unresolved.log" &&
+  grep -q "node 0 cannot resolve 'no-such-host.invalid' .* within 2 s" "$WORK/unresolved.log" ||
+  fail "an unresolvable --master-addr was not retried until --rdzv-timeout"
+
+# A name that appears after the start (pod 0's DNS record in Kubernetes): in a
+# mount namespace of their own, both nodes see a private /etc/hosts that gets
+# the name 2 s later; the job succeeds.
+if unshare -m --propagation private true 2>/dev/null; then
+  cp /etc/hosts "$WORK/hosts"
+  unshare -m --propagation private bash -c '
+    mount --bind "$1/hosts" /etc/hosts || exit 99
+    (sleep 2; echo "127.0.0.1 pod0.ddprun-test" >>"$1/hosts") &
+    pids=()
+    for node in 0 1; do
+      "$2" --nnodes 2 --node-rank $node --master-addr pod0.ddprun-test --rdzv-bind 127.0.0.1 \
+        --rdzv-port "$3" --master-port "$4" --rdzv-timeout 30 "$5" >"$1/late_dns.$node.log" 2>&1 &
+      pids+=($!)
+    done
+    wait "${pids[0]}" && wait "${pids[1]}"' _ "$WORK" "$DDPRUN" "$port" "$(free_port)" "$PROBE"
+  status=$?
+  [ $status -eq 0 ] || fail "a name resolvable only 2 s after the start: exit $status; $(cat "$WORK"/late_dns.*.log)"
+  grep -q "cannot resolve 'pod0.ddprun-test' yet" "$WORK/late_dns.0.log" ||
+    fail "node 0 did not wait for the name to resolve"
+else
+  echo "skipped the late-name check: unshare -m is not allowed here"
+fi
+
 unset DDP_STORE_SECRET
 # Several nodes need a shared secret: from the environment or a private file.
 for node in 0 1; do

@@ -57,4 +57,20 @@ wait $agent || fail "a rank continued in time: exit $?, expected 0"
 grep -q "^ddprun: rank 0 (pid $pid) continued after [0-9.]* s stopped$" "$WORK/continued.log" ||
   fail "the continue was not reported"
 no_process_left 2
+# Every rank stopped (a whole-job pause, `pkill -STOP`) for longer than
+# --stopped-timeout, then continued: a pause is the user's, and the job
+# succeeds (Note [stop clocks]).
+"$DDPRUN" -n 2 --stopped-timeout 1 "$PROBE" --sleep 4 --marker "$MARKER" >"$WORK/paused.log" 2>&1 &
+agent=$!
+wait_for_lines "$WORK/paused.log" '^\[rank [01]\] pid=' 2
+pid0=$(rank_pid "$WORK/paused.log" 0)
+pid1=$(rank_pid "$WORK/paused.log" 1)
+kill -STOP "$pid0" "$pid1"
+sleep 3
+kill -CONT "$pid0" "$pid1"
+wait $agent || fail "every rank paused for 3 s past --stopped-timeout 1: exit $?, expected 0"
+grep -q "has been stopped" "$WORK/paused.log" && fail "a whole-job pause was judged a fault"
+no_process_left 2
+echo "whole-job pause of 3 s with --stopped-timeout 1: the job succeeded"
+
 echo "ddprun_stopped: ok"

@@ -110,9 +110,39 @@ TEST(DdprunBlame, AStoppedRankIsBlamedForAFailureAfterItStopped) {
   EXPECT_EQ(f->reason, BlameReason::failed);
 }
 
-TEST(DdprunBlame, TheEarliestTroubleWinsTiesToTheLowerRank) {
+// Note [stop clocks]: a whole-job pause ends nothing; a failure still blames.
+TEST(DdprunBlame, EveryRunningRankStoppedIsAPauseNotAFault) {
+  EXPECT_FALSE(find_blame({stopped(0, 1), stopped(1, 2)}, t0 + seconds(1000), kPolicy));
+  EXPECT_FALSE(
+      find_blame({exited(0, exit_status(0), 1), stopped(1, 2)}, t0 + seconds(1000), kPolicy));
+  EXPECT_TRUE(every_running_rank_stopped({exited(0, exit_status(0), 1), stopped(1, 2)}));
+  EXPECT_FALSE(every_running_rank_stopped({running(0), stopped(1, 2)}));
+  EXPECT_FALSE(every_running_rank_stopped({exited(0, exit_status(0), 1)}));
   const auto b =
-      find_blame({stopped(0, 8), stopped(1, 2), stopped(2, 2)}, t0 + seconds(40), kPolicy);
+      find_blame({exited(0, exit_status(3), 9), stopped(1, 2)}, t0 + seconds(10), kPolicy);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->index, 1u);  // stopped before rank 0 failed
+}
+
+TEST(DdprunBlame, StopClocksRestartOnAPauseOrAGapInDdprunsOwnRun) {
+  EXPECT_FALSE(stop_clocks_restart({running(0), stopped(1, 2)}, t0 + seconds(10),
+                                   t0 + seconds(10) + std::chrono::milliseconds(300)));
+  EXPECT_TRUE(stop_clocks_restart({running(0), stopped(1, 2)}, t0 + seconds(10), t0 + seconds(15)));
+  EXPECT_TRUE(stop_clocks_restart({stopped(0, 1), stopped(1, 2)}, t0 + seconds(10),
+                                  t0 + seconds(10) + std::chrono::milliseconds(250)));
+  // Restarted at 100 s: a 30 s limit is reached at 130 s, not at 32 s; the
+  // message still says how long the rank has really been stopped.
+  RankRecord r = stopped(1, 2);
+  r.stop_clock_restart = t0 + seconds(100);
+  EXPECT_FALSE(find_blame({running(0), r}, t0 + seconds(129), kPolicy));
+  const auto b = find_blame({running(0), r}, t0 + seconds(130), kPolicy);
+  ASSERT_TRUE(b);
+  EXPECT_NE(b->what.find("for 128.0 s"), std::string::npos) << b->what;
+}
+
+TEST(DdprunBlame, TheEarliestTroubleWinsTiesToTheLowerRank) {
+  const auto b = find_blame({stopped(0, 8), stopped(1, 2), stopped(2, 2), running(3)},
+                            t0 + seconds(40), kPolicy);
   ASSERT_TRUE(b);
   EXPECT_EQ(b->index, 1u);
 }
@@ -139,7 +169,7 @@ class DdprunSecretFile : public ::testing::Test {
     path_ = (std::filesystem::temp_directory_path() / ("ddprun_secret_" + std::to_string(getpid())))
                 .string();
   }
-  void TearDown() override { std::filesystem::remove(path_); }
+  void TearDown() override { std::filesystem::remove_all(path_); }
   void write(const std::string& text, mode_t mode) {
     std::ofstream(path_) << text;
     ::chmod(path_.c_str(), mode);
@@ -175,6 +205,25 @@ TEST_F(DdprunSecretFile, RefusedWhenOthersMayReadItOrItIsEmpty) {
   EXPECT_NE(error().find("the file is empty"), std::string::npos);
   std::filesystem::remove(path_);
   EXPECT_NE(error().find("cannot open it"), std::string::npos);
+}
+
+// Opening a FIFO for reading waits for a writer: refused without opening it
+// for good (a hang here is the bug).
+TEST_F(DdprunSecretFile, RefusedWhenNotARegularFile) {
+  ASSERT_EQ(::mkfifo(path_.c_str(), 0600), 0);
+  EXPECT_NE(error().find("not a regular file"), std::string::npos) << error();
+  std::filesystem::remove(path_);
+  std::filesystem::create_directory(path_);
+  EXPECT_NE(error().find("not a regular file"), std::string::npos) << error();
+}
+
+// Root can make a file another user's; elsewhere the case cannot be set up.
+TEST_F(DdprunSecretFile, RefusedWhenOwnedByAnotherUser) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give the file to another user";
+  write("s3cret\n", 0600);
+  ASSERT_EQ(::chown(path_.c_str(), 65534, 65534), 0);
+  EXPECT_NE(error().find("owned by uid 65534, not by this user (uid 0)"), std::string::npos)
+      << error();
 }
 
 }  // namespace

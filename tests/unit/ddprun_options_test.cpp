@@ -1,5 +1,6 @@
 // ddprun's pure parts: option parsing, the rank count, the rank environment
 // and the program lookup. The processes themselves: tests/e2e/ddprun_*.sh.
+#include "launcher/node_address.h"
 #include "launcher/options.h"
 #include "launcher/program_path.h"
 #include "launcher/rank_env.h"
@@ -116,10 +117,60 @@ TEST(DdprunOptions, RdzvEndpointIsTheAgentsStoreAndNotMasterPort) {
   o = parse({"--nnodes", "2", "--rdzv-port", "7000", "--rdzv-bind", "0.0.0.0", "train"}).options;
   EXPECT_EQ(rdzv_store_port(o), 7000);
   EXPECT_EQ(o.rdzv_bind, "0.0.0.0");
-  EXPECT_NE(parse_error({"--nnodes", "2", "--rdzv-port", "29500", "train"}).find("MASTER_PORT"),
-            std::string::npos);
   EXPECT_NE(parse_error({"--nnodes", "2", "--master-port", "65535", "train"}).find("1..65535"),
             std::string::npos);
+}
+
+// Rank 0 binds MASTER_PORT on every interface of node 0: the same port clashes
+// whatever the hosts (Note [master port follows the rendezvous port]).
+TEST(DdprunOptions, TheAgentsStoreNeverSharesMasterPort) {
+  const std::string clash =
+      parse_error({"--nnodes", "2", "--rdzv-endpoint", "rdzv:7000", "--master-addr", "node0",
+                   "--master-port", "7000", "train"});
+  EXPECT_NE(clash.find("--rdzv-port (or --rdzv-endpoint's port) 7000 and --master-port 7000 are "
+                       "the same port"),
+            std::string::npos)
+      << clash;
+  EXPECT_NE(
+      parse_error({"--nnodes", "2", "--rdzv-port", "29500", "--master-port", "29500", "train"})
+          .find("--master-port 29500"),
+      std::string::npos);
+  // --master-port not given: MASTER_PORT moves out of the way.
+  LaunchOptions o = parse({"--nnodes", "2", "--rdzv-endpoint", "head:29500", "train"}).options;
+  EXPECT_EQ(rdzv_store_port(o), 29500);
+  EXPECT_EQ(o.master_port, 29501);
+  o = parse({"--nnodes", "2", "--rdzv-port", "7000", "train"}).options;
+  EXPECT_EQ(o.master_port, 29500);  // no clash: the default stays
+}
+
+TEST(DdprunOptions, RdzvEndpointIPv6HostLosesItsBrackets) {
+  LaunchOptions o = parse({"--nnodes", "2", "--rdzv-endpoint", "[::1]:29400", "train"}).options;
+  EXPECT_EQ(rdzv_store_host(o), "::1");
+  EXPECT_EQ(o.master_addr, "::1");
+  EXPECT_EQ(rdzv_store_port(o), 29400);
+  o = parse({"--nnodes", "2", "--rdzv-endpoint", "[fe80::1%eth0]:7", "train"}).options;
+  EXPECT_EQ(rdzv_store_host(o), "fe80::1%eth0");
+}
+
+// Note [node 0's address]
+TEST(DdprunNodeAddress, LoopbackIsRefusedOnlyForANameThatResolvesToIt) {
+  EXPECT_TRUE(is_loopback_address("127.0.1.1"));
+  EXPECT_TRUE(is_loopback_address("127.0.0.1"));
+  EXPECT_TRUE(is_loopback_address("::1"));
+  EXPECT_TRUE(is_loopback_address("::ffff:127.0.1.1"));
+  EXPECT_FALSE(is_loopback_address("10.0.0.7"));
+  EXPECT_FALSE(is_loopback_address("128.0.0.1"));
+  EXPECT_FALSE(is_loopback_address("fe80::1"));
+  EXPECT_TRUE(names_loopback_on_purpose("127.0.0.1"));
+  EXPECT_TRUE(names_loopback_on_purpose("::1"));
+  EXPECT_TRUE(names_loopback_on_purpose("localhost"));
+  EXPECT_FALSE(names_loopback_on_purpose("node0"));
+  std::string error;
+  const auto local = resolve_host("127.0.0.1", error);
+  ASSERT_EQ(local.size(), 1u) << error;
+  EXPECT_EQ(local.front(), "127.0.0.1");
+  EXPECT_TRUE(resolve_host("no-such-host.invalid", error).empty());
+  EXPECT_FALSE(error.empty());
 }
 
 TEST(DdprunOptions, StoppedTimeoutAndSecretFile) {
