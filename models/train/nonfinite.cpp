@@ -19,12 +19,14 @@ namespace {
 // slots are full. A GPU run gets no host synchronization per step; the error names
 // the first bad step and, through a small all_reduce at those points, the rank
 // whose loss it was. Non-finite gradients with a finite loss make the weights
-// non-finite, which the next step's loss shows on every rank; before a checkpoint
-// the weights are checked too, so no checkpoint holds them.
+// non-finite, which the next step's loss shows; the weights are checked too on
+// every rank before a checkpoint and at each epoch's end (a run's last step
+// included), with the verdict all-reduced so all ranks stop at the same step,
+// none waiting in a collective for a rank that stopped.
 // skip reads its verdict every step, as PyTorch's GradScaler does for found_inf
 // (a host synchronization per step on a GPU): the squared gradient norm (after
 // DDP's average, so the same on every rank: a NaN on any rank's gradient makes
-// every rank's average NaN) and the loss, whose state is all-reduced (a 1-element
+// every rank's average NaN) and the loss, both all-reduced (a 2-element
 // all_reduce per step) so every rank leaves the same steps out.
 constexpr int64_t kWindow = 64;
 
@@ -35,8 +37,8 @@ bool finite(float v) {
 }  // namespace
 
 NonfiniteCheck::NonfiniteCheck(const std::string& action, const Device& device, Communicator* comm,
-                               int rank)
-    : skip_(action == "skip"), device_(device), comm_(comm), rank_(rank) {
+                               int rank, int64_t skipped)
+    : skip_(action == "skip"), device_(device), comm_(comm), rank_(rank), skipped_(skipped) {
   DDP_ASSERT(action == "stop" || action == "skip", "--on-nonfinite {}", action);
   if (!skip_) {
     losses_ = zeros({kWindow}, {.device = device});
@@ -97,10 +99,12 @@ void NonfiniteCheck::check() {
     }
   }
   // Which rank's loss went first: every rank calls check() at the same steps, so
-  // the error names the culprit on every rank, not whichever reads it first.
+  // the error names the culprit on every rank, not whichever reads it first; of
+  // ranks bad at the same step, the lowest.
   int culprit = bad_loss > 0 ? rank_ : -1;
   int64_t culprit_step = bad_loss;
   if (comm_ != nullptr && comm_->size() > 1) {
+    culprit = -1;
     std::vector<int64_t> by_rank(static_cast<size_t>(comm_->size()), 0);
     by_rank[static_cast<size_t>(rank_)] = bad_loss;
     Tensor t = from_vector<int64_t>(by_rank, {comm_->size()},
@@ -121,11 +125,26 @@ void NonfiniteCheck::check_weights(int64_t step, const std::vector<Tensor>& para
   Tensor total = zeros({}, {.device = device_});
   for (const Tensor& p : params) axpy_(1.0f, sum(p), total);
   const float v = total.item<float>();
-  DDP_CHECK(finite(v),
-            "non-finite weights after step {} on rank {} (their sum is {}): a gradient was not "
-            "finite. Training stopped; the checkpoint was not written. Lower --lr, check the data, "
-            "or pass --on-nonfinite skip",
-            step, rank_, v);
+  int culprit = finite(v) ? -1 : rank_;
+  if (comm_ != nullptr && comm_->size() > 1) {
+    std::vector<int64_t> bad(static_cast<size_t>(comm_->size()), 0);
+    bad[static_cast<size_t>(rank_)] = finite(v) ? 0 : 1;
+    Tensor t = from_vector<int64_t>(bad, {comm_->size()},
+                                    {.dtype = DType::i64, .device = comm_->device()});
+    comm_->all_reduce(t, ReduceOp::max)->wait();
+    bad = t.to_vector<int64_t>();
+    culprit = -1;
+    for (int r = comm_->size() - 1; r >= 0; --r) {
+      if (bad[static_cast<size_t>(r)] != 0) culprit = r;
+    }
+  }
+  DDP_CHECK(culprit < 0,
+            "non-finite weights after step {} on rank {} ({}): a gradient was not finite. "
+            "Training stopped; no checkpoint holds them. Lower --lr, check the data, or pass "
+            "--on-nonfinite skip",
+            step, culprit,
+            culprit == rank_ ? fmt::format("their sum is {}", v)
+                             : fmt::format("seen from rank {}", rank_));
 }
 
 int64_t NonfiniteCheck::epoch_of(int64_t step) const {

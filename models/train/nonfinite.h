@@ -14,8 +14,10 @@ namespace ddp::train {
 
 class NonfiniteCheck {
  public:
-  // action: "stop" | "skip". comm: null for a single process.
-  NonfiniteCheck(const std::string& action, const Device& device, Communicator* comm, int rank);
+  // action: "stop" | "skip". comm: null for a single process. skipped: the steps
+  // skipped before a resume (the checkpoint's skipped_steps), counted on from.
+  NonfiniteCheck(const std::string& action, const Device& device, Communicator* comm, int rank,
+                 int64_t skipped = 0);
   // After the step's backward, with the gradients final (averaged over ranks under
   // DDP). stop: records `loss` (this rank's, a scalar) for check() and returns
   // false. skip: reads the loss and the squared L2 norm of the gradients of
@@ -29,8 +31,10 @@ class NonfiniteCheck {
   // reads the device anyway (progress lines, the end of an epoch) and before every
   // checkpoint.
   void check();
-  // stop: throws ValueError when a weight is not finite (a non-finite gradient
-  // with a finite loss); reads the device. Before every checkpoint.
+  // Throws ValueError on every rank when a weight is not finite on any rank (a
+  // non-finite gradient with a finite loss), naming the step and the lowest such
+  // rank; reads the device and all-reduces the verdict, so every rank must call it
+  // at the same steps: before every checkpoint and at each epoch's end.
   void check_weights(int64_t step, const std::vector<Tensor>& params) const;
   int64_t skipped() const { return skipped_; }
 
@@ -46,7 +50,7 @@ class NonfiniteCheck {
   int rank_;
   Tensor losses_;  // stop: one slot per recorded step, on the device
   std::vector<std::pair<int64_t, int64_t>> steps_;  // stop: (step, epoch) of each slot
-  int64_t skipped_ = 0;
+  int64_t skipped_;
 };
 
 }  // namespace ddp::train

@@ -7,23 +7,46 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <iterator>
 #include <sstream>
 
 namespace ddp::train {
 namespace {
 
-// Note [no replayed rows]: a run killed after its last checkpoint wrote rows for
-// the steps after it; the resumed run trains those steps again. It reads the last
-// row already in the file and writes only rows beyond it, so every step or epoch
-// appears once, with the step numbers of the run as a whole. A fresh run (no
-// resume) appends everything: its rows are a new run's.
-std::string last_line(const std::string& path) {
-  std::ifstream f(path);
-  std::string line, last;
-  while (std::getline(f, line)) {
-    if (!line.empty()) last = line;
+// Note [rows cut back]: a run killed after its last checkpoint wrote rows for the
+// steps after it (and maybe half a row: a SIGKILL lands between two writes of
+// the stream's buffer). The resumed run trains those steps again, so it first
+// cuts the file back to the checkpoint: from the end, an unterminated last line
+// and every row beyond the checkpoint's position go; the replay writes them
+// again. Rows up to a checkpoint are flushed before it is written, so the file
+// never lacks rows the checkpoint covers. A fresh start under --resume auto (no
+// checkpoint yet) cuts back to step 0: an attempt that died before its first
+// checkpoint leaves no rows twice. With --resume the files thus belong to the
+// job; a run without --resume appends everything (a new run's rows).
+// Returns the rows cut.
+template <typename Beyond>
+int64_t cut_back(const std::string& flag, const std::string& path, Beyond beyond) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in.good()) return 0;  // none yet
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t last_newline = text.rfind('\n');
+  size_t keep = last_newline == std::string::npos ? 0 : last_newline + 1;
+  int64_t cut = keep < text.size() ? 1 : 0;  // the unterminated last line
+  while (keep > 0) {
+    const size_t before = keep == 1 ? std::string::npos : text.rfind('\n', keep - 2);
+    const size_t begin = before == std::string::npos ? 0 : before + 1;
+    const std::string line = text.substr(begin, keep - 1 - begin);
+    if (line.empty() || !beyond(line)) break;
+    keep = begin;
+    ++cut;
   }
-  return last;
+  if (cut == 0) return 0;
+  std::error_code ec;
+  std::filesystem::resize_file(path, keep, ec);
+  DDP_CHECK(!ec, "{} {}: cannot cut it back to the resumed step ({} rows beyond it): {}", flag,
+            path, cut, ec.message());
+  return cut;
 }
 
 // The integer after `"key": ` in a metrics row; -1 when absent.
@@ -46,7 +69,14 @@ std::ofstream open_for_append(const std::string& flag, const std::string& path) 
 }
 
 void check_can_create(const std::string& flag, const std::string& path) {
+  std::error_code ec;
+  DDP_CHECK(!std::filesystem::is_directory(path, ec),
+            "{} {}: is a directory; expected a file path such as {}/checkpoint.safetensors", flag,
+            path, path);
   const std::string probe = fmt::format("{}.tmp.{}", path, ::getpid());
+  // This process has written nothing yet: a file of this name is a temporary of
+  // a crashed earlier process that had the same pid (a container's restart).
+  ::unlink(probe.c_str());
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   DDP_CHECK(fd >= 0,
             "{} {}: cannot create a file there ({}: {}); the directory must exist and be "
@@ -56,15 +86,19 @@ void check_can_create(const std::string& flag, const std::string& path) {
   ::unlink(probe.c_str());
 }
 
-MetricsLog::MetricsLog(const std::string& path, bool resumed) {
+MetricsLog::MetricsLog(const std::string& path, const std::optional<RunPosition>& start) {
   if (path.empty()) return;
-  if (resumed) last_step_ = json_int_field(last_line(path), "step");
+  if (start) {
+    cut_ = cut_back("--metrics", path, [&](const std::string& row) {
+      return json_int_field(row, "step") > start->step;
+    });
+  }
   file_ = open_for_append("--metrics", path);
 }
 
 void MetricsLog::write(const EpochMetrics& m, int64_t step, int world_size,
                        const std::string& mode) {
-  if (!file_.is_open() || step <= last_step_) return;
+  if (!file_.is_open()) return;
   file_ << fmt::format(
       "{{\"epoch\": {}, \"step\": {}, \"train_loss\": {:.6f}, \"test_acc\": {:.6f}, "
       "\"samples_per_s\": {:.1f}, \"step_ms\": {:.4f}, \"time_s\": {:.3f}, \"lr\": {}, "
@@ -78,20 +112,27 @@ void MetricsLog::write(const EpochMetrics& m, int64_t step, int world_size,
   file_.flush();
 }
 
-LossLog::LossLog(const std::string& path, bool resumed) {
+LossLog::LossLog(const std::string& path, const std::optional<RunPosition>& start) {
   if (path.empty()) return;
-  if (resumed) {
-    std::istringstream last(last_line(path));
-    if (!(last >> last_epoch_ >> last_step_)) last_epoch_ = last_step_ = -1;
+  if (start) {
+    cut_ = cut_back("--loss-log", path, [&](const std::string& row) {
+      std::istringstream fields(row);
+      int64_t epoch = 0, step = 0;
+      if (!(fields >> epoch >> step)) return false;  // not a row of ours: kept
+      return epoch > start->epoch + 1 || (epoch == start->epoch + 1 && step > start->epoch_step);
+    });
   }
   file_ = open_for_append("--loss-log", path);
 }
 
 void LossLog::step(int64_t epoch, int64_t step, const Tensor& loss, int64_t grad_accum) {
   if (!file_.is_open()) return;
-  if (epoch < last_epoch_ || (epoch == last_epoch_ && step <= last_step_)) return;
   file_ << fmt::format("{} {} {:.9g}\n", epoch, step,
                        loss.item<float>() * static_cast<float>(grad_accum));
+}
+
+void LossLog::flush() {
+  if (file_.is_open()) file_.flush();
 }
 
 }  // namespace ddp::train

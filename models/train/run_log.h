@@ -1,12 +1,13 @@
 // What `train` appends to files as it goes: --metrics (a JSON object per epoch) and
-// --loss-log (a line per step). After a resume, rows the crashed run already wrote
-// are not written again (Note [no replayed rows] in run_log.cpp).
+// --loss-log (a line per step). A run that resumes, or was asked to resume, first
+// cuts the files back to where it starts (Note [rows cut back] in run_log.cpp).
 #pragma once
 
 #include "models/train/trainer.h"
 #include "runtime/tensor.h"
 
 #include <fstream>
+#include <optional>
 #include <string>
 
 namespace ddp::train {
@@ -15,19 +16,29 @@ namespace ddp::train {
 // step. ValueError names the flag, the path and the system's reason.
 std::ofstream open_for_append(const std::string& flag, const std::string& path);
 // Creates and removes `<path>.tmp.<pid>` (the name a save writes first), so a
-// directory that is missing or not writable fails before the first step.
+// directory that is missing or not writable fails before the first step; a path
+// that is a directory fails too.
 void check_can_create(const std::string& flag, const std::string& path);
+
+// Where a resumed run starts (all 0: a fresh start under --resume auto).
+struct RunPosition {
+  int64_t step = 0;        // training steps of the whole run
+  int64_t epoch = 0;       // completed epochs
+  int64_t epoch_step = 0;  // steps taken in the next epoch
+};
 
 class MetricsLog {
  public:
-  // resumed: skip rows whose "step" is not beyond the file's last row.
-  MetricsLog(const std::string& path, bool resumed);
+  // start: set when the run resumes (or was asked to): rows whose "step" is
+  // beyond start.step are cut from the file first.
+  MetricsLog(const std::string& path, const std::optional<RunPosition>& start);
   // `step`: training steps at the end of the epoch (all epochs counted).
   void write(const EpochMetrics& m, int64_t step, int world_size, const std::string& mode);
+  int64_t rows_cut() const { return cut_; }
 
  private:
   std::ofstream file_;
-  int64_t last_step_ = -1;  // the last step already in the file (resumed runs)
+  int64_t cut_ = 0;
 };
 
 // --loss-log: "epoch step loss" per optimizer step, the loss of the step's last
@@ -35,12 +46,18 @@ class MetricsLog {
 // step by step). Reading the loss synchronizes a GPU every step, so only on request.
 class LossLog {
  public:
-  LossLog(const std::string& path, bool resumed);
+  // start: as for MetricsLog; rows beyond (start.epoch + 1, start.epoch_step) are cut.
+  LossLog(const std::string& path, const std::optional<RunPosition>& start);
+  // epoch: 1-based; step: within the epoch.
   void step(int64_t epoch, int64_t step, const Tensor& loss, int64_t grad_accum);
+  // Before every checkpoint and at each epoch's end: the rows up to a checkpoint
+  // are on disk before it is (Note [rows cut back]).
+  void flush();
+  int64_t rows_cut() const { return cut_; }
 
  private:
   std::ofstream file_;
-  int64_t last_epoch_ = -1, last_step_ = -1;  // the last row already in the file
+  int64_t cut_ = 0;
 };
 
 }  // namespace ddp::train

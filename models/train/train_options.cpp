@@ -49,7 +49,8 @@ device and files:
                            epoch ends only)
   --resume PATH|auto       continue from a checkpoint written by --save, mid-epoch
                            included; auto: from --save's file if it exists, else
-                           start fresh (for ddprun --max-restarts)
+                           start fresh (for ddprun --max-restarts); cuts
+                           --metrics and --loss-log back to its step first
   --metrics FILE           append one JSON object per epoch
   --loss-log FILE          append "epoch step loss" for every step (full
                            precision; reads the loss each step, which

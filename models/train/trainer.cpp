@@ -58,7 +58,10 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& o, const nn
                                                         .nesterov = o.nesterov});
 }
 
-optim::LrSchedule make_schedule(const TrainOptions& o, int64_t steps_per_epoch) {
+// micro_batches: the loader's batches per epoch on this rank; the schedule counts
+// optimizer steps, grad_accum micro-batches each.
+optim::LrSchedule make_schedule(const TrainOptions& o, int64_t micro_batches) {
+  const int64_t steps_per_epoch = micro_batches / o.grad_accum;
   optim::LrSchedule s;
   s.kind = optim::LrSchedule::parse_kind(o.lr_schedule);
   s.base_lr = o.lr;
@@ -124,11 +127,13 @@ class Progress {
 
 // Testing aids (docs/train.md, "Fault injection"): DDP_TEST_KILL_AT=RANK:STEP
 // makes that rank SIGKILL itself after training step STEP (and its checkpoint, if
-// one is due); DDP_TEST_NAN_AT=RANK:STEP makes its loss NaN at step STEP. Both act
+// one is due); DDP_TEST_NAN_AT=RANK:STEP makes its loss NaN at step STEP;
+// DDP_TEST_NAN_WEIGHT_AT=RANK:STEP makes a weight NaN after step STEP's update (as
+// a non-finite gradient with a finite loss would). RANK * is every rank. All act
 // only in a group's first attempt (DDPRUN_RESTART_COUNT unset or 0), so the
 // restarted group runs clean.
 struct TestFaults {
-  int64_t kill_step = -1, nan_step = -1;
+  int64_t kill_step = -1, nan_step = -1, nan_weight_step = -1;
 
   static int64_t step_for(const char* name, int rank) {
     const char* value = std::getenv(name);
@@ -136,14 +141,19 @@ struct TestFaults {
     int r = -1;
     long long step = -1;
     char tail = 0;
-    DDP_CHECK(std::sscanf(value, "%d:%lld%c", &r, &step, &tail) == 2 && step >= 1,
-              "{}='{}': expected RANK:STEP, e.g. 1:7 (a testing aid)", name, value);
+    const bool any = value[0] == '*';
+    if (any) r = rank;
+    DDP_CHECK((any ? std::sscanf(value, "*:%lld%c", &step, &tail) == 1
+                   : std::sscanf(value, "%d:%lld%c", &r, &step, &tail) == 2) &&
+                  step >= 1,
+              "{}='{}': expected RANK:STEP or *:STEP, e.g. 1:7 (a testing aid)", name, value);
     return r == rank ? step : -1;
   }
   static TestFaults from_env(int rank) {
     const char* restart = std::getenv("DDPRUN_RESTART_COUNT");
     if (restart != nullptr && std::string(restart) != "0") return {};
-    return {step_for("DDP_TEST_KILL_AT", rank), step_for("DDP_TEST_NAN_AT", rank)};
+    return {step_for("DDP_TEST_KILL_AT", rank), step_for("DDP_TEST_NAN_AT", rank),
+            step_for("DDP_TEST_NAN_WEIGHT_AT", rank)};
   }
 };
 
@@ -255,11 +265,12 @@ int64_t train_step(Run& r, DataLoader& loader, Tensor& step_loss, Tensor& last_l
 }
 
 // Writes --save (rank 0; the others have no --save) for the run as it stands:
-// `completed` epochs done and `epoch_step` steps into the next one.
+// `completed` epochs done and `epoch_step` steps into the next one. Every rank
+// has checked the weights just before (NonfiniteCheck::check_weights).
 void save(Run& r, int64_t completed, int64_t epoch_step, const Tensor& loss_sum,
           int64_t loss_count) {
   if (r.o.save.empty()) return;
-  r.nonfinite->check_weights(r.step, r.model->parameters());  // skip mode leaves them finite
+  r.loss_log->flush();  // Note [rows cut back] in run_log.cpp
   CheckpointInfo info{models::describe(r.config),
                       r.optimizer->name(),
                       completed,
@@ -310,6 +321,10 @@ EpochMetrics train_epoch(Run& r, DataLoader& loader, DataLoader& test_loader, in
     if (used == 0) break;
     ++step;
     ++r.step;
+    if (r.step == r.faults.nan_weight_step) {
+      NoGradGuard no_grad;
+      fill_(r.model->parameters().front(), std::numeric_limits<double>::quiet_NaN());
+    }
     if (r.nonfinite->skipped() == skipped_before) {
       NoGradGuard no_grad;
       axpy_(1.0f, step_loss, loss_sum);
@@ -324,12 +339,19 @@ EpochMetrics train_epoch(Run& r, DataLoader& loader, DataLoader& test_loader, in
                     static_cast<double>(samples) / seconds_since(start));
     }
     if (r.o.save_every > 0 && r.step % r.o.save_every == 0 && step < steps) {
-      r.nonfinite->check();  // on every rank, so no checkpoint holds non-finite weights
+      // On every rank (--save-every is kept where --save is not), so no checkpoint
+      // holds non-finite weights and every rank stops at the same step.
+      r.nonfinite->check();
+      r.nonfinite->check_weights(r.step, r.model->parameters());
       save(r, epoch, step, loss_sum, micro_batches);
     }
     if (r.step == r.faults.kill_step) ::raise(SIGKILL);
   }
   r.nonfinite->check();
+  // Before the epoch's checkpoint, and after the run's last step: a run without
+  // --save does not end with exit 0 and non-finite weights either.
+  r.nonfinite->check_weights(r.step, r.model->parameters());
+  r.loss_log->flush();
   synchronize(r.device);
   const double train_s = seconds_since(start);
   EpochMetrics m;
@@ -367,8 +389,8 @@ Device resolve_device(const std::string& text) {
 namespace {
 
 // Metrics, checkpoint and the epoch line (each only where the options ask for it).
-// The metrics row goes first: a run killed before the checkpoint replays the
-// epoch, and the replayed row is then not written again (Note [no replayed rows]).
+// The metrics row goes first, so the checkpoint never covers a row not on disk
+// (Note [rows cut back] in run_log.cpp).
 void report_epoch(Run& r, const EpochMetrics& m) {
   const TrainOptions& o = r.o;
   r.metrics->write(m, r.step, r.world_size, r.mode);
@@ -429,6 +451,15 @@ void resume(Run& r, const std::string& path) {
               "so its data order differs. Resume with the same values",
               path, r.resumed.epoch + 1, r.resumed.seed, r.resumed.global_batch, o.seed,
               global_batch);
+    // The schedule's span is counted in steps of the global batch; another batch
+    // would rescale it mid-run (older files record none: 0).
+    DDP_CHECK(r.resumed.global_batch == 0 || r.resumed.global_batch == global_batch ||
+                  r.schedule.kind == optim::LrSchedule::Kind::constant,
+              "{}: the checkpoint was written with a global batch of {} (--batch-size x "
+              "--grad-accum x ranks), this run has {}: the --lr-schedule {} would be rescaled to "
+              "the new steps per epoch. Resume with the same values, or pass --lr-schedule "
+              "constant",
+              path, r.resumed.global_batch, global_batch, o.lr_schedule);
     if (!o.quiet) {
       r.out << fmt::format("resumed from {} at step {} (epoch {}, step {} of it)\n", path,
                            r.resumed.step, r.resumed.epoch + 1, r.resumed.epoch_step);
@@ -442,6 +473,26 @@ void resume(Run& r, const std::string& path) {
               "another --save path) to start over",
               o.save, existing->step, existing->epoch, r.step,
               path.empty() ? "" : ", from " + path);
+  }
+}
+
+// --metrics and --loss-log; with --resume (a fresh start under auto included) cut
+// back to where the run starts (Note [rows cut back] in run_log.cpp).
+void open_logs(Run& r) {
+  std::optional<RunPosition> start;
+  if (r.did_resume) {
+    start = RunPosition{r.resumed.step, r.resumed.epoch, r.resumed.epoch_step};
+  } else if (!r.o.resume.empty()) {
+    start = RunPosition{};
+  }
+  r.metrics = std::make_unique<MetricsLog>(r.o.metrics, start);
+  r.loss_log = std::make_unique<LossLog>(r.o.loss_log, start);
+  const int64_t cut_metrics = r.metrics->rows_cut(), cut_losses = r.loss_log->rows_cut();
+  if (!r.o.quiet && cut_metrics + cut_losses > 0) {
+    r.out << fmt::format(
+        "cut {} --metrics and {} --loss-log rows beyond step {}: they are "
+        "written again\n",
+        cut_metrics, cut_losses, start->step);
   }
 }
 
@@ -496,10 +547,9 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
       DistributedSampler(data.test.size(), rank, r.world_size, {.shuffle = false}));
   r.schedule = make_schedule(o, loader.num_batches());
   resume(r, resume_from);
-  r.metrics = std::make_unique<MetricsLog>(o.metrics, r.did_resume);
-  r.loss_log = std::make_unique<LossLog>(o.loss_log, r.did_resume);
-  r.nonfinite = std::make_unique<NonfiniteCheck>(o.on_nonfinite, r.device,
-                                                 pg ? pg->comm.get() : nullptr, rank);
+  open_logs(r);
+  r.nonfinite = std::make_unique<NonfiniteCheck>(
+      o.on_nonfinite, r.device, pg ? pg->comm.get() : nullptr, rank, r.resumed.skipped_steps);
   r.faults = TestFaults::from_env(rank);
   // After a resume, so every rank starts from the same (rank 0's) values.
   if (pg != nullptr) {

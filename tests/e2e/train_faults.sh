@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Faults `train` must not hide (docs/train.md): a NaN loss under ddprun stops the
 # run naming the step and the rank, or with --on-nonfinite skip is left out on
-# every rank; unwritable output paths fail before the first step; a stale
-# temporary file of a crashed save is removed by the next save; a line printed
-# just before ddprun stops the group with SIGTERM is in the output.
+# every rank; NaN losses on two ranks at once name the lower; NaN weights (a
+# non-finite gradient with a finite loss) on one rank stop every rank at the
+# same step, with or without --save; unwritable output paths (a directory as
+# --save included) fail before the first step; a stale temporary file of a
+# crashed save is removed by the next save, and one left by a process with this
+# run's pid does not stop it; a line printed just before ddprun stops the group
+# with SIGTERM is in the output.
 # usage: train_faults.sh DDPRUN TRAIN
 set -uo pipefail
 ddprun=$1 train=$2
@@ -32,6 +36,38 @@ assert step == 4, f"checkpoint at step {step}, expected 4 (the last before the N
 PY
 echo "nan stop: exit $status, named step 5 and rank 1, checkpoint stays at step 4"
 
+# NaN loss on both ranks at step 5: both name rank 0 (the lower), not themselves.
+DDP_TEST_NAN_AT='*:5' "$ddprun" --standalone -n 2 --grace-period 2 "$train" --backend shm "${small[@]}" \
+  >"$dir/both.log" 2>&1
+[ $? -ne 0 ] || fail "NaN on both ranks exited 0"
+grep -q "non-finite loss at step 5 (epoch 1) on rank 0 (seen from rank 1)" "$dir/both.log" ||
+  fail "rank 1 does not name rank 0"
+grep -q "non-finite loss at step 5 (epoch 1) on rank 1" "$dir/both.log" && fail "a rank names itself"
+
+# NaN weights on rank 1 after step 8 (finite loss), --save-every 4: every rank
+# stops at step 8 naming rank 1; the checkpoint stays at step 4.
+DDP_TEST_NAN_WEIGHT_AT=1:8 "$ddprun" --standalone -n 2 --grace-period 2 "$train" --backend shm "${small[@]}" \
+  --save "$dir/w.st" --save-every 4 >"$dir/weights.log" 2>&1
+[ $? -ne 0 ] || fail "NaN weights exited 0"
+grep -q "non-finite weights after step 8 on rank 1 (their sum is nan" "$dir/weights.log" ||
+  fail "rank 1 does not name step 8"
+grep -q "non-finite weights after step 8 on rank 1 (seen from rank 0)" "$dir/weights.log" ||
+  fail "rank 0 does not stop at step 8 naming rank 1"
+python3 - "$dir/w.st" <<'PY' || fail "the checkpoint is not step 4's"
+import json, struct, sys
+blob = open(sys.argv[1], "rb").read()
+(n,) = struct.unpack_from("<Q", blob)
+assert json.loads(blob[8:8 + n])["__metadata__"]["step"] == "4"
+PY
+# Without --save, after the run's last step (--max-steps 6): not exit 0.
+DDP_TEST_NAN_WEIGHT_AT=1:6 "$ddprun" --standalone -n 2 --grace-period 2 "$train" --backend shm "${small[@]}" \
+  --epochs 1 --max-steps 6 >"$dir/weights_end.log" 2>&1
+status=$?
+[ $status -ne 0 ] || fail "NaN weights after the last step exited 0"
+grep -q "non-finite weights after step 6 on rank 1 (seen from rank 0)" "$dir/weights_end.log" ||
+  fail "no message naming step 6 at the run's end"
+echo "nan weights: every rank stops at the step naming rank 1 (exit $status without --save)"
+
 # skip: the run finishes, every rank leaves step 5 out, and the metrics say so.
 DDP_TEST_NAN_AT=1:5 "$ddprun" --standalone -n 2 --grace-period 2 "$train" --backend shm "${small[@]}" \
   --on-nonfinite skip --metrics "$dir/skip.jsonl" >"$dir/skip.log" 2>&1 || fail "skip exited $?"
@@ -55,6 +91,12 @@ touch "$dir/file"
 [ $? -eq 1 ] || fail "--metrics under a file did not exit 1"
 grep -q -- "--metrics $dir/file/m.jsonl: cannot open for appending: Not a directory" "$dir/metrics.log" ||
   fail "no --metrics message"
+mkdir "$dir/adir"
+"$train" "${small[@]}" --save "$dir/adir" >"$dir/savedir.log" 2>&1
+[ $? -eq 1 ] || fail "--save naming a directory did not exit 1"
+grep -q -- "--save $dir/adir: is a directory; expected a file path" "$dir/savedir.log" ||
+  fail "no message for a directory as --save"
+grep -q "^train:.*parameters" "$dir/savedir.log" && fail "the directory --save was checked after the start"
 "$train" "${small[@]}" --device tpu >"$dir/tpu.log" 2>&1
 [ $? -eq 2 ] || fail "--device tpu did not exit 2"
 grep -q "invalid device 'tpu'" "$dir/tpu.log" || fail "no --device message"
@@ -69,6 +111,12 @@ touch "$dir/ck.st.tmp.$gone" "$dir/ck.st.tmp.$$"
 [ -e "$dir/ck.st.tmp.$$" ] || fail "a live process's temporary file was removed"
 grep -q "removed $dir/ck.st.tmp.$gone, left by a save that did not finish" "$dir/tmp.log" ||
   fail "no message about the removed file"
+
+# A temporary left by a crashed process with this run's pid (pids repeat across
+# container restarts) does not stop the run: exec keeps the shell's pid.
+bash -c 'touch "$1.tmp.$$"; exec "${@:2}"' _ "$dir/same.st" "$train" "${small[@]}" --epochs 1 \
+  --save "$dir/same.st" >"$dir/samepid.log" 2>&1 || fail "a same-pid temporary stopped the run ($?)"
+ls "$dir" | grep -q '^same\.st\.tmp\.' && fail "the same-pid temporary is still there"
 
 # SIGTERM: progress lines printed before step 6's checkpoint appeared are in the
 # output after ddprun stops the group (stdout is line-buffered, not lost).
