@@ -116,6 +116,13 @@ printf '1 1 2.5\n1 2 2.4\n' >"$dir/fresh.loss"
   fail "the fresh --resume auto run exited $?"
 cmp "$dir/u.loss" "$dir/fresh.loss" || fail "a dead attempt's rows were kept: $(head -3 "$dir/fresh.loss")"
 
+# Another global batch at an epoch boundary rescales a cosine's span: refused.
+"$train" --data synthetic --synthetic-size 1000 --seed 5 --epochs 2 --batch-size 32 --lr-schedule cosine \
+  --resume "$dir/e1_copy.st" >"$dir/batch.log" 2>&1
+[ $? -eq 1 ] || fail "a cosine resume with another global batch did not exit 1"
+grep -q "written with a global batch of 64 (--batch-size x --grad-accum x ranks), this run has 32" \
+  "$dir/batch.log" || fail "no message naming both global batches"
+
 # Never older: e1.st is at step 32 now; resuming from the epoch-1 copy (step 16)
 # with --save e1.st is refused before the first step, and e1.st is left alone.
 cp "$dir/e1.st" "$dir/e2_copy.st"
