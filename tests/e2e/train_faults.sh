@@ -36,22 +36,35 @@ assert step == 4, f"checkpoint at step {step}, expected 4 (the last before the N
 PY
 echo "nan stop: exit $status, named step 5 and rank 1, checkpoint stays at step 4"
 
+# Two ranks started by hand, as mpirun or srun would (no ddprun tearing the group
+# down after the first failure, so each rank's own message and exit status are
+# seen): ranks NAME.0.log and NAME.1.log; statuses in $st0 $st1. A rank waiting
+# in a collective for one that stopped would hang until `timeout` (exit 124).
+two_ranks() {
+  local name=$1 port=$((20000 + RANDOM % 20000))
+  shift
+  for r in 0 1; do
+    RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      timeout 120 "$train" --backend shm "$@" >"$dir/$name.$r.log" 2>&1 &
+    eval "pid$r=\$!"
+  done
+  wait "$pid0"; st0=$?
+  wait "$pid1"; st1=$?
+}
+
 # NaN loss on both ranks at step 5: both name rank 0 (the lower), not themselves.
-DDP_TEST_NAN_AT='*:5' "$ddprun" --standalone -n 2 --grace-period 2 "$train" --backend shm "${small[@]}" \
-  >"$dir/both.log" 2>&1
-[ $? -ne 0 ] || fail "NaN on both ranks exited 0"
-grep -q "non-finite loss at step 5 (epoch 1) on rank 0 (seen from rank 1)" "$dir/both.log" ||
+DDP_TEST_NAN_AT='*:5' two_ranks both "${small[@]}"
+[ "$st0 $st1" = "1 1" ] || fail "NaN on both ranks: exit statuses $st0 $st1, expected 1 1"
+grep -q "non-finite loss at step 5 (epoch 1) on rank 0 (seen from rank 1)" "$dir/both.1.log" ||
   fail "rank 1 does not name rank 0"
-grep -q "non-finite loss at step 5 (epoch 1) on rank 1" "$dir/both.log" && fail "a rank names itself"
 
 # NaN weights on rank 1 after step 8 (finite loss), --save-every 4: every rank
 # stops at step 8 naming rank 1; the checkpoint stays at step 4.
-DDP_TEST_NAN_WEIGHT_AT=1:8 "$ddprun" --standalone -n 2 --grace-period 2 "$train" --backend shm "${small[@]}" \
-  --save "$dir/w.st" --save-every 4 >"$dir/weights.log" 2>&1
-[ $? -ne 0 ] || fail "NaN weights exited 0"
-grep -q "non-finite weights after step 8 on rank 1 (their sum is nan" "$dir/weights.log" ||
+DDP_TEST_NAN_WEIGHT_AT=1:8 two_ranks weights "${small[@]}" --save "$dir/w.st" --save-every 4
+[ "$st0 $st1" = "1 1" ] || fail "NaN weights: exit statuses $st0 $st1, expected 1 1 (124: a hang)"
+grep -q "non-finite weights after step 8 on rank 1 (their sum is nan" "$dir/weights.1.log" ||
   fail "rank 1 does not name step 8"
-grep -q "non-finite weights after step 8 on rank 1 (seen from rank 0)" "$dir/weights.log" ||
+grep -q "non-finite weights after step 8 on rank 1 (seen from rank 0)" "$dir/weights.0.log" ||
   fail "rank 0 does not stop at step 8 naming rank 1"
 python3 - "$dir/w.st" <<'PY' || fail "the checkpoint is not step 4's"
 import json, struct, sys
@@ -60,13 +73,11 @@ blob = open(sys.argv[1], "rb").read()
 assert json.loads(blob[8:8 + n])["__metadata__"]["step"] == "4"
 PY
 # Without --save, after the run's last step (--max-steps 6): not exit 0.
-DDP_TEST_NAN_WEIGHT_AT=1:6 "$ddprun" --standalone -n 2 --grace-period 2 "$train" --backend shm "${small[@]}" \
-  --epochs 1 --max-steps 6 >"$dir/weights_end.log" 2>&1
-status=$?
-[ $status -ne 0 ] || fail "NaN weights after the last step exited 0"
-grep -q "non-finite weights after step 6 on rank 1 (seen from rank 0)" "$dir/weights_end.log" ||
+DDP_TEST_NAN_WEIGHT_AT=1:6 two_ranks weights_end "${small[@]}" --epochs 1 --max-steps 6
+[ "$st0 $st1" = "1 1" ] || fail "NaN weights after the last step: exit statuses $st0 $st1, expected 1 1"
+grep -q "non-finite weights after step 6 on rank 1 (seen from rank 0)" "$dir/weights_end.0.log" ||
   fail "no message naming step 6 at the run's end"
-echo "nan weights: every rank stops at the step naming rank 1 (exit $status without --save)"
+echo "nan weights: both ranks exit 1 at the step naming rank 1, with or without --save"
 
 # skip: the run finishes, every rank leaves step 5 out, and the metrics say so.
 DDP_TEST_NAN_AT=1:5 "$ddprun" --standalone -n 2 --grace-period 2 "$train" --backend shm "${small[@]}" \
