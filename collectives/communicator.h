@@ -8,10 +8,11 @@
 //   Work::wait(). The communicator holds the tensors it was given until the
 //   collective finished (so a temporary may be passed); their data must not be
 //   touched until then.
-// - Inputs are `const Tensor&` (broadcast's tensor on root, all_gather's and
-//   reduce_scatter's input), so a const tensor or a temporary can be sent; what a
-//   collective writes is a `Tensor&`. In place: all_reduce and reduce overwrite
-//   `tensor`; broadcast overwrites it on every rank but root.
+// - Inputs are `const Tensor&` (all_gather's and reduce_scatter's input, and
+//   broadcast's tensor on the root only), so a const tensor or a temporary can be
+//   sent; what a collective writes is a `Tensor&`, so a result cannot be dropped
+//   by passing a temporary. In place: all_reduce and reduce overwrite `tensor`;
+//   broadcast overwrites it on every rank but root (Note [broadcast overloads]).
 // - Every collective has a timeout (CommOptions::timeout, default DDP_TIMEOUT_S
 //   or 300 s). A rank that died or stopped makes the others fail within it with
 //   a CommError naming the op, sequence number, element count and, where the
@@ -126,9 +127,17 @@ class Communicator {
   virtual bool accepts(const Device& device) const = 0;
 
   virtual std::shared_ptr<Work> all_reduce(Tensor& tensor, ReduceOp op = ReduceOp::sum) = 0;
-  // Root's tensor is read (a const tensor or a temporary can be sent); every
-  // other rank's tensor receives root's data. A Tensor is a handle: the data of
-  // the storage it views is written, whatever the handle's constness.
+  // Note [broadcast overloads]: every rank calls broadcast with the same root.
+  // - broadcast(Tensor&): the one to call on every rank. Root's tensor is read;
+  //   every other rank's tensor receives root's data.
+  // - broadcast(const Tensor&): sending only, so valid only on the root, where
+  //   a const tensor or a temporary (`t.to(dev)`, `t.clone()`) can be sent.
+  //   On any other rank it is a ValueError naming the rank and the root: there
+  //   it would receive root's data into a tensor the caller cannot see (a
+  //   temporary) or did not mean to change, and the data would be lost.
+  // Root-only code that has a const tensor calls the const overload on the root
+  // and the Tensor& one with its receiving tensor elsewhere.
+  virtual std::shared_ptr<Work> broadcast(Tensor& tensor, int root) = 0;
   virtual std::shared_ptr<Work> broadcast(const Tensor& tensor, int root) = 0;
   // output holds size() * input.numel() elements: rank r's input at [r * n, (r + 1) * n).
   virtual std::shared_ptr<Work> all_gather(const Tensor& input, Tensor& output) = 0;

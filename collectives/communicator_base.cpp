@@ -102,10 +102,27 @@ std::shared_ptr<Work> CommunicatorBase::all_reduce(Tensor& tensor, ReduceOp op) 
   return start({CollectiveKind::all_reduce, op, 0, 0, tensor, tensor, {}});
 }
 
+std::shared_ptr<Work> CommunicatorBase::broadcast(Tensor& tensor, int root) {
+  return start_broadcast(tensor, root, /*root_only=*/false);
+}
+
 std::shared_ptr<Work> CommunicatorBase::broadcast(const Tensor& tensor, int root) {
+  return start_broadcast(tensor, root, /*root_only=*/true);
+}
+
+// Note [broadcast overloads] in collectives/communicator.h: a const tensor is
+// only sent, so off the root it is refused before it takes a sequence number.
+std::shared_ptr<Work> CommunicatorBase::start_broadcast(const Tensor& tensor, int root,
+                                                        bool root_only) {
   check_tensor("broadcast", tensor, true);
   DDP_CHECK(root >= 0 && root < size_, "broadcast: root {} is not a rank (world size {})", root,
             size_);
+  DDP_CHECK(!root_only || rank_ == root,
+            "broadcast: rank {} passed a const tensor or a temporary, but only the root (rank {}) "
+            "sends; rank {} receives the root's data, which would be lost. Pass a non-const "
+            "Tensor variable that receives it and use that, e.g. `Tensor t = x.to(comm.device()); "
+            "comm.broadcast(t, {});`",
+            rank_, root, rank_, root);
   return start({CollectiveKind::broadcast, ReduceOp::sum, root, 0, tensor, tensor, {}});
 }
 

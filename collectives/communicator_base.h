@@ -58,6 +58,7 @@ class CommunicatorBase : public Communicator {
   const CommOptions& options() const override { return options_; }
 
   std::shared_ptr<Work> all_reduce(Tensor& tensor, ReduceOp op) override;
+  std::shared_ptr<Work> broadcast(Tensor& tensor, int root) override;
   std::shared_ptr<Work> broadcast(const Tensor& tensor, int root) override;
   std::shared_ptr<Work> all_gather(const Tensor& input, Tensor& output) override;
   std::shared_ptr<Work> reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) override;
@@ -71,6 +72,7 @@ class CommunicatorBase : public Communicator {
  private:
   void check_tensor(const char* op, const Tensor& t, bool allow_u8) const;
   std::shared_ptr<Work> start(Collective c);
+  std::shared_ptr<Work> start_broadcast(const Tensor& tensor, int root, bool root_only);
 
   int rank_;
   int size_;

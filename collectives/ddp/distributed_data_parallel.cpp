@@ -135,10 +135,10 @@ void DistributedDataParallel::verify_same_model() {
   }
 }
 
-void DistributedDataParallel::broadcast_from_rank0(const std::vector<Tensor>& tensors) {
+void DistributedDataParallel::broadcast_from_rank0(std::vector<Tensor>& tensors) {
   if (comm_->size() == 1) return;
   std::vector<std::shared_ptr<Work>> works;
-  for (const Tensor& t : tensors) works.push_back(comm_->broadcast(t, 0));
+  for (Tensor& t : tensors) works.push_back(comm_->broadcast(t, 0));
   for (const auto& work : works) work->wait();
 }
 

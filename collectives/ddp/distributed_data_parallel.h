@@ -115,7 +115,7 @@ class DistributedDataParallel {
  private:
   void check_devices() const;
   void verify_same_model();
-  void broadcast_from_rank0(const std::vector<Tensor>& tensors);
+  void broadcast_from_rank0(std::vector<Tensor>& tensors);
 
   std::shared_ptr<nn::Module> module_;
   std::shared_ptr<Communicator> comm_;

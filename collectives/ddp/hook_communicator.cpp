@@ -17,6 +17,12 @@ std::shared_ptr<Work> HookCommunicator::all_reduce(Tensor& tensor, ReduceOp op) 
   return record(tensor, inner_->all_reduce(tensor, op));
 }
 
+std::shared_ptr<Work> HookCommunicator::broadcast(Tensor& tensor, int root) {
+  return record(tensor, inner_->broadcast(tensor, root));
+}
+
+// Forwarded as const, so the inner communicator refuses it off the root
+// (Note [broadcast overloads]).
 std::shared_ptr<Work> HookCommunicator::broadcast(const Tensor& tensor, int root) {
   return record(tensor, inner_->broadcast(tensor, root));
 }

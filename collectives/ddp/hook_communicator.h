@@ -23,6 +23,7 @@ class HookCommunicator : public Communicator {
   const CommOptions& options() const override { return inner_->options(); }
 
   std::shared_ptr<Work> all_reduce(Tensor& tensor, ReduceOp op) override;
+  std::shared_ptr<Work> broadcast(Tensor& tensor, int root) override;
   std::shared_ptr<Work> broadcast(const Tensor& tensor, int root) override;
   std::shared_ptr<Work> all_gather(const Tensor& input, Tensor& output) override;
   std::shared_ptr<Work> reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) override;

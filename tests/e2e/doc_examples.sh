@@ -67,8 +67,10 @@ done
   { cat "$work/build.log" >&2; fail "a doc example does not compile (the log above names the doc and line)"; }
 for n in "${names[@]}"; do
   # Alone: no launcher variables, so init_process_group gives world size 1.
+  code=0
   out=$(cd "$work" && env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u MASTER_ADDR -u MASTER_PORT \
-    timeout 120 "$work/out/$n" 2>&1) || { printf '%s\n' "$out" >&2; fail "$n exited $?"; }
+    timeout 120 "$work/out/$n" 2>&1) || code=$?
+  [ "$code" -eq 0 ] || { printf '%s\n' "$out" >&2; fail "$n exited $code"; }
   echo "doc example $n: ran ($(wc -l <<<"$out") lines of output)"
 done
 for n in "${fail_names[@]}"; do

@@ -2,6 +2,7 @@
 // /dev/shm (Note [shm cleanup]) and its attach errors. The collectives themselves
 // are tested by the conformance suite.
 #include "collectives/backends.h"
+#include "collectives/ddp/hook_communicator.h"
 #include "collectives/shm_segment.h"
 #include "tests/multirank/conformance.h"
 #include "tests/multirank/spawn.h"
@@ -12,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <functional>
 #include <thread>
 
 namespace ddp::test {
@@ -38,12 +40,61 @@ int all_reduce_once(const std::string& run_id, int rank, int size, CommOptions c
 TEST(ShmCommunicator, ConstAndTemporaryInputsAreSent) {
   const auto results = spawn_ranks(2, [](int rank, int size) {
     auto c = make_backend("shm", rank, size, {.timeout = 20s});
-    const Tensor sent = rank == 0 ? from_vector<float>({7, 8}, {2}) : zeros({2});
-    c->broadcast(sent, 0)->wait();
-    require(sent.to_vector<float>() == std::vector<float>{7, 8}, "broadcast of a const tensor");
+    const Tensor sent = from_vector<float>({7, 8}, {2});
+    Tensor received = zeros({2});
+    if (rank == 0) {
+      c->broadcast(sent, 0)->wait();
+    } else {
+      c->broadcast(received, 0)->wait();
+      require(received.to_vector<float>() == std::vector<float>{7, 8},
+              "a Tensor& receives the root's const tensor");
+    }
     Tensor all = zeros({2 * size});
     c->all_gather(full({2}, rank + 1.0), all)->wait();
     require(all.to_vector<float>() == std::vector<float>{1, 1, 2, 2}, "all_gather of a temporary");
+    return 0;
+  });
+  for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
+}
+
+// Fails the rank unless `fn` throws a ValueError whose message has `want`.
+void require_value_error(const std::function<void()>& fn, const std::string& want,
+                         const std::string& what) {
+  try {
+    fn();
+  } catch (const ValueError& e) {
+    require(std::string(e.what()).find(want) != std::string::npos,
+            what + ": message lacks '" + want + "': " + e.what());
+    return;
+  }
+  require(false, what + ": no ValueError");
+}
+
+// Note [broadcast overloads]: off the root, the const overload would receive
+// into a temporary and lose the data, so it is refused before it takes a
+// sequence number, directly and through the hook's communicator; the Tensor&
+// overload then receives.
+TEST(ShmCommunicator, ConstBroadcastOffTheRootIsRefused) {
+  const auto results = spawn_ranks(2, [](int rank, int size) {
+    auto shm = make_backend("shm", rank, size, {.timeout = 20s});
+    for (const std::shared_ptr<Communicator>& c :
+         {shm, std::shared_ptr<Communicator>(std::make_shared<HookCommunicator>(shm))}) {
+      Tensor t = rank == 0 ? from_vector<float>({7, 8}, {2}) : zeros({2});
+      if (rank == 1) {
+        const int64_t sequence = c->next_sequence();
+        const std::string want =
+            "rank 1 passed a const tensor or a temporary, but only the "
+            "root (rank 0) sends";
+        require_value_error([&] { c->broadcast(t.clone(), 0); }, want, "a temporary");
+        const Tensor& constant = t;
+        require_value_error([&] { c->broadcast(constant, 0); }, want, "a const tensor");
+        require(c->next_sequence() == sequence, "a refused broadcast took a sequence number");
+        c->broadcast(t, 0)->wait();
+      } else {
+        c->broadcast(t.clone(), 0)->wait();  // the root may send a temporary
+      }
+      require(t.to_vector<float>() == std::vector<float>{7, 8}, "broadcast into a Tensor&");
+    }
     return 0;
   });
   for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();

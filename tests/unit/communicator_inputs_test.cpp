@@ -1,8 +1,7 @@
 // The communicator's inputs are const (collectives/communicator.h): a const
-// tensor or a temporary can be sent. Checked at compile time (the requires
-// expressions below do not compile where an input is a non-const Tensor&) and
-// at run time on the local communicator; tests/multirank/shm_test.cpp sends them
-// between real ranks.
+// tensor or a temporary can be sent (broadcast: by the root only). Checked at compile time (the
+// requires expressions below do not compile where an input is a non-const Tensor&) and at run time
+// on the local communicator; tests/multirank/shm_test.cpp sends them between real ranks.
 #include "collectives/communicator.h"
 #include "runtime/ops/ops.h"
 
@@ -32,8 +31,11 @@ concept AllReduces = requires(Communicator& comm, T&& t) {
   comm.all_reduce(std::forward<T>(t));
 };
 
-// Inputs: const tensors and temporaries can be sent.
-static_assert(Broadcasts<const Tensor&> && Broadcasts<Tensor>);
+// Inputs: const tensors and temporaries can be sent. broadcast also takes a
+// Tensor& (the overload that receives); its const overload compiles everywhere
+// but is refused at run time off the root (Note [broadcast overloads];
+// tests/multirank/shm_test.cpp).
+static_assert(Broadcasts<Tensor&> && Broadcasts<const Tensor&> && Broadcasts<Tensor>);
 static_assert(AllGathers<const Tensor&> && AllGathers<Tensor>);
 static_assert(ReduceScatters<const Tensor&> && ReduceScatters<Tensor>);
 // In place: what a collective writes stays a non-const reference, so a result
