@@ -2,6 +2,7 @@
 
 #include "runtime/ops/nn_ops.h"
 #include "runtime/ops/ops.h"
+#include "runtime/ops/transformer_ops.h"
 
 #include <optional>
 
@@ -175,6 +176,44 @@ Tensor dropout(const Tensor& x, float p, bool training, Generator& gen) {
   Tensor mask = dropout_mask(x.shape(), gen.seed(), gen.take(x.numel()), p, x.device());
   return recorded(ddp::mul(x, mask), "DropoutBackward", {&x},
                   [mask](const Tensor& g) { return std::vector<Tensor>{ddp::mul(g, mask)}; });
+}
+
+Tensor gelu(const Tensor& x) {
+  return recorded(ddp::gelu(x), "GeluBackward", {&x},
+                  [x](const Tensor& g) { return std::vector<Tensor>{ddp::gelu_backward(g, x)}; });
+}
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
+  auto r = ddp::layer_norm(x, weight, bias, eps);
+  Tensor out = r.out;
+  return recorded(out, "LayerNormBackward", {&x, &weight, &bias},
+                  [x, weight, saved = std::move(r)](const Tensor& g) {
+                    auto grads = ddp::layer_norm_backward(g, x, saved, weight);
+                    return std::vector<Tensor>{grads.x, grads.weight, grads.bias};
+                  });
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  return recorded(ddp::embedding(weight, indices), "EmbeddingBackward", {&weight},
+                  [indices, rows = weight.size(0)](const Tensor& g) {
+                    return std::vector<Tensor>{ddp::embedding_backward(g, indices, rows)};
+                  });
+}
+
+Tensor softmax(const Tensor& x) {
+  Tensor y = ddp::softmax(x);
+  // The backward keeps a view of y, not y itself: y's node holding y would be a cycle.
+  return recorded(y, "SoftmaxBackward", {&x}, [saved = y.reshape(y.shape())](const Tensor& g) {
+    return std::vector<Tensor>{ddp::softmax_backward(g, saved)};
+  });
+}
+
+Tensor log_softmax(const Tensor& x) {
+  Tensor y = ddp::log_softmax(x);
+  // The backward keeps a view of y, not y itself: y's node holding y would be a cycle.
+  return recorded(y, "LogSoftmaxBackward", {&x}, [saved = y.reshape(y.shape())](const Tensor& g) {
+    return std::vector<Tensor>{ddp::log_softmax_backward(g, saved)};
+  });
 }
 
 }  // namespace ddp::functional

@@ -1,0 +1,174 @@
+// CPU kernels of the transformer ops: GELU (tanh approximation), LayerNorm over
+// the last dim, embedding lookup and its scatter-add, softmax / log-softmax along
+// the last dim. Row statistics accumulate in double: rows are up to a few thousand
+// wide (d_model, vocabulary) and f32 sums of that length lose digits the finite
+// difference tests and the PyTorch parity tests would see.
+#include "runtime/ops/kernels.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace ddp::kernels::cpu {
+namespace {
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluCubic = 0.044715f;
+
+// The last dim of x and the number of rows before it (x viewed as [rows, d]).
+struct Rows {
+  int64_t rows, d;
+};
+Rows rows_of(const Tensor& x) {
+  const int64_t d = x.size(-1);
+  return {d == 0 ? 0 : x.numel() / d, d};
+}
+
+}  // namespace
+
+void gelu(const Tensor& x, Tensor& out) {
+  const float* p = x.data<float>();
+  float* z = out.data<float>();
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) {
+    const float v = p[i];
+    z[i] = 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + kGeluCubic * v * v * v)));
+  }
+}
+
+// d/dx of 0.5 x (1 + tanh(u)), u = k (x + c x^3): 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 c x^2).
+void gelu_backward(const Tensor& grad, const Tensor& x, Tensor& out) {
+  const float* g = grad.data<float>();
+  const float* p = x.data<float>();
+  float* z = out.data<float>();
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) {
+    const float v = p[i];
+    const float t = std::tanh(kSqrt2OverPi * (v + kGeluCubic * v * v * v));
+    const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
+    z[i] = g[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+  }
+}
+
+void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out,
+                Tensor& mean, Tensor& rstd) {
+  const auto [rows, d] = rows_of(x);
+  const float* w = weight.data<float>();
+  const float* b = bias.data<float>();
+  float* mu_out = mean.data<float>();
+  float* rstd_out = rstd.data<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = x.data<float>() + r * d;
+    float* dst = out.data<float>() + r * d;
+    double sum = 0.0;
+    for (int64_t j = 0; j < d; ++j) sum += src[j];
+    const double mu = sum / static_cast<double>(d);
+    double sq = 0.0;  // two passes: var = E[(x - mu)^2] does not cancel like E[x^2] - mu^2
+    for (int64_t j = 0; j < d; ++j) sq += (src[j] - mu) * (src[j] - mu);
+    const auto inv = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(d) + eps));
+    const auto m = static_cast<float>(mu);
+    for (int64_t j = 0; j < d; ++j) dst[j] = (src[j] - m) * inv * w[j] + b[j];
+    mu_out[r] = m;
+    rstd_out[r] = inv;
+  }
+}
+
+// With xhat = (x - mean) rstd and dxhat = grad * weight:
+// grad_x = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)),
+// grad_weight = sum over rows of grad xhat, grad_bias = sum over rows of grad.
+void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& mean,
+                         const Tensor& rstd, const Tensor& weight, Tensor& grad_x,
+                         Tensor& grad_weight, Tensor& grad_bias) {
+  const auto [rows, d] = rows_of(x);
+  const float* w = weight.data<float>();
+  float* gw = grad_weight.data<float>();
+  float* gb = grad_bias.data<float>();
+  std::fill(gw, gw + d, 0.0f);
+  std::fill(gb, gb + d, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = grad.data<float>() + r * d;
+    const float* src = x.data<float>() + r * d;
+    float* dst = grad_x.data<float>() + r * d;
+    const float mu = mean.data<float>()[r], inv = rstd.data<float>()[r];
+    double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
+    for (int64_t j = 0; j < d; ++j) {
+      const float xhat = (src[j] - mu) * inv;
+      const float dxhat = g[j] * w[j];
+      sum_dxhat += dxhat;
+      sum_dxhat_xhat += static_cast<double>(dxhat) * xhat;
+      gw[j] += g[j] * xhat;
+      gb[j] += g[j];
+    }
+    const auto mean_dxhat = static_cast<float>(sum_dxhat / static_cast<double>(d));
+    const auto mean_dxhat_xhat = static_cast<float>(sum_dxhat_xhat / static_cast<double>(d));
+    for (int64_t j = 0; j < d; ++j) {
+      const float xhat = (src[j] - mu) * inv;
+      dst[j] = inv * (g[j] * w[j] - mean_dxhat - xhat * mean_dxhat_xhat);
+    }
+  }
+}
+
+void embedding(const Tensor& weight, const Tensor& indices, Tensor& out) {
+  const int64_t vocab = weight.size(0), d = weight.size(1);
+  const float* table = weight.data<float>();
+  const int64_t* index = indices.data<int64_t>();
+  float* dst = out.data<float>();
+  for (int64_t i = 0, n = indices.numel(); i < n; ++i) {
+    DDP_CHECK(index[i] >= 0 && index[i] < vocab,
+              "embedding: index {} at position {} is outside the table of {} rows (valid: 0 to "
+              "{}); check the tokenizer's vocabulary against the model's vocab_size",
+              index[i], i, vocab, vocab - 1);
+    std::copy(table + index[i] * d, table + (index[i] + 1) * d, dst + i * d);
+  }
+}
+
+// Rows are summed in position order, so repeated indices accumulate deterministically.
+void embedding_backward(const Tensor& grad, const Tensor& indices, Tensor& grad_weight) {
+  const int64_t vocab = grad_weight.size(0), d = grad_weight.size(1);
+  const float* g = grad.data<float>();
+  const int64_t* index = indices.data<int64_t>();
+  float* dst = grad_weight.data<float>();
+  std::fill(dst, dst + grad_weight.numel(), 0.0f);
+  for (int64_t i = 0, n = indices.numel(); i < n; ++i) {
+    DDP_CHECK(index[i] >= 0 && index[i] < vocab,
+              "embedding_backward: index {} at position {} is outside the table of {} rows",
+              index[i], i, vocab);
+    float* row = dst + index[i] * d;
+    for (int64_t j = 0; j < d; ++j) row[j] += g[i * d + j];
+  }
+}
+
+// Subtracting the row maximum keeps exp() <= 1: logits of 1e4 stay finite.
+void softmax(const Tensor& x, bool log, Tensor& out) {
+  const auto [rows, d] = rows_of(x);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = x.data<float>() + r * d;
+    float* dst = out.data<float>() + r * d;
+    const float max = *std::max_element(src, src + d);
+    double sum = 0.0;
+    for (int64_t j = 0; j < d; ++j) sum += std::exp(static_cast<double>(src[j] - max));
+    if (log) {
+      const auto log_sum = static_cast<float>(std::log(sum));
+      for (int64_t j = 0; j < d; ++j) dst[j] = src[j] - max - log_sum;
+    } else {
+      const auto inv = static_cast<float>(1.0 / sum);
+      for (int64_t j = 0; j < d; ++j) dst[j] = std::exp(src[j] - max) * inv;
+    }
+  }
+}
+
+void softmax_backward(const Tensor& grad, const Tensor& y, bool log, Tensor& grad_x) {
+  const auto [rows, d] = rows_of(y);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = grad.data<float>() + r * d;
+    const float* out = y.data<float>() + r * d;
+    float* dst = grad_x.data<float>() + r * d;
+    double acc = 0.0;  // softmax: sum(grad y); log-softmax: sum(grad)
+    for (int64_t j = 0; j < d; ++j) acc += log ? g[j] : static_cast<double>(g[j]) * out[j];
+    const auto s = static_cast<float>(acc);
+    if (log) {
+      for (int64_t j = 0; j < d; ++j) dst[j] = g[j] - std::exp(out[j]) * s;
+    } else {
+      for (int64_t j = 0; j < d; ++j) dst[j] = out[j] * (g[j] - s);
+    }
+  }
+}
+
+}  // namespace ddp::kernels::cpu

@@ -1,0 +1,172 @@
+// The checked entry points of the transformer ops: device, shape and dtype checks,
+// output allocation on the inputs' device, then the CPU kernel (ops/cpu/transformer.cpp)
+// or the CUDA entry (ops/cuda/transformer_pending.cpp, which throws until written).
+#include "runtime/ops/transformer_ops.h"
+
+#include "runtime/ops/dispatch.h"
+#include "runtime/ops/ops.h"
+
+#include <algorithm>
+#include <string_view>
+
+namespace ddp {
+namespace {
+
+using ops_detail::check_dtype;
+
+void check_f32(std::string_view op, const Tensor& t, const char* what) {
+  check_dtype(op, t, DType::f32, what);
+}
+
+Tensor like(const Tensor& t) {
+  return empty(t.shape(), {.dtype = t.dtype(), .device = t.device()});
+}
+
+// x must have a last dim of at least one element to normalize or softmax over.
+void check_last_dim(std::string_view op, const Tensor& x) {
+  DDP_CHECK(x.dim() >= 1 && x.size(-1) >= 1,
+            "{}: works along the last dim, which needs at least one element; got shape {}", op,
+            shape_str(x.shape()));
+}
+
+void check_row_param(const Tensor& p, const Tensor& x, const char* what) {
+  check_f32("layer_norm", p, what);
+  DDP_CHECK(p.dim() == 1 && p.size(0) == x.size(-1),
+            "layer_norm: {} has shape {}, expected [{}] (the last dim of input {})", what,
+            shape_str(p.shape()), x.size(-1), shape_str(x.shape()));
+}
+
+Tensor softmax_any(const Tensor& x, bool log) {
+  const char* op = log ? "log_softmax" : "softmax";
+  check_same_device({&x});
+  check_f32(op, x, "input");
+  check_last_dim(op, x);
+  Tensor out = like(x);
+  if (out.numel() > 0) DDP_DISPATCH(x.device(), softmax, x, log, out);
+  return out;
+}
+
+Tensor softmax_backward_any(const Tensor& grad, const Tensor& y, bool log) {
+  const char* op = log ? "log_softmax_backward" : "softmax_backward";
+  check_same_device({&grad, &y});
+  check_f32(op, grad, "grad");
+  check_f32(op, y, "output");
+  check_same_shape(op, grad, y);
+  check_last_dim(op, y);
+  Tensor grad_x = like(y);
+  if (grad_x.numel() > 0) DDP_DISPATCH(y.device(), softmax_backward, grad, y, log, grad_x);
+  return grad_x;
+}
+
+}  // namespace
+
+Tensor gelu(const Tensor& x) {
+  check_same_device({&x});
+  check_f32("gelu", x, "input");
+  Tensor out = like(x);
+  if (out.numel() > 0) DDP_DISPATCH(x.device(), gelu, x, out);
+  return out;
+}
+
+Tensor gelu_backward(const Tensor& grad, const Tensor& x) {
+  check_same_device({&grad, &x});
+  check_f32("gelu_backward", grad, "grad");
+  check_f32("gelu_backward", x, "input");
+  check_same_shape("gelu_backward", grad, x);
+  Tensor out = like(x);
+  if (out.numel() > 0) DDP_DISPATCH(x.device(), gelu_backward, grad, x, out);
+  return out;
+}
+
+LayerNormResult layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
+  check_same_device({&x, &weight, &bias});
+  check_f32("layer_norm", x, "input");
+  check_last_dim("layer_norm", x);
+  check_row_param(weight, x, "weight");
+  check_row_param(bias, x, "bias");
+  DDP_CHECK(eps > 0.0f, "layer_norm: eps must be > 0 (it keeps 1 / sqrt(var + eps) finite), got {}",
+            eps);
+  const int64_t rows = x.numel() / x.size(-1);
+  LayerNormResult r{like(x), empty({rows}, {.device = x.device()}),
+                    empty({rows}, {.device = x.device()})};
+  if (rows > 0) DDP_DISPATCH(x.device(), layer_norm, x, weight, bias, eps, r.out, r.mean, r.rstd);
+  return r;
+}
+
+LayerNormGrads layer_norm_backward(const Tensor& grad, const Tensor& x,
+                                   const LayerNormResult& saved, const Tensor& weight) {
+  check_same_device({&grad, &x, &saved.mean, &saved.rstd, &weight});
+  check_f32("layer_norm_backward", grad, "grad");
+  check_f32("layer_norm_backward", x, "input");
+  check_same_shape("layer_norm_backward", grad, x);
+  check_last_dim("layer_norm_backward", x);
+  check_row_param(weight, x, "weight");
+  const int64_t rows = x.numel() / x.size(-1);
+  for (const Tensor* stat : {&saved.mean, &saved.rstd}) {
+    check_f32("layer_norm_backward", *stat, "saved statistic");
+    DDP_CHECK(stat->shape() == Shape{rows},
+              "layer_norm_backward: a saved statistic has shape {}, expected [{}] for input {}; "
+              "pass the LayerNormResult of the forward",
+              shape_str(stat->shape()), rows, shape_str(x.shape()));
+  }
+  LayerNormGrads g{like(x), like(weight), like(weight)};
+  if (rows > 0) {
+    DDP_DISPATCH(x.device(), layer_norm_backward, grad, x, saved.mean, saved.rstd, weight, g.x,
+                 g.weight, g.bias);
+  } else {
+    fill_(g.weight, 0.0);
+    fill_(g.bias, 0.0);
+  }
+  return g;
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  check_same_device({&weight, &indices});
+  check_f32("embedding", weight, "weight");
+  check_dtype("embedding", indices, DType::i64, "indices");
+  DDP_CHECK(weight.dim() == 2, "embedding: weight must be a table [V, d], got shape {}",
+            shape_str(weight.shape()));
+  Shape shape = indices.shape();
+  shape.push_back(weight.size(1));
+  Tensor out = empty(shape, {.device = weight.device()});
+  if (out.numel() > 0) {
+    const Tensor flat = indices.reshape({indices.numel()});
+    Tensor rows = out.reshape({indices.numel(), weight.size(1)});  // a view: writes land in out
+    DDP_DISPATCH(weight.device(), embedding, weight, flat, rows);
+  }
+  return out;
+}
+
+Tensor embedding_backward(const Tensor& grad, const Tensor& indices, int64_t num_rows) {
+  check_same_device({&grad, &indices});
+  check_f32("embedding_backward", grad, "grad");
+  check_dtype("embedding_backward", indices, DType::i64, "indices");
+  DDP_CHECK(grad.dim() == indices.dim() + 1 &&
+                std::equal(indices.shape().begin(), indices.shape().end(), grad.shape().begin()),
+            "embedding_backward: grad has shape {}, expected the indices' shape {} plus [d]",
+            shape_str(grad.shape()), shape_str(indices.shape()));
+  DDP_CHECK(num_rows >= 0, "embedding_backward: num_rows must be >= 0, got {}", num_rows);
+  const int64_t d = grad.size(-1);
+  Tensor grad_weight = empty({num_rows, d}, {.device = grad.device()});
+  if (grad_weight.numel() > 0) {
+    const Tensor rows = grad.reshape({indices.numel(), d});
+    const Tensor flat = indices.reshape({indices.numel()});
+    DDP_DISPATCH(grad.device(), embedding_backward, rows, flat, grad_weight);
+  }
+  return grad_weight;
+}
+
+Tensor softmax(const Tensor& x) {
+  return softmax_any(x, false);
+}
+Tensor log_softmax(const Tensor& x) {
+  return softmax_any(x, true);
+}
+Tensor softmax_backward(const Tensor& grad, const Tensor& y) {
+  return softmax_backward_any(grad, y, false);
+}
+Tensor log_softmax_backward(const Tensor& grad, const Tensor& y) {
+  return softmax_backward_any(grad, y, true);
+}
+
+}  // namespace ddp

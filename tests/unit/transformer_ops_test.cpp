@@ -1,0 +1,188 @@
+// The transformer ops (GELU, LayerNorm, embedding, softmax / log-softmax): values
+// against closed forms and hand-computed cases, gradients against central finite
+// differences (tests/unit/gradcheck.h), and their error messages.
+#include "runtime/ops/transformer_ops.h"
+#include "runtime/autograd/functions.h"
+#include "runtime/ops/kernels.h"
+#include "runtime/ops/ops.h"
+#include "tests/unit/gradcheck.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+namespace ddp {
+namespace {
+
+namespace F = functional;
+using test_util::gradcheck;
+
+// The message of the ValueError `f` throws ("" when it throws none).
+template <typename Fn>
+std::string value_error(Fn&& f) {
+  try {
+    f();
+  } catch (const ValueError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+double gelu_tanh(double x) {
+  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+TEST(TransformerOps, GeluMatchesTheTanhFormula) {
+  const std::vector<float> xs = {-10.0f, -3.0f, -1.0f, -0.5f, 0.0f, 0.5f, 1.0f, 2.0f, 10.0f};
+  const auto y = gelu(from_vector(xs, {3, 3})).to_vector<float>();
+  for (size_t i = 0; i < xs.size(); ++i) {
+    EXPECT_NEAR(y[i], gelu_tanh(xs[i]), 1e-6 * (1.0 + std::fabs(xs[i]))) << "x = " << xs[i];
+  }
+  // torch.nn.functional.gelu(torch.tensor(1.), approximate='tanh') = 0.8411920070648193.
+  EXPECT_NEAR(y[6], 0.841192007f, 1e-6);
+  EXPECT_EQ(y[4], 0.0f);
+}
+
+TEST(TransformerOps, GeluGradientMatchesFiniteDifferences) {
+  gradcheck([](auto& in) { return F::gelu(in[0]); }, {scale(randn({4, 7}, 40), 2.0f)}, 1e-2, 2e-3);
+}
+
+// Hand-computed: row [1, 2, 3, 4] has mean 2.5 and biased variance 1.25, so
+// xhat = [-1.5, -0.5, 0.5, 1.5] / sqrt(1.25 + 1e-5); row [-2, 0, 0, 2] has mean 0 and
+// variance 2, xhat = [-2, 0, 0, 2] / sqrt(2 + 1e-5). Then y = xhat * weight + bias.
+TEST(TransformerOps, LayerNormMatchesAHandComputedCase) {
+  const Tensor x = from_vector<float>({1, 2, 3, 4, -2, 0, 0, 2}, {2, 4});
+  const Tensor w = from_vector<float>({1, -1, 2, 0.5f}, {4});
+  const Tensor b = from_vector<float>({0, 0.5f, -1, 0.25f}, {4});
+  const auto r = layer_norm(x, w, b);
+  const std::vector<double> expected = {-1.34163542, 0.94721181, -0.10557639, 0.92081771,
+                                        -1.41421003, 0.5,        -1.0,        0.95710501};
+  const auto y = r.out.to_vector<float>();
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], expected[i], 1e-6) << "element " << i;
+  EXPECT_FLOAT_EQ(r.mean.to_vector<float>()[0], 2.5f);
+  EXPECT_FLOAT_EQ(r.rstd.to_vector<float>()[1], static_cast<float>(1.0 / std::sqrt(2.00001)));
+}
+
+TEST(TransformerOps, LayerNormGradientsMatchFiniteDifferences) {
+  gradcheck([](auto& in) { return F::layer_norm(in[0], in[1], in[2]); },
+            {randn({2, 3, 6}, 42), randn({6}, 43), randn({6}, 44)}, 1e-2, 3e-3);
+}
+
+TEST(TransformerOps, LayerNormRejectsParametersOfTheWrongSize) {
+  const std::string msg = value_error([] { layer_norm(randn({2, 4}, 1), ones({3}), zeros({4})); });
+  EXPECT_NE(msg.find("weight has shape [3], expected [4]"), std::string::npos) << msg;
+}
+
+TEST(TransformerOps, EmbeddingPicksRowsAndRepeatedIndicesAccumulate) {
+  const Tensor weight = randn({5, 3}, 45);
+  const Tensor indices = from_vector<int64_t>({1, 3, 1, 0}, {2, 2});
+  const Tensor out = embedding(weight, indices);
+  ASSERT_EQ(out.shape(), (Shape{2, 2, 3}));
+  const auto w = weight.to_vector<float>(), o = out.to_vector<float>();
+  const int64_t picked[4] = {1, 3, 1, 0};
+  for (size_t i = 0; i < 4; ++i) {
+    for (size_t j = 0; j < 3; ++j) EXPECT_EQ(o[i * 3 + j], w[picked[i] * 3 + j]);
+  }
+  // Row 1 is read twice, so its gradient is the sum of both output rows' gradients.
+  const Tensor g = from_vector<float>({1, 2, 3, 10, 20, 30, 100, 200, 300, -1, -2, -3}, {2, 2, 3});
+  const auto gw = embedding_backward(g, indices, 5).to_vector<float>();
+  const std::vector<float> expected = {-1, -2, -3, 101, 202, 303, 0, 0, 0, 10, 20, 30, 0, 0, 0};
+  EXPECT_EQ(gw, expected);
+}
+
+TEST(TransformerOps, EmbeddingWeightGradientMatchesFiniteDifferences) {
+  const Tensor indices = from_vector<int64_t>({4, 0, 2, 4, 4, 1}, {3, 2});
+  gradcheck([indices](auto& in) { return F::embedding(in[0], indices); }, {randn({6, 4}, 46)}, 1e-2,
+            2e-3);
+}
+
+TEST(TransformerOps, EmbeddingIndexOutOfRangeNamesTheIndexAndTheTableSize) {
+  const Tensor weight = randn({5, 2}, 47);
+  std::string msg = value_error([&] { embedding(weight, from_vector<int64_t>({0, 7, 1}, {3})); });
+  EXPECT_NE(msg.find("index 7 at position 1 is outside the table of 5 rows"), std::string::npos)
+      << msg;
+  msg = value_error([&] { embedding(weight, from_vector<int64_t>({-1}, {1})); });
+  EXPECT_NE(msg.find("index -1"), std::string::npos) << msg;
+  msg = value_error([&] { embedding(weight, from_vector<float>({0}, {1})); });
+  EXPECT_NE(msg.find("indices must have dtype i64"), std::string::npos) << msg;
+}
+
+// Row r of x [rows, d] against softmax and log-softmax computed in double.
+void expect_softmax_rows(const Tensor& x, const Tensor& y, const Tensor& log_y) {
+  const int64_t d = x.size(-1), rows = x.numel() / d;
+  const auto v = x.to_vector<float>(), p = y.to_vector<float>(), lp = log_y.to_vector<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    double max = v[r * d];
+    for (int64_t j = 1; j < d; ++j) max = std::max<double>(max, v[r * d + j]);
+    double sum = 0.0;
+    for (int64_t j = 0; j < d; ++j) sum += std::exp(v[r * d + j] - max);
+    for (int64_t j = 0; j < d; ++j) {
+      const size_t i = static_cast<size_t>(r * d + j);
+      ASSERT_TRUE(std::isfinite(p[i]) && std::isfinite(lp[i])) << "element " << i;
+      EXPECT_NEAR(p[i], std::exp(v[i] - max) / sum, 1e-6) << "element " << i;
+      EXPECT_NEAR(lp[i], v[i] - max - std::log(sum), 1e-5 * (1.0 + std::fabs(v[i] - max)))
+          << "element " << i;
+    }
+  }
+}
+
+TEST(TransformerOps, SoftmaxAndLogSoftmaxAlongTheLastDim) {
+  const Tensor x = scale(randn({2, 3, 5}, 48), 3.0f);
+  expect_softmax_rows(x, softmax(x), log_softmax(x));
+}
+
+// exp(1e4) overflows f32 (and double): only the max-subtracted form stays finite.
+TEST(TransformerOps, SoftmaxOfLargeLogitsStaysFinite) {
+  const Tensor x = from_vector<float>({1e4f, 1e4f - 1.0f, -1e4f, 0.0f, -1e4f, -1e4f}, {2, 3});
+  const Tensor y = softmax(x), log_y = log_softmax(x);
+  expect_softmax_rows(x, y, log_y);
+  const Tensor g = randn({2, 3}, 49);
+  for (const Tensor& grad : {softmax_backward(g, y), log_softmax_backward(g, log_y)}) {
+    for (float v : grad.to_vector<float>()) EXPECT_TRUE(std::isfinite(v)) << v;
+  }
+}
+
+TEST(TransformerOps, SoftmaxGradientsMatchFiniteDifferences) {
+  gradcheck([](auto& in) { return F::softmax(in[0]); }, {randn({3, 2, 5}, 50)}, 1e-2, 2e-3);
+  gradcheck([](auto& in) { return F::log_softmax(in[0]); }, {randn({3, 2, 5}, 51)}, 1e-2, 2e-3);
+}
+
+// Softmax is shift-invariant, so logits near 1e4 (exactly representable shifts of
+// small ones) must give the small logits' gradients: finite differences at 1e4
+// would only measure f32 rounding (its spacing there is 1e-3).
+TEST(TransformerOps, SoftmaxGradientOfLargeLogitsEqualsTheShiftedOnes) {
+  std::vector<float> small = {0.0f, -1.0f, -2.5f, 0.5f, 3.0f, -0.25f};
+  std::vector<float> large = small;
+  for (float& v : large) v += 1e4f;
+  const Tensor g = randn({2, 3}, 52);
+  for (bool log : {false, true}) {
+    std::vector<std::vector<float>> grads;
+    for (const auto* values : {&small, &large}) {
+      Tensor x = from_vector(*values, {2, 3});
+      set_requires_grad(x, true);
+      backward(F::sum(F::mul(log ? F::log_softmax(x) : F::softmax(x), g)));
+      grads.push_back(grad(x).to_vector<float>());
+    }
+    for (size_t i = 0; i < small.size(); ++i) {
+      EXPECT_NEAR(grads[1][i], grads[0][i], 1e-5) << (log ? "log_softmax" : "softmax") << " " << i;
+    }
+  }
+}
+
+TEST(TransformerOps, PendingCudaKernelsSayNotImplementedOnCuda) {
+  // A cuda tensor cannot be made on a machine without a GPU; call the entry the
+  // ops dispatch to for one directly.
+  const Tensor x = randn({2}, 41);
+  Tensor out = empty({2});
+  try {
+    kernels::cuda::gelu(x, out);
+    FAIL() << "kernels::cuda::gelu did not throw";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("gelu: not implemented on cuda yet"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace ddp
