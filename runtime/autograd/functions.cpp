@@ -185,9 +185,10 @@ Tensor gelu(const Tensor& x) {
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
   auto r = ddp::layer_norm(x, weight, bias, eps);
-  Tensor out = r.out;
-  return recorded(out, "LayerNormBackward", {&x, &weight, &bias},
-                  [x, weight, saved = std::move(r)](const Tensor& g) {
+  // Only the statistics are kept: the node holding its own output would be a cycle.
+  LayerNormResult saved{Tensor(), r.mean, r.rstd};
+  return recorded(r.out, "LayerNormBackward", {&x, &weight, &bias},
+                  [x, weight, saved = std::move(saved)](const Tensor& g) {
                     auto grads = ddp::layer_norm_backward(g, x, saved, weight);
                     return std::vector<Tensor>{grads.x, grads.weight, grads.bias};
                   });

@@ -10,6 +10,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <memory>
 #include <string>
 
 namespace ddp {
@@ -167,6 +169,25 @@ TEST(TransformerOps, SoftmaxGradientOfLargeLogitsEqualsTheShiftedOnes) {
     for (size_t i = 0; i < small.size(); ++i) {
       EXPECT_NEAR(grads[1][i], grads[0][i], 1e-5) << (log ? "log_softmax" : "softmax") << " " << i;
     }
+  }
+}
+
+// A backward that saved its own output would keep the output alive through its
+// node (output -> node -> output): a graph never backwarded would leak.
+TEST(TransformerOps, OutputsAreFreedWithoutABackward) {
+  const std::vector<std::function<Tensor(const Tensor&)>> ops = {
+      [](const Tensor& x) { return F::softmax(x); },
+      [](const Tensor& x) { return F::log_softmax(x); },
+      [](const Tensor& x) { return F::layer_norm(x, ones({4}), zeros({4})); },
+      [](const Tensor& x) { return F::gelu(x); }};
+  for (size_t k = 0; k < ops.size(); ++k) {
+    std::weak_ptr<TensorImpl> out;
+    {
+      Tensor x = randn({3, 4}, 53);
+      set_requires_grad(x, true);
+      out = ops[k](x).impl_ptr();
+    }
+    EXPECT_TRUE(out.expired()) << "op " << k;
   }
 }
 
