@@ -44,7 +44,10 @@ while [ $# -gt 0 ]; do
 done
 
 # After an install the data sets must be there: their tests fail rather than skip.
-[ "$install" = 1 ] && bash deploy/install-deps.sh --with-peer && export DDP_REQUIRE_DATA=1
+if [ "$install" = 1 ]; then
+  bash deploy/install-deps.sh --with-peer
+  export DDP_REQUIRE_DATA=1
+fi
 
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
