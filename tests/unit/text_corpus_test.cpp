@@ -126,7 +126,9 @@ TEST(TextWindows, DisjointAcrossRanksInsideTheStream) {
         EXPECT_GE(all[i], 0);
         EXPECT_LE(all[i] + ctx + 1, bytes);
         // ctx + 1 bytes apart at least: no byte is in two windows of an epoch.
-        if (i > 0) EXPECT_GE(all[i] - all[i - 1], ctx + 1) << "world " << world;
+        if (i > 0) {
+          EXPECT_GE(all[i] - all[i - 1], ctx + 1) << "world " << world;
+        }
       }
     }
   }
