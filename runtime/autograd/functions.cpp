@@ -4,6 +4,7 @@
 #include "runtime/ops/ops.h"
 #include "runtime/ops/transformer_ops.h"
 
+#include <cmath>
 #include <optional>
 
 namespace ddp::functional {
@@ -214,6 +215,27 @@ Tensor log_softmax(const Tensor& x) {
   // The backward keeps a view of y, not y itself: y's node holding y would be a cycle.
   return recorded(y, "LogSoftmaxBackward", {&x}, [saved = y.reshape(y.shape())](const Tensor& g) {
     return std::vector<Tensor>{ddp::log_softmax_backward(g, saved)};
+  });
+}
+
+// Note [bmm backward]: with C = alpha op(A) op(B),
+//   dA = alpha g op(B)^T   (A used as is)     dA = alpha op(B) g^T   (A transposed)
+//   dB = alpha op(A)^T g   (B used as is)     dB = alpha g^T op(A)   (B transposed)
+// and op(X)^T is X itself when X was transposed, so each is one bmm with flags.
+Tensor bmm(const Tensor& a, const Tensor& b, const BmmOptions& o) {
+  return recorded(ddp::bmm(a, b, o), "BmmBackward", {&a, &b}, [a, b, o](const Tensor& g) {
+    std::vector<Tensor> grads(2);
+    if (requires_grad(a)) {
+      grads[0] = o.trans_a
+                     ? ddp::bmm(b, g, {.trans_a = o.trans_b, .trans_b = true, .alpha = o.alpha})
+                     : ddp::bmm(g, b, {.trans_b = !o.trans_b, .alpha = o.alpha});
+    }
+    if (requires_grad(b)) {
+      grads[1] = o.trans_b
+                     ? ddp::bmm(g, a, {.trans_a = true, .trans_b = o.trans_a, .alpha = o.alpha})
+                     : ddp::bmm(a, g, {.trans_a = !o.trans_a, .alpha = o.alpha});
+    }
+    return grads;
   });
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "runtime/autograd/autograd.h"
+#include "runtime/ops/transformer_ops.h"
 #include "runtime/rng/generator.h"
 
 #include <cstdint>
@@ -50,5 +51,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices);
 // Along the last dim.
 Tensor softmax(const Tensor& x);
 Tensor log_softmax(const Tensor& x);
+// torch.bmm with optional transposes and scale: out[i] = alpha * op(a[i]) op(b[i]).
+Tensor bmm(const Tensor& a, const Tensor& b, const BmmOptions& options = {});
 
 }  // namespace ddp::functional

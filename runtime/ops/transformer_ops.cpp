@@ -169,4 +169,23 @@ Tensor log_softmax_backward(const Tensor& grad, const Tensor& y) {
   return softmax_backward_any(grad, y, true);
 }
 
+Tensor bmm(const Tensor& a, const Tensor& b, const BmmOptions& o) {
+  check_same_device({&a, &b});
+  check_f32("bmm", a, "a");
+  check_f32("bmm", b, "b");
+  DDP_CHECK(a.dim() == 3 && b.dim() == 3,
+            "bmm: expects 3-D batches [B, M, K] and [B, K, N], got a {} and b {}",
+            shape_str(a.shape()), shape_str(b.shape()));
+  const int64_t m = o.trans_a ? a.size(2) : a.size(1), k = o.trans_a ? a.size(1) : a.size(2);
+  const int64_t kb = o.trans_b ? b.size(2) : b.size(1), n = o.trans_b ? b.size(1) : b.size(2);
+  DDP_CHECK(a.size(0) == b.size(0) && k == kb,
+            "bmm: a {}{} and b {}{} do not multiply: expected the same batch size and a's "
+            "columns ({}) equal to b's rows ({})",
+            shape_str(a.shape()), o.trans_a ? " (transposed)" : "", shape_str(b.shape()),
+            o.trans_b ? " (transposed)" : "", k, kb);
+  Tensor out = empty({a.size(0), m, n}, {.device = a.device()});
+  if (out.numel() > 0) DDP_DISPATCH(a.device(), bmm, a, b, out, o.trans_a, o.trans_b, o.alpha);
+  return out;
+}
+
 }  // namespace ddp

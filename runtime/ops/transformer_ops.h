@@ -1,8 +1,8 @@
 // Ops of a GPT-2 style transformer: GELU (tanh approximation), LayerNorm over the
-// last dim, embedding lookup, softmax / log-softmax along the last dim, each with
-// its backward. Like ops.h, every op checks that its tensors share one device,
-// checks shapes and dtypes (naming the op and the shapes) and allocates its output
-// there. f32 only. CPU only for now: on a cuda tensor each throws DeviceError
+// last dim, embedding lookup, softmax / log-softmax along the last dim, batched
+// matmul, causal softmax, each with its backward. Like ops.h, every op checks that its tensors
+// share one device, checks shapes and dtypes (naming the op and the shapes) and allocates its
+// output there. f32 only. CPU only for now: on a cuda tensor each throws DeviceError
 // "<op>: not implemented on cuda yet".
 #pragma once
 
@@ -43,5 +43,14 @@ Tensor log_softmax(const Tensor& x);
 // From the forward's output y = softmax(x) (or log_softmax(x)).
 Tensor softmax_backward(const Tensor& grad, const Tensor& y);
 Tensor log_softmax_backward(const Tensor& grad, const Tensor& y);
+
+struct BmmOptions {
+  bool trans_a = false;  // use a[i]^T
+  bool trans_b = false;  // use b[i]^T
+  float alpha = 1.0f;    // out = alpha * op(a) op(b) (attention's 1 / sqrt(d) comes free)
+};
+// torch.bmm: out[i] = alpha * op(a[i]) op(b[i]) for i < B; op(a[i]) [M, K] times
+// op(b[i]) [K, N] -> out [B, M, N]. a and b 3-D, f32, with the same B.
+Tensor bmm(const Tensor& a, const Tensor& b, const BmmOptions& options = {});
 
 }  // namespace ddp

@@ -1,4 +1,5 @@
-// The transformer ops (GELU, LayerNorm, embedding, softmax / log-softmax): values
+// The transformer ops (GELU, LayerNorm, embedding, softmax / log-softmax, bmm,
+// cross-entropy over a vocabulary, causal softmax and attention): values
 // against closed forms and hand-computed cases, gradients against central finite
 // differences (tests/unit/gradcheck.h), and their error messages.
 #include "runtime/ops/transformer_ops.h"
@@ -191,18 +192,146 @@ TEST(TransformerOps, OutputsAreFreedWithoutABackward) {
   }
 }
 
-TEST(TransformerOps, PendingCudaKernelsSayNotImplementedOnCuda) {
-  // A cuda tensor cannot be made on a machine without a GPU; call the entry the
-  // ops dispatch to for one directly.
-  const Tensor x = randn({2}, 41);
-  Tensor out = empty({2});
+// out[i] = alpha op(a[i]) op(b[i]) computed in double from the flat values.
+std::vector<double> naive_bmm(const Tensor& a, const Tensor& b, const BmmOptions& o) {
+  const auto av = a.to_vector<float>(), bv = b.to_vector<float>();
+  const int64_t batch = a.size(0), ar = a.size(1), ac = a.size(2), br = b.size(1), bc = b.size(2);
+  const int64_t m = o.trans_a ? ac : ar, k = o.trans_a ? ar : ac, n = o.trans_b ? br : bc;
+  std::vector<double> out(static_cast<size_t>(batch * m * n), 0.0);
+  for (int64_t i = 0; i < batch; ++i) {
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t c = 0; c < n; ++c) {
+        double acc = 0.0;
+        for (int64_t j = 0; j < k; ++j) {
+          const float x = av[i * ar * ac + (o.trans_a ? j * ac + r : r * ac + j)];
+          const float y = bv[i * br * bc + (o.trans_b ? c * bc + j : j * bc + c)];
+          acc += static_cast<double>(x) * y;
+        }
+        out[i * m * n + r * n + c] = o.alpha * acc;
+      }
+    }
+  }
+  return out;
+}
+
+// a [B, M, K] and b [B, K, N] stored transposed where the flags say so.
+std::vector<Tensor> bmm_inputs(const BmmOptions& o, uint64_t seed) {
+  const int64_t batch = 3, m = 4, k = 5, n = 2;
+  return {randn(o.trans_a ? Shape{batch, k, m} : Shape{batch, m, k}, seed),
+          randn(o.trans_b ? Shape{batch, n, k} : Shape{batch, k, n}, seed + 1)};
+}
+
+const BmmOptions kBmmCases[] = {
+    {false, false, 1.0f}, {false, true, 0.5f}, {true, false, -2.0f}, {true, true, 1.0f}};
+
+TEST(TransformerOps, BmmMatchesANaiveProductForEveryTransposeCombination) {
+  for (const BmmOptions& o : kBmmCases) {
+    const auto in = bmm_inputs(o, 60);
+    const Tensor out = bmm(in[0], in[1], o);
+    ASSERT_EQ(out.shape(), (Shape{3, 4, 2}));
+    const auto got = out.to_vector<float>();
+    const auto want = naive_bmm(in[0], in[1], o);
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_NEAR(got[i], want[i], 1e-5 * (1.0 + std::fabs(want[i])))
+          << "trans_a " << o.trans_a << " trans_b " << o.trans_b << " element " << i;
+    }
+  }
+}
+
+TEST(TransformerOps, BmmGradientsMatchFiniteDifferences) {
+  for (const BmmOptions& o : kBmmCases) {
+    SCOPED_TRACE(testing::Message() << "trans_a " << o.trans_a << " trans_b " << o.trans_b);
+    gradcheck([o](auto& in) { return F::bmm(in[0], in[1], o); }, bmm_inputs(o, 61), 1e-2, 2e-3);
+  }
+}
+
+TEST(TransformerOps, BmmShapeMismatchNamesBothShapes) {
+  std::string msg = value_error([] { bmm(randn({2, 3, 4}, 1), randn({2, 5, 6}, 2)); });
+  EXPECT_NE(msg.find("a [2, 3, 4] and b [2, 5, 6] do not multiply"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("columns (4) equal to b's rows (5)"), std::string::npos) << msg;
+  msg = value_error([] { bmm(randn({2, 3, 4}, 1), randn({3, 4, 6}, 2)); });
+  EXPECT_NE(msg.find("a [2, 3, 4] and b [3, 4, 6]"), std::string::npos) << msg;
+  msg = value_error([] { bmm(randn({3, 4}, 1), randn({4, 6}, 2)); });
+  EXPECT_NE(msg.find("expects 3-D batches [B, M, K] and [B, K, N], got a [3, 4] and b [4, 6]"),
+            std::string::npos)
+      << msg;
+}
+
+// Uniform logits give every class probability 1 / V: the loss is log V whatever the
+// targets, and the gradient (softmax - onehot) / N is (1/V - [j == target]) / N.
+TEST(TransformerOps, CrossEntropyOfUniformLogitsIsLogV) {
+  const int64_t n = 3, v = 50257;  // GPT-2's vocabulary
+  Tensor logits = full({n, v}, 7.5);
+  set_requires_grad(logits, true);
+  const Tensor targets = from_vector<int64_t>({0, 50256, 1234}, {n});
+  const Tensor loss = F::cross_entropy(logits, targets);
+  EXPECT_NEAR(loss.item<float>(), std::log(static_cast<double>(v)), 1e-5);
+  backward(loss);
+  const auto g = grad(logits).to_vector<float>();
+  const int64_t picked[3] = {0, 50256, 1234};
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t j : {int64_t{0}, int64_t{1}, int64_t{1234}, int64_t{50256}}) {
+      const double want = (1.0 / v - (j == picked[r] ? 1.0 : 0.0)) / n;
+      EXPECT_NEAR(g[r * v + j], want, 1e-7) << "row " << r << " class " << j;
+    }
+  }
+}
+
+TEST(TransformerOps, CrossEntropyMatchesPyTorch) {
+  // /usr/bin/python3 -c "import torch; x = torch.tensor([[1.,-2.,.5,3.],[0.,.25,-1.5,2.],
+  //   [10.,10.,-10.,0.]], requires_grad=True); l = torch.nn.functional.cross_entropy(x,
+  //   torch.tensor([3,0,2])); l.backward(); print(l.item(), x.grad.flatten().tolist())"
+  // (PyTorch 1.13.)
+  Tensor logits = from_vector<float>({1, -2, 0.5f, 3, 0, 0.25f, -1.5f, 2, 10, 10, -10, 0}, {3, 4});
+  set_requires_grad(logits, true);
+  const Tensor loss = F::cross_entropy(logits, from_vector<int64_t>({3, 0, 2}, {3}));
+  EXPECT_NEAR(loss.item<float>(), 7.72919225692749, 1e-5);
+  backward(loss);
+  const std::vector<double> torch_grad = {
+      0.036851245909929276, 0.001834715949371457, 0.02235141023993492,  -0.06103738397359848,
+      -0.2996504008769989,  0.04324973374605179,  0.007515676319599152, 0.24888500571250916,
+      0.16666290163993835,  0.16666290163993835,  -0.3333333432674408,  7.566485692223068e-06};
+  const auto g = grad(logits).to_vector<float>();
+  for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(g[i], torch_grad[i], 1e-6) << "element " << i;
+}
+
+TEST(TransformerOps, CrossEntropyGradientMatchesFiniteDifferences) {
+  const Tensor targets = from_vector<int64_t>({2, 0, 6, 6}, {4});
+  gradcheck([targets](auto& in) { return F::reshape(F::cross_entropy(in[0], targets), {1}); },
+            {scale(randn({4, 7}, 62), 2.0f)}, 1e-2, 2e-3);
+}
+
+TEST(TransformerOps, CrossEntropyTargetOutOfRangeNamesItAndV) {
+  const Tensor logits = randn({2, 5}, 63);
+  std::string msg = value_error([&] {
+    F::cross_entropy(logits, from_vector<int64_t>({1, 5}, {2}));
+  });
+  EXPECT_NE(msg.find("label 5 of row 1 is out of range for 5 classes (valid: 0 to 4)"),
+            std::string::npos)
+      << msg;
+  msg = value_error([&] { F::cross_entropy(logits, from_vector<int64_t>({-1, 0}, {2})); });
+  EXPECT_NE(msg.find("label -1 of row 0"), std::string::npos) << msg;
+}
+
+// A cuda tensor cannot be made on a machine without a GPU; call the entries the
+// ops dispatch to for one directly.
+void expect_pending_on_cuda(const std::string& op, const std::function<void()>& call) {
   try {
-    kernels::cuda::gelu(x, out);
-    FAIL() << "kernels::cuda::gelu did not throw";
+    call();
+    FAIL() << "kernels::cuda::" << op << " did not throw";
   } catch (const DeviceError& e) {
-    EXPECT_NE(std::string(e.what()).find("gelu: not implemented on cuda yet"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find(op + ": not implemented on cuda yet"), std::string::npos)
         << e.what();
   }
+}
+
+TEST(TransformerOps, PendingCudaKernelsSayNotImplementedOnCuda) {
+  const Tensor x = randn({2}, 41);
+  Tensor out = empty({2});
+  expect_pending_on_cuda("gelu", [&] { kernels::cuda::gelu(x, out); });
+  const Tensor m = randn({1, 2, 2}, 42);
+  Tensor mout = empty({1, 2, 2});
+  expect_pending_on_cuda("bmm", [&] { kernels::cuda::bmm(m, m, mout, false, false, 1.0f); });
 }
 
 }  // namespace

@@ -1,11 +1,15 @@
 // CPU kernels of the transformer ops: GELU (tanh approximation), LayerNorm over
 // the last dim, embedding lookup and its scatter-add, softmax / log-softmax along
-// the last dim. Row statistics accumulate in double: rows are up to a few thousand
+// the last dim, batched matmul (one OpenBLAS sgemm per matrix), causal softmax.
+// Row statistics accumulate in double: rows are up to a few thousand
 // wide (d_model, vocabulary) and f32 sums of that length lose digits the finite
 // difference tests and the PyTorch parity tests would see.
 #include "runtime/ops/kernels.h"
 
+#include <cblas.h>
+
 #include <algorithm>
+#include <climits>
 #include <cmath>
 
 namespace ddp::kernels::cpu {
@@ -135,22 +139,49 @@ void embedding_backward(const Tensor& grad, const Tensor& indices, Tensor& grad_
   }
 }
 
+namespace {
+
+// Softmax (or log-softmax) of src[0, d) into dst[0, d); d >= 1.
 // Subtracting the row maximum keeps exp() <= 1: logits of 1e4 stay finite.
+void softmax_row(const float* src, int64_t d, bool log, float* dst) {
+  const float max = *std::max_element(src, src + d);
+  double sum = 0.0;
+  for (int64_t j = 0; j < d; ++j) sum += std::exp(static_cast<double>(src[j] - max));
+  if (log) {
+    const auto log_sum = static_cast<float>(std::log(sum));
+    for (int64_t j = 0; j < d; ++j) dst[j] = src[j] - max - log_sum;
+  } else {
+    const auto inv = static_cast<float>(1.0 / sum);
+    for (int64_t j = 0; j < d; ++j) dst[j] = std::exp(src[j] - max) * inv;
+  }
+}
+
+}  // namespace
+
 void softmax(const Tensor& x, bool log, Tensor& out) {
   const auto [rows, d] = rows_of(x);
   for (int64_t r = 0; r < rows; ++r) {
-    const float* src = x.data<float>() + r * d;
-    float* dst = out.data<float>() + r * d;
-    const float max = *std::max_element(src, src + d);
-    double sum = 0.0;
-    for (int64_t j = 0; j < d; ++j) sum += std::exp(static_cast<double>(src[j] - max));
-    if (log) {
-      const auto log_sum = static_cast<float>(std::log(sum));
-      for (int64_t j = 0; j < d; ++j) dst[j] = src[j] - max - log_sum;
-    } else {
-      const auto inv = static_cast<float>(1.0 / sum);
-      for (int64_t j = 0; j < d; ++j) dst[j] = std::exp(src[j] - max) * inv;
-    }
+    softmax_row(x.data<float>() + r * d, d, log, out.data<float>() + r * d);
+  }
+}
+
+// One sgemm per matrix: Debian 12's OpenBLAS (0.3.21) has no strided batched sgemm,
+// and the matrices of attention ([T, D] x [D, T]) are big enough that the call
+// overhead does not matter.
+void bmm(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool trans_b, float alpha) {
+  const int64_t batch = out.size(0), m = out.size(1), n = out.size(2);
+  const int64_t k = trans_a ? a.size(1) : a.size(2);
+  DDP_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX,
+            "bmm: dimensions m={} n={} k={} exceed the BLAS limit of {}", m, n, k, INT_MAX);
+  const int64_t a_step = a.size(1) * a.size(2), b_step = b.size(1) * b.size(2);
+  const int lda = static_cast<int>(std::max<int64_t>(a.size(2), 1));
+  const int ldb = static_cast<int>(std::max<int64_t>(b.size(2), 1));
+  for (int64_t i = 0; i < batch; ++i) {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), alpha, a.data<float>() + i * a_step, lda,
+                b.data<float>() + i * b_step, ldb, 0.0f, out.data<float>() + i * m * n,
+                static_cast<int>(std::max<int64_t>(n, 1)));
   }
 }
 

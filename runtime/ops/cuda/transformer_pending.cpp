@@ -1,6 +1,7 @@
-// The CUDA entries of the transformer ops (GELU, LayerNorm, embedding, softmax),
-// compiled in every build until their kernels are written: each names itself and
-// says to run on the CPU, rather than leaving a cuda tensor with a wrong result.
+// The CUDA entries of the transformer ops (GELU, LayerNorm, embedding, softmax,
+// bmm, causal softmax), compiled in every build until their kernels are written:
+// each names itself and says to run on the CPU, rather than leaving a cuda tensor with a wrong
+// result.
 #include "runtime/ops/kernels.h"
 
 #define DDP_PENDING_CUDA_KERNEL(op)                                                  \
@@ -34,6 +35,10 @@ void softmax(const Tensor&, bool, Tensor&) {
 }
 void softmax_backward(const Tensor&, const Tensor&, bool, Tensor&) {
   DDP_PENDING_CUDA_KERNEL("softmax_backward");
+}
+
+void bmm(const Tensor&, const Tensor&, Tensor&, bool, bool, float) {
+  DDP_PENDING_CUDA_KERNEL("bmm");
 }
 
 }  // namespace ddp::kernels::cuda
