@@ -239,4 +239,30 @@ Tensor bmm(const Tensor& a, const Tensor& b, const BmmOptions& o) {
   });
 }
 
+Tensor causal_softmax(const Tensor& x) {
+  Tensor y = ddp::causal_softmax(x);
+  // The masked probabilities are exactly 0, so softmax's backward gives them zero
+  // gradient. A view of y, not y itself: y's node holding y would be a cycle.
+  return recorded(y, "CausalSoftmaxBackward", {&x},
+                  [saved = y.reshape(y.shape())](const Tensor& g) {
+                    return std::vector<Tensor>{ddp::softmax_backward(g, saved)};
+                  });
+}
+
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
+  DDP_CHECK(q.dim() == 4 && q.shape() == k.shape() && q.shape() == v.shape(),
+            "causal_attention: q, k and v must share one shape [B, H, T, D], got q {}, k {}, v {}",
+            shape_str(q.shape()), shape_str(k.shape()), shape_str(v.shape()));
+  const int64_t bh = q.size(0) * q.size(1), t = q.size(2), d = q.size(3);
+  DDP_CHECK(d >= 1, "causal_attention: head dim D must be >= 1, got shape {}",
+            shape_str(q.shape()));
+  const Shape flat = {bh, t, d};
+  // Qualified: ADL would also find ddp::bmm and ddp::causal_softmax, which record nothing.
+  const Tensor scores =
+      functional::bmm(functional::reshape(q, flat), functional::reshape(k, flat),
+                      {.trans_b = true, .alpha = 1.0f / std::sqrt(static_cast<float>(d))});
+  const Tensor probs = functional::causal_softmax(scores);
+  return functional::reshape(functional::bmm(probs, functional::reshape(v, flat)), q.shape());
+}
+
 }  // namespace ddp::functional

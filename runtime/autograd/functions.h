@@ -53,5 +53,11 @@ Tensor softmax(const Tensor& x);
 Tensor log_softmax(const Tensor& x);
 // torch.bmm with optional transposes and scale: out[i] = alpha * op(a[i]) op(b[i]).
 Tensor bmm(const Tensor& a, const Tensor& b, const BmmOptions& options = {});
+// Softmax over the last dim of [..., T, T] with columns j > i of row i at probability 0.
+Tensor causal_softmax(const Tensor& x);
+// Causal self-attention of q, k, v [B, H, T, D]:
+// causal_softmax(q k^T / sqrt(D)) v -> [B, H, T, D]. Composed of bmm and
+// causal_softmax, so its backward is theirs; it keeps the [B*H, T, T] probabilities.
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v);
 
 }  // namespace ddp::functional

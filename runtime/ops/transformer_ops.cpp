@@ -188,4 +188,16 @@ Tensor bmm(const Tensor& a, const Tensor& b, const BmmOptions& o) {
   return out;
 }
 
+Tensor causal_softmax(const Tensor& x) {
+  check_same_device({&x});
+  check_f32("causal_softmax", x, "input");
+  DDP_CHECK(x.dim() >= 2 && x.size(-1) == x.size(-2) && x.size(-1) >= 1,
+            "causal_softmax: expects square attention scores [..., T, T] with T >= 1, got shape "
+            "{}",
+            shape_str(x.shape()));
+  Tensor out = like(x);
+  if (out.numel() > 0) DDP_DISPATCH(x.device(), causal_softmax, x, out);
+  return out;
+}
+
 }  // namespace ddp

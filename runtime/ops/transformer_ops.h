@@ -53,4 +53,10 @@ struct BmmOptions {
 // op(b[i]) [K, N] -> out [B, M, N]. a and b 3-D, f32, with the same B.
 Tensor bmm(const Tensor& a, const Tensor& b, const BmmOptions& options = {});
 
+// Softmax along the last dim of x [..., T, T] where row i of every [T, T] matrix
+// only sees columns j <= i: columns j > i get probability exactly 0 (the causal
+// mask of a decoder's self-attention). Its backward is softmax_backward: a zero
+// probability passes zero gradient.
+Tensor causal_softmax(const Tensor& x);
+
 }  // namespace ddp

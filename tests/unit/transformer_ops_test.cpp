@@ -313,6 +313,120 @@ TEST(TransformerOps, CrossEntropyTargetOutOfRangeNamesItAndV) {
   EXPECT_NE(msg.find("label -1 of row 0"), std::string::npos) << msg;
 }
 
+TEST(TransformerOps, CausalSoftmaxMasksTheFutureWithExactZeros) {
+  const Tensor x = scale(randn({2, 4, 4}, 64), 3.0f);
+  const auto v = x.to_vector<float>(), p = causal_softmax(x).to_vector<float>();
+  for (int64_t m = 0; m < 2; ++m) {
+    for (int64_t i = 0; i < 4; ++i) {
+      const int64_t row = (m * 4 + i) * 4;
+      double max = v[row], sum = 0.0;
+      for (int64_t j = 1; j <= i; ++j) max = std::max<double>(max, v[row + j]);
+      for (int64_t j = 0; j <= i; ++j) sum += std::exp(v[row + j] - max);
+      for (int64_t j = 0; j < 4; ++j) {
+        const double want = j <= i ? std::exp(v[row + j] - max) / sum : 0.0;
+        if (j > i) {
+          EXPECT_EQ(p[row + j], 0.0f) << "matrix " << m << " row " << i << " column " << j;
+        } else {
+          EXPECT_NEAR(p[row + j], want, 1e-6) << "matrix " << m << " row " << i << " column " << j;
+        }
+      }
+    }
+  }
+  const std::string msg = value_error([] { causal_softmax(randn({2, 3, 4}, 1)); });
+  EXPECT_NE(msg.find("square attention scores [..., T, T] with T >= 1, got shape [2, 3, 4]"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(TransformerOps, CausalSoftmaxGradientMatchesFiniteDifferences) {
+  gradcheck([](auto& in) { return F::causal_softmax(in[0]); }, {randn({2, 3, 3}, 65)}, 1e-2, 2e-3);
+}
+
+// softmax(q k^T / sqrt(D) + mask) v computed in double, q, k, v [B, H, T, D].
+std::vector<double> naive_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const int64_t bh = q.size(0) * q.size(1), t = q.size(2), d = q.size(3);
+  const auto qv = q.to_vector<float>(), kv = k.to_vector<float>(), vv = v.to_vector<float>();
+  std::vector<double> out(qv.size(), 0.0);
+  for (int64_t h = 0; h < bh; ++h) {
+    const int64_t base = h * t * d;
+    for (int64_t i = 0; i < t; ++i) {
+      std::vector<double> s(static_cast<size_t>(i + 1));
+      double max = -1e300, sum = 0.0;
+      for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t c = 0; c < d; ++c) s[j] += double{qv[base + i * d + c]} * kv[base + j * d + c];
+        s[j] /= std::sqrt(static_cast<double>(d));
+        max = std::max(max, s[j]);
+      }
+      for (int64_t j = 0; j <= i; ++j) sum += (s[j] = std::exp(s[j] - max));
+      for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t c = 0; c < d; ++c) out[base + i * d + c] += s[j] / sum * vv[base + j * d + c];
+      }
+    }
+  }
+  return out;
+}
+
+TEST(TransformerOps, CausalAttentionMatchesANaiveReference) {
+  const Tensor q = randn({2, 2, 5, 3}, 66), k = randn({2, 2, 5, 3}, 67),
+               v = randn({2, 2, 5, 3}, 68);
+  const Tensor out = F::causal_attention(q, k, v);
+  ASSERT_EQ(out.shape(), q.shape());
+  const auto got = out.to_vector<float>();
+  const auto want = naive_attention(q, k, v);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5) << "element " << i;
+  const std::string msg = value_error([&] { F::causal_attention(q, k, randn({2, 2, 4, 3}, 1)); });
+  EXPECT_NE(msg.find("got q [2, 2, 5, 3], k [2, 2, 5, 3], v [2, 2, 4, 3]"), std::string::npos)
+      << msg;
+}
+
+TEST(TransformerOps, CausalAttentionGradientsMatchFiniteDifferences) {
+  gradcheck([](auto& in) { return F::causal_attention(in[0], in[1], in[2]); },
+            {randn({1, 2, 3, 2}, 69), randn({1, 2, 3, 2}, 70), randn({1, 2, 3, 2}, 71)}, 1e-2,
+            2e-3);
+}
+
+// Changing q, k and v at positions > i leaves the output at positions <= i bit for
+// bit unchanged, and the gradient of output position i reaches no input position > i.
+TEST(TransformerOps, CausalAttentionOutputDoesNotDependOnLaterPositions) {
+  const int64_t t = 5, d = 3, cut = 2;  // positions 0..cut kept, cut+1.. changed
+  std::vector<Tensor> in = {randn({1, 2, t, d}, 72), randn({1, 2, t, d}, 73),
+                            randn({1, 2, t, d}, 74)};
+  std::vector<Tensor> changed;
+  for (size_t n = 0; n < in.size(); ++n) {
+    auto values = in[n].to_vector<float>();
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (static_cast<int64_t>(i) / d % t > cut) values[i] += 10.0f * static_cast<float>(n + 1);
+    }
+    changed.push_back(from_vector(values, in[n].shape()));
+  }
+  const auto a = F::causal_attention(in[0], in[1], in[2]).to_vector<float>();
+  const auto b = F::causal_attention(changed[0], changed[1], changed[2]).to_vector<float>();
+  int64_t differ_later = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (static_cast<int64_t>(i) / d % t <= cut) {
+      EXPECT_EQ(a[i], b[i]) << "element " << i << " at position " << i / d % t;
+    } else {
+      differ_later += a[i] != b[i];
+    }
+  }
+  EXPECT_GT(differ_later, 0) << "the change at later positions must reach later outputs";
+
+  for (Tensor& x : in) set_requires_grad(x, true);
+  const Tensor out = F::causal_attention(in[0], in[1], in[2]);
+  std::vector<float> pick(static_cast<size_t>(out.numel()), 0.0f);
+  for (size_t i = 0; i < pick.size(); ++i)
+    pick[i] = static_cast<int64_t>(i) / d % t == cut ? 1.0f : 0.0f;
+  backward(F::sum(F::mul(out, from_vector(pick, out.shape()))));
+  for (size_t n = 0; n < in.size(); ++n) {
+    const auto g = grad(in[n]).to_vector<float>();
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (static_cast<int64_t>(i) / d % t > cut) {
+        EXPECT_EQ(g[i], 0.0f) << "input " << n << " element " << i;
+      }
+    }
+  }
+}
+
 // A cuda tensor cannot be made on a machine without a GPU; call the entries the
 // ops dispatch to for one directly.
 void expect_pending_on_cuda(const std::string& op, const std::function<void()>& call) {
@@ -332,6 +446,7 @@ TEST(TransformerOps, PendingCudaKernelsSayNotImplementedOnCuda) {
   const Tensor m = randn({1, 2, 2}, 42);
   Tensor mout = empty({1, 2, 2});
   expect_pending_on_cuda("bmm", [&] { kernels::cuda::bmm(m, m, mout, false, false, 1.0f); });
+  expect_pending_on_cuda("causal_softmax", [&] { kernels::cuda::causal_softmax(m, mout); });
 }
 
 }  // namespace

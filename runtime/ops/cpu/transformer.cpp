@@ -165,6 +165,18 @@ void softmax(const Tensor& x, bool log, Tensor& out) {
   }
 }
 
+// Row r is row i = r % T of its matrix: the softmax of columns 0..i, exact zeros
+// after (not exp(-inf) of a -inf mask, so no 0 * inf can reach the backward).
+void causal_softmax(const Tensor& x, Tensor& out) {
+  const auto [rows, t] = rows_of(x);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t seen = r % t + 1;
+    float* dst = out.data<float>() + r * t;
+    softmax_row(x.data<float>() + r * t, seen, false, dst);
+    std::fill(dst + seen, dst + t, 0.0f);
+  }
+}
+
 // One sgemm per matrix: Debian 12's OpenBLAS (0.3.21) has no strided batched sgemm,
 // and the matrices of attention ([T, D] x [D, T]) are big enough that the call
 // overhead does not matter.

@@ -40,5 +40,8 @@ void softmax_backward(const Tensor&, const Tensor&, bool, Tensor&) {
 void bmm(const Tensor&, const Tensor&, Tensor&, bool, bool, float) {
   DDP_PENDING_CUDA_KERNEL("bmm");
 }
+void causal_softmax(const Tensor&, Tensor&) {
+  DDP_PENDING_CUDA_KERNEL("causal_softmax");
+}
 
 }  // namespace ddp::kernels::cuda
