@@ -9,11 +9,7 @@ set -euo pipefail
 train=$1
 shift
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-python=${PYTHON:-/usr/bin/python3}
-if ! "$python" -c 'import torch' >/dev/null 2>&1; then
-  echo "SKIPPED: $python cannot import torch (apt-get install python3-torch)"
-  exit 77
-fi
+. "$(dirname "${BASH_SOURCE[0]}")/lib_torch.sh"
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 "$train" --data synthetic --epochs 1 --synthetic-size 2000 --quiet "$@" \

@@ -7,11 +7,7 @@
 # usage: ddprun_torch.sh DDPRUN
 set -uo pipefail
 DDPRUN=$1
-python=${PYTHON:-/usr/bin/python3}
-if ! "$python" -c "import torch.distributed" 2>/dev/null; then
-  echo "SKIPPED: $python cannot import torch (apt-get install python3-torch)"
-  exit 77
-fi
+. "$(dirname "${BASH_SOURCE[0]}")/lib_torch.sh"
 . "$(dirname "$0")/lib_ddprun.sh" "$DDPRUN" none
 script="$(dirname "$0")/torch_ddp_script.py"
 # every rank printed its line: ok_ranks LOG WORLD RESTART

@@ -10,11 +10,7 @@
 set -euo pipefail
 gpt_tensors=$1
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-python=${PYTHON:-/usr/bin/python3}
-if ! "$python" -c 'import torch' >/dev/null 2>&1; then
-  echo "SKIPPED: $python cannot import torch (apt-get install python3-torch)"
-  exit 77
-fi
+. "$(dirname "${BASH_SOURCE[0]}")/lib_torch.sh"
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 
