@@ -200,4 +200,53 @@ Tensor causal_softmax(const Tensor& x) {
   return out;
 }
 
+namespace {
+// Checks qkv [B, T, 3C] with C = heads * D, D >= 1; returns C.
+int64_t attention_width(const Tensor& qkv, int64_t heads) {
+  check_f32("causal_self_attention", qkv, "qkv");
+  DDP_CHECK(heads >= 1, "causal_self_attention: heads must be >= 1, got {}", heads);
+  DDP_CHECK(qkv.dim() == 3 && qkv.size(2) % (3 * heads) == 0 && qkv.size(2) > 0,
+            "causal_self_attention: expects packed projections qkv [B, T, 3C] with C divisible "
+            "by heads = {}, got shape {}",
+            heads, shape_str(qkv.shape()));
+  return qkv.size(2) / 3;
+}
+}  // namespace
+
+AttentionResult causal_self_attention(const Tensor& qkv, int64_t heads) {
+  check_same_device({&qkv});
+  const int64_t c = attention_width(qkv, heads), b = qkv.size(0), t = qkv.size(1);
+  AttentionResult r{empty({b, t, c}, {.device = qkv.device()}),
+                    empty({b, heads, t, t}, {.device = qkv.device()})};
+  if (r.y.numel() > 0) DDP_DISPATCH(qkv.device(), attention_forward, qkv, heads, r.y, r.probs);
+  return r;
+}
+
+Tensor causal_self_attention_backward(const Tensor& grad_y, const Tensor& qkv,
+                                      const Tensor& probs, int64_t heads) {
+  check_same_device({&grad_y, &qkv, &probs});
+  const int64_t c = attention_width(qkv, heads), b = qkv.size(0), t = qkv.size(1);
+  DDP_CHECK(grad_y.shape() == Shape({b, t, c}) && probs.shape() == Shape({b, heads, t, t}),
+            "causal_self_attention_backward: qkv {} with {} heads expects grad_y [{}, {}, {}] "
+            "and probs [{}, {}, {}, {}], got {} and {}",
+            shape_str(qkv.shape()), heads, b, t, c, b, heads, t, t, shape_str(grad_y.shape()),
+            shape_str(probs.shape()));
+  Tensor grad_qkv = like(qkv);
+  if (grad_qkv.numel() > 0)
+    DDP_DISPATCH(qkv.device(), attention_backward, grad_y, qkv, probs, heads, grad_qkv);
+  return grad_qkv;
+}
+
+Tensor sum_squares(const Tensor& x) {
+  check_same_device({&x});
+  check_f32("sum_squares", x, "input");
+  Tensor out = empty({}, {.device = x.device()});
+  if (x.numel() == 0) {
+    fill_(out, 0.0);
+  } else {
+    DDP_DISPATCH(x.device(), sum_squares, x, out);
+  }
+  return out;
+}
+
 }  // namespace ddp

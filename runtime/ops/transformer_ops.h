@@ -59,4 +59,32 @@ Tensor bmm(const Tensor& a, const Tensor& b, const BmmOptions& options = {});
 // probability passes zero gradient.
 Tensor causal_softmax(const Tensor& x);
 
+
+// Note [packed attention]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// A GPT block's c_attn projection gives qkv [B, T, 3C]: q, k and v side by side along
+// the last dim, head h at columns h*D .. h*D+D-1 of each third (C = heads * D), as
+// nanoGPT's split + view(B, T, H, D).transpose(1, 2) reads it. Our tensors are always
+// contiguous, so that transpose would be a copy (four per block forward, four more in
+// backward). The attention kernels read each head where it lies instead: a head's
+// q, k, v are [T, D] matrices with a leading dimension of 3C, and its output goes to
+// y's columns h*D .. with leading dimension C, so y [B, T, C] is already the layout
+// c_proj multiplies (nanoGPT's transpose(1, 2).contiguous().view(B, T, C)).
+// probs [B, H, T, T] = causal_softmax(q k^T / sqrt(D)) is kept for the backward
+// (attention dropout, when the model has dropout, is not applied to it: see
+// models/gpt.h).
+struct AttentionResult {
+  Tensor y;      // [B, T, C]
+  Tensor probs;  // [B, H, T, T], exact zeros above each diagonal
+};
+// qkv f32 [B, T, 3C] with C divisible by heads; throws ValueError naming the shape.
+AttentionResult causal_self_attention(const Tensor& qkv, int64_t heads);
+// grad_qkv [B, T, 3C] from grad_y [B, T, C] and the forward's qkv and probs.
+Tensor causal_self_attention_backward(const Tensor& grad_y, const Tensor& qkv,
+                                      const Tensor& probs, int64_t heads);
+
+// The sum of x's squared elements (f32, any shape) as a scalar tensor on x's device:
+// gradient-norm clipping's ||g||^2 without a temporary of g's size.
+Tensor sum_squares(const Tensor& x);
+
 }  // namespace ddp

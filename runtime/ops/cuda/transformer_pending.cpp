@@ -44,4 +44,14 @@ void causal_softmax(const Tensor&, Tensor&) {
   DDP_PENDING_CUDA_KERNEL("causal_softmax");
 }
 
+void attention_forward(const Tensor&, int64_t, Tensor&, Tensor&) {
+  DDP_PENDING_CUDA_KERNEL("attention_forward");
+}
+void attention_backward(const Tensor&, const Tensor&, const Tensor&, int64_t, Tensor&) {
+  DDP_PENDING_CUDA_KERNEL("attention_backward");
+}
+void sum_squares(const Tensor&, Tensor&) {
+  DDP_PENDING_CUDA_KERNEL("sum_squares");
+}
+
 }  // namespace ddp::kernels::cuda
