@@ -140,6 +140,29 @@ void save_checkpoint(const std::string& path, const nn::Module& model,
                     {"skipped_steps", std::to_string(info.skipped_steps)}});
 }
 
+std::string read_checkpoint_model(const std::string& path) {
+  std::error_code ec;
+  DDP_CHECK(std::filesystem::exists(path, ec), "{}: no such file", path);
+  const auto meta = read_metadata(path);
+  DDP_CHECK(meta.count("format") != 0 && meta.at("format") == kCheckpointFormat,
+            "{}: not a checkpoint written by train --save (no metadata format {})", path,
+            kCheckpointFormat);
+  return meta_str(meta, path, "model");
+}
+
+void load_model_weights(const std::string& path, nn::Module& model) {
+  const SafetensorsFile f = load_safetensors(path);
+  nn::NamedTensors state;
+  for (const auto& [name, t] : f.tensors) {
+    if (!name.starts_with(kOptimizerPrefix)) state.emplace_back(name, t);
+  }
+  try {
+    model.load_state_dict(state);
+  } catch (const ValueError& e) {
+    throw ValueError(fmt::format("{}: {}", path, e.what()));
+  }
+}
+
 CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model,
                                optim::Optimizer& optimizer, const std::string& expected_model) {
   const SafetensorsFile f = load_safetensors(path);

@@ -48,6 +48,13 @@ std::optional<CheckpointHeader> read_checkpoint_header(const std::string& path);
 void save_checkpoint(const std::string& path, const nn::Module& model,
                      const optim::Optimizer& optimizer, const CheckpointInfo& info,
                      std::vector<std::string>* removed = nullptr);
+// The "model" of a train checkpoint's metadata (models::describe or a gpt spec),
+// read from its header; ValueError naming the path when it is not one.
+std::string read_checkpoint_model(const std::string& path);
+// Loads the model's tensors alone (the optimizer's are left out), strictly: every
+// tensor of the model present with its shape. ValueError naming the path otherwise.
+void load_model_weights(const std::string& path, nn::Module& model);
+
 // Loads model and optimizer state in place; throws ValueError naming the file when it
 // was written for another model or optimizer, or tensors are missing or mis-shaped.
 // Files without the mid-epoch fields (older ones) load as epoch boundaries.

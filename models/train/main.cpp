@@ -1,4 +1,5 @@
-// train: trains a model of the zoo on one device. See --help and docs/train.md.
+// train: trains a model of the zoo (mlp, cnn, gpt) on one device or under a launcher. See --help
+// and docs/train.md.
 #include "models/train/train_options.h"
 #include "models/train/trainer.h"
 #include "runtime/error.h"
@@ -30,16 +31,29 @@ int main(int argc, char** argv) {
       return 0;
     }
     const auto& last = result.epochs.back();
-    double best = 0, rate = 0;
+    double best = 0, best_loss = last.val_loss, rate = 0, token_rate = 0;
     for (const auto& m : result.epochs) {
       best = std::max(best, m.test_acc);
+      best_loss = std::min(best_loss, m.val_loss);
       rate += m.samples_per_s / static_cast<double>(result.epochs.size());
+      token_rate += m.tokens_per_s / static_cast<double>(result.epochs.size());
+    }
+    const std::string checkpoint = options->save.empty() ? "" : "; checkpoint " + options->save;
+    if (last.language) {
+      std::cout << fmt::format(
+          "summary: {} epoch(s), {} steps on {} in {:.1f} s; final val_loss {:.4f} nats "
+          "(val_bpb {:.4f}; the validation bytes' bigram entropy is {:.4f}, unigram {:.4f} "
+          "bits/byte), best val_loss {:.4f}; train_loss {:.4f}; {:.0f} tokens/s{}\n",
+          result.epochs.size(), result.steps, result.device.str(), result.total_s, last.val_loss,
+          last.val_bpb, last.bigram_bits, last.unigram_bits, best_loss, last.train_loss, token_rate,
+          checkpoint);
+      return 0;
     }
     std::cout << fmt::format(
         "summary: {} epochs on {} in {:.1f} s; final test_acc {:.4f} (best {:.4f}); "
         "train_loss {:.4f}; {:.0f} samples/s{}\n",
         result.epochs.size(), result.device.str(), result.total_s, last.test_acc, best,
-        last.train_loss, rate, options->save.empty() ? "" : "; checkpoint " + options->save);
+        last.train_loss, rate, checkpoint);
     return 0;
   } catch (const ddp::Error& e) {
     std::cerr << "train: error: " << e.what() << "\n";

@@ -99,14 +99,21 @@ MetricsLog::MetricsLog(const std::string& path, const std::optional<RunPosition>
 void MetricsLog::write(const EpochMetrics& m, int64_t step, int world_size,
                        const std::string& mode) {
   if (!file_.is_open()) return;
+  // Language models: their evaluation in place of test_acc (docs/train.md).
+  const std::string evaluation =
+      m.language ? fmt::format(
+                       "\"val_loss\": {:.6f}, \"val_bpb\": {:.6f}, \"tokens_per_s\": {:.1f}, "
+                       "\"unigram_bits\": {:.4f}, \"bigram_bits\": {:.4f}",
+                       m.val_loss, m.val_bpb, m.tokens_per_s, m.unigram_bits, m.bigram_bits)
+                 : fmt::format("\"test_acc\": {:.6f}", m.test_acc);
   file_ << fmt::format(
-      "{{\"epoch\": {}, \"step\": {}, \"train_loss\": {:.6f}, \"test_acc\": {:.6f}, "
+      "{{\"epoch\": {}, \"step\": {}, \"train_loss\": {:.6f}, {}, "
       "\"samples_per_s\": {:.1f}, \"step_ms\": {:.4f}, \"time_s\": {:.3f}, \"lr\": {}, "
       "\"steps\": {}, \"skipped_steps\": {}, \"world_size\": {}, \"mode\": \"{}\", "
       "\"data_ms\": {:.4f}, \"forward_ms\": {:.4f}, \"backward_ms\": {:.4f}, "
       "\"comm_exposed_ms\": {:.4f}, \"optimizer_ms\": {:.4f}, \"comm_ms\": {:.4f}, "
       "\"overlap\": {:.4f}}}\n",
-      m.epoch, step, m.train_loss, m.test_acc, m.samples_per_s, m.step_ms, m.time_s, m.lr, m.steps,
+      m.epoch, step, m.train_loss, evaluation, m.samples_per_s, m.step_ms, m.time_s, m.lr, m.steps,
       m.skipped_steps, world_size, mode, m.data_ms, m.forward_ms, m.backward_ms, m.comm_exposed_ms,
       m.optimizer_ms, m.comm_ms, m.overlap());
   file_.flush();

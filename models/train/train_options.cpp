@@ -1,10 +1,13 @@
 #include "models/train/train_options.h"
 
+#include "models/gpt_config.h"
+#include "runtime/data/text_corpus.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
 
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -13,29 +16,44 @@ namespace ddp::train {
 
 const char* const kTrainUsage = R"(usage: train [options]
 
-Trains a model of the zoo on Fashion-MNIST (or synthetic data) on one device.
+Trains a model of the zoo on Fashion-MNIST (or synthetic data), or a GPT
+language model on the Brown corpus, on one device or under ddprun.
 
 model and data:
-  --model mlp|cnn          model to train (default mlp)
+  --model mlp|cnn|gpt-tiny|gpt-mini|gpt2|gpt:layers=L,d=D,heads=H,ctx=T
+                           model to train (default mlp); the gpt models change
+                           the defaults marked [gpt] (docs/train.md)
   --hidden N[,N...]        mlp hidden layer sizes (default 256: 784-256-10)
   --data DIR|synthetic     Fashion-MNIST folder with the four IDX .gz files
                            (default /usr/share/datasets/fashion-mnist), or a
-                           learnable synthetic data set
+                           learnable synthetic data set; [gpt] the Brown corpus
+                           folder (default $DDP_BROWN_DIR, else
+                           /usr/share/datasets/brown), or a synthetic stream
   --synthetic-size N       training samples of --data synthetic (default 10000)
 optimisation:
-  --epochs N               passes over the training data (default 10)
-  --batch-size N           samples per step (default 64)
-  --lr X                   learning rate (default 0.02)
-  --optimizer sgd|adamw    (default sgd)
+  --epochs N               passes over the training data (default 10; [gpt] 1)
+  --batch-size N           samples per step and rank (default 64; [gpt] 16
+                           sequences of the model's context)
+  --lr X                   learning rate (default 0.02; [gpt] 0.001)
+  --optimizer sgd|adamw    (default sgd; [gpt] adamw, betas 0.9, 0.99, weight
+                           decay on the 2-D weights only)
   --momentum X             SGD momentum (default 0.9)
   --nesterov               SGD with Nesterov momentum
-  --weight-decay X         (default 0; AdamW applies it decoupled)
+  --weight-decay X         (default 0; [gpt] 0.1; AdamW applies it decoupled)
   --lr-schedule constant|step|cosine
-                           step: x0.1 every 3 epochs; cosine: to 0 over the run
-                           (default cosine)
-  --warmup-steps N         linear warmup steps for cosine (default 0)
+                           step: x0.1 every 3 epochs; cosine: to 0 ([gpt] to
+                           lr/10) over the run's steps (default cosine)
+  --warmup-steps N         linear warmup steps for cosine (default 0; [gpt] a
+                           tenth of the run, at most 100)
+  --clip-grad-norm X       scale the gradients down to a global L2 norm of at
+                           most X before each update (default 0: off; [gpt] 1)
   --seed N                 model initialisation and shuffling (default 0)
-  --max-steps N            stop each epoch after N steps (default: no limit)
+  --max-steps N            stop each epoch after N steps (default: no limit);
+                           the schedule spans the steps the run takes
+  --eval-every N           [gpt] evaluate every N steps too (default 200; 0:
+                           at epoch ends only)
+  --eval-batches N         [gpt] validation batches per rank and evaluation
+                           (default 20; 0: the whole validation split)
 device and files:
   --device auto|cpu|cpu:N|cuda|cuda:N|mps
                            (default auto: cuda, then mps, then cpu; DDP_DEVICE
@@ -119,7 +137,11 @@ const std::map<std::string, Setter>& setters() {
   static const std::map<std::string, Setter> table = {
       {"--model",
        [](auto& o, auto& v) {
-         check_choice("--model", v, {"mlp", "cnn"});
+         if (models::is_gpt_model(v)) {
+           models::gpt_config(v);  // a bad spec is a usage error, named now
+         } else {
+           check_choice("--model", v, {"mlp", "cnn", "gpt-tiny", "gpt-mini", "gpt2", "gpt:..."});
+         }
          o.model.name = v;
        }},
       {"--hidden", [](auto& o, auto& v) { o.model.hidden = models::parse_hidden(v); }},
@@ -145,6 +167,12 @@ const std::map<std::string, Setter>& setters() {
        }},
       {"--warmup-steps",
        [](auto& o, auto& v) { o.warmup_steps = parse_number<int64_t>("--warmup-steps", v); }},
+      {"--clip-grad-norm",
+       [](auto& o, auto& v) { o.clip_grad_norm = parse_number<float>("--clip-grad-norm", v); }},
+      {"--eval-every",
+       [](auto& o, auto& v) { o.eval_every = parse_number<int64_t>("--eval-every", v); }},
+      {"--eval-batches",
+       [](auto& o, auto& v) { o.eval_batches = parse_number<int64_t>("--eval-batches", v); }},
       {"--seed", [](auto& o, auto& v) { o.seed = parse_number<uint64_t>("--seed", v); }},
       {"--max-steps",
        [](auto& o, auto& v) { o.max_steps = parse_number<int64_t>("--max-steps", v); }},
@@ -186,6 +214,36 @@ const std::map<std::string, Setter>& setters() {
   return table;
 }
 
+// Note [gpt defaults]: nanoGPT's recipe for small character-level models, the
+// nearest to ours (bytes, 1-10M parameters): AdamW with betas (0.9, 0.99) (a
+// shorter second-moment memory for small batches of tokens), weight decay 0.1 on
+// the 2-D weights, lr 1e-3 with a linear warmup and a cosine decay to lr/10,
+// gradients clipped to norm 1. An epoch of the corpus's 5.4 MB is long on a CPU
+// (1300 steps of 16 windows of 256 bytes for gpt-mini), so --epochs is 1 and
+// --max-steps, when given, ends the run. Batches of 16 sequences keep a gpt-mini
+// step near a second here. A flag given on the command line always wins.
+void apply_model_defaults(TrainOptions& o) {
+  const auto unset = [&](const char* flag) { return o.given.count(flag) == 0; };
+  if (!models::is_gpt_model(o.model.name)) {
+    if (unset("--eval-every")) o.eval_every = 0;
+    return;
+  }
+  if (unset("--data")) {
+    const char* dir = std::getenv("DDP_BROWN_DIR");
+    o.data = dir != nullptr && *dir != '\0' ? dir : kBrownCorpusDir;
+  }
+  if (unset("--epochs")) o.epochs = 1;
+  if (unset("--batch-size")) o.batch_size = 16;
+  if (unset("--optimizer")) o.optimizer = "adamw";
+  if (unset("--lr")) o.lr = 1e-3f;
+  if (unset("--weight-decay")) o.weight_decay = 0.1f;
+  if (unset("--clip-grad-norm")) o.clip_grad_norm = 1.0f;
+  if (unset("--eval-every")) o.eval_every = 200;
+  o.auto_warmup = unset("--warmup-steps");
+  o.min_lr_fraction = 0.1f;
+  o.beta2 = 0.99f;
+}
+
 void validate(const TrainOptions& o) {
   DDP_CHECK(o.epochs >= 1, "--epochs {}: must be at least 1", o.epochs);
   DDP_CHECK(o.batch_size >= 1, "--batch-size {}: must be at least 1", o.batch_size);
@@ -199,6 +257,20 @@ void validate(const TrainOptions& o) {
             "--log-every, --max-steps and --warmup-steps must be >= 0");
   DDP_CHECK(o.bucket_cap_mb > 0, "--bucket-cap-mb {}: must be positive (MiB, e.g. 25)",
             o.bucket_cap_mb);
+  DDP_CHECK(o.clip_grad_norm >= 0, "--clip-grad-norm {}: must be >= 0 (0: off)", o.clip_grad_norm);
+  DDP_CHECK(o.eval_every >= 0 && o.eval_batches >= 0,
+            "--eval-every {} and --eval-batches {}: must be >= 0", o.eval_every, o.eval_batches);
+  const bool gpt = models::is_gpt_model(o.model.name);
+  DDP_CHECK(gpt || (o.given.count("--eval-every") == 0 && o.given.count("--eval-batches") == 0),
+            "--eval-every and --eval-batches are for the gpt models (--model {} is evaluated by "
+            "test accuracy at each epoch's end)",
+            o.model.name);
+  DDP_CHECK(!gpt || o.mode != "dp",
+            "--mode dp runs the mlp and cnn only; train --model {} with ddprun (--mode ddp)",
+            o.model.name);
+  DDP_CHECK(!gpt || o.given.count("--hidden") == 0,
+            "--hidden sets the mlp's layers; a gpt model's size is its spec, e.g. --model "
+            "gpt:layers=4,d=128,heads=4,ctx=128");
   DDP_CHECK(o.grad_accum >= 1, "--grad-accum {}: must be at least 1", o.grad_accum);
   DDP_CHECK(o.save_every >= 0, "--save-every {}: must be >= 0 (steps; 0: at epoch ends only)",
             o.save_every);
@@ -246,7 +318,9 @@ std::optional<TrainOptions> parse_train_args(int argc, const char* const* argv) 
       value = argv[++i];
     }
     it->second(o, value);
+    o.given.insert(arg);
   }
+  apply_model_defaults(o);
   validate(o);
   return o;
 }

@@ -6,13 +6,15 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 
 namespace ddp::train {
 
 struct TrainOptions {
   models::ModelConfig model;
-  std::string data = "/usr/share/datasets/fashion-mnist";  // or "synthetic"
+  // mlp | cnn: Fashion-MNIST's folder; gpt: the Brown corpus's; or "synthetic".
+  std::string data = "/usr/share/datasets/fashion-mnist";
   int64_t synthetic_size = 10000;  // training samples of --data synthetic (test: a fifth)
   int64_t epochs = 10;
   int64_t batch_size = 64;
@@ -23,6 +25,16 @@ struct TrainOptions {
   float weight_decay = 0.0f;
   std::string lr_schedule = "cosine";  // constant | step | cosine
   int64_t warmup_steps = 0;
+  bool auto_warmup = false;      // gpt without --warmup-steps: a tenth of the run, at most 100
+  float min_lr_fraction = 0.0f;  // cosine ends at lr x this (gpt: 0.1, as nanoGPT)
+  // Global gradient-norm clipping before each update (0: off); gpt default 1.0.
+  float clip_grad_norm = 0.0f;
+  // AdamW's betas (not flags): torch's (0.9, 0.999), for gpt nanoGPT's (0.9, 0.99).
+  float beta1 = 0.9f, beta2 = 0.999f;
+  // Language models (docs/train.md): an evaluation every N steps (0: at epoch
+  // ends only) over at most this many validation batches per rank (0: all).
+  int64_t eval_every = 0;
+  int64_t eval_batches = 20;
   uint64_t seed = 0;
   std::string device = "auto";        // auto | cpu | cpu:N | cuda | cuda:N | mps
   std::string save;                   // checkpoint written after every epoch (and --save-every)
@@ -44,6 +56,7 @@ struct TrainOptions {
   int64_t grad_accum = 1;          // micro-batches per optimizer step (ddp: all but the last
                                    // under no_sync()); --batch-size is the micro-batch
   bool sync_timing = false;        // not a flag: bench train sets it to time CUDA phases
+  std::set<std::string> given;     // the flags on the command line (model defaults skip them)
 };
 
 // Throws ValueError (the caller prints it with the usage and exits 2).

@@ -6,8 +6,8 @@
 #include "models/train/checkpoint.h"
 #include "models/train/nonfinite.h"
 #include "models/train/run_log.h"
+#include "models/train/task.h"
 #include "runtime/autograd/functions.h"
-#include "runtime/data/loader.h"
 #include "runtime/logging.h"
 #include "runtime/ops/ops.h"
 #include "runtime/stream.h"
@@ -30,91 +30,46 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-struct Data {
-  Dataset train, test;
-};
-
-Data load_data(const TrainOptions& o) {
-  if (o.data == "synthetic") {
-    SyntheticOptions s{.n = o.synthetic_size, .seed = 1234, .noise = 6.0f, .split = Split::train};
-    Data d{make_synthetic(s), {}};
-    s.n = std::max<int64_t>(o.synthetic_size / 5, 10);
-    s.split = Split::test;
-    d.test = make_synthetic(s);
-    return d;
-  }
-  return {load_fashion_mnist(o.data, Split::train), load_fashion_mnist(o.data, Split::test)};
-}
-
-std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& o, const nn::Module& model) {
-  if (o.optimizer == "adamw") {
-    return std::make_unique<optim::AdamW>(
-        model.parameters(), optim::AdamWOptions{.lr = o.lr, .weight_decay = o.weight_decay});
-  }
-  return std::make_unique<optim::SGD>(model.parameters(),
-                                      optim::SgdOptions{.lr = o.lr,
-                                                        .momentum = o.momentum,
-                                                        .weight_decay = o.weight_decay,
-                                                        .nesterov = o.nesterov});
-}
-
-// micro_batches: the loader's batches per epoch on this rank; the schedule counts
-// optimizer steps, grad_accum micro-batches each.
+// micro_batches: the task's batches per epoch on this rank; the schedule counts
+// optimizer steps, grad_accum micro-batches each. Note [schedule span]: cosine
+// spans the steps the run takes, --max-steps included (it stops every epoch
+// there), so a short run decays fully rather than stopping near the peak.
 optim::LrSchedule make_schedule(const TrainOptions& o, int64_t micro_batches) {
-  const int64_t steps_per_epoch = micro_batches / o.grad_accum;
+  const int64_t available = micro_batches / o.grad_accum;
+  const int64_t steps_per_epoch = o.max_steps > 0 ? std::min(o.max_steps, available) : available;
   optim::LrSchedule s;
   s.kind = optim::LrSchedule::parse_kind(o.lr_schedule);
   s.base_lr = o.lr;
   s.step_size = 3 * steps_per_epoch;
   s.gamma = 0.1f;
-  s.warmup_steps = o.warmup_steps;
   s.total_steps = o.epochs * steps_per_epoch;
+  s.warmup_steps = o.auto_warmup ? std::min<int64_t>(100, s.total_steps / 10) : o.warmup_steps;
+  s.min_lr = o.lr * o.min_lr_fraction;
   return s;
-}
-
-// comm (world size > 1): every rank evaluates its shard; correct and total are summed.
-double evaluate(nn::Module& model, DataLoader& loader, Communicator* comm) {
-  NoGradGuard no_grad;
-  model.eval();
-  loader.start_epoch(0);
-  int64_t correct = 0, total = 0;
-  Batch batch;
-  while (loader.next(batch)) {
-    const auto predicted = argmax(model(batch.inputs), 1).to_vector<int64_t>();
-    const auto labels = batch.labels.to_vector<int64_t>();
-    for (size_t i = 0; i < labels.size(); ++i) correct += predicted[i] == labels[i] ? 1 : 0;
-    total += static_cast<int64_t>(labels.size());
-  }
-  model.train();
-  if (comm != nullptr) {
-    Tensor counts = from_vector<int64_t>({correct, total}, {2},
-                                         {.dtype = DType::i64, .device = comm->device()});
-    comm->all_reduce(counts)->wait();
-    const auto summed = counts.to_vector<int64_t>();
-    correct = summed[0];
-    total = summed[1];
-  }
-  return total == 0 ? 0.0 : static_cast<double>(correct) / static_cast<double>(total);
 }
 
 class Progress {
  public:
-  Progress(const TrainOptions& o, std::ostream& out)
-      : out_(out), quiet_(o.quiet), every_(o.log_every), bar_(o.log_every == 0 && isatty(2)) {}
+  Progress(const TrainOptions& o, std::ostream& out, const char* unit)
+      : out_(out),
+        quiet_(o.quiet),
+        every_(o.log_every),
+        bar_(o.log_every == 0 && isatty(2)),
+        unit_(unit) {}
   void step(int64_t epoch, int64_t epochs, int64_t step, int64_t steps, double loss, double rate) {
     if (quiet_) return;
     if (bar_ && (step % 10 == 0 || step == steps)) {
       const int width = 30;
       const int filled = static_cast<int>(width * step / std::max<int64_t>(steps, 1));
-      std::fprintf(stderr, "\repoch %lld/%lld [%s%s] %lld/%lld loss %.4f %.0f samples/s ",
+      std::fprintf(stderr, "\repoch %lld/%lld [%s%s] %lld/%lld loss %.4f %.0f %s/s ",
                    static_cast<long long>(epoch), static_cast<long long>(epochs),
                    std::string(static_cast<size_t>(filled), '#').c_str(),
                    std::string(static_cast<size_t>(width - filled), '.').c_str(),
-                   static_cast<long long>(step), static_cast<long long>(steps), loss, rate);
+                   static_cast<long long>(step), static_cast<long long>(steps), loss, rate, unit_);
       if (step == steps) std::fprintf(stderr, "\r%*s\r", 90, "");
     } else if (!bar_ && every_ > 0 && step % every_ == 0) {
-      out_ << fmt::format("epoch {} step {}/{} loss {:.4f} {:.0f} samples/s\n", epoch, step, steps,
-                          loss, rate);  // stdout is line-buffered (main.cpp)
+      out_ << fmt::format("epoch {} step {}/{} loss {:.4f} {:.0f} {}/s\n", epoch, step, steps, loss,
+                          rate, unit_);  // stdout is line-buffered (main.cpp)
     }
   }
 
@@ -123,6 +78,7 @@ class Progress {
   bool quiet_;
   int64_t every_;
   bool bar_;
+  const char* unit_;  // samples | tokens
 };
 
 // Testing aids (docs/train.md, "Fault injection"): DDP_TEST_KILL_AT=RANK:STEP
@@ -161,27 +117,27 @@ struct Run {
   const TrainOptions& o;
   std::ostream& out;
   Device device;
-  models::ModelConfig config;
-  std::shared_ptr<nn::Sequential> model;
-  std::unique_ptr<optim::Optimizer> optimizer;
-  optim::LrSchedule schedule;
+  std::unique_ptr<Task> task{};
+  std::shared_ptr<nn::Module> model{};
+  std::unique_ptr<optim::Optimizer> optimizer{};
+  optim::LrSchedule schedule{};
   int64_t first_epoch = 0;
   // World size > 1 only (launched by ddprun, mpirun, srun): the process group and
   // the model wrapped in DistributedDataParallel.
   ProcessGroup* pg = nullptr;
-  std::unique_ptr<DistributedDataParallel> ddp;
+  std::unique_ptr<DistributedDataParallel> ddp{};
   int world_size = 1;
   std::string mode = "single";  // single | ddp | dp
   // --mode dp: the model wrapped in DataParallel over --devices (device = devices[0]).
-  std::unique_ptr<DataParallel> dp;
+  std::unique_ptr<DataParallel> dp{};
   // Where the run stands (Note [resume mid-epoch] in checkpoint.cpp).
-  int64_t step = 0;        // training steps of the whole run, skipped ones included
-  CheckpointInfo resumed;  // epoch, epoch_step and epoch_loss_sum to start from
+  int64_t step = 0;          // training steps of the whole run, skipped ones included
+  CheckpointInfo resumed{};  // epoch, epoch_step and epoch_loss_sum to start from
   bool did_resume = false;
-  std::unique_ptr<MetricsLog> metrics;
-  std::unique_ptr<LossLog> loss_log;
-  std::unique_ptr<NonfiniteCheck> nonfinite;
-  TestFaults faults;
+  std::unique_ptr<MetricsLog> metrics{};
+  std::unique_ptr<LossLog> loss_log{};
+  std::unique_ptr<NonfiniteCheck> nonfinite{};
+  TestFaults faults{};
 };
 
 // Times the phases of a step; on CUDA a lap synchronizes the device first when
@@ -212,8 +168,7 @@ struct PhaseTotals {
 // mean over the step's samples; then the non-finite check and the optimizer's
 // update, unless the check skips it. Returns the samples this rank used (0: the
 // loader ran out). `step_loss` gets the step's loss (the sum of its micro-batches').
-int64_t train_step(Run& r, DataLoader& loader, Tensor& step_loss, Tensor& last_loss, PhaseTotals& t,
-                   int64_t epoch) {
+int64_t train_step(Run& r, Tensor& step_loss, Tensor& last_loss, PhaseTotals& t, int64_t epoch) {
   const int64_t k = r.o.grad_accum;
   const int64_t step = r.step + 1;
   PhaseClock clock(r.device, r.o.sync_timing);
@@ -222,7 +177,7 @@ int64_t train_step(Run& r, DataLoader& loader, Tensor& step_loss, Tensor& last_l
   step_loss = Tensor();
   Batch batch;
   for (int64_t m = 0; m < k; ++m) {
-    if (!loader.next(batch)) return 0;
+    if (!r.task->next(batch)) return 0;
     t.data += clock.lap();
     const bool sync = m + 1 == k;
     Tensor logits;
@@ -235,7 +190,7 @@ int64_t train_step(Run& r, DataLoader& loader, Tensor& step_loss, Tensor& last_l
     } else {
       logits = (*r.model)(batch.inputs);
     }
-    Tensor loss = functional::cross_entropy(logits, batch.labels);
+    Tensor loss = r.task->loss(logits, batch);
     if (k > 1) loss = functional::scale(loss, 1.0f / static_cast<float>(k));
     if (sync && step == r.faults.nan_step) {
       loss = functional::scale(loss, std::numeric_limits<float>::quiet_NaN());
@@ -257,6 +212,9 @@ int64_t train_step(Run& r, DataLoader& loader, Tensor& step_loss, Tensor& last_l
     samples += batch.labels.size(0);
   }
   if (!r.nonfinite->after_backward(step, epoch + 1, step_loss, r.model->parameters())) {
+    // After DDP's all_reduce has been waited for: every rank clips the same
+    // averaged gradients by the same norm.
+    if (r.o.clip_grad_norm > 0) optim::clip_grad_norm_(r.model->parameters(), r.o.clip_grad_norm);
     r.optimizer->set_lr(r.schedule.lr_at(r.optimizer->steps()));
     r.optimizer->step();
   }
@@ -271,7 +229,7 @@ void save(Run& r, int64_t completed, int64_t epoch_step, const Tensor& loss_sum,
           int64_t loss_count) {
   if (r.o.save.empty()) return;
   r.loss_log->flush();  // Note [rows cut back] in run_log.cpp
-  CheckpointInfo info{models::describe(r.config),
+  CheckpointInfo info{r.task->model_spec(),
                       r.optimizer->name(),
                       completed,
                       r.step,
@@ -290,8 +248,7 @@ void save(Run& r, int64_t completed, int64_t epoch_step, const Tensor& loss_sum,
 
 // Note [resume mid-epoch] in checkpoint.cpp: the steps a resumed checkpoint took in
 // this epoch are passed over, and their loss sum restored.
-int64_t resume_in_epoch(Run& r, DataLoader& loader, int64_t epoch, Tensor& loss_sum,
-                        int64_t& loss_count) {
+int64_t resume_in_epoch(Run& r, int64_t epoch, Tensor& loss_sum, int64_t& loss_count) {
   if (r.resumed.epoch != epoch || r.resumed.epoch_step == 0) return 0;
   const int64_t step = r.resumed.epoch_step;
   r.resumed.epoch_step = 0;  // once
@@ -299,27 +256,78 @@ int64_t resume_in_epoch(Run& r, DataLoader& loader, int64_t epoch, Tensor& loss_
   loss_count = r.resumed.epoch_loss_count;
   Batch skipped;
   for (int64_t b = 0; b < step * r.o.grad_accum; ++b)
-    DDP_ASSERT(loader.next(skipped), "batch {}", b);
+    DDP_ASSERT(r.task->next(skipped), "batch {}", b);
   return step;
 }
 
-EpochMetrics train_epoch(Run& r, DataLoader& loader, DataLoader& test_loader, int64_t epoch) {
-  const auto start = Clock::now();
-  Progress progress(r.o, r.out);
-  loader.start_epoch(epoch);
-  const int64_t available = loader.num_batches() / r.o.grad_accum;
-  const int64_t steps = r.o.max_steps > 0 ? std::min(r.o.max_steps, available) : available;
-  Tensor loss_sum = zeros({}, {.device = r.device});
-  Tensor step_loss, last_loss;
+// Where an epoch stands, for its metrics: at its end and at each evaluation
+// inside it (--eval-every).
+struct EpochState {
+  int64_t epoch = 0;  // 0-based
+  int64_t first_step = 0, step = 0;
+  Clock::time_point start = Clock::now();
+  double eval_s = 0;  // evaluations so far: left out of the training time
+  Tensor loss_sum;
+  int64_t micro_batches = 0, samples = 0, tokens = 0;  // samples and tokens: all ranks'
   PhaseTotals t;
-  int64_t micro_batches = 0, samples = 0;
-  const int64_t first_step = resume_in_epoch(r, loader, epoch, loss_sum, micro_batches);
-  int64_t step = first_step;
-  while (step < steps) {
+};
+
+// The epoch's metrics so far, then the evaluation (excluded from the rates).
+EpochMetrics measure(Run& r, EpochState& e) {
+  synchronize(r.device);
+  const double train_s = seconds_since(e.start) - e.eval_s;
+  EpochMetrics m;
+  m.epoch = e.epoch + 1;
+  m.steps = e.step;
+  m.skipped_steps = r.nonfinite->skipped();
+  m.lr = r.optimizer->lr();
+  m.train_loss =
+      e.micro_batches == 0 ? 0.0 : e.loss_sum.item<float>() / static_cast<double>(e.micro_batches);
+  m.samples_per_s = static_cast<double>(e.samples) / train_s;
+  m.tokens_per_s = static_cast<double>(e.tokens) / train_s;
+  // The phases of the steps this process ran (after a resume, not those before it).
+  const int64_t ran = e.step - e.first_step;
+  m.step_ms = ran == 0 ? 0.0 : 1e3 * train_s / static_cast<double>(ran);
+  const double per_step = ran == 0 ? 0.0 : 1e3 / static_cast<double>(ran);
+  m.data_ms = e.t.data * per_step;
+  m.forward_ms = e.t.forward * per_step;
+  m.backward_ms = e.t.backward * per_step;
+  m.comm_exposed_ms = e.t.exposed * per_step;
+  m.optimizer_ms = e.t.optimizer * per_step;
+  m.comm_ms = e.t.comm * per_step;
+  const auto eval_start = Clock::now();
+  const Evaluation ev = r.task->evaluate(*r.model, r.pg ? r.pg->comm.get() : nullptr);
+  e.eval_s += seconds_since(eval_start);
+  m.test_acc = ev.accuracy;
+  m.language = r.task->is_language_model();
+  m.val_loss = ev.loss;
+  m.val_bpb = ev.loss / std::log(2.0);
+  const CorpusEntropy entropy = r.task->corpus_entropy();
+  m.unigram_bits = entropy.unigram_bits;
+  m.bigram_bits = entropy.bigram_bits;
+  m.time_s = seconds_since(e.start);
+  return m;
+}
+
+void report(Run& r, const EpochMetrics& m, bool epoch_end);
+
+EpochMetrics train_epoch(Run& r, int64_t epoch) {
+  EpochState e;
+  e.epoch = epoch;
+  Progress progress(r.o, r.out, r.task->is_language_model() ? "tokens" : "samples");
+  r.task->start_epoch(epoch);
+  const int64_t available = r.task->num_batches() / r.o.grad_accum;
+  const int64_t steps = r.o.max_steps > 0 ? std::min(r.o.max_steps, available) : available;
+  e.loss_sum = zeros({}, {.device = r.device});
+  Tensor step_loss, last_loss;
+  e.first_step = resume_in_epoch(r, epoch, e.loss_sum, e.micro_batches);
+  e.step = e.first_step;
+  const int64_t tokens_per_sample = r.task->tokens_per_sample();
+  while (e.step < steps) {
     const int64_t skipped_before = r.nonfinite->skipped();
-    const int64_t used = train_step(r, loader, step_loss, last_loss, t, epoch);
+    const int64_t used = train_step(r, step_loss, last_loss, e.t, epoch);
     if (used == 0) break;
-    ++step;
+    const int64_t step = ++e.step;
     ++r.step;
     if (r.step == r.faults.nan_weight_step) {
       NoGradGuard no_grad;
@@ -327,23 +335,29 @@ EpochMetrics train_epoch(Run& r, DataLoader& loader, DataLoader& test_loader, in
     }
     if (r.nonfinite->skipped() == skipped_before) {
       NoGradGuard no_grad;
-      axpy_(1.0f, step_loss, loss_sum);
-      micro_batches += r.o.grad_accum;
+      axpy_(1.0f, step_loss, e.loss_sum);
+      e.micro_batches += r.o.grad_accum;
     }
     r.loss_log->step(epoch + 1, step, last_loss, r.o.grad_accum);
-    samples += used * r.world_size;  // global samples
+    e.samples += used * r.world_size;  // global samples
+    e.tokens += used * r.world_size * tokens_per_sample;
     if (r.o.log_every > 0 ? step % r.o.log_every == 0 : step % 10 == 0 || step == steps) {
       const float shown = last_loss.item<float>() * static_cast<float>(r.o.grad_accum);
       r.nonfinite->check();  // the device is read here anyway
+      const double rate = static_cast<double>(r.task->is_language_model() ? e.tokens : e.samples);
       progress.step(epoch + 1, r.o.epochs, step, steps, shown,
-                    static_cast<double>(samples) / seconds_since(start));
+                    rate / (seconds_since(e.start) - e.eval_s));
+    }
+    if (r.o.eval_every > 0 && r.step % r.o.eval_every == 0 && step < steps) {
+      r.nonfinite->check();
+      report(r, measure(r, e), /*epoch_end=*/false);
     }
     if (r.o.save_every > 0 && r.step % r.o.save_every == 0 && step < steps) {
       // On every rank (--save-every is kept where --save is not), so no checkpoint
       // holds non-finite weights and every rank stops at the same step.
       r.nonfinite->check();
       r.nonfinite->check_weights(r.step, r.model->parameters());
-      save(r, epoch, step, loss_sum, micro_batches);
+      save(r, epoch, step, e.loss_sum, e.micro_batches);
     }
     if (r.step == r.faults.kill_step) ::raise(SIGKILL);
   }
@@ -352,29 +366,7 @@ EpochMetrics train_epoch(Run& r, DataLoader& loader, DataLoader& test_loader, in
   // --save does not end with exit 0 and non-finite weights either.
   r.nonfinite->check_weights(r.step, r.model->parameters());
   r.loss_log->flush();
-  synchronize(r.device);
-  const double train_s = seconds_since(start);
-  EpochMetrics m;
-  m.epoch = epoch + 1;
-  m.steps = step;
-  m.skipped_steps = r.nonfinite->skipped();
-  m.lr = r.optimizer->lr();
-  m.train_loss =
-      micro_batches == 0 ? 0.0 : loss_sum.item<float>() / static_cast<double>(micro_batches);
-  m.samples_per_s = static_cast<double>(samples) / train_s;
-  // The phases of the steps this process ran (after a resume, not those before it).
-  const int64_t ran = step - first_step;
-  m.step_ms = ran == 0 ? 0.0 : 1e3 * train_s / static_cast<double>(ran);
-  const double per_step = ran == 0 ? 0.0 : 1e3 / static_cast<double>(ran);
-  m.data_ms = t.data * per_step;
-  m.forward_ms = t.forward * per_step;
-  m.backward_ms = t.backward * per_step;
-  m.comm_exposed_ms = t.exposed * per_step;
-  m.optimizer_ms = t.optimizer * per_step;
-  m.comm_ms = t.comm * per_step;
-  m.test_acc = evaluate(*r.model, test_loader, r.pg ? r.pg->comm.get() : nullptr);
-  m.time_s = seconds_since(start);
-  return m;
+  return measure(r, e);
 }
 
 }  // namespace
@@ -388,25 +380,44 @@ Device resolve_device(const std::string& text) {
 
 namespace {
 
-// Metrics, checkpoint and the epoch line (each only where the options ask for it).
-// The metrics row goes first, so the checkpoint never covers a row not on disk
-// (Note [rows cut back] in run_log.cpp).
-void report_epoch(Run& r, const EpochMetrics& m) {
+// The step breakdown in milliseconds, for the report lines.
+std::string phases(const EpochMetrics& m, const std::string& mode) {
+  return fmt::format(" (ms: data {:.3f} forward {:.3f} backward {:.3f}{} optimizer {:.3f})",
+                     m.data_ms, m.forward_ms, m.backward_ms,
+                     mode == "single" ? ""
+                                      : fmt::format(" comm exposed {:.3f} of {:.3f}",
+                                                    m.comm_exposed_ms, m.comm_ms),
+                     m.optimizer_ms);
+}
+
+// Metrics, checkpoint (epoch_end) and the report line (each only where the options
+// ask for it). The metrics row goes first, so the checkpoint never covers a row not
+// on disk (Note [rows cut back] in run_log.cpp).
+void report(Run& r, const EpochMetrics& m, bool epoch_end) {
   const TrainOptions& o = r.o;
   r.metrics->write(m, r.step, r.world_size, r.mode);
-  save(r, m.epoch, 0, Tensor(), 0);
-  if (!o.quiet) {
+  if (epoch_end) save(r, m.epoch, 0, Tensor(), 0);
+  if (o.quiet) return;
+  if (m.language) {
+    // The corpus's byte entropies next to val_bpb: the bars of counting bytes and
+    // byte pairs (task.h).
     r.out << fmt::format(
-        "epoch {}/{}: train_loss {:.4f} test_acc {:.4f} {:.0f} samples/s {:.3f} ms/step "
-        "{:.1f} s{}\n",
-        m.epoch, o.epochs, m.train_loss, m.test_acc, m.samples_per_s, m.step_ms, m.time_s,
-        r.mode == "single"
-            ? ""
-            : fmt::format(" (ms: forward {:.3f} backward {:.3f} comm exposed {:.3f} of "
-                          "{:.3f} optimizer {:.3f})",
-                          m.forward_ms, m.backward_ms, m.comm_exposed_ms, m.comm_ms,
-                          m.optimizer_ms));
+        "epoch {}/{} step {}: train_loss {:.4f} val_loss {:.4f} val_bpb {:.4f} (validation "
+        "bytes: unigram {:.2f}, bigram {:.2f} bits/byte) lr {:.3g} {:.0f} tokens/s {:.3f} "
+        "ms/step {:.1f} s{}\n",
+        m.epoch, o.epochs, r.step, m.train_loss, m.val_loss, m.val_bpb, m.unigram_bits,
+        m.bigram_bits, m.lr, m.tokens_per_s, m.step_ms, m.time_s, phases(m, r.mode));
+    return;
   }
+  r.out << fmt::format(
+      "epoch {}/{}: train_loss {:.4f} test_acc {:.4f} {:.0f} samples/s {:.3f} ms/step "
+      "{:.1f} s{}\n",
+      m.epoch, o.epochs, m.train_loss, m.test_acc, m.samples_per_s, m.step_ms, m.time_s,
+      r.mode == "single"
+          ? ""
+          : fmt::format(" (ms: forward {:.3f} backward {:.3f} comm exposed {:.3f} of "
+                        "{:.3f} optimizer {:.3f})",
+                        m.forward_ms, m.backward_ms, m.comm_exposed_ms, m.comm_ms, m.optimizer_ms));
 }
 
 // The checkpoint to resume from: --resume PATH, or with --resume auto the --save
@@ -439,7 +450,7 @@ std::string resume_path(const TrainOptions& o, ProcessGroup* pg) {
 void resume(Run& r, const std::string& path) {
   const TrainOptions& o = r.o;
   if (!path.empty()) {
-    r.resumed = load_checkpoint(path, *r.model, *r.optimizer, models::describe(r.config));
+    r.resumed = load_checkpoint(path, *r.model, *r.optimizer, r.task->model_spec());
     r.did_resume = true;
     r.first_epoch = r.resumed.epoch;
     r.step = r.resumed.step;
@@ -496,6 +507,20 @@ void open_logs(Run& r) {
   }
 }
 
+// ", warmup 100, cosine to 0.0001 over 5000 steps, clip 1" for the header line.
+std::string schedule_summary(const TrainOptions& o, const optim::LrSchedule& s) {
+  std::string text = s.kind == optim::LrSchedule::Kind::cosine
+                         ? fmt::format(" (warmup {}, cosine to {:.3g} over {} steps)",
+                                       s.warmup_steps, s.min_lr, s.total_steps)
+                         : fmt::format(" ({})", o.lr_schedule);
+  if (o.optimizer == "adamw") {
+    text += fmt::format(", betas {} {}, weight decay {} (2-D weights)", o.beta1, o.beta2,
+                        o.weight_decay);
+  }
+  text += o.clip_grad_norm > 0 ? fmt::format(", clip {}", o.clip_grad_norm) : ", no clip";
+  return text;
+}
+
 // pg: null for a single process.
 // resume_from: resume_path()'s answer.
 TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* pg,
@@ -504,48 +529,19 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
   const bool dp = pg == nullptr && o.mode == "dp";
   const std::vector<Device> dp_devices = dp ? parse_device_list(o.devices) : std::vector<Device>{};
   if (dp) check_data_parallel_devices(dp_devices);  // before the data and the model
-  Run r{o,
-        out,
-        pg   ? pg->device
-        : dp ? dp_devices.front()
-             : resolve_device(o.device),
-        o.model,
-        nullptr,
-        nullptr,
-        {},
-        0,
-        pg,
-        nullptr,
-        pg ? pg->env.world_size : 1,
-        pg   ? "ddp"
-        : dp ? "dp"
-             : "single",
-        nullptr,
-        0,
-        {},
-        false,
-        nullptr,
-        nullptr,
-        nullptr,
-        {}};
+  Run r{.o = o,
+        .out = out,
+        .device = pg   ? pg->device
+                  : dp ? dp_devices.front()
+                       : resolve_device(o.device)};
+  r.pg = pg;
+  r.world_size = pg ? pg->env.world_size : 1;
+  r.mode = pg ? "ddp" : dp ? "dp" : "single";
   const int rank = pg ? pg->env.rank : 0;
-  const Data data = load_data(o);
-  const auto& in = data.train.inputs.shape();
-  r.config.in_channels = in.size() == 4 ? in[1] : 1;
-  r.config.height = in.size() == 4 ? in[2] : in[1];
-  r.config.width = in.size() == 4 ? in[3] : 1;
-  r.config.num_classes = data.train.num_classes;
-  Generator gen(o.seed);
-  r.model = models::make_model(r.config, gen);
-  r.model->to(r.device);
-  r.optimizer = make_optimizer(o, *r.model);
-  DataLoader loader(
-      data.train, {.batch_size = o.batch_size, .device = r.device},
-      DistributedSampler(data.train.size(), rank, r.world_size, {.shuffle = true, .seed = o.seed}));
-  DataLoader test_loader(
-      data.test, {.batch_size = 1000, .device = r.device},
-      DistributedSampler(data.test.size(), rank, r.world_size, {.shuffle = false}));
-  r.schedule = make_schedule(o, loader.num_batches());
+  r.task = make_task(o, r.device, rank, r.world_size);
+  r.model = r.task->model();
+  r.optimizer = r.task->make_optimizer(o);
+  r.schedule = make_schedule(o, r.task->num_batches());
   resume(r, resume_from);
   open_logs(r);
   r.nonfinite = std::make_unique<NonfiniteCheck>(
@@ -564,20 +560,21 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
   TrainResult result{{}, r.device, r.model->num_parameters(), 0, rank, r.world_size, r.mode};
   if (!o.quiet) {
     out << fmt::format(
-        "train: {} ({} parameters) on {}, {} ({} train / {} test), batch {}{}, {} lr {}{}\n",
-        models::describe(r.config), result.num_parameters, r.device.str(), data.train.name,
-        data.train.size(), data.test.size(), o.batch_size,
+        "train: {} ({} parameters) on {}, {}, batch {}{}, {} lr {}{}{}\n", r.task->model_spec(),
+        result.num_parameters, r.device.str(), r.task->data_summary(), o.batch_size,
         o.grad_accum > 1 ? fmt::format(" x {} accumulated", o.grad_accum) : "", o.optimizer, o.lr,
+        r.task->is_language_model() ? schedule_summary(o, r.schedule) : "",
         r.ddp  ? fmt::format(", ddp over {} ranks ({} backend, {} bucket(s), comm hook {})",
                              r.world_size, pg->comm->backend(), r.ddp->buckets().size(), o.comm_hook)
         : r.dp ? fmt::format(", dp over {} replicas ({})", dp_devices.size(), o.devices)
                : "");
   }
   for (int64_t epoch = r.first_epoch; epoch < o.epochs; ++epoch) {
-    result.epochs.push_back(train_epoch(r, loader, test_loader, epoch));
-    report_epoch(r, result.epochs.back());
+    result.epochs.push_back(train_epoch(r, epoch));
+    report(r, result.epochs.back(), /*epoch_end=*/true);
   }
   result.total_s = seconds_since(start);
+  result.steps = r.step;
   return result;
 }
 

@@ -13,10 +13,16 @@
 namespace ddp::train {
 
 struct EpochMetrics {
-  int64_t epoch = 0;  // 1-based
+  int64_t epoch = 0;  // 1-based (a row of an evaluation inside an epoch: that epoch)
   double train_loss = 0;
   double test_acc = 0;
   double samples_per_s = 0;  // training samples / training time (evaluation excluded)
+  // Language models (language): the validation loss in nats per token, val_bpb =
+  // val_loss / ln 2 (a token is a byte), training tokens / training time, and the
+  // validation text's byte entropies (bits per byte) to judge them by.
+  bool language = false;
+  double val_loss = 0, val_bpb = 0, tokens_per_s = 0;
+  double unigram_bits = 0, bigram_bits = 0;
   double step_ms = 0;
   double time_s = 0;  // the epoch's wall time, evaluation included
   float lr = 0;
@@ -44,7 +50,8 @@ struct TrainResult {
   double total_s = 0;
   int rank = 0;  // under a launcher with WORLD_SIZE > 1; only rank 0 reports
   int world_size = 1;
-  std::string mode;  // single | ddp | dp, as resolved from --mode
+  std::string mode;   // single | ddp | dp, as resolved from --mode
+  int64_t steps = 0;  // training steps of the whole run at its end (resumed ones included)
 };
 
 // Resolves --device: "auto" is default_device(); others are parsed and checked.

@@ -1,0 +1,147 @@
+// sample: generates bytes from a gpt checkpoint written by `train --save`.
+// See --help and docs/sample.md.
+#include "models/gpt.h"
+#include "models/sampling.h"
+#include "models/train/checkpoint.h"
+#include "runtime/autograd/autograd.h"
+#include "runtime/device.h"
+#include "runtime/error.h"
+#include "runtime/tensor.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+#include <string>
+
+namespace {
+
+const char* const kUsage = R"(usage: sample --checkpoint FILE [options]
+
+Generates text, a byte at a time, from a gpt model checkpoint written by
+`train --model gpt-... --save FILE`; prints the prompt and what follows it.
+
+  --checkpoint FILE   the checkpoint (its metadata names the model)
+  --prompt TEXT       the text to continue (default: a newline, not printed)
+  --tokens N          bytes to generate (default 200)
+  --temperature T     > 0: divides the logits; below 1 sharpens (default 1)
+  --top-k K           sample among the K most likely bytes only; 1 is greedy
+                      (the most likely byte each time); 0: all (default 0)
+  --seed S            the random stream of the choices (default 0)
+  --device D          cpu | cuda | cuda:N (default cpu)
+  -h, --help          this text
+)";
+
+struct Options {
+  std::string checkpoint, prompt, device = "cpu";
+  int64_t tokens = 200;
+  uint64_t seed = 0;
+  ddp::models::SamplingOptions sampling;
+};
+
+template <typename T>
+T number(const std::string& flag, const std::string& text) {
+  T v{};
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  DDP_CHECK(ec == std::errc() && ptr == end, "{} '{}': expected a number", flag, text);
+  return v;
+}
+
+std::optional<Options> parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") return std::nullopt;
+    DDP_CHECK(i + 1 < argc || !arg.starts_with("--"), "{} needs a value", arg);
+    const std::string value = i + 1 < argc ? argv[i + 1] : "";
+    ++i;
+    if (arg == "--checkpoint") {
+      o.checkpoint = value;
+    } else if (arg == "--prompt") {
+      o.prompt = value;
+    } else if (arg == "--tokens") {
+      o.tokens = number<int64_t>(arg, value);
+    } else if (arg == "--temperature") {
+      o.sampling.temperature = number<double>(arg, value);
+    } else if (arg == "--top-k") {
+      o.sampling.top_k = number<int64_t>(arg, value);
+    } else if (arg == "--seed") {
+      o.seed = number<uint64_t>(arg, value);
+    } else if (arg == "--device") {
+      o.device = value;
+    } else {
+      throw ddp::ValueError(fmt::format("unknown option '{}'", arg));
+    }
+  }
+  DDP_CHECK(!o.checkpoint.empty(), "--checkpoint FILE is required (a train --save checkpoint)");
+  DDP_CHECK(o.tokens >= 0, "--tokens {}: must be >= 0", o.tokens);
+  ddp::models::validate(o.sampling);
+  ddp::Device::parse(o.device);
+  return o;
+}
+
+// Note [sampling without a cache]: every byte runs the model over the last
+// `context` bytes (the prompt cropped to the context window as it grows); no
+// key/value cache, which is fine for the byte-level models' short contexts.
+void generate(const Options& o) {
+  using namespace ddp;
+  const std::string spec = train::read_checkpoint_model(o.checkpoint);
+  DDP_CHECK(models::is_gpt_model(spec),
+            "{}: the checkpoint holds model '{}', not a gpt model; sample generates text from "
+            "checkpoints of train --model gpt-tiny|gpt-mini|gpt2|gpt:...",
+            o.checkpoint, spec);
+  const models::GptConfig config = models::gpt_config(spec);
+  Generator init(0);  // overwritten by the checkpoint's weights
+  auto model = models::make_gpt(config, init);
+  train::load_model_weights(o.checkpoint, *model);
+  const Device device = Device::parse(o.device);
+  check_available(device);
+  model->to(device);
+  model->eval();
+  NoGradGuard no_grad;
+  std::vector<int64_t> tokens(o.prompt.begin(), o.prompt.end());
+  for (auto& t : tokens) t = static_cast<uint8_t>(t);
+  if (tokens.empty()) tokens.push_back('\n');
+  std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
+  const std::vector<float> u =
+      o.tokens == 0 ? std::vector<float>{} : rand({o.tokens}, o.seed).to_vector<float>();
+  for (int64_t i = 0; i < o.tokens; ++i) {
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(tokens.size()), config.context);
+    const std::vector<int64_t> window(tokens.end() - n, tokens.end());
+    const Tensor input = from_vector<int64_t>(window, {1, n}, {.dtype = DType::i64}).to(device);
+    const Tensor logits = model->forward(input);  // [1, n, vocab]
+    const auto all = logits.to(Device::cpu()).to_vector<float>();
+    const std::span<const float> last(all.data() + (n - 1) * config.vocab,
+                                      static_cast<size_t>(config.vocab));
+    const int64_t next = models::pick_token(last, o.sampling, u[static_cast<size_t>(i)]);
+    tokens.push_back(next);
+    std::fputc(static_cast<int>(next), stdout);
+  }
+  std::fputc('\n', stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::optional<Options> options;
+  try {
+    options = parse(argc, argv);
+  } catch (const ddp::Error& e) {
+    std::cerr << "sample: " << e.what() << "\n\n" << kUsage;
+    return 2;
+  }
+  if (!options) {
+    std::cout << kUsage;
+    return 0;
+  }
+  try {
+    generate(*options);
+    return 0;
+  } catch (const ddp::Error& e) {
+    std::fflush(stdout);
+    std::cerr << "sample: error: " << e.what() << "\n";
+    return 1;
+  }
+}

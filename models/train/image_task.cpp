@@ -1,0 +1,123 @@
+// The image-classification task: the zoo's mlp and cnn on Fashion-MNIST or the
+// synthetic set, evaluated by test accuracy.
+#include "collectives/communicator.h"
+#include "models/gpt_config.h"
+#include "models/train/task.h"
+#include "runtime/autograd/functions.h"
+#include "runtime/ops/ops.h"
+
+namespace ddp::train {
+namespace {
+
+struct Data {
+  Dataset train, test;
+};
+
+Data load_data(const TrainOptions& o) {
+  if (o.data == "synthetic") {
+    SyntheticOptions s{.n = o.synthetic_size, .seed = 1234, .noise = 6.0f, .split = Split::train};
+    Data d{make_synthetic(s), {}};
+    s.n = std::max<int64_t>(o.synthetic_size / 5, 10);
+    s.split = Split::test;
+    d.test = make_synthetic(s);
+    return d;
+  }
+  return {load_fashion_mnist(o.data, Split::train), load_fashion_mnist(o.data, Split::test)};
+}
+
+class ImageTask : public Task {
+ public:
+  ImageTask(const TrainOptions& o, const Device& device, int rank, int world_size)
+      : data_(load_data(o)),
+        config_(o.model),
+        loader_(data_.train, {.batch_size = o.batch_size, .device = device},
+                DistributedSampler(data_.train.size(), rank, world_size,
+                                   {.shuffle = true, .seed = o.seed})),
+        test_loader_(data_.test, {.batch_size = 1000, .device = device},
+                     DistributedSampler(data_.test.size(), rank, world_size, {.shuffle = false})) {
+    const auto& in = data_.train.inputs.shape();
+    config_.in_channels = in.size() == 4 ? in[1] : 1;
+    config_.height = in.size() == 4 ? in[2] : in[1];
+    config_.width = in.size() == 4 ? in[3] : 1;
+    config_.num_classes = data_.train.num_classes;
+    Generator gen(o.seed);
+    model_ = models::make_model(config_, gen);
+    model_->to(device);
+  }
+
+  std::string model_spec() const override { return models::describe(config_); }
+  std::shared_ptr<nn::Module> model() const override { return model_; }
+  bool is_language_model() const override { return false; }
+  std::string data_summary() const override {
+    return fmt::format("{} ({} train / {} test)", data_.train.name, data_.train.size(),
+                       data_.test.size());
+  }
+
+  std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& o) const override {
+    if (o.optimizer == "adamw") {
+      return std::make_unique<optim::AdamW>(
+          model_->parameters(), optim::AdamWOptions{.lr = o.lr, .weight_decay = o.weight_decay});
+    }
+    return std::make_unique<optim::SGD>(model_->parameters(),
+                                        optim::SgdOptions{.lr = o.lr,
+                                                          .momentum = o.momentum,
+                                                          .weight_decay = o.weight_decay,
+                                                          .nesterov = o.nesterov});
+  }
+
+  int64_t num_batches() const override { return loader_.num_batches(); }
+  void start_epoch(int64_t epoch) override { loader_.start_epoch(epoch); }
+  bool next(Batch& batch) override { return loader_.next(batch); }
+  Tensor loss(const Tensor& output, const Batch& batch) const override {
+    return functional::cross_entropy(output, batch.labels);
+  }
+  int64_t tokens_per_sample() const override { return 1; }
+
+  // comm (world size > 1): every rank evaluates its shard; correct and total are summed.
+  Evaluation evaluate(nn::Module& model, Communicator* comm) override {
+    NoGradGuard no_grad;
+    model.eval();
+    test_loader_.start_epoch(0);
+    int64_t correct = 0, total = 0;
+    Batch batch;
+    while (test_loader_.next(batch)) {
+      const auto predicted = argmax(model(batch.inputs), 1).to_vector<int64_t>();
+      const auto labels = batch.labels.to_vector<int64_t>();
+      for (size_t i = 0; i < labels.size(); ++i) correct += predicted[i] == labels[i] ? 1 : 0;
+      total += static_cast<int64_t>(labels.size());
+    }
+    model.train();
+    if (comm != nullptr) {
+      Tensor counts = from_vector<int64_t>({correct, total}, {2},
+                                           {.dtype = DType::i64, .device = comm->device()});
+      comm->all_reduce(counts)->wait();
+      const auto summed = counts.to_vector<int64_t>();
+      correct = summed[0];
+      total = summed[1];
+    }
+    Evaluation e;
+    e.accuracy = total == 0 ? 0.0 : static_cast<double>(correct) / static_cast<double>(total);
+    return e;
+  }
+
+ private:
+  Data data_;
+  models::ModelConfig config_;
+  DataLoader loader_, test_loader_;
+  std::shared_ptr<nn::Sequential> model_;
+};
+
+}  // namespace
+
+std::unique_ptr<Task> make_image_task(const TrainOptions& o, const Device& device, int rank,
+                                      int world_size) {
+  return std::make_unique<ImageTask>(o, device, rank, world_size);
+}
+
+std::unique_ptr<Task> make_task(const TrainOptions& o, const Device& device, int rank,
+                                int world_size) {
+  if (models::is_gpt_model(o.model.name)) return make_language_task(o, device, rank, world_size);
+  return make_image_task(o, device, rank, world_size);
+}
+
+}  // namespace ddp::train

@@ -1,0 +1,170 @@
+// The language-model task: the gpt models on the Brown corpus (or a synthetic
+// token stream), next-byte prediction, evaluated by the validation loss.
+//
+// Note [language model batches]: a batch is --batch-size windows of the model's
+// context (runtime/data/text_windows.h) from this rank's TextWindowSampler
+// share: rank-disjoint, reshuffled with new window boundaries every epoch, all
+// from --seed. An epoch is one pass over the train windows; a batch that would
+// be partial is dropped so every rank takes the same number of steps. The loss
+// is the mean cross-entropy over the batch's B x T next-byte predictions.
+//
+// Note [validation windows]: the evaluation reads the same validation windows
+// every time: those of a TextWindowSampler shuffled from a fixed seed (so they
+// come from every part of the split, not from its first documents), rank r
+// taking its disjoint share, at most --eval-batches batches of --batch-size
+// per rank (0: all of them). The loss sum and the token count are all-reduced,
+// so val_loss is the mean over every evaluated token of every rank.
+#include "collectives/communicator.h"
+#include "models/gpt.h"
+#include "models/train/task.h"
+#include "runtime/autograd/functions.h"
+#include "runtime/data/text_corpus.h"
+#include "runtime/data/text_windows.h"
+
+namespace ddp::train {
+namespace {
+
+constexpr uint64_t kValidationSeed = 0x5eed;
+
+TextCorpus load_corpus(const TrainOptions& o) {
+  if (o.data == "synthetic") return make_synthetic_text({.seed = 0});
+  return load_brown_corpus(o.data);
+}
+
+// Fixed-size batches of window starts, in the sampler's order.
+class WindowBatches {
+ public:
+  WindowBatches(const std::string& split, const std::string& stream, int64_t context, int64_t batch,
+                int rank, int world_size, SamplerOptions options)
+      : stream_(stream),
+        sampler_(static_cast<int64_t>(stream.size()), context, rank, world_size, options),
+        batch_(batch) {
+    DDP_CHECK(sampler_.num_windows() >= batch,
+              "the {} split has {} windows of context {} per rank ({} bytes, {} rank(s)), fewer "
+              "than --batch-size {}; pass a smaller --batch-size or a model with a shorter context",
+              split, sampler_.num_windows(), context, stream.size(), world_size, batch);
+  }
+  int64_t num_batches() const { return sampler_.num_windows() / batch_; }
+  void start_epoch(int64_t epoch) {
+    sampler_.set_epoch(epoch);
+    starts_ = sampler_.starts();
+    next_ = 0;
+  }
+  bool next(Batch& out, const Device& device) {
+    if (next_ >= num_batches()) return false;
+    const std::span<const int64_t> starts(starts_.data() + next_ * batch_,
+                                          static_cast<size_t>(batch_));
+    ++next_;
+    TokenBatch b = window_batch(stream_, starts, sampler_.context());
+    out.inputs = b.inputs.to(device);
+    out.labels = b.targets.to(device);
+    return true;
+  }
+
+ private:
+  const std::string& stream_;
+  TextWindowSampler sampler_;
+  int64_t batch_;
+  std::vector<int64_t> starts_;
+  int64_t next_ = 0;
+};
+
+class LanguageTask : public Task {
+ public:
+  LanguageTask(const TrainOptions& o, const Device& device, int rank, int world_size)
+      : config_(models::gpt_config(o.model.name)),
+        corpus_(load_corpus(o)),
+        device_(device),
+        train_("train", corpus_.train, config_.context, o.batch_size, rank, world_size,
+               {.shuffle = true, .seed = o.seed}),
+        validation_("validation", corpus_.validation, config_.context, o.batch_size, rank,
+                    world_size, {.shuffle = true, .seed = kValidationSeed}),
+        eval_batches_(o.eval_batches) {
+    const ByteEntropy e = byte_entropies(corpus_.validation);
+    entropy_ = {e.unigram_bits, e.bigram_bits};
+    Generator gen(o.seed);
+    model_ = models::make_gpt(config_, gen);
+    model_->to(device);
+  }
+
+  std::string model_spec() const override { return models::describe(config_); }
+  std::shared_ptr<nn::Module> model() const override { return model_; }
+  bool is_language_model() const override { return true; }
+  std::string data_summary() const override {
+    return fmt::format("{} ({} train / {} validation bytes{})", corpus_.name, corpus_.train.size(),
+                       corpus_.validation.size(),
+                       corpus_.name == "synthetic" ? ": a synthetic token stream, not text" : "");
+  }
+  CorpusEntropy corpus_entropy() const override { return entropy_; }
+
+  // Note [gpt optimizer]: AdamW over nanoGPT's two groups, weight decay on the
+  // 2-D weights (Linear weights and embeddings) only; biases and LayerNorm
+  // parameters do not decay. SGD (explicitly asked for) takes every parameter.
+  std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& o) const override {
+    if (o.optimizer == "sgd") {
+      return std::make_unique<optim::SGD>(model_->parameters(),
+                                          optim::SgdOptions{.lr = o.lr,
+                                                            .momentum = o.momentum,
+                                                            .weight_decay = o.weight_decay,
+                                                            .nesterov = o.nesterov});
+    }
+    const models::DecayGroups groups = models::decay_groups(*model_);
+    return std::make_unique<optim::AdamW>(
+        std::vector<optim::ParamGroup>{{groups.decay, o.weight_decay}, {groups.no_decay, 0.0f}},
+        optim::AdamWOptions{.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2});
+  }
+
+  int64_t num_batches() const override { return train_.num_batches(); }
+  void start_epoch(int64_t epoch) override { train_.start_epoch(epoch); }
+  bool next(Batch& batch) override { return train_.next(batch, device_); }
+  Tensor loss(const Tensor& output, const Batch& batch) const override {
+    const int64_t vocab = output.size(output.dim() - 1);
+    return functional::cross_entropy(functional::reshape(output, {-1, vocab}),
+                                     batch.labels.reshape({-1}));
+  }
+  int64_t tokens_per_sample() const override { return config_.context; }
+
+  Evaluation evaluate(nn::Module& model, Communicator* comm) override {
+    NoGradGuard no_grad;
+    model.eval();
+    validation_.start_epoch(0);
+    const int64_t limit = eval_batches_ > 0 ? eval_batches_ : validation_.num_batches();
+    double loss_sum = 0, tokens = 0;
+    Batch batch;
+    for (int64_t b = 0; b < limit && validation_.next(batch, device_); ++b) {
+      const double n = static_cast<double>(batch.labels.numel());
+      loss_sum += static_cast<double>(loss(model(batch.inputs), batch).item<float>()) * n;
+      tokens += n;
+    }
+    model.train();
+    if (comm != nullptr) {
+      Tensor sums = from_vector<float>({static_cast<float>(loss_sum), static_cast<float>(tokens)},
+                                       {2}, {.device = comm->device()});
+      comm->all_reduce(sums)->wait();
+      const auto summed = sums.to_vector<float>();
+      loss_sum = summed[0];
+      tokens = summed[1];
+    }
+    Evaluation e;
+    e.loss = tokens == 0 ? 0.0 : loss_sum / tokens;
+    return e;
+  }
+
+ private:
+  models::GptConfig config_;
+  TextCorpus corpus_;
+  Device device_;
+  WindowBatches train_, validation_;
+  int64_t eval_batches_;
+  CorpusEntropy entropy_;
+  std::shared_ptr<models::Gpt> model_;
+};
+
+}  // namespace
+
+std::unique_ptr<Task> make_language_task(const TrainOptions& o, const Device& device, int rank,
+                                         int world_size) {
+  return std::make_unique<LanguageTask>(o, device, rank, world_size);
+}
+
+}  // namespace ddp::train

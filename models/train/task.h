@@ -1,0 +1,79 @@
+// What `train` learns, behind one seam: a task owns the model, its data (the
+// batches of an epoch on this rank), the loss of a batch, the evaluation and the
+// optimizer that suits the model. The training loop (trainer.cpp) is the same
+// for every task: steps, DDP, schedule, progress, metrics, checkpoints.
+//
+//   image classification  mlp | cnn on Fashion-MNIST or the synthetic set;
+//                         evaluated by test accuracy (image_task.cpp)
+//   language model        gpt-* on the Brown corpus or a synthetic token stream;
+//                         evaluated by validation loss (language_task.cpp)
+#pragma once
+
+#include "models/train/train_options.h"
+#include "runtime/data/loader.h"
+#include "runtime/nn/module.h"
+#include "runtime/optim/optimizer.h"
+
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+
+namespace ddp {
+class Communicator;
+}
+
+namespace ddp::train {
+
+struct Evaluation {
+  double accuracy = 0;  // image: correct / total over every rank's test shard
+  // language: mean cross-entropy per token in nats over the evaluated validation
+  // windows of every rank (NaN for image tasks).
+  double loss = std::numeric_limits<double>::quiet_NaN();
+};
+
+// The byte statistics of a text corpus (bits per byte), the bar a language model
+// must clear: a model that only counts bytes reaches the unigram entropy, one that
+// counts byte pairs the bigram conditional entropy.
+struct CorpusEntropy {
+  double unigram_bits = 0;
+  double bigram_bits = 0;
+};
+
+class Task {
+ public:
+  virtual ~Task() = default;
+  // "784-256-10" or "gpt:layers=2,d=64,..."; for logs and the checkpoint's metadata.
+  virtual std::string model_spec() const = 0;
+  virtual std::shared_ptr<nn::Module> model() const = 0;
+  virtual bool is_language_model() const = 0;
+  // "fashion-mnist (60000 train / 10000 test)" or "brown (... bytes)", for the header.
+  virtual std::string data_summary() const = 0;
+  // The optimizer the options ask for, over the model's parameters.
+  virtual std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& o) const = 0;
+
+  // Batches per epoch on this rank (the same on every rank).
+  virtual int64_t num_batches() const = 0;
+  virtual void start_epoch(int64_t epoch) = 0;
+  // The next batch on the task's device; false when the epoch is over.
+  virtual bool next(Batch& batch) = 0;
+  // The mean loss of `output` (the model's, or DDP's, forward of batch.inputs).
+  virtual Tensor loss(const Tensor& output, const Batch& batch) const = 0;
+  // Tokens per sample: the context (language), 1 (image).
+  virtual int64_t tokens_per_sample() const = 0;
+  // In eval mode without gradients; comm (world size > 1): every rank evaluates its
+  // shard and the result is all-reduced, so every rank returns the same values.
+  virtual Evaluation evaluate(nn::Module& model, Communicator* comm) = 0;
+  virtual CorpusEntropy corpus_entropy() const { return {}; }
+};
+
+// The task for o.model on `device`, data sharded for `rank` of `world_size`.
+// ValueError for data that cannot be loaded or a batch larger than the data.
+std::unique_ptr<Task> make_task(const TrainOptions& o, const Device& device, int rank,
+                                int world_size);
+std::unique_ptr<Task> make_image_task(const TrainOptions& o, const Device& device, int rank,
+                                      int world_size);
+std::unique_ptr<Task> make_language_task(const TrainOptions& o, const Device& device, int rank,
+                                         int world_size);
+
+}  // namespace ddp::train
