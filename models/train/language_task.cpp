@@ -28,7 +28,12 @@ constexpr uint64_t kValidationSeed = 0x5eed;
 
 TextCorpus load_corpus(const TrainOptions& o) {
   if (o.data == "synthetic") return make_synthetic_text({.seed = 0});
-  return load_brown_corpus(o.data);
+  try {
+    return load_brown_corpus(o.data);
+  } catch (const ValueError& e) {
+    throw ValueError(
+        fmt::format("{}; or train on a synthetic token stream: --data synthetic", e.what()));
+  }
 }
 
 // Fixed-size batches of window starts, in the sampler's order.

@@ -30,24 +30,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// micro_batches: the task's batches per epoch on this rank; the schedule counts
-// optimizer steps, grad_accum micro-batches each. Note [schedule span]: cosine
-// spans the steps the run takes, --max-steps included (it stops every epoch
-// there), so a short run decays fully rather than stopping near the peak.
-optim::LrSchedule make_schedule(const TrainOptions& o, int64_t micro_batches) {
-  const int64_t available = micro_batches / o.grad_accum;
-  const int64_t steps_per_epoch = o.max_steps > 0 ? std::min(o.max_steps, available) : available;
-  optim::LrSchedule s;
-  s.kind = optim::LrSchedule::parse_kind(o.lr_schedule);
-  s.base_lr = o.lr;
-  s.step_size = 3 * steps_per_epoch;
-  s.gamma = 0.1f;
-  s.total_steps = o.epochs * steps_per_epoch;
-  s.warmup_steps = o.auto_warmup ? std::min<int64_t>(100, s.total_steps / 10) : o.warmup_steps;
-  s.min_lr = o.lr * o.min_lr_fraction;
-  return s;
-}
-
 class Progress {
  public:
   Progress(const TrainOptions& o, std::ostream& out, const char* unit)
@@ -370,6 +352,23 @@ EpochMetrics train_epoch(Run& r, int64_t epoch) {
 }
 
 }  // namespace
+
+// Note [schedule span]: cosine
+// spans the steps the run takes, --max-steps included (it stops every epoch
+// there), so a short run decays fully rather than stopping near the peak.
+optim::LrSchedule make_schedule(const TrainOptions& o, int64_t micro_batches) {
+  const int64_t available = micro_batches / o.grad_accum;
+  const int64_t steps_per_epoch = o.max_steps > 0 ? std::min(o.max_steps, available) : available;
+  optim::LrSchedule s;
+  s.kind = optim::LrSchedule::parse_kind(o.lr_schedule);
+  s.base_lr = o.lr;
+  s.step_size = 3 * steps_per_epoch;
+  s.gamma = 0.1f;
+  s.total_steps = o.epochs * steps_per_epoch;
+  s.warmup_steps = o.auto_warmup ? std::min<int64_t>(100, s.total_steps / 10) : o.warmup_steps;
+  s.min_lr = o.lr * o.min_lr_fraction;
+  return s;
+}
 
 Device resolve_device(const std::string& text) {
   if (text == "auto") return default_device();

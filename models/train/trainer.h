@@ -4,6 +4,7 @@
 
 #include "models/train/train_options.h"
 #include "runtime/device.h"
+#include "runtime/optim/optimizer.h"
 
 #include <algorithm>
 #include <ostream>
@@ -56,6 +57,9 @@ struct TrainResult {
 
 // Resolves --device: "auto" is default_device(); others are parsed and checked.
 Device resolve_device(const std::string& text);
+// The learning-rate schedule of a run whose task has `micro_batches` batches per
+// epoch on this rank; it counts optimizer steps (grad_accum micro-batches each).
+optim::LrSchedule make_schedule(const TrainOptions& o, int64_t micro_batches);
 // Runs the whole training; progress and the summary go to `out`.
 TrainResult run_training(const TrainOptions& options, std::ostream& out);
 

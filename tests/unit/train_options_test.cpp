@@ -1,0 +1,91 @@
+// train's options for the gpt models (defaults and overrides) and the learning-rate
+// schedule's span (Note [schedule span] in models/train/trainer.cpp).
+#include "models/train/train_options.h"
+#include "models/train/trainer.h"
+#include "runtime/error.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+namespace ddp::train {
+namespace {
+
+TrainOptions parse(std::vector<const char*> args) {
+  args.insert(args.begin(), "train");
+  auto o = parse_train_args(static_cast<int>(args.size()), args.data());
+  EXPECT_TRUE(o.has_value());
+  return *o;
+}
+
+TEST(TrainOptions, MlpKeepsItsDefaults) {
+  const TrainOptions o = parse({});
+  EXPECT_EQ(o.optimizer, "sgd");
+  EXPECT_FLOAT_EQ(o.lr, 0.02f);
+  EXPECT_EQ(o.clip_grad_norm, 0.0f);
+  EXPECT_EQ(o.eval_every, 0);
+  EXPECT_EQ(o.epochs, 10);
+  EXPECT_FALSE(o.auto_warmup);
+  EXPECT_FLOAT_EQ(o.beta2, 0.999f);
+}
+
+TEST(TrainOptions, GptDefaults) {
+  const TrainOptions o = parse({"--model", "gpt-tiny"});
+  EXPECT_EQ(o.optimizer, "adamw");
+  EXPECT_FLOAT_EQ(o.lr, 1e-3f);
+  EXPECT_FLOAT_EQ(o.weight_decay, 0.1f);
+  EXPECT_FLOAT_EQ(o.clip_grad_norm, 1.0f);
+  EXPECT_FLOAT_EQ(o.beta2, 0.99f);
+  EXPECT_EQ(o.epochs, 1);
+  EXPECT_EQ(o.batch_size, 16);
+  EXPECT_TRUE(o.auto_warmup);
+  EXPECT_NE(o.data.find("brown"), std::string::npos);
+}
+
+TEST(TrainOptions, ExplicitFlagsBeatGptDefaults) {
+  const TrainOptions o =
+      parse({"--model=gpt:layers=1,d=32,heads=2,ctx=16", "--lr", "0.01", "--clip-grad-norm", "0",
+             "--warmup-steps", "0", "--optimizer", "sgd", "--weight-decay", "0", "--data",
+             "synthetic", "--epochs", "3"});
+  EXPECT_FLOAT_EQ(o.lr, 0.01f);
+  EXPECT_EQ(o.clip_grad_norm, 0.0f);
+  EXPECT_FALSE(o.auto_warmup);
+  EXPECT_EQ(o.optimizer, "sgd");
+  EXPECT_EQ(o.weight_decay, 0.0f);
+  EXPECT_EQ(o.data, "synthetic");
+  EXPECT_EQ(o.epochs, 3);
+}
+
+TEST(TrainOptions, BadGptSpecIsAUsageError) {
+  EXPECT_THROW(
+      parse_train_args(3, std::vector<const char*>{"train", "--model", "gpt:layers=0"}.data()),
+      ValueError);
+}
+
+TEST(LrScheduleSpan, CosineSpansMaxStepsNotTheWholeEpoch) {
+  TrainOptions o = parse({"--model", "gpt-tiny", "--max-steps", "50", "--epochs", "2"});
+  const optim::LrSchedule s = make_schedule(o, /*micro_batches=*/1000);
+  EXPECT_EQ(s.total_steps, 100);  // 2 epochs x 50 steps, not 2 x 1000
+  EXPECT_EQ(s.warmup_steps, 10);  // a tenth of the run
+  EXPECT_FLOAT_EQ(s.min_lr, 1e-4f);
+  EXPECT_NEAR(s.lr_at(99), 1e-4f, 1e-6f);  // the last step reaches lr / 10
+  EXPECT_FLOAT_EQ(s.lr_at(9), 1e-3f);      // the end of the warmup: the peak
+  // The warmup is at most 100 steps; an epoch shorter than --max-steps counts as is.
+  o.max_steps = 0;
+  EXPECT_EQ(make_schedule(o, 5000).warmup_steps, 100);
+  o.max_steps = 400;
+  o.grad_accum = 2;
+  EXPECT_EQ(make_schedule(o, 300).total_steps, 2 * 150);
+}
+
+TEST(LrScheduleSpan, MlpWarmupAndFloorUnchanged) {
+  const TrainOptions o = parse({"--max-steps", "7", "--epochs", "2"});
+  const optim::LrSchedule s = make_schedule(o, 100);
+  EXPECT_EQ(s.total_steps, 14);
+  EXPECT_EQ(s.warmup_steps, 0);
+  EXPECT_EQ(s.min_lr, 0.0f);
+}
+
+}  // namespace
+}  // namespace ddp::train
