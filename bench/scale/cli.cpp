@@ -34,7 +34,10 @@ extended sweep runs only what is missing. docs/scaling.md explains the method.
 
 sweep (LIST: comma-separated):
   --world-sizes LIST     ranks per run (default 1,2,4)
-  --models LIST          mlp, cnn (default mlp)
+  --models LIST          mlp, cnn, gpt-tiny, gpt-mini, gpt2,
+                         gpt:layers=L,d=D,heads=H,ctx=T (default mlp); a gpt
+                         model's batch is sequences of its context, and
+                         tokens_per_s goes to the CSV next to samples_per_s
   --scaling LIST         strong: fixed --global-batch split over the ranks;
                          weak: fixed --batch per rank (default strong,weak)
   --impls LIST           ours, torch (default ours)
@@ -109,6 +112,23 @@ std::vector<std::string> parse_list(const std::string& flag, const std::string& 
   return items;
 }
 
+// A gpt spec holds commas itself (gpt:layers=4,d=128,heads=4,ctx=128): an item
+// that is a key=value without a model name continues the spec before it.
+std::vector<std::string> parse_models(const std::string& flag, const std::string& text) {
+  std::vector<std::string> models;
+  for (auto& item : parse_list(flag, text)) {
+    const bool continues = item.find('=') != std::string::npos &&
+                           item.find(':') == std::string::npos && !models.empty() &&
+                           models.back().starts_with("gpt:");
+    if (continues) {
+      models.back() += "," + item;
+    } else {
+      models.push_back(item);
+    }
+  }
+  return models;
+}
+
 template <typename T, typename F>
 std::vector<T> parse_list_of(const std::string& flag, const std::string& text, F parse) {
   std::vector<T> out;
@@ -125,7 +145,7 @@ const std::map<std::string, Setter>& setters() {
          c.sweep.world_sizes =
              parse_list_of<int>(f, v, [](auto& fl, auto& t) { return parse_int(fl, t, 1); });
        }},
-      {"--models", [](Config& c, auto& f, auto& v) { c.sweep.models = parse_list(f, v); }},
+      {"--models", [](Config& c, auto& f, auto& v) { c.sweep.models = parse_models(f, v); }},
       {"--scaling", [](Config& c, auto& f, auto& v) { c.sweep.scalings = parse_list(f, v); }},
       {"--impls", [](Config& c, auto& f, auto& v) { c.sweep.impls = parse_list(f, v); }},
       {"--backends", [](Config& c, auto& f, auto& v) { c.sweep.backends = parse_list(f, v); }},

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <cstdlib>
@@ -16,6 +17,8 @@ constexpr std::array kColumns = {
     "impl",           "model",           "scaling",    "backend", "bucket_cap_mb", "world_size",
     "batch_per_rank", "global_batch",    "steps",      "threads", "repeat",        "samples_per_s",
     "step_ms",        "comm_exposed_ms", "efficiency", "load1",   "timestamp"};
+// Columns added later: a CSV without them reads as 0 (written by an older scale).
+constexpr std::array kOptionalColumns = {"tokens_per_s"};
 
 std::vector<std::string_view> split(std::string_view line) {
   std::vector<std::string_view> fields;
@@ -35,6 +38,7 @@ class Row {
       size_t line)
       : index_(index), fields_(std::move(fields)), line_(line) {}
 
+  bool has(std::string_view column) const { return index_.contains(column); }
   std::string_view text(std::string_view column) const {
     const size_t i = index_.find(column)->second;
     DDP_CHECK(i < fields_.size(), "scale CSV line {}: no value for column '{}' ({} fields)", line_,
@@ -64,10 +68,22 @@ class Row {
   size_t line_;
 };
 
+// A gpt spec holds commas (gpt:layers=4,d=128,...): the CSV writes them as ';'
+// (no quoting needed by any reader) and reads them back.
+std::string model_to_csv(std::string model) {
+  std::replace(model.begin(), model.end(), ',', ';');
+  return model;
+}
+std::string model_from_csv(std::string_view text) {
+  std::string model(text);
+  std::replace(model.begin(), model.end(), ';', ',');
+  return model;
+}
+
 Measurement parse_row(const Row& r) {
   Measurement m;
   m.spec = {.impl = std::string(r.text("impl")),
-            .model = std::string(r.text("model")),
+            .model = model_from_csv(r.text("model")),
             .scaling = std::string(r.text("scaling")),
             .backend = std::string(r.text("backend")),
             .bucket_cap_mb = r.number("bucket_cap_mb"),
@@ -82,22 +98,23 @@ Measurement parse_row(const Row& r) {
   m.efficiency = r.number("efficiency");
   m.load1 = r.number("load1");
   m.timestamp = std::string(r.text("timestamp"));
+  m.tokens_per_s = r.has("tokens_per_s") ? r.number("tokens_per_s") : 0.0;
   return m;
 }
 
 }  // namespace
 
 std::string csv_header() {
-  return fmt::format("{}", fmt::join(kColumns, ","));
+  return fmt::format("{},{}", fmt::join(kColumns, ","), fmt::join(kOptionalColumns, ","));
 }
 
 std::string csv_row(const Measurement& m) {
   const PointSpec& p = m.spec;
-  return fmt::format("{},{},{},{},{},{},{},{},{},{},{},{:.1f},{:.4f},{:.4f},{:.4f},{:.2f},{}",
-                     p.impl, p.model, p.scaling, p.backend, p.bucket_cap_mb, p.world_size,
-                     p.batch_per_rank, p.global_batch(), p.steps, p.threads, p.repeat,
-                     m.samples_per_s, m.step_ms, m.comm_exposed_ms, m.efficiency, m.load1,
-                     m.timestamp);
+  return fmt::format(
+      "{},{},{},{},{},{},{},{},{},{},{},{:.1f},{:.4f},{:.4f},{:.4f},{:.2f},{},{:.1f}", p.impl,
+      model_to_csv(p.model), p.scaling, p.backend, p.bucket_cap_mb, p.world_size, p.batch_per_rank,
+      p.global_batch(), p.steps, p.threads, p.repeat, m.samples_per_s, m.step_ms, m.comm_exposed_ms,
+      m.efficiency, m.load1, m.timestamp, m.tokens_per_s);
 }
 
 std::string csv_text(const std::vector<Measurement>& measurements) {

@@ -1,12 +1,16 @@
 // The sweep's CSV: one row per measurement, a header naming the columns.
 //
 //   impl,model,scaling,backend,bucket_cap_mb,world_size,batch_per_rank,global_batch,
-//   steps,threads,repeat,samples_per_s,step_ms,comm_exposed_ms,efficiency,load1,timestamp
+//   steps,threads,repeat,samples_per_s,step_ms,comm_exposed_ms,efficiency,load1,timestamp,
+//   tokens_per_s
+// (tokens_per_s: gpt models, 0 otherwise; files without the column read as 0). A
+// gpt spec's commas are written as ';' in the model column.
 //
 // Reading goes by column name, so files with extra columns (or columns in
 // another order) still resume; a missing column or a bad value is a ValueError
 // naming the line and column. Values never contain commas or quotes (they are
-// flag values checked by validate() and numbers), so no quoting is needed.
+// flag values checked by validate(), with a gpt spec's commas as ';', and
+// numbers), so no quoting is needed.
 #pragma once
 
 #include "bench/scale/sweep.h"

@@ -108,9 +108,10 @@ int sweep(const Config& c) {
           total / static_cast<double>(i + 1) * static_cast<double>(todo.size() - i - 1);
       std::cerr << (tty ? "\r\033[K" : "")
                 << fmt::format(
-                       "{}: {:.0f} samples/s, efficiency {:.2f} (load {:.1f}, {}; ~{} left)\n",
-                       head, m.samples_per_s, m.efficiency, m.load1, duration_text(took),
-                       duration_text(left));
+                       "{}: {:.0f} samples/s{}, efficiency {:.2f} (load {:.1f}, {}; ~{} left)\n",
+                       head, m.samples_per_s,
+                       m.tokens_per_s > 0 ? fmt::format(" ({:.0f} tokens/s)", m.tokens_per_s) : "",
+                       m.efficiency, m.load1, duration_text(took), duration_text(left));
     } catch (const Error& e) {
       ++failed;
       std::cerr << (tty ? "\r\033[K" : "") << "scale: FAILED " << e.what() << "\n";

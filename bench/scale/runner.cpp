@@ -1,5 +1,6 @@
 #include "bench/scale/runner.h"
 
+#include "models/gpt_config.h"
 #include "runtime/error.h"
 #include "runtime/unique_fd.h"
 
@@ -175,6 +176,7 @@ Measurement run_ours(const PointSpec& p, const RunOptions& o, Measurement m) {
   m.samples_per_s = json_number(line, "samples_per_s").value_or(0.0);
   m.step_ms = json_number(line, "step_ms").value_or(0.0);
   m.comm_exposed_ms = json_number(line, "comm_exposed_ms").value_or(0.0);
+  m.tokens_per_s = json_number(line, "tokens_per_s").value_or(0.0);
   return m;
 }
 
@@ -235,7 +237,12 @@ std::vector<std::string> ours_command(const PointSpec& p, const Programs& progra
                            "--quiet",
                            "--metrics",
                            metrics_path});
-  if (programs.data == "synthetic") {
+  if (models::is_gpt_model(p.model)) {
+    // Sequences of the model's context from the text (--data synthetic: the
+    // synthetic token stream); one validation batch per evaluation, which the
+    // rates leave out anyway.
+    argv.insert(argv.end(), {"--eval-batches", "1"});
+  } else if (programs.data == "synthetic") {
     argv.insert(argv.end(), {"--synthetic-size", std::to_string(synthetic_size(p))});
   }
   return argv;

@@ -1,5 +1,6 @@
 #include "bench/scale/sweep.h"
 
+#include "models/gpt_config.h"
 #include "runtime/error.h"
 
 #include <fmt/format.h>
@@ -44,7 +45,19 @@ void validate(const SweepOptions& o) {
   for (int w : o.world_sizes) {
     DDP_CHECK(w >= 1 && w <= 1024, "--world-sizes: {} is not a world size (1 to 1024)", w);
   }
-  check_choices("--models", o.models, {"mlp", "cnn"});
+  for (const auto& model : o.models) {
+    if (models::is_gpt_model(model)) {
+      models::gpt_config(model);  // names a bad spec now, not after the first runs
+      DDP_CHECK(std::find(o.impls.begin(), o.impls.end(), "torch") == o.impls.end(),
+                "--models {} with --impls torch: the torch peer (bench/peer/torch_train.py) runs "
+                "mlp and cnn only; sweep the gpt models with --impls ours",
+                model);
+    } else {
+      check_choices(
+          "--models", {model},
+          {"mlp", "cnn", "gpt-tiny", "gpt-mini", "gpt2", "gpt:layers=..,d=..,heads=..,ctx=.."});
+    }
+  }
   check_choices("--scaling", o.scalings, {"strong", "weak"});
   check_choices("--impls", o.impls, {"ours", "torch"});
   check_choices("--backends", o.backends, {"auto", "shm", "gloo"});

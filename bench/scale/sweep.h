@@ -59,6 +59,7 @@ std::vector<PointSpec> plan_sweep(const SweepOptions& options);
 struct Measurement {
   PointSpec spec;
   double samples_per_s = 0.0;    // all ranks together, the timed steps only
+  double tokens_per_s = 0.0;     // gpt models: samples_per_s x the context; others 0
   double step_ms = 0.0;          // per step (rank 0)
   double comm_exposed_ms = 0.0;  // ours: all_reduce time not hidden by backward; torch: 0
   double load1 = 0.0;            // /proc/loadavg when the run started: how busy the machine was

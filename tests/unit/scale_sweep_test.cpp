@@ -255,5 +255,47 @@ TEST(ScaleCli, ListsFlagsAndDefaults) {
   EXPECT_NE(usage().find("--plot-only"), std::string::npos);
 }
 
+TEST(ScaleCli, GptSpecsKeepTheirCommas) {
+  const auto c =
+      parse_cli({"--models", "mlp,gpt:layers=1,d=32,heads=2,ctx=16,gpt-tiny", "--dry-run"});
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->sweep.models,
+            (std::vector<std::string>{"mlp", "gpt:layers=1,d=32,heads=2,ctx=16", "gpt-tiny"}));
+}
+
+TEST(ScalePlan, GptModelsRunOursOnly) {
+  SweepOptions o;
+  o.models = {"gpt-tiny"};
+  o.impls = {"ours"};
+  EXPECT_EQ(error_of(o), "<no error>");
+  o.impls = {"ours", "torch"};
+  EXPECT_NE(error_of(o).find("runs mlp and cnn only"), std::string::npos) << error_of(o);
+  o.impls = {"ours"};
+  o.models = {"gpt:layers=2,d=60,heads=7,ctx=8"};
+  EXPECT_NE(error_of(o).find("not divisible by heads=7"), std::string::npos) << error_of(o);
+  o.models = {"resnet"};
+  EXPECT_NE(error_of(o).find("valid values are mlp, cnn, gpt-tiny"), std::string::npos);
+}
+
+TEST(ScaleCommands, GptPointsReadTextWithOneEvaluationBatch) {
+  PointSpec p{.impl = "ours",
+              .model = "gpt-tiny",
+              .scaling = "weak",
+              .backend = "auto",
+              .bucket_cap_mb = 25,
+              .world_size = 2,
+              .batch_per_rank = 8,
+              .steps = 5};
+  Programs programs;
+  programs.ddprun = "/b/ddprun";
+  programs.train = "/b/train";
+  programs.data = "synthetic";
+  const std::string text = fmt::format("{}", fmt::join(ours_command(p, programs, "m"), " "));
+  EXPECT_NE(text.find("--model gpt-tiny --data synthetic --batch-size 8"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("--eval-batches 1"), std::string::npos) << text;
+  EXPECT_EQ(text.find("--synthetic-size"), std::string::npos) << text;  // the mlp's set only
+}
+
 }  // namespace
 }  // namespace ddp::scale
