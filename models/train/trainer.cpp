@@ -4,7 +4,9 @@
 #include "collectives/data_parallel/data_parallel.h"
 #include "collectives/ddp/distributed_data_parallel.h"
 #include "models/train/checkpoint.h"
+#include "models/train/faults.h"
 #include "models/train/nonfinite.h"
+#include "models/train/progress.h"
 #include "models/train/run_log.h"
 #include "models/train/task.h"
 #include "runtime/autograd/functions.h"
@@ -29,71 +31,6 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
-
-class Progress {
- public:
-  Progress(const TrainOptions& o, std::ostream& out, const char* unit)
-      : out_(out),
-        quiet_(o.quiet),
-        every_(o.log_every),
-        bar_(o.log_every == 0 && isatty(2)),
-        unit_(unit) {}
-  void step(int64_t epoch, int64_t epochs, int64_t step, int64_t steps, double loss, double rate) {
-    if (quiet_) return;
-    if (bar_ && (step % 10 == 0 || step == steps)) {
-      const int width = 30;
-      const int filled = static_cast<int>(width * step / std::max<int64_t>(steps, 1));
-      std::fprintf(stderr, "\repoch %lld/%lld [%s%s] %lld/%lld loss %.4f %.0f %s/s ",
-                   static_cast<long long>(epoch), static_cast<long long>(epochs),
-                   std::string(static_cast<size_t>(filled), '#').c_str(),
-                   std::string(static_cast<size_t>(width - filled), '.').c_str(),
-                   static_cast<long long>(step), static_cast<long long>(steps), loss, rate, unit_);
-      if (step == steps) std::fprintf(stderr, "\r%*s\r", 90, "");
-    } else if (!bar_ && every_ > 0 && step % every_ == 0) {
-      out_ << fmt::format("epoch {} step {}/{} loss {:.4f} {:.0f} {}/s\n", epoch, step, steps, loss,
-                          rate, unit_);  // stdout is line-buffered (main.cpp)
-    }
-  }
-
- private:
-  std::ostream& out_;
-  bool quiet_;
-  int64_t every_;
-  bool bar_;
-  const char* unit_;  // samples | tokens
-};
-
-// Testing aids (docs/train.md, "Fault injection"): DDP_TEST_KILL_AT=RANK:STEP
-// makes that rank SIGKILL itself after training step STEP (and its checkpoint, if
-// one is due); DDP_TEST_NAN_AT=RANK:STEP makes its loss NaN at step STEP;
-// DDP_TEST_NAN_WEIGHT_AT=RANK:STEP makes a weight NaN after step STEP's update (as
-// a non-finite gradient with a finite loss would). RANK * is every rank. All act
-// only in a group's first attempt (DDPRUN_RESTART_COUNT unset or 0), so the
-// restarted group runs clean.
-struct TestFaults {
-  int64_t kill_step = -1, nan_step = -1, nan_weight_step = -1;
-
-  static int64_t step_for(const char* name, int rank) {
-    const char* value = std::getenv(name);
-    if (value == nullptr || *value == '\0') return -1;
-    int r = -1;
-    long long step = -1;
-    char tail = 0;
-    const bool any = value[0] == '*';
-    if (any) r = rank;
-    DDP_CHECK((any ? std::sscanf(value, "*:%lld%c", &step, &tail) == 1
-                   : std::sscanf(value, "%d:%lld%c", &r, &step, &tail) == 2) &&
-                  step >= 1,
-              "{}='{}': expected RANK:STEP or *:STEP, e.g. 1:7 (a testing aid)", name, value);
-    return r == rank ? step : -1;
-  }
-  static TestFaults from_env(int rank) {
-    const char* restart = std::getenv("DDPRUN_RESTART_COUNT");
-    if (restart != nullptr && std::string(restart) != "0") return {};
-    return {step_for("DDP_TEST_KILL_AT", rank), step_for("DDP_TEST_NAN_AT", rank),
-            step_for("DDP_TEST_NAN_WEIGHT_AT", rank)};
-  }
-};
 
 struct Run {
   const TrainOptions& o;
@@ -293,6 +230,28 @@ EpochMetrics measure(Run& r, EpochState& e) {
 
 void report(Run& r, const EpochMetrics& m, bool epoch_end);
 
+// After a training step that used `used` samples on this rank: the counts, the
+// epoch's loss sum (a skipped step's loss left out) and the loss log. Returns the
+// step's number in the epoch.
+int64_t count_step(Run& r, EpochState& e, int64_t used, int64_t skipped_before,
+                   const Tensor& step_loss, const Tensor& last_loss) {
+  const int64_t step = ++e.step;
+  ++r.step;
+  if (r.step == r.faults.nan_weight_step) {
+    NoGradGuard no_grad;
+    fill_(r.model->parameters().front(), std::numeric_limits<double>::quiet_NaN());
+  }
+  if (r.nonfinite->skipped() == skipped_before) {
+    NoGradGuard no_grad;
+    axpy_(1.0f, step_loss, e.loss_sum);
+    e.micro_batches += r.o.grad_accum;
+  }
+  r.loss_log->step(e.epoch + 1, step, last_loss, r.o.grad_accum);
+  e.samples += used * r.world_size;  // global samples
+  e.tokens += used * r.world_size * r.task->tokens_per_sample();
+  return step;
+}
+
 EpochMetrics train_epoch(Run& r, int64_t epoch) {
   EpochState e;
   e.epoch = epoch;
@@ -304,25 +263,11 @@ EpochMetrics train_epoch(Run& r, int64_t epoch) {
   Tensor step_loss, last_loss;
   e.first_step = resume_in_epoch(r, epoch, e.loss_sum, e.micro_batches);
   e.step = e.first_step;
-  const int64_t tokens_per_sample = r.task->tokens_per_sample();
   while (e.step < steps) {
     const int64_t skipped_before = r.nonfinite->skipped();
     const int64_t used = train_step(r, step_loss, last_loss, e.t, epoch);
     if (used == 0) break;
-    const int64_t step = ++e.step;
-    ++r.step;
-    if (r.step == r.faults.nan_weight_step) {
-      NoGradGuard no_grad;
-      fill_(r.model->parameters().front(), std::numeric_limits<double>::quiet_NaN());
-    }
-    if (r.nonfinite->skipped() == skipped_before) {
-      NoGradGuard no_grad;
-      axpy_(1.0f, step_loss, e.loss_sum);
-      e.micro_batches += r.o.grad_accum;
-    }
-    r.loss_log->step(epoch + 1, step, last_loss, r.o.grad_accum);
-    e.samples += used * r.world_size;  // global samples
-    e.tokens += used * r.world_size * tokens_per_sample;
+    const int64_t step = count_step(r, e, used, skipped_before, step_loss, last_loss);
     if (r.o.log_every > 0 ? step % r.o.log_every == 0 : step % 10 == 0 || step == steps) {
       const float shown = last_loss.item<float>() * static_cast<float>(r.o.grad_accum);
       r.nonfinite->check();  // the device is read here anyway
@@ -379,16 +324,6 @@ Device resolve_device(const std::string& text) {
 
 namespace {
 
-// The step breakdown in milliseconds, for the report lines.
-std::string phases(const EpochMetrics& m, const std::string& mode) {
-  return fmt::format(" (ms: data {:.3f} forward {:.3f} backward {:.3f}{} optimizer {:.3f})",
-                     m.data_ms, m.forward_ms, m.backward_ms,
-                     mode == "single" ? ""
-                                      : fmt::format(" comm exposed {:.3f} of {:.3f}",
-                                                    m.comm_exposed_ms, m.comm_ms),
-                     m.optimizer_ms);
-}
-
 // Metrics, checkpoint (epoch_end) and the report line (each only where the options
 // ask for it). The metrics row goes first, so the checkpoint never covers a row not
 // on disk (Note [rows cut back] in run_log.cpp).
@@ -396,27 +331,7 @@ void report(Run& r, const EpochMetrics& m, bool epoch_end) {
   const TrainOptions& o = r.o;
   r.metrics->write(m, r.step, r.world_size, r.mode);
   if (epoch_end) save(r, m.epoch, 0, Tensor(), 0);
-  if (o.quiet) return;
-  if (m.language) {
-    // The corpus's byte entropies next to val_bpb: the bars of counting bytes and
-    // byte pairs (task.h).
-    r.out << fmt::format(
-        "epoch {}/{} step {}: train_loss {:.4f} val_loss {:.4f} val_bpb {:.4f} (validation "
-        "bytes: unigram {:.2f}, bigram {:.2f} bits/byte) lr {:.3g} {:.0f} tokens/s {:.3f} "
-        "ms/step {:.1f} s{}\n",
-        m.epoch, o.epochs, r.step, m.train_loss, m.val_loss, m.val_bpb, m.unigram_bits,
-        m.bigram_bits, m.lr, m.tokens_per_s, m.step_ms, m.time_s, phases(m, r.mode));
-    return;
-  }
-  r.out << fmt::format(
-      "epoch {}/{}: train_loss {:.4f} test_acc {:.4f} {:.0f} samples/s {:.3f} ms/step "
-      "{:.1f} s{}\n",
-      m.epoch, o.epochs, m.train_loss, m.test_acc, m.samples_per_s, m.step_ms, m.time_s,
-      r.mode == "single"
-          ? ""
-          : fmt::format(" (ms: forward {:.3f} backward {:.3f} comm exposed {:.3f} of "
-                        "{:.3f} optimizer {:.3f})",
-                        m.forward_ms, m.backward_ms, m.comm_exposed_ms, m.comm_ms, m.optimizer_ms));
+  if (!o.quiet) r.out << report_line(m, o, r.step, r.mode);
 }
 
 // The checkpoint to resume from: --resume PATH, or with --resume auto the --save
