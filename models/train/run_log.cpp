@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <iterator>
@@ -103,8 +104,9 @@ void MetricsLog::write(const EpochMetrics& m, int64_t step, int world_size,
   const std::string evaluation =
       m.language ? fmt::format(
                        "\"val_loss\": {:.6f}, \"val_bpb\": {:.6f}, \"tokens_per_s\": {:.1f}, "
-                       "\"unigram_bits\": {:.4f}, \"bigram_bits\": {:.4f}",
-                       m.val_loss, m.val_bpb, m.tokens_per_s, m.unigram_bits, m.bigram_bits)
+                       "\"unigram_bits\": {:.4f}, \"bigram_bits\": {:.4f}, \"grad_norm\": {}",
+                       m.val_loss, m.val_bpb, m.tokens_per_s, m.unigram_bits, m.bigram_bits,
+                       std::isfinite(m.grad_norm) ? fmt::format("{:.6g}", m.grad_norm) : "null")
                  : fmt::format("\"test_acc\": {:.6f}", m.test_acc);
   file_ << fmt::format(
       "{{\"epoch\": {}, \"step\": {}, \"train_loss\": {:.6f}, {}, "

@@ -57,6 +57,8 @@ struct Run {
   std::unique_ptr<LossLog> loss_log{};
   std::unique_ptr<NonfiniteCheck> nonfinite{};
   TestFaults faults{};
+  // --clip-grad-norm: the last update's gradient norm before clipping (NaN: none yet).
+  double grad_norm = std::numeric_limits<double>::quiet_NaN();
 };
 
 // Times the phases of a step; on CUDA a lap synchronizes the device first when
@@ -133,7 +135,9 @@ int64_t train_step(Run& r, Tensor& step_loss, Tensor& last_loss, PhaseTotals& t,
   if (!r.nonfinite->after_backward(step, epoch + 1, step_loss, r.model->parameters())) {
     // After DDP's all_reduce has been waited for: every rank clips the same
     // averaged gradients by the same norm.
-    if (r.o.clip_grad_norm > 0) optim::clip_grad_norm_(r.model->parameters(), r.o.clip_grad_norm);
+    if (r.o.clip_grad_norm > 0) {
+      r.grad_norm = optim::clip_grad_norm_(r.model->parameters(), r.o.clip_grad_norm);
+    }
     r.optimizer->set_lr(r.schedule.lr_at(r.optimizer->steps()));
     r.optimizer->step();
   }
@@ -221,6 +225,7 @@ EpochMetrics measure(Run& r, EpochState& e) {
   m.language = r.task->is_language_model();
   m.val_loss = ev.loss;
   m.val_bpb = ev.loss / std::log(2.0);
+  m.grad_norm = r.grad_norm;
   const CorpusEntropy entropy = r.task->corpus_entropy();
   m.unigram_bits = entropy.unigram_bits;
   m.bigram_bits = entropy.bigram_bits;

@@ -24,6 +24,9 @@ struct EpochMetrics {
   bool language = false;
   double val_loss = 0, val_bpb = 0, tokens_per_s = 0;
   double unigram_bits = 0, bigram_bits = 0;
+  // The last update's global gradient norm before clipping (--clip-grad-norm only;
+  // NaN otherwise, written as null).
+  double grad_norm = 0;
   double step_ms = 0;
   double time_s = 0;  // the epoch's wall time, evaluation included
   float lr = 0;

@@ -49,6 +49,7 @@ assert last < first - 1.5, f"the loss did not fall: first 10 steps {first:.3f}, 
 rows = [json.loads(l) for l in open(sys.argv[2])]
 assert [r["step"] for r in rows] == [50, 100], [r["step"] for r in rows]
 for r in rows:
+    assert r["grad_norm"] > 0, r  # clipping is on by default: its norm is reported
     for key in ("val_loss", "val_bpb", "tokens_per_s", "unigram_bits", "bigram_bits", "train_loss",
                 "data_ms", "forward_ms", "backward_ms", "optimizer_ms"):
         assert key in r, f"metrics row lacks {key}: {r}"
