@@ -10,6 +10,7 @@
 //                       parameter, from one forward and backward of the initial model
 //   steps.tsv           step, lr, loss (before the update), gradient norm (before
 //                       clipping) of kSteps AdamW steps on the same batch (Note [parity steps])
+//   final.safetensors   the weights after those steps
 //
 // With --load FILE (a torch_gpt.py `init` file) it instead loads FILE strictly into the
 // model and writes load_logits.safetensors ("logits" on the same batch): the check that
@@ -162,6 +163,8 @@ int run(const Args& args) {
                    {{"corpus", batch.corpus}});
   write_step0(*model, batch.tokens, args.out + "/step0.safetensors");
   run_steps(*model, batch.tokens, args.out + "/steps.tsv");
+  save_safetensors(args.out + "/final.safetensors", model->state_dict(),
+                   {{"model", describe(config)}});
   std::cout << fmt::format("gpt_parity: {} seed {} on {} windows of the {} train split -> {}\n",
                            describe(config), args.seed, kBatch, batch.corpus, args.out);
   return 0;

@@ -4,7 +4,8 @@
 # (a generated stream when the corpus is missing; the output says which), the logits, loss
 # and every parameter gradient, and the losses of 10 AdamW steps; `torch_gpt.py parity`
 # loads the same weights and batch into torch and asserts logits, loss and gradients to
-# 1e-4 and the 10 losses to 1e-3 (relative: max|C++ - torch| / max|torch| per tensor).
+# 1e-4, the 10 losses and gradient norms to 1e-3 and the weights after the steps to 1e-4
+# (relative: max|C++ - torch| / max|torch| per tensor; torch_gpt.py parity_error).
 # Then a file written by torch_gpt.py init is loaded into the C++ model (strict) and one
 # forward must agree with torch's on it.
 # Exit code 77 (skip) with the reason when /usr/bin/python3 (or $PYTHON) cannot import torch.
