@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -45,6 +46,36 @@ TEST(TransformerOps, GeluMatchesTheTanhFormula) {
   // torch.nn.functional.gelu(torch.tensor(1.), approximate='tanh') = 0.8411920070648193.
   EXPECT_NEAR(y[6], 0.841192007f, 1e-6);
   EXPECT_EQ(y[4], 0.0f);
+}
+
+// Note [gelu tanh]: the vectorized tanh against double over a dense sweep, both ways
+// (forward and the derivative), plus the values where its pieces change (0, the
+// exp clamp at |u| ~ 43, huge and non-finite inputs).
+TEST(TransformerOps, GeluStaysWithinFloatErrorOfDoubleEverywhere) {
+  std::vector<float> xs;
+  for (float x = -12.0f; x <= 12.0f; x += 1.0f / 512) xs.push_back(x);
+  for (float x : {1e-30f, -1e-30f, 1e-6f, -1e-6f, 30.0f, -30.0f, 45.0f, 1e4f, -1e4f})
+    xs.push_back(x);
+  const auto n = static_cast<int64_t>(xs.size());
+  const Tensor x = from_vector(xs, {n});
+  const auto y = gelu(x).to_vector<float>();
+  const auto dy = gelu_backward(ones({n}), x).to_vector<float>();
+  double worst = 0, worst_grad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = xs[i], k = std::sqrt(2.0 / M_PI);
+    const double t = std::tanh(k * (v + 0.044715 * v * v * v));
+    const double ref = 0.5 * v * (1 + t);
+    const double ref_grad = 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * k * (1 + 3 * 0.044715 * v * v);
+    worst = std::max(worst, std::fabs(y[i] - ref) / std::max(1.0, std::fabs(v)));
+    worst_grad = std::max(worst_grad, std::fabs(dy[i] - ref_grad));
+  }
+  EXPECT_LT(worst, 5e-7) << worst;
+  EXPECT_LT(worst_grad, 1e-6) << worst_grad;
+  const auto special =
+      gelu(from_vector<float>({std::numeric_limits<float>::infinity(), std::nanf("")}, {2}))
+          .to_vector<float>();
+  EXPECT_EQ(special[0], std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(special[1]));
 }
 
 TEST(TransformerOps, GeluGradientMatchesFiniteDifferences) {
