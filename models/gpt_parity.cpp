@@ -12,6 +12,13 @@
 //                       clipping) of kSteps AdamW steps on the same batch (Note [parity steps])
 //   final.safetensors   the weights after those steps
 //
+// With --curve STEPS (the loss-curve benchmark, bench/gpt_loss_curve.sh) it writes
+// init.safetensors, curve_batches.safetensors ("inputs", "targets" i64 [STEPS, B, ctx]:
+// step s takes the next B windows of epoch 0 of a TextWindowSampler over the train split,
+// seed --seed, one rank) and curve.tsv (step, lr, loss, gradient norm) of STEPS AdamW
+// steps with the recipe of Note [parity steps], the warmup being STEPS / 10 and the
+// cosine spanning STEPS; torch_gpt.py curve replays them.
+//
 // With --load FILE (a torch_gpt.py `init` file) it instead loads FILE strictly into the
 // model and writes load_logits.safetensors ("logits" on the same batch): the check that
 // our safetensors reader and load_state_dict read what PyTorch wrote.
@@ -33,6 +40,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -43,10 +51,13 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: gpt_parity --out DIR [--model M] [--seed S] [--load FILE]\n"
-    "  --out DIR    folder for the output files (created by the caller)\n"
-    "  --model M    a gpt config (default gpt-tiny)\n"
-    "  --seed S     seed of the initial weights (default 1234)\n"
-    "  --load FILE  load FILE (torch_gpt.py init) and write DIR/load_logits.safetensors\n";
+    "       gpt_parity --out DIR --curve STEPS [--batch-size B] [--model M] [--seed S]\n"
+    "  --out DIR         folder for the output files (created by the caller)\n"
+    "  --model M         a gpt config (default gpt-tiny)\n"
+    "  --seed S          seed of the initial weights (default 1234)\n"
+    "  --load FILE       load FILE (torch_gpt.py init) and write DIR/load_logits.safetensors\n"
+    "  --curve STEPS     STEPS training steps on new windows each (the loss-curve benchmark)\n"
+    "  --batch-size B    windows per step of --curve (default 8)\n";
 
 constexpr int64_t kBatch = 4;
 constexpr int64_t kSteps = 10;
@@ -58,7 +69,16 @@ constexpr double kMaxGradNorm = 1.0;
 struct Args {
   std::string out, model = "gpt-tiny", load;
   uint64_t seed = 1234;
+  int64_t curve_steps = 0, batch_size = 8;
 };
+
+uint64_t parse_count(const std::string& flag, const std::string& value, uint64_t minimum) {
+  char* end = nullptr;
+  const uint64_t v = std::strtoull(value.c_str(), &end, 10);
+  DDP_CHECK(!value.empty() && value[0] != '-' && *end == '\0' && v >= minimum,
+            "{} '{}': expected a whole number >= {}", flag, value, minimum);
+  return v;
+}
 
 Args parse_args(int argc, char** argv) {
   Args a;
@@ -73,9 +93,11 @@ Args parse_args(int argc, char** argv) {
     } else if (flag == "--load") {
       a.load = value;
     } else if (flag == "--seed") {
-      char* end = nullptr;
-      a.seed = std::strtoull(value.c_str(), &end, 10);
-      DDP_CHECK(!value.empty() && *end == '\0', "--seed '{}' is not a whole number", value);
+      a.seed = parse_count(flag, value, 0);
+    } else if (flag == "--curve") {
+      a.curve_steps = static_cast<int64_t>(parse_count(flag, value, 1));
+    } else if (flag == "--batch-size") {
+      a.batch_size = static_cast<int64_t>(parse_count(flag, value, 1));
     } else {
       throw ValueError(fmt::format("unknown flag '{}'\n{}", flag, kUsage));
     }
@@ -89,9 +111,10 @@ struct ParityBatch {
   TokenBatch tokens;
   std::string corpus;
 };
+TextCorpus load_corpus();
+
 ParityBatch make_batch(const GptConfig& c) {
-  const char* dir = std::getenv("DDP_BROWN_DIR");
-  TextCorpus corpus = load_text_corpus_or_synthetic(dir != nullptr ? dir : kBrownCorpusDir);
+  const TextCorpus corpus = load_corpus();
   const auto stride = static_cast<int64_t>(corpus.train.size()) / kBatch;
   DDP_CHECK(stride > c.context, "the {} train split ({} bytes) is too short for {} windows of {}",
             corpus.name, corpus.train.size(), kBatch, c.context + 1);
@@ -141,10 +164,68 @@ void run_steps(Gpt& model, const TokenBatch& batch, const std::string& path) {
   DDP_CHECK(out.good(), "could not write {}", path);
 }
 
+TextCorpus load_corpus() {
+  const char* dir = std::getenv("DDP_BROWN_DIR");
+  return load_text_corpus_or_synthetic(dir != nullptr ? dir : kBrownCorpusDir);
+}
+
+// The --curve run: new windows every step, the parity recipe stretched over the steps.
+int run_curve(const Args& args, Gpt& model) {
+  const GptConfig& c = model.config();
+  const TextCorpus corpus = load_corpus();
+  TextWindowSampler sampler(static_cast<int64_t>(corpus.train.size()), c.context, 0, 1,
+                            {.shuffle = true, .seed = args.seed});
+  const std::vector<int64_t> starts = sampler.starts();
+  const int64_t b = args.batch_size, steps = args.curve_steps;
+  DDP_CHECK(static_cast<int64_t>(starts.size()) >= steps * b,
+            "--curve {} x --batch-size {} needs {} windows; the {} train split has {} of {}", steps,
+            b, steps * b, corpus.name, starts.size(), c.context + 1);
+  const TokenBatch all =
+      window_batch(corpus.train, {starts.data(), static_cast<size_t>(steps * b)}, c.context);
+  const Shape shape = {steps, b, c.context};
+  save_safetensors(args.out + "/curve_batches.safetensors",
+                   {{"inputs", all.inputs.reshape(shape)}, {"targets", all.targets.reshape(shape)}},
+                   {{"corpus", corpus.name}});
+  const DecayGroups groups = decay_groups(model);
+  optim::AdamW opt({{groups.decay, kWeightDecay}, {groups.no_decay, 0.0f}},
+                   {.lr = kLr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f});
+  const optim::LrSchedule schedule{.kind = optim::LrSchedule::Kind::cosine,
+                                   .base_lr = kLr,
+                                   .warmup_steps = std::max<int64_t>(1, steps / 10),
+                                   .total_steps = steps,
+                                   .min_lr = kMinLr};
+  const std::vector<Tensor> params = model.parameters();
+  std::ofstream out(args.out + "/curve.tsv");
+  out << "step\tlr\tloss\tgrad_norm\n";
+  for (int64_t step = 0; step < steps; ++step) {
+    const Tensor inputs = all.inputs.flat_view(step * b * c.context, {b, c.context});
+    const Tensor targets = all.targets.flat_view(step * b * c.context, {b, c.context});
+    opt.set_lr(schedule.lr_at(step));
+    opt.zero_grad(true);
+    const Tensor loss = lm_loss(model.forward(inputs), targets);
+    backward(loss);
+    const double norm = optim::clip_grad_norm_(params, kMaxGradNorm);
+    opt.step();
+    out << fmt::format("{}\t{:.9g}\t{:.9g}\t{:.9g}\n", step, opt.lr(), loss.item<float>(), norm);
+    if ((step + 1) % 20 == 0)
+      std::cerr << fmt::format("gpt_parity: curve step {}/{}\n", step + 1, steps);
+  }
+  DDP_CHECK(out.good(), "could not write {}/curve.tsv", args.out);
+  std::cout << fmt::format(
+      "gpt_parity: {} curve of {} steps x {} windows of the {} train split -> {}\n", describe(c),
+      steps, b, corpus.name, args.out);
+  return 0;
+}
+
 int run(const Args& args) {
   const GptConfig config = gpt_config(args.model);
   Generator gen(args.seed);
   const auto model = make_gpt(config, gen);
+  if (args.curve_steps > 0) {
+    save_safetensors(args.out + "/init.safetensors", model->state_dict(),
+                     {{"model", describe(config)}, {"seed", std::to_string(args.seed)}});
+    return run_curve(args, *model);
+  }
   const ParityBatch batch = make_batch(config);
   if (!args.load.empty()) {
     model->load_state_dict(load_safetensors(args.load).tensors, /*strict=*/true);

@@ -28,6 +28,9 @@ LayerNorm weight 1 and bias 0, and the two residual projections of each block
         see parity_error and comparable), and prints the worst figures. With
         --load-init, F is a file of `init` that gpt_parity --load read into the C++ model:
         its logits (DIR/load_logits.safetensors) must equal torch's on F to 1e-4.
+    torch_gpt.py curve --dir DIR [--threads N]
+        the loss-curve benchmark (bench/gpt_loss_curve.sh): replays the steps of
+        gpt_parity --curve (its init, batches and learning rates) into DIR/torch_curve.tsv.
 
 Exit codes: 0 ok, 2 usage error (a bad --model included), 3 a file could not be read.
 """
@@ -400,6 +403,38 @@ def parity(directory, load_init):
     return 1 if failures else 0
 
 
+def curve(directory, threads):
+    """The loss-curve benchmark's torch side: replays gpt_parity --curve's run (same init,
+    batches and learning rates) and writes DIR/torch_curve.tsv in curve.tsv's format."""
+    torch.set_num_threads(threads)
+    model = parity_model(os.path.join(directory, "init.safetensors"))
+    batches = load_checkpoint.read_safetensors(
+        os.path.join(directory, "curve_batches.safetensors"))[0]
+    inputs, targets = torch.as_tensor(batches["inputs"]), torch.as_tensor(batches["targets"])
+    rows = [line.split("\t") for line in
+            open(os.path.join(directory, "curve.tsv")).read().splitlines()[1:]]
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": PARITY_WEIGHT_DECAY},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=PARITY_LR, betas=PARITY_BETAS, eps=PARITY_EPS)
+    with open(os.path.join(directory, "torch_curve.tsv"), "w") as out:
+        out.write("step\tlr\tloss\tgrad_norm\n")
+        for step, row in enumerate(rows):
+            lr = float(row[1])
+            for group in opt.param_groups:
+                group["lr"] = lr
+            opt.zero_grad(set_to_none=True)
+            _, loss = model(inputs[step], targets[step])
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), PARITY_MAX_NORM).item()
+            opt.step()
+            out.write(f"{step}\t{lr:.9g}\t{loss.item():.9g}\t{norm:.9g}\n")
+            if (step + 1) % 20 == 0:
+                print(f"torch_gpt.py curve: step {step + 1}/{len(rows)}", file=sys.stderr)
+    return 0
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description="ddp's GPT in PyTorch: initial weights and "
                                      "the tensor list")
@@ -414,9 +449,15 @@ def main(argv):
                            "with this model")
     check.add_argument("--dir", required=True)
     check.add_argument("--load-init", default="")
+    replay = sub.add_parser("curve", help="replay gpt_parity --curve's run in torch "
+                            "(writes DIR/torch_curve.tsv)")
+    replay.add_argument("--dir", required=True)
+    replay.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     if args.command == "parity":
         return parity(args.dir, args.load_init)
+    if args.command == "curve":
+        return curve(args.dir, args.threads)
     try:
         config = parse_model(args.model)
     except ValueError as e:
