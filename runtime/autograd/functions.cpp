@@ -265,4 +265,13 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
   return functional::reshape(functional::bmm(probs, functional::reshape(v, flat)), q.shape());
 }
 
+Tensor causal_self_attention(const Tensor& qkv, int64_t heads) {
+  auto r = ddp::causal_self_attention(qkv, heads);
+  // probs is not the recorded output, so keeping it is no cycle.
+  return recorded(
+      r.y, "CausalSelfAttentionBackward", {&qkv}, [qkv, probs = r.probs, heads](const Tensor& g) {
+        return std::vector<Tensor>{ddp::causal_self_attention_backward(g, qkv, probs, heads)};
+      });
+}
+
 }  // namespace ddp::functional

@@ -59,5 +59,10 @@ Tensor causal_softmax(const Tensor& x);
 // causal_softmax(q k^T / sqrt(D)) v -> [B, H, T, D]. Composed of bmm and
 // causal_softmax, so its backward is theirs; it keeps the [B*H, T, T] probabilities.
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v);
+// Causal multi-head self-attention on a GPT block's packed projections qkv [B, T, 3C]
+// (Note [packed attention] in ops/transformer_ops.h) -> y [B, T, C]: the same values as
+// causal_attention on the heads split out of qkv, with y's heads side by side, but
+// without the permutes. Keeps the [B, H, T, T] probabilities for the backward.
+Tensor causal_self_attention(const Tensor& qkv, int64_t heads);
 
 }  // namespace ddp::functional

@@ -222,8 +222,8 @@ AttentionResult causal_self_attention(const Tensor& qkv, int64_t heads) {
   return r;
 }
 
-Tensor causal_self_attention_backward(const Tensor& grad_y, const Tensor& qkv,
-                                      const Tensor& probs, int64_t heads) {
+Tensor causal_self_attention_backward(const Tensor& grad_y, const Tensor& qkv, const Tensor& probs,
+                                      int64_t heads) {
   check_same_device({&grad_y, &qkv, &probs});
   const int64_t c = attention_width(qkv, heads), b = qkv.size(0), t = qkv.size(1);
   DDP_CHECK(grad_y.shape() == Shape({b, t, c}) && probs.shape() == Shape({b, heads, t, t}),

@@ -60,7 +60,6 @@ Tensor bmm(const Tensor& a, const Tensor& b, const BmmOptions& options = {});
 // probability passes zero gradient.
 Tensor causal_softmax(const Tensor& x);
 
-
 // Note [packed attention]
 // ~~~~~~~~~~~~~~~~~~~~~~~
 // A GPT block's c_attn projection gives qkv [B, T, 3C]: q, k and v side by side along
@@ -81,8 +80,8 @@ struct AttentionResult {
 // qkv f32 [B, T, 3C] with C divisible by heads; throws ValueError naming the shape.
 AttentionResult causal_self_attention(const Tensor& qkv, int64_t heads);
 // grad_qkv [B, T, 3C] from grad_y [B, T, C] and the forward's qkv and probs.
-Tensor causal_self_attention_backward(const Tensor& grad_y, const Tensor& qkv,
-                                      const Tensor& probs, int64_t heads);
+Tensor causal_self_attention_backward(const Tensor& grad_y, const Tensor& qkv, const Tensor& probs,
+                                      int64_t heads);
 
 // The sum of x's squared elements (f32, any shape) as a scalar tensor on x's device:
 // gradient-norm clipping's ||g||^2 without a temporary of g's size.

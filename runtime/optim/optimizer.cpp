@@ -2,6 +2,7 @@
 
 #include "runtime/ops/nn_ops.h"
 #include "runtime/ops/ops.h"
+#include "runtime/ops/transformer_ops.h"
 
 #include <cmath>
 #include <map>
@@ -116,9 +117,30 @@ void SGD::load_state(const nn::NamedTensors& state, int64_t steps) {
   steps_ = steps;
 }
 
+namespace {
+std::vector<Tensor> concat_groups(const std::vector<ParamGroup>& groups) {
+  std::vector<Tensor> params;
+  for (const ParamGroup& g : groups) params.insert(params.end(), g.params.begin(), g.params.end());
+  return params;
+}
+std::vector<float> group_decays(const std::vector<ParamGroup>& groups) {
+  std::vector<float> decays;
+  for (const ParamGroup& g : groups) {
+    DDP_CHECK(std::isfinite(g.weight_decay) && g.weight_decay >= 0.0f,
+              "AdamW: a parameter group's weight_decay {} must be finite and >= 0", g.weight_decay);
+    decays.insert(decays.end(), g.params.size(), g.weight_decay);
+  }
+  return decays;
+}
+}  // namespace
+
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options)
-    : Optimizer(std::move(params), options.lr),
+    : AdamW(std::vector<ParamGroup>{{std::move(params), options.weight_decay}}, options) {}
+
+AdamW::AdamW(const std::vector<ParamGroup>& groups, AdamWOptions options)
+    : Optimizer(concat_groups(groups), options.lr),
       options_(options),
+      weight_decay_(group_decays(groups)),
       exp_avg_(params_.size()),
       exp_avg_sq_(params_.size()),
       param_steps_(params_.size(), 0) {
@@ -141,7 +163,7 @@ void AdamW::step() {
                                .beta1 = options_.beta1,
                                .beta2 = options_.beta2,
                                .eps = options_.eps,
-                               .weight_decay = options_.weight_decay,
+                               .weight_decay = weight_decay_[i],
                                .step = ++param_steps_[i]};
     adamw_update_(params_[i], g, exp_avg_[i], exp_avg_sq_[i], s);
   }
@@ -179,6 +201,51 @@ void AdamW::load_state(const nn::NamedTensors& state, int64_t steps) {
   }
   reader.check_consumed();
   steps_ = steps;
+}
+
+namespace {
+// ||g||^2 over every defined gradient, summed on the device, read once.
+double squared_grad_norm(const std::vector<Tensor>& params) {
+  NoGradGuard no_grad;
+  Tensor total;
+  for (const Tensor& p : params) {
+    const Tensor g = grad(p);
+    if (!g.defined()) continue;
+    Tensor sq = sum_squares(g);
+    if (!total.defined()) {
+      total = sq;
+    } else {
+      DDP_CHECK(sq.device() == total.device(),
+                "clip_grad_norm_: gradients on {} and {}; clip each device's parameters "
+                "separately",
+                total.device().str(), sq.device().str());
+      axpy_(1.0f, sq, total);
+    }
+  }
+  return total.defined() ? static_cast<double>(total.cpu().item<float>()) : 0.0;
+}
+}  // namespace
+
+double grad_norm(const std::vector<Tensor>& params) {
+  return std::sqrt(squared_grad_norm(params));
+}
+
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
+  DDP_CHECK(std::isfinite(max_norm) && max_norm > 0,
+            "clip_grad_norm_: max_norm {} must be finite and > 0 (to not clip, do not call it)",
+            max_norm);
+  const double norm = grad_norm(params);
+  // torch's clamp(max_norm / (norm + 1e-6), max=1): a norm within 1e-6 below max_norm
+  // is scaled (by a hair) too.
+  const double factor_d = max_norm / (norm + 1e-6);
+  if (!std::isfinite(norm) || factor_d >= 1.0) return norm;
+  NoGradGuard no_grad;
+  const auto factor = static_cast<float>(factor_d);
+  for (const Tensor& p : params) {
+    Tensor g = grad(p);
+    if (g.defined()) axpy_(factor - 1.0f, Tensor(g), g);  // g += (factor - 1) g, in place
+  }
+  return norm;
 }
 
 float LrSchedule::lr_at(int64_t step) const {

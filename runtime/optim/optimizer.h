@@ -59,9 +59,21 @@ struct AdamWOptions {
   float weight_decay = 1e-2f;
 };
 
+// A parameter group as torch.optim's: its parameters share the group's weight decay
+// (the other options are the optimizer's).
+struct ParamGroup {
+  std::vector<Tensor> params;
+  float weight_decay = 0.0f;
+};
+
 class AdamW : public Optimizer {
  public:
+  // Every parameter decays by options.weight_decay.
   AdamW(std::vector<Tensor> params, AdamWOptions options);
+  // Each group decays by its own weight_decay (options.weight_decay is unused), as
+  // torch.optim.AdamW([{"params": ..., "weight_decay": ...}, ...]): the parameters are
+  // numbered group after group, in state() too, as torch's state_dict numbers them.
+  AdamW(const std::vector<ParamGroup>& groups, AdamWOptions options);
   void step() override;
   nn::NamedTensors state() const override;
   void load_state(const nn::NamedTensors& state, int64_t steps) override;
@@ -69,9 +81,21 @@ class AdamW : public Optimizer {
 
  private:
   AdamWOptions options_;
+  std::vector<float> weight_decay_;  // per parameter
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
   std::vector<int64_t> param_steps_;
 };
+
+// torch.nn.utils.clip_grad_norm_(params, max_norm) for the L2 norm: the norm of all
+// defined gradients taken together, returned as it was before clipping. Every gradient is
+// multiplied by min(1, max_norm / (norm + 1e-6)), as torch does.
+// A non-finite norm is returned and the gradients are left as they are (torch would
+// multiply them by NaN); the caller decides (train's --on-nonfinite). Reads the norm
+// on the host: one device synchronization on CUDA. Throws ValueError unless
+// max_norm > 0 and finite.
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
+// The same norm, without clipping.
+double grad_norm(const std::vector<Tensor>& params);
 
 // Learning rate as a function of the optimizer step (0-based).
 struct LrSchedule {

@@ -1,6 +1,7 @@
 #include "runtime/autograd/functions.h"
 #include "runtime/nn/layers.h"
 #include "runtime/ops/ops.h"
+#include "runtime/ops/transformer_ops.h"
 #include "runtime/optim/optimizer.h"
 
 #include <gtest/gtest.h>
@@ -17,6 +18,16 @@ struct Case {
   std::vector<std::vector<float>> grads = {
       {0.1f, -0.2f, 0.3f}, {-0.5f, 0.4f, 0.0f}, {1.0f, 1.0f, -1.0f}};
 };
+
+template <typename E, typename Fn>
+std::string message_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "no exception of the expected type";
+}
 
 std::vector<float> run(optim::Optimizer& opt, Tensor& p, const Case& c) {
   for (const auto& g : c.grads) {
@@ -77,6 +88,81 @@ TEST(Optim, AdamWMatchesTorchRule) {
     }
   }
   for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(got[i], ref[i], 1e-6) << i;
+}
+
+// Two groups update as two optimizers with their own weight decay would, and state()
+// numbers the parameters group after group (torch's state_dict numbering).
+TEST(Optim, AdamWGroupsDecayEachByItsOwnWeightDecay) {
+  const Case c;
+  auto leaf = [&] {
+    Tensor t = from_vector(c.param, {3});
+    set_requires_grad(t, true);
+    return t;
+  };
+  Tensor a = leaf(), b = leaf(), ref_a = leaf(), ref_b = leaf();
+  optim::AdamW grouped({{{b}, 0.0f}, {{a}, 0.3f}}, {.lr = 0.01f, .weight_decay = 99.0f});
+  optim::AdamW alone_a({ref_a}, {.lr = 0.01f, .weight_decay = 0.3f});
+  optim::AdamW alone_b({ref_b}, {.lr = 0.01f, .weight_decay = 0.0f});
+  for (const auto& g : c.grads) {
+    for (Tensor* t : {&a, &b, &ref_a, &ref_b}) set_grad(*t, from_vector(g, {3}));
+    grouped.step();
+    alone_a.step();
+    alone_b.step();
+  }
+  EXPECT_EQ(a.to_vector<float>(), ref_a.to_vector<float>());
+  EXPECT_EQ(b.to_vector<float>(), ref_b.to_vector<float>());
+  EXPECT_NE(a.to_vector<float>(), b.to_vector<float>());  // the decays differed
+  // b is the first group's: parameter 0.
+  const auto state = grouped.state();
+  ASSERT_FALSE(state.empty());
+  EXPECT_EQ(state[0].first, "0.exp_avg");
+  EXPECT_EQ(state[0].second.to_vector<float>(), alone_b.state()[0].second.to_vector<float>());
+  const std::string msg = message_of<ValueError>([&] {
+    optim::AdamW bad({{{leaf()}, -1.0f}}, {});
+  });
+  EXPECT_NE(msg.find("weight_decay -1"), std::string::npos) << msg;
+}
+
+// clip_grad_norm_ against the closed form: ||(3, 4), (12)|| = 13.
+TEST(Optim, ClipGradNormScalesToMaxNormAsTorch) {
+  auto param_with_grad = [](std::vector<float> g) {
+    Tensor t = zeros({static_cast<int64_t>(g.size())});
+    set_requires_grad(t, true);
+    set_grad(t, from_vector(g, {static_cast<int64_t>(g.size())}));
+    return t;
+  };
+  Tensor a = param_with_grad({3.0f, 4.0f}), b = param_with_grad({12.0f});
+  Tensor no_grad = zeros({2});
+  set_requires_grad(no_grad, true);
+  EXPECT_NEAR(optim::grad_norm({a, b, no_grad}), 13.0, 1e-6);
+  const double norm = optim::clip_grad_norm_({a, b, no_grad}, 6.5);
+  EXPECT_NEAR(norm, 13.0, 1e-6);
+  const double f = 6.5 / (13.0 + 1e-6);
+  const auto ga = grad(a).to_vector<float>(), gb = grad(b).to_vector<float>();
+  EXPECT_NEAR(ga[0], 3 * f, 1e-6);
+  EXPECT_NEAR(ga[1], 4 * f, 1e-6);
+  EXPECT_NEAR(gb[0], 12 * f, 1e-5);
+  EXPECT_NEAR(optim::grad_norm({a, b}), 6.5, 1e-5);
+  // Under the limit nothing changes.
+  EXPECT_NEAR(optim::clip_grad_norm_({a, b}, 100.0), 6.5, 1e-5);
+  EXPECT_EQ(grad(a).to_vector<float>(), ga);
+  // A non-finite norm is returned and the gradients are left alone.
+  Tensor bad = param_with_grad({1.0f, std::nanf("")});
+  EXPECT_TRUE(std::isnan(optim::clip_grad_norm_({a, bad}, 1.0)));
+  EXPECT_EQ(grad(a).to_vector<float>(), ga);
+  const std::string msg = message_of<ValueError>([&] { optim::clip_grad_norm_({a}, 0.0); });
+  EXPECT_NE(msg.find("max_norm 0"), std::string::npos) << msg;
+}
+
+// sum_squares against a double reference, across the kernel's block and lane edges.
+TEST(Optim, SumSquaresMatchesDoubleReference) {
+  for (int64_t n : {0, 1, 15, 16, 17, 1023, 1024, 1025, 100003}) {
+    const Tensor x = randn({n}, static_cast<uint64_t>(n) + 7);
+    double ref = 0;
+    for (float v : x.to_vector<float>()) ref += static_cast<double>(v) * v;
+    const double got = sum_squares(x).item<float>();
+    EXPECT_NEAR(got, ref, 1e-6 * std::max(1.0, ref)) << n;
+  }
 }
 
 TEST(Optim, StateRoundTripContinuesIdentically) {
