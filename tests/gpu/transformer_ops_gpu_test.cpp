@@ -245,7 +245,7 @@ Tensor pack_token_major(const std::vector<Tensor>& parts, int64_t b, int64_t t, 
   return from_vector(out, {b, t, width});
 }
 
-TEST(TransformerOpsGpu, PackedAttentionMatchesCpuCausalAttentionForwardAndBackward) {
+TEST(TransformerOpsGpu, PackedAttentionMatchesCpuForwardAndBackward) {
   DDP_REQUIRE_CUDA();
   struct Case {
     int64_t b, t, c, heads;
@@ -282,6 +282,12 @@ TEST(TransformerOpsGpu, PackedAttentionMatchesCpuCausalAttentionForwardAndBackwa
     const Tensor expected =
         pack_token_major({grad(in[0]), grad(in[1]), grad(in[2])}, k.b, k.t, k.heads, d);
     expect_close(grad_qkv, expected, 1e-4);
+
+    // And the CPU's packed kernels (ops/cpu/attention.cpp), which read qkv the same way.
+    const AttentionResult cpu = causal_self_attention(qkv, k.heads);
+    expect_close(gpu.y, cpu.y, 1e-5);
+    expect_close(gpu.probs, cpu.probs, 1e-5);
+    expect_close(grad_qkv, causal_self_attention_backward(grad_y, qkv, cpu.probs, k.heads), 1e-4);
   }
 }
 
