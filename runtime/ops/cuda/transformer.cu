@@ -9,6 +9,7 @@
 #include "runtime/ops/cuda/launch.cuh"  // first (see its top)
 
 #include "runtime/ops/cuda/column_sum.h"
+#include "runtime/ops/cuda/row_kernels.h"
 #include "runtime/ops/cuda/row_reduce.cuh"
 #include "runtime/ops/kernels.h"
 
@@ -304,22 +305,35 @@ void softmax(const Tensor& x, bool log, Tensor& out) {
   cuda_api::check_last_error("softmax_kernel");
 }
 
+namespace detail {
+
+void launch_causal_softmax(const Tensor& on, const float* x, int64_t rows, int64_t t, float* out) {
+  if (rows == 0) return;
+  cuda_api::DeviceGuard guard(on.device().index);
+  causal_softmax_kernel<<<row_blocks(rows), kThreads, 0, stream_of(on)>>>(x, rows, t, out);
+  cuda_api::check_last_error("causal_softmax_kernel");
+}
+
+void launch_softmax_backward(const Tensor& on, const float* grad, const float* y, int64_t rows,
+                             int64_t d, bool log, float* grad_x) {
+  if (rows == 0) return;
+  cuda_api::DeviceGuard guard(on.device().index);
+  softmax_backward_kernel<<<row_blocks(rows), kThreads, 0, stream_of(on)>>>(grad, y, rows, d, log,
+                                                                            grad_x);
+  cuda_api::check_last_error("softmax_backward_kernel");
+}
+
+}  // namespace detail
+
 void softmax_backward(const Tensor& grad, const Tensor& y, bool log, Tensor& grad_x) {
   const auto [rows, d] = rows_of(y);
-  if (rows == 0) return;
-  cuda_api::DeviceGuard guard(grad_x.device().index);
-  softmax_backward_kernel<<<row_blocks(rows), kThreads, 0, stream_of(grad_x)>>>(
-      ptr<const float>(grad), ptr<const float>(y), rows, d, log, ptr<float>(grad_x));
-  cuda_api::check_last_error("softmax_backward_kernel");
+  detail::launch_softmax_backward(grad_x, ptr<const float>(grad), ptr<const float>(y), rows, d, log,
+                                  ptr<float>(grad_x));
 }
 
 void causal_softmax(const Tensor& x, Tensor& out) {
   const auto [rows, t] = rows_of(x);
-  if (rows == 0) return;
-  cuda_api::DeviceGuard guard(out.device().index);
-  causal_softmax_kernel<<<row_blocks(rows), kThreads, 0, stream_of(out)>>>(
-      ptr<const float>(x), rows, t, ptr<float>(out));
-  cuda_api::check_last_error("causal_softmax_kernel");
+  detail::launch_causal_softmax(out, ptr<const float>(x), rows, t, ptr<float>(out));
 }
 
 void sum_squares(const Tensor& x, Tensor& out) {
