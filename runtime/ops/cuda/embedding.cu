@@ -106,12 +106,15 @@ void embedding_backward(const Tensor& grad, const Tensor& indices, Tensor& grad_
   cuda_api::DeviceGuard guard(grad_weight.device().index);
   const cudaStream_t stream = detail::stream_of(grad_weight);
   // All scratch from the caching allocator on this stream (see reduce_sum in reduce.cu).
-  const Tensor keys = device_buffer(2 * n, DType::i32, grad_weight);
-  const Tensor positions = device_buffer(2 * n, DType::i32, grad_weight);
+  // Four allocations rather than two halves: each starts aligned as CUB's vector loads want.
+  const Tensor keys = device_buffer(n, DType::i32, grad_weight);
+  const Tensor sorted_keys = device_buffer(n, DType::i32, grad_weight);
+  const Tensor positions = device_buffer(n, DType::i32, grad_weight);
+  const Tensor sorted_positions = device_buffer(n, DType::i32, grad_weight);
   auto* keys_in = ptr<uint32_t>(keys);
   auto* positions_in = ptr<int32_t>(positions);
-  uint32_t* keys_out = keys_in + n;
-  int32_t* positions_out = positions_in + n;
+  auto* keys_out = ptr<uint32_t>(sorted_keys);
+  auto* positions_out = ptr<int32_t>(sorted_positions);
   if (n > 0) {
     detail::for_each_index(grad_weight, n,
                            SortKeysFn{ptr<const int64_t>(indices), vocab, keys_in, positions_in},
