@@ -64,7 +64,9 @@ TEST(TransformerOpsGpu, GeluAndBackwardMatchCpu) {
     // Spread beyond the tanh's saturation on both sides.
     const Tensor x = scale(randn(shape, ++seed), 3.0f), grad = randn(shape, ++seed);
     expect_close(gelu(x.to(kGpu)), gelu(x), 1e-6);
-    expect_close(gelu_backward(grad.to(kGpu), x.to(kGpu)), gelu_backward(grad, x), 1e-6);
+    // 1 - tanh^2 near saturation: an ulp of tanh (tanhf vs std::tanh, FMA contraction)
+    // times x gelu's slope; 1e-5 of the largest value still catches a wrong formula.
+    expect_close(gelu_backward(grad.to(kGpu), x.to(kGpu)), gelu_backward(grad, x), 1e-5);
   }
 }
 
