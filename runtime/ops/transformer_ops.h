@@ -2,8 +2,9 @@
 // last dim, embedding lookup, softmax / log-softmax along the last dim, batched
 // matmul, causal softmax, each with its backward. Like ops.h, every op checks that its tensors
 // share one device, checks shapes and dtypes (naming the op and the shapes) and allocates its
-// output there. f32 only. CPU only for now: on a cuda tensor each throws DeviceError
-// "<op>: not implemented on cuda yet".
+// output there. f32 only. CPU kernels in ops/cpu/transformer.cpp and ops/cpu/attention.cpp,
+// CUDA kernels in ops/cuda/transformer.cu, embedding.cu and attention.cu (deterministic
+// reductions; docs/runtime.md, "Transformer ops").
 #pragma once
 
 #include "runtime/tensor.h"
