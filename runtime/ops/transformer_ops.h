@@ -32,7 +32,8 @@ LayerNormGrads layer_norm_backward(const Tensor& grad, const Tensor& x,
                                    const LayerNormResult& saved, const Tensor& weight);
 
 // weight [V, d], indices i64 of any shape -> indices.shape + [d]. An index outside
-// [0, V) throws ValueError naming it, its position and V.
+// [0, V) throws ValueError naming it, its position and V on the CPU; on CUDA (where
+// checking would wait for the device) its row is NaN and its gradient is dropped.
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 // A new [V, d]: the rows of grad (shape indices.shape + [d]) summed into the rows
 // the indices name; repeated indices accumulate.

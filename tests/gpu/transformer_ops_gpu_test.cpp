@@ -30,7 +30,8 @@ namespace F = functional;
 
 const Device kGpu = Device::cuda(0);
 
-// |actual - expected| <= rtol * (|expected| + max |expected|) for every element.
+// |actual - expected| <= rtol * (|expected| + max |expected|) + 1e-7 for every element
+// (the floor: an all-zero expectation must not demand bit equality by accident).
 void expect_close(const Tensor& actual, const Tensor& expected, double rtol) {
   ASSERT_EQ(actual.shape(), expected.shape());
   ASSERT_TRUE(actual.device().is_cuda()) << actual.device();
@@ -38,7 +39,7 @@ void expect_close(const Tensor& actual, const Tensor& expected, double rtol) {
   double scale = 0.0;
   for (float v : e) scale = std::max(scale, static_cast<double>(std::fabs(v)));
   for (size_t i = 0; i < a.size(); ++i) {
-    ASSERT_NEAR(a[i], e[i], rtol * (std::fabs(e[i]) + scale))
+    ASSERT_NEAR(a[i], e[i], rtol * (std::fabs(e[i]) + scale) + 1e-7)
         << "element " << i << " of " << a.size();
   }
 }

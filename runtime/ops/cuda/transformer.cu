@@ -94,8 +94,8 @@ __global__ void layer_norm_grad_x_kernel(const float* grad, const float* x, cons
     double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
       const float xhat = (src[j] - mu) * inv;
-      const float dxhat = g[j] * w[j];
-      sum_dxhat += dxhat;
+      const float dxhat = __fmul_rn(g[j], w[j]);  // never fused: the sums and the
+      sum_dxhat += dxhat;                         // second loop use the same product
       sum_dxhat_xhat += static_cast<double>(dxhat) * xhat;
     }
     const auto mean_dxhat = static_cast<float>(block_all_sum(sum_dxhat) / static_cast<double>(d));
@@ -103,7 +103,7 @@ __global__ void layer_norm_grad_x_kernel(const float* grad, const float* x, cons
         static_cast<float>(block_all_sum(sum_dxhat_xhat) / static_cast<double>(d));
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
       const float xhat = (src[j] - mu) * inv;
-      grad_x[r * d + j] = inv * (g[j] * w[j] - mean_dxhat - xhat * mean_dxhat_xhat);
+      grad_x[r * d + j] = inv * (__fmul_rn(g[j], w[j]) - mean_dxhat - xhat * mean_dxhat_xhat);
     }
   }
 }
