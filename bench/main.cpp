@@ -93,6 +93,21 @@ constexpr std::array kSubcommands = {
                run_train_bench,
                "--model --hidden --batch-size --steps --mode --devices --bucket-cap-mb --comm-hook "
                "--grad-accum --data"},
+    Subcommand{
+        "gpt", "a GPT training step on one device: phases, GEMM GFLOP/s, peak memory",
+        "Builds the GPT model (models/gpt.h) from seed 1234 and times --warmup (default 2)\n"
+        "then --repeats (default 10) training steps on fixed pseudo-random tokens:\n"
+        "forward with the loss, backward, gradient-norm clipping at 1.0, AdamW (nanoGPT's\n"
+        "decay groups). Reports the median step: tokens/s, ms per phase, the step's GEMM\n"
+        "GFLOP (three times the forward's projections, attention products and tied head)\n"
+        "and GFLOP/s, and the process's peak resident memory (getrusage), model, gradients,\n"
+        "AdamW state and activations included. Threads: OPENBLAS_NUM_THREADS.\n"
+        "  --model M        gpt-tiny, gpt-mini, gpt2 or gpt:layers=..,d=..,heads=..,ctx=..\n"
+        "                   (default gpt-mini)\n"
+        "  --batch-size N   sequences of the model's context per step (default 8)\n"
+        "JSON rows: model, parameters, batch, tokens_per_s, step_ms, forward_ms,\n"
+        "backward_ms, clip_ms, optimizer_ms, gemm_gflop, gflops, peak_rss_mib, device.",
+        run_gpt_bench, "--model --batch-size"},
 };
 
 constexpr std::string_view kFlagsHelp =

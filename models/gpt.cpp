@@ -158,15 +158,28 @@ class Transformer : public nn::Cloneable<Transformer> {
     register_module("ln_f", std::make_shared<LayerNorm>(c.d_model));
   }
   Tensor forward(const Tensor& tokens) override {
-    const int64_t b = tokens.size(0), t = tokens.size(1);
-    std::vector<int64_t> positions(static_cast<size_t>(b * t));
-    for (size_t i = 0; i < positions.size(); ++i) positions[i] = static_cast<int64_t>(i) % t;
-    const Tensor pos =
-        from_vector(positions, {b, t}, {.dtype = DType::i64, .device = tokens.device()});
+    const Tensor& pos = positions(tokens.size(0), tokens.size(1), tokens.device());
     const Tensor x = F::add(own_child("wte")->forward(tokens), own_child("wpe")->forward(pos));
     return own_child("ln_f")->forward(own_child("h")->forward(own_child("drop")->forward(x)));
   }
   std::string name() const override { return "Transformer"; }
+
+ private:
+  // Positions 0..t-1 in every row of [b, t], on the tokens' device, made once per (b, t,
+  // device): a host-to-device copy per forward would block the host until the device
+  // had run everything queued (Note [copy semantics] in runtime/ops/copy.cpp).
+  const Tensor& positions(int64_t b, int64_t t, const Device& device) {
+    if (!positions_.defined() || positions_.size(0) != b || positions_.size(1) != t ||
+        positions_.device() != device) {
+      std::vector<int64_t> ids(static_cast<size_t>(b * t));
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i) % t;
+      positions_ = from_vector(ids, {b, t}, {.dtype = DType::i64, .device = device});
+    }
+    return positions_;
+  }
+  Tensor positions_;
+
+ public:
   Tensor token_embedding() const { return typed<Embedding>(own_child("wte"))->weight; }
 };
 

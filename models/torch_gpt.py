@@ -20,6 +20,17 @@ LayerNorm weight 1 and bias 0, and the two residual projections of each block
     torch_gpt.py tensors --model gpt2
         prints the model's parameter count and tensor names and shapes as JSON, the format
         of ddp's gpt_tensors program (tests/e2e/torch_gpt_test.sh compares the two)
+    torch_gpt.py parity --dir DIR [--load-init F.safetensors]
+        the golden parity check of ddp's C++ GPT (tests/e2e/gpt_parity_test.sh): loads the
+        files models/gpt_parity.cpp wrote into DIR, runs the same batch and the same AdamW
+        steps in torch, asserts that logits, loss and every gradient agree to 1e-4, the
+        losses and gradient norms to 1e-3 and the weights after the steps to 1e-4 (relative,
+        see parity_error and comparable), and prints the worst figures. With
+        --load-init, F is a file of `init` that gpt_parity --load read into the C++ model:
+        its logits (DIR/load_logits.safetensors) must equal torch's on F to 1e-4.
+    torch_gpt.py curve --dir DIR [--threads N]
+        the loss-curve benchmark (bench/gpt_loss_curve.sh): replays the steps of
+        gpt_parity --curve (its init, batches and learning rates) into DIR/torch_curve.tsv.
 
 Exit codes: 0 ok, 2 usage error (a bad --model included), 3 a file could not be read.
 """
@@ -260,6 +271,170 @@ def load_weights(model, path):
     return metadata
 
 
+# Note [parity steps] in models/gpt_parity.cpp: the optimisation both sides run.
+PARITY_STEPS, PARITY_WARMUP, PARITY_LR, PARITY_MIN_LR = 10, 3, 1e-3, 1e-4
+PARITY_WEIGHT_DECAY, PARITY_BETAS, PARITY_EPS, PARITY_MAX_NORM = 0.1, (0.9, 0.95), 1e-8, 1.0
+PARITY_TOL, PARITY_LOSS_TOL = 1e-4, 1e-3
+
+
+def parity_error(ours, theirs):
+    """Relative error of a tensor: max |ours - theirs| / max |theirs| over its elements
+    (one scale per tensor, so elements near 0 do not blow the ratio up)."""
+    ours, theirs = ours.double(), theirs.double()
+    scale = theirs.abs().max().item()
+    return (ours - theirs).abs().max().item() / (scale if scale > 0 else 1.0)
+
+
+def parity_lr(step):
+    """models/gpt_parity.cpp's schedule (optim::LrSchedule cosine): linear warmup, then a
+    cosine from PARITY_LR down to PARITY_MIN_LR at PARITY_STEPS."""
+    if step < PARITY_WARMUP:
+        return PARITY_LR * (step + 1) / PARITY_WARMUP
+    progress = min(1.0, (step - PARITY_WARMUP) / max(PARITY_STEPS - PARITY_WARMUP, 1))
+    return PARITY_MIN_LR + (PARITY_LR - PARITY_MIN_LR) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def parity_model(path):
+    """The torch model of a safetensors file's "model" metadata, loaded strictly from it."""
+    metadata = load_checkpoint.read_safetensors(path)[1]
+    model = Gpt(parse_model(metadata["model"]))
+    load_weights(model, path)
+    return model
+
+
+def check_step0(model, batch, cpp, failures):
+    """Logits, loss and every gradient of one forward/backward; returns the worst error."""
+    logits, loss = model(batch["inputs"], batch["targets"])
+    loss.backward()
+    errors = {"logits": parity_error(cpp["logits"], logits.detach()),
+              "loss": parity_error(cpp["loss"], loss.detach().reshape(1))}
+    for name, p in model.named_parameters():
+        errors["grad." + name] = parity_error(cpp["grad." + name], p.grad)
+    worst = max(errors, key=errors.get)
+    failures += [f"{n}: relative error {e:.3g} > {PARITY_TOL}" for n, e in errors.items()
+                 if not e <= PARITY_TOL]
+    grad_worst = max((e, n) for n, e in errors.items() if n.startswith("grad."))
+    print(f"parity: logits {errors['logits']:.3g}, loss {errors['loss']:.3g} "
+          f"({loss.item():.6f}), worst gradient {grad_worst[0]:.3g} ({grad_worst[1]}) "
+          f"of {len(errors) - 2}; worst overall {worst}")
+
+
+def check_steps(model, batch, steps_file, failures):
+    """The same AdamW steps in torch (Note [parity steps]); compares the losses."""
+    rows = [line.split("\t") for line in open(steps_file).read().splitlines()[1:]]
+    if len(rows) != PARITY_STEPS:
+        failures.append(f"{steps_file}: {len(rows)} steps, expected {PARITY_STEPS}")
+        return
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": PARITY_WEIGHT_DECAY},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=PARITY_LR, betas=PARITY_BETAS, eps=PARITY_EPS)
+    worst = (0.0, 0)
+    for step, (_, lr_cpp, loss_cpp, norm_cpp) in enumerate(rows):
+        lr = parity_lr(step)
+        if abs(float(lr_cpp) - lr) > 1e-6 * lr:
+            failures.append(f"step {step}: C++ learning rate {lr_cpp}, expected {lr}")
+        for group in opt.param_groups:
+            group["lr"] = lr
+        opt.zero_grad(set_to_none=True)
+        _, loss = model(batch["inputs"], batch["targets"])
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), PARITY_MAX_NORM).item()
+        opt.step()
+        err = abs(float(loss_cpp) - loss.item()) / abs(loss.item())
+        worst = max(worst, (err, step))
+        if not err <= PARITY_LOSS_TOL:
+            failures.append(f"step {step}: loss {loss_cpp} in C++, {loss.item():.9g} in torch "
+                            f"(relative error {err:.3g} > {PARITY_LOSS_TOL})")
+        if not abs(float(norm_cpp) - norm) <= PARITY_LOSS_TOL * norm:
+            failures.append(f"step {step}: gradient norm {norm_cpp} in C++, {norm:.9g} in torch")
+        print(f"parity: step {step} lr {lr:.3g} loss C++ {float(loss_cpp):.6f} torch "
+              f"{loss.item():.6f} grad norm C++ {float(norm_cpp):.4f} torch {norm:.4f}")
+    print(f"parity: {PARITY_STEPS} AdamW steps, worst loss relative error {worst[0]:.3g} "
+          f"(step {worst[1]})")
+
+
+def comparable(name, t):
+    """t without the parts whose trajectory is rounding noise: the key third of c_attn.bias
+    adds the same amount to every score of a row, which softmax ignores, so its gradient is
+    exactly 0 in exact arithmetic and Adam turns the ~1e-9 rounding left in it into
+    steps of about lr in either direction."""
+    if name.endswith("attn.c_attn.bias"):
+        d = t.numel() // 3
+        return torch.cat([t[:d], t[2 * d:]])
+    return t
+
+
+def check_final(model, final_file, failures):
+    """The weights after the steps, per tensor (relative, parity_error)."""
+    final, _ = load_checkpoint.read_safetensors(final_file)
+    errors = {n: parity_error(comparable(n, final[n]), comparable(n, p.detach()))
+              for n, p in model.named_parameters()}
+    worst = max(errors, key=errors.get)
+    print(f"parity: weights after the steps: worst relative error {errors[worst]:.3g} ({worst})")
+    failures += [f"final {n}: relative error {e:.3g} > {PARITY_TOL}" for n, e in errors.items()
+                 if not e <= PARITY_TOL]
+
+
+def parity(directory, load_init):
+    """Returns 0 when every figure is within tolerance, 1 otherwise (listing them)."""
+    torch.manual_seed(0)
+    batch, meta = load_checkpoint.read_safetensors(os.path.join(directory, "batch.safetensors"))
+    print(f"parity: batch {list(batch['inputs'].shape)} from the {meta.get('corpus')} corpus")
+    cpp, _ = load_checkpoint.read_safetensors(os.path.join(directory, "step0.safetensors"))
+    failures = []
+    model = parity_model(os.path.join(directory, "init.safetensors"))
+    check_step0(model, batch, cpp, failures)
+    model = parity_model(os.path.join(directory, "init.safetensors"))
+    check_steps(model, batch, os.path.join(directory, "steps.tsv"), failures)
+    check_final(model, os.path.join(directory, "final.safetensors"), failures)
+    if load_init:
+        theirs, _ = load_checkpoint.read_safetensors(
+            os.path.join(directory, "load_logits.safetensors"))
+        with torch.no_grad():
+            logits, _ = parity_model(load_init)(batch["inputs"])
+        err = parity_error(theirs["logits"], logits)
+        print(f"parity: torch's init file in the C++ model: logits relative error {err:.3g}")
+        if not err <= PARITY_TOL:
+            failures.append(f"logits of {load_init} in C++: relative error {err:.3g}")
+    for failure in failures:
+        print(f"parity FAILED: {failure}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def curve(directory, threads):
+    """The loss-curve benchmark's torch side: replays gpt_parity --curve's run (same init,
+    batches and learning rates) and writes DIR/torch_curve.tsv in curve.tsv's format."""
+    torch.set_num_threads(threads)
+    model = parity_model(os.path.join(directory, "init.safetensors"))
+    batches = load_checkpoint.read_safetensors(
+        os.path.join(directory, "curve_batches.safetensors"))[0]
+    inputs, targets = torch.as_tensor(batches["inputs"]), torch.as_tensor(batches["targets"])
+    rows = [line.split("\t") for line in
+            open(os.path.join(directory, "curve.tsv")).read().splitlines()[1:]]
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": PARITY_WEIGHT_DECAY},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=PARITY_LR, betas=PARITY_BETAS, eps=PARITY_EPS)
+    with open(os.path.join(directory, "torch_curve.tsv"), "w") as out:
+        out.write("step\tlr\tloss\tgrad_norm\n")
+        for step, row in enumerate(rows):
+            lr = float(row[1])
+            for group in opt.param_groups:
+                group["lr"] = lr
+            opt.zero_grad(set_to_none=True)
+            _, loss = model(inputs[step], targets[step])
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), PARITY_MAX_NORM).item()
+            opt.step()
+            out.write(f"{step}\t{lr:.9g}\t{loss.item():.9g}\t{norm:.9g}\n")
+            if (step + 1) % 20 == 0:
+                print(f"torch_gpt.py curve: step {step + 1}/{len(rows)}", file=sys.stderr)
+    return 0
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description="ddp's GPT in PyTorch: initial weights and "
                                      "the tensor list")
@@ -270,7 +445,19 @@ def main(argv):
     init.add_argument("--out", required=True)
     tensors = sub.add_parser("tensors", help="print the parameter count and tensors as JSON")
     tensors.add_argument("--model", required=True)
+    check = sub.add_parser("parity", help="compare ddp's C++ GPT (gpt_parity's files) "
+                           "with this model")
+    check.add_argument("--dir", required=True)
+    check.add_argument("--load-init", default="")
+    replay = sub.add_parser("curve", help="replay gpt_parity --curve's run in torch "
+                            "(writes DIR/torch_curve.tsv)")
+    replay.add_argument("--dir", required=True)
+    replay.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
+    if args.command == "parity":
+        return parity(args.dir, args.load_init)
+    if args.command == "curve":
+        return curve(args.dir, args.threads)
     try:
         config = parse_model(args.model)
     except ValueError as e:

@@ -25,6 +25,8 @@ CublasLibrary load() {
   api.destroy = lib.function<decltype(api.destroy)>("cublasDestroy_v2");
   api.set_stream = lib.function<decltype(api.set_stream)>("cublasSetStream_v2");
   api.sgemm = lib.function<decltype(api.sgemm)>("cublasSgemm_v2");
+  api.sgemm_strided_batched =
+      lib.function<decltype(api.sgemm_strided_batched)>("cublasSgemmStridedBatched");
   api.gemm_ex = lib.function<decltype(api.gemm_ex)>("cublasGemmEx");
   api.status_name = lib.function<decltype(api.status_name)>("cublasGetStatusName");
   api.status_string = lib.function<decltype(api.status_string)>("cublasGetStatusString");

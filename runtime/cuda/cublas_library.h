@@ -22,6 +22,7 @@ struct CublasLibrary {
   decltype(&cublasDestroy_v2) destroy;
   decltype(&cublasSetStream_v2) set_stream;
   decltype(&cublasSgemm_v2) sgemm;
+  decltype(&cublasSgemmStridedBatched) sgemm_strided_batched;
   CublasGemmEx gemm_ex;
   decltype(&cublasGetStatusName) status_name;
   decltype(&cublasGetStatusString) status_string;

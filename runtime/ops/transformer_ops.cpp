@@ -1,6 +1,6 @@
 // The checked entry points of the transformer ops: device, shape and dtype checks,
 // output allocation on the inputs' device, then the CPU kernel (ops/cpu/transformer.cpp)
-// or the CUDA entry (ops/cuda/transformer_pending.cpp, which throws until written).
+// or the CUDA kernel (ops/cuda/transformer.cu, embedding.cu, attention.cu).
 #include "runtime/ops/transformer_ops.h"
 
 #include "runtime/ops/dispatch.h"

@@ -2,8 +2,9 @@
 // last dim, embedding lookup, softmax / log-softmax along the last dim, batched
 // matmul, causal softmax, each with its backward. Like ops.h, every op checks that its tensors
 // share one device, checks shapes and dtypes (naming the op and the shapes) and allocates its
-// output there. f32 only. CPU only for now: on a cuda tensor each throws DeviceError
-// "<op>: not implemented on cuda yet".
+// output there. f32 only. CPU kernels in ops/cpu/transformer.cpp and ops/cpu/attention.cpp,
+// CUDA kernels in ops/cuda/transformer.cu, embedding.cu and attention.cu (deterministic
+// reductions; docs/runtime.md, "Transformer ops").
 #pragma once
 
 #include "runtime/tensor.h"
@@ -31,7 +32,8 @@ LayerNormGrads layer_norm_backward(const Tensor& grad, const Tensor& x,
                                    const LayerNormResult& saved, const Tensor& weight);
 
 // weight [V, d], indices i64 of any shape -> indices.shape + [d]. An index outside
-// [0, V) throws ValueError naming it, its position and V.
+// [0, V) throws ValueError naming it, its position and V on the CPU; on CUDA (where
+// checking would wait for the device) its row is NaN and its gradient is dropped.
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 // A new [V, d]: the rows of grad (shape indices.shape + [d]) summed into the rows
 // the indices name; repeated indices accumulate.

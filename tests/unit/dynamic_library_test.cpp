@@ -76,6 +76,7 @@ TEST(VendorLibraries, CublasHasEveryFunctionDdpCalls) {
   const cuda_api::CublasLibrary& cublas = cuda_api::cublas();  // throws if one is missing
   EXPECT_NE(cublas.sgemm, nullptr);
   EXPECT_NE(cublas.gemm_ex, nullptr);
+  EXPECT_NE(cublas.sgemm_strided_batched, nullptr);
   EXPECT_STREQ(cublas.status_name(CUBLAS_STATUS_NOT_INITIALIZED), "CUBLAS_STATUS_NOT_INITIALIZED");
 #else
   GTEST_SKIP() << "this build has no CUDA";

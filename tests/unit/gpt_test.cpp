@@ -86,6 +86,18 @@ TEST(Gpt, ForwardGivesLogitsForEveryPositionAndShorterSequencesWork) {
   }
 }
 
+// The positions made once per (batch, T) stay right when the shape changes back and
+// forth: logits equal those of a fresh model that never saw another shape.
+TEST(Gpt, PositionsFollowTheBatchShape) {
+  const auto model = model_of("gpt-tiny");
+  const Tensor a = tokens_of(2, 9, 256, 3), b = tokens_of(3, 5, 256, 4);
+  for (const Tensor* tokens : {&a, &b, &a, &b}) {
+    EXPECT_EQ(model->forward(*tokens).to_vector<float>(),
+              model_of("gpt-tiny")->forward(*tokens).to_vector<float>())
+        << shape_str(tokens->shape());
+  }
+}
+
 // Changing the tokens after position `cut` leaves the logits at positions <= cut bit for
 // bit unchanged, and the loss at position `cut` sends no gradient to wpe rows > cut.
 TEST(Gpt, TheModelIsCausal) {

@@ -7,6 +7,7 @@
 #include "runtime/ops/cuda/launch.cuh"  // first (see its top)
 
 #include "runtime/cuda/cublas_library.h"
+#include "runtime/ops/cuda/cublas_handle.h"
 #include "runtime/ops/kernels.h"
 
 #include <climits>
@@ -36,24 +37,6 @@ class CublasHandle {
   cublasHandle_t handle_ = nullptr;
 };
 
-// Handles are not thread-safe to share while setting streams, and belong to the
-// device current at creation: one per (thread, device), made on first use.
-cublasHandle_t handle_for(const Tensor& t) {
-  thread_local std::unordered_map<int, CublasHandle> handles;
-  const int device = t.device().index;
-  auto it = handles.find(device);
-  if (it == handles.end()) it = handles.try_emplace(device, device).first;
-  cublasHandle_t handle = it->second.get();
-  DDP_CUBLAS_CHECK(cuda_api::cublas().set_stream(handle, detail::stream_of(t)));
-  return handle;
-}
-
-int checked_int(int64_t v, const char* what) {
-  DDP_CHECK(v <= INT_MAX, "matmul: {} = {} is larger than cuBLAS supports ({}); split the matmul",
-            what, v, INT_MAX);
-  return static_cast<int>(v);
-}
-
 cudaDataType_t cublas_type(DType dtype) {
   switch (dtype) {
     case DType::bf16:
@@ -68,6 +51,32 @@ cudaDataType_t cublas_type(DType dtype) {
   }
 }
 
+}  // namespace
+
+namespace detail {
+
+cublasHandle_t cublas_handle_for(const Tensor& t) {
+  thread_local std::unordered_map<int, CublasHandle> handles;
+  const int device = t.device().index;
+  auto it = handles.find(device);
+  if (it == handles.end()) it = handles.try_emplace(device, device).first;
+  cublasHandle_t handle = it->second.get();
+  DDP_CUBLAS_CHECK(cuda_api::cublas().set_stream(handle, stream_of(t)));
+  return handle;
+}
+
+int cublas_int(int64_t v, const char* op, const char* what) {
+  DDP_CHECK(v <= INT_MAX, "{}: {} = {} is larger than cuBLAS supports ({}); split the {}", op, what,
+            v, INT_MAX, op);
+  return static_cast<int>(v);
+}
+
+}  // namespace detail
+
+namespace {
+int checked_int(int64_t v, const char* what) {
+  return detail::cublas_int(v, "matmul", what);
+}
 }  // namespace
 
 void gemm(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool trans_b, float alpha,
@@ -85,7 +94,7 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool tran
   const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
 
   cuda_api::DeviceGuard guard(out.device().index);
-  const cublasHandle_t handle = handle_for(out);
+  const cublasHandle_t handle = detail::cublas_handle_for(out);
   // Note [row-major gemm]: B first, then A; C^T is [n, m] with leading dimension n.
   if (out.dtype() == DType::f32) {
     // The default math mode keeps full f32 (no TF32) unless NVIDIA_TF32_OVERRIDE says so.

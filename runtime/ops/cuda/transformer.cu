@@ -1,0 +1,355 @@
+// CUDA kernels of the transformer ops: GELU (tanh approximation), LayerNorm over the
+// last dim, softmax / log-softmax along the last dim and their backwards, causal
+// softmax, and the sum of squares. The math and the order of operations follow the
+// CPU kernels (ops/cpu/transformer.cpp, ops/cpu/attention.cpp), with row statistics
+// in double as there. Row kernels run one block per row (Note [row reduce] in
+// row_reduce.cuh); LayerNorm's weight and bias gradients are column sums with a fixed
+// partition (Note [column sums] in column_sum.h). No float atomics anywhere: every
+// result is the same bits on every run.
+#include "runtime/ops/cuda/launch.cuh"  // first (see its top)
+
+#include "runtime/ops/cuda/column_sum.h"
+#include "runtime/ops/cuda/row_kernels.h"
+#include "runtime/ops/cuda/row_reduce.cuh"
+#include "runtime/ops/kernels.h"
+
+#include <cmath>
+
+namespace ddp::kernels::cuda {
+namespace {
+
+using detail::block_all_max;
+using detail::block_all_sum;
+using detail::kThreads;
+using detail::ptr;
+using detail::row_blocks;
+using detail::stream_of;
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluCubic = 0.044715f;
+
+// The last dim of x and the number of rows before it (x viewed as [rows, d]).
+struct Rows {
+  int64_t rows, d;
+};
+Rows rows_of(const Tensor& x) {
+  const int64_t d = x.size(-1);
+  return {d == 0 ? 0 : x.numel() / d, d};
+}
+
+struct GeluFn {
+  const float* x;
+  float* out;
+  __device__ void operator()(int64_t i) const {
+    const float v = x[i];
+    out[i] = 0.5f * v * (1.0f + tanhf(kSqrt2OverPi * (v + kGeluCubic * v * v * v)));
+  }
+};
+
+struct GeluBackwardFn {
+  const float* grad;
+  const float* x;
+  float* out;
+  __device__ void operator()(int64_t i) const {
+    const float v = x[i];
+    const float t = tanhf(kSqrt2OverPi * (v + kGeluCubic * v * v * v));
+    const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
+    out[i] = grad[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+  }
+};
+
+// Two passes over the row, as the CPU: var = E[(x - mu)^2] does not cancel.
+__global__ void layer_norm_kernel(const float* x, const float* w, const float* b, float eps,
+                                  int64_t rows, int64_t d, float* out, float* mean, float* rstd) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* src = x + r * d;
+    float* dst = out + r * d;
+    double sum = 0.0;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) sum += src[j];
+    const double mu = block_all_sum(sum) / static_cast<double>(d);
+    double sq = 0.0;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+      const double c = src[j] - mu;
+      sq += c * c;
+    }
+    sq = block_all_sum(sq);
+    const auto inv = static_cast<float>(1.0 / sqrt(sq / static_cast<double>(d) + eps));
+    const auto m = static_cast<float>(mu);
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) dst[j] = (src[j] - m) * inv * w[j] + b[j];
+    if (threadIdx.x == 0) {
+      mean[r] = m;
+      rstd[r] = inv;
+    }
+  }
+}
+
+// grad_x = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = grad * weight.
+__global__ void layer_norm_grad_x_kernel(const float* grad, const float* x, const float* mean,
+                                         const float* rstd, const float* w, int64_t rows, int64_t d,
+                                         float* grad_x) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* g = grad + r * d;
+    const float* src = x + r * d;
+    const float mu = mean[r], inv = rstd[r];
+    double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+      const float xhat = (src[j] - mu) * inv;
+      const float dxhat = __fmul_rn(g[j], w[j]);  // never fused: the sums and the
+      sum_dxhat += dxhat;                         // second loop use the same product
+      sum_dxhat_xhat += static_cast<double>(dxhat) * xhat;
+    }
+    const auto mean_dxhat = static_cast<float>(block_all_sum(sum_dxhat) / static_cast<double>(d));
+    const auto mean_dxhat_xhat =
+        static_cast<float>(block_all_sum(sum_dxhat_xhat) / static_cast<double>(d));
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+      const float xhat = (src[j] - mu) * inv;
+      grad_x[r * d + j] = inv * (__fmul_rn(g[j], w[j]) - mean_dxhat - xhat * mean_dxhat_xhat);
+    }
+  }
+}
+
+// Pass 1 of Note [column sums]: partials [chunks, d] of sum(grad xhat) and sum(grad).
+__global__ void layer_norm_column_partials_kernel(const float* grad, const float* x,
+                                                  const float* mean, const float* rstd,
+                                                  int64_t rows, int64_t d, column_sum::Plan plan,
+                                                  double* partial_w, double* partial_b) {
+  __shared__ double sum_w[column_sum::kBlockThreads], sum_b[column_sum::kBlockThreads];
+  const int t = static_cast<int>(threadIdx.x);
+  const int tx = t % column_sum::kColThreads, ty = t / column_sum::kColThreads;
+  // `tile` is the same for the whole block, so every thread reaches each barrier.
+  for (int64_t tile = blockIdx.x; tile < plan.tiles(); tile += gridDim.x) {
+    const column_sum::Tile at = column_sum::tile_at(plan, tile);
+    const int64_t col = at.col0 + tx;
+    double acc_w = 0.0, acc_b = 0.0;
+    if (col < d) {
+      const column_sum::RowSpan span = column_sum::thread_rows(at, ty, rows);
+      for (int64_t r = span.first; r < span.end; r += span.step) {
+        const float g = grad[r * d + col];
+        const float xhat = (x[r * d + col] - mean[r]) * rstd[r];
+        acc_w += static_cast<double>(g) * xhat;
+        acc_b += g;
+      }
+    }
+    sum_w[t] = acc_w;
+    sum_b[t] = acc_b;
+    __syncthreads();
+    for (int stride = column_sum::kRowThreads / 2; stride > 0; stride /= 2) {
+      if (ty < stride) {
+        sum_w[t] += sum_w[t + stride * column_sum::kColThreads];
+        sum_b[t] += sum_b[t + stride * column_sum::kColThreads];
+      }
+      __syncthreads();
+    }
+    if (ty == 0 && col < d) {
+      partial_w[column_sum::partial_index(at.chunk, col, d)] = sum_w[t];
+      partial_b[column_sum::partial_index(at.chunk, col, d)] = sum_b[t];
+    }
+    __syncthreads();  // the next tile overwrites sum_w and sum_b
+  }
+}
+
+// Pass 2 of Note [column sums]: each column's partials in chunk order.
+struct ColumnFinishFn {
+  const double* partial_w;
+  const double* partial_b;
+  int64_t chunks, d;
+  float* grad_w;
+  float* grad_b;
+  __device__ void operator()(int64_t col) const {
+    double w = 0.0, b = 0.0;
+    for (int64_t c = 0; c < chunks; ++c) {
+      w += partial_w[column_sum::partial_index(c, col, d)];
+      b += partial_b[column_sum::partial_index(c, col, d)];
+    }
+    grad_w[col] = static_cast<float>(w);
+    grad_b[col] = static_cast<float>(b);
+  }
+};
+
+// Softmax (or log-softmax) of src[0, d) into dst[0, d) by the whole block; d >= 1.
+// dst may be src: each element is read and written by one thread, after the last
+// reduction's barrier. The row maximum is subtracted first, and the sum is in double.
+__device__ void softmax_row(const float* src, int64_t d, bool log, float* dst) {
+  float max = -INFINITY;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) max = fmaxf(max, src[j]);
+  max = block_all_max(max);
+  double sum = 0.0;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
+    sum += exp(static_cast<double>(src[j] - max));
+  sum = block_all_sum(sum);
+  if (log) {
+    const auto log_sum = static_cast<float>(::log(sum));
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) dst[j] = src[j] - max - log_sum;
+  } else {
+    const auto inv = static_cast<float>(1.0 / sum);
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) dst[j] = expf(src[j] - max) * inv;
+  }
+}
+
+__global__ void softmax_kernel(const float* x, int64_t rows, int64_t d, bool log, float* out) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+    softmax_row(x + r * d, d, log, out + r * d);
+}
+
+// Row r is row i = r % t of its [t, t] matrix: columns 0..i, exact zeros after.
+__global__ void causal_softmax_kernel(const float* x, int64_t rows, int64_t t, float* out) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t seen = r % t + 1;
+    float* dst = out + r * t;
+    softmax_row(x + r * t, seen, false, dst);
+    for (int64_t j = seen + threadIdx.x; j < t; j += blockDim.x) dst[j] = 0.0f;
+  }
+}
+
+// grad_x may be grad (in place), as in softmax_row.
+__global__ void softmax_backward_kernel(const float* grad, const float* y, int64_t rows, int64_t d,
+                                        bool log, float* grad_x) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* g = grad + r * d;
+    const float* out = y + r * d;
+    float* dst = grad_x + r * d;
+    double acc = 0.0;  // softmax: sum(grad y); log-softmax: sum(grad)
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+      acc += log ? static_cast<double>(g[j]) : static_cast<double>(g[j]) * out[j];
+    }
+    const auto s = static_cast<float>(block_all_sum(acc));
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+      dst[j] = log ? g[j] - expf(out[j]) * s : out[j] * (g[j] - s);
+    }
+  }
+}
+
+// sum_squares in two passes with a grid that depends only on n (Note [deterministic
+// sum] in reduce.cu): per-block partials in double, then one block over them.
+constexpr int64_t kSquaresPerThread = 8;
+constexpr int64_t kMaxSquarePartials = 1024;
+
+__global__ void square_partials_kernel(const float* x, int64_t n, double* partials) {
+  double acc = 0.0;
+  for (int64_t i = detail::global_thread(); i < n; i += detail::grid_threads()) {
+    acc += static_cast<double>(x[i]) * x[i];
+  }
+  acc = block_all_sum(acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+__global__ void sum_partials_kernel(const double* partials, int64_t count, float* out) {
+  double acc = 0.0;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) acc += partials[i];
+  acc = block_all_sum(acc);
+  if (threadIdx.x == 0) out[0] = static_cast<float>(acc);
+}
+
+// A device tensor of `count` doubles from the caching allocator (ddp has no f64
+// dtype; i64 has the size and alignment). Freed by the caller while kernels that use
+// it may still run: its next user is ordered after them on the same stream.
+Tensor double_scratch(int64_t count, const Tensor& on) {
+  static_assert(sizeof(double) == sizeof(int64_t));
+  return empty({count}, {.dtype = DType::i64, .device = on.device()});
+}
+
+}  // namespace
+
+void gelu(const Tensor& x, Tensor& out) {
+  detail::for_each_index(out, out.numel(), GeluFn{ptr<const float>(x), ptr<float>(out)}, "gelu");
+}
+
+void gelu_backward(const Tensor& grad, const Tensor& x, Tensor& out) {
+  const GeluBackwardFn fn{ptr<const float>(grad), ptr<const float>(x), ptr<float>(out)};
+  detail::for_each_index(out, out.numel(), fn, "gelu_backward");
+}
+
+void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out,
+                Tensor& mean, Tensor& rstd) {
+  const auto [rows, d] = rows_of(x);
+  if (rows == 0) return;
+  cuda_api::DeviceGuard guard(out.device().index);
+  layer_norm_kernel<<<row_blocks(rows), kThreads, 0, stream_of(out)>>>(
+      ptr<const float>(x), ptr<const float>(weight), ptr<const float>(bias), eps, rows, d,
+      ptr<float>(out), ptr<float>(mean), ptr<float>(rstd));
+  cuda_api::check_last_error("layer_norm_kernel");
+}
+
+void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& mean,
+                         const Tensor& rstd, const Tensor& weight, Tensor& grad_x,
+                         Tensor& grad_weight, Tensor& grad_bias) {
+  const auto [rows, d] = rows_of(x);
+  cuda_api::DeviceGuard guard(grad_x.device().index);
+  const cudaStream_t stream = stream_of(grad_x);
+  if (rows > 0) {
+    layer_norm_grad_x_kernel<<<row_blocks(rows), kThreads, 0, stream>>>(
+        ptr<const float>(grad), ptr<const float>(x), ptr<const float>(mean), ptr<const float>(rstd),
+        ptr<const float>(weight), rows, d, ptr<float>(grad_x));
+    cuda_api::check_last_error("layer_norm_grad_x_kernel");
+  }
+  const column_sum::Plan plan = column_sum::make_plan(rows, d);
+  const Tensor partial_w = double_scratch(plan.chunks * d, grad_x);
+  const Tensor partial_b = double_scratch(plan.chunks * d, grad_x);
+  const int blocks = static_cast<int>(std::min(plan.tiles(), detail::kMaxBlocks));
+  layer_norm_column_partials_kernel<<<blocks, column_sum::kBlockThreads, 0, stream>>>(
+      ptr<const float>(grad), ptr<const float>(x), ptr<const float>(mean), ptr<const float>(rstd),
+      rows, d, plan, ptr<double>(partial_w), ptr<double>(partial_b));
+  cuda_api::check_last_error("layer_norm_column_partials_kernel");
+  const ColumnFinishFn finish{
+      ptr<const double>(partial_w), ptr<const double>(partial_b), plan.chunks, d,
+      ptr<float>(grad_weight),      ptr<float>(grad_bias)};
+  detail::for_each_index(grad_weight, d, finish, "layer_norm_backward (weight and bias)");
+}
+
+void softmax(const Tensor& x, bool log, Tensor& out) {
+  const auto [rows, d] = rows_of(x);
+  if (rows == 0) return;
+  cuda_api::DeviceGuard guard(out.device().index);
+  softmax_kernel<<<row_blocks(rows), kThreads, 0, stream_of(out)>>>(ptr<const float>(x), rows, d,
+                                                                    log, ptr<float>(out));
+  cuda_api::check_last_error("softmax_kernel");
+}
+
+namespace detail {
+
+void launch_causal_softmax(const Tensor& on, const float* x, int64_t rows, int64_t t, float* out) {
+  if (rows == 0) return;
+  cuda_api::DeviceGuard guard(on.device().index);
+  causal_softmax_kernel<<<row_blocks(rows), kThreads, 0, stream_of(on)>>>(x, rows, t, out);
+  cuda_api::check_last_error("causal_softmax_kernel");
+}
+
+void launch_softmax_backward(const Tensor& on, const float* grad, const float* y, int64_t rows,
+                             int64_t d, bool log, float* grad_x) {
+  if (rows == 0) return;
+  cuda_api::DeviceGuard guard(on.device().index);
+  softmax_backward_kernel<<<row_blocks(rows), kThreads, 0, stream_of(on)>>>(grad, y, rows, d, log,
+                                                                            grad_x);
+  cuda_api::check_last_error("softmax_backward_kernel");
+}
+
+}  // namespace detail
+
+void softmax_backward(const Tensor& grad, const Tensor& y, bool log, Tensor& grad_x) {
+  const auto [rows, d] = rows_of(y);
+  detail::launch_softmax_backward(grad_x, ptr<const float>(grad), ptr<const float>(y), rows, d, log,
+                                  ptr<float>(grad_x));
+}
+
+void causal_softmax(const Tensor& x, Tensor& out) {
+  const auto [rows, t] = rows_of(x);
+  detail::launch_causal_softmax(out, ptr<const float>(x), rows, t, ptr<float>(out));
+}
+
+void sum_squares(const Tensor& x, Tensor& out) {
+  const int64_t n = x.numel();
+  cuda_api::DeviceGuard guard(out.device().index);
+  const cudaStream_t stream = stream_of(out);
+  const int64_t per_block = kThreads * kSquaresPerThread;
+  const int64_t blocks =
+      std::clamp<int64_t>((n + per_block - 1) / per_block, 1, kMaxSquarePartials);
+  const Tensor partials = double_scratch(blocks, out);
+  square_partials_kernel<<<static_cast<int>(blocks), kThreads, 0, stream>>>(ptr<const float>(x), n,
+                                                                            ptr<double>(partials));
+  cuda_api::check_last_error("square_partials_kernel");
+  sum_partials_kernel<<<1, kThreads, 0, stream>>>(ptr<const double>(partials), blocks,
+                                                  ptr<float>(out));
+  cuda_api::check_last_error("sum_partials_kernel");
+}
+
+}  // namespace ddp::kernels::cuda

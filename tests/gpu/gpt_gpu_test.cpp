@@ -1,0 +1,104 @@
+// The whole GPT (models/gpt.h) on cuda:0 against the same model on the CPU: from the
+// same initialisation and tokens, the logits, the loss and every parameter's
+// gradient after one backward, at gpt-mini (B=4, T=256) and with GPT-2's 50257-token
+// vocabulary. Every transformer kernel runs here in the order a training step runs
+// them, so a kernel that passes its own test but mishandles a layout the model
+// produces fails here. Without a GPU the test skips and says why.
+#include "models/gpt.h"
+#include "runtime/autograd/autograd.h"
+#include "runtime/autograd/functions.h"
+#include "runtime/device.h"
+#include "runtime/rng/generator.h"
+#include "runtime/tensor.h"
+#include "tests/gpu/require_gpu.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace ddp {
+namespace {
+
+namespace F = functional;
+
+const Device kGpu = Device::cuda(0);
+
+// max |actual - expected| <= rtol * max |expected|, reported with the tensor's name.
+void expect_close(const std::string& what, const Tensor& actual, const Tensor& expected,
+                  double rtol) {
+  ASSERT_EQ(actual.shape(), expected.shape()) << what;
+  ASSERT_TRUE(actual.device().is_cuda()) << what << " is on " << actual.device();
+  const std::vector<float> a = actual.cpu().to_vector<float>(), e = expected.to_vector<float>();
+  double scale = 0.0, worst = 0.0;
+  size_t at = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    scale = std::max(scale, static_cast<double>(std::fabs(e[i])));
+    const double diff = std::fabs(static_cast<double>(a[i]) - e[i]);
+    if (!(diff <= worst)) {  // NaN counts as the worst
+      worst = diff;
+      at = i;
+    }
+  }
+  EXPECT_LE(worst, rtol * scale) << what << ": element " << at << " is " << a[at] << " on cuda, "
+                                 << e[at] << " on the CPU (max |cpu| " << scale << ")";
+}
+
+Tensor tokens_of(int64_t b, int64_t t, int64_t vocab, uint64_t seed) {
+  std::vector<int64_t> ids(static_cast<size_t>(b * t));
+  uint64_t s = seed;
+  for (auto& id : ids) {
+    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+    id = static_cast<int64_t>((s >> 33) % static_cast<uint64_t>(vocab));
+  }
+  return from_vector(ids, {b, t});
+}
+
+struct Step {
+  Tensor logits, loss;
+};
+
+// One forward and backward of the next-token loss on the model's device.
+Step forward_backward(models::Gpt& model, const Tensor& tokens, const Tensor& targets) {
+  const Tensor logits = model.forward(tokens);
+  const int64_t n = logits.size(0) * logits.size(1);
+  const Tensor loss =
+      F::cross_entropy(F::reshape(logits, {n, logits.size(2)}), targets.reshape({n}));
+  backward(loss);
+  return {logits, loss};
+}
+
+TEST(GptGpu, LogitsLossAndEveryGradientMatchCpu) {
+  DDP_REQUIRE_CUDA();
+  struct Case {
+    std::string spec;
+    int64_t batch, t;
+  };
+  for (const Case& c :
+       {Case{"gpt-mini", 4, 256}, Case{"gpt:layers=1,d=64,heads=4,ctx=64,vocab=50257", 2, 64}}) {
+    SCOPED_TRACE(c.spec);
+    const models::GptConfig config = models::gpt_config(c.spec);
+    Generator gen_cpu(5), gen_gpu(5);
+    const auto cpu = models::make_gpt(config, gen_cpu);
+    const auto gpu = models::make_gpt(config, gen_gpu);
+    gpu->to(kGpu);
+    const Tensor tokens = tokens_of(c.batch, c.t, config.vocab, 6);
+    const Tensor targets = tokens_of(c.batch, c.t, config.vocab, 7);
+    const Step want = forward_backward(*cpu, tokens, targets);
+    const Step got = forward_backward(*gpu, tokens.to(kGpu), targets.to(kGpu));
+    expect_close("logits", got.logits, want.logits, 1e-4);
+    expect_close("loss", got.loss, want.loss, 1e-5);
+    const auto cpu_params = cpu->named_parameters(), gpu_params = gpu->named_parameters();
+    ASSERT_EQ(cpu_params.size(), gpu_params.size());
+    for (size_t i = 0; i < cpu_params.size(); ++i) {
+      ASSERT_EQ(cpu_params[i].first, gpu_params[i].first);
+      expect_close(cpu_params[i].first + " gradient", grad(gpu_params[i].second),
+                   grad(cpu_params[i].second), 1e-3);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ddp
