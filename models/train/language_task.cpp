@@ -92,6 +92,10 @@ class LanguageTask : public Task {
     model_->to(device);
   }
 
+  // The window batches refer to corpus_: not copied or moved.
+  LanguageTask(const LanguageTask&) = delete;
+  LanguageTask& operator=(const LanguageTask&) = delete;
+
   std::string model_spec() const override { return models::describe(config_); }
   std::shared_ptr<nn::Module> model() const override { return model_; }
   bool is_language_model() const override { return true; }
