@@ -11,7 +11,10 @@
 #     but not those of one process with a batch of 4. The tolerance: the gradients
 #     differ in rounding (two half-batch means averaged vs one mean), and AdamW's
 #     m / sqrt(v) magnifies that where a gradient is near 0 (measured 1.7e-4 at most;
-#     a batch of 4 instead of 8 differs by 5e-3 to 1.2);
+#     a batch of 4 instead of 8 differs by 5e-3 to 1.2); the validation losses (over
+#     the same windows: 2 ranks x 2 batches x 4 = 2 batches x 8) agree to 1e-4
+#     (rank 0's loss log holds its half-batch losses, so it cannot equal the
+#     one-process log; the weights say more);
 #  3. a restart mid-run: rank 1 killed after step 10, ddprun --max-restarts 1, the
 #     group resumes from the step-8 checkpoint and ends with the uninterrupted
 #     run's weights bit for bit (GPT-2 tensor names in the checkpoint).
@@ -63,15 +66,22 @@ PY
 # 2. DDP: buckets, and parity with one process of the same global batch.
 common=(--model gpt-tiny --max-steps 12 --seed 3 --eval-batches 2 --device cpu)
 "$ddprun" --standalone -n 2 "$train" "${common[@]}" --backend shm --bucket-cap-mb 0.1 --batch-size 4 \
-  --save "$dir/ddp.st" >"$dir/ddp.log" 2>&1 || fail "ddprun -n 2 train exited $?"
+  --save "$dir/ddp.st" --metrics "$dir/ddp.jsonl" >"$dir/ddp.log" 2>&1 || fail "ddprun -n 2 train exited $?"
 buckets=$(sed -nE 's/.*ddp over 2 ranks \([a-z]+ backend, ([0-9]+) bucket\(s\).*/\1/p' "$dir/ddp.log")
 [ -n "$buckets" ] && [ "$buckets" -ge 5 ] || fail "expected >= 5 buckets at 0.1 MiB, the log says '$buckets'"
-"$train" "${common[@]}" --batch-size 8 --save "$dir/one.st" >"$dir/one.log" 2>&1 || fail "train exited $?"
+"$train" "${common[@]}" --batch-size 8 --save "$dir/one.st" --metrics "$dir/one.jsonl" >"$dir/one.log" 2>&1 ||
+  fail "train exited $?"
 "$train" "${common[@]}" --batch-size 4 --save "$dir/half.st" >"$dir/half.log" 2>&1 || fail "train exited $?"
 python3 "$here/compare_checkpoints.py" "$dir/one.st" "$dir/ddp.st" --rtol 1e-3 >"$dir/cmp.log" 2>&1 ||
   fail "ddprun -n 2 x batch 4 differs from one process x batch 8: $(tail -3 "$dir/cmp.log")"
 python3 "$here/compare_checkpoints.py" "$dir/half.st" "$dir/ddp.st" --rtol 1e-3 >/dev/null 2>&1 &&
   fail "the parity check cannot tell a batch of 4 from 8"
+python3 - "$dir/one.jsonl" "$dir/ddp.jsonl" <<'PY' || fail "the validation losses differ"
+import json, sys
+one, ddp = ([json.loads(l)["val_loss"] for l in open(p)] for p in sys.argv[1:])
+assert len(one) == len(ddp) == 1 and abs(one[0] - ddp[0]) <= 1e-4 * one[0], (one, ddp)
+print(f"val_loss: one process {one[0]}, ddprun -n 2 {ddp[0]}")
+PY
 grep -q '"transformer.h.1.attn.c_attn.weight"' "$dir/ddp.st" || fail "no GPT-2 tensor names in the checkpoint"
 echo "ddp: $buckets buckets; weights equal one process with the same global batch ($(tail -1 "$dir/cmp.log"))"
 
