@@ -17,7 +17,8 @@
 #     one-process log; the weights say more);
 #  3. a restart mid-run: rank 1 killed after step 10, ddprun --max-restarts 1, the
 #     group resumes from the step-8 checkpoint and ends with the uninterrupted
-#     run's weights bit for bit (GPT-2 tensor names in the checkpoint).
+#     run's weights bit for bit, and the same evaluation rows (--eval-every 6:
+#     steps 6, 12 and the end, 16), each once.
 # Without the corpus it skips (77) unless DDP_REQUIRE_DATA=1 (deploy/test.sh).
 # usage: train_gpt.sh DDPRUN TRAIN
 set -uo pipefail
@@ -87,13 +88,21 @@ echo "ddp: $buckets buckets; weights equal one process with the same global batc
 
 # 3. Restart and resume: bit for bit.
 resume=(--model gpt-tiny --max-steps 16 --batch-size 4 --seed 5 --eval-batches 2 --save-every 4
-  --backend shm --device cpu)
-"$ddprun" --standalone -n 2 "$train" "${resume[@]}" --save "$dir/full.st" >"$dir/full.log" 2>&1 ||
-  fail "the uninterrupted run exited $?"
+  --eval-every 6 --backend shm --device cpu)
+"$ddprun" --standalone -n 2 "$train" "${resume[@]}" --save "$dir/full.st" --metrics "$dir/full.jsonl" \
+  >"$dir/full.log" 2>&1 || fail "the uninterrupted run exited $?"
 DDP_TEST_KILL_AT=1:10 "$ddprun" --standalone -n 2 --grace-period 2 --max-restarts 1 "$train" \
-  "${resume[@]}" --resume auto --save "$dir/part.st" >"$dir/part.log" 2>&1 ||
+  "${resume[@]}" --resume auto --save "$dir/part.st" --metrics "$dir/part.jsonl" >"$dir/part.log" 2>&1 ||
   fail "the restarted run exited $?"
 grep -q "resumed from $dir/part.st at step 8 (epoch 1, step 8 of it)" "$dir/part.log" ||
   fail "the restarted group did not resume from step 8"
 cmp "$dir/full.st" "$dir/part.st" || fail "the final checkpoints differ"
+python3 - "$dir/full.jsonl" "$dir/part.jsonl" <<'PY' || fail "the metrics rows differ"
+import json, sys
+full, part = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
+key = lambda rows: [(r["step"], r["train_loss"], r["val_loss"]) for r in rows]
+assert [r["step"] for r in full] == [6, 12, 16], key(full)
+assert key(part) == key(full), f"resumed {key(part)} vs uninterrupted {key(full)}"
+print("evaluation rows (step, train_loss, val_loss), each once:", key(part))
+PY
 echo "train_gpt.sh: ok"
