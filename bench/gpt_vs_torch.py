@@ -56,7 +56,8 @@ def run_json(cmd, env_extra, label):
     env = dict(os.environ, **env_extra)
     print(f"gpt_vs_torch: {label}: {' '.join(cmd)}", file=sys.stderr, flush=True)
     out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, check=True).stdout
-    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    # Under ddprun every line carries a "[rank N] " prefix.
+    rows = [json.loads(line[line.index("{"):]) for line in out.splitlines() if "{" in line]
     if not rows:
         sys.exit(f"gpt_vs_torch: {label} printed no JSON row")
     return rows[-1]

@@ -2,6 +2,7 @@
 // launcher (Note [bench train] in the help text of main.cpp).
 #include "bench/subcommands.h"
 #include "collectives/bootstrap.h"
+#include "models/gpt_config.h"
 #include "models/train/trainer.h"
 #include "runtime/error.h"
 
@@ -18,19 +19,30 @@ namespace {
 // The train command line for these flags: the trainer's own parser checks them.
 std::vector<std::string> train_args(const BenchOptions& o, int epochs, int world_size) {
   const std::string fashion = "/usr/share/datasets/fashion-mnist";
-  const std::string data =
-      o.flag("--data", std::filesystem::exists(fashion) ? fashion : std::string("synthetic"));
+  const std::string model = o.flag("--model", "mlp");
+  // gpt: the corpus train picks (its own default), one validation batch per epoch's
+  // evaluation (outside the timed steps, but it still takes time).
+  const bool gpt = models::is_gpt_model(model);
+  const std::string data = o.flag(
+      "--data", gpt || std::filesystem::exists(fashion) ? fashion : std::string("synthetic"));
   std::vector<std::string> args = {"train",           "--quiet",
-                                   "--model",         o.flag("--model", "mlp"),
+                                   "--model",         model,
                                    "--batch-size",    o.flag("--batch-size", "64"),
                                    "--max-steps",     o.flag("--steps", "300"),
                                    "--epochs",        std::to_string(epochs),
                                    "--lr-schedule",   "constant",
-                                   "--data",          data,
                                    "--mode",          o.flag("--mode", "auto"),
                                    "--bucket-cap-mb", o.flag("--bucket-cap-mb", "25"),
                                    "--comm-hook",     o.flag("--comm-hook", "none"),
                                    "--grad-accum",    o.flag("--grad-accum", "1")};
+  if (!gpt || o.extra.contains("--data")) {
+    args.emplace_back("--data");
+    args.push_back(data);
+  }
+  if (gpt) {
+    args.emplace_back("--eval-batches");
+    args.emplace_back("1");
+  }
   for (const char* flag : {"--hidden", "--devices"}) {
     if (o.extra.contains(flag)) {
       args.emplace_back(flag);
@@ -75,13 +87,14 @@ int run_train_bench(const BenchOptions& o, const Reporter& reporter) {
   const train::EpochMetrics& m = measured[measured.size() / 2];
   const double step = m.step_ms;
   Row row;
-  row.add("model", options->model.name)
+  row.add("model", o.flag("--model", "mlp"))
       .add("mode", result.mode)
       .add("world", result.world_size)
       .add("batch", options->batch_size)
       .add("bucket_mb", options->bucket_cap_mb, 1)
       .add("hook", options->comm_hook)
       .add("samples_per_s", m.samples_per_s, 0)
+      .add("tokens_per_s", m.tokens_per_s, 0)
       .add("step_ms", step, 3)
       .add("data_ms", m.data_ms, 3)
       .add("forward_ms", m.forward_ms, 3)
