@@ -126,6 +126,10 @@ def main(argv=None):
     config = args.config
     model = torch_gpt.Gpt(config).init_weights(args.seed)
     if world_size > 1:
+        # The causal masks are bool buffers, equal on every rank; gloo cannot broadcast
+        # bool ("Invalid scalar type"), so DDP is told to leave the buffers alone.
+        torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+            model, [name for name, _ in model.named_buffers()])
         model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
     model.train()
     optimizer = torch.optim.AdamW(decay_groups(model, args.weight_decay), lr=args.lr,
