@@ -113,8 +113,9 @@ void generate(const Options& o) {
     const Tensor input = from_vector<int64_t>(window, {1, n}, {.dtype = DType::i64}).to(device);
     const Tensor logits = model->forward(input);  // [1, n, vocab]
     const auto all = logits.to(Device::cpu()).to_vector<float>();
+    // The text is bytes: a vocabulary past 256 (gpt2's) samples among the first 256.
     const std::span<const float> last(all.data() + (n - 1) * config.vocab,
-                                      static_cast<size_t>(config.vocab));
+                                      static_cast<size_t>(std::min<int64_t>(config.vocab, 256)));
     const int64_t next = models::pick_token(last, o.sampling, u[static_cast<size_t>(i)]);
     tokens.push_back(next);
     std::fputc(static_cast<int>(next), stdout);

@@ -21,6 +21,12 @@ std::vector<double> token_probabilities(std::span<const float> logits,
   validate(options);
   const auto n = static_cast<int64_t>(logits.size());
   DDP_CHECK(n > 0, "token_probabilities: no logits");
+  for (int64_t i = 0; i < n; ++i) {
+    DDP_CHECK(std::isfinite(logits[static_cast<size_t>(i)]),
+              "token_probabilities: logit {} of token {} is not finite; the checkpoint's "
+              "weights (or the prompt's forward) produced NaN or infinity",
+              logits[static_cast<size_t>(i)], i);
+  }
   std::vector<int64_t> order(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), int64_t{0});
   const int64_t k = options.top_k > 0 ? std::min(options.top_k, n) : n;

@@ -21,13 +21,26 @@
 #include "runtime/data/text_corpus.h"
 #include "runtime/data/text_windows.h"
 
+#include <algorithm>
+
 namespace ddp::train {
 namespace {
 
 constexpr uint64_t kValidationSeed = 0x5eed;
 
-TextCorpus load_corpus(const TrainOptions& o) {
-  if (o.data == "synthetic") return make_synthetic_text({.seed = 0});
+// --data synthetic: --synthetic-size windows of the context in the train split (at least
+// the generator's 1 MiB) and a fifth as many in the validation split (at least 128 KiB),
+// so a sweep asking for N steps of a global batch gets them (bench/scale).
+TextCorpus load_corpus(const TrainOptions& o, int64_t context) {
+  if (o.data == "synthetic") {
+    const SyntheticTextOptions small;
+    const int64_t window = context + 1;
+    return make_synthetic_text(
+        {.train_bytes = std::max(small.train_bytes, o.synthetic_size * window + context),
+         .validation_bytes =
+             std::max(small.validation_bytes, o.synthetic_size / 5 * window + context),
+         .seed = 0});
+  }
   try {
     return load_brown_corpus(o.data);
   } catch (const ValueError& e) {
@@ -78,13 +91,17 @@ class LanguageTask : public Task {
  public:
   LanguageTask(const TrainOptions& o, const Device& device, int rank, int world_size)
       : config_(models::gpt_config(o.model.name)),
-        corpus_(load_corpus(o)),
+        corpus_(load_corpus(o, config_.context)),
         device_(device),
         train_("train", corpus_.train, config_.context, o.batch_size, rank, world_size,
                {.shuffle = true, .seed = o.seed}),
         validation_("validation", corpus_.validation, config_.context, o.batch_size, rank,
                     world_size, {.shuffle = true, .seed = kValidationSeed}),
         eval_batches_(o.eval_batches) {
+    DDP_CHECK(config_.vocab >= 256,
+              "--model {}: vocabulary {} is smaller than the 256 byte values of the text; use "
+              "vocab=256 or more",
+              o.model.name, config_.vocab);
     const ByteEntropy e = byte_entropies(corpus_.validation);
     entropy_ = {e.unigram_bits, e.bigram_bits};
     Generator gen(o.seed);

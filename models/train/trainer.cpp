@@ -263,6 +263,10 @@ EpochMetrics train_epoch(Run& r, int64_t epoch) {
   Progress progress(r.o, r.out, r.task->is_language_model() ? "tokens" : "samples");
   r.task->start_epoch(epoch);
   const int64_t available = r.task->num_batches() / r.o.grad_accum;
+  DDP_CHECK(available > 0,
+            "an epoch has {} batches of --batch-size {} per rank, fewer than --grad-accum {}: "
+            "no optimizer step would run; lower --grad-accum or --batch-size",
+            r.task->num_batches(), r.o.batch_size, r.o.grad_accum);
   const int64_t steps = r.o.max_steps > 0 ? std::min(r.o.max_steps, available) : available;
   e.loss_sum = zeros({}, {.device = r.device});
   Tensor step_loss, last_loss;

@@ -78,6 +78,15 @@ TEST(Sampling, BadOptionsNameTheValue) {
     EXPECT_NE(std::string(e.what()).find("--temperature 0: must be > 0"), std::string::npos);
   }
   EXPECT_THROW(pick_token(logits, {.temperature = 1.0, .top_k = -1}, 0.5), ValueError);
+  // NaN logits would break the sort and quietly give the last token.
+  const std::vector<float> bad = {0.0f, std::nanf(""), 1.0f};
+  try {
+    pick_token(bad, {.temperature = 1.0}, 0.5);
+    FAIL() << "a NaN logit accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("logit nan of token 1 is not finite"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
