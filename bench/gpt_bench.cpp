@@ -26,9 +26,9 @@ namespace {
 // The GEMMs of one forward per token: each block's four projections, 2 (3d^2 + d^2 +
 // 4d^2 + 4d^2) = 24 d^2, the attention's two products q k^T and P v over the T
 // positions, 2 * 2 * T * d (the full T x T squares, as MFU figures count them; the CPU
-// kernels skip most of the masked half, Note [causal blocks]), and the tied head 2 d V. A training step is three times that (backward:
-// the input and the weight gradient of every product). Everything else (LayerNorm,
-// GELU, softmax, embedding, AdamW) is O(d) per token and not counted.
+// kernels skip most of the masked half, Note [causal blocks]), and the tied head 2 d V. A training
+// step is three times that (backward: the input and the weight gradient of every product).
+// Everything else (LayerNorm, GELU, softmax, embedding, AdamW) is O(d) per token and not counted.
 double step_gemm_flops(const models::GptConfig& c, int64_t batch) {
   const double d = static_cast<double>(c.d_model), t = static_cast<double>(c.context);
   const double per_token =
