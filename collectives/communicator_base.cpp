@@ -7,6 +7,7 @@
 #include "runtime/ops/ops.h"
 
 #include <array>
+#include <atomic>
 
 namespace ddp {
 
@@ -65,8 +66,22 @@ std::string Collective::describe() const {
                      dtype_name(dtype()));
 }
 
+namespace {
+
+std::atomic<int> g_comm_ids{0};
+
+// A static string for the backend's name, which CollectiveInfo keeps as a view.
+std::string_view static_backend_name(const std::string& name) {
+  for (std::string_view known : {"local", "shm", "gloo", "mpi", "nccl"}) {
+    if (name == known) return known;
+  }
+  return "other";
+}
+
+}  // namespace
+
 CommunicatorBase::CommunicatorBase(int rank, int size, CommOptions options)
-    : rank_(rank), size_(size), options_(options) {
+    : rank_(rank), size_(size), options_(options), comm_id_(g_comm_ids++) {
   DDP_CHECK(size >= 1 && rank >= 0 && rank < size,
             "communicator: rank {} and world size {} are inconsistent (need 0 <= rank < size)",
             rank, size);
@@ -91,15 +106,32 @@ void CommunicatorBase::check_tensor(const char* op, const Tensor& t, bool allow_
       op);
 }
 
+CollectiveInfo CommunicatorBase::info_of(const Collective& c) const {
+  return {.comm_id = comm_id_,
+          .rank = rank_,
+          .world_size = size_,
+          .backend = static_backend_name(backend()),
+          .kind = c.kind,
+          .op = c.op,
+          .root = c.root,
+          .sequence = c.sequence,
+          .count = c.count(),
+          .dtype = c.dtype(),
+          .bytes = c.count() * static_cast<int64_t>(element_size(c.dtype())),
+          .label = c.label};
+}
+
 std::shared_ptr<Work> CommunicatorBase::start(Collective c) {
   c.sequence = next_sequence_++;
+  c.label = current_collective_label();
+  if (collective_observers_present()) notify_collective(info_of(c), CollectiveState::enqueued);
   return submit(std::move(c));
 }
 
 std::shared_ptr<Work> CommunicatorBase::all_reduce(Tensor& tensor, ReduceOp op) {
   check_tensor("all_reduce", tensor, false);
   comm::check_reducible(tensor.dtype(), op);
-  return start({CollectiveKind::all_reduce, op, 0, 0, tensor, tensor, {}});
+  return start({CollectiveKind::all_reduce, op, 0, 0, tensor, tensor, {}, {}});
 }
 
 std::shared_ptr<Work> CommunicatorBase::broadcast(Tensor& tensor, int root) {
@@ -123,7 +155,7 @@ std::shared_ptr<Work> CommunicatorBase::start_broadcast(const Tensor& tensor, in
             "Tensor variable that receives it and use that, e.g. `Tensor t = x.to(comm.device()); "
             "comm.broadcast(t, {});`",
             rank_, root, rank_, root);
-  return start({CollectiveKind::broadcast, ReduceOp::sum, root, 0, tensor, tensor, {}});
+  return start({CollectiveKind::broadcast, ReduceOp::sum, root, 0, tensor, tensor, {}, {}});
 }
 
 std::shared_ptr<Work> CommunicatorBase::all_gather(const Tensor& input, Tensor& output) {
@@ -134,7 +166,7 @@ std::shared_ptr<Work> CommunicatorBase::all_gather(const Tensor& input, Tensor& 
       output.dtype() == input.dtype() && output.numel() == input.numel() * size_,
       "all_gather: output must hold world size ({}) x {} elements of {}, got {} elements of {}",
       size_, input.numel(), dtype_name(input.dtype()), output.numel(), dtype_name(output.dtype()));
-  return start({CollectiveKind::all_gather, ReduceOp::sum, 0, 0, input, output, {}});
+  return start({CollectiveKind::all_gather, ReduceOp::sum, 0, 0, input, output, {}, {}});
 }
 
 std::shared_ptr<Work> CommunicatorBase::reduce_scatter(const Tensor& input, Tensor& output,
@@ -148,7 +180,7 @@ std::shared_ptr<Work> CommunicatorBase::reduce_scatter(const Tensor& input, Tens
             "of {}",
             size_, output.numel(), dtype_name(output.dtype()), input.numel(),
             dtype_name(input.dtype()));
-  return start({CollectiveKind::reduce_scatter, op, 0, 0, input, output, {}});
+  return start({CollectiveKind::reduce_scatter, op, 0, 0, input, output, {}, {}});
 }
 
 std::shared_ptr<Work> CommunicatorBase::reduce(Tensor& tensor, int root, ReduceOp op) {
@@ -156,11 +188,11 @@ std::shared_ptr<Work> CommunicatorBase::reduce(Tensor& tensor, int root, ReduceO
   comm::check_reducible(tensor.dtype(), op);
   DDP_CHECK(root >= 0 && root < size_, "reduce: root {} is not a rank (world size {})", root,
             size_);
-  return start({CollectiveKind::reduce, op, root, 0, tensor, tensor, {}});
+  return start({CollectiveKind::reduce, op, root, 0, tensor, tensor, {}, {}});
 }
 
 std::shared_ptr<Work> CommunicatorBase::barrier() {
-  return start({CollectiveKind::barrier, ReduceOp::sum, 0, 0, Tensor(), Tensor(), {}});
+  return start({CollectiveKind::barrier, ReduceOp::sum, 0, 0, Tensor(), Tensor(), {}, {}});
 }
 
 // ---- ThreadedCommunicator ---------------------------------------------------------------
@@ -208,8 +240,7 @@ void ThreadedCommunicator::stop_thread() {
 
 std::shared_ptr<Work> ThreadedCommunicator::submit(Collective c) {
   comm::stage(c, rank());  // Note [host staging]
-  auto work =
-      std::make_shared<ThreadWork>(c.sequence, c.describe(), rank(), c.count(), options().timeout);
+  auto work = std::make_shared<ThreadWork>(info_of(c), c.describe(), options().timeout);
   // The waiter touches `this` only after claiming the queue, and stop_thread()
   // (first in every backend's destructor) waits for such a claim to end.
   std::weak_ptr<Queue> weak = queue_;
@@ -220,6 +251,7 @@ std::shared_ptr<Work> ThreadedCommunicator::submit(Collective c) {
   {
     std::lock_guard<std::mutex> lock(q.mutex);
     if (q.broken) {
+      notify_collective(work->info(), CollectiveState::failed);
       work->fail(q.broken);
       return work;
     }
@@ -254,6 +286,7 @@ void ThreadedCommunicator::loop() {
       task = std::move(q.tasks.front());
       q.tasks.pop_front();
       if (q.stopping || q.broken) {
+        notify_collective(task.work->info(), CollectiveState::failed);
         task.work->fail(q.broken ? q.broken
                                  : std::make_exception_ptr(CommError(
                                        fmt::format("rank {}: {} cancelled: the communicator was "
@@ -274,9 +307,11 @@ void ThreadedCommunicator::execute(Queue& q, Task& task) {
   try {
     if (debug_ && size() > 1) check_fingerprints(task.collective);
     task.work->start();
+    notify_collective(task.work->info(), CollectiveState::started);
     comm::before_run(task.collective);
     run(task.collective);
     comm::after_run(task.collective, staging_stream(task.collective));
+    notify_collective(task.work->info(), CollectiveState::completed);
     task.work->finish();
   } catch (...) {
     std::exception_ptr error = std::current_exception();
@@ -284,6 +319,7 @@ void ThreadedCommunicator::execute(Queue& q, Task& task) {
       std::lock_guard<std::mutex> lock(q.mutex);
       q.broken = error;
     }
+    notify_collective(task.work->info(), CollectiveState::failed);
     task.work->fail(error);
   }
   {
@@ -325,7 +361,7 @@ void ThreadedCommunicator::check_fingerprints(const Collective& c) {
                                        c.root, static_cast<int64_t>(c.dtype()), c.count()};
   Tensor in = from_vector<int64_t>(std::vector<int64_t>(mine.begin(), mine.end()), {5});
   Tensor out = zeros({5 * size()}, {.dtype = DType::i64});
-  run({CollectiveKind::all_gather, ReduceOp::sum, 0, c.sequence, in, out, {}});
+  run({CollectiveKind::all_gather, ReduceOp::sum, 0, c.sequence, in, out, {}, {}});
   const auto all = out.to_vector<int64_t>();
   for (int r = 0; r < size(); ++r) {
     Collective theirs;

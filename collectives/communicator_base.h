@@ -16,6 +16,7 @@
 // aborted communicators do.
 #pragma once
 
+#include "collectives/collective_events.h"
 #include "collectives/communicator.h"
 #include "collectives/work.h"
 #include "runtime/stream.h"
@@ -39,6 +40,7 @@ struct Collective {
   // Set when input/output are host buffers standing in for the caller's tensors
   // (Note [host staging] in collectives/host_staging.h).
   std::shared_ptr<const comm::HostStaging> staging;
+  std::string label;  // Note [collective labels]
   int64_t count() const { return input.defined() ? input.numel() : 0; }
   DType dtype() const { return input.defined() ? input.dtype() : DType::u8; }
   // "all_reduce(sum) #12 of 1024 f32", "broadcast(root 0) #3 of 10 i64", "barrier #7"
@@ -56,6 +58,8 @@ class CommunicatorBase : public Communicator {
   bool accepts(const Device& device) const override;
   int64_t next_sequence() const override { return next_sequence_; }
   const CommOptions& options() const override { return options_; }
+  // This process's number for the communicator (Note [collective events]).
+  int comm_id() const { return comm_id_; }
 
   std::shared_ptr<Work> all_reduce(Tensor& tensor, ReduceOp op) override;
   std::shared_ptr<Work> broadcast(Tensor& tensor, int root) override;
@@ -66,8 +70,11 @@ class CommunicatorBase : public Communicator {
   std::shared_ptr<Work> barrier() override;
 
  protected:
-  // Runs (or starts) one validated collective.
+  // Runs (or starts) one validated collective. Its `enqueued` event was sent;
+  // the backend sends the others (Note [collective events]).
   virtual std::shared_ptr<Work> submit(Collective collective) = 0;
+  // The collective as observers see it.
+  CollectiveInfo info_of(const Collective& c) const;
 
  private:
   void check_tensor(const char* op, const Tensor& t, bool allow_u8) const;
@@ -77,6 +84,7 @@ class CommunicatorBase : public Communicator {
   int rank_;
   int size_;
   CommOptions options_;
+  int comm_id_;
   int64_t next_sequence_ = 0;
 };
 

@@ -13,14 +13,19 @@ class LocalCommunicator : public CommunicatorBase {
 
  protected:
   std::shared_ptr<Work> submit(Collective c) override {
+    const bool observed = collective_observers_present();
+    const CollectiveInfo info = observed ? info_of(c) : CollectiveInfo{};
+    if (observed) notify_collective(info, CollectiveState::started);
     try {
       if (c.kind == CollectiveKind::all_gather || c.kind == CollectiveKind::reduce_scatter) {
         Tensor out = c.output.reshape(c.input.shape());
         copy_(out, c.input);
       }
     } catch (...) {
+      if (observed) notify_collective(info, CollectiveState::failed);
       return completed_work(c.sequence, std::current_exception());
     }
+    if (observed) notify_collective(info, CollectiveState::completed);
     return completed_work(c.sequence);
   }
 };

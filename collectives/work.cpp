@@ -2,12 +2,10 @@
 
 namespace ddp {
 
-ThreadWork::ThreadWork(int64_t sequence, std::string description, int rank, int64_t count,
+ThreadWork::ThreadWork(CollectiveInfo info, std::string description,
                        std::chrono::milliseconds default_timeout)
-    : sequence_(sequence),
+    : info_(std::move(info)),
       description_(std::move(description)),
-      rank_(rank),
-      count_(count),
       default_timeout_(default_timeout) {}
 
 void ThreadWork::set_helper(std::function<void(const ThreadWork&)> helper) {
@@ -16,15 +14,29 @@ void ThreadWork::set_helper(std::function<void(const ThreadWork&)> helper) {
 
 void ThreadWork::wait(std::chrono::milliseconds timeout) {
   if (timeout.count() <= 0) timeout = default_timeout_;
+  // The moments of blocking (Note [collective events]); a wait on a finished
+  // collective blocks nothing and is not told.
+  struct WaitEvents {
+    const CollectiveInfo* info = nullptr;
+    ~WaitEvents() {
+      if (info != nullptr) notify_collective(*info, CollectiveState::wait_end);
+    }
+  } events;
+  if (collective_observers_present() && !done()) {
+    events.info = &info_;
+    notify_collective(info_, CollectiveState::wait_begin);
+  }
   if (helper_) helper_(*this);
   std::unique_lock<std::mutex> lock(mutex_);
   if (!cv_.wait_for(lock, timeout, [this] { return done_; })) {
+    lock.unlock();
+    notify_collective(info_, CollectiveState::timed_out);
     throw CommTimeoutError(
         fmt::format("rank {}: {} did not complete within {:.1f} s (Work::wait timeout). A rank may "
                     "have died, stopped or issued a different collective; set DDP_DEBUG=detail to "
                     "compare collectives across ranks, or raise DDP_TIMEOUT_S.",
-                    rank_, description_, static_cast<double>(timeout.count()) / 1000.0),
-        rank_, description_, sequence_, count_);
+                    info_.rank, description_, static_cast<double>(timeout.count()) / 1000.0),
+        info_.rank, description_, info_.sequence, info_.count);
   }
   if (error_) std::rethrow_exception(error_);
 }

@@ -2,6 +2,7 @@
 // (shm, gloo, mpi) or immediately (local).
 #pragma once
 
+#include "collectives/collective_events.h"
 #include "collectives/communicator.h"
 
 #include <condition_variable>
@@ -14,11 +15,14 @@ namespace ddp {
 // Completed by the backend with finish() or fail(); wait() enforces the timeout.
 class ThreadWork : public Work {
  public:
-  ThreadWork(int64_t sequence, std::string description, int rank, int64_t count,
+  // Sends wait_begin/wait_end for `info` around every blocking wait (Note
+  // [collective events]).
+  ThreadWork(CollectiveInfo info, std::string description,
              std::chrono::milliseconds default_timeout);
   void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) override;
   bool done() const override;
-  int64_t sequence() const override { return sequence_; }
+  int64_t sequence() const override { return info_.sequence; }
+  const CollectiveInfo& info() const { return info_; }
   std::optional<std::chrono::nanoseconds> duration() const override;
   void start();  // the backend begins running it (for duration())
   // Called by wait() before blocking: the communicator may run the collective on
@@ -29,10 +33,8 @@ class ThreadWork : public Work {
   const std::string& description() const { return description_; }
 
  private:
-  int64_t sequence_;
+  CollectiveInfo info_;
   std::string description_;
-  int rank_;
-  int64_t count_;
   std::chrono::milliseconds default_timeout_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;

@@ -1,5 +1,6 @@
 #include "collectives/ddp/distributed_data_parallel.h"
 
+#include "collectives/collective_events.h"
 #include "collectives/ddp/reducer.h"
 #include "runtime/autograd/autograd.h"
 
@@ -44,6 +45,7 @@ std::vector<int64_t> gather(Communicator& comm, const std::vector<int64_t>& loca
   const auto n = static_cast<int64_t>(local.size());
   Tensor input = from_vector<int64_t>(local, {n}, {.dtype = DType::i64, .device = comm.device()});
   Tensor output = empty({n * comm.size()}, {.dtype = DType::i64, .device = comm.device()});
+  const CollectiveLabel labelled("ddp model check");
   comm.all_gather(input, output)->wait();
   return output.to_vector<int64_t>();
 }
@@ -138,6 +140,7 @@ void DistributedDataParallel::verify_same_model() {
 void DistributedDataParallel::broadcast_from_rank0(std::vector<Tensor>& tensors) {
   if (comm_->size() == 1) return;
   std::vector<std::shared_ptr<Work>> works;
+  const CollectiveLabel labelled("ddp broadcast from rank 0");
   for (Tensor& t : tensors) works.push_back(comm_->broadcast(t, 0));
   for (const auto& work : works) work->wait();
 }

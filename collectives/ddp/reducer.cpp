@@ -1,5 +1,6 @@
 #include "collectives/ddp/reducer.h"
 
+#include "collectives/collective_events.h"
 #include "runtime/autograd/autograd.h"
 #include "runtime/ops/ops.h"
 
@@ -112,6 +113,8 @@ void Reducer::launch_bucket(size_t b) {
     bucket.parameters.push_back(params_[i]);
     bucket.gradients.push_back(views_[i]);
   }
+  const std::string label = fmt::format("ddp bucket {}", b);
+  const CollectiveLabel labelled(label);  // Note [collective labels]
   try {
     futures_.push_back(options_.comm_hook(*hook_comm_, bucket));
   } catch (...) {
@@ -247,6 +250,7 @@ void Reducer::rebuild_buckets() {
     std::vector<int64_t> wire(order.begin(), order.end());
     Tensor t = from_vector<int64_t>(wire, {static_cast<int64_t>(wire.size())},
                                     {.dtype = DType::i64, .device = comm_->device()});
+    const CollectiveLabel labelled("ddp bucket order");
     comm_->broadcast(t, 0)->wait();
     const std::vector<int64_t> from_rank0 = t.to_vector<int64_t>();
     order.assign(from_rank0.begin(), from_rank0.end());

@@ -1,5 +1,6 @@
 // The image-classification task: the zoo's mlp and cnn on Fashion-MNIST or the
 // synthetic set, evaluated by test accuracy.
+#include "collectives/collective_events.h"
 #include "collectives/communicator.h"
 #include "models/gpt_config.h"
 #include "models/train/task.h"
@@ -90,6 +91,7 @@ class ImageTask : public Task {
     if (comm != nullptr) {
       Tensor counts = from_vector<int64_t>({correct, total}, {2},
                                            {.dtype = DType::i64, .device = comm->device()});
+      const CollectiveLabel labelled("eval counts");
       comm->all_reduce(counts)->wait();
       const auto summed = counts.to_vector<int64_t>();
       correct = summed[0];

@@ -1,5 +1,6 @@
 #include "models/train/nonfinite.h"
 
+#include "collectives/collective_events.h"
 #include "runtime/autograd/autograd.h"
 #include "runtime/logging.h"
 #include "runtime/ops/ops.h"
@@ -67,6 +68,7 @@ bool NonfiniteCheck::after_backward(int64_t step, int64_t epoch, const Tensor& l
     Tensor loss_slot = values.slice(0, 1), norm_slot = values.slice(1, 2);
     copy_(loss_slot, scale(loss, 0.0f).reshape({1}));
     copy_(norm_slot, norm2.reshape({1}));
+    const CollectiveLabel labelled("nonfinite step check");
     if (comm_ != nullptr && comm_->size() > 1) comm_->all_reduce(values)->wait();
     const auto v = values.to_vector<float>();
     if (finite(v[0]) && finite(v[1])) return false;
@@ -109,6 +111,7 @@ void NonfiniteCheck::check() {
     by_rank[static_cast<size_t>(rank_)] = bad_loss;
     Tensor t = from_vector<int64_t>(by_rank, {comm_->size()},
                                     {.dtype = DType::i64, .device = comm_->device()});
+    const CollectiveLabel labelled("nonfinite loss check");
     comm_->all_reduce(t, ReduceOp::max)->wait();
     by_rank = t.to_vector<int64_t>();
     for (int r = 0; r < comm_->size(); ++r) {
@@ -131,6 +134,7 @@ void NonfiniteCheck::check_weights(int64_t step, const std::vector<Tensor>& para
     bad[static_cast<size_t>(rank_)] = finite(v) ? 0 : 1;
     Tensor t = from_vector<int64_t>(bad, {comm_->size()},
                                     {.dtype = DType::i64, .device = comm_->device()});
+    const CollectiveLabel labelled("nonfinite weights check");
     comm_->all_reduce(t, ReduceOp::max)->wait();
     bad = t.to_vector<int64_t>();
     culprit = -1;

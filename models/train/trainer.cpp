@@ -1,6 +1,7 @@
 #include "models/train/trainer.h"
 
 #include "collectives/bootstrap.h"
+#include "collectives/collective_events.h"
 #include "collectives/data_parallel/data_parallel.h"
 #include "collectives/ddp/distributed_data_parallel.h"
 #include "models/train/checkpoint.h"
@@ -353,6 +354,7 @@ std::string resume_path(const TrainOptions& o, ProcessGroup* pg) {
   if (pg != nullptr && pg->env.world_size > 1) {
     Tensor v = from_vector<int64_t>({found, -found}, {2},
                                     {.dtype = DType::i64, .device = pg->comm->device()});
+    const CollectiveLabel labelled("resume step check");
     pg->comm->all_reduce(v, ReduceOp::max)->wait();
     const auto most = v.to_vector<int64_t>();
     DDP_CHECK(most[0] == -most[1],

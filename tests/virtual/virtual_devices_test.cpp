@@ -195,7 +195,7 @@ class VirtualDevices : public ::testing::Test {
 TEST_F(VirtualDevices, HostStagingRoundTripsThroughPinnedHostBuffers) {
   const Tensor original = make_input(DType::f32, 100, 2).to(cpu(1));
   Tensor t = original.clone();
-  Collective c{CollectiveKind::all_reduce, ReduceOp::sum, 0, 7, t, t, {}};
+  Collective c{CollectiveKind::all_reduce, ReduceOp::sum, 0, 7, t, t, {}, {}};
   comm::stage(c, 0);
   ASSERT_TRUE(c.staging != nullptr);
   EXPECT_EQ(c.input.device(), Device::cpu());
@@ -211,15 +211,16 @@ TEST_F(VirtualDevices, HostStagingRoundTripsThroughPinnedHostBuffers) {
   EXPECT_EQ(t.device(), cpu(1));
 
   Tensor root_data = make_input(DType::f32, 10, 0).to(cpu(2));
-  Collective b{CollectiveKind::broadcast, ReduceOp::sum, 1, 8, root_data, root_data, {}};
+  Collective b{CollectiveKind::broadcast, ReduceOp::sum, 1, 8, root_data, root_data, {}, {}};
   comm::stage(b, 0);  // rank 0 is not the root: its data is overwritten, nothing to copy
-  Collective host_only{CollectiveKind::all_reduce, ReduceOp::sum, 0, 9, zeros({3}), zeros({3}), {}};
+  Collective host_only{
+      CollectiveKind::all_reduce, ReduceOp::sum, 0, 9, zeros({3}), zeros({3}), {}, {}};
   comm::stage(host_only, 0);
   EXPECT_TRUE(host_only.staging == nullptr) << "host tensors need no staging";
 
   Tensor in = make_input(DType::i32, 6, 1).to(cpu(2));
   Tensor out = zeros({12}, {.dtype = DType::i32, .device = cpu(2)});
-  Collective g{CollectiveKind::all_gather, ReduceOp::sum, 0, 10, in, out, {}};
+  Collective g{CollectiveKind::all_gather, ReduceOp::sum, 0, 10, in, out, {}, {}};
   comm::stage(g, 0);
   EXPECT_FALSE(g.input.is_same(g.output));
   EXPECT_EQ(g.output.numel(), 12);

@@ -1,0 +1,154 @@
+// Note [collective events]: every backend tells observers each collective's
+// moments in order, with its label, and the waits around it.
+#include "collectives/collective_events.h"
+#include "collectives/backends.h"
+#include "tests/multirank/conformance.h"
+#include "tests/multirank/spawn.h"
+
+#include <fmt/ranges.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace ddp::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Seen {
+  CollectiveState state;
+  int64_t sequence;
+  std::string label;
+  int64_t bytes;
+  int64_t time_ns;
+};
+
+class Recorder : public CollectiveObserver {
+ public:
+  void on_collective(const CollectiveEvent& e) noexcept override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    seen_.push_back({e.state, e.info.sequence, e.info.label, e.info.bytes, e.time_ns});
+  }
+  std::vector<Seen> seen() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return seen_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<Seen> seen_;
+};
+
+// The states of one collective, in the order they came.
+std::vector<CollectiveState> states_of(const std::vector<Seen>& seen, int64_t sequence) {
+  std::vector<CollectiveState> out;
+  for (const Seen& s : seen) {
+    if (s.sequence == sequence) out.push_back(s.state);
+  }
+  return out;
+}
+
+int labelled_collectives(const std::string& backend, int rank, int size) {
+  auto recorder = std::make_shared<Recorder>();
+  add_collective_observer(recorder);
+  auto c = make_backend(backend, rank, size, {.timeout = 20s});
+  Tensor t = make_input(DType::f32, 1000, rank);
+  {
+    const CollectiveLabel outer("outer");
+    const CollectiveLabel inner("ddp bucket 3");
+    c->all_reduce(t)->wait();  // #0
+  }
+  {
+    const CollectiveLabel outer("outer");
+    c->barrier()->wait();  // #1
+  }
+  c->broadcast(t, 0)->wait();  // #2, no label
+  remove_collective_observer(recorder.get());
+  c->barrier()->wait();  // #3: after removal, unseen
+  const auto seen = recorder->seen();
+
+  const std::vector<CollectiveState> core = {CollectiveState::enqueued, CollectiveState::started,
+                                             CollectiveState::completed};
+  for (int64_t seq = 0; seq < 3; ++seq) {
+    // wait_begin/wait_end may come between enqueued and completed (a waiter
+    // that runs it) or not at all (finished before the wait): check the rest.
+    std::vector<CollectiveState> states = states_of(seen, seq);
+    std::vector<CollectiveState> without_waits;
+    int begins = 0, ends = 0;
+    for (CollectiveState s : states) {
+      if (s == CollectiveState::wait_begin)
+        ++begins;
+      else if (s == CollectiveState::wait_end)
+        ++ends;
+      else
+        without_waits.push_back(s);
+    }
+    require(without_waits == core, fmt::format("#{}: enqueued, started, completed in order", seq));
+    require(begins == ends && begins <= 1, fmt::format("#{}: one wait_begin/wait_end pair", seq));
+  }
+  require(states_of(seen, 3).empty(), "no events after the observer was removed");
+  for (const Seen& s : seen) {
+    const std::string want = s.sequence == 0 ? "ddp bucket 3" : s.sequence == 1 ? "outer" : "";
+    require(s.label == want, fmt::format("#{} labelled '{}', got '{}'", s.sequence, want, s.label));
+    const int64_t bytes = s.sequence == 1 ? 0 : 4000;
+    require(s.bytes == bytes, fmt::format("#{}: {} bytes, got {}", s.sequence, bytes, s.bytes));
+  }
+  for (size_t i = 1; i < seen.size(); ++i) {
+    if (seen[i].sequence == seen[i - 1].sequence)
+      require(seen[i].time_ns >= seen[i - 1].time_ns, "times do not go back");
+  }
+  require(current_collective_label().empty(), "labels end with their scope");
+  return 0;
+}
+
+class CollectiveEvents : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CollectiveEvents, EachCollectiveIsToldInOrderWithItsLabel) {
+  const std::string backend = GetParam();
+  const auto results =
+      spawn_ranks(2, [&](int rank, int size) { return labelled_collectives(backend, rank, size); });
+  for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, CollectiveEvents, ::testing::Values("shm", "gloo"),
+                         [](const auto& info) { return info.param; });
+
+// A wait that times out says so before its CommTimeoutError.
+TEST(CollectiveEventsTimeout, AWaitThatGivesUpIsTold) {
+  const auto results = spawn_ranks(2, [](int rank, int size) -> int {
+    auto recorder = std::make_shared<Recorder>();
+    add_collective_observer(recorder);
+    auto c = make_backend("shm", rank, size, {.timeout = 20s});
+    if (rank == 1) {
+      Tensor t = zeros({4});
+      auto work = c->all_reduce(t);
+      // Let the communication thread take it: a waiter that runs a collective
+      // itself is bound by the backend's timeout instead (Note [waiter runs it]).
+      std::this_thread::sleep_for(100ms);
+      bool threw = false;
+      try {
+        work->wait(300ms);  // rank 0 never joins #0
+      } catch (const CommTimeoutError&) {
+        threw = true;
+      }
+      require(threw, "the wait timed out");
+      const auto states = states_of(recorder->seen(), 0);
+      const std::vector<CollectiveState> want = {
+          CollectiveState::enqueued, CollectiveState::started, CollectiveState::wait_begin,
+          CollectiveState::timed_out, CollectiveState::wait_end};
+      std::vector<std::string_view> names;
+      for (CollectiveState s : states) names.push_back(collective_state_name(s));
+      require(states == want, fmt::format("told {}", fmt::join(names, ", ")));
+    } else {
+      std::this_thread::sleep_for(1s);  // alive, but never joins #0, until rank 1 gave up
+    }
+    std::_Exit(0);  // rank 1's all_reduce is still in flight: leave without teardown
+  });
+  for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
+}
+
+}  // namespace
+}  // namespace ddp::test
