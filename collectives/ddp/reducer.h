@@ -39,8 +39,13 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void prepare(bool sync);
   // The hook of param i: its gradient for this backward is complete.
   void mark_ready(size_t i);
-  // Launches what is left, waits, and gives every param its averaged .grad.
-  void finish();
+  // Launches what is left, waits, and gives every param its averaged .grad,
+  // multiplied by grad_scale (a Join dividing by the ranks that still train).
+  void finish(double grad_scale = 1.0);
+  // A joined rank's side of a synchronized backward (Note [join] in join.cpp):
+  // every bucket of the plan, zero, through the comm hook in bucket order; then
+  // as finish(grad_scale), the bucket rebuild included. Between backwards only.
+  void shadow(double grad_scale);
   // Replaces the comm hook; between backwards only.
   void set_comm_hook(CommHookFn hook);
   // Bucket::params index the params given to the constructor.
@@ -57,6 +62,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // the hook returned a tensor of another shape).
   void collect_bucket(size_t b);
   void handle_unused();
+  // finish() once every bucket is launched: waits, scales, writes, rebuilds.
+  void complete(double grad_scale);
   // After a failed backward: moves the buckets and futures to the orphans,
   // fresh buckets, state reset.
   void abandon_buckets();
