@@ -16,11 +16,12 @@ namespace ddp {
 // all-reduces -- "not joined" and "requires sync" -- folded into one):
 //
 //   a rank that still trains            a joined rank (shadow_step)
-//   forward: all_reduce(count, sum)     all_reduce(count, sum), reads it; 0: done
-//     [buffers: broadcast from the      [buffers: broadcast from the same rank]
-//      highest rank that trains]
-//   backward: bucket 0, 1, ... through  zeros through the comm hook, buckets 0, 1, ...
-//     the comm hook                       (the same plan: sizes, order, dtypes)
+//   [buffers: in forward, the count,    all_reduce(count, sum), reads it; 0: done
+//    then a broadcast from the highest  [buffers: broadcast from the same rank]
+//    rank that trains]
+//   backward: all_reduce(count, sum)    zeros through the comm hook, buckets 0, 1, ...
+//     before bucket 0; buckets 0, 1,      (the same plan: sizes, order, dtypes)
+//     ... through the comm hook
 //   finish_backward: waits; x W/n when  waits; x W/n when dividing by the ranks that
 //     dividing by the ranks that train    train; .grad = the average
 //   [first step only: the rebuilt       [the same broadcast, with this rank's order
@@ -29,9 +30,13 @@ namespace ddp {
 // The count is a vector of world-size i64 slots, slot r 1 while rank r trains, so
 // every rank also learns which ranks train: the root of the buffer broadcasts and,
 // at the end, the last joiners (those still training at the last count with any)
-// without further collectives. Forwards under no_sync() (and without grad mode)
+// without further collectives. Backwards under no_sync() launch no bucket and
 // issue nothing, so a joined rank shadows steps, not micro-batches; under a Join
-// they do not broadcast buffers either (rank 0 may have joined with stale ones).
+// their forwards do not broadcast buffers either (rank 0 may have joined with
+// stale ones). The count goes just before bucket 0 rather than in forward (where
+// PyTorch's go): there it wakes the communication thread while forward
+// computes, which cost the MLP's step a median 40 us against 20 us just before
+// bucket 0 (7 alternating runs each on the loaded 2-core machine; docs/benchmarks.md).
 // The gradient of a step is the all-reduced average over the world (the joined
 // ranks' zeros included): sum over the training ranks / W, PyTorch's default
 // divide_by_initial_world_size; for the other mode the bucket is then scaled by
@@ -53,6 +58,7 @@ Join::Join(DistributedDataParallel& ddp, JoinOptions options)
             "it go out of scope) before creating another");
   ddp.join_ = this;
   ddp_ = &ddp;
+  ddp.reducer_->set_before_first_bucket([this] { before_first_bucket(); });
 }
 
 Join::~Join() {
@@ -68,7 +74,10 @@ Join::~Join() {
 }
 
 void Join::detach() {
-  if (ddp_ != nullptr) ddp_->join_ = nullptr;
+  if (ddp_ != nullptr) {
+    ddp_->join_ = nullptr;
+    ddp_->reducer_->set_before_first_bucket(nullptr);
+  }
   ddp_ = nullptr;
 }
 
@@ -88,26 +97,39 @@ std::vector<int64_t> Join::read_count() {
   return count_.to_vector<int64_t>();
 }
 
+void Join::issue_count(bool training) {
+  if (count_work_ != nullptr) count_work_->wait();  // the previous step's: done long ago
+  std::vector<int64_t> slots(static_cast<size_t>(comm_->size()), 0);
+  if (training) slots[static_cast<size_t>(comm_->rank())] = 1;
+  count_ = from_vector<int64_t>(slots, {comm_->size()},
+                                {.dtype = DType::i64, .device = comm_->device()});
+  const CollectiveLabel labelled("ddp join count");
+  count_work_ = comm_->all_reduce(count_, ReduceOp::sum);
+}
+
 void Join::on_forward(bool synchronized) {
   if (!synchronized) return;
   DDP_CHECK(!joined_,
             "Join: rank {} ran a synchronized forward after it joined (shadow_step() or "
             "finish()); a rank that ran out of inputs only shadows until Join::finish()",
             comm_->rank());
-  if (count_work_ != nullptr) count_work_->wait();  // the previous step's: done long ago
-  std::vector<int64_t> slots(static_cast<size_t>(comm_->size()), 0);
-  slots[static_cast<size_t>(comm_->rank())] = 1;
-  count_ = from_vector<int64_t>(slots, {comm_->size()},
-                                {.dtype = DType::i64, .device = comm_->device()});
-  {
-    const CollectiveLabel labelled("ddp join count");
-    count_work_ = comm_->all_reduce(count_, ReduceOp::sum);
-  }
+  if (!ddp_->options_.broadcast_buffers || ddp_->module_->named_buffers().empty()) return;
+  // The root of the buffers is the highest rank that trains: the count goes now.
+  issue_count(true);
   step_pending_ = true;
-  if (ddp_->options_.broadcast_buffers && !ddp_->module_->named_buffers().empty()) {
-    last_active_ = read_count();
-    broadcast_buffers(highest_active());
+  count_in_forward_ = true;
+  last_active_ = read_count();
+  broadcast_buffers(highest_active());
+}
+
+void Join::before_first_bucket() {
+  if (joined_) return;  // shadow_step() issued its count before shadowing
+  if (count_in_forward_) {
+    count_in_forward_ = false;
+    return;
   }
+  issue_count(true);
+  step_pending_ = true;
 }
 
 double Join::grad_scale() {
@@ -139,11 +161,7 @@ bool Join::shadow_step() {
     adopt_own_count();
   }
   step_pending_ = false;
-  count_ = zeros({comm_->size()}, {.dtype = DType::i64, .device = comm_->device()});
-  {
-    const CollectiveLabel labelled("ddp join count");
-    count_work_ = comm_->all_reduce(count_, ReduceOp::sum);
-  }
+  issue_count(false);
   const std::vector<int64_t> active = read_count();
   const int64_t n = std::accumulate(active.begin(), active.end(), int64_t{0});
   if (n == 0) {

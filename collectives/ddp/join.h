@@ -11,9 +11,10 @@
 //   join.finish();                             // collective: shadows, then syncs the model
 //
 // Contract (Note [join] in join.cpp):
-// - While a Join is attached, every synchronized forward (grad mode on, outside
-//   no_sync()) of a rank that still trains all-reduces a count of the ranks that
-//   still train, and must be followed by its backward and finish_backward().
+// - While a Join is attached, every synchronized backward (outside no_sync()) of
+//   a rank that still trains all-reduces a count of the ranks that still train,
+//   just before its first bucket (for a model with buffers: in its forward, which
+//   must then be followed by its backward and finish_backward()).
 // - A rank out of data calls finish(): it shadows each remaining step of the
 //   others -- the count (adding 0) and the gradient buckets, all-reduced as
 //   zeros in the same order and sizes through the same comm hook, the bucket
@@ -95,7 +96,9 @@ class Join {
   friend class DistributedDataParallel;
   // DistributedDataParallel's side (Note [join] in join.cpp).
   void on_forward(bool synchronized);
+  void before_first_bucket();
   double grad_scale();
+  void issue_count(bool training);
 
   std::vector<int64_t> read_count();
   void adopt_own_count();
@@ -112,7 +115,8 @@ class Join {
   std::shared_ptr<Work> count_work_;
   // The ranks that still trained at the last count with any (all at the start).
   std::vector<int64_t> last_active_;
-  bool step_pending_ = false;  // a count of this step that finish_backward has not used
+  bool step_pending_ = false;      // a count of this step that finish_backward has not used
+  bool count_in_forward_ = false;  // buffers: this step's count went with its forward
   bool joined_ = false;
   bool all_joined_ = false;
   bool finished_ = false;

@@ -116,6 +116,7 @@ void Reducer::launch_bucket(size_t b) {
   const std::string label = fmt::format("ddp bucket {}", b);
   const CollectiveLabel labelled(label);  // Note [collective labels]
   try {
+    if (b == 0 && before_first_bucket_) before_first_bucket_();
     futures_.push_back(options_.comm_hook(*hook_comm_, bucket));
   } catch (...) {
     abandon_buckets();  // the next forward starts a fresh backward

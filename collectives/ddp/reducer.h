@@ -10,6 +10,7 @@
 #include "collectives/ddp/ddp_types.h"
 #include "collectives/ddp/hook_communicator.h"
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,6 +53,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   const std::vector<Bucket>& buckets() const { return plan_; }
   bool rebuilt() const { return rebuilt_; }
   const CommStats& stats() const;
+  // Runs before bucket 0 of every synchronized backward (and shadow()) is handed to
+  // the comm hook: a Join's count (Note [join] in join.cpp). Empty: nothing.
+  void set_before_first_bucket(std::function<void()> f) { before_first_bucket_ = std::move(f); }
 
  private:
   void allocate_buckets();
@@ -95,6 +99,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // communicator is done with them (Communicator contract).
   std::vector<Tensor> orphaned_flats_;
   std::vector<BucketFuture> orphaned_futures_;
+  std::function<void()> before_first_bucket_;
 };
 
 }  // namespace ddp
