@@ -108,6 +108,18 @@ constexpr std::array kSubcommands = {
         "JSON rows: model, parameters, batch, tokens_per_s, step_ms, forward_ms,\n"
         "backward_ms, clip_ms, optimizer_ms, gemm_gflop, gflops, peak_rss_mib, device.",
         run_gpt_bench, "--model --batch-size"},
+    Subcommand{"join", "what a Join adds to a DDP step when no rank has run out (its count)",
+               "Run it under a launcher: `ddprun -n 2 bench join`. Trains the mlp 784-256-10\n"
+               "(batch 64 per rank, SGD, gradient_as_bucket_view as train) in rounds of --steps\n"
+               "steps, alternately plain and under a Join (collectives/ddp/join.h) that no rank\n"
+               "leaves: the difference is the Join's count all_reduce per step (Note [join]).\n"
+               "Reports the median per-step time of each over --repeats rounds (default 40,\n"
+               "after --warmup 2), the median of the paired differences, and the count's\n"
+               "all_reduce alone (world-size i64 slots, 2000 iterations).\n"
+               "  --steps N   steps per round (default 50)\n"
+               "JSON rows: world, backend, plain_us, join_us, diff_us, diff_pct,\n"
+               "count_allreduce_us, rounds, steps, device.",
+               run_join_bench, "--steps"},
 };
 
 constexpr std::string_view kFlagsHelp =

@@ -1,6 +1,7 @@
 #include "collectives/ddp/distributed_data_parallel.h"
 
 #include "collectives/collective_events.h"
+#include "collectives/ddp/join.h"
 #include "collectives/ddp/reducer.h"
 #include "runtime/autograd/autograd.h"
 
@@ -91,7 +92,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   reducer_->install_hooks();
 }
 
-DistributedDataParallel::~DistributedDataParallel() = default;
+DistributedDataParallel::~DistributedDataParallel() {
+  if (join_ != nullptr) join_->ddp_ = nullptr;  // a Join that outlives the model does nothing
+}
 
 void DistributedDataParallel::check_devices() const {
   auto check = [this](const char* kind, const std::string& name, const Tensor& t) {
@@ -138,16 +141,23 @@ void DistributedDataParallel::verify_same_model() {
 }
 
 void DistributedDataParallel::broadcast_from_rank0(std::vector<Tensor>& tensors) {
+  broadcast_from(0, tensors, "ddp broadcast from rank 0");
+}
+
+void DistributedDataParallel::broadcast_from(int root, std::vector<Tensor>& tensors,
+                                             const char* label) {
   if (comm_->size() == 1) return;
   std::vector<std::shared_ptr<Work>> works;
-  const CollectiveLabel labelled("ddp broadcast from rank 0");
-  for (Tensor& t : tensors) works.push_back(comm_->broadcast(t, 0));
+  const CollectiveLabel labelled(label);
+  for (Tensor& t : tensors) works.push_back(comm_->broadcast(t, root));
   for (const auto& work : works) work->wait();
 }
 
 Tensor DistributedDataParallel::forward(const Tensor& x) {
   reducer_->prepare(!no_sync_);
-  if (options_.broadcast_buffers) {
+  if (join_ != nullptr) {
+    join_->on_forward(!no_sync_ && grad_mode_enabled());  // Note [join] in join.cpp
+  } else if (options_.broadcast_buffers) {
     std::vector<Tensor> buffers;
     for (auto& [name, t] : module_->named_buffers()) buffers.push_back(t);
     if (!buffers.empty()) broadcast_from_rank0(buffers);
@@ -161,7 +171,7 @@ void DistributedDataParallel::backward(const Tensor& loss) {
 }
 
 void DistributedDataParallel::finish_backward() {
-  reducer_->finish();
+  reducer_->finish(join_ != nullptr ? join_->grad_scale() : 1.0);
 }
 
 void DistributedDataParallel::register_comm_hook(CommHookFn hook) {

@@ -20,6 +20,7 @@
 //   broadcast to take effect. The object must outlive the backward passes it
 //   reduces; after it is destroyed its hooks do nothing.
 // - A CommError of a collective propagates from finish_backward().
+// - Uneven inputs (ranks with different numbers of steps): collectives/ddp/join.h.
 #pragma once
 
 #include "collectives/communicator.h"
@@ -52,6 +53,7 @@ struct DdpOptions {
 };
 
 class Reducer;
+class Join;
 
 class DistributedDataParallel {
  public:
@@ -113,9 +115,11 @@ class DistributedDataParallel {
   const CommStats& comm_stats() const;
 
  private:
+  friend class Join;
   void check_devices() const;
   void verify_same_model();
   void broadcast_from_rank0(std::vector<Tensor>& tensors);
+  void broadcast_from(int root, std::vector<Tensor>& tensors, const char* label);
 
   std::shared_ptr<nn::Module> module_;
   std::shared_ptr<Communicator> comm_;
@@ -124,6 +128,7 @@ class DistributedDataParallel {
   std::vector<std::string> bucket_names_;
   bool no_sync_ = false;
   bool hook_registered_ = false;
+  Join* join_ = nullptr;  // attached by a Join (Note [join] in join.cpp)
 };
 
 }  // namespace ddp

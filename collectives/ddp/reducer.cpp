@@ -116,6 +116,7 @@ void Reducer::launch_bucket(size_t b) {
   const std::string label = fmt::format("ddp bucket {}", b);
   const CollectiveLabel labelled(label);  // Note [collective labels]
   try {
+    if (b == 0 && before_first_bucket_) before_first_bucket_();
     futures_.push_back(options_.comm_hook(*hook_comm_, bucket));
   } catch (...) {
     abandon_buckets();  // the next forward starts a fresh backward
@@ -176,9 +177,26 @@ void Reducer::abandon_buckets() {
   reset();
 }
 
-void Reducer::finish() {
+void Reducer::finish(double grad_scale) {
   if (!sync_) return;
   handle_unused();
+  complete(grad_scale);
+}
+
+void Reducer::shadow(double grad_scale) {
+  DDP_CHECK(next_launch_ == 0 && std::find(ready_.begin(), ready_.end(), 1) == ready_.end(),
+            "Join: a rank shadowed a step while its own backward is unfinished; call "
+            "ddp.finish_backward() after ddp::backward(loss) before Join::shadow_step()/finish()");
+  sync_ = true;
+  hook_comm_->clear();
+  for (Tensor& flat : flats_) fill_(flat, 0.0);  // this rank adds nothing to the sum
+  std::fill(ready_.begin(), ready_.end(), 1);
+  std::fill(pending_.begin(), pending_.end(), 0);
+  launch_ready_buckets();
+  complete(grad_scale);
+}
+
+void Reducer::complete(double grad_scale) {
   DDP_ASSERT(next_launch_ == plan_.size(), "{} of {} buckets launched", next_launch_, plan_.size());
   const auto start = std::chrono::steady_clock::now();
   try {
@@ -190,6 +208,9 @@ void Reducer::finish() {
     // collectives then fail with the communicator's first error.
     abandon_buckets();
     throw;
+  }
+  if (grad_scale != 1.0) {
+    for (Tensor& flat : flats_) copy_(flat, scale(flat, static_cast<float>(grad_scale)));
   }
   stats_.exposed_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

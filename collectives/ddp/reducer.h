@@ -10,6 +10,7 @@
 #include "collectives/ddp/ddp_types.h"
 #include "collectives/ddp/hook_communicator.h"
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,14 +40,22 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void prepare(bool sync);
   // The hook of param i: its gradient for this backward is complete.
   void mark_ready(size_t i);
-  // Launches what is left, waits, and gives every param its averaged .grad.
-  void finish();
+  // Launches what is left, waits, and gives every param its averaged .grad,
+  // multiplied by grad_scale (a Join dividing by the ranks that still train).
+  void finish(double grad_scale = 1.0);
+  // A joined rank's side of a synchronized backward (Note [join] in join.cpp):
+  // every bucket of the plan, zero, through the comm hook in bucket order; then
+  // as finish(grad_scale), the bucket rebuild included. Between backwards only.
+  void shadow(double grad_scale);
   // Replaces the comm hook; between backwards only.
   void set_comm_hook(CommHookFn hook);
   // Bucket::params index the params given to the constructor.
   const std::vector<Bucket>& buckets() const { return plan_; }
   bool rebuilt() const { return rebuilt_; }
   const CommStats& stats() const;
+  // Runs before bucket 0 of every synchronized backward (and shadow()) is handed to
+  // the comm hook: a Join's count (Note [join] in join.cpp). Empty: nothing.
+  void set_before_first_bucket(std::function<void()> f) { before_first_bucket_ = std::move(f); }
 
  private:
   void allocate_buckets();
@@ -57,6 +66,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // the hook returned a tensor of another shape).
   void collect_bucket(size_t b);
   void handle_unused();
+  // finish() once every bucket is launched: waits, scales, writes, rebuilds.
+  void complete(double grad_scale);
   // After a failed backward: moves the buckets and futures to the orphans,
   // fresh buckets, state reset.
   void abandon_buckets();
@@ -88,6 +99,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // communicator is done with them (Communicator contract).
   std::vector<Tensor> orphaned_flats_;
   std::vector<BucketFuture> orphaned_futures_;
+  std::function<void()> before_first_bucket_;
 };
 
 }  // namespace ddp

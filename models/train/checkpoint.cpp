@@ -20,11 +20,12 @@ namespace {
 // numbers while training (no dropout; a gpt spec with dropout= does, and its mask
 // streams restart from their seeds on resume, docs/checkpoints.md), so (seed, epoch,
 // epoch_step) restore the data position exactly: a resumed run starts epoch `epoch`, passes over
-// the first epoch_step x grad_accum batches, and continues. The optimizer state (momentum, AdamW's
-// moments and step) is in the tensors, the step count and the partial epoch loss in the metadata,
-// so the final weights equal an uninterrupted run's bit for bit on the CPU
-// (e2e.train_restart_resume). A mid-epoch checkpoint only continues with the same --seed and global
-// batch; both are checked.
+// the first epoch_step x grad_accum batches (under --drop-last false at most the rank's own,
+// which then shadows the rest: Note [uneven epochs] in uneven.h), and continues. The optimizer
+// state (momentum, AdamW's moments and step) is in the tensors, the step count and the partial
+// epoch loss in the metadata, so the final weights equal an uninterrupted run's bit for bit on the
+// CPU (e2e.train_restart_resume). A mid-epoch checkpoint only continues with the same --seed and
+// global batch; both are checked.
 template <typename T>
 T meta_number(const std::map<std::string, std::string>& m, const std::string& path, const char* key,
               std::optional<T> fallback = std::nullopt) {

@@ -5,7 +5,9 @@
 // context (runtime/data/text_windows.h) from this rank's TextWindowSampler
 // share: rank-disjoint, reshuffled with new window boundaries every epoch, all
 // from --seed. An epoch is one pass over the train windows; a batch that would
-// be partial is dropped so every rank takes the same number of steps. The loss
+// be partial is dropped so every rank takes the same number of steps, except
+// under --drop-last false: uneven shares, the partial last batch kept, and
+// the ranks' step counts may differ (Note [uneven epochs] in uneven.h). The loss
 // is the mean cross-entropy over the batch's B x T next-byte predictions.
 //
 // Note [validation windows]: the evaluation reads the same validation windows
@@ -57,13 +59,23 @@ class WindowBatches {
                 int rank, int world_size, SamplerOptions options)
       : stream_(stream),
         sampler_(static_cast<int64_t>(stream.size()), context, rank, world_size, options),
-        batch_(batch) {
-    DDP_CHECK(sampler_.num_windows() >= batch,
+        batch_(batch),
+        rank_(rank) {
+    DDP_CHECK(sampler_.uneven() || sampler_.num_windows() >= batch,
               "the {} split has {} windows of context {} per rank ({} bytes, {} rank(s)), fewer "
               "than --batch-size {}; pass a smaller --batch-size or a model with a shorter context",
               split, sampler_.num_windows(), context, stream.size(), world_size, batch);
   }
-  int64_t num_batches() const { return sampler_.num_windows() / batch_; }
+  int64_t num_batches() const { return num_batches_of(rank_); }
+  // Uneven shares (--drop-last false) keep a partial last batch; else it is dropped.
+  int64_t num_batches_of(int rank) const {
+    const int64_t w = sampler_.num_windows_of(rank);
+    return sampler_.uneven() ? (w + batch_ - 1) / batch_ : w / batch_;
+  }
+  int64_t rows_of(int rank, int64_t b) const {
+    if (b < 0 || b >= num_batches_of(rank)) return 0;
+    return std::min(batch_, sampler_.num_windows_of(rank) - b * batch_);
+  }
   void start_epoch(int64_t epoch) {
     sampler_.set_epoch(epoch);
     starts_ = sampler_.starts();
@@ -72,7 +84,7 @@ class WindowBatches {
   bool next(Batch& out, const Device& device) {
     if (next_ >= num_batches()) return false;
     const std::span<const int64_t> starts(starts_.data() + next_ * batch_,
-                                          static_cast<size_t>(batch_));
+                                          static_cast<size_t>(rows_of(rank_, next_)));
     ++next_;
     TokenBatch b = window_batch(stream_, starts, sampler_.context());
     out.inputs = b.inputs.to(device);
@@ -84,6 +96,7 @@ class WindowBatches {
   const std::string& stream_;
   TextWindowSampler sampler_;
   int64_t batch_;
+  int rank_ = 0;
   std::vector<int64_t> starts_;
   int64_t next_ = 0;
 };
@@ -95,10 +108,11 @@ class LanguageTask : public Task {
         corpus_(load_corpus(o, config_.context)),
         device_(device),
         train_("train", corpus_.train, config_.context, o.batch_size, rank, world_size,
-               {.shuffle = true, .seed = o.seed}),
+               {.shuffle = true, .seed = o.seed, .pad = o.drop_last != "false"}),
         validation_("validation", corpus_.validation, config_.context, o.batch_size, rank,
                     world_size, {.shuffle = true, .seed = kValidationSeed}),
-        eval_batches_(o.eval_batches) {
+        eval_batches_(o.eval_batches),
+        world_size_(world_size) {
     DDP_CHECK(config_.vocab >= 256,
               "--model {}: vocabulary {} is smaller than the 256 byte values of the text; use "
               "vocab=256 or more",
@@ -142,6 +156,14 @@ class LanguageTask : public Task {
   }
 
   int64_t num_batches() const override { return train_.num_batches(); }
+  int64_t num_batches_of(int rank) const override { return train_.num_batches_of(rank); }
+  int64_t global_samples(int64_t first_batch, int64_t end_batch) const override {
+    int64_t n = 0;
+    for (int q = 0; q < world_size_; ++q) {
+      for (int64_t b = first_batch; b < end_batch; ++b) n += train_.rows_of(q, b);
+    }
+    return n;
+  }
   void start_epoch(int64_t epoch) override { train_.start_epoch(epoch); }
   bool next(Batch& batch) override { return train_.next(batch, device_); }
   Tensor loss(const Tensor& output, const Batch& batch) const override {
@@ -184,6 +206,7 @@ class LanguageTask : public Task {
   Device device_;
   WindowBatches train_, validation_;
   int64_t eval_batches_;
+  int world_size_;
   CorpusEntropy entropy_;
   std::shared_ptr<models::Gpt> model_;
 };

@@ -52,8 +52,13 @@ class Task {
   // The optimizer the options ask for, over the model's parameters.
   virtual std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& o) const = 0;
 
-  // Batches per epoch on this rank (the same on every rank).
+  // Batches per epoch on this rank: the same on every rank, except under
+  // --drop-last false (Note [uneven epochs] in uneven.h).
   virtual int64_t num_batches() const = 0;
+  // Rank r's batches per epoch, and the samples of every rank's batches first..end-1
+  // (sequences for a language model), known on every rank without communication.
+  virtual int64_t num_batches_of(int rank) const = 0;
+  virtual int64_t global_samples(int64_t first_batch, int64_t end_batch) const = 0;
   virtual void start_epoch(int64_t epoch) = 0;
   // The next batch on the task's device; false when the epoch is over.
   virtual bool next(Batch& batch) = 0;

@@ -50,6 +50,18 @@ optimisation:
   --seed N                 model initialisation and shuffling (default 0)
   --max-steps N            stop each epoch after N steps (default: no limit);
                            the schedule spans the steps the run takes
+  --drop-last pad|true|false
+                           when the ranks cannot share the training set evenly:
+                           pad repeats samples (PyTorch's DistributedSampler;
+                           default), true drops the set's tail and each rank's
+                           short last batch ([gpt] the default), false does
+                           neither: ranks may take different step counts and
+                           train under a Join (those out of data shadow the
+                           others' all-reduces with zeros)
+  --join-divide world|active
+                           with --drop-last false: a step's gradient sums the
+                           ranks that still train and divides by the world size
+                           (world, default, as PyTorch's Join) or by their count
   --eval-every N           [gpt] evaluate every N steps too (default 200; 0:
                            at epoch ends only)
   --eval-batches N         [gpt] validation batches per rank and evaluation
@@ -176,6 +188,16 @@ const std::map<std::string, Setter>& setters() {
       {"--seed", [](auto& o, auto& v) { o.seed = parse_number<uint64_t>("--seed", v); }},
       {"--max-steps",
        [](auto& o, auto& v) { o.max_steps = parse_number<int64_t>("--max-steps", v); }},
+      {"--drop-last",
+       [](auto& o, auto& v) {
+         check_choice("--drop-last", v, {"pad", "true", "false"});
+         o.drop_last = v;
+       }},
+      {"--join-divide",
+       [](auto& o, auto& v) {
+         check_choice("--join-divide", v, {"world", "active"});
+         o.join_divide = v;
+       }},
       {"--device", [](auto& o, auto& v) { o.device = v; }},
       {"--save", [](auto& o, auto& v) { o.save = v; }},
       {"--resume", [](auto& o, auto& v) { o.resume = v; }},
@@ -226,8 +248,10 @@ void apply_model_defaults(TrainOptions& o) {
   const auto unset = [&](const char* flag) { return o.given.count(flag) == 0; };
   if (!models::is_gpt_model(o.model.name)) {
     if (unset("--eval-every")) o.eval_every = 0;
+    if (unset("--drop-last")) o.drop_last = "pad";
     return;
   }
+  if (unset("--drop-last")) o.drop_last = "true";
   if (unset("--data")) {
     const char* dir = std::getenv("DDP_BROWN_DIR");
     o.data = dir != nullptr && *dir != '\0' ? dir : kBrownCorpusDir;
@@ -268,6 +292,14 @@ void validate(const TrainOptions& o) {
   DDP_CHECK(!gpt || o.mode != "dp",
             "--mode dp runs the mlp and cnn only; train --model {} with ddprun (--mode ddp)",
             o.model.name);
+  DDP_CHECK(!gpt || o.drop_last != "pad",
+            "--drop-last pad: the gpt models' windows are never padded (a repeated window "
+            "would count twice); use --drop-last true (their default: the partial last batch "
+            "is dropped) or false (uneven shares under a Join)");
+  DDP_CHECK(o.given.count("--join-divide") == 0 || o.drop_last == "false",
+            "--join-divide {} applies with --drop-last false (ranks with different step "
+            "counts); this run has --drop-last {}",
+            o.join_divide, o.drop_last);
   DDP_CHECK(!gpt || o.given.count("--hidden") == 0,
             "--hidden sets the mlp's layers; a gpt model's size is its spec, e.g. --model "
             "gpt:layers=4,d=128,heads=4,ctx=128");

@@ -46,6 +46,10 @@ struct TrainOptions {
   int64_t log_every = 0;  // steps between progress lines (0: a progress bar on a
                           // terminal, else one line per epoch)
   int64_t max_steps = 0;  // stop each epoch after this many steps (0: no limit)
+  // pad | true | false (Note [uneven epochs] in uneven.h); "" until the model's
+  // default: pad (mlp, cnn), true (gpt, whose windows are never padded).
+  std::string drop_last;
+  std::string join_divide = "world";  // --drop-last false: world | active
   bool quiet = false;
   // Parallelism (docs/train.md): auto = ddp when WORLD_SIZE > 1, else single.
   std::string mode = "auto";  // auto | single | ddp | dp

@@ -4,12 +4,14 @@
 #include "collectives/collective_events.h"
 #include "collectives/data_parallel/data_parallel.h"
 #include "collectives/ddp/distributed_data_parallel.h"
+#include "collectives/ddp/join.h"
 #include "models/train/checkpoint.h"
 #include "models/train/faults.h"
 #include "models/train/nonfinite.h"
 #include "models/train/progress.h"
 #include "models/train/run_log.h"
 #include "models/train/task.h"
+#include "models/train/uneven.h"
 #include "runtime/autograd/functions.h"
 #include "runtime/logging.h"
 #include "runtime/ops/ops.h"
@@ -60,6 +62,8 @@ struct Run {
   TestFaults faults{};
   // --clip-grad-norm: the last update's gradient norm before clipping (NaN: none yet).
   double grad_norm = std::numeric_limits<double>::quiet_NaN();
+  // --drop-last false with uneven step counts: the epoch's Join (Note [uneven epochs]).
+  std::unique_ptr<Join> join{};
 };
 
 // Times the phases of a step; on CUDA a lap synchronizes the device first when
@@ -90,7 +94,10 @@ struct PhaseTotals {
 // mean over the step's samples; then the non-finite check and the optimizer's
 // update, unless the check skips it. Returns the samples this rank used (0: the
 // loader ran out). `step_loss` gets the step's loss (the sum of its micro-batches').
-int64_t train_step(Run& r, Tensor& step_loss, Tensor& last_loss, PhaseTotals& t, int64_t epoch) {
+// shadow: this rank is out of data (Note [uneven epochs] in uneven.h): it shadows
+// the step of the ranks that train, then updates with their average (0 samples).
+int64_t train_step(Run& r, Tensor& step_loss, Tensor& last_loss, PhaseTotals& t, int64_t epoch,
+                   bool shadow) {
   const int64_t k = r.o.grad_accum;
   const int64_t step = r.step + 1;
   PhaseClock clock(r.device, r.o.sync_timing);
@@ -98,7 +105,7 @@ int64_t train_step(Run& r, Tensor& step_loss, Tensor& last_loss, PhaseTotals& t,
   int64_t samples = 0;
   step_loss = Tensor();
   Batch batch;
-  for (int64_t m = 0; m < k; ++m) {
+  for (int64_t m = 0; m < k && !shadow; ++m) {
     if (!r.task->next(batch)) return 0;
     t.data += clock.lap();
     const bool sync = m + 1 == k;
@@ -132,6 +139,14 @@ int64_t train_step(Run& r, Tensor& step_loss, Tensor& last_loss, PhaseTotals& t,
     }
     last_loss = loss;
     samples += batch.labels.size(0);
+  }
+  if (shadow) {
+    const bool shadowed = r.join->shadow_step();
+    DDP_ASSERT(shadowed, "step {}: no rank trains, yet rank 0 has data", step);
+    t.exposed += clock.lap();
+    t.comm += r.ddp->comm_stats().comm_s;
+    step_loss = zeros({}, {.device = r.device});  // finite: the check counts others' losses
+    if (!last_loss.defined()) last_loss = step_loss;
   }
   if (!r.nonfinite->after_backward(step, epoch + 1, step_loss, r.model->parameters())) {
     // After DDP's all_reduce has been waited for: every rank clips the same
@@ -179,8 +194,9 @@ int64_t resume_in_epoch(Run& r, int64_t epoch, Tensor& loss_sum, int64_t& loss_c
   fill_(loss_sum, static_cast<double>(r.resumed.epoch_loss_sum));
   loss_count = r.resumed.epoch_loss_count;
   Batch skipped;
-  for (int64_t b = 0; b < step * r.o.grad_accum; ++b)
-    DDP_ASSERT(r.task->next(skipped), "batch {}", b);
+  // Under --drop-last false this rank may have fewer batches than the others took.
+  const int64_t taken = std::min(step * r.o.grad_accum, r.task->num_batches());
+  for (int64_t b = 0; b < taken; ++b) DDP_ASSERT(r.task->next(skipped), "batch {}", b);
   return step;
 }
 
@@ -236,10 +252,10 @@ EpochMetrics measure(Run& r, EpochState& e) {
 
 void report(Run& r, const EpochMetrics& m, bool epoch_end);
 
-// After a training step that used `used` samples on this rank: the counts, the
-// epoch's loss sum (a skipped step's loss left out) and the loss log. Returns the
-// step's number in the epoch.
-int64_t count_step(Run& r, EpochState& e, int64_t used, int64_t skipped_before,
+// After a training step that used `used` samples on this rank and `global` on all
+// ranks: the counts, the epoch's loss sum (a skipped or shadowed step's loss left
+// out) and the loss log. Returns the step's number in the epoch.
+int64_t count_step(Run& r, EpochState& e, int64_t used, int64_t global, int64_t skipped_before,
                    const Tensor& step_loss, const Tensor& last_loss) {
   const int64_t step = ++e.step;
   ++r.step;
@@ -247,14 +263,14 @@ int64_t count_step(Run& r, EpochState& e, int64_t used, int64_t skipped_before,
     NoGradGuard no_grad;
     fill_(r.model->parameters().front(), std::numeric_limits<double>::quiet_NaN());
   }
-  if (r.nonfinite->skipped() == skipped_before) {
+  if (r.nonfinite->skipped() == skipped_before && used > 0) {
     NoGradGuard no_grad;
     axpy_(1.0f, step_loss, e.loss_sum);
     e.micro_batches += r.o.grad_accum;
   }
   r.loss_log->step(e.epoch + 1, step, last_loss, r.o.grad_accum);
-  e.samples += used * r.world_size;  // global samples
-  e.tokens += used * r.world_size * r.task->tokens_per_sample();
+  e.samples += global;
+  e.tokens += global * r.task->tokens_per_sample();
   return step;
 }
 
@@ -263,21 +279,25 @@ EpochMetrics train_epoch(Run& r, int64_t epoch) {
   e.epoch = epoch;
   Progress progress(r.o, r.out, r.task->is_language_model() ? "tokens" : "samples");
   r.task->start_epoch(epoch);
-  const int64_t available = r.task->num_batches() / r.o.grad_accum;
-  DDP_CHECK(available > 0,
-            "an epoch has {} batches of --batch-size {} per rank, fewer than --grad-accum {}: "
-            "no optimizer step would run; lower --grad-accum or --batch-size",
-            r.task->num_batches(), r.o.batch_size, r.o.grad_accum);
-  const int64_t steps = r.o.max_steps > 0 ? std::min(r.o.max_steps, available) : available;
+  const EpochSteps plan = epoch_steps(*r.task, r.o, r.pg ? r.pg->env.rank : 0, r.world_size);
+  const int64_t steps = plan.steps;
+  if (plan.uneven && r.ddp) {
+    JoinOptions join_options;
+    join_options.divide_by_initial_world_size = r.o.join_divide == "world";
+    r.join = std::make_unique<Join>(*r.ddp, join_options);
+  }
   e.loss_sum = zeros({}, {.device = r.device});
   Tensor step_loss, last_loss;
   e.first_step = resume_in_epoch(r, epoch, e.loss_sum, e.micro_batches);
   e.step = e.first_step;
   while (e.step < steps) {
     const int64_t skipped_before = r.nonfinite->skipped();
-    const int64_t used = train_step(r, step_loss, last_loss, e.t, epoch);
-    if (used == 0) break;
-    const int64_t step = count_step(r, e, used, skipped_before, step_loss, last_loss);
+    const bool shadow = r.join != nullptr && e.step >= plan.mine;
+    const int64_t global =
+        r.task->global_samples(e.step * r.o.grad_accum, (e.step + 1) * r.o.grad_accum);
+    const int64_t used = train_step(r, step_loss, last_loss, e.t, epoch, shadow);
+    if (used == 0 && !shadow) break;
+    const int64_t step = count_step(r, e, used, global, skipped_before, step_loss, last_loss);
     if (r.o.log_every > 0 ? step % r.o.log_every == 0 : step % 10 == 0 || step == steps) {
       const float shown = last_loss.item<float>() * static_cast<float>(r.o.grad_accum);
       r.nonfinite->check();  // the device is read here anyway
@@ -297,6 +317,10 @@ EpochMetrics train_epoch(Run& r, int64_t epoch) {
       save(r, epoch, step, e.loss_sum, e.micro_batches);
     }
     if (r.step == r.faults.kill_step) ::raise(SIGKILL);
+  }
+  if (r.join) {
+    r.join->finish();  // every rank is out of data: the last joiner's model everywhere
+    r.join.reset();
   }
   r.nonfinite->check();
   // Before the epoch's checkpoint, and after the run's last step: a run without
@@ -466,7 +490,7 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
   r.task = make_task(o, r.device, rank, r.world_size);
   r.model = r.task->model();
   r.optimizer = r.task->make_optimizer(o);
-  r.schedule = make_schedule(o, r.task->num_batches());
+  r.schedule = make_schedule(o, r.task->num_batches_of(0));  // rank 0 has the most
   resume(r, resume_from);
   open_logs(r);
   r.nonfinite = std::make_unique<NonfiniteCheck>(
@@ -494,6 +518,7 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
         : r.dp ? fmt::format(", dp over {} replicas ({})", dp_devices.size(), o.devices)
                : "");
   }
+  if (!o.quiet) out << describe_uneven(*r.task, o, r.world_size);
   for (int64_t epoch = r.first_epoch; epoch < o.epochs; ++epoch) {
     result.epochs.push_back(train_epoch(r, epoch));
     report(r, result.epochs.back(), /*epoch_end=*/true);

@@ -33,9 +33,18 @@ DataLoader::~DataLoader() {
 }
 
 int64_t DataLoader::num_batches() const {
-  const int64_t n = sampler_.num_samples();
+  return num_batches_of(sampler_.rank());
+}
+
+int64_t DataLoader::num_batches_of(int rank) const {
+  const int64_t n = sampler_.num_samples_of(rank);
   const int64_t b = options_.batch_size;
   return options_.drop_last ? n / b : (n + b - 1) / b;
+}
+
+int64_t DataLoader::batch_rows_of(int rank, int64_t batch) const {
+  if (batch < 0 || batch >= num_batches_of(rank)) return 0;
+  return std::min(options_.batch_size, sampler_.num_samples_of(rank) - batch * options_.batch_size);
 }
 
 void DataLoader::start_epoch(int64_t epoch) {

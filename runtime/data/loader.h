@@ -49,8 +49,13 @@ class DataLoader {
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
 
-  // Batches per epoch on this rank (the same on every rank).
+  // Batches per epoch on this rank (the same on every rank unless the sampler
+  // is uneven: DistributedSampler's pad=false).
   int64_t num_batches() const;
+  // Rank r's batches per epoch, and the rows of its batch `batch` (0 past its
+  // last): every rank computes every rank's without communication.
+  int64_t num_batches_of(int rank) const;
+  int64_t batch_rows_of(int rank, int64_t batch) const;
   // Starts epoch `epoch`: sets the sampler's epoch and rewinds. Must be called
   // before the first next().
   void start_epoch(int64_t epoch);

@@ -22,6 +22,14 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int rank, int world
       options.drop_last ? dataset_size / world_size : (dataset_size + world_size - 1) / world_size;
 }
 
+int64_t DistributedSampler::num_samples_of(int rank) const {
+  DDP_CHECK(rank >= 0 && rank < world_size_,
+            "DistributedSampler: rank {} is out of range for world_size {}", rank, world_size_);
+  if (!uneven()) return num_samples_;
+  // Positions rank, rank + W, ... below N.
+  return dataset_size_ > rank ? (dataset_size_ - rank + world_size_ - 1) / world_size_ : 0;
+}
+
 std::vector<int64_t> philox_permutation(int64_t n, uint64_t key) {
   std::vector<int64_t> perm(static_cast<size_t>(n));
   std::iota(perm.begin(), perm.end(), int64_t{0});
@@ -53,7 +61,7 @@ std::vector<int64_t> DistributedSampler::indices() const {
   }
   order.resize(total);
   std::vector<int64_t> mine;
-  mine.reserve(static_cast<size_t>(num_samples_));
+  mine.reserve(static_cast<size_t>(num_samples()));
   for (size_t i = static_cast<size_t>(rank_); i < total; i += static_cast<size_t>(world_size_)) {
     mine.push_back(order[i]);
   }

@@ -7,6 +7,11 @@
 // (some samples are seen twice per epoch), drop_last=true cuts the tail. Rank r
 // takes positions r, r + W, r + 2W, ... so the shards are disjoint and every
 // rank gets num_samples() indices (the ranks must run the same number of steps).
+// A third mode, not in PyTorch: drop_last=false with pad=false neither pads nor
+// cuts, so every sample is seen exactly once and rank r gets ceil((N - r) / W)
+// indices: ranks below N mod W one more than the others. Their step counts may
+// then differ, which DistributedDataParallel survives under a Join
+// (collectives/ddp/join.h; train --drop-last false).
 //
 // Note [sampler shuffle]: the permutation is a Fisher-Yates shuffle driven by
 // Philox 4x32-10 (runtime/rng/philox.h) with key seed + epoch: step k (k = 0, 1,
@@ -25,6 +30,9 @@ struct SamplerOptions {
   bool shuffle = true;
   uint64_t seed = 0;  // must be the same on every rank
   bool drop_last = false;
+  // drop_last=false: pad to a multiple of the world size (PyTorch), or leave
+  // the shares uneven (pad=false). Ignored with drop_last.
+  bool pad = true;
 };
 
 class DistributedSampler {
@@ -38,9 +46,16 @@ class DistributedSampler {
 
   // This rank's indices for the current epoch (num_samples() of them).
   std::vector<int64_t> indices() const;
-  // Indices per rank and epoch: ceil(N / W), or floor(N / W) with drop_last.
-  int64_t num_samples() const { return num_samples_; }
-  int64_t total_size() const { return num_samples_ * world_size_; }
+  // This rank's indices per epoch: ceil(N / W), or floor(N / W) with drop_last;
+  // uneven (pad=false): num_samples_of(rank()).
+  int64_t num_samples() const { return num_samples_of(rank_); }
+  // Rank r's (every rank computes every rank's: the same on every rank).
+  int64_t num_samples_of(int rank) const;
+  // The most any rank gets: rank 0's.
+  int64_t max_num_samples() const { return num_samples_of(0); }
+  bool uneven() const { return !options_.drop_last && !options_.pad; }
+  // Positions of the evened ordering that are shared out: N when uneven.
+  int64_t total_size() const { return uneven() ? dataset_size_ : num_samples_ * world_size_; }
   int64_t dataset_size() const { return dataset_size_; }
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }

@@ -21,7 +21,9 @@ int64_t windows_in(int64_t stream_bytes, int64_t context, int world_size) {
 }
 
 SamplerOptions with_drop_last(SamplerOptions options) {
-  options.drop_last = true;  // padding would repeat windows: Note [text windows]
+  // Padding would repeat windows (Note [text windows]): drop, unless uneven shares
+  // (drop_last=false, pad=false) were asked for.
+  options.drop_last = options.drop_last || options.pad;
   return options;
 }
 

@@ -12,7 +12,8 @@
 // 2^62, clear of the counters the permutation uses), so the boundaries move
 // between epochs and every byte can be a window's first. The window numbers
 // 0..N-1 are the "dataset indices" of a DistributedSampler with drop_last
-// (padding would repeat windows): the same permutation, rank r taking
+// (padding would repeat windows), or with drop_last=false and pad=false its
+// uneven shares (train --drop-last false): the same permutation, rank r taking
 // positions r, r + W, ... Without shuffle the offset is 0 and the order 0..N-1.
 // The o_e bytes before the first window and the (at most 2 * context) after
 // the last are not read in that epoch.
@@ -37,8 +38,10 @@ class TextWindowSampler {
 
   void set_epoch(int64_t epoch) { sampler_.set_epoch(epoch); }
   int64_t epoch() const { return sampler_.epoch(); }
-  // Windows per rank and epoch (the same on every rank).
+  // This rank's windows per epoch (the same on every rank unless uneven), and rank r's.
   int64_t num_windows() const { return sampler_.num_samples(); }
+  int64_t num_windows_of(int rank) const { return sampler_.num_samples_of(rank); }
+  bool uneven() const { return sampler_.uneven(); }
   int64_t context() const { return context_; }
   // This epoch's offset o_e of Note [text windows].
   int64_t offset() const;

@@ -80,6 +80,34 @@ TEST(Loader, DropLastDropsTheShortBatch) {
   EXPECT_EQ(exact.num_batches(), 2);
 }
 
+// Uneven shares (pad = false): 11 samples over 3 ranks are 4, 4, 3; batches of 2
+// give 2, 2, 2 batches, of 3 give 2, 2, 1; every rank knows every rank's.
+TEST(Loader, UnevenSharesBatchCountsPerRank) {
+  const Dataset ds = numbered(11);
+  for (int64_t batch : {2, 3}) {
+    for (int r = 0; r < 3; ++r) {
+      DataLoader loader(ds, {.batch_size = batch},
+                        DistributedSampler(11, r, 3, {.seed = 2, .pad = false}));
+      const auto batches = epoch_ids(loader, 0);
+      EXPECT_EQ(static_cast<int64_t>(batches.size()), loader.num_batches());
+      EXPECT_EQ(loader.num_batches(), loader.num_batches_of(r));
+      for (size_t b = 0; b < batches.size(); ++b) {
+        EXPECT_EQ(static_cast<int64_t>(batches[b].size()),
+                  loader.batch_rows_of(r, static_cast<int64_t>(b)));
+      }
+      EXPECT_EQ(loader.batch_rows_of(r, loader.num_batches()), 0);
+      const std::vector<int64_t> want =
+          batch == 2 ? std::vector<int64_t>{2, 2, 2} : std::vector<int64_t>{2, 2, 1};
+      for (int q = 0; q < 3; ++q) EXPECT_EQ(loader.num_batches_of(q), want[static_cast<size_t>(q)]);
+      int64_t total = 0;
+      for (int q = 0; q < 3; ++q) {
+        for (int64_t b = 0; b < 3; ++b) total += loader.batch_rows_of(q, b);
+      }
+      EXPECT_EQ(total, 11);
+    }
+  }
+}
+
 TEST(Loader, PrefetchGivesTheSameBatches) {
   const Dataset ds = numbered(37, {4});
   DataLoader eager(ds, {.batch_size = 5, .prefetch = false},

@@ -68,6 +68,42 @@ TEST(Sampler, ShardsAreEvenDisjointAndCovering) {
   }
 }
 
+// Note [uneven epochs] in models/train/uneven.h: drop_last=false with pad=false
+// neither pads nor cuts: every index exactly once, rank r gets ceil((n - r) / W).
+TEST(Sampler, UnevenSharesCoverEveryIndexOnce) {
+  EXPECT_EQ(shards(10, 3, {.shuffle = false, .pad = false}),
+            (std::vector<Indices>{{0, 3, 6, 9}, {1, 4, 7}, {2, 5, 8}}));
+  EXPECT_EQ(shards(2, 5, {.shuffle = false, .pad = false}),
+            (std::vector<Indices>{{0}, {1}, {}, {}, {}}));
+  for (int world = 1; world <= 5; ++world) {
+    for (int64_t n : {0, 1, 2, 7, 11, 64, 101}) {
+      SCOPED_TRACE(::testing::Message() << "n=" << n << " world=" << world);
+      const SamplerOptions uneven{.seed = 9, .pad = false};
+      const auto parts = shards(n, world, uneven, /*epoch=*/2);
+      Indices all;
+      for (int r = 0; r < world; ++r) {
+        const DistributedSampler s(n, r, world, uneven);
+        EXPECT_TRUE(s.uneven());
+        EXPECT_EQ(s.num_samples(), (n - r + world - 1) / world);
+        EXPECT_EQ(static_cast<int64_t>(parts[static_cast<size_t>(r)].size()), s.num_samples());
+        EXPECT_EQ(s.max_num_samples(), (n + world - 1) / world);
+        for (int q = 0; q < world; ++q) {
+          EXPECT_EQ(s.num_samples_of(q), DistributedSampler(n, q, world, uneven).num_samples());
+        }
+        all.insert(all.end(), parts[static_cast<size_t>(r)].begin(),
+                   parts[static_cast<size_t>(r)].end());
+      }
+      std::sort(all.begin(), all.end());
+      Indices want(static_cast<size_t>(n));
+      std::iota(want.begin(), want.end(), int64_t{0});
+      EXPECT_EQ(all, want);
+    }
+  }
+  // drop_last wins over pad = false; pad is the default.
+  EXPECT_FALSE(DistributedSampler(10, 0, 3, {.drop_last = true, .pad = false}).uneven());
+  EXPECT_FALSE(DistributedSampler(10, 0, 3).uneven());
+}
+
 TEST(Sampler, EveryRankAgreesOnTheEpochsOrder) {
   // Interleaving the ranks' shards gives back one permutation, the same for every
   // rank's sampler: the ranks agree without communicating.

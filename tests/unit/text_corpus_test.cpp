@@ -134,6 +134,24 @@ TEST(TextWindows, DisjointAcrossRanksInsideTheStream) {
   }
 }
 
+// pad = false (train --drop-last false): the windows are shared unevenly, none dropped.
+TEST(TextWindows, UnevenSharesKeepEveryWindow) {
+  const int64_t bytes = 10000, ctx = 63, windows = (bytes - ctx) / (ctx + 1);  // 155
+  const auto shards = rank_starts(bytes, ctx, 3, {.seed = 3, .pad = false}, 1);
+  std::vector<int64_t> all;
+  for (int r = 0; r < 3; ++r) {
+    const auto& s = shards[static_cast<size_t>(r)];
+    EXPECT_EQ(static_cast<int64_t>(s.size()), (windows - r + 2) / 3);
+    EXPECT_EQ(TextWindowSampler(bytes, ctx, 0, 3, {.pad = false}).num_windows_of(r),
+              static_cast<int64_t>(s.size()));
+    all.insert(all.end(), s.begin(), s.end());
+  }
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(static_cast<int64_t>(std::unique(all.begin(), all.end()) - all.begin()), windows);
+  // The default (pad) drops: padding would repeat windows.
+  EXPECT_FALSE(TextWindowSampler(bytes, ctx, 0, 3, {}).uneven());
+}
+
 TEST(TextWindows, ReshuffledPerEpochAndReproducibleFromTheSeed) {
   const auto e0 = rank_starts(50000, 127, 2, {.seed = 11}, 0);
   const auto e1 = rank_starts(50000, 127, 2, {.seed = 11}, 1);

@@ -60,6 +60,34 @@ TEST(TrainOptions, ExplicitFlagsBeatGptDefaults) {
   EXPECT_EQ(o.epochs, 3);
 }
 
+// --drop-last (Note [uneven epochs] in models/train/uneven.h): pad for the mlp, true
+// for gpt (its windows are never padded, so pad is a usage error); --join-divide
+// only with --drop-last false.
+TEST(TrainOptions, DropLastDefaultsAndErrors) {
+  EXPECT_EQ(parse({}).drop_last, "pad");
+  EXPECT_EQ(parse({"--model", "gpt-tiny"}).drop_last, "true");
+  EXPECT_EQ(parse({"--drop-last", "false"}).join_divide, "world");
+  EXPECT_EQ(parse({"--drop-last", "false", "--join-divide", "active"}).join_divide, "active");
+  EXPECT_EQ(parse({"--model", "gpt-tiny", "--drop-last", "false"}).drop_last, "false");
+  auto error = [](std::vector<const char*> args) {
+    args.insert(args.begin(), "train");
+    try {
+      parse_train_args(static_cast<int>(args.size()), args.data());
+    } catch (const ValueError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error({"--drop-last", "maybe"})
+                .find("--drop-last 'maybe': valid values are pad, true, "
+                      "false"),
+            std::string::npos);
+  EXPECT_NE(error({"--model", "gpt-tiny", "--drop-last", "pad"}).find("windows are never padded"),
+            std::string::npos);
+  EXPECT_NE(error({"--join-divide", "active"}).find("applies with --drop-last false"),
+            std::string::npos);
+}
+
 TEST(TrainOptions, BadGptSpecIsAUsageError) {
   EXPECT_THROW(
       parse_train_args(3, std::vector<const char*>{"train", "--model", "gpt:layers=0"}.data()),
