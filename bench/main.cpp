@@ -108,6 +108,14 @@ constexpr std::array kSubcommands = {
         "JSON rows: model, parameters, batch, tokens_per_s, step_ms, forward_ms,\n"
         "backward_ms, clip_ms, optimizer_ms, gemm_gflop, gflops, peak_rss_mib, device.",
         run_gpt_bench, "--model --batch-size"},
+    Subcommand{"flight", "what the flight recorder adds to each collective (ns)",
+               "One process: the five moments of a collective its caller waits for, told\n"
+               "to no observer and to a flight recorder of 2000 records (samples\n"
+               "interleaved; each sample 1000 collectives, at least 20 ms). Reports the\n"
+               "minimum and median ns per collective; the difference is the recorder's cost\n"
+               "(docs/flight_recorder.md compares it with a 4 KiB shm all_reduce).\n"
+               "JSON rows: observers, ns_per_collective, median_ns.",
+               run_flight_bench},
 };
 
 constexpr std::string_view kFlagsHelp =

@@ -83,6 +83,7 @@ class FlightRecorder : public CollectiveObserver {
   RankStatus status() const;
   int rank() const { return rank_; }
   const std::string& region_path() const { return region_path_; }  // "" when anonymous
+  const void* region() const { return base_; }                     // Note [flight region]
 
  private:
   void enqueued(const CollectiveInfo& info, int64_t t);
