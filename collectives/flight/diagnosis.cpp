@@ -72,6 +72,8 @@ struct Finding {
   std::vector<std::string> lines;
   std::vector<int> suspects;
   std::set<int> named;  // ranks whose process state was said
+  // A collective every rank in view entered and none completed or skipped.
+  std::string entered_by_all;
 };
 
 // 1. The first sequence number two ranks used for different collectives.
@@ -236,11 +238,13 @@ void find_stuck(const std::vector<View>& views, const std::vector<const RankSnap
       out.suspects.push_back(s->rank);
     }
   } else if (!k.completed.empty()) {
+    if (out.entered_by_all.empty()) out.entered_by_all = what;
     out.lines.push_back(fmt::format("{} entered {}; {} completed it, {} did not{}", every, what,
                                     rank_list(k.completed), rank_list(k.open),
                                     open.empty() ? "" : fmt::format(" ({})", open)));
     for (int r : k.open) out.suspects.push_back(r);
   } else {
+    if (out.entered_by_all.empty()) out.entered_by_all = what;
     out.lines.push_back(fmt::format("{} entered {} and none completed it{}", every, what,
                                     open.empty() ? "" : ": " + open));
     for (const RankSnapshot* s : k.halted) out.suspects.push_back(s->rank);
@@ -327,14 +331,26 @@ Diagnosis diagnose(const std::vector<RankSnapshot>& ranks, const DiagnosisOption
     }
     find_mismatch(views, f);
     find_stuck(views, all, multi_comm,
-               options.other_ranks_elsewhere ? "every rank of this node" : "every rank", f);
+               options.other_ranks_elsewhere ? "every rank of this node"
+               : missing.empty()             ? "every rank"
+                                             : "every rank with a dump",
+               f);
   }
   for (const RankSnapshot* s : all) {
     if (s->process != ProcessState::stopped || f.named.count(s->rank) != 0) continue;
     f.lines.push_back(fmt::format("rank {} is stopped{}", s->rank,
                                   s->process_detail.empty() ? "" : " by " + s->process_detail));
   }
-  if (!missing.empty()) {
+  if (!missing.empty() && options.missing_would_have_dumped && !f.entered_by_all.empty()) {
+    // Ranks dump when a collective times out on them: one that left no dump
+    // was not waiting in one.
+    f.lines.push_back(fmt::format(
+        "{} {}: no collective timed out or failed on {}, so {} most likely never entered {} "
+        "(stopped, stuck outside collectives, or killed first)",
+        rank_list(missing), options.missing_reason, missing.size() == 1 ? "it" : "them",
+        missing.size() == 1 ? "it" : "they", f.entered_by_all));
+    f.suspects.insert(f.suspects.end(), missing.begin(), missing.end());
+  } else if (!missing.empty()) {
     f.lines.push_back(fmt::format("{} {}: not part of this diagnosis", rank_list(missing),
                                   options.missing_reason));
   }

@@ -21,7 +21,9 @@
 // A rank's process state (stopped, exited), known to ddprun, is said with its
 // name. Durations are measured on each rank's own clock, up to its snapshot's
 // taken_ns, so dumps from several nodes combine. Ranks expected but without a
-// snapshot (another node, no dump) are named as unseen.
+// snapshot (another node, no dump) are named as unseen; where the ranks wrote
+// their own dumps on a timeout (mpirun), a rank without one never timed out in
+// a collective, which makes it the suspect when every other entered it.
 #pragma once
 
 #include "collectives/flight/flight_layout.h"
@@ -38,6 +40,10 @@ struct DiagnosisOptions {
   // How to name an expected rank without a snapshot: "left no dump", "is on
   // another node", ...
   std::string missing_reason = "left no dump";
+  // Missing ranks would have dumped had a collective timed out on them (dumps
+  // the ranks wrote themselves, as under mpirun): when every rank in view
+  // entered the stuck collective, the missing ones are the suspects.
+  bool missing_would_have_dumped = true;
   // The view is one node's of a larger world (ddprun with --nnodes > 1): the
   // ranks outside expected_ranks are on other nodes, said once.
   bool other_ranks_elsewhere = false;

@@ -103,7 +103,7 @@ TEST(HangDiagnosis, ASkippedAllReduceShowsAsDifferentCountsAndLabels) {
       plus(plus(done_through(19), rec(20, RecordState::started, "ddp bucket 0", 68362)),
            rec(21, RecordState::enqueued, "ddp bucket 1", 200704));
   const auto its = plus(done_through(19), rec(20, RecordState::started, "ddp bucket 1", 200704));
-  const Diagnosis d = diagnose({rank(0, theirs), rank(1, its), rank(2, theirs)}, {});
+  const Diagnosis d = diagnose({rank(0, theirs, 3), rank(1, its, 3), rank(2, theirs, 3)});
   ASSERT_FALSE(d.lines.empty());
   EXPECT_EQ(d.lines[0],
             "collective mismatch at #20: rank 1 called all_reduce(avg) of 200704 f32 ('ddp bucket "
@@ -164,6 +164,28 @@ TEST(HangDiagnosis, AHealthyJobAndMissingRanks) {
   d = diagnose({rank(0, done, 3), rank(2, done, 3)});
   ASSERT_EQ(d.lines.size(), 2u);
   EXPECT_EQ(d.lines[1], "rank 1 left no dump: not part of this diagnosis");
+}
+
+TEST(HangDiagnosis, ARankWithoutADumpNeverTimedOut) {
+  // mpirun: rank 0 timed out in #6 and dumped; rank 1 (stuck in its forward)
+  // did not, and was killed when rank 0 exited.
+  RankSnapshot r0 = waiting(rank(0, plus(done_through(5), rec(6, RecordState::failed)), 2), 6, 395);
+  Diagnosis d = diagnose({r0});
+  ASSERT_EQ(d.lines.size(), 2u);
+  EXPECT_EQ(d.lines[0],
+            "every rank with a dump entered all_reduce #6 (ddp bucket 3, 1.2 MB) and none "
+            "completed it: rank 0 failed in it");
+  EXPECT_EQ(d.lines[1],
+            "rank 1 left no dump: no collective timed out or failed on it, so it most likely never "
+            "entered all_reduce #6 (ddp bucket 3, 1.2 MB) (stopped, stuck outside collectives, or "
+            "killed first)");
+  EXPECT_EQ(d.suspects, std::vector<int>{1});
+  // ddprun's regions: a rank without one says nothing of where it is.
+  d = diagnose({r0}, {.expected_ranks = {0, 1},
+                      .missing_reason = "has no flight recorder",
+                      .missing_would_have_dumped = false});
+  EXPECT_EQ(d.lines[1], "rank 1 has no flight recorder: not part of this diagnosis");
+  EXPECT_TRUE(d.suspects.empty());
 }
 
 TEST(HangDiagnosis, OneNodesViewOfALargerJob) {
