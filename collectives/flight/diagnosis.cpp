@@ -242,7 +242,9 @@ void find_stuck(const std::vector<View>& views, const std::vector<const RankSnap
     out.lines.push_back(fmt::format("{} entered {}; {} completed it, {} did not{}", every, what,
                                     rank_list(k.completed), rank_list(k.open),
                                     open.empty() ? "" : fmt::format(" ({})", open)));
-    for (int r : k.open) out.suspects.push_back(r);
+    // Of those that did not, the stopped or dead ones hold the others back.
+    for (const RankSnapshot* s : k.halted) out.suspects.push_back(s->rank);
+    if (k.halted.empty()) out.suspects.insert(out.suspects.end(), k.open.begin(), k.open.end());
   } else {
     if (out.entered_by_all.empty()) out.entered_by_all = what;
     out.lines.push_back(fmt::format("{} entered {} and none completed it{}", every, what,
@@ -298,8 +300,72 @@ std::string rank_list(std::vector<int> ranks) {
   return out;
 }
 
+namespace {
+
+// The ranks the view should cover and does not.
+std::vector<int> missing_ranks(const std::vector<const RankSnapshot*>& all,
+                               const std::vector<int>& expected) {
+  std::vector<int> missing;
+  for (int r : expected) {
+    if (std::none_of(all.begin(), all.end(), [&](auto* s) { return s->rank == r; }))
+      missing.push_back(r);
+  }
+  return missing;
+}
+
+// Stopped ranks not named yet, ranks out of view, and whether this is a hang at all.
+void add_notes(Finding& f, const std::vector<const RankSnapshot*>& all,
+               const std::vector<int>& expected, int world, const DiagnosisOptions& o) {
+  const std::vector<int> missing = missing_ranks(all, expected);
+  const size_t findings = f.lines.size();
+  double longest_wait = 0;
+  bool halted_any = false;
+  for (const RankSnapshot* s : all) {
+    if (s->status.waiters > 0 && s->status.wait_since_ns > 0)
+      longest_wait = std::max(longest_wait, seconds(s->taken_ns - s->status.wait_since_ns));
+    halted_any = halted_any || halted(*s);
+    if (s->process != ProcessState::stopped || f.named.count(s->rank) != 0) continue;
+    f.lines.push_back(fmt::format("rank {} is stopped{}", s->rank,
+                                  s->process_detail.empty() ? "" : " by " + s->process_detail));
+  }
+  if (!missing.empty() && o.missing_would_have_dumped && !f.entered_by_all.empty()) {
+    // Ranks dump when a collective times out on them: one that left no dump
+    // was not waiting in one.
+    f.lines.push_back(fmt::format(
+        "{} {}: no collective timed out or failed on {}, so {} most likely never entered {} "
+        "(stopped, stuck outside collectives, or killed first)",
+        rank_list(missing), o.missing_reason, missing.size() == 1 ? "it" : "them",
+        missing.size() == 1 ? "it" : "they", f.entered_by_all));
+    f.suspects.insert(f.suspects.end(), missing.begin(), missing.end());
+  } else if (!missing.empty()) {
+    f.lines.push_back(
+        fmt::format("{} {}: not part of this diagnosis", rank_list(missing), o.missing_reason));
+  }
+  if (o.other_ranks_elsewhere) {
+    std::vector<int> elsewhere;
+    for (int r = 0; r < world; ++r) {
+      if (std::find(expected.begin(), expected.end(), r) == expected.end()) elsewhere.push_back(r);
+    }
+    f.lines.push_back(fmt::format(
+        "{} run on other nodes: their side is in their nodes' dumps (`ddprun analyze` over "
+        "every node's dumps covers all ranks)",
+        rank_list(elsewhere)));
+  }
+  if (findings == 0) {
+    f.lines.insert(f.lines.begin(),
+                   all.empty() ? std::string("no flight recorder data")
+                               : std::string("no collective is pending or mismatched: every rank "
+                                             "completed every collective it issued"));
+  } else if (!halted_any && missing.empty() && longest_wait < 1.0) {
+    f.lines.push_back(
+        "no rank has waited 1 s or more in a collective: a snapshot of a running job (a SIGUSR1 "
+        "dump?), not a hang");
+  }
+}
+
+}  // namespace
+
 Diagnosis diagnose(const std::vector<RankSnapshot>& ranks, const DiagnosisOptions& options) {
-  Diagnosis d;
   std::vector<const RankSnapshot*> all;
   int world = 0;
   std::set<int> comms;
@@ -313,13 +379,10 @@ Diagnosis diagnose(const std::vector<RankSnapshot>& ranks, const DiagnosisOption
   if (expected.empty()) {
     for (int r = 0; r < world; ++r) expected.push_back(r);
   }
-  std::vector<int> missing;
-  for (int r : expected) {
-    if (std::none_of(all.begin(), all.end(), [&](auto* s) { return s->rank == r; }))
-      missing.push_back(r);
-  }
+  const std::string every = options.other_ranks_elsewhere          ? "every rank of this node"
+                            : missing_ranks(all, expected).empty() ? "every rank"
+                                                                   : "every rank with a dump";
   Finding f;
-  const bool multi_comm = comms.size() > 1;
   for (const int comm : comms) {
     std::vector<View> views;
     for (const RankSnapshot* s : all) {
@@ -330,51 +393,12 @@ Diagnosis diagnose(const std::vector<RankSnapshot>& ranks, const DiagnosisOption
       if (!v.by_sequence.empty()) views.push_back(std::move(v));
     }
     find_mismatch(views, f);
-    find_stuck(views, all, multi_comm,
-               options.other_ranks_elsewhere ? "every rank of this node"
-               : missing.empty()             ? "every rank"
-                                             : "every rank with a dump",
-               f);
+    find_stuck(views, all, comms.size() > 1, every, f);
   }
-  for (const RankSnapshot* s : all) {
-    if (s->process != ProcessState::stopped || f.named.count(s->rank) != 0) continue;
-    f.lines.push_back(fmt::format("rank {} is stopped{}", s->rank,
-                                  s->process_detail.empty() ? "" : " by " + s->process_detail));
-  }
-  if (!missing.empty() && options.missing_would_have_dumped && !f.entered_by_all.empty()) {
-    // Ranks dump when a collective times out on them: one that left no dump
-    // was not waiting in one.
-    f.lines.push_back(fmt::format(
-        "{} {}: no collective timed out or failed on {}, so {} most likely never entered {} "
-        "(stopped, stuck outside collectives, or killed first)",
-        rank_list(missing), options.missing_reason, missing.size() == 1 ? "it" : "them",
-        missing.size() == 1 ? "it" : "they", f.entered_by_all));
-    f.suspects.insert(f.suspects.end(), missing.begin(), missing.end());
-  } else if (!missing.empty()) {
-    f.lines.push_back(fmt::format("{} {}: not part of this diagnosis", rank_list(missing),
-                                  options.missing_reason));
-  }
-  if (options.other_ranks_elsewhere) {
-    std::vector<int> elsewhere;
-    for (int r = 0; r < world; ++r) {
-      if (std::find(expected.begin(), expected.end(), r) == expected.end()) elsewhere.push_back(r);
-    }
-    f.lines.push_back(fmt::format(
-        "{} run on other nodes: their side is in their nodes' dumps (`ddprun analyze` over "
-        "every node's dumps covers all ranks)",
-        rank_list(elsewhere)));
-  }
-  if (f.lines.size() == (missing.empty() ? 0u : 1u) + (options.other_ranks_elsewhere ? 1u : 0u)) {
-    f.lines.insert(f.lines.begin(),
-                   all.empty() ? std::string("no flight recorder data")
-                               : std::string("no collective is pending or mismatched: every rank "
-                                             "completed every collective it issued"));
-  }
+  add_notes(f, all, expected, world, options);
   std::sort(f.suspects.begin(), f.suspects.end());
   f.suspects.erase(std::unique(f.suspects.begin(), f.suspects.end()), f.suspects.end());
-  d.lines = std::move(f.lines);
-  d.suspects = std::move(f.suspects);
-  return d;
+  return {std::move(f.lines), std::move(f.suspects)};
 }
 
 std::vector<std::string> rank_lines(const std::vector<RankSnapshot>& ranks) {

@@ -125,6 +125,14 @@ TEST(HangDiagnosis, EveryRankEnteredSomeCompleted) {
             "every rank entered all_reduce #57 (ddp bucket 3, 1.2 MB); ranks 0,1,3 completed it, "
             "rank 2 did not (rank 2 entered it and is not waiting for it yet)");
   EXPECT_EQ(d.suspects, std::vector<int>{2});
+  // Two did not; the stopped one holds the other back.
+  const Diagnosis s = diagnose({rank(0, done), waiting(rank(1, open), 57, 395),
+                                stopped(waiting(rank(2, open), 57, 395)), rank(3, done)});
+  EXPECT_EQ(s.lines[0],
+            "every rank entered all_reduce #57 (ddp bucket 3, 1.2 MB); ranks 0,3 completed it, "
+            "ranks 1,2 did not (rank 1 has waited 5.0 s in it; rank 2 is stopped by SIGSTOP "
+            "inside it)");
+  EXPECT_EQ(s.suspects, std::vector<int>{2});
 }
 
 TEST(HangDiagnosis, EveryRankEnteredNoneCompletedOneStopped) {
@@ -151,6 +159,18 @@ TEST(HangDiagnosis, FailedAndExitedRanksAreSaidSo) {
             "every rank entered all_reduce #57 (ddp bucket 3, 1.2 MB) and none completed it: rank "
             "0 failed in it; rank 1 exited (killed by SIGKILL) inside it");
   EXPECT_EQ(d.suspects, std::vector<int>{1});
+}
+
+TEST(HangDiagnosis, ASnapshotOfARunningJobIsNoHang) {
+  // SIGUSR1 dumps of a healthy job: rank 1 is a collective ahead, rank 0 just
+  // began to wait.
+  const Diagnosis d =
+      diagnose({waiting(rank(0, plus(done_through(9), rec(10, RecordState::started)), 2), 10, 400),
+                rank(1, done_through(10), 2)});
+  ASSERT_EQ(d.lines.size(), 2u);
+  EXPECT_EQ(d.lines[1],
+            "no rank has waited 1 s or more in a collective: a snapshot of a running job (a "
+            "SIGUSR1 dump?), not a hang");
 }
 
 TEST(HangDiagnosis, AHealthyJobAndMissingRanks) {
