@@ -44,6 +44,8 @@ rank_pid() {
   done
 }
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+unset DDP_FLIGHT_DIR  # ddprun's own choice (ctest sets one for every test)
+export TMPDIR="$WORK"  # ... which is then $WORK/ddp_flight/<run id>
 # The work directory is on every rank's command line: cleanup finds them by it.
 long=(--backend "$backend" --data synthetic --epochs 100 --log-every 100000 --seed 5)
 
@@ -83,7 +85,7 @@ d = json.load(open(sys.argv[1]))
 assert d["rank"] == 2 and d["process"] == "stopped" and d["process_detail"] == "SIGSTOP", d
 assert d["collectives"] and d["reason"] == "ddprun: hang", d["reason"]
 PY
-rm -rf "$dumps"
+[ "${dumps#"$WORK"/ddp_flight/}" != "$dumps" ] || fail "dumps in $dumps, not under \$TMPDIR/ddp_flight"
 echo "stopped rank: exit 124 $took s after the stop; $diag"
 
 # 2. Rank 1 skips bucket 0's all_reduce at step 5: the mismatch is named.
@@ -98,7 +100,7 @@ echo "skipped all_reduce: exit $status; $(grep -m1 '^ddprun: flight recorder: co
 
 # 3. SIGUSR1 to both ranks, twice: dumps, and a run equal to one without it.
 short=(--backend "$backend" --data synthetic --epochs 30 --log-every 100000 --seed 9)
-DDP_FLIGHT_DIR="$WORK/usr1" "$ddprun" --standalone -n 2 "$train" "${short[@]}" --loss-log "$WORK/usr1.loss" \
+DDP_LOG_LEVEL=info DDP_FLIGHT_DIR="$WORK/usr1" "$ddprun" --standalone -n 2 "$train" "${short[@]}" --loss-log "$WORK/usr1.loss" \
   --save "$WORK/usr1.st" >"$WORK/usr1.log" 2>&1 &
 agent=$!
 wait_lines "$WORK/usr1.loss" 50
