@@ -212,12 +212,12 @@ void FlightWatch::capture(const std::vector<RankRecord>& records, const std::str
   }
   flight::DiagnosisOptions d;
   d.expected_ranks = ranks_;
-  d.missing_reason = "has no flight recorder (not started, or not a ddp program)";
+  d.missing_reason = "no flight recorder (not started yet, or not a ddp program)";
   d.missing_would_have_dumped = false;  // ddprun reads the regions; the ranks dump nothing
   if (!snaps.empty() && snaps.front().world_size > static_cast<int>(ranks_.size())) {
     d.other_ranks_elsewhere = true;
   }
-  diagnosis_ = flight::diagnose(snaps, d);
+  if (!snaps.empty()) diagnosis_ = flight::diagnose(snaps, d);  // none: not ddp programs
 }
 
 std::vector<std::string> FlightWatch::summary_lines() const {

@@ -332,14 +332,14 @@ void add_notes(Finding& f, const std::vector<const RankSnapshot*>& all,
     // Ranks dump when a collective times out on them: one that left no dump
     // was not waiting in one.
     f.lines.push_back(fmt::format(
-        "{} {}: no collective timed out or failed on {}, so {} most likely never entered {} "
+        "{}: {}; no collective timed out or failed on {}, so {} most likely never entered {} "
         "(stopped, stuck outside collectives, or killed first)",
         rank_list(missing), o.missing_reason, missing.size() == 1 ? "it" : "them",
         missing.size() == 1 ? "it" : "they", f.entered_by_all));
     f.suspects.insert(f.suspects.end(), missing.begin(), missing.end());
   } else if (!missing.empty()) {
     f.lines.push_back(
-        fmt::format("{} {}: not part of this diagnosis", rank_list(missing), o.missing_reason));
+        fmt::format("{}: {}; not part of this diagnosis", rank_list(missing), o.missing_reason));
   }
   if (o.other_ranks_elsewhere) {
     std::vector<int> elsewhere;

@@ -37,9 +37,9 @@ struct DiagnosisOptions {
   // The ranks this view should cover; empty: 0 .. world size - 1. ddprun passes
   // its local ranks, so other nodes' ranks are not reported missing.
   std::vector<int> expected_ranks;
-  // How to name an expected rank without a snapshot: "left no dump", "is on
-  // another node", ...
-  std::string missing_reason = "left no dump";
+  // What an expected rank without a snapshot lacks: "no dump", "no flight
+  // recorder (...)"; said as "rank 1: no dump; ...".
+  std::string missing_reason = "no dump";
   // Missing ranks would have dumped had a collective timed out on them (dumps
   // the ranks wrote themselves, as under mpirun): when every rank in view
   // entered the stuck collective, the missing ones are the suspects.

@@ -35,7 +35,7 @@ grep -q "flight recorder: all_reduce #[0-9]* .*: wrote $WORK/flight/flight_rank_
 "$ddprun" analyze "$WORK/flight" >"$WORK/analyze.log" 2>&1 || fail "ddprun analyze exited $?"
 cat "$WORK/analyze.log"
 grep -q "backend mpi" "$WORK/analyze.log" || fail "the dump is not the mpi backend's"
-grep -qE "^  rank 1 left no dump: no collective timed out or failed on it, so it most likely never entered all_reduce #[0-9]+ \(ddp bucket 0, [0-9.]+ KB\)" \
+grep -qE "^  rank 1: no dump; no collective timed out or failed on it, so it most likely never entered all_reduce #[0-9]+ \(ddp bucket 0, [0-9.]+ KB\)" \
   "$WORK/analyze.log" || fail "analyze does not name rank 1 and the all_reduce"
 grep -qE "^  every rank with a dump entered all_reduce #[0-9]+ \(ddp bucket 0, .*rank 0 (failed in it|has waited)" \
   "$WORK/analyze.log" || fail "analyze does not say rank 0 waited in the all_reduce"

@@ -183,7 +183,7 @@ TEST(HangDiagnosis, AHealthyJobAndMissingRanks) {
   EXPECT_TRUE(d.suspects.empty());
   d = diagnose({rank(0, done, 3), rank(2, done, 3)});
   ASSERT_EQ(d.lines.size(), 2u);
-  EXPECT_EQ(d.lines[1], "rank 1 left no dump: not part of this diagnosis");
+  EXPECT_EQ(d.lines[1], "rank 1: no dump; not part of this diagnosis");
 }
 
 TEST(HangDiagnosis, ARankWithoutADumpNeverTimedOut) {
@@ -196,15 +196,15 @@ TEST(HangDiagnosis, ARankWithoutADumpNeverTimedOut) {
             "every rank with a dump entered all_reduce #6 (ddp bucket 3, 1.2 MB) and none "
             "completed it: rank 0 failed in it");
   EXPECT_EQ(d.lines[1],
-            "rank 1 left no dump: no collective timed out or failed on it, so it most likely never "
+            "rank 1: no dump; no collective timed out or failed on it, so it most likely never "
             "entered all_reduce #6 (ddp bucket 3, 1.2 MB) (stopped, stuck outside collectives, or "
             "killed first)");
   EXPECT_EQ(d.suspects, std::vector<int>{1});
   // ddprun's regions: a rank without one says nothing of where it is.
   d = diagnose({r0}, {.expected_ranks = {0, 1},
-                      .missing_reason = "has no flight recorder",
+                      .missing_reason = "no flight recorder",
                       .missing_would_have_dumped = false});
-  EXPECT_EQ(d.lines[1], "rank 1 has no flight recorder: not part of this diagnosis");
+  EXPECT_EQ(d.lines[1], "rank 1: no flight recorder; not part of this diagnosis");
   EXPECT_TRUE(d.suspects.empty());
 }
 
