@@ -10,7 +10,10 @@
 #   - SIGUSR1 to every rank of a healthy job: each writes its dump and the job
 #     goes on undisturbed (loss log and checkpoint equal a run without it);
 #   - a rank slowed on purpose (DDP_TEST_SLOW_RANK): the straggler report (at
-#     the end of ddprun's run, and in --metrics rows) names it.
+#     the end of ddprun's run, and in --metrics rows) names it;
+#   - gloo only: two agents (--nnodes 2 on this machine), rank 3 stopped: each
+#     node diagnoses its own ranks, node 1 blames rank 3 (exit 124), and
+#     `ddprun analyze` over both nodes' dumps names it.
 # usage: flight_recorder.sh DDPRUN TRAIN BACKEND
 set -uo pipefail
 ddprun=$1 train=$2 backend=$3
@@ -142,4 +145,37 @@ assert len(c) == 3 and c[1] > 20 > max(c[0], c[2]), c
 assert w[1] < min(w[0], w[2]), w
 PY
 echo "slow rank: $line"
+
+if [ "$backend" = gloo ]; then
+  export DDP_STORE_SECRET="e2e-$RANDOM$RANDOM"
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  nodes=(--nnodes 2 -n 2 --master-port "$port" --grace-period 2 --rdzv-timeout 30 --hang-timeout 5)
+  "$ddprun" "${nodes[@]}" --node-rank 1 "$train" "${long[@]}" >"$WORK/node1.log" 2>&1 &
+  node1=$!
+  "$ddprun" "${nodes[@]}" --node-rank 0 "$train" "${long[@]}" --loss-log "$WORK/nodes.loss" \
+    >"$WORK/node0.log" 2>&1 &
+  node0=$!
+  wait_lines "$WORK/nodes.loss" 30
+  pid=$(rank_pid $node1 3)
+  [ -n "$pid" ] || fail "no rank 3 on node 1"
+  kill -STOP "$pid"
+  wait $node1
+  status1=$?
+  wait $node0
+  [ $status1 -eq 124 ] || fail "node 1 (rank 3 stopped) exited $status1, expected 124"
+  grep -q "^ddprun: to blame: rank 3 (pid $pid) made no progress" "$WORK/node1.log" ||
+    fail "node 1 does not blame rank 3"
+  grep -qE "^ddprun: flight recorder: (rank 3 never entered|.*rank 3 is stopped by SIGSTOP inside it)" \
+    "$WORK/node1.log" || fail "node 1's diagnosis does not name rank 3"
+  grep -q "^ddprun: flight recorder: ranks 0,1 run on other nodes" "$WORK/node1.log" ||
+    fail "node 1 does not say ranks 0,1 are elsewhere"
+  grep -q "^ddprun: flight recorder: ranks 2,3 run on other nodes" "$WORK/node0.log" ||
+    fail "node 0 does not say ranks 2,3 are elsewhere"
+  dumps=$(sed -n 's/^ddprun: flight recorder dumps of 2 ranks: \(.*\) (ddprun analyze .*/\1/p' "$WORK/node1.log")
+  [ "$(ls "$dumps" | grep -c '^flight_rank_[0-3].json$')" -eq 4 ] || fail "not both nodes' dumps in $dumps"
+  "$ddprun" analyze "$dumps" >"$WORK/analyze_nodes.log" 2>&1 || fail "analyze exited $?"
+  grep -qE "^  (rank 3 never entered|.*rank 3 is stopped by SIGSTOP inside it)" "$WORK/analyze_nodes.log" ||
+    fail "analyze over both nodes does not name rank 3"
+  echo "two nodes: node 1 exit 124; analyze: $(sed -n '/^diagnosis:/{n;p;}' "$WORK/analyze_nodes.log" | sed 's/^ *//')"
+fi
 echo "flight_recorder ($backend): ok"
