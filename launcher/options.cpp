@@ -67,7 +67,6 @@ output:
   --version             ddprun's version
   -h, --help            this text
 
-
 usage: ddprun analyze DIR
   prints the hang diagnosis and the straggler report from the flight recorder
   dumps (flight_rank_<R>.json) in DIR: those ddprun wrote, or those ranks
@@ -78,8 +77,7 @@ Exit status: 0 when every rank succeeded; else the first failing rank's exit
 code, or 128+N when it died of signal N (or ddprun got signal N); 1 when ddprun
 itself failed (rendezvous, port in use); 2 for bad options; 128+SIGSTOP (147)
 when a rank stayed stopped past --stopped-timeout; 124 when the job hung past
---hang-timeout; 126 when PROGRAM
-is not executable; 127 when it is not found.
+--hang-timeout; 126 when PROGRAM is not executable; 127 when it is not found.
 Flight recorder dumps and the diagnosis are printed in the failure summary;
 the straggler report at the end of every multi-rank run.
 Docs: docs/ddprun.md, docs/flight_recorder.md.
