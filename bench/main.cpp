@@ -120,6 +120,15 @@ constexpr std::array kSubcommands = {
                "JSON rows: world, backend, plain_us, join_us, diff_us, diff_pct,\n"
                "count_allreduce_us, rounds, steps, device.",
                run_join_bench, "--steps"},
+    Subcommand{"flight", "what the flight recorder adds to each collective (ns)",
+               "One process: the five moments of a collective its caller waits for, told\n"
+               "to no observer, to one that does nothing (the events framework's share)\n"
+               "and to a flight recorder of 2000 records (samples interleaved; each\n"
+               "sample 1000 collectives, at least 20 ms). Reports the\n"
+               "minimum and median ns per collective; the difference is the recorder's cost\n"
+               "(docs/flight_recorder.md compares it with a 4 KiB shm all_reduce).\n"
+               "JSON rows: observers, ns_per_collective, median_ns.",
+               run_flight_bench},
 };
 
 constexpr std::string_view kFlagsHelp =

@@ -56,5 +56,6 @@ int run_allreduce_bench(const BenchOptions& options, const Reporter& reporter);
 int run_train_bench(const BenchOptions& options, const Reporter& reporter);
 int run_gpt_bench(const BenchOptions& options, const Reporter& reporter);
 int run_join_bench(const BenchOptions& options, const Reporter& reporter);
+int run_flight_bench(const BenchOptions& options, const Reporter& reporter);
 
 }  // namespace ddp::bench

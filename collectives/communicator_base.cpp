@@ -1,5 +1,6 @@
 #include "collectives/communicator_base.h"
 
+#include "collectives/flight/flight_recorder.h"
 #include "collectives/host_staging.h"
 #include "collectives/reduce_kernels.h"
 #include "runtime/cuda/cuda_api.h"
@@ -85,6 +86,7 @@ CommunicatorBase::CommunicatorBase(int rank, int size, CommOptions options)
   DDP_CHECK(size >= 1 && rank >= 0 && rank < size,
             "communicator: rank {} and world size {} are inconsistent (need 0 <= rank < size)",
             rank, size);
+  flight::ensure_recorder(rank, size);  // Note [flight recorder]
 }
 
 bool CommunicatorBase::accepts(const Device& d) const {

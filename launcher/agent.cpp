@@ -2,6 +2,7 @@
 
 #include "collectives/store/socket.h"
 #include "collectives/store/tcp_store.h"
+#include "launcher/flight_watch.h"
 #include "launcher/group.h"
 #include "launcher/node_address.h"
 #include "launcher/rank_env.h"
@@ -9,6 +10,7 @@
 #include "launcher/secret_file.h"
 #include "launcher/watchdog.h"
 #include "runtime/device.h"
+#include "runtime/env.h"
 
 #include <sched.h>
 #include <unistd.h>
@@ -90,6 +92,9 @@ GroupSpec make_spec(const LaunchOptions& o, const std::string& program_path, int
   spec.output = {.log_dir = o.log_dir, .tee = o.tee, .quiet = o.quiet, .prefix = o.prefix};
   spec.grace = to_ms(o.grace_period_s);
   spec.blame.stopped_timeout = to_ms(o.stopped_timeout_s);
+  const double hang_s = o.hang_timeout_s.value_or(default_hang_timeout_s(env::get(env::kTimeoutS)));
+  spec.blame.progress_timeout = to_ms(hang_s);  // Note [hang detector]
+  spec.flight = flight_options(rendezvous.run_id(), restart, o.log_dir, to_ms(hang_s));
   spec.argv.push_back(o.program);
   spec.argv.insert(spec.argv.end(), o.program_args.begin(), o.program_args.end());
   const auto base = current_environment();
@@ -113,6 +118,7 @@ GroupSpec make_spec(const LaunchOptions& o, const std::string& program_path, int
                                                 .store_secret = secret,
                                                 .backend = o.backend,
                                                 .threads = threads}));
+    set_flight_environment(spec.envs.back(), spec.flight);
   }
   return spec;
 }
@@ -146,6 +152,7 @@ GroupResult run_attempt(const LaunchOptions& o, const std::string& program_path,
 
 int run_agent(const LaunchOptions& o, const std::string& program_path) {
   start_watchdog();  // before the store server's thread exists
+  remove_stale_region_dirs();
   const int nproc = local_ranks(o);
   SignalPipe signals;
   const std::string secret = store_secret(o);

@@ -48,7 +48,7 @@ struct RankProcess {
 class Watcher {
  public:
   Watcher(const GroupSpec& spec, SignalPipe& signals, Rendezvous& rendezvous)
-      : spec_(spec), signals_(signals), rendezvous_(rendezvous) {}
+      : spec_(spec), signals_(signals), rendezvous_(rendezvous), flight_(spec.flight, spec.ranks) {}
 
   GroupResult run();
 
@@ -61,6 +61,8 @@ class Watcher {
   void reap_exited();
   void note_stop_change(RankProcess& r);
   void judge();
+  void check_hang();
+  std::vector<RankRecord> records() const;
   void check_remote();
   void stop_all(int sig, const std::string& why);
   void kill_all();
@@ -68,6 +70,7 @@ class Watcher {
   bool streams_open() const;
   GroupResult result() const;
   void print_summary() const;
+  void print_flight_summary() const;
 
   const GroupSpec& spec_;
   SignalPipe& signals_;
@@ -83,6 +86,7 @@ class Watcher {
   int stop_signal_ = 0;                           // ddprun's own SIGINT/SIGTERM/SIGHUP
   std::optional<Blame> blame_;                    // the rank that ended the job (Note [blame])
   std::optional<GroupFailure> remote_;            // another node's failure
+  FlightWatch flight_;                            // the ranks' flight recorders
 };
 
 GroupResult Watcher::run() {
@@ -98,6 +102,7 @@ GroupResult Watcher::run() {
   }
   const GroupResult out = result();
   if (out.outcome != Outcome::success) print_summary();
+  if (const std::string line = flight_.straggler_line(); !line.empty()) say(line);
   return out;
 }
 
@@ -191,6 +196,7 @@ void Watcher::poll_once() {
   }
   handle_signals();
   reap_exited();
+  check_hang();
   check_remote();
   if (stopping_ && !killed_ && Clock::now() >= kill_deadline_) kill_all();
 }
@@ -255,9 +261,9 @@ void Watcher::note_stop_change(RankProcess& r) {
 // Note [blame]: the decision is launcher/blame.h's; here it is carried out.
 void Watcher::judge() {
   const auto now = Clock::now();
-  std::vector<RankRecord> records;
-  for (const RankProcess& r : ranks_) records.push_back(r.rec);
+  std::vector<RankRecord> records = this->records();
   if (stop_clocks_restart(records, last_judged_, now)) {  // Note [stop clocks]
+    flight_.restart_clock(now);
     for (size_t i = 0; i < ranks_.size(); ++i) {
       if (ranks_[i].rec.stopped_since)
         ranks_[i].rec.stop_clock_restart = records[i].stop_clock_restart = now;
@@ -278,6 +284,33 @@ void Watcher::judge() {
   stop_all(SIGTERM, blame_->what);
 }
 
+std::vector<RankRecord> Watcher::records() const {
+  std::vector<RankRecord> out;
+  for (const RankProcess& r : ranks_) out.push_back(r.rec);
+  return out;
+}
+
+// Note [hang detector]: the diagnosis's suspects are blamed for making no progress.
+void Watcher::check_hang() {
+  if (stopping_) return;
+  const auto hang = flight_.check_hang(records(), Clock::now());
+  if (!hang) return;
+  say(fmt::format(
+      "no rank made progress for {:.1f} s while {} wait{} in a collective "
+      "(--hang-timeout {:g} s): the job is hung; dumping and diagnosing",
+      hang->silent_s, flight::rank_list(hang->waiting), hang->waiting.size() == 1 ? "s" : "",
+      std::chrono::duration<double>(spec_.flight.hang_timeout).count()));
+  flight_.capture(records(), "hang");
+  const auto& suspects = flight_.diagnosis().suspects;
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    const bool suspect = suspects.empty() || std::find(suspects.begin(), suspects.end(),
+                                                       ranks_[i].rec.rank) != suspects.end();
+    if (suspect) ranks_[i].rec.last_progress = flight_.last_progress(i);
+  }
+  judge();
+  if (!stopping_) stop_all(SIGTERM, "the job is hung (--hang-timeout)");  // nobody to blame
+}
+
 void Watcher::check_remote() {
   if (stopping_ || !rendezvous_.multi_node() || Clock::now() < next_remote_check_) return;
   next_remote_check_ = Clock::now() + kRemoteCheckInterval;
@@ -290,6 +323,7 @@ void Watcher::check_remote() {
 // Sends `sig` to every running rank's process group; SIGKILL follows at the
 // end of the grace period (kill_all() from poll_once()).
 void Watcher::stop_all(int sig, const std::string& why) {
+  flight_.capture(records(), why);  // Note [dumps from the regions]: before any signal
   stopping_ = true;
   kill_deadline_ = Clock::now() + spec_.grace;
   const auto running =
@@ -351,7 +385,10 @@ void Watcher::print_summary() const {
     say(fmt::format("  rank {:<3} pid {:<8} {:<28} {:6.1f} s{}", r.rank, r.pid,
                     describe_status(status), seconds_between(r.start, r.exit_time), note));
   }
-  if (!blame_) return;
+  if (!blame_) {
+    print_flight_summary();
+    return;
+  }
   const RankProcess& f = ranks_[blame_->index];
   if (blame_->reason != BlameReason::failed) say(fmt::format("to blame: {}", blame_->what));
   const auto& tail = f.err->tail();
@@ -363,6 +400,11 @@ void Watcher::print_summary() const {
     for (const auto& line : tail) say("  | " + line);
   }
   if (!f.err_log.empty()) say(fmt::format("rank {}'s log: {}", f.rec.rank, f.err_log));
+  print_flight_summary();
+}
+
+void Watcher::print_flight_summary() const {
+  for (const std::string& line : flight_.summary_lines()) say(line);
 }
 
 }  // namespace

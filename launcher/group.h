@@ -10,10 +10,14 @@
 //   another node's rank fails           -> as a local failure, without restarting here alone
 //   a rank is stopped (SIGSTOP, ...)    -> reported at once; past --stopped-timeout it is
 //                                          SIGKILLed and the others stopped as above
+//   no rank progresses past --hang-timeout while one waits in a collective
+//                                       -> diagnosed, blamed, stopped as above (Note
+//                                          [hang detector] in launcher/flight_watch.h)
 // Which rank is to blame is launcher/blame.h's decision (Note [blame]).
 #pragma once
 
 #include "launcher/blame.h"
+#include "launcher/flight_watch.h"
 #include "launcher/process.h"
 #include "launcher/rendezvous.h"
 
@@ -40,6 +44,7 @@ struct GroupSpec {
   OutputOptions output;
   std::chrono::milliseconds grace{10000};
   BlamePolicy blame;
+  FlightOptions flight;  // the ranks' flight recorders (launcher/flight_watch.h)
 };
 
 enum class Outcome { success, rank_failed, remote_failed, interrupted };

@@ -1,6 +1,7 @@
 // ddprun: the launcher of ddp (its torchrun). See --help and docs/ddprun.md.
 #include "ddp/config.h"
 #include "launcher/agent.h"
+#include "launcher/analyze.h"
 #include "launcher/options.h"
 #include "launcher/program_path.h"
 #include "runtime/error.h"
@@ -10,6 +11,8 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <string>
+#include <vector>
 
 namespace {
 
@@ -30,6 +33,11 @@ void ensure_standard_fds() {
 
 int main(int argc, char** argv) {
   ensure_standard_fds();
+  // `ddprun analyze DIR` (a program named analyze runs as `ddprun -- analyze`).
+  if (argc >= 2 && std::string(argv[1]) == "analyze") {
+    return ddp::launcher::run_analyze(std::vector<std::string>(argv + 2, argv + argc), std::cout,
+                                      std::cerr);
+  }
   ddp::launcher::ParseResult parsed;
   try {
     parsed = ddp::launcher::parse_ddprun_args(argc, argv);

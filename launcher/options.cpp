@@ -52,9 +52,14 @@ failures:
                         stopped (default 10)
   --stopped-timeout S   a rank stopped (SIGSTOP, SIGTSTP) for S seconds ends
                         the job, and is blamed (default 30; 0: never)
+  --hang-timeout S      no rank made progress for S seconds while one waits in
+                        a collective: dump every rank's flight recorder, print
+                        the diagnosis and end the job with exit 124 (default:
+                        the collective timeout DDP_TIMEOUT_S + 60, i.e. 360;
+                        0: never)
 output:
   --log-dir DIR         write DIR/rank_<R>.out and DIR/rank_<R>.err instead of
-                        the console
+                        the console (and flight recorder dumps there)
   --tee                 with --log-dir: the console as well
   --quiet               only rank 0 on the console (the others still go to
                         --log-dir)
@@ -62,13 +67,20 @@ output:
   --version             ddprun's version
   -h, --help            this text
 
+usage: ddprun analyze DIR
+  prints the hang diagnosis and the straggler report from the flight recorder
+  dumps (flight_rank_<R>.json) in DIR: those ddprun wrote, or those ranks
+  wrote on a collective timeout or SIGUSR1 (DDP_FLIGHT_DIR) under mpirun/srun.
+
 Underscore spellings (--nproc_per_node, --master_addr, ...) are accepted.
 Exit status: 0 when every rank succeeded; else the first failing rank's exit
 code, or 128+N when it died of signal N (or ddprun got signal N); 1 when ddprun
 itself failed (rendezvous, port in use); 2 for bad options; 128+SIGSTOP (147)
-when a rank stayed stopped past --stopped-timeout; 126 when PROGRAM
-is not executable; 127 when it is not found.
-Docs: docs/ddprun.md.
+when a rank stayed stopped past --stopped-timeout; 124 when the job hung past
+--hang-timeout; 126 when PROGRAM is not executable; 127 when it is not found.
+Flight recorder dumps and the diagnosis are printed in the failure summary;
+the straggler report at the end of every multi-rank run.
+Docs: docs/ddprun.md, docs/flight_recorder.md.
 )";
 
 namespace {
@@ -119,6 +131,8 @@ const std::map<std::string, Setter>& valued_flags() {
       {"--store-secret-file", [](auto& o, auto& v) { o.store_secret_file = v; }},
       {"--stopped-timeout",
        [](auto& o, auto& v) { o.stopped_timeout_s = parse_seconds("--stopped-timeout", v); }},
+      {"--hang-timeout",
+       [](auto& o, auto& v) { o.hang_timeout_s = parse_seconds("--hang-timeout", v); }},
       {"--master-port", [](auto& o, auto& v) { o.master_port = parse_int("--master-port", v); }},
       {"--rdzv-endpoint", [](auto& o, auto& v) { parse_endpoint(o, v); }},
       {"--backend", [](auto& o, auto& v) { o.backend = v; }},
@@ -199,6 +213,8 @@ void validate(const LaunchOptions& o) {
   DDP_CHECK(o.rdzv_timeout_s > 0, "--rdzv-timeout {}: must be > 0 seconds", o.rdzv_timeout_s);
   DDP_CHECK(o.stopped_timeout_s >= 0, "--stopped-timeout {}: must be >= 0 seconds (0: never)",
             o.stopped_timeout_s);
+  DDP_CHECK(o.hang_timeout_s.value_or(0) >= 0, "--hang-timeout {}: must be >= 0 seconds (0: never)",
+            o.hang_timeout_s.value_or(0));
   DDP_CHECK(!o.tee || !o.log_dir.empty(), "--tee needs --log-dir DIR (the files to tee into)");
   DDP_CHECK(o.backend != "mpi",
             "--backend mpi: the mpi backend needs its ranks started by mpirun, which ddprun is "
@@ -296,6 +312,18 @@ std::string rdzv_store_host(const LaunchOptions& o) {
 
 int rdzv_store_port(const LaunchOptions& o) {
   return o.rdzv_port != 0 ? o.rdzv_port : o.master_port + 1;
+}
+
+double default_hang_timeout_s(const std::optional<std::string>& ddp_timeout_s) {
+  double collective = 300;
+  if (ddp_timeout_s) {
+    try {
+      collective = parse_seconds("DDP_TIMEOUT_S", *ddp_timeout_s);
+    } catch (const ValueError&) {
+      // The ranks report a bad DDP_TIMEOUT_S themselves; keep the default here.
+    }
+  }
+  return collective + 60;
 }
 
 int threads_per_rank(int cores, int local_ranks) {

@@ -26,6 +26,13 @@
 //   DDP_NCCL_ASYNC_ERROR_HANDLING  0: a failed or timed-out nccl collective is logged,
 //                      recorded and aborts the communicator (default); 1: the watchdog
 //                      also ends the process after logging (Note [nccl watchdog])
+//   DDP_FLIGHT_RECORDER_SIZE  collectives each rank's flight recorder keeps (default:
+//                      2000; 0: no recorder; Note [flight recorder])
+//   DDP_FLIGHT_DIR     where flight recorder dumps go (default: $TMPDIR/ddp_flight, else
+//                      /tmp/ddp_flight; ddprun sets it for its ranks: docs/flight_recorder.md)
+//   DDPRUN_FLIGHT_SHM  set by ddprun: the directory of the ranks' flight recorder
+//                      regions, which ddprun reads (Note [flight region])
+//   DDP_TEST_SLOW_RANK, DDP_TEST_SKIP_ALLREDUCE  testing aids of `train` (docs/train.md)
 #pragma once
 
 #include <cstdint>
@@ -55,6 +62,9 @@ inline constexpr const char* kGlooHostname = "DDP_GLOO_HOSTNAME";
 inline constexpr const char* kCpuCacheMb = "DDP_CPU_CACHE_MB";
 inline constexpr const char* kVirtualCpuDevices = "DDP_VIRTUAL_CPU_DEVICES";
 inline constexpr const char* kNcclAsyncErrorHandling = "DDP_NCCL_ASYNC_ERROR_HANDLING";
+inline constexpr const char* kFlightRecorderSize = "DDP_FLIGHT_RECORDER_SIZE";
+inline constexpr const char* kFlightDir = "DDP_FLIGHT_DIR";
+inline constexpr const char* kFlightShm = "DDPRUN_FLIGHT_SHM";
 
 // The value of a variable, or nullopt when unset or empty.
 std::optional<std::string> get(const char* name);

@@ -4,11 +4,12 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 
 namespace ddp::train {
 
-int64_t TestFaults::step_for(const char* name, int rank) {
+int64_t TestFaults::step_for(const char* name, int rank, const char* unit) {
   const char* value = std::getenv(name);
   if (value == nullptr || *value == '\0') return -1;
   int r = -1;
@@ -19,15 +20,30 @@ int64_t TestFaults::step_for(const char* name, int rank) {
   DDP_CHECK((any ? std::sscanf(value, "*:%lld%c", &step, &tail) == 1
                  : std::sscanf(value, "%d:%lld%c", &r, &step, &tail) == 2) &&
                 step >= 1,
-            "{}='{}': expected RANK:STEP or *:STEP, e.g. 1:7 (a testing aid)", name, value);
+            "{}='{}': expected RANK:{} or *:{} with {} >= 1, e.g. 1:7 (a testing aid)", name, value,
+            unit, unit, unit);
   return r == rank ? step : -1;
 }
 
 TestFaults TestFaults::from_env(int rank) {
   const char* restart = std::getenv("DDPRUN_RESTART_COUNT");
   if (restart != nullptr && std::string(restart) != "0") return {};
-  return {step_for("DDP_TEST_KILL_AT", rank), step_for("DDP_TEST_NAN_AT", rank),
-          step_for("DDP_TEST_NAN_WEIGHT_AT", rank)};
+  TestFaults f;
+  f.kill_step = step_for("DDP_TEST_KILL_AT", rank);
+  f.nan_step = step_for("DDP_TEST_NAN_AT", rank);
+  f.nan_weight_step = step_for("DDP_TEST_NAN_WEIGHT_AT", rank);
+  f.slow_ms = step_for("DDP_TEST_SLOW_RANK", rank, "MS");
+  f.skip_allreduce_step = step_for("DDP_TEST_SKIP_ALLREDUCE", rank);
+  return f;
+}
+
+CommHookFn skip_allreduce_hook(int64_t step, CommHook builtin) {
+  auto calls = std::make_shared<int64_t>(0);
+  return [step, calls, hook = builtin_comm_hook(builtin)](Communicator& comm, GradBucket& bucket) {
+    if (bucket.index == 0) ++*calls;  // every synchronized backward starts with bucket 0
+    if (bucket.index == 0 && *calls == step) return BucketFuture::ready(bucket.buffer);
+    return hook(comm, bucket);
+  };
 }
 
 }  // namespace ddp::train

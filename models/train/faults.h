@@ -1,6 +1,8 @@
 // Testing aids of `train`: faults injected from the environment.
 #pragma once
 
+#include "collectives/ddp/comm_hook.h"
+
 #include <cstdint>
 
 namespace ddp::train {
@@ -11,13 +13,23 @@ namespace ddp::train {
 // DDP_TEST_NAN_WEIGHT_AT=RANK:STEP makes a weight NaN after step STEP's update (as
 // a non-finite gradient with a finite loss would). RANK * is every rank. All act
 // only in a group's first attempt (DDPRUN_RESTART_COUNT unset or 0), so the
-// restarted group runs clean.
+// restarted group runs clean. For the flight recorder (docs/flight_recorder.md):
+// DDP_TEST_SLOW_RANK=RANK:MS sleeps MS milliseconds in each forward of that rank
+// (a straggler); DDP_TEST_SKIP_ALLREDUCE=RANK:STEP makes that rank skip bucket
+// 0's all_reduce at optimizer step STEP of this process (a collective mismatch;
+// the ranks then hang or fail).
 struct TestFaults {
   int64_t kill_step = -1, nan_step = -1, nan_weight_step = -1;
+  int64_t slow_ms = -1, skip_allreduce_step = -1;
 
   // The step of `name` (RANK:STEP or *:STEP) for `rank`; -1 when unset or another rank's.
-  static int64_t step_for(const char* name, int rank);
+  static int64_t step_for(const char* name, int rank, const char* unit = "STEP");
   static TestFaults from_env(int rank);
 };
+
+// A comm hook that runs `builtin` for every bucket except bucket 0 of the
+// `step`-th synchronized backward, which it leaves unreduced (this rank's own
+// gradient): DDP_TEST_SKIP_ALLREDUCE, through the public register_comm_hook.
+CommHookFn skip_allreduce_hook(int64_t step, CommHook builtin);
 
 }  // namespace ddp::train

@@ -2,6 +2,8 @@
 
 #include "runtime/error.h"
 
+#include <fmt/ranges.h>
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -56,6 +58,18 @@ int64_t json_int_field(const std::string& row, const std::string& key) {
   const auto at = row.find(needle);
   if (at == std::string::npos) return -1;
   return std::strtoll(row.c_str() + at + needle.size(), nullptr, 10);
+}
+
+// Note [straggler report]: ddp rows with every rank's figures.
+std::string straggler_fields(const EpochMetrics& m) {
+  if (m.rank_compute_ms.empty()) return "";
+  const auto list = [](const std::vector<double>& v) {
+    std::string out;
+    for (double x : v) out += fmt::format("{}{:.4f}", out.empty() ? "" : ", ", x);
+    return "[" + out + "]";
+  };
+  return fmt::format(", \"rank_compute_ms\": {}, \"rank_wait_ms\": {}, \"stragglers\": [{}]",
+                     list(m.rank_compute_ms), list(m.rank_wait_ms), fmt::join(m.stragglers, ", "));
 }
 
 }  // namespace
@@ -114,10 +128,10 @@ void MetricsLog::write(const EpochMetrics& m, int64_t step, int world_size,
       "\"steps\": {}, \"skipped_steps\": {}, \"world_size\": {}, \"mode\": \"{}\", "
       "\"data_ms\": {:.4f}, \"forward_ms\": {:.4f}, \"backward_ms\": {:.4f}, "
       "\"comm_exposed_ms\": {:.4f}, \"optimizer_ms\": {:.4f}, \"comm_ms\": {:.4f}, "
-      "\"overlap\": {:.4f}}}\n",
+      "\"overlap\": {:.4f}{}}}\n",
       m.epoch, step, m.train_loss, evaluation, m.samples_per_s, m.step_ms, m.time_s, m.lr, m.steps,
       m.skipped_steps, world_size, mode, m.data_ms, m.forward_ms, m.backward_ms, m.comm_exposed_ms,
-      m.optimizer_ms, m.comm_ms, m.overlap());
+      m.optimizer_ms, m.comm_ms, m.overlap(), straggler_fields(m));
   file_.flush();
 }
 

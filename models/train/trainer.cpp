@@ -5,11 +5,13 @@
 #include "collectives/data_parallel/data_parallel.h"
 #include "collectives/ddp/distributed_data_parallel.h"
 #include "collectives/ddp/join.h"
+#include "collectives/flight/flight_recorder.h"
 #include "models/train/checkpoint.h"
 #include "models/train/faults.h"
 #include "models/train/nonfinite.h"
 #include "models/train/progress.h"
 #include "models/train/run_log.h"
+#include "models/train/straggler_stats.h"
 #include "models/train/task.h"
 #include "models/train/uneven.h"
 #include "runtime/autograd/functions.h"
@@ -25,6 +27,7 @@
 #include <cstdlib>
 #include <limits>
 #include <optional>
+#include <thread>
 
 namespace ddp::train {
 namespace {
@@ -119,6 +122,8 @@ int64_t train_step(Run& r, Tensor& step_loss, Tensor& last_loss, PhaseTotals& t,
     } else {
       logits = (*r.model)(batch.inputs);
     }
+    if (r.faults.slow_ms > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(r.faults.slow_ms));
     Tensor loss = r.task->loss(logits, batch);
     if (k > 1) loss = functional::scale(loss, 1.0f / static_cast<float>(k));
     if (sync && step == r.faults.nan_step) {
@@ -210,6 +215,7 @@ struct EpochState {
   Tensor loss_sum;
   int64_t micro_batches = 0, samples = 0, tokens = 0;  // samples and tokens: all ranks'
   PhaseTotals t;
+  StragglerMeter straggler;  // started with the epoch
 };
 
 // The epoch's metrics so far, then the evaluation (excluded from the rates).
@@ -235,6 +241,12 @@ EpochMetrics measure(Run& r, EpochState& e) {
   m.comm_exposed_ms = e.t.exposed * per_step;
   m.optimizer_ms = e.t.optimizer * per_step;
   m.comm_ms = e.t.comm * per_step;
+  if (r.pg != nullptr && r.world_size > 1) {
+    const StragglerStats s = e.straggler.measure(*r.pg->comm);
+    m.rank_compute_ms = s.compute_ms;
+    m.rank_wait_ms = s.wait_ms;
+    m.stragglers = s.stragglers;
+  }
   const auto eval_start = Clock::now();
   const Evaluation ev = r.task->evaluate(*r.model, r.pg ? r.pg->comm.get() : nullptr);
   e.eval_s += seconds_since(eval_start);
@@ -290,12 +302,15 @@ EpochMetrics train_epoch(Run& r, int64_t epoch) {
   Tensor step_loss, last_loss;
   e.first_step = resume_in_epoch(r, epoch, e.loss_sum, e.micro_batches);
   e.step = e.first_step;
+  e.straggler.start();
   while (e.step < steps) {
     const int64_t skipped_before = r.nonfinite->skipped();
     const bool shadow = r.join != nullptr && e.step >= plan.mine;
     const int64_t global =
         r.task->global_samples(e.step * r.o.grad_accum, (e.step + 1) * r.o.grad_accum);
+    flight::mark_step_begin();  // Note [straggler report]
     const int64_t used = train_step(r, step_loss, last_loss, e.t, epoch, shadow);
+    flight::mark_step_end();
     if (used == 0 && !shadow) break;
     const int64_t step = count_step(r, e, used, global, skipped_before, step_loss, last_loss);
     if (r.o.log_every > 0 ? step % r.o.log_every == 0 : step % 10 == 0 || step == steps) {
@@ -503,7 +518,11 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
     ddp_options.first_bucket_mb = std::min(1.0, o.bucket_cap_mb);
     ddp_options.comm_hook = parse_comm_hook(o.comm_hook);
     ddp_options.gradient_as_bucket_view = true;  // Note [writing gradients back] in reducer.cpp
+    const CommHook hook = ddp_options.comm_hook;
+    if (r.faults.skip_allreduce_step > 0) ddp_options.comm_hook = CommHook::none;
     r.ddp = std::make_unique<DistributedDataParallel>(r.model, pg->comm, ddp_options);
+    if (r.faults.skip_allreduce_step > 0)
+      r.ddp->register_comm_hook(skip_allreduce_hook(r.faults.skip_allreduce_step, hook));
   }
   if (dp) r.dp = std::make_unique<DataParallel>(r.model, dp_devices);
   TrainResult result{{}, r.device, r.model->num_parameters(), 0, rank, r.world_size, r.mode};

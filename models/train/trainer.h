@@ -40,6 +40,11 @@ struct EpochMetrics {
   // synchronizations only when TrainOptions::sync_timing is set.
   double data_ms = 0, forward_ms = 0, backward_ms = 0, comm_exposed_ms = 0, optimizer_ms = 0;
   double comm_ms = 0;
+  // ddp: every rank's compute and wait time per step (ms, by rank) and the
+  // stragglers (compute > 1.1 x the median; Note [straggler report]); empty
+  // without a flight recorder.
+  std::vector<double> rank_compute_ms, rank_wait_ms;
+  std::vector<int> stragglers;
   // Share of the communication time hidden behind backward: 1 - exposed / comm
   // (0 when nothing was communicated).
   double overlap() const {

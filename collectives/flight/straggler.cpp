@@ -1,0 +1,102 @@
+#include "collectives/flight/straggler.h"
+
+#include "collectives/flight/diagnosis.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace ddp::flight {
+namespace {
+
+double seconds(int64_t ns) {
+  return static_cast<double>(ns) / 1e9;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+std::string figures(const std::vector<RankActivity>& ranks, double RankActivity::*field) {
+  std::string out;
+  if (ranks.size() <= 8) {
+    for (const RankActivity& r : ranks)
+      out += fmt::format("{}{:.3g}", out.empty() ? "" : " ", r.*field);
+    return out + " s";
+  }
+  const auto [lo, hi] =
+      std::minmax_element(ranks.begin(), ranks.end(),
+                          [&](const auto& a, const auto& b) { return a.*field < b.*field; });
+  std::vector<double> values;
+  for (const RankActivity& r : ranks) values.push_back(r.*field);
+  return fmt::format("{:.3g}-{:.3g} s (median {:.3g})", (*lo).*field, (*hi).*field, median(values));
+}
+
+}  // namespace
+
+RankActivity activity_of(int rank, const RankStatus& s) {
+  RankActivity a;
+  a.rank = rank;
+  a.steps = s.steps;
+  if (s.steps > 0) {
+    a.wait_s = seconds(s.step_blocked_ns);
+    a.compute_s = std::max(0.0, seconds(s.step_ns - s.step_blocked_ns));
+  } else {
+    a.wait_s = seconds(s.blocked_ns);
+    const int64_t span = s.first_ns > 0 && s.last_ns > s.first_ns ? s.last_ns - s.first_ns : 0;
+    a.compute_s = std::max(0.0, seconds(span - s.blocked_ns));
+  }
+  return a;
+}
+
+StragglerReport straggler_report(std::vector<RankActivity> ranks, double threshold) {
+  StragglerReport out;
+  std::erase_if(ranks, [](const RankActivity& r) { return r.compute_s <= 0 && r.wait_s <= 0; });
+  std::sort(ranks.begin(), ranks.end(), [](auto& a, auto& b) { return a.rank < b.rank; });
+  out.ranks = ranks;
+  if (ranks.size() < 2) return out;
+  std::vector<double> compute;
+  int64_t min_steps = ranks.front().steps, max_steps = ranks.front().steps;
+  for (const RankActivity& r : ranks) {
+    compute.push_back(r.compute_s);
+    min_steps = std::min(min_steps, r.steps);
+    max_steps = std::max(max_steps, r.steps);
+  }
+  out.median_compute_s = median(compute);
+  for (const RankActivity& r : ranks) {
+    if (r.compute_s > (1 + threshold) * out.median_compute_s &&
+        r.compute_s - out.median_compute_s >= kMinExcessS) {
+      out.stragglers.push_back(r.rank);
+    }
+  }
+  std::vector<int> listed;
+  for (const RankActivity& r : ranks) listed.push_back(r.rank);
+  const std::string over = max_steps == 0 ? "from the first collective to the last"
+                           : min_steps == max_steps
+                               ? fmt::format("over {} steps", max_steps)
+                               : fmt::format("over {}-{} steps", min_steps, max_steps);
+  out.text = fmt::format("straggler report ({}, {}): compute {}, waiting in collectives {}; ",
+                         rank_list(listed), over, figures(ranks, &RankActivity::compute_s),
+                         figures(ranks, &RankActivity::wait_s));
+  if (out.stragglers.empty()) {
+    out.text += fmt::format("no rank computes more than {:.0f}% above the median ({:.3g} s)",
+                            100 * threshold, out.median_compute_s);
+    return out;
+  }
+  for (size_t i = 0; i < out.stragglers.size(); ++i) {
+    const int rank = out.stragglers[i];
+    const auto& r =
+        *std::find_if(ranks.begin(), ranks.end(), [&](auto& x) { return x.rank == rank; });
+    out.text +=
+        fmt::format("{}rank {} computes {:.0f}% more than the median ({:.3g} s vs {:.3g} s)",
+                    i == 0 ? "" : ", ", rank, 100 * (r.compute_s / out.median_compute_s - 1),
+                    r.compute_s, out.median_compute_s);
+  }
+  out.text +=
+      out.stragglers.size() == 1 ? ": the others wait for it" : ": the others wait for them";
+  return out;
+}
+
+}  // namespace ddp::flight

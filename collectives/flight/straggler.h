@@ -1,0 +1,56 @@
+// The straggler report: per rank, time computing versus time waiting in
+// collectives, and the ranks whose compute time is more than 10% above the
+// median. ddprun prints it at the end of every multi-rank run (from the
+// ranks' flight recorder regions); `train --metrics` rows carry it (rank 0
+// gathers every rank's figures).
+//
+// Note [straggler report]
+// An all_reduce equalises step times: every rank leaves it when the slowest
+// arrives, so step time cannot tell which rank is slow. Waiting time can: the
+// fast ranks wait in the collective for the slow one, which hardly waits. So
+// a rank's time is split into waiting (some thread blocked in Work::wait, from
+// the flight recorder's wait_begin/wait_end) and computing (the rest), and a
+// rank whose computing time is more than 10% above the median of the ranks is
+// named. Two sources of computing time:
+//   - the trainer's step marks (mark_step_begin/end around each training
+//     step): the steps' wall time minus the time blocked inside them, so that
+//     evaluation and checkpoints (rank 0 saves alone) are not counted;
+//   - without step marks (a program of the user's): the span from the rank's
+//     first collective to its latest, minus its time blocked.
+#pragma once
+
+#include "collectives/flight/flight_layout.h"
+
+#include <string>
+#include <vector>
+
+namespace ddp::flight {
+
+struct RankActivity {
+  int rank = 0;
+  double compute_s = 0;  // Note [straggler report]
+  double wait_s = 0;     // blocked in collectives
+  int64_t steps = 0;     // step marks; 0: span-based figures
+};
+
+RankActivity activity_of(int rank, const RankStatus& status);
+
+inline constexpr double kStragglerThreshold = 0.10;
+// A rank is named only when its compute time also exceeds the median by this
+// much in total: short runs differ by noise of a few milliseconds.
+inline constexpr double kMinExcessS = 0.05;
+
+struct StragglerReport {
+  std::vector<RankActivity> ranks;  // by rank
+  double median_compute_s = 0;
+  std::vector<int> stragglers;  // compute > (1 + threshold) x the median
+  std::string text;             // one line; "" with fewer than two ranks
+};
+
+// Ranks with no figures at all (compute and wait 0: no collective yet) are left
+// out. A straggler computes more than (1 + threshold) x the median, and at
+// least kMinExcessS more.
+StragglerReport straggler_report(std::vector<RankActivity> ranks,
+                                 double threshold = kStragglerThreshold);
+
+}  // namespace ddp::flight

@@ -1,0 +1,299 @@
+// The hang diagnosis (Note [hang diagnosis]) and the straggler report (Note
+// [straggler report]): pure functions over hand-made snapshots, each case the
+// text a user reads. The processes: tests/e2e/flight_*.sh.
+#include "collectives/flight/diagnosis.h"
+#include "collectives/flight/straggler.h"
+
+#include <gtest/gtest.h>
+
+namespace ddp::flight {
+namespace {
+
+constexpr int64_t kS = 1'000'000'000;  // ns per second
+
+CollectiveRecord rec(int64_t sequence, RecordState state, std::string label = "ddp bucket 3",
+                     int64_t count = 300'000) {
+  CollectiveRecord r;
+  r.sequence = sequence;
+  r.kind = CollectiveKind::all_reduce;
+  r.op = ReduceOp::avg;
+  r.dtype = DType::f32;
+  r.count = count;
+  r.bytes = count * 4;
+  r.label = std::move(label);
+  r.state = state;
+  r.enqueued_ns = 99 * kS;
+  if (state == RecordState::completed) r.finished_ns = 99 * kS;
+  return r;
+}
+
+RankSnapshot rank(int r, std::vector<CollectiveRecord> records, int world = 4) {
+  RankSnapshot s;
+  s.rank = r;
+  s.world_size = world;
+  s.pid = 1000 + r;
+  s.taken_ns = 400 * kS;
+  s.process = ProcessState::running;
+  s.records = std::move(records);
+  return s;
+}
+
+// `s` waits in #sequence since `since_s`.
+RankSnapshot waiting(RankSnapshot s, int64_t sequence, int64_t since_s) {
+  s.status.waiters = 1;
+  s.status.wait_comm = 0;
+  s.status.wait_sequence = sequence;
+  s.status.wait_since_ns = since_s * kS;
+  return s;
+}
+
+RankSnapshot stopped(RankSnapshot s) {
+  s.process = ProcessState::stopped;
+  s.process_detail = "SIGSTOP";
+  return s;
+}
+
+std::vector<CollectiveRecord> done_through(int64_t last) {
+  std::vector<CollectiveRecord> out;
+  for (int64_t i = last - 2; i <= last; ++i) out.push_back(rec(i, RecordState::completed));
+  return out;
+}
+
+std::vector<CollectiveRecord> plus(std::vector<CollectiveRecord> v, CollectiveRecord r) {
+  v.push_back(std::move(r));
+  return v;
+}
+
+TEST(HangDiagnosis, NamesTheRankThatNeverEntered) {
+  const auto in_it = plus(done_through(1233), rec(1234, RecordState::started));
+  const Diagnosis d =
+      diagnose({waiting(rank(0, in_it), 1234, 100), waiting(rank(1, in_it), 1234, 100),
+                stopped(rank(2, done_through(1233))), waiting(rank(3, in_it), 1234, 100)});
+  ASSERT_GE(d.lines.size(), 2u);
+  EXPECT_EQ(d.lines[0],
+            "rank 2 never entered all_reduce #1234 (ddp bucket 3, 1.2 MB); ranks 0,1,3 have "
+            "waited 300 s in it");
+  EXPECT_EQ(d.lines[1],
+            "rank 2 (stopped by SIGSTOP): its last collective is all_reduce #1233 (ddp bucket 3, "
+            "1.2 MB), completed 301 s before this report; it is in no collective");
+  EXPECT_EQ(d.lines.size(), 2u) << d.lines.back();  // the stop is said once
+  EXPECT_EQ(d.suspects, std::vector<int>{2});
+}
+
+TEST(HangDiagnosis, NamesAMismatchAndTheOddRankOut) {
+  CollectiveRecord b = rec(57, RecordState::started, "ddp bucket order", 10);
+  b.kind = CollectiveKind::broadcast;
+  b.dtype = DType::i64;
+  b.bytes = 80;
+  const auto theirs = plus(done_through(56), rec(57, RecordState::started, "ddp bucket 3", 1024));
+  const Diagnosis d =
+      diagnose({waiting(rank(0, theirs), 57, 395), rank(1, plus(done_through(56), b)),
+                waiting(rank(2, theirs), 57, 395), waiting(rank(3, theirs), 57, 395)});
+  ASSERT_FALSE(d.lines.empty());
+  EXPECT_EQ(d.lines[0],
+            "collective mismatch at #57: rank 1 called broadcast(root 0) of 10 i64 ('ddp bucket "
+            "order'), ranks 0,2,3 all_reduce(avg) of 1024 f32 ('ddp bucket 3')");
+  EXPECT_EQ(d.suspects, std::vector<int>{1});
+}
+
+TEST(HangDiagnosis, ASkippedAllReduceShowsAsDifferentCountsAndLabels) {
+  // Rank 1 skipped bucket 0 at #20: its #20 is bucket 1, and every later
+  // collective is one off.
+  const auto theirs =
+      plus(plus(done_through(19), rec(20, RecordState::started, "ddp bucket 0", 68362)),
+           rec(21, RecordState::enqueued, "ddp bucket 1", 200704));
+  const auto its = plus(done_through(19), rec(20, RecordState::started, "ddp bucket 1", 200704));
+  const Diagnosis d = diagnose({rank(0, theirs, 3), rank(1, its, 3), rank(2, theirs, 3)});
+  ASSERT_FALSE(d.lines.empty());
+  EXPECT_EQ(d.lines[0],
+            "collective mismatch at #20: rank 1 called all_reduce(avg) of 200704 f32 ('ddp bucket "
+            "1'), ranks 0,2 all_reduce(avg) of 68362 f32 ('ddp bucket 0')");
+  EXPECT_EQ(d.suspects, std::vector<int>{1});
+  // Only the label differs: still a mismatch (another call site).
+  const Diagnosis l =
+      diagnose({rank(0, {rec(5, RecordState::started, "eval loss", 2)}, 2),
+                rank(1, {rec(5, RecordState::started, "nonfinite step check", 2)}, 2)});
+  EXPECT_EQ(l.lines[0].rfind("collective mismatch at #5: rank ", 0), 0u) << l.lines[0];
+  EXPECT_TRUE(l.suspects.empty());  // one against one: no minority
+}
+
+TEST(HangDiagnosis, EveryRankEnteredSomeCompleted) {
+  const auto done = done_through(57);
+  const auto open = plus(done_through(56), rec(57, RecordState::started));
+  const Diagnosis d = diagnose({rank(0, done), rank(1, done), rank(2, open), rank(3, done)});
+  EXPECT_EQ(d.lines[0],
+            "every rank entered all_reduce #57 (ddp bucket 3, 1.2 MB); ranks 0,1,3 completed it, "
+            "rank 2 did not (rank 2 entered it and is not waiting for it yet)");
+  EXPECT_EQ(d.suspects, std::vector<int>{2});
+  // Two did not; the stopped one holds the other back.
+  const Diagnosis s = diagnose({rank(0, done), waiting(rank(1, open), 57, 395),
+                                stopped(waiting(rank(2, open), 57, 395)), rank(3, done)});
+  EXPECT_EQ(s.lines[0],
+            "every rank entered all_reduce #57 (ddp bucket 3, 1.2 MB); ranks 0,3 completed it, "
+            "ranks 1,2 did not (rank 1 has waited 5.0 s in it; rank 2 is stopped by SIGSTOP "
+            "inside it)");
+  EXPECT_EQ(s.suspects, std::vector<int>{2});
+}
+
+TEST(HangDiagnosis, EveryRankEnteredNoneCompletedOneStopped) {
+  const auto open = plus(done_through(56), rec(57, RecordState::started));
+  const Diagnosis d =
+      diagnose({waiting(rank(0, open), 57, 395), waiting(rank(1, open), 57, 395),
+                stopped(waiting(rank(2, open), 57, 395)), waiting(rank(3, open), 57, 394)});
+  EXPECT_EQ(d.lines[0],
+            "every rank entered all_reduce #57 (ddp bucket 3, 1.2 MB) and none completed it: ranks "
+            "0,1,3 have waited 5.0 s to 6.0 s in it; rank 2 is stopped by SIGSTOP inside it");
+  EXPECT_EQ(d.lines.size(), 1u);
+  EXPECT_EQ(d.suspects, std::vector<int>{2});
+}
+
+TEST(HangDiagnosis, FailedAndExitedRanksAreSaidSo) {
+  const auto open = plus(done_through(56), rec(57, RecordState::started));
+  RankSnapshot dead = rank(1, open);
+  dead.process = ProcessState::exited;
+  dead.process_detail = "killed by SIGKILL";
+  const Diagnosis d =
+      diagnose({rank(0, plus(done_through(56), rec(57, RecordState::failed))), dead},
+               {.expected_ranks = {0, 1}});
+  EXPECT_EQ(d.lines[0],
+            "every rank entered all_reduce #57 (ddp bucket 3, 1.2 MB) and none completed it: rank "
+            "0 failed in it; rank 1 exited (killed by SIGKILL) inside it");
+  EXPECT_EQ(d.suspects, std::vector<int>{1});
+}
+
+TEST(HangDiagnosis, ASnapshotOfARunningJobIsNoHang) {
+  // SIGUSR1 dumps of a healthy job: rank 1 is a collective ahead, rank 0 just
+  // began to wait.
+  const Diagnosis d =
+      diagnose({waiting(rank(0, plus(done_through(9), rec(10, RecordState::started)), 2), 10, 400),
+                rank(1, done_through(10), 2)});
+  ASSERT_EQ(d.lines.size(), 2u);
+  EXPECT_EQ(d.lines[1],
+            "no rank has waited 1 s or more in a collective: a snapshot of a running job (a "
+            "SIGUSR1 dump?), not a hang");
+}
+
+TEST(HangDiagnosis, AHealthyJobAndMissingRanks) {
+  const auto done = done_through(9);
+  Diagnosis d = diagnose({rank(0, done, 3), rank(1, done, 3), rank(2, done, 3)});
+  ASSERT_EQ(d.lines.size(), 1u);
+  EXPECT_EQ(d.lines[0],
+            "no collective is pending or mismatched: every rank completed every collective it "
+            "issued");
+  EXPECT_TRUE(d.suspects.empty());
+  d = diagnose({rank(0, done, 3), rank(2, done, 3)});
+  ASSERT_EQ(d.lines.size(), 2u);
+  EXPECT_EQ(d.lines[1], "rank 1: no dump; not part of this diagnosis");
+}
+
+TEST(HangDiagnosis, ARankWithoutADumpNeverTimedOut) {
+  // mpirun: rank 0 timed out in #6 and dumped; rank 1 (stuck in its forward)
+  // did not, and was killed when rank 0 exited.
+  RankSnapshot r0 = waiting(rank(0, plus(done_through(5), rec(6, RecordState::failed)), 2), 6, 395);
+  Diagnosis d = diagnose({r0});
+  ASSERT_EQ(d.lines.size(), 2u);
+  EXPECT_EQ(d.lines[0],
+            "every rank with a dump entered all_reduce #6 (ddp bucket 3, 1.2 MB) and none "
+            "completed it: rank 0 failed in it");
+  EXPECT_EQ(d.lines[1],
+            "rank 1: no dump; no collective timed out or failed on it, so it most likely never "
+            "entered all_reduce #6 (ddp bucket 3, 1.2 MB) (stopped, stuck outside collectives, or "
+            "killed first)");
+  EXPECT_EQ(d.suspects, std::vector<int>{1});
+  // ddprun's regions: a rank without one says nothing of where it is.
+  d = diagnose({r0}, {.expected_ranks = {0, 1},
+                      .missing_reason = "no flight recorder",
+                      .missing_would_have_dumped = false});
+  EXPECT_EQ(d.lines[1], "rank 1: no flight recorder; not part of this diagnosis");
+  EXPECT_TRUE(d.suspects.empty());
+}
+
+TEST(HangDiagnosis, OneNodesViewOfALargerJob) {
+  const auto open = plus(done_through(56), rec(57, RecordState::started));
+  const Diagnosis d = diagnose({waiting(rank(2, open), 57, 100), waiting(rank(3, open), 57, 100)},
+                               {.expected_ranks = {2, 3}, .other_ranks_elsewhere = true});
+  ASSERT_EQ(d.lines.size(), 2u);
+  EXPECT_EQ(d.lines[0],
+            "every rank of this node entered all_reduce #57 (ddp bucket 3, 1.2 MB) and none "
+            "completed it: ranks 2,3 have waited 300 s in it");
+  EXPECT_EQ(d.lines[1].rfind("ranks 0,1 run on other nodes", 0), 0u) << d.lines[1];
+  EXPECT_TRUE(d.suspects.empty());
+}
+
+TEST(HangDiagnosis, SeveralCommunicatorsAreNamed) {
+  auto other = rec(3, RecordState::started);
+  other.comm = 1;
+  const auto r0 = plus(done_through(9), other);
+  auto r1 = done_through(9);
+  const Diagnosis d = diagnose({waiting(rank(0, r0, 2), 3, 390), rank(1, r1, 2)});
+  ASSERT_FALSE(d.lines.empty());
+  EXPECT_EQ(d.lines[0].rfind("rank 1 never entered all_reduce #3 of comm 1 (", 0), 0u)
+      << d.lines[0];
+}
+
+TEST(HangDiagnosis, Formatting) {
+  EXPECT_EQ(rank_list({3, 0, 1}), "ranks 0,1,3");
+  EXPECT_EQ(rank_list({5, 0, 1, 2, 3}), "ranks 0-3,5");
+  EXPECT_EQ(rank_list({2}), "rank 2");
+  EXPECT_EQ(human_bytes(1'200'000), "1.2 MB");
+  EXPECT_EQ(human_bytes(4096), "4.1 KB");
+  EXPECT_EQ(human_bytes(12), "12 B");
+  CollectiveRecord barrier = rec(1, RecordState::started);
+  barrier.kind = CollectiveKind::barrier;
+  EXPECT_EQ(describe_shape(barrier), "barrier");
+  CollectiveRecord reduce = rec(1, RecordState::started, "", 8);
+  reduce.kind = CollectiveKind::reduce;
+  reduce.op = ReduceOp::max;
+  reduce.root = 2;
+  EXPECT_EQ(describe_shape(reduce), "reduce(max, root 2) of 8 f32");
+}
+
+TEST(StragglerReport, NamesTheRankThatComputesLonger) {
+  const StragglerReport r =
+      straggler_report({{.rank = 0, .compute_s = 10.0, .wait_s = 3.1, .steps = 100},
+                        {.rank = 1, .compute_s = 10.2, .wait_s = 3.0, .steps = 100},
+                        {.rank = 2, .compute_s = 13.5, .wait_s = 0.1, .steps = 100},
+                        {.rank = 3, .compute_s = 10.1, .wait_s = 3.2, .steps = 100}});
+  EXPECT_EQ(r.stragglers, std::vector<int>{2});
+  EXPECT_DOUBLE_EQ(r.median_compute_s, 10.15);
+  EXPECT_NE(r.text.find("rank 2 computes 33% more than the median (13.5 s vs 10.1 s): the others "
+                        "wait for it"),
+            std::string::npos)
+      << r.text;
+  EXPECT_NE(r.text.find("over 100 steps"), std::string::npos) << r.text;
+}
+
+TEST(StragglerReport, NobodyWithinTenPercentOrAFewMilliseconds) {
+  StragglerReport r = straggler_report({{.rank = 0, .compute_s = 10.0},
+                                        {.rank = 1, .compute_s = 10.9},
+                                        {.rank = 2, .compute_s = 10.5}});
+  EXPECT_TRUE(r.stragglers.empty());
+  EXPECT_NE(r.text.find("no rank computes more than 10% above the median"), std::string::npos)
+      << r.text;
+  // 50% above, but 10 ms in all: noise of a short run.
+  r = straggler_report({{.rank = 0, .compute_s = 0.02}, {.rank = 1, .compute_s = 0.03}});
+  EXPECT_TRUE(r.stragglers.empty());
+  // Fewer than two ranks with figures: no report.
+  EXPECT_EQ(straggler_report({{.rank = 0, .compute_s = 1}, {.rank = 1}}).text, "");
+}
+
+TEST(StragglerReport, FiguresFromStepMarksOrTheSpan) {
+  RankStatus s;
+  s.steps = 10;
+  s.step_ns = 5 * kS;
+  s.step_blocked_ns = 2 * kS;
+  s.first_ns = 1 * kS;
+  s.last_ns = 100 * kS;  // the span is ignored when there are steps
+  RankActivity a = activity_of(3, s);
+  EXPECT_EQ(a.rank, 3);
+  EXPECT_DOUBLE_EQ(a.compute_s, 3.0);
+  EXPECT_DOUBLE_EQ(a.wait_s, 2.0);
+  s.steps = 0;
+  s.blocked_ns = 40 * kS;
+  a = activity_of(3, s);
+  EXPECT_DOUBLE_EQ(a.compute_s, 59.0);
+  EXPECT_DOUBLE_EQ(a.wait_s, 40.0);
+}
+
+}  // namespace
+}  // namespace ddp::flight
