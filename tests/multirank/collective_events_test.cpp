@@ -127,7 +127,11 @@ TEST(CollectiveEventsTimeout, AWaitThatGivesUpIsTold) {
       auto work = c->all_reduce(t);
       // Let the communication thread take it: a waiter that runs a collective
       // itself is bound by the backend's timeout instead (Note [waiter runs it]).
-      std::this_thread::sleep_for(100ms);
+      const auto deadline = std::chrono::steady_clock::now() + 10s;
+      while (states_of(recorder->seen(), 0).size() < 2 &&
+             std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(1ms);
+      }
       bool threw = false;
       try {
         work->wait(300ms);  // rank 0 never joins #0
@@ -143,7 +147,7 @@ TEST(CollectiveEventsTimeout, AWaitThatGivesUpIsTold) {
       for (CollectiveState s : states) names.push_back(collective_state_name(s));
       require(states == want, fmt::format("told {}", fmt::join(names, ", ")));
     } else {
-      std::this_thread::sleep_for(1s);  // alive, but never joins #0, until rank 1 gave up
+      std::this_thread::sleep_for(3s);  // alive, but never joins #0, until rank 1 gave up
     }
     std::_Exit(0);  // rank 1's all_reduce is still in flight: leave without teardown
   });
