@@ -2,6 +2,7 @@
 
 #include "collectives/host_staging.h"
 #include "collectives/reduce_kernels.h"
+#include "collectives/trace_collectives.h"
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/env.h"
 #include "runtime/ops/ops.h"
@@ -85,6 +86,7 @@ CommunicatorBase::CommunicatorBase(int rank, int size, CommOptions options)
   DDP_CHECK(size >= 1 && rank >= 0 && rank < size,
             "communicator: rank {} and world size {} are inconsistent (need 0 <= rank < size)",
             rank, size);
+  attach_trace_observer();  // Note [timeline collectives]
 }
 
 bool CommunicatorBase::accepts(const Device& d) const {

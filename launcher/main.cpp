@@ -3,6 +3,7 @@
 #include "launcher/agent.h"
 #include "launcher/options.h"
 #include "launcher/program_path.h"
+#include "launcher/trace_merge_cli.h"
 #include "runtime/error.h"
 
 #include <fcntl.h>
@@ -10,6 +11,7 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <string_view>
 
 namespace {
 
@@ -30,6 +32,9 @@ void ensure_standard_fds() {
 
 int main(int argc, char** argv) {
   ensure_standard_fds();
+  if (argc >= 2 && std::string_view(argv[1]) == "trace-merge") {
+    return ddp::launcher::trace_merge_main(argc, argv);
+  }
   ddp::launcher::ParseResult parsed;
   try {
     parsed = ddp::launcher::parse_ddprun_args(argc, argv);

@@ -26,6 +26,12 @@
 //   DDP_NCCL_ASYNC_ERROR_HANDLING  0: a failed or timed-out nccl collective is logged,
 //                      recorded and aborts the communicator (default); 1: the watchdog
 //                      also ends the process after logging (Note [nccl watchdog])
+//   DDP_TRACE      DIR: record the timeline and write DIR/rank_<R>.json at exit
+//                  (default: unset, off; set by `ddprun --trace DIR`; Note [timeline]
+//                  in runtime/trace.h, docs/observability.md)
+//   DDP_TRACE_MAX_EVENTS  records kept per thread while tracing (default: 1000000)
+//   DDP_TRACE_TEST_SKEW_NS  for tests of the clock alignment: rank R's trace file
+//                  reads as if its clock ran R x N ns ahead (default: 0)
 #pragma once
 
 #include <cstdint>
@@ -55,6 +61,9 @@ inline constexpr const char* kGlooHostname = "DDP_GLOO_HOSTNAME";
 inline constexpr const char* kCpuCacheMb = "DDP_CPU_CACHE_MB";
 inline constexpr const char* kVirtualCpuDevices = "DDP_VIRTUAL_CPU_DEVICES";
 inline constexpr const char* kNcclAsyncErrorHandling = "DDP_NCCL_ASYNC_ERROR_HANDLING";
+inline constexpr const char* kTrace = "DDP_TRACE";
+inline constexpr const char* kTraceMaxEvents = "DDP_TRACE_MAX_EVENTS";
+inline constexpr const char* kTraceTestSkewNs = "DDP_TRACE_TEST_SKEW_NS";
 
 // The value of a variable, or nullopt when unset or empty.
 std::optional<std::string> get(const char* name);
