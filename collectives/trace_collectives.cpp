@@ -76,16 +76,17 @@ class TimelineObserver final : public CollectiveObserver {
         return;
       case CollectiveState::started: {
         const trace::Track track = track_of(info);
-        trace::begin(name_of("", info).view(), "collective", args, e.time_ns, track);
         trace::flow(trace::FlowStep::finish, flow_of(info), e.time_ns, track);
-        t_open.push_back({info.comm_id, info.sequence, false, track});
+        if (track != 0) return stream_started(info, e.time_ns);
+        trace::begin(name_of("", info).view(), "collective", args, e.time_ns);
+        t_open.push_back({info.comm_id, info.sequence, false, 0});
         return;
       }
       case CollectiveState::completed:
       case CollectiveState::failed:
+        if (info.backend == "nccl") return stream_ended(info, e, args);
         if (e.state == CollectiveState::failed) {
-          trace::instant(name_of("failed: ", info).view(), "collective", args, e.time_ns,
-                         open_track(info, false));
+          trace::instant(name_of("failed: ", info).view(), "collective", args, e.time_ns);
         }
         close(info, false, e.time_ns);
         return;
@@ -120,12 +121,32 @@ class TimelineObserver final : public CollectiveObserver {
     return it->second;
   }
 
-  static trace::Track open_track(const CollectiveInfo& info, bool wait) {
-    for (const OpenSlice& s : t_open) {
-      if (s.comm_id == info.comm_id && s.sequence == info.sequence && s.wait == wait)
-        return s.track;
+  // A stream's collectives may end on another thread than the one that saw them
+  // start (the watchdog, a waiter that gave up): their span is written whole at
+  // the end, from the start kept here.
+  void stream_started(const CollectiveInfo& info, int64_t ts) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stream_starts_[{info.comm_id, info.sequence}] = ts;
+  }
+  void stream_ended(const CollectiveInfo& info, const CollectiveEvent& e, trace::Args args) {
+    int64_t start = -1;
+    trace::Track track = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (auto it = stream_starts_.find({info.comm_id, info.sequence});
+          it != stream_starts_.end()) {
+        start = it->second;
+        stream_starts_.erase(it);
+      }
+      track = nccl_tracks_[info.comm_id];
     }
-    return 0;
+    if (start >= 0) {
+      trace::complete(name_of("", info).view(), "collective", start, e.time_ns - start, args,
+                      track);
+    }
+    if (e.state == CollectiveState::failed) {
+      trace::instant(name_of("failed: ", info).view(), "collective", args, e.time_ns, track);
+    }
   }
 
   // Ends the slice this thread opened for the collective; nothing when it opened
@@ -140,6 +161,7 @@ class TimelineObserver final : public CollectiveObserver {
 
   std::mutex mutex_;
   std::map<int, trace::Track> nccl_tracks_;
+  std::map<std::pair<int, int64_t>, int64_t> stream_starts_;  // (comm, sequence) -> start
 };
 
 std::string random_run_id() {

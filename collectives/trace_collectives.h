@@ -11,7 +11,9 @@
 //              communication thread of shm, gloo and mpi (named "<backend> comm
 //              thread (comm N)" on first use), the caller's thread when a waiter
 //              or the local backend ran it, or the track "nccl stream (comm N)"
-//              with the GPU's times on nccl; the arrow ends there;
+//              with the GPU's times on nccl (Note [nccl events]; written whole
+//              when it ends, since the thread that tells its end may differ);
+//              the arrow ends there;
 //   wait_begin .. wait_end
 //              a slice "wait <op> (<label>)" on the waiting thread: the time a
 //              thread was blocked by communication (exposed), category "wait";

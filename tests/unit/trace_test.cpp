@@ -4,6 +4,7 @@
 // merge into a Chrome trace and the choice of a run's files, the store's TIME,
 // and the GPU clock and device spans on CPU events (Note [gpu clock]).
 #include "runtime/trace.h"
+#include "collectives/collective_events.h"
 #include "collectives/store/tcp_store.h"
 #include "collectives/trace_collectives.h"
 #include "runtime/trace_clock.h"
@@ -395,6 +396,55 @@ TEST_F(TraceTest, DeviceSpansBecomeCompleteSpansOnTheDevicesTrack) {
   EXPECT_EQ(track_name(s, forward->track), "cpu compute stream");
   EXPECT_LE(forward->ts + forward->duration_ns, backward->ts + 2'000);
   EXPECT_EQ(forward->args.size(), 1u);
+}
+
+// Note [nccl events] through the timeline's observer: the watchdog's thread tells
+// started and completed with the GPU's times; the span lands whole on the
+// stream's track, even when another thread tells its end.
+TEST_F(TraceTest, NcclMomentsBecomeSpansOnTheStreamTrack) {
+  attach_trace_observer();
+  CollectiveInfo info;
+  info.comm_id = 4;
+  info.backend = "nccl";
+  info.kind = CollectiveKind::all_reduce;
+  info.sequence = 9;
+  info.bytes = 4096;
+  info.label = "ddp bucket 1";
+  notify_collective(info, CollectiveState::enqueued, 1'000);
+  std::thread([&] {
+    notify_collective(info, CollectiveState::started, 5'000);
+    notify_collective(info, CollectiveState::completed, 8'000);
+  }).join();
+  CollectiveInfo other = info;
+  other.sequence = 10;
+  std::thread([&] { notify_collective(other, CollectiveState::started, 9'000); }).join();
+  notify_collective(other, CollectiveState::failed, 12'000);  // a waiter gave up
+  const Snapshot s = snapshot();
+  std::vector<const TraceEvent*> runs;
+  const TraceEvent* enqueue = nullptr;
+  const TraceEvent* failed = nullptr;
+  for (const TraceEvent& e : s.events) {
+    if (e.phase == 'X' && e.name == "all_reduce (ddp bucket 1)") runs.push_back(&e);
+    if (e.name == "enqueue all_reduce (ddp bucket 1)") enqueue = &e;
+    if (e.name == "failed: all_reduce (ddp bucket 1)") failed = &e;
+  }
+  ASSERT_EQ(runs.size(), 2u);
+  ASSERT_TRUE(enqueue && failed);
+  std::sort(runs.begin(), runs.end(), [](auto* a, auto* b) { return a->ts < b->ts; });
+  EXPECT_EQ(runs[0]->ts, 5'000);
+  EXPECT_EQ(runs[0]->duration_ns, 3'000);
+  EXPECT_EQ(runs[1]->ts, 9'000);
+  EXPECT_EQ(runs[1]->duration_ns, 3'000);
+  EXPECT_EQ(track_name(s, runs[0]->track), "nccl stream (comm 4)");
+  EXPECT_EQ(runs[1]->track, runs[0]->track);
+  EXPECT_EQ(failed->track, runs[0]->track);
+  EXPECT_EQ(track_name(s, enqueue->track), "main");
+  EXPECT_EQ(enqueue->ts, 1'000);
+  int flows_on_stream = 0;
+  for (const TraceEvent& e : s.events) {
+    if (e.phase == 'f' && e.track == runs[0]->track) ++flows_on_stream;
+  }
+  EXPECT_EQ(flows_on_stream, 2);
 }
 
 }  // namespace
