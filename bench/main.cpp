@@ -108,6 +108,18 @@ constexpr std::array kSubcommands = {
         "JSON rows: model, parameters, batch, tokens_per_s, step_ms, forward_ms,\n"
         "backward_ms, clip_ms, optimizer_ms, gemm_gflop, gflops, peak_rss_mib, device.",
         run_gpt_bench, "--model --batch-size"},
+    Subcommand{"trace", "what the timeline (DDP_TRACE) costs per recorded event, on the host",
+               "Times, next to an empty loop of the same length: a trace::Span with tracing\n"
+               "off and on (begin + end records), Phases::next, an instant, and a collective's\n"
+               "five moments (enqueued, started, completed, wait_begin, wait_end) through the\n"
+               "timeline's observer, on and off (off: no observer, what a run without\n"
+               "DDP_TRACE pays); then writing a rank file of 100000 records.\n"
+               "ns_over_loop is the cost above the empty loop. The step-level overhead is\n"
+               "bench/trace_overhead.sh's (docs/observability.md, \"Overhead\").\n"
+               "Defaults: 1 warmup + 15 repeats of 10000 operations (2000 collectives).\n"
+               "JSON rows: what, ns_per_op, ns_over_loop, ops_per_sample, repeats; records,\n"
+               "write_ms, bytes, ns_per_record.",
+               run_trace_bench},
 };
 
 constexpr std::string_view kFlagsHelp =

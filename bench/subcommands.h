@@ -55,5 +55,6 @@ int run_gemm_bench(const BenchOptions& options, const Reporter& reporter);
 int run_allreduce_bench(const BenchOptions& options, const Reporter& reporter);
 int run_train_bench(const BenchOptions& options, const Reporter& reporter);
 int run_gpt_bench(const BenchOptions& options, const Reporter& reporter);
+int run_trace_bench(const BenchOptions& options, const Reporter& reporter);
 
 }  // namespace ddp::bench

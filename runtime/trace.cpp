@@ -29,15 +29,16 @@ std::atomic<bool> g_on{false};
 
 namespace {
 
-// One record as a thread writes it: fixed size, no allocation.
+// One record as a thread writes it: fixed size, no allocation. Left uninitialised
+// until written (a chunk is not cleared first).
 struct Record {
-  int64_t ts = 0;
-  int64_t extra = 0;  // X: the duration; s/t/f: the flow id
-  const char* category = nullptr;
+  int64_t ts;
+  int64_t extra;  // X: the duration; s/t/f: the flow id
+  const char* category;
   Arg args[kMaxArgs];
-  Track track = 0;
-  char phase = 'B';  // B, E, X, i, s, t, f
-  uint8_t name_bytes = 0;
+  Track track;
+  char phase;  // B, E, X, i, s, t, f
+  uint8_t name_bytes;
   char name[kMaxNameBytes];
 };
 
@@ -117,7 +118,7 @@ Record* claim(Buffer& b) {
     return nullptr;
   }
   if (b.written % kChunkRecords == 0) {
-    auto* chunk = new Chunk();
+    auto* chunk = static_cast<Chunk*>(::operator new(sizeof(Chunk)));
     std::lock_guard<std::mutex> lock(b.mutex);
     b.chunks.push_back(chunk);
     b.current = chunk;

@@ -55,8 +55,8 @@ using Track = uint32_t;  // 0: the recording thread's own track
 
 // An integer argument shown with the event; `key` must be a static string.
 struct Arg {
-  const char* key = nullptr;
-  int64_t value = 0;
+  const char* key;  // trivial (records are not cleared before they are written); Arg{} is null
+  int64_t value;
 };
 using Args = std::initializer_list<Arg>;  // at most kMaxArgs are kept
 inline constexpr size_t kMaxArgs = 4;
