@@ -244,14 +244,14 @@ class NcclWork : public Work {
 // Polls rather than cudaEventSynchronize, so that a failure the watchdog records
 // (which may leave the kernels running) ends the wait too.
 void NcclWork::synchronize(std::chrono::milliseconds timeout) {
-  const std::optional<Clock::time_point> deadline =
-      timeout.count() > 0 ? std::optional(Clock::now() + timeout) : std::nullopt;
+  const bool bounded = timeout.count() > 0;
+  const Clock::time_point deadline = bounded ? Clock::now() + timeout : Clock::time_point::max();
   WaitMoments moments(info_.get(), !done());  // Note [nccl events]
   for (int polls = 0;; ++polls) {
     const NcclWatchdog::State state = watchdog_->state(sequence_);
     if (state == NcclWatchdog::State::failed) std::rethrow_exception(watchdog_->error());
     if (state == NcclWatchdog::State::finished || events_->end.query()) break;
-    if (deadline && Clock::now() >= *deadline) {
+    if (bounded && Clock::now() >= deadline) {
       moments.timed_out();
       if (auto message = watchdog_->time_out(sequence_, timeout)) DDP_LOG_ERROR("{}", *message);
       continue;  // the next round sees the failure, or that it finished meanwhile
