@@ -56,5 +56,6 @@ int run_allreduce_bench(const BenchOptions& options, const Reporter& reporter);
 int run_train_bench(const BenchOptions& options, const Reporter& reporter);
 int run_gpt_bench(const BenchOptions& options, const Reporter& reporter);
 int run_trace_bench(const BenchOptions& options, const Reporter& reporter);
+int run_trace_step_bench(const BenchOptions& options, const Reporter& reporter);
 
 }  // namespace ddp::bench

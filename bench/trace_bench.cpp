@@ -128,7 +128,7 @@ int run_trace_bench(const BenchOptions& options, const Reporter& reporter) {
   reporter.section("rank file", file);
   fresh("", false);  // no file at exit
   std::filesystem::remove_all(dir);
-  return 0;
+  return run_trace_step_bench(options, reporter);
 }
 
 }  // namespace ddp::bench

@@ -259,7 +259,12 @@ std::string finish_trace(const ProcessGroup* pg) {
   } else {
     measure(*pg);
   }
-  trace::write_file();
+  try {
+    trace::write_file();
+  } catch (const Error& e) {
+    // Never fails the run (and never leaves the other ranks in the barrier below).
+    DDP_LOG_WARN("trace: {}", e.what());
+  }
   const bool ddprun_merges = pg != nullptr && pg->env.agent_store;
   if (ddprun_merges) return "";
   if (pg != nullptr && pg->comm->size() > 1) {
@@ -268,12 +273,15 @@ std::string finish_trace(const ProcessGroup* pg) {
   }
   if (pg != nullptr && pg->env.rank != 0) return "";
   const trace::RankInfo info = trace::rank_info();
-  const trace::MergeReport report =
-      trace::merge_trace_dir(trace::directory(), {.run_id = info.run_id,
-                                                  .restart = info.restart,
-                                                  .expected_ranks = info.world_size,
-                                                  .output = ""});
-  return trace::describe(report);
+  try {
+    return trace::describe(
+        trace::merge_trace_dir(trace::directory(), {.run_id = info.run_id,
+                                                    .restart = info.restart,
+                                                    .expected_ranks = info.world_size,
+                                                    .output = ""}));
+  } catch (const Error& e) {
+    return fmt::format("nothing merged: {}", e.what());
+  }
 }
 
 }  // namespace ddp

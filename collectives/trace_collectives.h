@@ -47,7 +47,8 @@ void trace_process_group(const ProcessGroup& pg);
 // DIR/trace.json after a barrier (collective: every rank calls it). pg null: a
 // single process, which merges its own file. Returns what the merge did, for
 // the caller to print ("" where none was done here: ddprun merges, or the rank
-// is not 0, or tracing is off). Throws Error when a file cannot be written.
+// is not 0, or tracing is off). A file that cannot be written is logged as a
+// warning, not thrown: the run's result stands.
 std::string finish_trace(const ProcessGroup* pg);
 
 // The measurements (Note [trace clocks]): `requests` TIME requests to the store's

@@ -163,8 +163,23 @@ void write_quietly(const char* why) noexcept {
   }
 }
 
+// The records published when the file was last written: at exit it is written
+// again only when there are more (train writes it at the end of its run).
+std::atomic<int64_t> g_written_records{-1};
+
+int64_t published_records() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  int64_t n = 0;
+  for (Buffer* b : r.buffers)
+    n += static_cast<int64_t>(b->published.load(std::memory_order_acquire));
+  return n;
+}
+
 void at_exit() {
-  if (!registry().options.dir.empty()) write_quietly("at exit");
+  if (registry().options.dir.empty()) return;
+  if (g_written_records.load() == published_records()) return;
+  write_quietly("at exit");
 }
 
 // Note [trace on signals]: the handler only writes the signal's number into a
@@ -341,6 +356,7 @@ void start(const StartOptions& options) {
     r.stream_tracks.clear();
     r.clock.clear();
     r.generation.fetch_add(1, std::memory_order_acq_rel);
+    g_written_records.store(-1);
     if (first) std::atexit(at_exit);
   }
   detail::g_on.store(true, std::memory_order_release);
@@ -455,6 +471,7 @@ std::string write_file() {
   DDP_CHECK(!dir.empty(), "trace::write_file: tracing has no directory; set {}=DIR", env::kTrace);
   std::lock_guard<std::mutex> lock(r.write_mutex);
   poll_device_spans();  // Note [device spans]
+  const int64_t published = published_records();
   const Snapshot s = snapshot();
   const std::string path = fmt::format("{}/{}", dir, rank_file_name(s.rank.rank));
   const std::string temporary = fmt::format("{}.tmp.{}", path, ::getpid());
@@ -468,6 +485,7 @@ std::string write_file() {
   std::error_code ec;
   std::filesystem::rename(temporary, path, ec);
   DDP_CHECK(!ec, "cannot rename {} to {}: {}", temporary, path, ec.message());
+  g_written_records.store(published);
   return path;
 }
 
