@@ -47,12 +47,8 @@ void collective_moments(CollectiveInfo& info) {
   }
 }
 
-}  // namespace
-
-int run_trace_bench(const BenchOptions& options, const Reporter& reporter) {
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           fmt::format("ddp_bench_trace_{}", std::random_device{}()))
-                              .string();
+// The "recording" section: each kind of record, on and off.
+void record_costs(const BenchOptions& options, const Reporter& reporter) {
   const TimingOptions timing = options.timing(1, 15);
   std::vector<Row> rows;
   auto add = [&](std::string_view what, const Timing& t, int ops, double baseline_ns) {
@@ -109,7 +105,13 @@ int run_trace_bench(const BenchOptions& options, const Reporter& reporter) {
   add("collective (5 moments), on",
       time_op(Device::cpu(), timing, [&] { collective_moments(info); }), kCollectives, loop);
   reporter.section("recording", rows);
+}
 
+// The "rank file" section: snapshot, format and write 100000 records.
+void file_cost(const BenchOptions& options, const Reporter& reporter) {
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           fmt::format("ddp_bench_trace_{}", std::random_device{}()))
+                              .string();
   reporter.progress("writing a rank file of 100000 records");
   fresh(dir, true);
   for (int i = 0; i < 50000; ++i) {
@@ -128,6 +130,13 @@ int run_trace_bench(const BenchOptions& options, const Reporter& reporter) {
   reporter.section("rank file", file);
   fresh("", false);  // no file at exit
   std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+
+int run_trace_bench(const BenchOptions& options, const Reporter& reporter) {
+  record_costs(options, reporter);
+  file_cost(options, reporter);
   return run_trace_step_bench(options, reporter);
 }
 

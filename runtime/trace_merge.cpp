@@ -158,11 +158,13 @@ std::string read_all(const std::string& path) {
 
 }  // namespace
 
-MergeReport merge_trace_dir(const std::string& dir, const MergeOptions& options) {
+namespace {
+
+// Every readable rank file of DIR; the unreadable ones go to report.skipped.
+std::vector<Found> read_rank_files(const std::string& dir, MergeReport& report) {
   std::error_code ec;
   DDP_CHECK(fs::is_directory(dir, ec),
             "trace directory '{}' does not exist; pass the DIR given to --trace or DDP_TRACE", dir);
-  MergeReport report;
   std::vector<Found> found;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     if (!entry.is_regular_file() || !is_rank_file(entry.path())) continue;
@@ -178,6 +180,13 @@ MergeReport merge_trace_dir(const std::string& dir, const MergeOptions& options)
             "or ddprun --trace {}",
             dir, report.skipped.empty() ? "" : fmt::format(": {}", fmt::join(report.skipped, "; ")),
             dir, dir);
+  return found;
+}
+
+// The files of one run and restart (report.run_id, report.restart: chosen here
+// when the options leave them open), sorted by rank; the others are skipped.
+std::vector<Snapshot> select_run(std::vector<Found>& found, const MergeOptions& options,
+                                 MergeReport& report) {
   report.run_id = options.run_id;
   if (report.run_id.empty()) {
     const auto newest = std::max_element(found.begin(), found.end(),
@@ -199,10 +208,33 @@ MergeReport merge_trace_dir(const std::string& dir, const MergeOptions& options)
     }
     ranks.push_back(std::move(f.trace));
   }
-  DDP_CHECK(!ranks.empty(), "{} holds no rank trace of run '{}' restart {}", dir, report.run_id,
-            report.restart);
   std::sort(ranks.begin(), ranks.end(),
             [](const Snapshot& a, const Snapshot& b) { return a.rank.rank < b.rank.rank; });
+  return ranks;
+}
+
+void write_atomically(const std::string& path, const std::vector<Snapshot>& ranks) {
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    DDP_CHECK(out.good(), "cannot write {}", temporary);
+    write_chrome_trace(out, ranks);
+    out.flush();
+    DDP_CHECK(out.good(), "cannot write {}", temporary);
+  }
+  std::error_code ec;
+  fs::rename(temporary, path, ec);
+  DDP_CHECK(!ec, "cannot rename {} to {}: {}", temporary, path, ec.message());
+}
+
+}  // namespace
+
+MergeReport merge_trace_dir(const std::string& dir, const MergeOptions& options) {
+  MergeReport report;
+  std::vector<Found> found = read_rank_files(dir, report);
+  const std::vector<Snapshot> ranks = select_run(found, options, report);
+  DDP_CHECK(!ranks.empty(), "{} holds no rank trace of run '{}' restart {}", dir, report.run_id,
+            report.restart);
   const int expected =
       options.expected_ranks > 0 ? options.expected_ranks : ranks.front().rank.world_size;
   for (int r = 0; r < expected; ++r) {
@@ -215,16 +247,7 @@ MergeReport merge_trace_dir(const std::string& dir, const MergeOptions& options)
     report.events += static_cast<int64_t>(s.events.size());
   }
   report.output = options.output.empty() ? (fs::path(dir) / "trace.json").string() : options.output;
-  const std::string temporary = report.output + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    DDP_CHECK(out.good(), "cannot write {}", temporary);
-    write_chrome_trace(out, ranks);
-    out.flush();
-    DDP_CHECK(out.good(), "cannot write {}", temporary);
-  }
-  fs::rename(temporary, report.output, ec);
-  DDP_CHECK(!ec, "cannot rename {} to {}: {}", temporary, report.output, ec.message());
+  write_atomically(report.output, ranks);
   return report;
 }
 
