@@ -20,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 namespace ddp::trace {
 
@@ -226,6 +227,30 @@ void handle_signals() {
   }
 }
 
+// Who this process is before a process group says so: the launcher's variables
+// (runtime/env.h), so that ranks of a program without one still write their own
+// files, rank_<R>.json, of one run.
+RankInfo rank_from_env() {
+  RankInfo info;
+  for (const auto& [rank, size, launcher] :
+       {std::tuple{env::kRank, env::kWorldSize, "ddprun"},
+        std::tuple{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun"},
+        std::tuple{"PMI_RANK", "PMI_SIZE", "pmi"},
+        std::tuple{"SLURM_PROCID", "SLURM_NTASKS", "slurm"}}) {
+    const std::optional<std::string> r = env::get(rank);
+    if (!r) continue;
+    info.rank = static_cast<int>(std::strtol(r->c_str(), nullptr, 10));
+    info.world_size =
+        static_cast<int>(std::strtol(env::get(size).value_or("1").c_str(), nullptr, 10));
+    info.launcher = launcher;
+    break;
+  }
+  info.run_id = env::get(env::kRunId).value_or("");
+  info.restart = static_cast<int>(
+      std::strtol(env::get(env::kRestartCount).value_or("0").c_str(), nullptr, 10));
+  return info;
+}
+
 // DDP_TRACE=DIR at start-up (Note [timeline]); a bad value is reported, not thrown
 // (this runs before main).
 bool start_from_env() {
@@ -234,6 +259,7 @@ bool start_from_env() {
     if (!dir) return false;
     StartOptions options;
     options.dir = *dir;
+    set_rank_info(rank_from_env());
     if (auto max = env::get_int(env::kTraceMaxEvents)) {
       DDP_CHECK(*max > 0, "{}={} must be a positive number of records", env::kTraceMaxEvents, *max);
       options.max_events = *max;
