@@ -107,8 +107,12 @@ class TimelineObserver final : public CollectiveObserver {
   // (named after the backend unless it has a name).
   trace::Track track_of(const CollectiveInfo& info) {
     if (info.backend != "nccl") {
-      trace::name_thread(fmt::format("{} comm thread (comm {})", info.backend, info.comm_id),
-                         /*replace=*/false);
+      thread_local bool named = false;  // a thread runs one communicator's collectives
+      if (!named) {
+        trace::name_thread(fmt::format("{} comm thread (comm {})", info.backend, info.comm_id),
+                           /*replace=*/false);
+        named = true;
+      }
       return 0;
     }
     std::lock_guard<std::mutex> lock(mutex_);
