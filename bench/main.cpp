@@ -129,6 +129,30 @@ constexpr std::array kSubcommands = {
                "(docs/flight_recorder.md compares it with a 4 KiB shm all_reduce).\n"
                "JSON rows: observers, ns_per_collective, median_ns.",
                run_flight_bench},
+    Subcommand{"trace", "what the timeline (DDP_TRACE) costs per recorded event, on the host",
+               "Times, next to an empty loop of the same length: a trace::Span with tracing\n"
+               "off and on (begin + end records), Phases::next, an instant, and a collective's\n"
+               "five moments (enqueued, started, completed, wait_begin, wait_end) through the\n"
+               "timeline's observer, on and off (off: no observer, what a run without\n"
+               "DDP_TRACE pays); then writing a rank file of 100000 records.\n"
+               "ns_over_loop is the cost above the empty loop.\n"
+               "Then a DDP training step as train takes it (the step span, its phases, DDP's\n"
+               "and the collectives' records) with tracing off and on in one process,\n"
+               "alternating every --steps steps for --rounds rounds; under ddprun every rank\n"
+               "toggles at the same step (`ddprun -n 2 bench trace`). The overhead is the\n"
+               "median of each round's on/off ratio, of the wall time and of the process's\n"
+               "CPU time (all threads; not counting other processes' use of the cores).\n"
+               "docs/observability.md, \"Overhead\".\n"
+               "  --model M       mlp (784-256-10, batch 64, SGD) or a gpt (gpt-mini: batch\n"
+               "                  2 x 256 tokens, AdamW) (default mlp)\n"
+               "  --steps N       steps per block (default 20; gpt 1)\n"
+               "  --rounds N      off/on rounds (default 15; gpt 3)\n"
+               "Defaults: 1 warmup + 15 repeats of 10000 operations (2000 collectives).\n"
+               "JSON rows: what, ns_per_op, ns_over_loop, ops_per_sample, repeats; records,\n"
+               "write_ms, bytes, ns_per_record; model, world, backend, rounds, steps,\n"
+               "off_step_ms, on_step_ms, overhead_pct, off_cpu_ms, on_cpu_ms, cpu_overhead_pct,\n"
+               "records_per_step.",
+               run_trace_bench, "--model --steps --rounds"},
 };
 
 constexpr std::string_view kFlagsHelp =

@@ -1,6 +1,7 @@
 #include "collectives/bootstrap.h"
 
 #include "collectives/store/tcp_store.h"
+#include "collectives/trace_collectives.h"
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/env.h"
 #include "runtime/logging.h"
@@ -258,7 +259,9 @@ std::string gloo_hostname(const LaunchEnv& e) {
 
 }  // namespace
 
-ProcessGroup init_process_group(const ProcessGroupOptions& options) {
+namespace {
+
+ProcessGroup make_process_group(const ProcessGroupOptions& options) {
   ProcessGroup pg;
   pg.env = read_launch_env();
   const auto timeout = resolve_timeout(options);
@@ -306,6 +309,14 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options) {
   }
   DDP_LOG_DEBUG("process group: backend {} rank {}/{} on {}", pg.comm->backend(), pg.env.rank,
                 pg.env.world_size, pg.device.str());
+  return pg;
+}
+
+}  // namespace
+
+ProcessGroup init_process_group(const ProcessGroupOptions& options) {
+  ProcessGroup pg = make_process_group(options);
+  trace_process_group(pg);  // Note [trace clocks]; nothing when tracing is off
   return pg;
 }
 

@@ -3,6 +3,7 @@
 #include "collectives/flight/flight_recorder.h"
 #include "collectives/host_staging.h"
 #include "collectives/reduce_kernels.h"
+#include "collectives/trace_collectives.h"
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/env.h"
 #include "runtime/ops/ops.h"
@@ -87,6 +88,7 @@ CommunicatorBase::CommunicatorBase(int rank, int size, CommOptions options)
             "communicator: rank {} and world size {} are inconsistent (need 0 <= rank < size)",
             rank, size);
   flight::ensure_recorder(rank, size);  // Note [flight recorder]
+  attach_trace_observer();              // Note [timeline collectives]
 }
 
 bool CommunicatorBase::accepts(const Device& d) const {

@@ -26,6 +26,20 @@
 // the abort until it returns. ncclCommInitRank itself blocks until all ranks
 // joined; the rendezvous before it (the GPU check and the unique id) has the
 // store's timeout.
+//
+// Note [nccl events]: the moments of Note [collective events] on nccl. enqueued
+// is CommunicatorBase's. started and completed are the GPU's: the watchdog
+// (NcclWatchdog::Backend::started/tell) sees the collective's start event pass,
+// then its end event, in stream order, and tells each with the event's time
+// mapped to the host's steady clock (Note [gpu clock] in runtime/trace_gpu.h), so
+// they arrive a few milliseconds late but carry the moment the GPU reached them.
+// A collective found finished before it was seen starting is told both at once.
+// failed is told for every collective in flight when the communicator fails (at
+// the host's time), and for a launch that NCCL refused. wait_begin/wait_end
+// surround Work::synchronize() (and wait() with a timeout, or a barrier's), the
+// only waits that block the host; timed_out when such a wait gives up. wait()
+// without a timeout only orders the caller's stream and blocks nothing: it is
+// not told. With no observer the start events are never queried.
 #include "collectives/backends.h"
 #include "collectives/communicator_base.h"
 #include "collectives/nccl_library.h"
@@ -34,6 +48,7 @@
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/logging.h"
 #include "runtime/stream.h"
+#include "runtime/trace_gpu.h"
 
 #include <unistd.h>
 
@@ -116,20 +131,67 @@ struct CollectiveEvents {
   Event start, end;
 };
 
-// What the watchdog keeps alive until a collective finished (Note [nccl streams]).
+// What the watchdog keeps alive until a collective finished (Note [nccl streams]),
+// and what it tells observers (Note [nccl events]).
 struct InFlight {
   std::shared_ptr<CollectiveEvents> events;
   Tensor input, output;
+  std::shared_ptr<const CollectiveInfo> info;
+  int64_t launched_ns = 0;  // host time before its start event was recorded
+};
+
+const InFlight& in_flight(const NcclWatchdog::Entry& e) {
+  return *static_cast<const InFlight*>(e.keep_alive.get());
+}
+
+// Note [nccl events]: a moment the watchdog found, at the GPU's time.
+void tell(trace::GpuClock* clock, const NcclWatchdog::Entry& e, CollectiveState moment) {
+  if (!collective_observers_present()) return;
+  const InFlight& f = in_flight(e);
+  int64_t time = steady_now_ns();
+  if (clock != nullptr && moment != CollectiveState::failed) {
+    const Event& event = moment == CollectiveState::started ? f.events->start : f.events->end;
+    try {
+      time = clock->host_ns(event, f.launched_ns);
+    } catch (const std::exception&) {
+      // A CUDA error: the host's time of the finding, late by a poll.
+    }
+  }
+  notify_collective(*f.info, moment, time);
+}
+
+// wait_begin/wait_end around a wait that blocks the host, and timed_out once.
+class WaitMoments {
+ public:
+  WaitMoments(const CollectiveInfo* info, bool blocks)
+      : info_(blocks && collective_observers_present() ? info : nullptr) {
+    if (info_ != nullptr) notify_collective(*info_, CollectiveState::wait_begin);
+  }
+  ~WaitMoments() {
+    if (info_ != nullptr) notify_collective(*info_, CollectiveState::wait_end);
+  }
+  WaitMoments(const WaitMoments&) = delete;
+  WaitMoments& operator=(const WaitMoments&) = delete;
+  void timed_out() {
+    if (info_ == nullptr || told_timeout_) return;
+    told_timeout_ = true;
+    notify_collective(*info_, CollectiveState::timed_out);
+  }
+
+ private:
+  const CollectiveInfo* info_;
+  bool told_timeout_ = false;
 };
 
 class NcclWork : public Work {
  public:
   NcclWork(std::shared_ptr<NcclWatchdog> watchdog, std::shared_ptr<CollectiveEvents> events,
-           Device device, int64_t sequence, bool host_barrier)
+           std::shared_ptr<const CollectiveInfo> info, Device device, bool host_barrier)
       : watchdog_(std::move(watchdog)),
         events_(std::move(events)),
+        info_(std::move(info)),
         device_(device),
-        sequence_(sequence),
+        sequence_(info_->sequence),
         host_barrier_(host_barrier) {}
 
   // Note [nccl streams]: orders the caller's current stream after the collective.
@@ -173,6 +235,7 @@ class NcclWork : public Work {
  private:
   std::shared_ptr<NcclWatchdog> watchdog_;
   std::shared_ptr<CollectiveEvents> events_;
+  std::shared_ptr<const CollectiveInfo> info_;  // Note [nccl events]
   Device device_;
   int64_t sequence_;
   bool host_barrier_;
@@ -181,13 +244,15 @@ class NcclWork : public Work {
 // Polls rather than cudaEventSynchronize, so that a failure the watchdog records
 // (which may leave the kernels running) ends the wait too.
 void NcclWork::synchronize(std::chrono::milliseconds timeout) {
-  const std::optional<Clock::time_point> deadline =
-      timeout.count() > 0 ? std::optional(Clock::now() + timeout) : std::nullopt;
+  const bool bounded = timeout.count() > 0;
+  const Clock::time_point deadline = bounded ? Clock::now() + timeout : Clock::time_point::max();
+  WaitMoments moments(info_.get(), !done());  // Note [nccl events]
   for (int polls = 0;; ++polls) {
     const NcclWatchdog::State state = watchdog_->state(sequence_);
     if (state == NcclWatchdog::State::failed) std::rethrow_exception(watchdog_->error());
     if (state == NcclWatchdog::State::finished || events_->end.query()) break;
-    if (deadline && Clock::now() >= *deadline) {
+    if (bounded && Clock::now() >= deadline) {
+      moments.timed_out();
       if (auto message = watchdog_->time_out(sequence_, timeout)) DDP_LOG_ERROR("{}", *message);
       continue;  // the next round sees the failure, or that it finished meanwhile
     }
@@ -301,6 +366,7 @@ class NcclCommunicator : public CommunicatorBase {
   Stream stream_;
   Tensor barrier_scratch_;
   std::shared_ptr<NcclWatchdog> watchdog_;  // shared with the Works, which may outlive this
+  trace::GpuClock* clock_ = nullptr;        // Note [nccl events]; never destroyed
   std::mutex watch_mutex_;
   std::condition_variable watch_cv_;
   bool stopping_ = false;  // guarded by watch_mutex_
@@ -320,6 +386,12 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<Store> store, const NcclOptio
   comm_ = std::make_shared<NcclHandle>(options.size, id, options.rank);
   stream_ = Stream::create(device_);
   barrier_scratch_ = zeros({1}, {.dtype = DType::f32, .device = device_});
+  try {
+    clock_ = &trace::gpu_clock(device_);  // its first anchor precedes every collective
+  } catch (const std::exception& e) {
+    DDP_LOG_WARN("nccl: no GPU clock for {} ({}): collective moments get host times", device_.str(),
+                 e.what());
+  }
   NcclWatchdog::Backend backend = watchdog_backend();
   if (tear_down) {
     backend.tear_down = [](const std::string& message) {
@@ -345,15 +417,20 @@ NcclCommunicator::~NcclCommunicator() {
 
 NcclWatchdog::Backend NcclCommunicator::watchdog_backend() const {
   std::shared_ptr<NcclHandle> comm = comm_;
+  trace::GpuClock* clock = clock_;
   return {
       .now = [] { return Clock::now(); },
-      .finished =
-          [](const NcclWatchdog::Entry& e) {
-            return static_cast<const InFlight*>(e.keep_alive.get())->events->end.query();
-          },
+      .finished = [](const NcclWatchdog::Entry& e) { return in_flight(e).events->end.query(); },
       .async_error = [comm] { return comm->async_error(); },
       .abort = [comm] { return comm->try_abort(); },
       .tear_down = nullptr,
+      // Note [nccl events]: the start events are looked at only while someone listens.
+      .started =
+          [](const NcclWatchdog::Entry& e) {
+            return collective_observers_present() && in_flight(e).events->start.query();
+          },
+      .tell = [clock](const NcclWatchdog::Entry& e,
+                      CollectiveState moment) { tell(clock, e, moment); },
   };
 }
 
@@ -406,6 +483,8 @@ std::shared_ptr<Work> NcclCommunicator::submit(Collective c) {
           rank(), c.describe(), c.sequence, c.count()));
     }
     if (std::optional<std::string> message = watchdog_->fail(error)) DDP_LOG_ERROR("{}", *message);
+    // Never handed to the watchdog: told here (Note [nccl events]).
+    if (collective_observers_present()) notify_collective(info_of(c), CollectiveState::failed);
     return completed_work(c.sequence, watchdog_->error());
   }
 }
@@ -416,8 +495,10 @@ std::shared_ptr<Work> NcclCommunicator::enqueue(const Collective& c) {
   Event ready(device_, false);
   ready.record(current_stream(device_));
   ready.block(stream_);
+  auto info = std::make_shared<const CollectiveInfo>(info_of(c));
   auto kept = std::make_shared<InFlight>(
-      InFlight{std::make_shared<CollectiveEvents>(device_), c.input, c.output});
+      InFlight{std::make_shared<CollectiveEvents>(device_), c.input, c.output, info, 0});
+  kept->launched_ns = steady_now_ns();  // Note [gpu clock]: the start event passes after it
   kept->events->start.record(stream_);
   comm_->use([&](ncclComm_t comm) { launch(c, comm); });
   kept->events->end.record(stream_);
@@ -433,7 +514,7 @@ std::shared_ptr<Work> NcclCommunicator::enqueue(const Collective& c) {
                     .timeout = options().timeout,
                     .keep_alive = std::move(kept)});
   wake_watchdog();
-  return std::make_shared<NcclWork>(watchdog_, std::move(events), device_, c.sequence,
+  return std::make_shared<NcclWork>(watchdog_, std::move(events), std::move(info), device_,
                                     c.kind == CollectiveKind::barrier);
 }
 

@@ -34,22 +34,46 @@ void NcclWatchdog::start(Entry entry) {
 
 std::optional<std::string> NcclWatchdog::tick() {
   Released released;  // destroyed after the lock is released: freeing tensors takes time
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
+  std::optional<std::string> news = tick_locked(released);
+  tell_unlocked(lock);
+  return news;
+}
+
+std::optional<std::string> NcclWatchdog::tick_locked(std::vector<std::shared_ptr<void>>& released) {
   try_abort_locked();
   std::optional<std::string> news;
-  // Collectives finish in order (one NCCL stream): stop at the first that has not.
+  // Collectives start and finish in order (one NCCL stream): stop at the first
+  // that has not finished.
   while (!in_flight_.empty()) {
-    const Entry& oldest = in_flight_.front().entry;
+    InFlight& f = in_flight_.front();
+    if (!f.told_started && !f.told_failed && backend_.tell && backend_.started) {
+      bool began = false;
+      try {
+        began = backend_.started(f.entry);
+      } catch (...) {
+        // Not known to have started: told with its end.
+      }
+      if (began) {
+        f.told_started = true;
+        notice_locked(f.entry, CollectiveState::started);
+      }
+    }
     bool finished = false;
     try {
-      finished = backend_.finished(oldest);
+      finished = backend_.finished(f.entry);
     } catch (const std::exception& e) {
       const std::string why = fmt::format("CUDA reported an error: {}", e.what());
-      news = fail_locked(failure(oldest, why));
+      news = fail_locked(failure(f.entry, why));
       break;
     }
     if (!finished) break;
-    released.push_back(std::move(in_flight_.front().entry.keep_alive));
+    if (!f.told_started && !f.told_failed) notice_locked(f.entry, CollectiveState::started);
+    // The end event also passes when an abort ended the kernels: the error decides.
+    const bool failed = error_ && f.entry.sequence >= failed_from_;
+    if (!f.told_failed)
+      notice_locked(f.entry, failed ? CollectiveState::failed : CollectiveState::completed);
+    released.push_back(std::move(f.entry.keep_alive));
     in_flight_.pop_front();
   }
   if (error_ || in_flight_.empty()) return news;
@@ -74,17 +98,45 @@ std::optional<std::string> NcclWatchdog::tick() {
 
 std::optional<std::string> NcclWatchdog::time_out(int64_t sequence,
                                                   std::chrono::milliseconds waited) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   if (error_) return std::nullopt;
+  std::optional<std::string> news;
   for (const InFlight& f : in_flight_) {
-    if (f.entry.sequence == sequence) return fail_locked(timeout_error(f.entry, waited));
+    if (f.entry.sequence == sequence) {
+      news = fail_locked(timeout_error(f.entry, waited));
+      break;
+    }
   }
-  return std::nullopt;  // it finished (or was never started here)
+  tell_unlocked(lock);
+  return news;  // nullopt: it finished (or was never started here)
 }
 
 std::optional<std::string> NcclWatchdog::fail(std::exception_ptr error) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return fail_locked(std::move(error));
+  std::unique_lock<std::mutex> lock(mutex_);
+  std::optional<std::string> news = fail_locked(std::move(error));
+  tell_unlocked(lock);
+  return news;
+}
+
+void NcclWatchdog::notice_locked(const Entry& entry, CollectiveState moment) {
+  if (backend_.tell) notices_.push_back({entry, moment});
+}
+
+// Notices are told in the order they were gathered: tell_mutex_ is taken before
+// mutex_ is released, so a later round cannot overtake an earlier one.
+void NcclWatchdog::tell_unlocked(std::unique_lock<std::mutex>& lock) {
+  if (notices_.empty()) return;
+  std::lock_guard<std::mutex> telling(tell_mutex_);
+  std::vector<Notice> notices = std::move(notices_);
+  notices_.clear();
+  lock.unlock();
+  for (const Notice& n : notices) {
+    try {
+      backend_.tell(n.entry, n.moment);
+    } catch (...) {
+      // An observer's problem never stops the watchdog.
+    }
+  }
 }
 
 // The first failure wins. Collectives still in flight fail with it (their results
@@ -93,6 +145,10 @@ std::optional<std::string> NcclWatchdog::fail_locked(std::exception_ptr error) {
   if (error_) return std::nullopt;
   error_ = std::move(error);
   failed_from_ = in_flight_.empty() ? next_sequence_ : in_flight_.front().entry.sequence;
+  for (InFlight& f : in_flight_) {  // every collective in flight fails with it
+    f.told_failed = true;
+    notice_locked(f.entry, CollectiveState::failed);
+  }
   std::string text = "unknown error";
   try {
     std::rethrow_exception(error_);

@@ -10,6 +10,7 @@
 // lock (now() also from start()).
 #pragma once
 
+#include "collectives/collective_events.h"
 #include "collectives/communicator.h"
 
 #include <chrono>
@@ -21,6 +22,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ddp {
 
@@ -49,6 +51,13 @@ class NcclWatchdog {
     // Logs the failure and ends the process (DDP_NCCL_ASYNC_ERROR_HANDLING=1). Null:
     // never (the default: the error is recorded and the communicator aborted).
     std::function<void(const std::string& message)> tear_down;
+    // Has the collective begun on the device (its start event passed)? Null, or
+    // false: `started` is told with its completion. Errors count as false.
+    std::function<bool(const Entry& entry)> started = nullptr;
+    // Told each collective's moments (Note [nccl events] in nccl_communicator.cpp),
+    // in order, outside the lock, on the thread that found them: started once,
+    // then completed or failed once. Null: nothing is told.
+    std::function<void(const Entry& entry, CollectiveState moment)> tell = nullptr;
   };
 
   enum class State { in_flight, finished, failed };
@@ -62,7 +71,10 @@ class NcclWatchdog {
   // One round: forgets the collectives that finished, in order (releasing their
   // keep_alive outside the lock), then fails on a CUDA error of the oldest one,
   // NCCL's asynchronous error, or the first passed deadline. Returns the message
-  // of a failure found in this round (the caller logs it), else nullopt.
+  // of a failure found in this round (the caller logs it), else nullopt. Tells
+  // the moments it saw (Backend::tell): started as the oldest collective's start
+  // passed, completed as it finished, failed for every collective in flight when
+  // the communicator failed.
   std::optional<std::string> tick();
 
   // A host waiter gave up on `sequence` after `waited` (Work::synchronize with a
@@ -84,7 +96,15 @@ class NcclWatchdog {
   bool idle() const;
 
  private:
+  struct Notice {
+    Entry entry;
+    CollectiveState moment;
+  };
+  std::optional<std::string> tick_locked(std::vector<std::shared_ptr<void>>& released);
   std::optional<std::string> fail_locked(std::exception_ptr error);
+  // Tells (and then releases) the notices gathered under `lock`, after unlocking it.
+  void tell_unlocked(std::unique_lock<std::mutex>& lock);
+  void notice_locked(const Entry& entry, CollectiveState moment);
   void try_abort_locked();
   std::exception_ptr timeout_error(const Entry& e, std::chrono::milliseconds after) const;
   std::exception_ptr failure(const Entry& e, const std::string& why) const;
@@ -95,6 +115,8 @@ class NcclWatchdog {
   struct InFlight {
     Entry entry;
     Clock::time_point deadline;
+    bool told_started = false;
+    bool told_failed = false;
   };
   std::deque<InFlight> in_flight_;  // in sequence order
   int64_t next_sequence_ = 0;       // one past the last started
@@ -102,6 +124,8 @@ class NcclWatchdog {
   int64_t failed_from_ = 0;  // with error_: collectives from this sequence on failed
   bool abort_pending_ = false;
   bool aborted_ = false;
+  std::vector<Notice> notices_;  // to tell once the lock is released
+  std::mutex tell_mutex_;        // taken before mutex_ is released: notices keep their order
 };
 
 // DDP_NCCL_ASYNC_ERROR_HANDLING: false for 0 or unset (record and abort), true for

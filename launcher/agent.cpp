@@ -8,6 +8,7 @@
 #include "launcher/rank_env.h"
 #include "launcher/rendezvous.h"
 #include "launcher/secret_file.h"
+#include "launcher/trace_merge_cli.h"
 #include "launcher/watchdog.h"
 #include "runtime/device.h"
 #include "runtime/env.h"
@@ -117,7 +118,8 @@ GroupSpec make_spec(const LaunchOptions& o, const std::string& program_path, int
                                                 .run_id = rendezvous.run_id(),
                                                 .store_secret = secret,
                                                 .backend = o.backend,
-                                                .threads = threads}));
+                                                .threads = threads,
+                                                .trace_dir = o.trace_dir}));
     set_flight_environment(spec.envs.back(), spec.flight);
   }
   return spec;
@@ -148,22 +150,11 @@ GroupResult run_attempt(const LaunchOptions& o, const std::string& program_path,
   return result;
 }
 
-}  // namespace
-
-int run_agent(const LaunchOptions& o, const std::string& program_path) {
-  start_watchdog();  // before the store server's thread exists
-  remove_stale_region_dirs();
-  const int nproc = local_ranks(o);
-  SignalPipe signals;
-  const std::string secret = store_secret(o);
-  try {
-    check_node0_address(o, to_ms(o.rdzv_timeout_s));  // Note [node 0's address]
-  } catch (const Interrupted& e) {
-    say(e.what());
-    return 128 + e.signal();
-  }
-  Rendezvous rendezvous(rendezvous_options(o, nproc, secret));
-  for (int restart = 0;; ++restart) {
+// Every attempt until one succeeds or none is left; `restart` ends as the last one's.
+int run_attempts(const LaunchOptions& o, const std::string& program_path, int nproc,
+                 const std::string& secret, Rendezvous& rendezvous, SignalPipe& signals,
+                 int& restart) {
+  for (restart = 0;; ++restart) {
     GroupResult result;
     try {
       result = run_attempt(o, program_path, nproc, restart, secret, rendezvous, signals);
@@ -181,6 +172,31 @@ int run_agent(const LaunchOptions& o, const std::string& program_path) {
     }
     say(fmt::format("restarting the group: restart {} of {}", restart + 1, o.max_restarts));
   }
+}
+
+}  // namespace
+
+int run_agent(const LaunchOptions& options, const std::string& program_path) {
+  start_watchdog();  // before the store server's thread exists
+  remove_stale_region_dirs();
+  LaunchOptions o = options;
+  o.trace_dir = prepare_trace_dir(o);  // docs/observability.md
+  const int nproc = local_ranks(o);
+  SignalPipe signals;
+  const std::string secret = store_secret(o);
+  try {
+    check_node0_address(o, to_ms(o.rdzv_timeout_s));  // Note [node 0's address]
+  } catch (const Interrupted& e) {
+    say(e.what());
+    return 128 + e.signal();
+  }
+  Rendezvous rendezvous(rendezvous_options(o, nproc, secret));
+  int restart = 0;
+  const int code = run_attempts(o, program_path, nproc, secret, rendezvous, signals, restart);
+  // Node 0 merges what it sees: every rank's file when DIR is shared by the nodes.
+  if (!o.trace_dir.empty() && o.node_rank == 0)
+    merge_run_trace(o.trace_dir, rendezvous.run_id(), restart, o.nnodes * nproc);
+  return code;
 }
 
 }  // namespace ddp::launcher

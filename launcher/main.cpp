@@ -4,6 +4,7 @@
 #include "launcher/analyze.h"
 #include "launcher/options.h"
 #include "launcher/program_path.h"
+#include "launcher/trace_merge_cli.h"
 #include "runtime/error.h"
 
 #include <fcntl.h>
@@ -12,6 +13,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace {
@@ -33,10 +35,13 @@ void ensure_standard_fds() {
 
 int main(int argc, char** argv) {
   ensure_standard_fds();
-  // `ddprun analyze DIR` (a program named analyze runs as `ddprun -- analyze`).
-  if (argc >= 2 && std::string(argv[1]) == "analyze") {
+  // Subcommands (a program named like one runs as `ddprun -- analyze`).
+  if (argc >= 2 && std::string_view(argv[1]) == "analyze") {
     return ddp::launcher::run_analyze(std::vector<std::string>(argv + 2, argv + argc), std::cout,
                                       std::cerr);
+  }
+  if (argc >= 2 && std::string_view(argv[1]) == "trace-merge") {
+    return ddp::launcher::trace_merge_main(argc, argv);
   }
   ddp::launcher::ParseResult parsed;
   try {

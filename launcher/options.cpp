@@ -64,13 +64,22 @@ output:
   --quiet               only rank 0 on the console (the others still go to
                         --log-dir)
   --no-prefix           no "[rank N] " before each line
+  --trace DIR           record every rank's timeline (DDP_TRACE=DIR for the
+                        ranks) and merge the ranks' files into DIR/trace.json
+                        at the end, success or failure; open it in Perfetto
+                        (ui.perfetto.dev) or chrome://tracing
   --version             ddprun's version
   -h, --help            this text
 
-usage: ddprun analyze DIR
-  prints the hang diagnosis and the straggler report from the flight recorder
-  dumps (flight_rank_<R>.json) in DIR: those ddprun wrote, or those ranks
-  wrote on a collective timeout or SIGUSR1 (DDP_FLIGHT_DIR) under mpirun/srun.
+subcommands:
+  ddprun analyze DIR    print the hang diagnosis and the straggler report from
+                        the flight recorder dumps (flight_rank_<R>.json) in DIR:
+                        those ddprun wrote, or those ranks wrote on a collective
+                        timeout or SIGUSR1 (DDP_FLIGHT_DIR) under mpirun/srun
+  ddprun trace-merge DIR [--output FILE] [--run-id ID]
+                        merge the rank files in DIR into DIR/trace.json (for
+                        mpirun/srun runs with DDP_TRACE=DIR, or files copied
+                        from several nodes)
 
 Underscore spellings (--nproc_per_node, --master_addr, ...) are accepted.
 Exit status: 0 when every rank succeeded; else the first failing rank's exit
@@ -80,7 +89,7 @@ when a rank stayed stopped past --stopped-timeout; 124 when the job hung past
 --hang-timeout; 126 when PROGRAM is not executable; 127 when it is not found.
 Flight recorder dumps and the diagnosis are printed in the failure summary;
 the straggler report at the end of every multi-rank run.
-Docs: docs/ddprun.md, docs/flight_recorder.md.
+Docs: docs/ddprun.md, docs/observability.md.
 )";
 
 namespace {
@@ -138,6 +147,11 @@ const std::map<std::string, Setter>& valued_flags() {
       {"--backend", [](auto& o, auto& v) { o.backend = v; }},
       {"--max-restarts", [](auto& o, auto& v) { o.max_restarts = parse_int("--max-restarts", v); }},
       {"--log-dir", [](auto& o, auto& v) { o.log_dir = v; }},
+      {"--trace",
+       [](auto& o, auto& v) {
+         DDP_CHECK(!v.empty(), "--trace '': expected a directory for the trace files");
+         o.trace_dir = v;
+       }},
       {"--grace-period",
        [](auto& o, auto& v) { o.grace_period_s = parse_seconds("--grace-period", v); }},
       {"--rdzv-timeout",

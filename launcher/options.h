@@ -40,6 +40,7 @@ struct LaunchOptions {
   double grace_period_s = 10;   // SIGTERM to SIGKILL
   double rdzv_timeout_s = 300;  // agents waiting for each other
   bool prefix = true;           // "[rank N] " before every line
+  std::string trace_dir;        // --trace: the ranks' DDP_TRACE, merged at the end; empty: none
   std::string program;
   std::vector<std::string> program_args;
 };

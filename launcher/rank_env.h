@@ -21,8 +21,9 @@ struct RankEnvInputs {
   int max_restarts = 0;
   std::string run_id;
   std::string store_secret;
-  std::string backend;  // empty: DDP_BACKEND is left as inherited
-  int threads = 1;      // OMP_NUM_THREADS and OPENBLAS_NUM_THREADS, when the user set neither
+  std::string backend;    // empty: DDP_BACKEND is left as inherited
+  int threads = 1;        // OMP_NUM_THREADS and OPENBLAS_NUM_THREADS, when the user set neither
+  std::string trace_dir;  // --trace: DDP_TRACE; empty: left as inherited
 };
 
 // `base` is "KEY=VALUE" (the agent's environ). Contract variables replace any

@@ -33,6 +33,12 @@
 //   DDPRUN_FLIGHT_SHM  set by ddprun: the directory of the ranks' flight recorder
 //                      regions, which ddprun reads (Note [flight region])
 //   DDP_TEST_SLOW_RANK, DDP_TEST_SKIP_ALLREDUCE  testing aids of `train` (docs/train.md)
+//   DDP_TRACE      DIR: record the timeline and write DIR/rank_<R>.json at exit
+//                  (default: unset, off; set by `ddprun --trace DIR`; Note [timeline]
+//                  in runtime/trace.h, docs/observability.md)
+//   DDP_TRACE_MAX_EVENTS  records kept per thread while tracing (default: 1000000)
+//   DDP_TRACE_TEST_SKEW_NS  for tests of the clock alignment: rank R's trace file
+//                  reads as if its clock ran R x N ns ahead (default: 0)
 #pragma once
 
 #include <cstdint>
@@ -65,6 +71,9 @@ inline constexpr const char* kNcclAsyncErrorHandling = "DDP_NCCL_ASYNC_ERROR_HAN
 inline constexpr const char* kFlightRecorderSize = "DDP_FLIGHT_RECORDER_SIZE";
 inline constexpr const char* kFlightDir = "DDP_FLIGHT_DIR";
 inline constexpr const char* kFlightShm = "DDPRUN_FLIGHT_SHM";
+inline constexpr const char* kTrace = "DDP_TRACE";
+inline constexpr const char* kTraceMaxEvents = "DDP_TRACE_MAX_EVENTS";
+inline constexpr const char* kTraceTestSkewNs = "DDP_TRACE_TEST_SKEW_NS";
 
 // The value of a variable, or nullopt when unset or empty.
 std::optional<std::string> get(const char* name);

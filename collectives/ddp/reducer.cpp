@@ -3,6 +3,7 @@
 #include "collectives/collective_events.h"
 #include "runtime/autograd/autograd.h"
 #include "runtime/ops/ops.h"
+#include "runtime/trace.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -93,8 +94,18 @@ void Reducer::mark_ready(size_t i) {
   if (!same_memory(g, views_[i])) copy_(views_[i], g);
   ready_[i] = 1;
   if (!rebuilt_) ready_order_.push_back(i);
-  --pending_[bucket_of_[i]];
+  count_ready(bucket_of_[i]);
   launch_ready_buckets();
+}
+
+// The moment a bucket's last gradient arrived: on the timeline (Note [timeline
+// collectives]), before its all-reduce is enqueued (now, or once the buckets
+// before it are ready: Note [bucket order]).
+void Reducer::count_ready(size_t b) {
+  if (--pending_[b] != 0 || !trace::enabled()) return;
+  const int64_t bytes = flats_[b].numel() * static_cast<int64_t>(element_size(flats_[b].dtype()));
+  trace::instant(fmt::format("bucket {} ready", b), "ddp",
+                 {{"bucket", static_cast<int64_t>(b)}, {"bytes", bytes}});
 }
 
 // Note [bucket order]: buckets are launched strictly in index order, so every
@@ -115,6 +126,7 @@ void Reducer::launch_bucket(size_t b) {
   }
   const std::string label = fmt::format("ddp bucket {}", b);
   const CollectiveLabel labelled(label);  // Note [collective labels]
+  const trace::Span span(label, "ddp", {{"bucket", static_cast<int64_t>(b)}});
   try {
     if (b == 0 && before_first_bucket_) before_first_bucket_();
     futures_.push_back(options_.comm_hook(*hook_comm_, bucket));
@@ -164,7 +176,7 @@ void Reducer::handle_unused() {
     if (ready_[i]) continue;
     fill_(views_[i], 0.0);  // an unused parameter contributes zero to the average
     ready_[i] = 1;
-    --pending_[bucket_of_[i]];
+    count_ready(bucket_of_[i]);
   }
   launch_ready_buckets();
 }

@@ -59,6 +59,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
 
  private:
   void allocate_buckets();
+  // One more gradient of bucket b is ready.
+  void count_ready(size_t b);
   void launch_ready_buckets();
   // Runs the comm hook of bucket b; abandons the backward if it throws.
   void launch_bucket(size_t b);

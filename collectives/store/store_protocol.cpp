@@ -17,9 +17,9 @@ struct Layout {
 };
 
 // The single source of truth for the wire format (see the table in the header).
-const std::array<Layout, 13>& layouts() {
+const std::array<Layout, 14>& layouts() {
   using F = Field;
-  static const std::array<Layout, 13> table = {{
+  static const std::array<Layout, 14> table = {{
       {Command::kHello, "HELLO", {F::kText}},
       {Command::kSet, "SET", {F::kKey, F::kValue}},
       {Command::kGet, "GET", {F::kKey, F::kNumber}},
@@ -28,6 +28,7 @@ const std::array<Layout, 13>& layouts() {
       {Command::kCompareSet, "COMPARE_SET", {F::kKey, F::kValue, F::kDesired}},
       {Command::kDelete, "DELETE", {F::kKey}},
       {Command::kCheck, "CHECK", {F::kKeys}},
+      {Command::kTime, "TIME", {}},
       {Command::kOk, "OK", {}},
       {Command::kValue, "VALUE", {F::kValue}},
       {Command::kInt, "INT", {F::kNumber}},
@@ -299,6 +300,9 @@ Message check(std::vector<std::string> keys) {
   Message m = with(Command::kCheck);
   m.keys = std::move(keys);
   return m;
+}
+Message time() {
+  return with(Command::kTime);
 }
 Message ok() {
   return with(Command::kOk);

@@ -16,6 +16,8 @@
 //   COMPARE_SET  key, expected, desired         VALUE (the value after the call)
 //   DELETE       key                            INT (1 if the key existed, else 0)
 //   CHECK        keys                           INT (1 if all keys exist, else 0)
+//   TIME         (none)                         INT (the server's steady clock, ns;
+//                                               Note [trace clocks] in runtime/trace_clock.h)
 //   any request                                 ERROR(text) on failure
 //
 // Every frame is at most kMaxMessageBytes after its length field. The parser
@@ -49,6 +51,7 @@ enum class Command : uint8_t {
   kCompareSet = 6,
   kDelete = 7,
   kCheck = 8,
+  kTime = 9,
   kOk = 64,
   kValue = 65,
   kInt = 66,
@@ -87,6 +90,7 @@ Message wait(std::vector<std::string> keys, int64_t timeout_ms);
 Message compare_set(std::string key, Bytes expected, Bytes desired);
 Message delete_key(std::string key);
 Message check(std::vector<std::string> keys);
+Message time();
 Message ok();
 Message value(Bytes value);
 Message integer(int64_t number);

@@ -299,6 +299,10 @@ bool TcpStore::delete_key(const std::string& key) {
              .number != 0;
 }
 
+int64_t TcpStore::server_time_ns() {
+  return call(msg::time(), options_.timeout, "time()", {Command::kInt}).number;
+}
+
 bool TcpStore::check(const std::vector<std::string>& keys) {
   return call(msg::check(keys), options_.timeout, fmt::format("check({})", quoted_keys(keys)),
               {Command::kInt})

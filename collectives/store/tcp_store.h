@@ -111,6 +111,9 @@ class TcpStore : public Store {
   bool delete_key(const std::string& key) override;
   bool check(const std::vector<std::string>& keys) override;
   std::chrono::milliseconds timeout() const override { return options_.timeout; }
+  // The server's steady clock (TIME), for aligning the ranks' timelines (Note
+  // [trace clocks] in runtime/trace_clock.h).
+  int64_t server_time_ns();
 
  private:
   // Sends `request` and returns the reply (never ERROR: that throws StoreError).

@@ -408,9 +408,14 @@ void TcpStoreServer::Loop::handle(Client& c, Message& m) {
       return reply(c, msg::integer(data_.erase(m.key) > 0 ? 1 : 0));
     case Command::kCheck:
       return reply(c, msg::integer(missing_keys(m.keys).empty() ? 1 : 0));
+    case Command::kTime:
+      return reply(c, msg::integer(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                       std::chrono::steady_clock::now().time_since_epoch())
+                                       .count()));
     default:
       return reject(c, fmt::format("unexpected {} message from a client; clients send requests "
-                                   "(HELLO, SET, GET, ADD, WAIT, COMPARE_SET, DELETE, CHECK)",
+                                   "(HELLO, SET, GET, ADD, WAIT, COMPARE_SET, DELETE, CHECK, "
+                                   "TIME)",
                                    command_name(m.command)));
   }
 }

@@ -6,6 +6,7 @@
 #include "collectives/ddp/distributed_data_parallel.h"
 #include "collectives/ddp/join.h"
 #include "collectives/flight/flight_recorder.h"
+#include "collectives/trace_collectives.h"
 #include "models/train/checkpoint.h"
 #include "models/train/faults.h"
 #include "models/train/nonfinite.h"
@@ -18,6 +19,7 @@
 #include "runtime/logging.h"
 #include "runtime/ops/ops.h"
 #include "runtime/stream.h"
+#include "runtime/trace.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -104,13 +106,17 @@ int64_t train_step(Run& r, Tensor& step_loss, Tensor& last_loss, PhaseTotals& t,
   const int64_t k = r.o.grad_accum;
   const int64_t step = r.step + 1;
   PhaseClock clock(r.device, r.o.sync_timing);
+  const trace::Span step_span("step", "train", {{"step", step}});  // Note [timeline]
+  trace::Phases phase("train", r.device);
   r.optimizer->zero_grad(/*set_to_none=*/true);  // backward then hands .grad its fresh tensors
   int64_t samples = 0;
   step_loss = Tensor();
   Batch batch;
   for (int64_t m = 0; m < k && !shadow; ++m) {
+    phase.next("data wait");
     if (!r.task->next(batch)) return 0;
     t.data += clock.lap();
+    phase.next("forward", {{"micro_batch", m}});
     const bool sync = m + 1 == k;
     Tensor logits;
     if (r.ddp) {
@@ -130,9 +136,11 @@ int64_t train_step(Run& r, Tensor& step_loss, Tensor& last_loss, PhaseTotals& t,
       loss = functional::scale(loss, std::numeric_limits<float>::quiet_NaN());
     }
     t.forward += clock.lap();
+    phase.next("backward", {{"micro_batch", m}});
     backward(loss);
     t.backward += clock.lap();
     if (r.ddp && sync) {
+      phase.next("grad sync (exposed)");
       r.ddp->finish_backward();  // every .grad now holds the average over ranks
       t.exposed += clock.lap();
       t.comm += r.ddp->comm_stats().comm_s;
@@ -146,6 +154,7 @@ int64_t train_step(Run& r, Tensor& step_loss, Tensor& last_loss, PhaseTotals& t,
     samples += batch.labels.size(0);
   }
   if (shadow) {
+    phase.next("join shadow");  // out of data: the others' gradient sync, with zeros
     const bool shadowed = r.join->shadow_step();
     DDP_ASSERT(shadowed, "step {}: no rank trains, yet rank 0 has data", step);
     t.exposed += clock.lap();
@@ -153,6 +162,7 @@ int64_t train_step(Run& r, Tensor& step_loss, Tensor& last_loss, PhaseTotals& t,
     step_loss = zeros({}, {.device = r.device});  // finite: the check counts others' losses
     if (!last_loss.defined()) last_loss = step_loss;
   }
+  phase.next("optimizer");
   if (!r.nonfinite->after_backward(step, epoch + 1, step_loss, r.model->parameters())) {
     // After DDP's all_reduce has been waited for: every rank clips the same
     // averaged gradients by the same norm.
@@ -172,6 +182,7 @@ int64_t train_step(Run& r, Tensor& step_loss, Tensor& last_loss, PhaseTotals& t,
 void save(Run& r, int64_t completed, int64_t epoch_step, const Tensor& loss_sum,
           int64_t loss_count) {
   if (r.o.save.empty()) return;
+  const trace::Span span("checkpoint", "train", {{"step", r.step}});
   r.loss_log->flush();  // Note [rows cut back] in run_log.cpp
   CheckpointInfo info{r.task->model_spec(),
                       r.optimizer->name(),
@@ -248,7 +259,11 @@ EpochMetrics measure(Run& r, EpochState& e) {
     m.stragglers = s.stragglers;
   }
   const auto eval_start = Clock::now();
-  const Evaluation ev = r.task->evaluate(*r.model, r.pg ? r.pg->comm.get() : nullptr);
+  Evaluation ev;
+  {
+    const trace::Span span("evaluation", "train", {{"step", r.step}});
+    ev = r.task->evaluate(*r.model, r.pg ? r.pg->comm.get() : nullptr);
+  }
   e.eval_s += seconds_since(eval_start);
   m.test_acc = ev.accuracy;
   m.language = r.task->is_language_model();
@@ -547,6 +562,11 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
   return result;
 }
 
+// What the trace merge did (finish_trace), for the rank that did it.
+void report_trace(const std::string& merged, const TrainOptions& o, std::ostream& out) {
+  if (!merged.empty() && !o.quiet) out << "trace: " << merged << "\n";
+}
+
 // Up-front validation (rank 0 writes the files): an unwritable --save, --metrics
 // or --loss-log path fails before the data is loaded, not after the first epoch.
 void check_output_paths(const TrainOptions& o) {
@@ -574,8 +594,11 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
             "model. Use --mode ddp (the default there), or run train without ddprun/mpirun",
             mode, world_size);
   if (read_launch_env().rank == 0) check_output_paths(o);
-  if (mode == "single" || mode == "dp")
-    return run_on_rank(o, out, nullptr, resume_path(o, nullptr));
+  if (mode == "single" || mode == "dp") {
+    TrainResult result = run_on_rank(o, out, nullptr, resume_path(o, nullptr));
+    report_trace(finish_trace(nullptr), o, out);  // Note [timeline]
+    return result;
+  }
   ProcessGroupOptions pg_options;
   pg_options.device = o.device == "auto" ? "" : o.device;
   pg_options.backend = o.backend;
@@ -588,7 +611,9 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
     mine.metrics.clear();
     mine.loss_log.clear();
   }
-  return run_on_rank(mine, out, &pg, resume_from);
+  TrainResult result = run_on_rank(mine, out, &pg, resume_from);
+  report_trace(finish_trace(&pg), mine, out);  // Note [timeline]
+  return result;
 }
 
 }  // namespace ddp::train

@@ -182,6 +182,14 @@ TEST(DdprunOptions, StoppedTimeoutAndSecretFile) {
   EXPECT_NE(parse_error({"--stopped-timeout", "-1", "train"}).find(">= 0"), std::string::npos);
 }
 
+TEST(DdprunOptions, TraceDirectory) {
+  EXPECT_EQ(parse({"train"}).options.trace_dir, "");
+  EXPECT_EQ(parse({"--trace", "out/t", "train"}).options.trace_dir, "out/t");
+  EXPECT_EQ(parse({"--trace=t2", "train"}).options.trace_dir, "t2");
+  EXPECT_NE(parse_error({"--trace=", "train"}).find("expected a directory"), std::string::npos);
+  EXPECT_NE(std::string(kDdprunUsage).find("trace-merge DIR"), std::string::npos);
+}
+
 TEST(DdprunOptions, BackendMpiNamesMpirun) {
   const std::string e = parse_error({"-n", "2", "--backend", "mpi", "train"});
   EXPECT_NE(e.find("mpirun -n N PROGRAM"), std::string::npos) << e;
@@ -194,13 +202,28 @@ TEST(DdprunOptions, HelpAndVersion) {
 }
 
 TEST(DdprunOptions, UsageDocumentsEveryFlag) {
-  for (const char* flag :
-       {"--nproc-per-node", "--nnodes",        "--node-rank",  "--master-addr",
-        "--master-port",    "--rdzv-endpoint", "--standalone", "--backend",
-        "--max-restarts",   "--log-dir",       "--tee",        "--quiet",
-        "--grace-period",   "--rdzv-timeout",  "--no-prefix",  "--version",
-        "--help",           "--rdzv-port",     "--rdzv-bind",  "--store-secret-file",
-        "--stopped-timeout"}) {
+  for (const char* flag : {"--nproc-per-node",
+                           "--nnodes",
+                           "--node-rank",
+                           "--master-addr",
+                           "--master-port",
+                           "--rdzv-endpoint",
+                           "--standalone",
+                           "--backend",
+                           "--max-restarts",
+                           "--log-dir",
+                           "--tee",
+                           "--quiet",
+                           "--grace-period",
+                           "--rdzv-timeout",
+                           "--no-prefix",
+                           "--version",
+                           "--help",
+                           "--rdzv-port",
+                           "--rdzv-bind",
+                           "--store-secret-file",
+                           "--stopped-timeout",
+                           "--trace"}) {
     EXPECT_NE(std::string(kDdprunUsage).find(flag), std::string::npos) << flag;
   }
 }
@@ -266,7 +289,8 @@ TEST(DdprunRankEnv, ContractReplacesInheritedThreadsOnlyWhenUnset) {
                                            .run_id = "abc",
                                            .store_secret = "s3",
                                            .backend = "gloo",
-                                           .threads = 3});
+                                           .threads = 3,
+                                           .trace_dir = "/runs/trace"});
   for (const char* e : {"PATH=/bin",
                         "RANK=5",
                         "LOCAL_RANK=1",
@@ -280,6 +304,7 @@ TEST(DdprunRankEnv, ContractReplacesInheritedThreadsOnlyWhenUnset) {
                         "DDPRUN_STORE=agent",
                         "DDP_STORE_SECRET=s3",
                         "DDP_BACKEND=gloo",
+                        "DDP_TRACE=/runs/trace",
                         "OMP_NUM_THREADS=7",
                         "OPENBLAS_NUM_THREADS=3",
                         "DDPRUN_STORE_ADDR=10.0.0.1:1235",

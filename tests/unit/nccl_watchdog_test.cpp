@@ -27,6 +27,8 @@ struct FakeWorld {
   int aborts = 0;
   int abort_calls = 0;
   std::vector<std::string> torn_down;
+  std::set<int64_t> started;      // start events passed
+  std::vector<std::string> told;  // "0 started", "0 completed", ...
 
   NcclWatchdog::Backend backend(bool tear_down = false) {
     NcclWatchdog::Backend b{
@@ -47,6 +49,15 @@ struct FakeWorld {
         .tear_down = nullptr,
     };
     if (tear_down) b.tear_down = [this](const std::string& m) { torn_down.push_back(m); };
+    return b;
+  }
+  // With the moments told (Note [nccl events] in nccl_communicator.cpp).
+  NcclWatchdog::Backend telling() {
+    NcclWatchdog::Backend b = backend();
+    b.started = [this](const NcclWatchdog::Entry& e) { return started.count(e.sequence) > 0; };
+    b.tell = [this](const NcclWatchdog::Entry& e, CollectiveState moment) {
+      told.push_back(std::to_string(e.sequence) + " " + std::string(collective_state_name(moment)));
+    };
     return b;
   }
 };
@@ -270,6 +281,73 @@ TEST(NcclWatchdog, AsyncErrorHandlingVariable) {
         << e.what();
   }
   unsetenv(name);
+}
+
+// Note [nccl events]: started as the start event passes, then completed, each once
+// and in stream order; a collective that finished before it was seen starting is
+// told both at once.
+TEST(NcclWatchdog, TellsStartedThenCompletedInOrder) {
+  FakeWorld w;
+  NcclWatchdog dog(0, w.telling());
+  auto tensors = std::make_shared<int>(0);
+  std::weak_ptr<int> weak = tensors;
+  dog.start(entry(0, std::move(tensors)));
+  dog.start(entry(1));
+  dog.start(entry(2));
+  EXPECT_EQ(dog.tick(), std::nullopt);
+  EXPECT_TRUE(w.told.empty());
+  w.started = {0};
+  dog.tick();
+  dog.tick();
+  EXPECT_EQ(w.told, std::vector<std::string>{"0 started"});
+  w.finished = {0, 1};
+  w.started = {0, 1, 2};
+  dog.tick();
+  EXPECT_EQ(w.told, (std::vector<std::string>{"0 started", "0 completed", "1 started",
+                                              "1 completed", "2 started"}));
+  EXPECT_TRUE(weak.expired()) << "released after it was told";
+  EXPECT_EQ(dog.state(2), State::in_flight);
+}
+
+// Every collective in flight when the communicator fails is told failed, once;
+// one that finishes afterwards (an abort ended its kernels) is told nothing more.
+TEST(NcclWatchdog, TellsFailedForEveryCollectiveInFlight) {
+  FakeWorld w;
+  NcclWatchdog dog(0, w.telling());
+  dog.start(entry(0, nullptr, 10s));
+  dog.start(entry(1, nullptr, 10s));
+  w.started = {0};
+  dog.tick();
+  w.now += 11s;
+  EXPECT_NE(dog.tick(), std::nullopt);
+  EXPECT_EQ(w.told, (std::vector<std::string>{"0 started", "0 failed", "1 failed"}));
+  w.finished = {0, 1};
+  w.started = {0, 1};
+  dog.tick();
+  EXPECT_EQ(w.told, (std::vector<std::string>{"0 started", "0 failed", "1 failed"}));
+  EXPECT_EQ(dog.state(1), State::failed);
+}
+
+// A host waiter's timeout fails it too, told from the waiter's thread.
+TEST(NcclWatchdog, WaiterTimeoutIsToldAsAFailure) {
+  FakeWorld w;
+  NcclWatchdog dog(0, w.telling());
+  dog.start(entry(0));
+  EXPECT_NE(dog.time_out(0, 300ms), std::nullopt);
+  EXPECT_EQ(w.told, std::vector<std::string>{"0 failed"});
+}
+
+// Without `tell` nothing is gathered (the watchdog of a process nobody observes).
+TEST(NcclWatchdog, WithoutTellNothingIsAskedOrTold) {
+  FakeWorld w;
+  NcclWatchdog::Backend b = w.backend();
+  int asked = 0;
+  b.started = [&asked](const NcclWatchdog::Entry&) { return ++asked > 0; };
+  NcclWatchdog dog(0, b);
+  dog.start(entry(0));
+  w.finished = {0};
+  dog.tick();
+  EXPECT_EQ(asked, 0);
 }
 
 }  // namespace

@@ -1,0 +1,291 @@
+#include "collectives/trace_collectives.h"
+
+#include "collectives/collective_events.h"
+#include "collectives/store/tcp_store.h"
+#include "runtime/env.h"
+#include "runtime/logging.h"
+#include "runtime/ops/ops.h"
+#include "runtime/trace.h"
+#include "runtime/trace_file.h"
+
+#include <fmt/format.h>
+
+#include <map>
+#include <mutex>
+#include <random>
+#include <vector>
+
+namespace ddp {
+namespace {
+
+// "all_reduce (ddp bucket 3)" without allocating: names are cut at kMaxNameBytes anyway.
+struct Name {
+  char text[trace::kMaxNameBytes + 1];
+  size_t size = 0;
+  std::string_view view() const { return {text, size}; }
+};
+
+Name name_of(std::string_view prefix, const CollectiveInfo& info) {
+  Name n;
+  const std::string_view op = collective_name(info.kind);
+  const auto r =
+      info.label.empty()
+          ? fmt::format_to_n(n.text, trace::kMaxNameBytes, "{}{}", prefix, op)
+          : fmt::format_to_n(n.text, trace::kMaxNameBytes, "{}{} ({})", prefix, op, info.label);
+  n.size = std::min(r.size, trace::kMaxNameBytes);
+  return n;
+}
+
+// Flow ids of collectives: one per (communicator, sequence), apart from
+// trace::new_flow_id()'s (which count up from 1 and stay below 2^31).
+uint64_t flow_of(const CollectiveInfo& info) {
+  return (uint64_t{1} << 31) | (static_cast<uint64_t>(info.comm_id & 0x7f) << 24) |
+         (static_cast<uint64_t>(info.sequence) & 0xffffff);
+}
+
+struct OpenSlice {
+  int comm_id;
+  int64_t sequence;
+  bool wait;
+  trace::Track track;
+};
+thread_local std::vector<OpenSlice> t_open;
+
+class TimelineObserver final : public CollectiveObserver {
+ public:
+  void on_collective(const CollectiveEvent& e) noexcept override {
+    if (!trace::enabled()) return;
+    try {
+      handle(e);
+    } catch (...) {
+      // Observers must not throw (Note [collective events]); a lost record is all it costs.
+    }
+  }
+
+ private:
+  void handle(const CollectiveEvent& e) {
+    const CollectiveInfo& info = e.info;
+    const trace::Args args = {{"seq", info.sequence},
+                              {"bytes", info.bytes},
+                              {"comm", info.comm_id},
+                              {"world", info.world_size}};
+    switch (e.state) {
+      case CollectiveState::enqueued:
+        trace::complete(name_of("enqueue ", info).view(), "collective", e.time_ns, 0, args);
+        trace::flow(trace::FlowStep::start, flow_of(info), e.time_ns);
+        return;
+      case CollectiveState::started: {
+        const trace::Track track = track_of(info);
+        trace::flow(trace::FlowStep::finish, flow_of(info), e.time_ns, track);
+        if (track != 0) return stream_started(info, e.time_ns);
+        trace::begin(name_of("", info).view(), "collective", args, e.time_ns);
+        t_open.push_back({info.comm_id, info.sequence, false, 0});
+        return;
+      }
+      case CollectiveState::completed:
+      case CollectiveState::failed:
+        if (info.backend == "nccl") return stream_ended(info, e, args);
+        if (e.state == CollectiveState::failed) {
+          trace::instant(name_of("failed: ", info).view(), "collective", args, e.time_ns);
+        }
+        close(info, false, e.time_ns);
+        return;
+      case CollectiveState::wait_begin:
+        trace::begin(name_of("wait ", info).view(), "wait", args, e.time_ns);
+        t_open.push_back({info.comm_id, info.sequence, true, 0});
+        return;
+      case CollectiveState::timed_out:
+        trace::instant(name_of("timed out: ", info).view(), "wait", args, e.time_ns);
+        return;
+      case CollectiveState::wait_end:
+        close(info, true, e.time_ns);
+        return;
+    }
+  }
+
+  // Where the collective runs: the nccl stream's track, else this thread's
+  // (named after the backend unless it has a name).
+  trace::Track track_of(const CollectiveInfo& info) {
+    if (info.backend != "nccl") {
+      thread_local bool named = false;  // a thread runs one communicator's collectives
+      if (!named) {
+        trace::name_thread(fmt::format("{} comm thread (comm {})", info.backend, info.comm_id),
+                           /*replace=*/false);
+        named = true;
+      }
+      return 0;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = nccl_tracks_.find(info.comm_id);
+    if (it == nccl_tracks_.end()) {
+      const trace::Track t =
+          trace::stream_track(fmt::format("nccl stream (comm {})", info.comm_id));
+      it = nccl_tracks_.emplace(info.comm_id, t).first;
+    }
+    return it->second;
+  }
+
+  // A stream's collectives may end on another thread than the one that saw them
+  // start (the watchdog, a waiter that gave up): their span is written whole at
+  // the end, from the start kept here.
+  void stream_started(const CollectiveInfo& info, int64_t ts) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stream_starts_[{info.comm_id, info.sequence}] = ts;
+  }
+  void stream_ended(const CollectiveInfo& info, const CollectiveEvent& e, trace::Args args) {
+    int64_t start = -1;
+    trace::Track track = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (auto it = stream_starts_.find({info.comm_id, info.sequence});
+          it != stream_starts_.end()) {
+        start = it->second;
+        stream_starts_.erase(it);
+      }
+      track = nccl_tracks_[info.comm_id];
+    }
+    if (start >= 0) {
+      trace::complete(name_of("", info).view(), "collective", start, e.time_ns - start, args,
+                      track);
+    }
+    if (e.state == CollectiveState::failed) {
+      trace::instant(name_of("failed: ", info).view(), "collective", args, e.time_ns, track);
+    }
+  }
+
+  // Ends the slice this thread opened for the collective; nothing when it opened
+  // none (a collective failed before it started), so no other slice is ended.
+  static void close(const CollectiveInfo& info, bool wait, int64_t ts) {
+    if (t_open.empty()) return;
+    const OpenSlice& top = t_open.back();
+    if (top.comm_id != info.comm_id || top.sequence != info.sequence || top.wait != wait) return;
+    trace::end(ts, top.track);
+    t_open.pop_back();
+  }
+
+  std::mutex mutex_;
+  std::map<int, trace::Track> nccl_tracks_;
+  std::map<std::pair<int, int64_t>, int64_t> stream_starts_;  // (comm, sequence) -> start
+};
+
+std::string random_run_id() {
+  std::random_device rd;
+  return fmt::format("{:08x}{:08x}", rd(), rd());
+}
+
+// The run's id on every rank: ddprun's, else rank 0's made up and broadcast.
+std::string shared_run_id(const ProcessGroup& pg) {
+  if (!pg.env.run_id.empty()) return pg.env.run_id;
+  std::random_device rd;
+  const int64_t mine = (static_cast<int64_t>(rd()) << 31) ^ rd();
+  if (pg.comm->size() == 1) return fmt::format("{:x}", mine);
+  Tensor t = from_vector<int64_t>({mine}, {1}, {.dtype = DType::i64, .device = pg.comm->device()});
+  const CollectiveLabel labelled("trace run id");
+  pg.comm->broadcast(t, 0)->wait();
+  return fmt::format("{:x}", t.to_vector<int64_t>()[0]);
+}
+
+void measure(const ProcessGroup& pg) {
+  if (pg.comm->size() == 1) return;  // one rank: its own clock is the reference
+  auto* store = dynamic_cast<TcpStore*>(pg.store.get());
+  if (pg.env.agent_store && store != nullptr) {
+    const trace::OffsetEstimate e = measure_offset_with_store(*store);
+    trace::add_clock_sample(
+        {e.local_ns, e.offset_ns, e.error_ns,
+         fmt::format("ddprun store at {}:{}", pg.env.store_host, pg.env.store_port)});
+    return;
+  }
+  const trace::OffsetEstimate e = measure_offset_with_comm(*pg.comm);
+  trace::add_clock_sample({e.local_ns, e.offset_ns, e.error_ns, "rank 0 (all_gather rounds)"});
+}
+
+}  // namespace
+
+void attach_trace_observer() {
+  if (!trace::enabled()) return;
+  static std::once_flag once;
+  std::call_once(once, [] { add_collective_observer(std::make_shared<TimelineObserver>()); });
+}
+
+trace::OffsetEstimate measure_offset_with_store(TcpStore& store, int requests) {
+  std::vector<trace::OffsetBound> bounds;
+  for (int i = 0; i < requests; ++i) {
+    const int64_t send = trace::now_ns();
+    const int64_t remote = store.server_time_ns();
+    const int64_t receive = trace::now_ns();
+    bounds.push_back(trace::bound_from_request(send, remote, receive));
+  }
+  return trace::estimate_offset(bounds);
+}
+
+// Round k carries this rank's enter of round k and exit of round k - 1 (Note
+// [trace clocks]); rank 0's are the reference.
+trace::OffsetEstimate measure_offset_with_comm(Communicator& comm, int rounds) {
+  const CollectiveLabel labelled("trace clock sync");
+  const int64_t n = comm.size();
+  std::vector<trace::OffsetBound> bounds;
+  int64_t my_enter = 0, my_exit = 0, ref_enter = 0;
+  for (int k = 0; k <= rounds; ++k) {
+    const int64_t enter = trace::now_ns();
+    Tensor in =
+        from_vector<int64_t>({enter, my_exit}, {2}, {.dtype = DType::i64, .device = comm.device()});
+    Tensor out = empty({2 * n}, {.dtype = DType::i64, .device = comm.device()});
+    comm.all_gather(in, out)->wait();
+    const std::vector<int64_t> all = out.to_vector<int64_t>();  // waits for the device too
+    const int64_t exit = trace::now_ns();
+    if (k > 0) bounds.push_back(trace::bound_from_round(my_enter, my_exit, ref_enter, all[1]));
+    my_enter = enter;
+    my_exit = exit;
+    ref_enter = all[0];
+  }
+  return trace::estimate_offset(bounds);
+}
+
+void trace_process_group(const ProcessGroup& pg) {
+  if (!trace::enabled()) return;
+  trace::RankInfo info;
+  info.rank = pg.env.rank;
+  info.world_size = pg.env.world_size;
+  info.run_id = shared_run_id(pg);
+  info.restart = static_cast<int>(env::get_int(env::kRestartCount).value_or(0));
+  info.launcher = pg.env.launcher;
+  info.backend = pg.comm->backend();
+  trace::set_rank_info(info);
+  measure(pg);
+}
+
+std::string finish_trace(const ProcessGroup* pg) {
+  if (!trace::enabled() || trace::directory().empty()) return "";
+  if (pg == nullptr) {
+    trace::RankInfo info = trace::rank_info();
+    if (info.run_id.empty()) info.run_id = random_run_id();
+    trace::set_rank_info(info);
+  } else {
+    measure(*pg);
+  }
+  try {
+    trace::write_file();
+  } catch (const Error& e) {
+    // Never fails the run (and never leaves the other ranks in the barrier below).
+    DDP_LOG_WARN("trace: {}", e.what());
+  }
+  const bool ddprun_merges = pg != nullptr && pg->env.agent_store;
+  if (ddprun_merges) return "";
+  if (pg != nullptr && pg->comm->size() > 1) {
+    const CollectiveLabel labelled("trace files written");
+    pg->comm->barrier()->wait();
+  }
+  if (pg != nullptr && pg->env.rank != 0) return "";
+  const trace::RankInfo info = trace::rank_info();
+  try {
+    return trace::describe(
+        trace::merge_trace_dir(trace::directory(), {.run_id = info.run_id,
+                                                    .restart = info.restart,
+                                                    .expected_ranks = info.world_size,
+                                                    .output = ""}));
+  } catch (const Error& e) {
+    return fmt::format("nothing merged: {}", e.what());
+  }
+}
+
+}  // namespace ddp

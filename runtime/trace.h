@@ -1,0 +1,215 @@
+// The timeline: every rank records what its threads (and its GPU streams) do, as
+// spans, instants and flow arrows, and writes them to a file at exit; ddprun
+// merges the ranks' files into one Chrome trace (docs/observability.md).
+//
+//   trace::Span span("forward", "train", {{"step", 12}});  // RAII: begin now, end at scope exit
+//   trace::instant("bucket ready", "ddp", {{"bucket", 3}});
+//
+// Note [timeline]
+// Tracing is on when DDP_TRACE=DIR is set at start-up (or after start()). Every
+// thread records into a buffer of its own (no lock, no shared cache line: the
+// writer publishes each record with one release store), so recording costs a
+// clock read and ~150 bytes of copying; off, every entry point is one relaxed load
+// of a global flag and a predictable branch, and nothing else runs.
+// Records are begin/end pairs (a Span), instants, complete spans with a known
+// duration (device spans, resolved later) and flow steps (an arrow from the slice
+// that encloses the `s` to the one that encloses the `f`). Each record belongs
+// to a track: the recording thread's own (0), or a named track that is no thread
+// (a GPU stream: trace::stream_track()); the begin/end records of one track must
+// come from one thread. Times are steady_clock nanoseconds; the file records the
+// offsets of this clock to the reference clock (Note [trace clocks] in
+// runtime/trace_clock.h) and the merge aligns the ranks with them.
+//
+// The file, DIR/rank_<R>.json (runtime/trace_file.h), is written at exit, on
+// SIGTERM, SIGINT and SIGHUP (best effort: a thread writes it, then the signal's
+// previous action runs), and when the program calls write_file() (train does at
+// the end of a run). Spans still open then end at the moment of writing and say
+// `unfinished`. Each thread keeps at most DDP_TRACE_MAX_EVENTS records (default
+// 1,000,000, about 160 MB); later ones are counted as dropped.
+#pragma once
+
+#include "runtime/device.h"
+
+#include <atomic>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ddp::trace {
+
+namespace detail {
+extern std::atomic<bool> g_on;
+}  // namespace detail
+
+// Whether this process records. Everything below is a no-op while it is false.
+inline bool enabled() noexcept {
+  return detail::g_on.load(std::memory_order_relaxed);
+}
+
+// steady_clock nanoseconds: the clock of every record.
+int64_t now_ns() noexcept;
+
+using Track = uint32_t;  // 0: the recording thread's own track
+
+// An integer argument shown with the event; `key` must be a static string.
+struct Arg {
+  const char* key;  // trivial (records are not cleared before they are written); Arg{} is null
+  int64_t value;
+};
+using Args = std::initializer_list<Arg>;  // at most kMaxArgs are kept
+inline constexpr size_t kMaxArgs = 4;
+
+class DeviceSpans;
+namespace detail {
+// Phases on a CUDA device (Note [device spans] in runtime/trace_gpu.h).
+DeviceSpans* device_spans_for(const Device& device) noexcept;
+void device_boundary(DeviceSpans* spans, std::string_view name, Args args) noexcept;
+}  // namespace detail
+inline constexpr size_t kMaxNameBytes = 70;  // longer names are cut
+
+// ts 0 means now. `category` must be a static string ("train", "ddp", ...).
+void begin(std::string_view name, const char* category, Args args = {}, int64_t ts = 0,
+           Track track = 0) noexcept;
+void end(int64_t ts = 0, Track track = 0) noexcept;
+void complete(std::string_view name, const char* category, int64_t ts, int64_t duration_ns,
+              Args args = {}, Track track = 0) noexcept;
+void complete(std::string_view name, const char* category, int64_t ts, int64_t duration_ns,
+              const std::vector<Arg>& args, Track track) noexcept;
+void instant(std::string_view name, const char* category, Args args = {}, int64_t ts = 0,
+             Track track = 0) noexcept;
+
+enum class FlowStep : char { start = 's', step = 't', finish = 'f' };
+// One step of the arrow `id` (new_flow_id()); it binds to the slice open on
+// `track` at `ts`.
+void flow(FlowStep step, uint64_t id, int64_t ts = 0, Track track = 0) noexcept;
+uint64_t new_flow_id() noexcept;
+
+// A track that is no thread ("nccl stream (comm 0)"): the same id for the same name.
+Track stream_track(std::string_view name);
+// Names the calling thread's track ("main" for the process's first thread,
+// "thread <tid>" until named). With replace false, only an unnamed track is named.
+void name_thread(std::string_view name, bool replace = true);
+
+// Begins a span now and ends it at scope exit (on the thread that made it).
+class Span {
+ public:
+  explicit Span(std::string_view name, const char* category = "ddp", Args args = {}) noexcept {
+    if (enabled()) {
+      begin(name, category, args);
+      open_ = true;
+    }
+  }
+  ~Span() {
+    if (open_) end();
+  }
+  Span(const Span&) = delete;
+  Span& operator=(const Span&) = delete;
+
+ private:
+  bool open_ = false;
+};
+
+// Consecutive spans on this thread, as the phases of a step: next() ends the
+// current one and begins the next at the same moment; the last one ends with
+// close() or the object. Given a CUDA device, the phases are also timed on the
+// device (Note [device spans] in runtime/trace_gpu.h).
+class Phases {
+ public:
+  explicit Phases(const char* category) noexcept : category_(category) {}
+  Phases(const char* category, const Device& device) noexcept : category_(category) {
+    if (enabled() && device.is_cuda()) device_ = detail::device_spans_for(device);
+  }
+  ~Phases() { close(); }
+  Phases(const Phases&) = delete;
+  Phases& operator=(const Phases&) = delete;
+  void next(std::string_view name, Args args = {}) noexcept {
+    if (!open_ && !enabled()) return;
+    const int64_t ts = now_ns();
+    if (open_) end(ts);
+    open_ = enabled();
+    if (open_) begin(name, category_, args, ts);
+    if (device_ != nullptr) detail::device_boundary(device_, open_ ? name : "", args);
+  }
+  void close() noexcept {
+    if (!open_) return;
+    end();
+    open_ = false;
+    if (device_ != nullptr) detail::device_boundary(device_, "", {});
+  }
+
+ private:
+  const char* category_;
+  bool open_ = false;
+  DeviceSpans* device_ = nullptr;
+};
+
+// Who this process is, for the file's name and the merge (set by the process
+// group's bootstrap; rank 0 of 1 until then).
+struct RankInfo {
+  int rank = 0;
+  int world_size = 1;
+  std::string run_id;    // the same on every rank of one run
+  int restart = 0;       // ddprun's restart count
+  std::string launcher;  // ddprun|mpirun|...
+  std::string backend;
+};
+void set_rank_info(const RankInfo& info);
+RankInfo rank_info();
+
+// reference clock = local clock + offset_ns, measured around local_ns, within
+// +-error_ns (Note [trace clocks] in runtime/trace_clock.h).
+struct ClockSample {
+  int64_t local_ns = 0;
+  int64_t offset_ns = 0;
+  int64_t error_ns = 0;
+  std::string reference;  // "ddprun store at host:port", "rank 0 (all_gather)"
+};
+void add_clock_sample(const ClockSample& sample);
+
+struct StartOptions {
+  std::string dir;               // where the file goes; created if missing
+  int64_t max_events = 1000000;  // per thread
+  bool handle_signals = true;    // write on SIGTERM, SIGINT, SIGHUP
+};
+// Starts recording afresh (what DDP_TRACE does at start-up); throws ValueError
+// when the directory cannot be created. stop() ends recording (the records stay).
+void start(const StartOptions& options);
+void stop();
+std::string directory();  // "" when never started
+
+// Writes DIR/rank_<R>.json now (atomically: a temporary file, then a rename) with
+// everything recorded so far; returns its path. Throws Error when it cannot.
+std::string write_file();
+
+// Everything recorded so far, spans paired per track (for the file and the tests).
+struct TraceEvent {
+  char phase = 'X';  // X (span), i (instant), s/t/f (flow steps)
+  Track track = 0;   // never 0 here: a thread's own track has its own id
+  int64_t ts = 0;
+  int64_t duration_ns = 0;  // X
+  uint64_t id = 0;          // s/t/f
+  std::string name;
+  std::string category;
+  std::vector<Arg> args;
+  bool unfinished = false;  // X: still open when taken
+};
+struct TrackInfo {
+  Track id = 0;
+  std::string name;
+  int64_t os_tid = 0;  // 0 for a stream track
+};
+struct Snapshot {
+  RankInfo rank;
+  std::vector<ClockSample> clock;
+  std::vector<TrackInfo> tracks;
+  std::vector<TraceEvent> events;
+  int64_t dropped = 0;
+  int64_t taken_ns = 0;
+  int64_t pid = 0;
+  std::string host;
+};
+Snapshot snapshot();
+
+}  // namespace ddp::trace

@@ -1,0 +1,64 @@
+// The per-rank trace file, DIR/rank_<R>.json (Note [timeline] in runtime/trace.h),
+// and the merge of a run's files into one Chrome trace, DIR/trace.json.
+//
+// Note [trace files]
+// A rank's file holds integers and strings only (so runtime/checkpoint/json.h
+// reads it back exactly): times are nanoseconds of the rank's steady clock, and
+// the clock samples say how to map them to the reference clock (Note [trace
+// clocks]). Format "ddp-trace", version 1:
+//   {"format": "ddp-trace", "version": 1, "rank": R, "world_size": W,
+//    "run_id": "...", "restart": K, "launcher": "ddprun", "backend": "shm",
+//    "pid": P, "host": "...", "taken_ns": T, "dropped": N,
+//    "clock": [{"local_ns": .., "offset_ns": .., "error_ns": .., "reference": ".."}],
+//    "tracks": [{"id": 1, "name": "main", "os_tid": P}, ...],
+//    "events": [{"ph": "X", "track": 1, "ts": .., "dur": .., "name": "forward",
+//                "cat": "train", "args": {"step": 3}}, ...]}
+// ph: X (a span; "unfinished": 1 when it was still open), i (an instant),
+// s/t/f (flow steps, with "id").
+// The merged file is the Chrome trace event format (JSON object form) that
+// Perfetto and chrome://tracing open: a process per rank ("rank R"), a thread per
+// track, times in microseconds from the first event of the run, all ranks on
+// the reference clock.
+#pragma once
+
+#include "runtime/trace.h"
+
+#include <iosfwd>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ddp::trace {
+
+std::string rank_file_name(int rank);  // "rank_3.json"
+
+void write_rank_file(std::ostream& out, const Snapshot& s);
+// Throws ValueError naming `source` and what is wrong.
+Snapshot parse_rank_file(std::string_view text, const std::string& source);
+
+// The Chrome trace of these ranks (each rank's records mapped to the reference
+// clock, Note [trace clocks]).
+void write_chrome_trace(std::ostream& out, const std::vector<Snapshot>& ranks);
+
+struct MergeOptions {
+  std::string run_id;      // empty: the run of the newest file in DIR
+  int restart = -1;        // -1: that run's latest restart
+  int expected_ranks = 0;  // > 0: ranks 0..expected-1 should be there (missing ones are named)
+  std::string output;      // empty: DIR/trace.json
+};
+struct MergeReport {
+  std::string output;
+  std::string run_id;
+  int restart = 0;
+  std::vector<int> ranks;            // merged
+  std::vector<int> missing;          // expected, but no file
+  std::vector<std::string> skipped;  // files of other runs or restarts, or unreadable ones (why)
+  int64_t events = 0;
+};
+// Reads DIR/rank_*.json, keeps one run's files and writes the merge. Throws
+// ValueError when DIR holds none.
+MergeReport merge_trace_dir(const std::string& dir, const MergeOptions& options = {});
+// "merged 2 ranks (1234 events) into DIR/trace.json; ..." for the launcher.
+std::string describe(const MergeReport& report);
+
+}  // namespace ddp::trace

@@ -1,0 +1,264 @@
+// The merge of a run's rank files into one Chrome trace (Note [trace files]).
+#include "runtime/checkpoint/json.h"
+#include "runtime/error.h"
+#include "runtime/trace_clock.h"
+#include "runtime/trace_file.h"
+
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <ostream>
+#include <set>
+#include <sstream>
+
+namespace ddp::trace {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A rank's record time on the reference clock (Note [trace clocks]).
+int64_t aligned(const Snapshot& s, int64_t ts) {
+  return ts + offset_at(s.clock, ts);
+}
+
+// Nanoseconds as microseconds with 3 decimals, exactly (no rounding through a double).
+std::string micros(int64_t ns) {
+  const char* sign = ns < 0 ? "-" : "";
+  const uint64_t magnitude = ns < 0 ? -static_cast<uint64_t>(ns) : static_cast<uint64_t>(ns);
+  return fmt::format("{}{}.{:03}", sign, magnitude / 1000, magnitude % 1000);
+}
+
+void write_metadata(std::ostream& out, const Snapshot& s, const std::set<Track>& used) {
+  const int pid = s.rank.rank;
+  out << fmt::format(
+      "{{\"ph\": \"M\", \"pid\": {0}, \"tid\": 0, \"name\": \"process_name\", \"args\": "
+      "{{\"name\": \"rank {0}\"}}}},\n"
+      "{{\"ph\": \"M\", \"pid\": {0}, \"tid\": 0, \"name\": \"process_sort_index\", \"args\": "
+      "{{\"sort_index\": {0}}}}},\n",
+      pid);
+  const std::string labels = fmt::format("{} pid {}{}{}", s.host, s.pid,
+                                         s.rank.backend.empty() ? "" : ", ", s.rank.backend);
+  out << fmt::format(
+      "{{\"ph\": \"M\", \"pid\": {}, \"tid\": 0, \"name\": \"process_labels\", \"args\": "
+      "{{\"labels\": {}}}}},\n",
+      pid, json::quote(labels));
+  for (const TrackInfo& t : s.tracks) {
+    if (used.count(t.id) == 0) continue;
+    out << fmt::format(
+        "{{\"ph\": \"M\", \"pid\": {0}, \"tid\": {1}, \"name\": \"thread_name\", \"args\": "
+        "{{\"name\": {2}}}}},\n"
+        "{{\"ph\": \"M\", \"pid\": {0}, \"tid\": {1}, \"name\": \"thread_sort_index\", "
+        "\"args\": {{\"sort_index\": {1}}}}},\n",
+        pid, t.id, json::quote(t.name));
+  }
+}
+
+void write_event(std::ostream& out, const Snapshot& s, const TraceEvent& e, int64_t zero) {
+  const int pid = s.rank.rank;
+  out << fmt::format("{{\"ph\": \"{}\", \"pid\": {}, \"tid\": {}, \"ts\": {}", e.phase, pid,
+                     e.track, micros(aligned(s, e.ts) - zero));
+  // Both ends mapped: a span that ends where the next begins still does once
+  // the offset is interpolated between samples.
+  if (e.phase == 'X')
+    out << ", \"dur\": " << micros(aligned(s, e.ts + e.duration_ns) - aligned(s, e.ts));
+  if (e.phase == 'i') out << ", \"s\": \"t\"";
+  if (e.phase == 's' || e.phase == 't' || e.phase == 'f') {
+    // Flow ids are per rank in the files; rank R's become R * 2^32 + id here.
+    out << ", \"id\": " << ((static_cast<uint64_t>(pid) << 32) | (e.id & 0xffffffffu));
+    if (e.phase == 'f') out << ", \"bp\": \"e\"";
+  }
+  out << ", \"name\": " << json::quote(e.name) << ", \"cat\": " << json::quote(e.category);
+  if (!e.args.empty() || e.unfinished) {
+    out << ", \"args\": {";
+    const char* separator = "";
+    for (const Arg& a : e.args) {
+      out << separator << json::quote(a.key) << ": " << a.value;
+      separator = ", ";
+    }
+    if (e.unfinished) out << separator << "\"unfinished\": 1";
+    out << "}";
+  }
+  out << "}";
+}
+
+void write_other_data(std::ostream& out, const std::vector<Snapshot>& ranks, int64_t zero) {
+  out << "\"otherData\": {\"generator\": \"ddp trace merge\", \"run_id\": "
+      << json::quote(ranks.empty() ? "" : ranks.front().rank.run_id)
+      << ", \"zero_ns\": " << json::quote(std::to_string(zero)) << ", \"clocks\": {";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const Snapshot& s = ranks[i];
+    std::string text = "no clock sample: the rank's own clock as it is";
+    if (!s.clock.empty()) {
+      int64_t worst = 0;
+      for (const ClockSample& c : s.clock) worst = std::max(worst, c.error_ns);
+      text = fmt::format("offset {} ns to {} (+-{} ns, {} sample(s))", s.clock.front().offset_ns,
+                         s.clock.front().reference, worst, s.clock.size());
+    }
+    out << (i == 0 ? "" : ", ") << json::quote(fmt::format("rank {}", s.rank.rank)) << ": "
+        << json::quote(text);
+  }
+  out << "}},\n";
+}
+
+}  // namespace
+
+void write_chrome_trace(std::ostream& out, const std::vector<Snapshot>& ranks) {
+  int64_t zero = std::numeric_limits<int64_t>::max();
+  for (const Snapshot& s : ranks) {
+    for (const TraceEvent& e : s.events) zero = std::min(zero, aligned(s, e.ts));
+  }
+  if (zero == std::numeric_limits<int64_t>::max()) zero = 0;
+  out << "{\"displayTimeUnit\": \"ms\",\n";
+  write_other_data(out, ranks, zero);
+  out << "\"traceEvents\": [\n";
+  const char* separator = "";
+  for (const Snapshot& s : ranks) {
+    std::set<Track> used;
+    for (const TraceEvent& e : s.events) used.insert(e.track);
+    std::ostringstream meta;
+    write_metadata(meta, s, used);
+    std::string text = meta.str();
+    text.resize(text.size() - 2);  // the last ",\n"
+    out << separator << text;
+    separator = ",\n";
+    for (const TraceEvent& e : s.events) {
+      out << separator;
+      write_event(out, s, e, zero);
+    }
+  }
+  out << "\n]}\n";
+}
+
+namespace {
+
+bool is_rank_file(const fs::path& p) {
+  const std::string name = p.filename().string();
+  if (!name.starts_with("rank_") || !name.ends_with(".json")) return false;
+  const std::string digits = name.substr(5, name.size() - 10);
+  return !digits.empty() && std::all_of(digits.begin(), digits.end(), ::isdigit);
+}
+
+struct Found {
+  std::string path;
+  fs::file_time_type mtime;
+  Snapshot trace;
+};
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  DDP_CHECK(in.good(), "{}: cannot read", path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+namespace {
+
+// Every readable rank file of DIR; the unreadable ones go to report.skipped.
+std::vector<Found> read_rank_files(const std::string& dir, MergeReport& report) {
+  std::error_code ec;
+  DDP_CHECK(fs::is_directory(dir, ec),
+            "trace directory '{}' does not exist; pass the DIR given to --trace or DDP_TRACE", dir);
+  std::vector<Found> found;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (!entry.is_regular_file() || !is_rank_file(entry.path())) continue;
+    const std::string path = entry.path().string();
+    try {
+      found.push_back({path, entry.last_write_time(), parse_rank_file(read_all(path), path)});
+    } catch (const Error& e) {
+      report.skipped.push_back(e.what());
+    }
+  }
+  DDP_CHECK(!found.empty(),
+            "{} holds no readable rank trace (rank_<R>.json){}; run the program with DDP_TRACE={} "
+            "or ddprun --trace {}",
+            dir, report.skipped.empty() ? "" : fmt::format(": {}", fmt::join(report.skipped, "; ")),
+            dir, dir);
+  return found;
+}
+
+// The files of one run and restart (report.run_id, report.restart: chosen here
+// when the options leave them open), sorted by rank; the others are skipped.
+std::vector<Snapshot> select_run(std::vector<Found>& found, const MergeOptions& options,
+                                 MergeReport& report) {
+  report.run_id = options.run_id;
+  if (report.run_id.empty()) {
+    const auto newest = std::max_element(found.begin(), found.end(),
+                                         [](auto& a, auto& b) { return a.mtime < b.mtime; });
+    report.run_id = newest->trace.rank.run_id;
+  }
+  report.restart = options.restart;
+  for (const Found& f : found) {
+    if (f.trace.rank.run_id == report.run_id && options.restart < 0)
+      report.restart = std::max(report.restart, f.trace.rank.restart);
+  }
+  std::vector<Snapshot> ranks;
+  for (Found& f : found) {
+    if (f.trace.rank.run_id != report.run_id || f.trace.rank.restart != report.restart) {
+      report.skipped.push_back(fmt::format("{}: of run '{}' restart {}, not run '{}' restart {}",
+                                           f.path, f.trace.rank.run_id, f.trace.rank.restart,
+                                           report.run_id, report.restart));
+      continue;
+    }
+    ranks.push_back(std::move(f.trace));
+  }
+  std::sort(ranks.begin(), ranks.end(),
+            [](const Snapshot& a, const Snapshot& b) { return a.rank.rank < b.rank.rank; });
+  return ranks;
+}
+
+void write_atomically(const std::string& path, const std::vector<Snapshot>& ranks) {
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    DDP_CHECK(out.good(), "cannot write {}", temporary);
+    write_chrome_trace(out, ranks);
+    out.flush();
+    DDP_CHECK(out.good(), "cannot write {}", temporary);
+  }
+  std::error_code ec;
+  fs::rename(temporary, path, ec);
+  DDP_CHECK(!ec, "cannot rename {} to {}: {}", temporary, path, ec.message());
+}
+
+}  // namespace
+
+MergeReport merge_trace_dir(const std::string& dir, const MergeOptions& options) {
+  MergeReport report;
+  std::vector<Found> found = read_rank_files(dir, report);
+  const std::vector<Snapshot> ranks = select_run(found, options, report);
+  DDP_CHECK(!ranks.empty(), "{} holds no rank trace of run '{}' restart {}", dir, report.run_id,
+            report.restart);
+  const int expected =
+      options.expected_ranks > 0 ? options.expected_ranks : ranks.front().rank.world_size;
+  for (int r = 0; r < expected; ++r) {
+    const bool have = std::any_of(ranks.begin(), ranks.end(),
+                                  [r](const Snapshot& s) { return s.rank.rank == r; });
+    if (!have) report.missing.push_back(r);
+  }
+  for (const Snapshot& s : ranks) {
+    report.ranks.push_back(s.rank.rank);
+    report.events += static_cast<int64_t>(s.events.size());
+  }
+  report.output = options.output.empty() ? (fs::path(dir) / "trace.json").string() : options.output;
+  write_atomically(report.output, ranks);
+  return report;
+}
+
+std::string describe(const MergeReport& report) {
+  std::string text = fmt::format("merged {} rank(s) ({} events) into {}", report.ranks.size(),
+                                 report.events, report.output);
+  if (!report.missing.empty()) {
+    text += fmt::format("; no trace from rank(s) {} (killed before they could write one?)",
+                        fmt::join(report.missing, ","));
+  }
+  return text;
+}
+
+}  // namespace ddp::trace
