@@ -16,6 +16,7 @@
 // times the sum of the averages.
 #include "collectives/ddp/distributed_data_parallel.h"
 #include "collectives/ddp/join.h"
+#include "collectives/ddp/reducer.h"
 #include "runtime/autograd/autograd.h"
 #include "runtime/autograd/functions.h"
 #include "runtime/ops/ops.h"
@@ -310,7 +311,7 @@ class NoParameters : public nn::Module {
 // Misuse, on one rank (the local communicator): a synchronized forward after
 // joining, finish() twice, a second Join on the same model, a Join created
 // during a backward, on a model without trainable parameters, and finished
-// after its model was destroyed; a disabled Join.
+// after its model was destroyed; shadowing during a backward; a disabled Join.
 TEST(DdpJoin, MisuseIsNamed) {
   const auto results = spawn_ranks(1, [](int rank, int world) {
     auto comm = make_backend("local", rank, world, {});
@@ -356,6 +357,20 @@ TEST(DdpJoin, MisuseIsNamed) {
       gone.reset();
       expect_error([&] { orphan.shadow_step(); }, "was destroyed before");
       expect_error([&] { orphan.finish(); }, "was destroyed before");
+    }
+    {
+      // The reducer's side of shadow_step() while this rank's own backward is
+      // unfinished (a Join reaches it only while other ranks train): the rank named.
+      auto fresh = std::make_shared<ClosedForm>(false);
+      auto reducer =
+          std::make_shared<Reducer>(std::vector<Tensor>{fresh->param("a"), fresh->param("b")},
+                                    std::vector<std::string>{"a", "b"}, comm, ReducerOptions{});
+      reducer->install_hooks();
+      reducer->prepare(true);
+      ddp::backward(functional::sum((*fresh)(x)));
+      expect_error([&] { reducer->shadow(1.0); },
+                   "Join: rank 0 shadowed a step while its own backward is unfinished");
+      reducer->finish();
     }
     JoinOptions off;
     off.enable = false;
