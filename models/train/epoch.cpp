@@ -52,11 +52,12 @@ struct PhaseTotals {
   double data = 0, forward = 0, backward = 0, exposed = 0, optimizer = 0, comm = 0;
 };
 
-// A step's timing: its trace span and phases, its clock, the epoch's totals.
+// A step's timing: its trace span ("step", with `span_args`; Note [timeline]) and
+// phases, its clock, the epoch's totals.
 struct StepTiming {
-  StepTiming(const Run& r, int64_t step, PhaseTotals& totals, bool shadow)
+  StepTiming(const Run& r, PhaseTotals& totals, trace::Args span_args)
       : clock(r.device, r.o.sync_timing),
-        span("step", "train", {{"step", step}, {"shadow", shadow ? 1 : 0}}),  // Note [timeline]
+        span("step", "train", span_args),
         phase("train", r.device),
         t(totals) {}
   PhaseClock clock;
@@ -112,7 +113,7 @@ void update(Run& r, int64_t step, int64_t epoch, const Tensor& step_loss, StepTi
 int64_t train_step(Run& r, Tensor& step_loss, Tensor& last_loss, PhaseTotals& t, int64_t epoch) {
   const int64_t k = r.o.grad_accum;
   const int64_t step = r.step + 1;
-  StepTiming timing(r, step, t, /*shadow=*/false);
+  StepTiming timing(r, t, {{"step", step}});
   r.optimizer->zero_grad(/*set_to_none=*/true);  // backward then hands .grad its fresh tensors
   int64_t samples = 0;
   step_loss = Tensor();
@@ -151,7 +152,7 @@ int64_t train_step(Run& r, Tensor& step_loss, Tensor& last_loss, PhaseTotals& t,
 // and then updates with the average they made, as they do.
 void shadow_step(Run& r, Tensor& step_loss, Tensor& last_loss, PhaseTotals& t, int64_t epoch) {
   const int64_t step = r.step + 1;
-  StepTiming timing(r, step, t, /*shadow=*/true);
+  StepTiming timing(r, t, {{"step", step}, {"shadow", 1}});
   r.optimizer->zero_grad(/*set_to_none=*/true);
   timing.phase.next("join shadow");  // out of data: the others' gradient sync, with zeros
   const bool shadowed = r.join->shadow_step();
