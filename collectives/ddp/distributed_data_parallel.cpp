@@ -93,7 +93,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
-  if (join_ != nullptr) join_->ddp_ = nullptr;  // a Join that outlives the model does nothing
+  if (join_ != nullptr) join_->model_destroyed();  // its finish() is then a ValueError
 }
 
 void DistributedDataParallel::check_devices() const {
@@ -171,7 +171,8 @@ void DistributedDataParallel::backward(const Tensor& loss) {
 }
 
 void DistributedDataParallel::finish_backward() {
-  reducer_->finish(join_ != nullptr ? join_->grad_scale() : 1.0);
+  // The scale is asked for once every bucket is launched (Reducer::finish).
+  reducer_->finish([this] { return join_ != nullptr ? join_->grad_scale() : 1.0; });
 }
 
 void DistributedDataParallel::register_comm_hook(CommHookFn hook) {

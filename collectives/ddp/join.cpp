@@ -56,6 +56,18 @@ Join::Join(DistributedDataParallel& ddp, JoinOptions options)
   DDP_CHECK(ddp.join_ == nullptr,
             "Join: this DistributedDataParallel already has a Join attached; finish it (or let "
             "it go out of scope) before creating another");
+  DDP_CHECK(!ddp.reducer_->in_backward(),
+            "Join: created on rank {} during a synchronized backward (gradients have arrived "
+            "but finish_backward() has not run); create the Join before the step's forward or "
+            "after ddp.finish_backward()",
+            comm_->rank());
+  // The count goes with bucket 0 (or a forward with buffers): a model without
+  // buckets would never issue it, and a joined rank would wait for it forever.
+  DDP_CHECK(!ddp.buckets().empty(),
+            "Join: rank {}'s model has no parameter that requires a gradient, so its backwards "
+            "all-reduce nothing and carry no Join count; uneven inputs need no Join there (or "
+            "make some parameter trainable)",
+            comm_->rank());
   ddp.join_ = this;
   ddp_ = &ddp;
   ddp.reducer_->set_before_first_bucket([this] { before_first_bucket(); });
@@ -71,6 +83,19 @@ Join::~Join() {
         comm_->rank());
   }
   detach();
+}
+
+void Join::model_destroyed() {
+  ddp_ = nullptr;
+  model_destroyed_ = true;
+}
+
+void Join::check_model_alive(const char* what) const {
+  DDP_CHECK(!model_destroyed_,
+            "Join::{} on rank {}: its DistributedDataParallel was destroyed before, so this "
+            "rank cannot shadow the others' steps and they would wait for it; keep the model "
+            "alive until finish() has returned on this rank",
+            what, comm_->rank());
 }
 
 void Join::detach() {
@@ -155,6 +180,7 @@ void Join::broadcast_buffers(int root) {
 
 bool Join::shadow_step() {
   DDP_CHECK(!finished_, "Join::shadow_step() on rank {} after finish()", comm_->rank());
+  check_model_alive("shadow_step()");
   if (ddp_ == nullptr || all_joined_) return false;
   if (!joined_) {
     joined_ = true;
@@ -194,6 +220,7 @@ void Join::finish() {
             "Join::finish() was called twice on rank {}; call it once, when this rank has run "
             "out of inputs",
             comm_->rank());
+  check_model_alive("finish()");
   if (ddp_ != nullptr) {
     while (shadow_step()) {
     }

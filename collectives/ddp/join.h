@@ -23,7 +23,11 @@
 //   Every rank calls finish() exactly once, the last ones when they run out too.
 // - A synchronized step's gradient is the sum over the ranks that still train
 //   divided by the world size (divide_by_initial_world_size, the default, as
-//   PyTorch), or by the number of ranks that still train.
+//   PyTorch), or by the number of ranks that still train: the comm hook's result
+//   is then scaled by W / n, whatever the hook. The built-in hooks return the
+//   world mean (sum / W), and a custom hook must too for that scale to be right;
+//   PyTorch 1.13 instead applies its divisor only when no comm hook is
+//   registered, leaving it to a custom hook.
 // - Collectives the caller issues outside DDP (metrics, checks) are not shadowed:
 //   either give them to after_shadow_step, or call shadow_step() from the
 //   caller's own loop and issue them there too (as `train` does).
@@ -31,6 +35,9 @@
 //   the Join from the model, and when finish() was not called and no exception
 //   is unwinding it logs a warning -- the other ranks' next collective then
 //   waits for this rank and fails after the communicator's timeout.
+// - The model must outlive finish(): after the DistributedDataParallel is
+//   destroyed, finish() and shadow_step() are a ValueError (not a silent return,
+//   which would leave the other ranks waiting).
 // - Errors: a CommError of the count or a bucket propagates from forward,
 //   finish_backward, shadow_step or finish; misuse is a ValueError.
 #pragma once
@@ -65,8 +72,9 @@ struct JoinOptions {
 
 class Join {
  public:
-  // Attaches to `ddp` (one Join per model at a time; not during a backward).
-  // No collectives.
+  // Attaches to `ddp`: one Join per model at a time, not during a synchronized
+  // backward (before its finish_backward()), and not to a model without a
+  // parameter that requires a gradient (ValueErrors). No collectives.
   explicit Join(DistributedDataParallel& ddp, JoinOptions options = {});
   // Detaches; never communicates (see the contract above).
   ~Join();
@@ -74,7 +82,8 @@ class Join {
   Join& operator=(const Join&) = delete;
 
   // This rank has run out of inputs: shadows the others' steps until every rank
-  // has joined, then broadcasts the model from the last-joined rank and detaches.
+  // has joined, then broadcasts the model from the highest-ranked of the ranks
+  // that joined last (those with the most steps) and detaches.
   // Collective; once per rank.
   void finish();
   // One step of finish(): all-reduces the count (adding 0); when ranks still
@@ -87,7 +96,9 @@ class Join {
   bool finished() const { return finished_; }  // finish() returned
   int64_t shadowed_steps() const { return shadowed_; }
   // Ranks that still trained at the last count this rank read (the world size
-  // before any was read).
+  // before any was read). A rank that trains reads the counts only where it
+  // needs them (buffers: every forward), so without buffers its answer stays
+  // the world size until it joins.
   int active_ranks() const;
   // The rank whose model finish() broadcast (-1 before).
   int authoritative_rank() const { return authoritative_; }
@@ -106,8 +117,12 @@ class Join {
   void broadcast_buffers(int root);
   void sync_final_model();
   void detach();
+  // ~DistributedDataParallel: detaches; finish() and shadow_step() then throw.
+  void model_destroyed();
+  void check_model_alive(const char* what) const;
 
   DistributedDataParallel* ddp_;  // null once detached
+  bool model_destroyed_ = false;
   std::shared_ptr<Communicator> comm_;
   JoinOptions options_;
   // The last count this rank issued or read: slot r is 1 when rank r still trains.

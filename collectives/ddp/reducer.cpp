@@ -64,8 +64,12 @@ void Reducer::install_hooks() {
   }
 }
 
+bool Reducer::in_backward() const {
+  return next_launch_ > 0 || std::find(ready_.begin(), ready_.end(), 1) != ready_.end();
+}
+
 void Reducer::prepare(bool sync) {
-  DDP_CHECK(next_launch_ == 0 && std::find(ready_.begin(), ready_.end(), 1) == ready_.end(),
+  DDP_CHECK(!in_backward(),
             "DistributedDataParallel: forward() was called while the previous synchronized "
             "backward is unfinished; call ddp.finish_backward() after ddp::backward(loss) "
             "(or use ddp.backward(loss), which does both)");
@@ -189,31 +193,39 @@ void Reducer::abandon_buckets() {
   reset();
 }
 
-void Reducer::finish(double grad_scale) {
+void Reducer::finish(const std::function<double()>& grad_scale) {
   if (!sync_) return;
-  handle_unused();
+  handle_unused();  // may launch bucket 0, and with it a Join's count
   complete(grad_scale);
 }
 
 void Reducer::shadow(double grad_scale) {
-  DDP_CHECK(next_launch_ == 0 && std::find(ready_.begin(), ready_.end(), 1) == ready_.end(),
-            "Join: a rank shadowed a step while its own backward is unfinished; call "
-            "ddp.finish_backward() after ddp::backward(loss) before Join::shadow_step()/finish()");
+  DDP_CHECK(!in_backward(),
+            "Join: rank {} shadowed a step while its own backward is unfinished; call "
+            "ddp.finish_backward() after ddp::backward(loss) before Join::shadow_step()/finish()",
+            comm_->rank());
   sync_ = true;
   hook_comm_->clear();
   for (Tensor& flat : flats_) fill_(flat, 0.0);  // this rank adds nothing to the sum
-  std::fill(ready_.begin(), ready_.end(), 1);
-  std::fill(pending_.begin(), pending_.end(), 0);
+  // Every gradient arrives (as zero) as in a backward: the buckets become ready,
+  // and say so on the timeline (Note [timeline collectives]), before their launch.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    ready_[i] = 1;
+    count_ready(bucket_of_[i]);
+  }
   launch_ready_buckets();
-  complete(grad_scale);
+  complete([grad_scale] { return grad_scale; });
 }
 
-void Reducer::complete(double grad_scale) {
+void Reducer::complete(const std::function<double()>& grad_scale_of) {
   DDP_ASSERT(next_launch_ == plan_.size(), "{} of {} buckets launched", next_launch_, plan_.size());
   const auto start = std::chrono::steady_clock::now();
+  double grad_scale = 1.0;
   try {
     // In bucket order on every rank: a hook's continuation may issue collectives.
     for (size_t b = 0; b < plan_.size(); ++b) collect_bucket(b);
+    // A Join's count went with bucket 0: it is in by now.
+    if (grad_scale_of) grad_scale = grad_scale_of();
   } catch (...) {
     // The buckets may still be in the backend's hands (a timeout): keep them
     // alive, and leave the reducer ready for the next forward, whose

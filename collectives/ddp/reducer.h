@@ -41,12 +41,19 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // The hook of param i: its gradient for this backward is complete.
   void mark_ready(size_t i);
   // Launches what is left, waits, and gives every param its averaged .grad,
-  // multiplied by grad_scale (a Join dividing by the ranks that still train).
-  void finish(double grad_scale = 1.0);
+  // multiplied by grad_scale() (empty: 1). The scale is asked for once every
+  // bucket is launched: a Join dividing by the ranks that still train reads the
+  // count that goes with bucket 0, which an unused parameter (find_unused)
+  // may hold back until finish() launches it.
+  void finish(const std::function<double()>& grad_scale = {});
   // A joined rank's side of a synchronized backward (Note [join] in join.cpp):
-  // every bucket of the plan, zero, through the comm hook in bucket order; then
-  // as finish(grad_scale), the bucket rebuild included. Between backwards only.
+  // every gradient arrives as zero (a "bucket b ready" on the timeline, as in
+  // a backward), every bucket goes through the comm hook in bucket order; then
+  // as finish(), the bucket rebuild included. Between backwards only.
   void shadow(double grad_scale);
+  // A synchronized backward has begun (a gradient arrived or a bucket was
+  // launched) and finish() has not ended it.
+  bool in_backward() const;
   // Replaces the comm hook; between backwards only.
   void set_comm_hook(CommHookFn hook);
   // Bucket::params index the params given to the constructor.
@@ -69,7 +76,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void collect_bucket(size_t b);
   void handle_unused();
   // finish() once every bucket is launched: waits, scales, writes, rebuilds.
-  void complete(double grad_scale);
+  void complete(const std::function<double()>& grad_scale);
   // After a failed backward: moves the buckets and futures to the orphans,
   // fresh buckets, state reset.
   void abandon_buckets();

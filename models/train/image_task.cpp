@@ -35,15 +35,18 @@ class ImageTask : public Task {
         // true cuts the set's tail and each rank's short last batch, false neither
         // pads nor cuts (uneven shares). The test set is cut never, padded unless false.
         loader_(data_.train,
-                {.batch_size = o.batch_size, .device = device, .drop_last = o.drop_last == "true"},
+                {.batch_size = o.batch_size,
+                 .device = device,
+                 .drop_last = o.drop_last == DropLast::drop},
                 DistributedSampler(data_.train.size(), rank, world_size,
                                    {.shuffle = true,
                                     .seed = o.seed,
-                                    .drop_last = o.drop_last == "true",
-                                    .pad = o.drop_last != "false"})),
-        test_loader_(data_.test, {.batch_size = 1000, .device = device},
-                     DistributedSampler(data_.test.size(), rank, world_size,
-                                        {.shuffle = false, .pad = o.drop_last != "false"})) {
+                                    .drop_last = o.drop_last == DropLast::drop,
+                                    .pad = o.drop_last != DropLast::uneven})),
+        test_loader_(
+            data_.test, {.batch_size = 1000, .device = device},
+            DistributedSampler(data_.test.size(), rank, world_size,
+                               {.shuffle = false, .pad = o.drop_last != DropLast::uneven})) {
     const auto& in = data_.train.inputs.shape();
     config_.in_channels = in.size() == 4 ? in[1] : 1;
     config_.height = in.size() == 4 ? in[2] : in[1];
@@ -76,12 +79,8 @@ class ImageTask : public Task {
 
   int64_t num_batches() const override { return loader_.num_batches(); }
   int64_t num_batches_of(int rank) const override { return loader_.num_batches_of(rank); }
-  int64_t global_samples(int64_t first_batch, int64_t end_batch) const override {
-    int64_t n = 0;
-    for (int q = 0; q < loader_.sampler().world_size(); ++q) {
-      for (int64_t b = first_batch; b < end_batch; ++b) n += loader_.batch_rows_of(q, b);
-    }
-    return n;
+  int64_t batch_rows(int rank, int64_t batch) const override {
+    return loader_.batch_rows_of(rank, batch);
   }
   void start_epoch(int64_t epoch) override { loader_.start_epoch(epoch); }
   bool next(Batch& batch) override { return loader_.next(batch); }

@@ -108,11 +108,10 @@ class LanguageTask : public Task {
         corpus_(load_corpus(o, config_.context)),
         device_(device),
         train_("train", corpus_.train, config_.context, o.batch_size, rank, world_size,
-               {.shuffle = true, .seed = o.seed, .pad = o.drop_last != "false"}),
+               {.shuffle = true, .seed = o.seed, .pad = o.drop_last != DropLast::uneven}),
         validation_("validation", corpus_.validation, config_.context, o.batch_size, rank,
                     world_size, {.shuffle = true, .seed = kValidationSeed}),
-        eval_batches_(o.eval_batches),
-        world_size_(world_size) {
+        eval_batches_(o.eval_batches) {
     DDP_CHECK(config_.vocab >= 256,
               "--model {}: vocabulary {} is smaller than the 256 byte values of the text; use "
               "vocab=256 or more",
@@ -157,13 +156,7 @@ class LanguageTask : public Task {
 
   int64_t num_batches() const override { return train_.num_batches(); }
   int64_t num_batches_of(int rank) const override { return train_.num_batches_of(rank); }
-  int64_t global_samples(int64_t first_batch, int64_t end_batch) const override {
-    int64_t n = 0;
-    for (int q = 0; q < world_size_; ++q) {
-      for (int64_t b = first_batch; b < end_batch; ++b) n += train_.rows_of(q, b);
-    }
-    return n;
-  }
+  int64_t batch_rows(int rank, int64_t batch) const override { return train_.rows_of(rank, batch); }
   void start_epoch(int64_t epoch) override { train_.start_epoch(epoch); }
   bool next(Batch& batch) override { return train_.next(batch, device_); }
   Tensor loss(const Tensor& output, const Batch& batch) const override {
@@ -206,7 +199,6 @@ class LanguageTask : public Task {
   Device device_;
   WindowBatches train_, validation_;
   int64_t eval_batches_;
-  int world_size_;
   CorpusEntropy entropy_;
   std::shared_ptr<models::Gpt> model_;
 };

@@ -1,6 +1,6 @@
 // What `train` learns, behind one seam: a task owns the model, its data (the
 // batches of an epoch on this rank), the loss of a batch, the evaluation and the
-// optimizer that suits the model. The training loop (trainer.cpp) is the same
+// optimizer that suits the model. The training loop (epoch.cpp) is the same
 // for every task: steps, DDP, schedule, progress, metrics, checkpoints.
 //
 //   image classification  mlp | cnn on Fashion-MNIST or the synthetic set;
@@ -55,10 +55,10 @@ class Task {
   // Batches per epoch on this rank: the same on every rank, except under
   // --drop-last false (Note [uneven epochs] in uneven.h).
   virtual int64_t num_batches() const = 0;
-  // Rank r's batches per epoch, and the samples of every rank's batches first..end-1
-  // (sequences for a language model), known on every rank without communication.
+  // Rank r's batches per epoch, and the samples (sequences for a language model)
+  // of its batch b (0 past its last), known on every rank without communication.
   virtual int64_t num_batches_of(int rank) const = 0;
-  virtual int64_t global_samples(int64_t first_batch, int64_t end_batch) const = 0;
+  virtual int64_t batch_rows(int rank, int64_t batch) const = 0;
   virtual void start_epoch(int64_t epoch) = 0;
   // The next batch on the task's device; false when the epoch is over.
   virtual bool next(Batch& batch) = 0;

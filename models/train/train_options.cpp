@@ -14,6 +14,22 @@
 
 namespace ddp::train {
 
+const char* drop_last_name(DropLast d) {
+  switch (d) {
+    case DropLast::pad:
+      return "pad";
+    case DropLast::drop:
+      return "true";
+    case DropLast::uneven:
+      return "false";
+  }
+  return "?";
+}
+
+const char* join_divide_name(JoinDivide d) {
+  return d == JoinDivide::world ? "world" : "active";
+}
+
 const char* const kTrainUsage = R"(usage: train [options]
 
 Trains a model of the zoo on Fashion-MNIST (or synthetic data), or a GPT
@@ -191,12 +207,12 @@ const std::map<std::string, Setter>& setters() {
       {"--drop-last",
        [](auto& o, auto& v) {
          check_choice("--drop-last", v, {"pad", "true", "false"});
-         o.drop_last = v;
+         o.drop_last = v == "pad" ? DropLast::pad : v == "true" ? DropLast::drop : DropLast::uneven;
        }},
       {"--join-divide",
        [](auto& o, auto& v) {
          check_choice("--join-divide", v, {"world", "active"});
-         o.join_divide = v;
+         o.join_divide = v == "world" ? JoinDivide::world : JoinDivide::active;
        }},
       {"--device", [](auto& o, auto& v) { o.device = v; }},
       {"--save", [](auto& o, auto& v) { o.save = v; }},
@@ -248,10 +264,10 @@ void apply_model_defaults(TrainOptions& o) {
   const auto unset = [&](const char* flag) { return o.given.count(flag) == 0; };
   if (!models::is_gpt_model(o.model.name)) {
     if (unset("--eval-every")) o.eval_every = 0;
-    if (unset("--drop-last")) o.drop_last = "pad";
+    if (unset("--drop-last")) o.drop_last = DropLast::pad;
     return;
   }
-  if (unset("--drop-last")) o.drop_last = "true";
+  if (unset("--drop-last")) o.drop_last = DropLast::drop;
   if (unset("--data")) {
     const char* dir = std::getenv("DDP_BROWN_DIR");
     o.data = dir != nullptr && *dir != '\0' ? dir : kBrownCorpusDir;
@@ -292,14 +308,14 @@ void validate(const TrainOptions& o) {
   DDP_CHECK(!gpt || o.mode != "dp",
             "--mode dp runs the mlp and cnn only; train --model {} with ddprun (--mode ddp)",
             o.model.name);
-  DDP_CHECK(!gpt || o.drop_last != "pad",
+  DDP_CHECK(!gpt || o.drop_last != DropLast::pad,
             "--drop-last pad: the gpt models' windows are never padded (a repeated window "
             "would count twice); use --drop-last true (their default: the partial last batch "
             "is dropped) or false (uneven shares under a Join)");
-  DDP_CHECK(o.given.count("--join-divide") == 0 || o.drop_last == "false",
+  DDP_CHECK(o.given.count("--join-divide") == 0 || o.drop_last == DropLast::uneven,
             "--join-divide {} applies with --drop-last false (ranks with different step "
             "counts); this run has --drop-last {}",
-            o.join_divide, o.drop_last);
+            join_divide_name(o.join_divide), drop_last_name(o.drop_last));
   DDP_CHECK(!gpt || o.given.count("--hidden") == 0,
             "--hidden sets the mlp's layers; a gpt model's size is its spec, e.g. --model "
             "gpt:layers=4,d=128,heads=4,ctx=128");

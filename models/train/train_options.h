@@ -11,6 +11,14 @@
 
 namespace ddp::train {
 
+// --drop-last (Note [uneven epochs] in uneven.h): pad | true | false.
+enum class DropLast { pad, drop, uneven };
+// --join-divide: a step's gradient under a Join is the sum over the ranks that
+// still train divided by the world size or by their count.
+enum class JoinDivide { world, active };
+const char* drop_last_name(DropLast d);      // "pad", "true", "false": the flag's value
+const char* join_divide_name(JoinDivide d);  // "world", "active"
+
 struct TrainOptions {
   models::ModelConfig model;
   // mlp | cnn: Fashion-MNIST's folder; gpt: the Brown corpus's; or "synthetic".
@@ -46,10 +54,10 @@ struct TrainOptions {
   int64_t log_every = 0;  // steps between progress lines (0: a progress bar on a
                           // terminal, else one line per epoch)
   int64_t max_steps = 0;  // stop each epoch after this many steps (0: no limit)
-  // pad | true | false (Note [uneven epochs] in uneven.h); "" until the model's
-  // default: pad (mlp, cnn), true (gpt, whose windows are never padded).
-  std::string drop_last;
-  std::string join_divide = "world";  // --drop-last false: world | active
+  // Unless given, the model's default: pad (mlp, cnn), true (gpt, whose windows
+  // are never padded).
+  DropLast drop_last = DropLast::pad;
+  JoinDivide join_divide = JoinDivide::world;  // with --drop-last false only
   bool quiet = false;
   // Parallelism (docs/train.md): auto = ddp when WORLD_SIZE > 1, else single.
   std::string mode = "auto";  // auto | single | ddp | dp

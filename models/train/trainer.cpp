@@ -2,34 +2,16 @@
 
 #include "collectives/bootstrap.h"
 #include "collectives/collective_events.h"
-#include "collectives/data_parallel/data_parallel.h"
-#include "collectives/ddp/distributed_data_parallel.h"
-#include "collectives/ddp/join.h"
-#include "collectives/flight/flight_recorder.h"
 #include "collectives/trace_collectives.h"
-#include "models/train/checkpoint.h"
-#include "models/train/faults.h"
-#include "models/train/nonfinite.h"
-#include "models/train/progress.h"
-#include "models/train/run_log.h"
-#include "models/train/straggler_stats.h"
-#include "models/train/task.h"
+#include "models/train/run.h"
 #include "models/train/uneven.h"
-#include "runtime/autograd/functions.h"
-#include "runtime/logging.h"
 #include "runtime/ops/ops.h"
-#include "runtime/stream.h"
-#include "runtime/trace.h"
 
-#include <signal.h>
-#include <unistd.h>
+#include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <limits>
 #include <optional>
-#include <thread>
 
 namespace ddp::train {
 namespace {
@@ -38,326 +20,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-struct Run {
-  const TrainOptions& o;
-  std::ostream& out;
-  Device device;
-  std::unique_ptr<Task> task{};
-  std::shared_ptr<nn::Module> model{};
-  std::unique_ptr<optim::Optimizer> optimizer{};
-  optim::LrSchedule schedule{};
-  int64_t first_epoch = 0;
-  // World size > 1 only (launched by ddprun, mpirun, srun): the process group and
-  // the model wrapped in DistributedDataParallel.
-  ProcessGroup* pg = nullptr;
-  std::unique_ptr<DistributedDataParallel> ddp{};
-  int world_size = 1;
-  std::string mode = "single";  // single | ddp | dp
-  // --mode dp: the model wrapped in DataParallel over --devices (device = devices[0]).
-  std::unique_ptr<DataParallel> dp{};
-  // Where the run stands (Note [resume mid-epoch] in checkpoint.cpp).
-  int64_t step = 0;          // training steps of the whole run, skipped ones included
-  CheckpointInfo resumed{};  // epoch, epoch_step and epoch_loss_sum to start from
-  bool did_resume = false;
-  std::unique_ptr<MetricsLog> metrics{};
-  std::unique_ptr<LossLog> loss_log{};
-  std::unique_ptr<NonfiniteCheck> nonfinite{};
-  TestFaults faults{};
-  // --clip-grad-norm: the last update's gradient norm before clipping (NaN: none yet).
-  double grad_norm = std::numeric_limits<double>::quiet_NaN();
-  // --drop-last false with uneven step counts: the epoch's Join (Note [uneven epochs]).
-  std::unique_ptr<Join> join{};
-};
-
-// Times the phases of a step; on CUDA a lap synchronizes the device first when
-// sync_timing is set (else it measures the host's launch time).
-class PhaseClock {
- public:
-  PhaseClock(const Device& device, bool sync) : device_(device), sync_(sync && device.is_cuda()) {}
-  double lap() {
-    if (sync_) synchronize(device_);
-    const auto now = Clock::now();
-    const double s = std::chrono::duration<double>(now - last_).count();
-    last_ = now;
-    return s;
-  }
-
- private:
-  Device device_;
-  bool sync_;
-  Clock::time_point last_ = Clock::now();
-};
-
-struct PhaseTotals {
-  double data = 0, forward = 0, backward = 0, exposed = 0, optimizer = 0, comm = 0;
-};
-
-// One training step: o.grad_accum micro-batches (under DDP all but the last run
-// under no_sync()), each loss scaled by 1 / grad_accum so the gradient is the
-// mean over the step's samples; then the non-finite check and the optimizer's
-// update, unless the check skips it. Returns the samples this rank used (0: the
-// loader ran out). `step_loss` gets the step's loss (the sum of its micro-batches').
-// shadow: this rank is out of data (Note [uneven epochs] in uneven.h): it shadows
-// the step of the ranks that train, then updates with their average (0 samples).
-int64_t train_step(Run& r, Tensor& step_loss, Tensor& last_loss, PhaseTotals& t, int64_t epoch,
-                   bool shadow) {
-  const int64_t k = r.o.grad_accum;
-  const int64_t step = r.step + 1;
-  PhaseClock clock(r.device, r.o.sync_timing);
-  const trace::Span step_span("step", "train", {{"step", step}});  // Note [timeline]
-  trace::Phases phase("train", r.device);
-  r.optimizer->zero_grad(/*set_to_none=*/true);  // backward then hands .grad its fresh tensors
-  int64_t samples = 0;
-  step_loss = Tensor();
-  Batch batch;
-  for (int64_t m = 0; m < k && !shadow; ++m) {
-    phase.next("data wait");
-    if (!r.task->next(batch)) return 0;
-    t.data += clock.lap();
-    phase.next("forward", {{"micro_batch", m}});
-    const bool sync = m + 1 == k;
-    Tensor logits;
-    if (r.ddp) {
-      std::optional<DistributedDataParallel::NoSyncGuard> no_sync;
-      if (!sync) no_sync.emplace(*r.ddp);
-      logits = r.ddp->forward(batch.inputs);
-    } else if (r.dp) {
-      logits = r.dp->forward(batch.inputs);  // replicate, scatter, parallel apply, gather
-    } else {
-      logits = (*r.model)(batch.inputs);
-    }
-    if (r.faults.slow_ms > 0)
-      std::this_thread::sleep_for(std::chrono::milliseconds(r.faults.slow_ms));
-    Tensor loss = r.task->loss(logits, batch);
-    if (k > 1) loss = functional::scale(loss, 1.0f / static_cast<float>(k));
-    if (sync && step == r.faults.nan_step) {
-      loss = functional::scale(loss, std::numeric_limits<float>::quiet_NaN());
-    }
-    t.forward += clock.lap();
-    phase.next("backward", {{"micro_batch", m}});
-    backward(loss);
-    t.backward += clock.lap();
-    if (r.ddp && sync) {
-      phase.next("grad sync (exposed)");
-      r.ddp->finish_backward();  // every .grad now holds the average over ranks
-      t.exposed += clock.lap();
-      t.comm += r.ddp->comm_stats().comm_s;
-    }
-    {
-      NoGradGuard no_grad;
-      const Tensor unscaled = k > 1 ? scale(loss, static_cast<float>(k)) : loss;
-      step_loss = step_loss.defined() ? add(step_loss, unscaled) : unscaled;
-    }
-    last_loss = loss;
-    samples += batch.labels.size(0);
-  }
-  if (shadow) {
-    phase.next("join shadow");  // out of data: the others' gradient sync, with zeros
-    const bool shadowed = r.join->shadow_step();
-    DDP_ASSERT(shadowed, "step {}: no rank trains, yet rank 0 has data", step);
-    t.exposed += clock.lap();
-    t.comm += r.ddp->comm_stats().comm_s;
-    step_loss = zeros({}, {.device = r.device});  // finite: the check counts others' losses
-    if (!last_loss.defined()) last_loss = step_loss;
-  }
-  phase.next("optimizer");
-  if (!r.nonfinite->after_backward(step, epoch + 1, step_loss, r.model->parameters())) {
-    // After DDP's all_reduce has been waited for: every rank clips the same
-    // averaged gradients by the same norm.
-    if (r.o.clip_grad_norm > 0) {
-      r.grad_norm = optim::clip_grad_norm_(r.model->parameters(), r.o.clip_grad_norm);
-    }
-    r.optimizer->set_lr(r.schedule.lr_at(r.optimizer->steps()));
-    r.optimizer->step();
-  }
-  t.optimizer += clock.lap();
-  return samples;
-}
-
-// Writes --save (rank 0; the others have no --save) for the run as it stands:
-// `completed` epochs done and `epoch_step` steps into the next one. Every rank
-// has checked the weights just before (NonfiniteCheck::check_weights).
-void save(Run& r, int64_t completed, int64_t epoch_step, const Tensor& loss_sum,
-          int64_t loss_count) {
-  if (r.o.save.empty()) return;
-  const trace::Span span("checkpoint", "train", {{"step", r.step}});
-  r.loss_log->flush();  // Note [rows cut back] in run_log.cpp
-  CheckpointInfo info{r.task->model_spec(),
-                      r.optimizer->name(),
-                      completed,
-                      r.step,
-                      r.o.seed,
-                      epoch_step,
-                      epoch_step > 0 ? loss_sum.item<float>() : 0.0f,
-                      epoch_step > 0 ? loss_count : 0,
-                      r.o.batch_size * r.o.grad_accum * r.world_size,
-                      r.nonfinite->skipped()};
-  std::vector<std::string> removed;
-  save_checkpoint(r.o.save, *r.model, *r.optimizer, info, &removed);
-  for (const auto& f : removed) {
-    if (!r.o.quiet) r.out << "removed " << f << ", left by a save that did not finish\n";
-  }
-}
-
-// Note [resume mid-epoch] in checkpoint.cpp: the steps a resumed checkpoint took in
-// this epoch are passed over, and their loss sum restored.
-int64_t resume_in_epoch(Run& r, int64_t epoch, Tensor& loss_sum, int64_t& loss_count) {
-  if (r.resumed.epoch != epoch || r.resumed.epoch_step == 0) return 0;
-  const int64_t step = r.resumed.epoch_step;
-  r.resumed.epoch_step = 0;  // once
-  fill_(loss_sum, static_cast<double>(r.resumed.epoch_loss_sum));
-  loss_count = r.resumed.epoch_loss_count;
-  Batch skipped;
-  // Under --drop-last false this rank may have fewer batches than the others took.
-  const int64_t taken = std::min(step * r.o.grad_accum, r.task->num_batches());
-  for (int64_t b = 0; b < taken; ++b) DDP_ASSERT(r.task->next(skipped), "batch {}", b);
-  return step;
-}
-
-// Where an epoch stands, for its metrics: at its end and at each evaluation
-// inside it (--eval-every).
-struct EpochState {
-  int64_t epoch = 0;  // 0-based
-  int64_t first_step = 0, step = 0;
-  Clock::time_point start = Clock::now();
-  double eval_s = 0;  // evaluations so far: left out of the training time
-  Tensor loss_sum;
-  int64_t micro_batches = 0, samples = 0, tokens = 0;  // samples and tokens: all ranks'
-  PhaseTotals t;
-  StragglerMeter straggler;  // started with the epoch
-};
-
-// The epoch's metrics so far, then the evaluation (excluded from the rates).
-EpochMetrics measure(Run& r, EpochState& e) {
-  synchronize(r.device);
-  const double train_s = seconds_since(e.start) - e.eval_s;
-  EpochMetrics m;
-  m.epoch = e.epoch + 1;
-  m.steps = e.step;
-  m.skipped_steps = r.nonfinite->skipped();
-  m.lr = r.optimizer->lr();
-  m.train_loss =
-      e.micro_batches == 0 ? 0.0 : e.loss_sum.item<float>() / static_cast<double>(e.micro_batches);
-  m.samples_per_s = static_cast<double>(e.samples) / train_s;
-  m.tokens_per_s = static_cast<double>(e.tokens) / train_s;
-  // The phases of the steps this process ran (after a resume, not those before it).
-  const int64_t ran = e.step - e.first_step;
-  m.step_ms = ran == 0 ? 0.0 : 1e3 * train_s / static_cast<double>(ran);
-  const double per_step = ran == 0 ? 0.0 : 1e3 / static_cast<double>(ran);
-  m.data_ms = e.t.data * per_step;
-  m.forward_ms = e.t.forward * per_step;
-  m.backward_ms = e.t.backward * per_step;
-  m.comm_exposed_ms = e.t.exposed * per_step;
-  m.optimizer_ms = e.t.optimizer * per_step;
-  m.comm_ms = e.t.comm * per_step;
-  if (r.pg != nullptr && r.world_size > 1) {
-    const StragglerStats s = e.straggler.measure(*r.pg->comm);
-    m.rank_compute_ms = s.compute_ms;
-    m.rank_wait_ms = s.wait_ms;
-    m.stragglers = s.stragglers;
-  }
-  const auto eval_start = Clock::now();
-  Evaluation ev;
-  {
-    const trace::Span span("evaluation", "train", {{"step", r.step}});
-    ev = r.task->evaluate(*r.model, r.pg ? r.pg->comm.get() : nullptr);
-  }
-  e.eval_s += seconds_since(eval_start);
-  m.test_acc = ev.accuracy;
-  m.language = r.task->is_language_model();
-  m.val_loss = ev.loss;
-  m.val_bpb = ev.loss / std::log(2.0);
-  m.grad_norm = r.grad_norm;
-  const CorpusEntropy entropy = r.task->corpus_entropy();
-  m.unigram_bits = entropy.unigram_bits;
-  m.bigram_bits = entropy.bigram_bits;
-  m.time_s = seconds_since(e.start);
-  return m;
-}
-
-void report(Run& r, const EpochMetrics& m, bool epoch_end);
-
-// After a training step that used `used` samples on this rank and `global` on all
-// ranks: the counts, the epoch's loss sum (a skipped or shadowed step's loss left
-// out) and the loss log. Returns the step's number in the epoch.
-int64_t count_step(Run& r, EpochState& e, int64_t used, int64_t global, int64_t skipped_before,
-                   const Tensor& step_loss, const Tensor& last_loss) {
-  const int64_t step = ++e.step;
-  ++r.step;
-  if (r.step == r.faults.nan_weight_step) {
-    NoGradGuard no_grad;
-    fill_(r.model->parameters().front(), std::numeric_limits<double>::quiet_NaN());
-  }
-  if (r.nonfinite->skipped() == skipped_before && used > 0) {
-    NoGradGuard no_grad;
-    axpy_(1.0f, step_loss, e.loss_sum);
-    e.micro_batches += r.o.grad_accum;
-  }
-  r.loss_log->step(e.epoch + 1, step, last_loss, r.o.grad_accum);
-  e.samples += global;
-  e.tokens += global * r.task->tokens_per_sample();
-  return step;
-}
-
-EpochMetrics train_epoch(Run& r, int64_t epoch) {
-  EpochState e;
-  e.epoch = epoch;
-  Progress progress(r.o, r.out, r.task->is_language_model() ? "tokens" : "samples");
-  r.task->start_epoch(epoch);
-  const EpochSteps plan = epoch_steps(*r.task, r.o, r.pg ? r.pg->env.rank : 0, r.world_size);
-  const int64_t steps = plan.steps;
-  if (plan.uneven && r.ddp) {
-    JoinOptions join_options;
-    join_options.divide_by_initial_world_size = r.o.join_divide == "world";
-    r.join = std::make_unique<Join>(*r.ddp, join_options);
-  }
-  e.loss_sum = zeros({}, {.device = r.device});
-  Tensor step_loss, last_loss;
-  e.first_step = resume_in_epoch(r, epoch, e.loss_sum, e.micro_batches);
-  e.step = e.first_step;
-  e.straggler.start();
-  while (e.step < steps) {
-    const int64_t skipped_before = r.nonfinite->skipped();
-    const bool shadow = r.join != nullptr && e.step >= plan.mine;
-    const int64_t global =
-        r.task->global_samples(e.step * r.o.grad_accum, (e.step + 1) * r.o.grad_accum);
-    flight::mark_step_begin();  // Note [straggler report]
-    const int64_t used = train_step(r, step_loss, last_loss, e.t, epoch, shadow);
-    flight::mark_step_end();
-    if (used == 0 && !shadow) break;
-    const int64_t step = count_step(r, e, used, global, skipped_before, step_loss, last_loss);
-    if (r.o.log_every > 0 ? step % r.o.log_every == 0 : step % 10 == 0 || step == steps) {
-      const float shown = last_loss.item<float>() * static_cast<float>(r.o.grad_accum);
-      r.nonfinite->check();  // the device is read here anyway
-      const double rate = static_cast<double>(r.task->is_language_model() ? e.tokens : e.samples);
-      progress.step(epoch + 1, r.o.epochs, step, steps, shown,
-                    rate / (seconds_since(e.start) - e.eval_s));
-    }
-    if (r.o.eval_every > 0 && r.step % r.o.eval_every == 0 && step < steps) {
-      r.nonfinite->check();
-      report(r, measure(r, e), /*epoch_end=*/false);
-    }
-    if (r.o.save_every > 0 && r.step % r.o.save_every == 0 && step < steps) {
-      // On every rank (--save-every is kept where --save is not), so no checkpoint
-      // holds non-finite weights and every rank stops at the same step.
-      r.nonfinite->check();
-      r.nonfinite->check_weights(r.step, r.model->parameters());
-      save(r, epoch, step, e.loss_sum, e.micro_batches);
-    }
-    if (r.step == r.faults.kill_step) ::raise(SIGKILL);
-  }
-  if (r.join) {
-    r.join->finish();  // every rank is out of data: the last joiner's model everywhere
-    r.join.reset();
-  }
-  r.nonfinite->check();
-  // Before the epoch's checkpoint, and after the run's last step: a run without
-  // --save does not end with exit 0 and non-finite weights either.
-  r.nonfinite->check_weights(r.step, r.model->parameters());
-  r.loss_log->flush();
-  return measure(r, e);
 }
 
 }  // namespace
@@ -387,16 +49,6 @@ Device resolve_device(const std::string& text) {
 }
 
 namespace {
-
-// Metrics, checkpoint (epoch_end) and the report line (each only where the options
-// ask for it). The metrics row goes first, so the checkpoint never covers a row not
-// on disk (Note [rows cut back] in run_log.cpp).
-void report(Run& r, const EpochMetrics& m, bool epoch_end) {
-  const TrainOptions& o = r.o;
-  r.metrics->write(m, r.step, r.world_size, r.mode);
-  if (epoch_end) save(r, m.epoch, 0, Tensor(), 0);
-  if (!o.quiet) r.out << report_line(m, o, r.step, r.mode);
-}
 
 // The checkpoint to resume from: --resume PATH, or with --resume auto the --save
 // file when every rank sees one ("" when none does: a fresh start). Every rank
@@ -581,7 +233,8 @@ void check_output_paths(const TrainOptions& o) {
 // trains on its DistributedSampler shard with the model in DistributedDataParallel;
 // rank 0 alone prints, writes metrics and saves; samples_per_s counts all ranks and
 // test accuracy sums every rank's shard (the sampler pads the test set to a multiple
-// of the world size, so up to world_size - 1 samples count twice).
+// of the world size, so up to world_size - 1 samples count twice, except under
+// --drop-last false, whose uneven test shards count each sample once).
 //
 // --mode: auto is ddp when WORLD_SIZE > 1, else single; ddp alone (world size 1)
 // runs DistributedDataParallel over the local backend (its overhead, measurable);

@@ -24,7 +24,9 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int rank, int world
 
 int64_t DistributedSampler::num_samples_of(int rank) const {
   DDP_CHECK(rank >= 0 && rank < world_size_,
-            "DistributedSampler: rank {} is out of range for world_size {}", rank, world_size_);
+            "DistributedSampler::num_samples_of: rank {} is out of range for world_size {} "
+            "(valid ranks: 0 to {})",
+            rank, world_size_, world_size_ - 1);
   if (!uneven()) return num_samples_;
   // Positions rank, rank + W, ... below N.
   return dataset_size_ > rank ? (dataset_size_ - rank + world_size_ - 1) / world_size_ : 0;

@@ -12,7 +12,8 @@
 #      momentum 0, divide by the ranks that train (mpirun when given, else ddprun)
 #   C  A over 2 epochs: ours equals one process that applies each step's average to
 #      one model and optimizer (join_torch.py simulate); PyTorch's joined rank does
-#      not step its optimizer, so its momentum goes stale and it does not (printed).
+#      not step its optimizer, so its momentum goes stale and it does not (printed for
+#      the record only: that comparison never fails the test).
 # Skipped (77, reason printed) where /usr/bin/python3 (or $PYTHON) cannot import torch.
 # usage: join_torch.sh DDPRUN TRAIN MPIRUN|none
 set -uo pipefail
@@ -80,6 +81,7 @@ ours "$dir/a" "$dir/ours_c.st" "$ddprun" --standalone -n 2 -- --epochs 2 --momen
 echo "C, 2 epochs with momentum, ours against one process applying each step's average:"
 py compare "$dir/ours_c.st" "$dir/sim_c.st" --rtol $rtol || fail "C: ours and the simulation differ"
 py torch "$dir/a" "$dir/torch_c.st" "${c[@]}" >"$dir/torch_c.log" 2>&1 || fail "torch c"
-echo "C, PyTorch (its joined rank's momentum goes stale) against the same, for the record:"
+echo "C, PyTorch (its joined rank's momentum goes stale) against the same, for the record only"
+echo "  (informational: printed, never fails the test):"
 py compare "$dir/torch_c.st" "$dir/sim_c.st" --rtol $rtol --expect-differ | tail -1
 echo "join_torch: ok"

@@ -4,15 +4,19 @@
 // (Note [join] in join.cpp); joined ranks see the same average while they
 // shadow; at the end every rank holds the last joiner's model. Also gradient
 // accumulation under no_sync(), many buckets, the bucket rebuild with a rank
-// that joins before the first step, a comm hook, buffers, gloo, and misuse.
+// that joins before the first step, a comm hook, buffers, unused parameters,
+// gradient_as_bucket_view, gloo, and misuse.
 //
 // The model (Note [join closed form]): parameters a and b of 4 elements (b
 // registered first, so the plan holds two parameters); forward(x) = a * x +
 // 2 b * x with x of 4 elements, loss = sum, so rank r's gradient at step s is
-// a: x_r(s), b: 2 x_r(s), whatever the weights. With SGD without momentum the
-// final weights are the initial ones minus lr times the sum of the averages.
+// a: x_r(s), b: 2 x_r(s), whatever the weights. With find_unused, rank r leaves
+// a out (forward = 2 b * x, a's gradient 0) at the steps s where r + s is odd.
+// With SGD without momentum the final weights are the initial ones minus lr
+// times the sum of the averages.
 #include "collectives/ddp/distributed_data_parallel.h"
 #include "collectives/ddp/join.h"
+#include "collectives/ddp/reducer.h"
 #include "runtime/autograd/autograd.h"
 #include "runtime/autograd/functions.h"
 #include "runtime/ops/ops.h"
@@ -44,8 +48,10 @@ class ClosedForm : public nn::Module {
     if (with_buffer) register_buffer("tag", zeros({1}));
   }
   Tensor forward(const Tensor& x) override {
-    return functional::add(functional::mul(a_, x), functional::scale(functional::mul(b_, x), 2));
+    const Tensor twice_b = functional::scale(functional::mul(b_, x), 2);
+    return use_a ? functional::add(functional::mul(a_, x), twice_b) : twice_b;
   }
+  bool use_a = true;
   std::string name() const override { return "ClosedForm"; }
   Tensor param(const char* n) const { return own_parameter(n); }
   Tensor tag() const { return own_buffer("tag"); }
@@ -69,23 +75,37 @@ struct JoinCase {
   bool tiny_buckets = false;      // one bucket per parameter
   CommHook hook = CommHook::none;
   bool buffer = false;
+  bool find_unused = false;  // a unused where rank + step is odd
+  bool bucket_view = false;  // DdpOptions::gradient_as_bucket_view (as train)
   double rel_tol = kRelTol;
 };
 
-// The average of step s over the ranks that still train: a's part (b's is twice it).
-std::vector<double> expected_grad(const JoinCase& c, int world, int step) {
-  std::vector<double> g(kN, 0.0);
+bool uses_a(const JoinCase& c, int rank, int step) {
+  return !c.find_unused || (rank + step) % 2 == 0;
+}
+
+struct Grads {
+  std::vector<double> a, b;
+};
+
+// The average of step s over the ranks that still train.
+Grads expected_grad(const JoinCase& c, int world, int step) {
+  Grads g{std::vector<double>(kN, 0.0), std::vector<double>(kN, 0.0)};
   int active = 0;
   for (int q = 0; q < world; ++q) {
     if (c.steps[static_cast<size_t>(q)] <= step) continue;
     ++active;
     for (int m = 0; m < c.micro_batches; ++m) {
       const auto x = input(q, step, m);
-      for (int64_t i = 0; i < kN; ++i) g[i] += x[i];
+      for (int64_t i = 0; i < kN; ++i) {
+        if (uses_a(c, q, step)) g.a[i] += x[i];
+        g.b[i] += 2 * x[i];
+      }
     }
   }
   const double divisor = c.divide_by_world ? world : active;
-  for (double& v : g) v /= divisor;
+  for (double& v : g.a) v /= divisor;
+  for (double& v : g.b) v /= divisor;
   return g;
 }
 
@@ -103,18 +123,18 @@ void expect_near(const Tensor& got, const std::vector<double>& want, double tol,
 
 void check_grads(const JoinCase& c, const ClosedForm& model, int rank, int world, int step,
                  const char* when) {
-  std::vector<double> ga = expected_grad(c, world, step), gb = ga;
-  for (double& v : gb) v *= 2;
+  const Grads g = expected_grad(c, world, step);
   const std::string what = fmt::format("rank {} step {} ({})", rank, step, when);
-  expect_near(grad(model.param("a")), ga, c.rel_tol, what + ": .grad of a");
-  expect_near(grad(model.param("b")), gb, c.rel_tol, what + ": .grad of b");
+  expect_near(grad(model.param("a")), g.a, c.rel_tol, what + ": .grad of a");
+  expect_near(grad(model.param("b")), g.b, c.rel_tol, what + ": .grad of b");
 }
 
-void train_rank(const JoinCase& c, DistributedDataParallel& ddp, const ClosedForm& model,
-                optim::SGD& sgd, int rank) {
+void train_rank(const JoinCase& c, DistributedDataParallel& ddp, ClosedForm& model, optim::SGD& sgd,
+                int rank) {
   const int world = ddp.comm()->size();
   for (int s = 0; s < c.steps[static_cast<size_t>(rank)]; ++s) {
     sgd.zero_grad(true);
+    model.use_a = uses_a(c, rank, s);
     for (int m = 0; m < c.micro_batches; ++m) {
       if (c.buffer) {
         Tensor tag = model.tag();
@@ -149,6 +169,8 @@ int join_body(const JoinCase& c, int rank, int world) {
   DdpOptions options;
   options.comm_hook = c.hook;
   if (c.tiny_buckets) options.bucket_cap_mb = options.first_bucket_mb = 1e-6;
+  options.find_unused_parameters = c.find_unused;
+  options.gradient_as_bucket_view = c.bucket_view;
   DistributedDataParallel ddp(model, comm, options);
   optim::SGD sgd(model->parameters(), {.lr = kLr, .momentum = 0.0f});
   const auto a0 = model->param("a").to_vector<float>();
@@ -182,8 +204,8 @@ int join_body(const JoinCase& c, int rank, int world) {
   // Every rank holds the last joiner's weights: the initial ones minus lr x the averages.
   std::vector<double> a(a0.begin(), a0.end()), b(b0.begin(), b0.end());
   for (int s = 0; s < most; ++s) {
-    const auto g = expected_grad(c, world, s);
-    for (int64_t i = 0; i < kN; ++i) a[i] -= kLr * g[i], b[i] -= kLr * 2 * g[i];
+    const Grads g = expected_grad(c, world, s);
+    for (int64_t i = 0; i < kN; ++i) a[i] -= kLr * g.a[i], b[i] -= kLr * g.b[i];
   }
   expect_near(model->param("a"), a, c.rel_tol, fmt::format("rank {}: final a", rank));
   expect_near(model->param("b"), b, c.rel_tol, fmt::format("rank {}: final b", rank));
@@ -235,6 +257,24 @@ TEST(DdpJoin, CompressionHook) {
 TEST(DdpJoin, BuffersFromTheHighestTrainingRank) {
   run_join(3, {.steps = {4, 2, 3}, .buffer = true});
 }
+// A parameter without a gradient on some ranks (find_unused) holds bucket 0 (the
+// only one) back until finish_backward launches it, and with it the count: the
+// scale W / n must come from this step's count, on training and joined ranks.
+TEST(DdpJoin, FindUnusedDivideByActive) {
+  run_join(3, {.steps = {2, 5, 3}, .divide_by_world = false, .find_unused = true});
+}
+// As train runs it: every .grad a view into its bucket; joined ranks step too.
+TEST(DdpJoin, GradientAsBucketViewManyBuckets) {
+  run_join(
+      3, {.steps = {3, 1, 4}, .step_when_joined = true, .tiny_buckets = true, .bucket_view = true});
+}
+TEST(DdpJoin, GradientAsBucketViewFindUnusedAccumulation) {
+  run_join(2, {.steps = {4, 2},
+               .divide_by_world = false,
+               .micro_batches = 2,
+               .find_unused = true,
+               .bucket_view = true});
+}
 TEST(DdpJoinGloo, ThreeRanks) {
   run_join(3, {.backend = "gloo", .steps = {3, 1, 2}, .divide_by_world = false});
 }
@@ -261,8 +301,17 @@ TEST(DdpJoin, WithoutJoinUnevenStepsFail) {
   for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
 }
 
+// A model without trainable parameters: no bucket, so no count would ever go.
+class NoParameters : public nn::Module {
+ public:
+  Tensor forward(const Tensor& x) override { return x; }
+  std::string name() const override { return "NoParameters"; }
+};
+
 // Misuse, on one rank (the local communicator): a synchronized forward after
-// joining, finish() twice, a second Join on the same model; a disabled Join.
+// joining, finish() twice, a second Join on the same model, a Join created
+// during a backward, on a model without trainable parameters, and finished
+// after its model was destroyed; shadowing during a backward; a disabled Join.
 TEST(DdpJoin, MisuseIsNamed) {
   const auto results = spawn_ranks(1, [](int rank, int world) {
     auto comm = make_backend("local", rank, world, {});
@@ -293,7 +342,36 @@ TEST(DdpJoin, MisuseIsNamed) {
       require(join.finished() && join.authoritative_rank() == 0, "finish on one rank");
       expect_error([&] { join.finish(); }, "Join::finish() was called twice");
     }
-    ddp.backward(functional::sum(ddp(x)));  // detached: plain DDP again
+    ddp.backward(functional::sum(ddp(x)));   // detached: plain DDP again
+    ddp::backward(functional::sum(ddp(x)));  // its finish_backward() not yet called
+    expect_error([&] { Join during(ddp); }, "during a synchronized backward");
+    ddp.finish_backward();
+    {
+      DistributedDataParallel empty(std::make_shared<NoParameters>(), comm);
+      expect_error([&] { Join no_buckets(empty); }, "has no parameter that requires a gradient");
+    }
+    {
+      auto gone =
+          std::make_unique<DistributedDataParallel>(std::make_shared<ClosedForm>(false), comm);
+      Join orphan(*gone);
+      gone.reset();
+      expect_error([&] { orphan.shadow_step(); }, "was destroyed before");
+      expect_error([&] { orphan.finish(); }, "was destroyed before");
+    }
+    {
+      // The reducer's side of shadow_step() while this rank's own backward is
+      // unfinished (a Join reaches it only while other ranks train): the rank named.
+      auto fresh = std::make_shared<ClosedForm>(false);
+      auto reducer =
+          std::make_shared<Reducer>(std::vector<Tensor>{fresh->param("a"), fresh->param("b")},
+                                    std::vector<std::string>{"a", "b"}, comm, ReducerOptions{});
+      reducer->install_hooks();
+      reducer->prepare(true);
+      ddp::backward(functional::sum((*fresh)(x)));
+      expect_error([&] { reducer->shadow(1.0); },
+                   "Join: rank 0 shadowed a step while its own backward is unfinished");
+      reducer->finish();
+    }
     JoinOptions off;
     off.enable = false;
     Join disabled(ddp, off);

@@ -172,5 +172,17 @@ TEST(Sampler, InvalidRankOrWorldSize) {
   EXPECT_EQ(message(-5, 0, 1), "DistributedSampler: dataset_size must be >= 0, got -5");
 }
 
+TEST(Sampler, NumSamplesOfAnInvalidRankNamesTheRange) {
+  const DistributedSampler s(10, 0, 3, {.pad = false});
+  try {
+    s.num_samples_of(3);
+    ADD_FAILURE() << "no ValueError";
+  } catch (const ValueError& e) {
+    EXPECT_STREQ(e.what(),
+                 "DistributedSampler::num_samples_of: rank 3 is out of range for world_size 3 "
+                 "(valid ranks: 0 to 2)");
+  }
+}
+
 }  // namespace
 }  // namespace ddp

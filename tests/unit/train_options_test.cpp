@@ -64,11 +64,15 @@ TEST(TrainOptions, ExplicitFlagsBeatGptDefaults) {
 // for gpt (its windows are never padded, so pad is a usage error); --join-divide
 // only with --drop-last false.
 TEST(TrainOptions, DropLastDefaultsAndErrors) {
-  EXPECT_EQ(parse({}).drop_last, "pad");
-  EXPECT_EQ(parse({"--model", "gpt-tiny"}).drop_last, "true");
-  EXPECT_EQ(parse({"--drop-last", "false"}).join_divide, "world");
-  EXPECT_EQ(parse({"--drop-last", "false", "--join-divide", "active"}).join_divide, "active");
-  EXPECT_EQ(parse({"--model", "gpt-tiny", "--drop-last", "false"}).drop_last, "false");
+  EXPECT_EQ(parse({}).drop_last, DropLast::pad);
+  EXPECT_EQ(parse({"--model", "gpt-tiny"}).drop_last, DropLast::drop);
+  EXPECT_EQ(parse({"--drop-last", "true"}).drop_last, DropLast::drop);
+  EXPECT_EQ(parse({"--drop-last", "false"}).join_divide, JoinDivide::world);
+  EXPECT_EQ(parse({"--drop-last", "false", "--join-divide", "active"}).join_divide,
+            JoinDivide::active);
+  EXPECT_EQ(parse({"--model", "gpt-tiny", "--drop-last", "false"}).drop_last, DropLast::uneven);
+  EXPECT_STREQ(drop_last_name(DropLast::uneven), "false");
+  EXPECT_STREQ(join_divide_name(JoinDivide::active), "active");
   auto error = [](std::vector<const char*> args) {
     args.insert(args.begin(), "train");
     try {
@@ -84,7 +88,12 @@ TEST(TrainOptions, DropLastDefaultsAndErrors) {
             std::string::npos);
   EXPECT_NE(error({"--model", "gpt-tiny", "--drop-last", "pad"}).find("windows are never padded"),
             std::string::npos);
-  EXPECT_NE(error({"--join-divide", "active"}).find("applies with --drop-last false"),
+  EXPECT_NE(error({"--join-divide", "active"})
+                .find("--join-divide active applies with --drop-last false"),
+            std::string::npos);
+  EXPECT_NE(error({"--drop-last", "true", "--join-divide", "world"})
+                .find("--join-divide world applies with --drop-last false (ranks with different "
+                      "step counts); this run has --drop-last true"),
             std::string::npos);
 }
 

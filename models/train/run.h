@@ -1,0 +1,64 @@
+// Internal to `train`: the state of a run on one rank, shared by its setup
+// (trainer.cpp: data, model, DDP, resume, logs) and its epochs (epoch.cpp: the
+// steps, the metrics, the checkpoints).
+#pragma once
+
+#include "collectives/bootstrap.h"
+#include "collectives/data_parallel/data_parallel.h"
+#include "collectives/ddp/distributed_data_parallel.h"
+#include "collectives/ddp/join.h"
+#include "models/train/checkpoint.h"
+#include "models/train/faults.h"
+#include "models/train/nonfinite.h"
+#include "models/train/run_log.h"
+#include "models/train/task.h"
+#include "models/train/trainer.h"
+
+#include <limits>
+#include <memory>
+#include <ostream>
+#include <string>
+
+namespace ddp::train {
+
+struct Run {
+  const TrainOptions& o;
+  std::ostream& out;
+  Device device;
+  std::unique_ptr<Task> task{};
+  std::shared_ptr<nn::Module> model{};
+  std::unique_ptr<optim::Optimizer> optimizer{};
+  optim::LrSchedule schedule{};
+  int64_t first_epoch = 0;
+  // World size > 1 only (launched by ddprun, mpirun, srun): the process group and
+  // the model wrapped in DistributedDataParallel.
+  ProcessGroup* pg = nullptr;
+  std::unique_ptr<DistributedDataParallel> ddp{};
+  int world_size = 1;
+  std::string mode = "single";  // single | ddp | dp
+  // --mode dp: the model wrapped in DataParallel over --devices (device = devices[0]).
+  std::unique_ptr<DataParallel> dp{};
+  // Where the run stands (Note [resume mid-epoch] in checkpoint.cpp).
+  int64_t step = 0;          // training steps of the whole run, skipped ones included
+  CheckpointInfo resumed{};  // epoch, epoch_step and epoch_loss_sum to start from
+  bool did_resume = false;
+  std::unique_ptr<MetricsLog> metrics{};
+  std::unique_ptr<LossLog> loss_log{};
+  std::unique_ptr<NonfiniteCheck> nonfinite{};
+  TestFaults faults{};
+  // --clip-grad-norm: the last update's gradient norm before clipping (NaN: none yet).
+  double grad_norm = std::numeric_limits<double>::quiet_NaN();
+  // --drop-last false with uneven step counts: the epoch's Join (Note [uneven epochs]).
+  std::unique_ptr<Join> join{};
+};
+
+// One epoch of the run (epoch.cpp): its steps, under a Join when the ranks' step
+// counts differ (Note [uneven epochs] in uneven.h), with progress lines and the
+// --eval-every and --save-every reports inside it; returns its metrics.
+EpochMetrics train_epoch(Run& r, int64_t epoch);
+// Metrics, checkpoint (epoch_end) and the report line (each only where the options
+// ask for it). The metrics row goes first, so the checkpoint never covers a row not
+// on disk (Note [rows cut back] in run_log.cpp).
+void report(Run& r, const EpochMetrics& m, bool epoch_end);
+
+}  // namespace ddp::train
