@@ -117,6 +117,22 @@ TEST_F(DeviceSpansTest, EventsAreReusedAcrossSteps) {
   EXPECT_EQ(forwards, 100);
 }
 
+// start() makes the tracks anew: spans made before find their track again.
+TEST_F(DeviceSpansTest, AnotherStartFindsTheTrackAgain) {
+  DeviceSpans spans(Device::cpu(), "cpu stream of this test");
+  start({.dir = "", .max_events = 1000, .handle_signals = false});
+  spans.boundary("after the start");
+  spans.boundary("");
+  spans.poll(true);
+  const Snapshot s = snapshot();
+  ASSERT_EQ(s.events.size(), 1u);
+  std::string track = "none";
+  for (const TrackInfo& t : s.tracks) {
+    if (t.id == s.events[0].track) track = t.name;
+  }
+  EXPECT_EQ(track, "cpu stream of this test");
+}
+
 TEST_F(DeviceSpansTest, EachThreadHasItsOwnSpansPerDevice) {
   DeviceSpans* mine = &device_spans(Device::cpu());
   EXPECT_EQ(&device_spans(Device::cpu()), mine);
