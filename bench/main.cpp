@@ -5,6 +5,7 @@
 #include "bench/subcommands.h"
 
 #include "runtime/error.h"
+#include "runtime/trace.h"
 
 #include <fmt/format.h>
 
@@ -319,6 +320,7 @@ int run(const std::vector<std::string_view>& args) {
 }  // namespace ddp::bench
 
 int main(int argc, char** argv) {
+  ddp::trace::start_from_env();  // DDP_TRACE=DIR (docs/observability.md)
   std::vector<std::string_view> args(argv + 1, argv + argc);
   return ddp::bench::run(args);
 }

@@ -37,8 +37,9 @@ run_one() {
     python3 - "$work/trace/trace.json" >>"$work/records" <<'EOF'
 import json, sys
 events = json.load(open(sys.argv[1]))["traceEvents"]
-steps = sum(1 for e in events if e.get("name") == "step" and e["pid"] == 0)
-print(sum(1 for e in events if e["ph"] != "M" and e["pid"] == 0) / max(steps, 1))
+rank0 = [e["pid"] for e in events if e["ph"] == "M" and e["args"].get("name") == "rank 0"][0]
+steps = sum(1 for e in events if e.get("name") == "step" and e["pid"] == rank0)
+print(sum(1 for e in events if e["ph"] != "M" and e["pid"] == rank0) / max(steps, 1))
 EOF
   fi
   sed -nE 's/.*"step_ms": ([0-9.]+).*/\1/p' "$metrics" | tail -1

@@ -56,8 +56,10 @@ def window(events, steps, ms):
     if ms:
         a, b = (float(x) * 1000 for x in ms.split(":"))
         return a, b
+    first_rank = min(e["pid"] for e in events)  # rank 0 is pid 1 (Note [trace files])
     marks = sorted((e["args"]["step"], e["ts"], e["ts"] + e["dur"]) for e in events
-                   if e["ph"] == "X" and e["name"] == "step" and e["pid"] == 0 and "args" in e)
+                   if e["ph"] == "X" and e["name"] == "step" and e["pid"] == first_rank
+                   and "args" in e)
     if not marks:
         ends = [e["ts"] + e.get("dur", 0) for e in events if e["ph"] != "M"]
         return 0.0, max(ends)
@@ -96,6 +98,8 @@ def layout(events, t0, t1):
 
 def render(trace, t0, t1, title):
     events = trace["traceEvents"]
+    rank_names = {e["pid"]: e["args"]["name"] for e in events
+                  if e["ph"] == "M" and e["name"] == "process_name"}
     rows = layout(events, t0, t1)
     plot_w = WIDTH - LEFT - RIGHT
     x_of = lambda t: LEFT + plot_w * (t - t0) / (t1 - t0)  # noqa: E731
@@ -106,7 +110,7 @@ def render(trace, t0, t1, title):
             if last_pid is not None:
                 y += GAP
             body.append(f'<text x="8" y="{y + 12}" font-size="13" font-weight="bold">'
-                        f'rank {pid}</text>')
+                        f'{escape(rank_names.get(pid, f"pid {pid}"))}</text>')
             last_pid = pid
         height = max(depth, 1) * ROW_H
         row_y[(pid, tid)] = y
@@ -140,21 +144,21 @@ def render(trace, t0, t1, title):
 
 def marks(events, row_y, x_of, t0, t1):
     out = []
-    starts = {}
+    leaves = {}  # flows are bound to slices: bind_id with flow_out / flow_in
     for e in events:
-        if e["ph"] == "s":
-            starts[(e["pid"], e["id"])] = e
+        if e["ph"] == "X" and e.get("flow_out"):
+            leaves[e["bind_id"]] = e
     for e in events:
         key = (e["pid"], e["tid"])
-        if key not in row_y or e["ph"] not in ("i", "f") or not t0 <= e["ts"] <= t1:
+        if e["ph"] == "M" or key not in row_y or not t0 <= e["ts"] <= t1:
             continue
         x = x_of(e["ts"])
         if e["ph"] == "i" and e["name"].endswith(" ready"):
             y = row_y[key]
             out.append(f'<path d="M{x:.1f},{y} l-3,-5 h6 z" fill="#222222">'
                        f'<title>{escape(e["name"])}</title></path>')
-        elif e["ph"] == "f":
-            s = starts.get((e["pid"], e["id"]))
+        elif e["ph"] == "X" and e.get("flow_in"):
+            s = leaves.get(e["bind_id"])
             if (s is None or (s["pid"], s["tid"]) not in row_y or s["tid"] == e["tid"]
                     or not t0 <= s["ts"] <= t1):
                 continue

@@ -5,6 +5,7 @@
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/env.h"
 #include "runtime/logging.h"
+#include "runtime/trace.h"
 #include "runtime/unique_fd.h"
 
 #include <netdb.h>
@@ -315,6 +316,7 @@ ProcessGroup make_process_group(const ProcessGroupOptions& options) {
 }  // namespace
 
 ProcessGroup init_process_group(const ProcessGroupOptions& options) {
+  trace::start_from_env();  // DDP_TRACE (Note [timeline]): before the communicator exists
   ProcessGroup pg = make_process_group(options);
   trace_process_group(pg);  // Note [trace clocks]; nothing when tracing is off
   return pg;

@@ -124,7 +124,12 @@ void notify_collective(const CollectiveInfo& info, CollectiveState state, int64_
 }
 
 CollectiveLabel::CollectiveLabel(std::string_view label) : previous_(t_label) {
-  t_label = label.substr(0, kMaxLabelBytes);
+  if (label.size() > kMaxLabelBytes) {  // cut at a character boundary: labels stay UTF-8
+    size_t n = kMaxLabelBytes;
+    while (n > 0 && (static_cast<unsigned char>(label[n]) & 0xC0) == 0x80) --n;
+    label = label.substr(0, n);
+  }
+  t_label = label;
 }
 
 CollectiveLabel::~CollectiveLabel() {

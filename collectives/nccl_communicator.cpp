@@ -39,7 +39,11 @@
 // surround Work::synchronize() (and wait() with a timeout, or a barrier's), the
 // only waits that block the host; timed_out when such a wait gives up. wait()
 // without a timeout only orders the caller's stream and blocks nothing: it is
-// not told. With no observer the start events are never queried.
+// not told. A collective enqueued with no observer costs nothing of this: no
+// description is copied, no GPU clock made, no start event queried, no wait
+// looked at. The watchdog tells the moments holding no lock of its own (Note
+// [watchdog notices] in nccl_watchdog.cpp) and maps their times without
+// blocking (Note [gpu clock]).
 #include "collectives/backends.h"
 #include "collectives/communicator_base.h"
 #include "collectives/nccl_library.h"
@@ -131,40 +135,53 @@ struct CollectiveEvents {
   Event start, end;
 };
 
-// What the watchdog keeps alive until a collective finished (Note [nccl streams]),
-// and what it tells observers (Note [nccl events]).
-struct InFlight {
-  std::shared_ptr<CollectiveEvents> events;
+// What the watchdog keeps alive until a collective finished (Note [nccl streams]).
+struct Tensors {
   Tensor input, output;
-  std::shared_ptr<const CollectiveInfo> info;
-  int64_t launched_ns = 0;  // host time before its start event was recorded
 };
 
-const InFlight& in_flight(const NcclWatchdog::Entry& e) {
-  return *static_cast<const InFlight*>(e.keep_alive.get());
+// What the watchdog tells its moments with (Note [nccl events]): the Entry's subject.
+struct Moments {
+  std::shared_ptr<CollectiveEvents> events;
+  std::shared_ptr<const CollectiveInfo> info;  // null: nobody listened when it was enqueued
+  int64_t launched_ns = 0;                     // host time before its start event was recorded
+};
+
+const Moments& moments_of(const std::shared_ptr<const void>& subject) {
+  return *static_cast<const Moments*>(subject.get());
 }
 
-// Note [nccl events]: a moment the watchdog found, at the GPU's time.
-void tell(trace::GpuClock* clock, const NcclWatchdog::Entry& e, CollectiveState moment) {
+// The GPU clock of a communicator's moments, made on the first collective that
+// has listeners (Note [nccl events]); shared with the watchdog's backend.
+struct ClockSlot {
+  std::atomic<trace::GpuClock*> clock{nullptr};
+  std::once_flag made;
+};
+
+// Note [nccl events]: a moment the watchdog found, at the GPU's time. Never
+// blocks (Note [gpu clock]).
+void tell(const ClockSlot& slot, const NcclWatchdog::Notice& n) {
   if (!collective_observers_present()) return;
-  const InFlight& f = in_flight(e);
+  const Moments& m = moments_of(n.subject);
+  if (m.info == nullptr) return;
   int64_t time = steady_now_ns();
-  if (clock != nullptr && moment != CollectiveState::failed) {
-    const Event& event = moment == CollectiveState::started ? f.events->start : f.events->end;
+  trace::GpuClock* clock = slot.clock.load(std::memory_order_acquire);
+  if (clock != nullptr && n.moment != CollectiveState::failed) {
+    const Event& event = n.moment == CollectiveState::started ? m.events->start : m.events->end;
     try {
-      time = clock->host_ns(event, f.launched_ns);
+      time = clock->host_ns(event, m.launched_ns);
     } catch (const std::exception&) {
       // A CUDA error: the host's time of the finding, late by a poll.
     }
   }
-  notify_collective(*f.info, moment, time);
+  notify_collective(*m.info, n.moment, time);
 }
 
-// wait_begin/wait_end around a wait that blocks the host, and timed_out once.
+// wait_begin/wait_end around a wait that blocks the host, and timed_out once;
+// nothing for a null `info`.
 class WaitMoments {
  public:
-  WaitMoments(const CollectiveInfo* info, bool blocks)
-      : info_(blocks && collective_observers_present() ? info : nullptr) {
+  explicit WaitMoments(const CollectiveInfo* info) : info_(info) {
     if (info_ != nullptr) notify_collective(*info_, CollectiveState::wait_begin);
   }
   ~WaitMoments() {
@@ -235,7 +252,7 @@ class NcclWork : public Work {
  private:
   std::shared_ptr<NcclWatchdog> watchdog_;
   std::shared_ptr<CollectiveEvents> events_;
-  std::shared_ptr<const CollectiveInfo> info_;  // Note [nccl events]
+  std::shared_ptr<const CollectiveInfo> info_;  // Note [nccl events]; null: nobody listened
   Device device_;
   int64_t sequence_;
   bool host_barrier_;
@@ -246,7 +263,9 @@ class NcclWork : public Work {
 void NcclWork::synchronize(std::chrono::milliseconds timeout) {
   const bool bounded = timeout.count() > 0;
   const Clock::time_point deadline = bounded ? Clock::now() + timeout : Clock::time_point::max();
-  WaitMoments moments(info_.get(), !done());  // Note [nccl events]
+  // Note [nccl events]: done() (a lock and a cudaEventQuery) only when someone listens.
+  const bool told = info_ != nullptr && collective_observers_present() && !done();
+  WaitMoments moments(told ? info_.get() : nullptr);
   for (int polls = 0;; ++polls) {
     const NcclWatchdog::State state = watchdog_->state(sequence_);
     if (state == NcclWatchdog::State::failed) std::rethrow_exception(watchdog_->error());
@@ -360,13 +379,14 @@ class NcclCommunicator : public CommunicatorBase {
   NcclWatchdog::Backend watchdog_backend() const;
   void watch();  // the watchdog thread (Note [nccl watchdog])
   void wake_watchdog();
+  void make_clock();  // Note [nccl events]
 
   Device device_;
   std::shared_ptr<NcclHandle> comm_;
   Stream stream_;
   Tensor barrier_scratch_;
   std::shared_ptr<NcclWatchdog> watchdog_;  // shared with the Works, which may outlive this
-  trace::GpuClock* clock_ = nullptr;        // Note [nccl events]; never destroyed
+  std::shared_ptr<ClockSlot> clock_ = std::make_shared<ClockSlot>();  // Note [nccl events]
   std::mutex watch_mutex_;
   std::condition_variable watch_cv_;
   bool stopping_ = false;  // guarded by watch_mutex_
@@ -386,12 +406,6 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<Store> store, const NcclOptio
   comm_ = std::make_shared<NcclHandle>(options.size, id, options.rank);
   stream_ = Stream::create(device_);
   barrier_scratch_ = zeros({1}, {.dtype = DType::f32, .device = device_});
-  try {
-    clock_ = &trace::gpu_clock(device_);  // its first anchor precedes every collective
-  } catch (const std::exception& e) {
-    DDP_LOG_WARN("nccl: no GPU clock for {} ({}): collective moments get host times", device_.str(),
-                 e.what());
-  }
   NcclWatchdog::Backend backend = watchdog_backend();
   if (tear_down) {
     backend.tear_down = [](const std::string& message) {
@@ -417,21 +431,37 @@ NcclCommunicator::~NcclCommunicator() {
 
 NcclWatchdog::Backend NcclCommunicator::watchdog_backend() const {
   std::shared_ptr<NcclHandle> comm = comm_;
-  trace::GpuClock* clock = clock_;
+  std::shared_ptr<const ClockSlot> clock = clock_;
   return {
       .now = [] { return Clock::now(); },
-      .finished = [](const NcclWatchdog::Entry& e) { return in_flight(e).events->end.query(); },
+      .finished =
+          [](const NcclWatchdog::Entry& e) { return moments_of(e.subject).events->end.query(); },
       .async_error = [comm] { return comm->async_error(); },
       .abort = [comm] { return comm->try_abort(); },
       .tear_down = nullptr,
       // Note [nccl events]: the start events are looked at only while someone listens.
       .started =
           [](const NcclWatchdog::Entry& e) {
-            return collective_observers_present() && in_flight(e).events->start.query();
+            const Moments& m = moments_of(e.subject);
+            return m.info != nullptr && collective_observers_present() && m.events->start.query();
           },
-      .tell = [clock](const NcclWatchdog::Entry& e,
-                      CollectiveState moment) { tell(clock, e, moment); },
+      .tell = [clock](const NcclWatchdog::Notice& n) { tell(*clock, n); },
   };
+}
+
+// The device's GPU clock for the moments of Note [nccl events], made once (its
+// first anchor waits for an idle stream of its own) on the caller's thread,
+// before the first listened collective records its start event: the clock's
+// first anchor precedes every event it maps (Note [gpu clock]).
+void NcclCommunicator::make_clock() {
+  std::call_once(clock_->made, [this] {
+    try {
+      clock_->clock.store(&trace::gpu_clock(device_), std::memory_order_release);
+    } catch (const std::exception& e) {
+      DDP_LOG_WARN("nccl: no GPU clock for {} ({}): collective moments get host times",
+                   device_.str(), e.what());
+    }
+  });
 }
 
 void NcclCommunicator::watch() {
@@ -495,24 +525,30 @@ std::shared_ptr<Work> NcclCommunicator::enqueue(const Collective& c) {
   Event ready(device_, false);
   ready.record(current_stream(device_));
   ready.block(stream_);
-  auto info = std::make_shared<const CollectiveInfo>(info_of(c));
-  auto kept = std::make_shared<InFlight>(
-      InFlight{std::make_shared<CollectiveEvents>(device_), c.input, c.output, info, 0});
-  kept->launched_ns = steady_now_ns();  // Note [gpu clock]: the start event passes after it
-  kept->events->start.record(stream_);
+  // Note [nccl events]: the description, the clock and the start events' queries
+  // only for a collective that someone listens to.
+  const bool listened = collective_observers_present();
+  if (listened) make_clock();
+  std::shared_ptr<const CollectiveInfo> info =
+      listened ? std::make_shared<const CollectiveInfo>(info_of(c)) : nullptr;
+  auto moments = std::make_shared<Moments>(
+      Moments{std::make_shared<CollectiveEvents>(device_), info, steady_now_ns()});
+  // launched_ns is read before the start event's record: it passes after it (Note [gpu clock]).
+  moments->events->start.record(stream_);
   comm_->use([&](ncclComm_t comm) { launch(c, comm); });
-  kept->events->end.record(stream_);
+  moments->events->end.record(stream_);
   // Note [nccl streams]: freed memory is not reused before NCCL's stream passed here.
   if (c.input.defined()) c.input.record_stream(stream_);
   if (c.output.defined() && c.output.data_ptr() != c.input.data_ptr()) {
     c.output.record_stream(stream_);
   }
-  std::shared_ptr<CollectiveEvents> events = kept->events;
+  std::shared_ptr<CollectiveEvents> events = moments->events;
   watchdog_->start({.sequence = c.sequence,
                     .description = c.describe(),
                     .count = c.count(),
                     .timeout = options().timeout,
-                    .keep_alive = std::move(kept)});
+                    .keep_alive = std::make_shared<Tensors>(Tensors{c.input, c.output}),
+                    .subject = std::move(moments)});
   wake_watchdog();
   return std::make_shared<NcclWork>(watchdog_, std::move(events), std::move(info), device_,
                                     c.kind == CollectiveKind::barrier);

@@ -119,24 +119,36 @@ std::optional<std::string> NcclWatchdog::fail(std::exception_ptr error) {
 }
 
 void NcclWatchdog::notice_locked(const Entry& entry, CollectiveState moment) {
-  if (backend_.tell) notices_.push_back({entry, moment});
+  if (backend_.tell) notices_.push_back({entry.sequence, entry.subject, moment});
 }
 
-// Notices are told in the order they were gathered: tell_mutex_ is taken before
-// mutex_ is released, so a later round cannot overtake an earlier one.
+// Note [watchdog notices]
+// Moments are gathered under mutex_ in the order they happen and told by one
+// thread at a time, holding no lock: the thread that finds notices and nobody
+// telling becomes the teller and tells until none is left; a thread that finds
+// a teller busy leaves its notices to it and returns. So no thread ever waits for
+// a lock while it holds mutex_, a slow observer (the flight recorder writing its
+// dump, a GPU clock) delays only the teller, never the waiters, state() or
+// time_out(), and an observer may call back into the watchdog. Notices carry the
+// subject only, never the tensors, whose last reference tick() drops.
 void NcclWatchdog::tell_unlocked(std::unique_lock<std::mutex>& lock) {
-  if (notices_.empty()) return;
-  std::lock_guard<std::mutex> telling(tell_mutex_);
-  std::vector<Notice> notices = std::move(notices_);
-  notices_.clear();
-  lock.unlock();
-  for (const Notice& n : notices) {
-    try {
-      backend_.tell(n.entry, n.moment);
-    } catch (...) {
-      // An observer's problem never stops the watchdog.
+  if (telling_) return;
+  telling_ = true;
+  while (!notices_.empty()) {
+    std::vector<Notice> notices = std::move(notices_);
+    notices_.clear();
+    lock.unlock();
+    for (const Notice& n : notices) {
+      try {
+        backend_.tell(n);
+      } catch (...) {
+        // An observer's problem never stops the watchdog.
+      }
     }
+    notices.clear();  // subjects released without the lock
+    lock.lock();
   }
+  telling_ = false;
 }
 
 // The first failure wins. Collectives still in flight fail with it (their results

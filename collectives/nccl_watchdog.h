@@ -7,7 +7,7 @@
 //
 // Thread-safe: the caller's thread starts collectives and asks for states, the
 // watchdog thread calls tick(). The Backend's functions run under the internal
-// lock (now() also from start()).
+// lock (now() also from start()), except tell (Note [watchdog notices]).
 #pragma once
 
 #include "collectives/collective_events.h"
@@ -35,7 +35,18 @@ class NcclWatchdog {
     std::string description;  // Collective::describe()
     int64_t count = 0;
     std::chrono::milliseconds timeout{0};
-    std::shared_ptr<void> keep_alive;  // released once the collective finished (its tensors)
+    // Its tensors: released once the collective finished, by tick() after it
+    // unlocked (on the watchdog's thread), never by a notice.
+    std::shared_ptr<void> keep_alive;
+    // What its moments are told with (events, the collective's description).
+    std::shared_ptr<const void> subject;
+  };
+
+  // A moment of one collective, to tell (Note [nccl events] in nccl_communicator.cpp).
+  struct Notice {
+    int64_t sequence = 0;
+    std::shared_ptr<const void> subject;  // the Entry's
+    CollectiveState moment = CollectiveState::started;
   };
 
   struct Backend {
@@ -54,10 +65,11 @@ class NcclWatchdog {
     // Has the collective begun on the device (its start event passed)? Null, or
     // false: `started` is told with its completion. Errors count as false.
     std::function<bool(const Entry& entry)> started = nullptr;
-    // Told each collective's moments (Note [nccl events] in nccl_communicator.cpp),
-    // in order, outside the lock, on the thread that found them: started once,
-    // then completed or failed once. Null: nothing is told.
-    std::function<void(const Entry& entry, CollectiveState moment)> tell = nullptr;
+    // Told each collective's moments (Note [nccl events] in nccl_communicator.cpp)
+    // in order, holding no lock (Note [watchdog notices]): started once, then
+    // completed or failed once. May call back into the watchdog. Null: nothing is
+    // told.
+    std::function<void(const Notice& notice)> tell = nullptr;
   };
 
   enum class State { in_flight, finished, failed };
@@ -96,13 +108,10 @@ class NcclWatchdog {
   bool idle() const;
 
  private:
-  struct Notice {
-    Entry entry;
-    CollectiveState moment;
-  };
   std::optional<std::string> tick_locked(std::vector<std::shared_ptr<void>>& released);
   std::optional<std::string> fail_locked(std::exception_ptr error);
-  // Tells (and then releases) the notices gathered under `lock`, after unlocking it.
+  // Tells the notices gathered so far unless another thread is telling (Note
+  // [watchdog notices]); returns with `lock` held.
   void tell_unlocked(std::unique_lock<std::mutex>& lock);
   void notice_locked(const Entry& entry, CollectiveState moment);
   void try_abort_locked();
@@ -124,8 +133,8 @@ class NcclWatchdog {
   int64_t failed_from_ = 0;  // with error_: collectives from this sequence on failed
   bool abort_pending_ = false;
   bool aborted_ = false;
-  std::vector<Notice> notices_;  // to tell once the lock is released
-  std::mutex tell_mutex_;        // taken before mutex_ is released: notices keep their order
+  std::vector<Notice> notices_;  // to tell, in order
+  bool telling_ = false;         // a thread is telling notices_ (guarded by mutex_)
 };
 
 // DDP_NCCL_ASYNC_ERROR_HANDLING: false for 0 or unset (record and abort), true for

@@ -33,15 +33,26 @@ Name name_of(std::string_view prefix, const CollectiveInfo& info) {
           ? fmt::format_to_n(n.text, trace::kMaxNameBytes, "{}{}", prefix, op)
           : fmt::format_to_n(n.text, trace::kMaxNameBytes, "{}{} ({})", prefix, op, info.label);
   n.size = std::min(r.size, trace::kMaxNameBytes);
+  if (r.size > n.size) {  // cut inside the label: at a character boundary (valid UTF-8)
+    while (n.size > 0 && (static_cast<unsigned char>(n.text[n.size]) & 0xC0) == 0x80) --n.size;
+  }
   return n;
 }
 
 // Flow ids of collectives: one per (communicator, sequence), apart from
-// trace::new_flow_id()'s (which count up from 1 and stay below 2^31).
+// trace::new_flow_id()'s (which count up from 1 and stay below 2^62): bit 62,
+// 22 bits of the communicator, 40 of the sequence number (a trillion
+// collectives), so no two collectives of a run share one.
+constexpr int kSequenceBits = 40, kCommBits = 22;
 uint64_t flow_of(const CollectiveInfo& info) {
-  return (uint64_t{1} << 31) | (static_cast<uint64_t>(info.comm_id & 0x7f) << 24) |
-         (static_cast<uint64_t>(info.sequence) & 0xffffff);
+  const uint64_t comm = static_cast<uint64_t>(info.comm_id) & ((uint64_t{1} << kCommBits) - 1);
+  const uint64_t seq = static_cast<uint64_t>(info.sequence) & ((uint64_t{1} << kSequenceBits) - 1);
+  return (uint64_t{1} << 62) | (comm << kSequenceBits) | seq;
 }
+
+// The enqueue slice lasts a nanosecond: a slice of its own (never zero-length)
+// that the flow arrow starts from.
+constexpr int64_t kEnqueueNs = 1;
 
 struct OpenSlice {
   int comm_id;
@@ -71,14 +82,14 @@ class TimelineObserver final : public CollectiveObserver {
                               {"world", info.world_size}};
     switch (e.state) {
       case CollectiveState::enqueued:
-        trace::complete(name_of("enqueue ", info).view(), "collective", e.time_ns, 0, args);
-        trace::flow(trace::FlowStep::start, flow_of(info), e.time_ns);
+        trace::complete(name_of("enqueue ", info).view(), "collective", e.time_ns, kEnqueueNs, args,
+                        0, {.id = flow_of(info), .out = true});
         return;
       case CollectiveState::started: {
         const trace::Track track = track_of(info);
-        trace::flow(trace::FlowStep::finish, flow_of(info), e.time_ns, track);
         if (track != 0) return stream_started(info, e.time_ns);
-        trace::begin(name_of("", info).view(), "collective", args, e.time_ns);
+        trace::begin(name_of("", info).view(), "collective", args, e.time_ns, 0,
+                     {.id = flow_of(info), .in = true});
         t_open.push_back({info.comm_id, info.sequence, false, 0});
         return;
       }
@@ -107,20 +118,28 @@ class TimelineObserver final : public CollectiveObserver {
   // (named after the backend unless it has a name).
   trace::Track track_of(const CollectiveInfo& info) {
     if (info.backend != "nccl") {
-      thread_local bool named = false;  // a thread runs one communicator's collectives
-      if (!named) {
+      // A thread runs one communicator's collectives: named once per start().
+      thread_local uint64_t named_in = 0;
+      if (named_in != trace::generation()) {
         trace::name_thread(fmt::format("{} comm thread (comm {})", info.backend, info.comm_id),
                            /*replace=*/false);
-        named = true;
+        named_in = trace::generation();
       }
       return 0;
     }
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = nccl_tracks_.find(info.comm_id);
+    return nccl_track_locked(info.comm_id);
+  }
+  trace::Track nccl_track_locked(int comm_id) {
+    if (tracks_of_ != trace::generation()) {  // a start() since: the tracks are gone
+      nccl_tracks_.clear();
+      stream_starts_.clear();
+      tracks_of_ = trace::generation();
+    }
+    auto it = nccl_tracks_.find(comm_id);
     if (it == nccl_tracks_.end()) {
-      const trace::Track t =
-          trace::stream_track(fmt::format("nccl stream (comm {})", info.comm_id));
-      it = nccl_tracks_.emplace(info.comm_id, t).first;
+      const trace::Track t = trace::stream_track(fmt::format("nccl stream (comm {})", comm_id));
+      it = nccl_tracks_.emplace(comm_id, t).first;
     }
     return it->second;
   }
@@ -142,11 +161,11 @@ class TimelineObserver final : public CollectiveObserver {
         start = it->second;
         stream_starts_.erase(it);
       }
-      track = nccl_tracks_[info.comm_id];
+      track = nccl_track_locked(info.comm_id);  // also when it failed before it started
     }
     if (start >= 0) {
-      trace::complete(name_of("", info).view(), "collective", start, e.time_ns - start, args,
-                      track);
+      trace::complete(name_of("", info).view(), "collective", start, e.time_ns - start, args, track,
+                      {.id = flow_of(info), .in = true});
     }
     if (e.state == CollectiveState::failed) {
       trace::instant(name_of("failed: ", info).view(), "collective", args, e.time_ns, track);
@@ -164,6 +183,7 @@ class TimelineObserver final : public CollectiveObserver {
   }
 
   std::mutex mutex_;
+  uint64_t tracks_of_ = 0;  // the trace::generation() of nccl_tracks_
   std::map<int, trace::Track> nccl_tracks_;
   std::map<std::pair<int, int64_t>, int64_t> stream_starts_;  // (comm, sequence) -> start
 };
@@ -173,7 +193,8 @@ std::string random_run_id() {
   return fmt::format("{:08x}{:08x}", rd(), rd());
 }
 
-// The run's id on every rank: ddprun's, else rank 0's made up and broadcast.
+// The run's id on every rank: ddprun's, else rank 0's made up and broadcast
+// (a collective: every rank calls it, Note [trace participation]).
 std::string shared_run_id(const ProcessGroup& pg) {
   if (!pg.env.run_id.empty()) return pg.env.run_id;
   std::random_device rd;
@@ -185,18 +206,26 @@ std::string shared_run_id(const ProcessGroup& pg) {
   return fmt::format("{:x}", t.to_vector<int64_t>()[0]);
 }
 
+// One clock sample (Note [trace clocks]). Never throws: an older ddprun's store
+// without TIME, a store timeout or a failed collective cost the sample and a
+// warning, not the run (a failed collective then fails the program's next one).
 void measure(const ProcessGroup& pg) {
   if (pg.comm->size() == 1) return;  // one rank: its own clock is the reference
-  auto* store = dynamic_cast<TcpStore*>(pg.store.get());
-  if (pg.env.agent_store && store != nullptr) {
-    const trace::OffsetEstimate e = measure_offset_with_store(*store);
-    trace::add_clock_sample(
-        {e.local_ns, e.offset_ns, e.error_ns,
-         fmt::format("ddprun store at {}:{}", pg.env.store_host, pg.env.store_port)});
-    return;
+  try {
+    auto* store = dynamic_cast<TcpStore*>(pg.store.get());
+    if (pg.env.agent_store && store != nullptr) {
+      const trace::OffsetEstimate e = measure_offset_with_store(*store);
+      trace::add_clock_sample(
+          {e.local_ns, e.offset_ns, e.error_ns,
+           fmt::format("ddprun store at {}:{}", pg.env.store_host, pg.env.store_port)});
+      return;
+    }
+    const trace::OffsetEstimate e = measure_offset_with_comm(*pg.comm);
+    trace::add_clock_sample({e.local_ns, e.offset_ns, e.error_ns, "rank 0 (all_gather rounds)"});
+  } catch (const std::exception& e) {
+    DDP_LOG_WARN("trace: no clock sample on rank {} (its timeline keeps its own clock): {}",
+                 pg.env.rank, e.what());
   }
-  const trace::OffsetEstimate e = measure_offset_with_comm(*pg.comm);
-  trace::add_clock_sample({e.local_ns, e.offset_ns, e.error_ns, "rank 0 (all_gather rounds)"});
 }
 
 }  // namespace
@@ -241,41 +270,63 @@ trace::OffsetEstimate measure_offset_with_comm(Communicator& comm, int rounds) {
   return trace::estimate_offset(bounds);
 }
 
+// Note [trace participation]
+// Tracing adds collectives: the run id's broadcast, the clock's all_gather
+// rounds (without ddprun's store) and the barrier before rank 0 merges. Every
+// rank must run them or none, so they follow trace::requested() (DDP_TRACE in
+// the environment, alike on every rank of a launch), not whether this rank
+// records: a rank whose start_from_env() failed (a directory it cannot create,
+// a bad DDP_TRACE_MAX_EVENTS) still runs them and records nothing.
 void trace_process_group(const ProcessGroup& pg) {
-  if (!trace::enabled()) return;
+  trace::start_from_env();  // a no-op when init_process_group already did
+  if (!trace::requested() && !trace::enabled()) return;
   trace::RankInfo info;
   info.rank = pg.env.rank;
   info.world_size = pg.env.world_size;
-  info.run_id = shared_run_id(pg);
   info.restart = static_cast<int>(env::get_int(env::kRestartCount).value_or(0));
   info.launcher = pg.env.launcher;
   info.backend = pg.comm->backend();
+  info.run_id = pg.env.run_id;
+  if (trace::requested()) {
+    try {
+      info.run_id = shared_run_id(pg);
+    } catch (const std::exception& e) {
+      DDP_LOG_WARN("trace: the run id could not be shared: {}", e.what());
+    }
+  }
   trace::set_rank_info(info);
-  measure(pg);
+  if (trace::requested()) measure(pg);
 }
 
 std::string finish_trace(const ProcessGroup* pg) {
-  if (!trace::enabled() || trace::directory().empty()) return "";
-  if (pg == nullptr) {
+  const bool collective = pg != nullptr && pg->comm->size() > 1 && trace::requested();
+  const bool writes = trace::enabled() && !trace::directory().empty();
+  if (!collective && !writes) return "";
+  if (pg == nullptr && writes) {
     trace::RankInfo info = trace::rank_info();
     if (info.run_id.empty()) info.run_id = random_run_id();
     trace::set_rank_info(info);
-  } else {
-    measure(*pg);
   }
-  try {
-    trace::write_file();
-  } catch (const Error& e) {
-    // Never fails the run (and never leaves the other ranks in the barrier below).
-    DDP_LOG_WARN("trace: {}", e.what());
+  if (collective) measure(*pg);  // Note [trace participation]
+  if (writes) {
+    try {
+      trace::write_file();
+    } catch (const std::exception& e) {
+      // Never fails the run (and never leaves the other ranks in the barrier below).
+      DDP_LOG_WARN("trace: {}", e.what());
+    }
   }
-  const bool ddprun_merges = pg != nullptr && pg->env.agent_store;
-  if (ddprun_merges) return "";
-  if (pg != nullptr && pg->comm->size() > 1) {
-    const CollectiveLabel labelled("trace files written");
-    pg->comm->barrier()->wait();
+  if (pg != nullptr && pg->env.agent_store) return "";  // ddprun merges
+  if (collective) {
+    try {
+      const CollectiveLabel labelled("trace files written");
+      pg->comm->barrier()->wait();
+    } catch (const std::exception& e) {
+      DDP_LOG_WARN("trace: the barrier before the merge failed: {}", e.what());
+      return "";
+    }
   }
-  if (pg != nullptr && pg->env.rank != 0) return "";
+  if ((pg != nullptr && pg->env.rank != 0) || !writes) return "";
   const trace::RankInfo info = trace::rank_info();
   try {
     return trace::describe(
@@ -283,7 +334,7 @@ std::string finish_trace(const ProcessGroup* pg) {
                                                     .restart = info.restart,
                                                     .expected_ranks = info.world_size,
                                                     .output = ""}));
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     return fmt::format("nothing merged: {}", e.what());
   }
 }

@@ -4,8 +4,8 @@
 // Note [timeline collectives]
 // One CollectiveObserver (collectives/collective_events.h) turns every
 // collective's moments into records of the tracer (runtime/trace.h):
-//   enqueued   a zero-length slice "enqueue <op> (<label>)" on the issuing thread,
-//              where a flow arrow starts;
+//   enqueued   a slice "enqueue <op> (<label>)" of 1 ns on the issuing thread,
+//              where a flow arrow starts (bound to the slice: Note [timeline]);
 //   started .. completed / failed
 //              a slice "<op> (<label>)" where the collective ran: the
 //              communication thread of shm, gloo and mpi (named "<backend> comm
@@ -36,19 +36,22 @@ class TcpStore;
 // Installs the timeline's observer when tracing is on (once per process).
 void attach_trace_observer();
 
-// After init_process_group: tells the tracer who this rank is and measures its
-// clock's offset (ddprun's store when the launcher hosts it, else rank 0 over
-// the communicator: a collective, so every rank calls it). No-op when tracing
-// is off.
+// After init_process_group: tells the tracer who this rank is, shares the run's
+// id and measures the clock's offset (ddprun's store when the launcher hosts
+// it, else rank 0 over the communicator). Collective when DDP_TRACE is set
+// (Note [trace participation] in trace_collectives.cpp), so every rank calls
+// it; nothing when tracing is neither requested nor on. Never throws: what
+// fails costs a warning and the sample.
 void trace_process_group(const ProcessGroup& pg);
 
 // At the end of a run: measures the offset again and writes this rank's file.
 // Without ddprun (mpirun, srun) rank 0 then merges every rank's file into
-// DIR/trace.json after a barrier (collective: every rank calls it). pg null: a
-// single process, which merges its own file. Returns what the merge did, for
-// the caller to print ("" where none was done here: ddprun merges, or the rank
-// is not 0, or tracing is off). A file that cannot be written is logged as a
-// warning, not thrown: the run's result stands.
+// DIR/trace.json after a barrier (collective when DDP_TRACE is set: every rank
+// calls it). pg null: a single process, which merges its own file. Returns what
+// the merge did, for the caller to print ("" where none was done here: ddprun
+// merges, or the rank is not 0, or tracing is off). Never throws: a file that
+// cannot be written, a failed measurement or merge is a warning or the returned
+// text; the run's result stands.
 std::string finish_trace(const ProcessGroup* pg);
 
 // The measurements (Note [trace clocks]): `requests` TIME requests to the store's

@@ -76,10 +76,10 @@ subcommands:
                         the flight recorder dumps (flight_rank_<R>.json) in DIR:
                         those ddprun wrote, or those ranks wrote on a collective
                         timeout or SIGUSR1 (DDP_FLIGHT_DIR) under mpirun/srun
-  ddprun trace-merge DIR [--output FILE] [--run-id ID]
+  ddprun trace-merge DIR [--output FILE] [--run-id ID] [--restart K]
                         merge the rank files in DIR into DIR/trace.json (for
-                        mpirun/srun runs with DDP_TRACE=DIR, or files copied
-                        from several nodes)
+                        mpirun/srun runs with DDP_TRACE=DIR, files copied
+                        from several nodes, or a restarted group's attempt K)
 
 Underscore spellings (--nproc_per_node, --master_addr, ...) are accepted.
 Exit status: 0 when every rank succeeded; else the first failing rank's exit

@@ -5,12 +5,14 @@
 #include "runtime/error.h"
 #include "runtime/trace_file.h"
 
+#include <charconv>
 #include <filesystem>
 #include <iostream>
 
 namespace ddp::launcher {
 
-const char* const kTraceMergeUsage = R"(usage: ddprun trace-merge DIR [--output FILE] [--run-id ID]
+const char* const kTraceMergeUsage =
+    R"(usage: ddprun trace-merge DIR [--output FILE] [--run-id ID] [--restart K]
 
 Merges the rank files DIR/rank_<R>.json that DDP_TRACE=DIR (or ddprun --trace
 DIR) left into one Chrome trace, DIR/trace.json, with every rank's clock
@@ -20,6 +22,9 @@ latest restart, unless --run-id names another.
 
   --output FILE         write FILE instead of DIR/trace.json
   --run-id ID           merge run ID (the "run_id" of the rank files)
+  --restart K           merge restart K of the run (0: the first attempt, whose
+                        files a restarted group keeps: rank_<R>.json; restart K's
+                        are rank_<R>_restart<K>.json)
   -h, --help            this text
 Exit status: 0 merged; 1 no rank file of the run in DIR; 2 bad usage.
 Docs: docs/observability.md.
@@ -45,10 +50,22 @@ void merge_run_trace(const std::string& dir, const std::string& run_id, int rest
         dir, {.run_id = run_id, .restart = restart, .expected_ranks = world_size, .output = ""});
     say("trace: " + trace::describe(report) +
         "; open it in Perfetto (ui.perfetto.dev) or chrome://tracing");
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // never the run's exit status
     say(fmt::format("trace: nothing merged: {}", e.what()));
   }
 }
+
+namespace {
+
+int parse_restart(const std::string& text) {
+  int value = -1;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  DDP_CHECK(ec == std::errc() && end == text.data() + text.size() && value >= 0,
+            "--restart '{}': expected a restart number, 0 or more (0: the first attempt)", text);
+  return value;
+}
+
+}  // namespace
 
 int trace_merge_main(int argc, const char* const* argv) {
   std::string dir;
@@ -60,9 +77,14 @@ int trace_merge_main(int argc, const char* const* argv) {
         std::cout << kTraceMergeUsage;
         return 0;
       }
-      if (arg == "--output" || arg == "--run-id") {
+      if (arg == "--output" || arg == "--run-id" || arg == "--restart") {
         DDP_CHECK(i + 1 < argc, "{} needs a value", arg);
-        (arg == "--output" ? options.output : options.run_id) = argv[++i];
+        const std::string value = argv[++i];
+        if (arg == "--restart") {
+          options.restart = parse_restart(value);
+        } else {
+          (arg == "--output" ? options.output : options.run_id) = value;
+        }
         continue;
       }
       DDP_CHECK(!arg.starts_with("-"), "unknown option '{}'", arg);
@@ -79,7 +101,7 @@ int trace_merge_main(int argc, const char* const* argv) {
     for (const std::string& s : report.skipped) std::cout << "skipped " << s << "\n";
     std::cout << trace::describe(report) << "\n";
     return 0;
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     std::cerr << "ddprun trace-merge: error: " << e.what() << "\n";
     return 1;
   }

@@ -34,8 +34,10 @@
 //                      regions, which ddprun reads (Note [flight region])
 //   DDP_TEST_SLOW_RANK, DDP_TEST_SKIP_ALLREDUCE  testing aids of `train` (docs/train.md)
 //   DDP_TRACE      DIR: record the timeline and write DIR/rank_<R>.json at exit
-//                  (default: unset, off; set by `ddprun --trace DIR`; Note [timeline]
-//                  in runtime/trace.h, docs/observability.md)
+//                  (default: unset, off; set by `ddprun --trace DIR`; read by
+//                  trace::start_from_env(), which init_process_group, train and
+//                  bench call, never ddprun; must be alike on every rank: Note
+//                  [timeline] in runtime/trace.h, docs/observability.md)
 //   DDP_TRACE_MAX_EVENTS  records kept per thread while tracing (default: 1000000)
 //   DDP_TRACE_TEST_SKEW_NS  for tests of the clock alignment: rank R's trace file
 //                  reads as if its clock ran R x N ns ahead (default: 0)

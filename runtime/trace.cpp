@@ -1,26 +1,21 @@
+// The recorder (Note [timeline]); the process's side of it (start from the
+// environment, exit, signals, fork, the file) is in runtime/trace_process.cpp.
 #include "runtime/trace.h"
 
 #include "runtime/env.h"
 #include "runtime/error.h"
-#include "runtime/trace_file.h"
-#include "runtime/trace_gpu.h"
+#include "runtime/trace_internal.h"
 
-#include <fcntl.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <thread>
-#include <tuple>
+#include <new>
 
 namespace ddp::trace {
 
@@ -34,11 +29,13 @@ namespace {
 // until written (a chunk is not cleared first).
 struct Record {
   int64_t ts;
-  int64_t extra;  // X: the duration; s/t/f: the flow id
+  int64_t duration;  // X
+  uint64_t flow_id;  // B, X: FlowBinding::id (0: none)
   const char* category;
   Arg args[kMaxArgs];
   Track track;
-  char phase;  // B, E, X, i, s, t, f
+  char phase;         // B, E, X, i
+  uint8_t flow_ends;  // bit 0: out, bit 1: in
   uint8_t name_bytes;
   char name[kMaxNameBytes];
 };
@@ -72,7 +69,7 @@ struct Registry {
   StartOptions options;
   RankInfo rank;
   std::vector<ClockSample> clock;
-  std::mutex write_mutex;  // one write_file() at a time
+  std::atomic<int64_t> lost{0};  // records of threads that could not get a buffer
 };
 
 Registry& registry() {
@@ -84,44 +81,63 @@ int64_t os_tid() {
   return static_cast<int64_t>(::gettid());
 }
 
-Buffer* register_thread() {
+// A buffer for the calling thread, or null when there is no memory for one
+// (recording never throws: Note [timeline]).
+Buffer* register_thread() noexcept {
   Registry& r = registry();
-  auto* buffer = new Buffer();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  buffer->track = r.next_track++;
-  buffer->max_records = r.options.max_events;
-  const int64_t tid = os_tid();
-  const std::string name = tid == ::getpid() ? "main" : fmt::format("thread {}", tid);
-  r.tracks.push_back({buffer->track, name, tid});
-  r.buffers.push_back(buffer);
-  return buffer;
+  std::unique_ptr<Buffer> buffer(new (std::nothrow) Buffer());
+  if (!buffer) return nullptr;
+  try {
+    const int64_t tid = os_tid();
+    std::string name = tid == ::getpid() ? "main" : fmt::format("thread {}", tid);
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.buffers.reserve(r.buffers.size() + 1);  // both may throw: before anything changes
+    r.tracks.reserve(r.tracks.size() + 1);
+    buffer->track = r.next_track++;
+    buffer->max_records = r.options.max_events;
+    r.tracks.push_back({buffer->track, std::move(name), tid});
+    r.buffers.push_back(buffer.get());
+  } catch (...) {
+    return nullptr;
+  }
+  return buffer.release();
 }
 
 thread_local Buffer* t_buffer = nullptr;
 thread_local uint64_t t_generation = 0;
 thread_local bool t_named = false;
 
-Buffer& my_buffer() {
+Buffer* my_buffer() noexcept {
   const uint64_t generation = registry().generation.load(std::memory_order_acquire);
   if (t_buffer == nullptr || t_generation != generation) {
     t_buffer = register_thread();
     t_generation = generation;
     t_named = false;
   }
-  return *t_buffer;
+  return t_buffer;
 }
 
 // The slot for the next record of this thread, or null when the thread has
-// recorded its maximum (counted as dropped).
-Record* claim(Buffer& b) {
+// recorded its maximum or no memory is left (counted as dropped).
+Record* claim(Buffer& b) noexcept {
   if (static_cast<int64_t>(b.written) >= b.max_records) {
     b.dropped.fetch_add(1, std::memory_order_relaxed);
     return nullptr;
   }
   if (b.written % kChunkRecords == 0) {
-    auto* chunk = static_cast<Chunk*>(::operator new(sizeof(Chunk)));
+    auto* chunk = static_cast<Chunk*>(::operator new(sizeof(Chunk), std::nothrow));
+    if (chunk == nullptr) {
+      b.dropped.fetch_add(1, std::memory_order_relaxed);
+      return nullptr;
+    }
     std::lock_guard<std::mutex> lock(b.mutex);
-    b.chunks.push_back(chunk);
+    try {
+      b.chunks.push_back(chunk);
+    } catch (...) {
+      ::operator delete(chunk);
+      b.dropped.fetch_add(1, std::memory_order_relaxed);
+      return nullptr;
+    }
     b.current = chunk;
   }
   return &b.current->records[b.written % kChunkRecords];
@@ -132,18 +148,25 @@ void publish(Buffer& b) {
 }
 
 void record(char phase, std::string_view name, const char* category, const Arg* args,
-            size_t arg_count, int64_t ts, int64_t extra, Track track) noexcept {
+            size_t arg_count, int64_t ts, int64_t duration, Track track,
+            FlowBinding flow = {}) noexcept {
   if (!enabled()) return;
-  Buffer& b = my_buffer();
-  Record* r = claim(b);
+  Buffer* b = my_buffer();
+  if (b == nullptr) {
+    registry().lost.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  Record* r = claim(*b);
   if (r == nullptr) return;
   r->ts = ts != 0 ? ts : now_ns();
-  r->extra = extra;
+  r->duration = duration;
+  r->flow_id = flow.id;
+  r->flow_ends = static_cast<uint8_t>((flow.out ? 1 : 0) | (flow.in ? 2 : 0));
   r->category = category;
   size_t i = 0;
   for (; i < std::min(arg_count, kMaxArgs); ++i) r->args[i] = args[i];
   for (; i < kMaxArgs; ++i) r->args[i] = Arg{};
-  r->track = track != 0 ? track : b.track;
+  r->track = track != 0 ? track : b->track;
   r->phase = phase;
   size_t bytes = std::min(name.size(), kMaxNameBytes);
   if (bytes < name.size()) {  // cut at a character boundary: the file must be valid UTF-8
@@ -151,128 +174,8 @@ void record(char phase, std::string_view name, const char* category, const Arg* 
   }
   std::memcpy(r->name, name.data(), bytes);
   r->name_bytes = static_cast<uint8_t>(bytes);
-  publish(b);
+  publish(*b);
 }
-
-// ---- writing at exit and on signals ---------------------------------------------------
-
-void write_quietly(const char* why) noexcept {
-  try {
-    write_file();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ddp: DDP_TRACE: could not write the trace %s: %s\n", why, e.what());
-  }
-}
-
-// The records published when the file was last written: at exit it is written
-// again only when there are more (train writes it at the end of its run).
-std::atomic<int64_t> g_written_records{-1};
-
-int64_t published_records() {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  int64_t n = 0;
-  for (Buffer* b : r.buffers)
-    n += static_cast<int64_t>(b->published.load(std::memory_order_acquire));
-  return n;
-}
-
-void at_exit() {
-  if (registry().options.dir.empty()) return;
-  if (g_written_records.load() == published_records()) return;
-  write_quietly("at exit");
-}
-
-// Note [trace on signals]: the handler only writes the signal's number into a
-// pipe (async-signal-safe); a thread of ours writes the file, puts the previous
-// action back and raises the signal again, which then does what it did before.
-constexpr int kSignals[] = {SIGTERM, SIGINT, SIGHUP};
-int g_pipe[2] = {-1, -1};
-pid_t g_signal_pid = 0;
-struct sigaction g_previous[3];
-
-void on_signal(int sig) {
-  const int saved = errno;
-  const char byte = static_cast<char>(sig);
-  [[maybe_unused]] ssize_t n = ::write(g_pipe[1], &byte, 1);
-  errno = saved;
-}
-
-void signal_thread(int read_fd) {
-  for (;;) {
-    char byte = 0;
-    const ssize_t n = ::read(read_fd, &byte, 1);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    const int sig = static_cast<unsigned char>(byte);
-    write_quietly(fmt::format("on signal {}", sig).c_str());
-    for (size_t i = 0; i < std::size(kSignals); ++i) {
-      if (kSignals[i] == sig) ::sigaction(sig, &g_previous[i], nullptr);
-    }
-    ::kill(::getpid(), sig);
-  }
-}
-
-void handle_signals() {
-  if (g_signal_pid == ::getpid()) return;  // once per process (a forked child starts its own)
-  if (::pipe2(g_pipe, O_CLOEXEC) != 0) return;
-  g_signal_pid = ::getpid();
-  std::thread(signal_thread, g_pipe[0]).detach();
-  for (size_t i = 0; i < std::size(kSignals); ++i) {
-    struct sigaction action {};
-    action.sa_handler = on_signal;
-    sigemptyset(&action.sa_mask);
-    action.sa_flags = SA_RESTART;
-    ::sigaction(kSignals[i], &action, &g_previous[i]);
-  }
-}
-
-// Who this process is before a process group says so: the launcher's variables
-// (runtime/env.h), so that ranks of a program without one still write their own
-// files, rank_<R>.json, of one run.
-RankInfo rank_from_env() {
-  RankInfo info;
-  for (const auto& [rank, size, launcher] :
-       {std::tuple{env::kRank, env::kWorldSize, "ddprun"},
-        std::tuple{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun"},
-        std::tuple{"PMI_RANK", "PMI_SIZE", "pmi"},
-        std::tuple{"SLURM_PROCID", "SLURM_NTASKS", "slurm"}}) {
-    const std::optional<std::string> r = env::get(rank);
-    if (!r) continue;
-    info.rank = static_cast<int>(std::strtol(r->c_str(), nullptr, 10));
-    info.world_size =
-        static_cast<int>(std::strtol(env::get(size).value_or("1").c_str(), nullptr, 10));
-    info.launcher = launcher;
-    break;
-  }
-  info.run_id = env::get(env::kRunId).value_or("");
-  info.restart = static_cast<int>(
-      std::strtol(env::get(env::kRestartCount).value_or("0").c_str(), nullptr, 10));
-  return info;
-}
-
-// DDP_TRACE=DIR at start-up (Note [timeline]); a bad value is reported, not thrown
-// (this runs before main).
-bool start_from_env() {
-  try {
-    const std::optional<std::string> dir = env::get(env::kTrace);
-    if (!dir) return false;
-    StartOptions options;
-    options.dir = *dir;
-    set_rank_info(rank_from_env());
-    if (auto max = env::get_int(env::kTraceMaxEvents)) {
-      DDP_CHECK(*max > 0, "{}={} must be a positive number of records", env::kTraceMaxEvents, *max);
-      options.max_events = *max;
-    }
-    start(options);
-    return true;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ddp: tracing is off: %s\n", e.what());
-    return false;
-  }
-}
-
-[[maybe_unused]] const bool g_started_from_env = start_from_env();
 
 std::string host_name() {
   char name[256] = {};
@@ -288,9 +191,9 @@ int64_t now_ns() noexcept {
   return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
 }
 
-void begin(std::string_view name, const char* category, Args args, int64_t ts,
-           Track track) noexcept {
-  record('B', name, category, args.begin(), args.size(), ts, 0, track);
+void begin(std::string_view name, const char* category, Args args, int64_t ts, Track track,
+           FlowBinding flow) noexcept {
+  record('B', name, category, args.begin(), args.size(), ts, 0, track, flow);
 }
 
 void end(int64_t ts, Track track) noexcept {
@@ -298,9 +201,9 @@ void end(int64_t ts, Track track) noexcept {
 }
 
 void complete(std::string_view name, const char* category, int64_t ts, int64_t duration_ns,
-              Args args, Track track) noexcept {
+              Args args, Track track, FlowBinding flow) noexcept {
   record('X', name, category, args.begin(), args.size(), ts, std::max<int64_t>(0, duration_ns),
-         track);
+         track, flow);
 }
 
 void complete(std::string_view name, const char* category, int64_t ts, int64_t duration_ns,
@@ -312,10 +215,6 @@ void complete(std::string_view name, const char* category, int64_t ts, int64_t d
 void instant(std::string_view name, const char* category, Args args, int64_t ts,
              Track track) noexcept {
   record('i', name, category, args.begin(), args.size(), ts, 0, track);
-}
-
-void flow(FlowStep step, uint64_t id, int64_t ts, Track track) noexcept {
-  record(static_cast<char>(step), "flow", "flow", nullptr, 0, ts, static_cast<int64_t>(id), track);
 }
 
 uint64_t new_flow_id() noexcept {
@@ -332,15 +231,19 @@ Track stream_track(std::string_view name) {
   return id;
 }
 
+uint64_t generation() noexcept {
+  return registry().generation.load(std::memory_order_acquire);
+}
+
 void name_thread(std::string_view name, bool replace) {
   if (!enabled() || (!replace && t_named)) return;
-  Buffer& b = my_buffer();
-  if (!replace && t_named) return;
+  Buffer* b = my_buffer();
+  if (b == nullptr || (!replace && t_named)) return;
   t_named = true;
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   for (TrackInfo& t : r.tracks) {
-    if (t.id == b.track && (replace || t.name.starts_with("thread "))) t.name = std::string(name);
+    if (t.id == b->track && (replace || t.name.starts_with("thread "))) t.name = std::string(name);
   }
 }
 
@@ -375,18 +278,16 @@ void start(const StartOptions& options) {
   Registry& r = registry();
   {
     std::lock_guard<std::mutex> lock(r.mutex);
-    const bool first = r.options.dir.empty() && r.buffers.empty() && r.tracks.empty();
     r.options = options;
     r.buffers.clear();
     r.tracks.clear();
     r.stream_tracks.clear();
     r.clock.clear();
+    r.lost.store(0);
     r.generation.fetch_add(1, std::memory_order_acq_rel);
-    g_written_records.store(-1);
-    if (first) std::atexit(at_exit);
   }
+  detail::started(options);  // runtime/trace_process.cpp: exit, signals, fork
   detail::g_on.store(true, std::memory_order_release);
-  if (options.handle_signals && !options.dir.empty()) handle_signals();
 }
 
 void stop() {
@@ -417,6 +318,9 @@ void pair_records(const std::vector<const Record*>& records, int64_t taken,
     }
     TraceEvent e;
     e.phase = r->phase == 'B' ? 'X' : r->phase;
+    if (r->phase == 'B' || r->phase == 'X') {
+      e.flow = {.id = r->flow_id, .out = (r->flow_ends & 1) != 0, .in = (r->flow_ends & 2) != 0};
+    }
     e.track = r->track;
     e.ts = r->ts;
     e.name.assign(r->name, r->name_bytes);
@@ -424,9 +328,7 @@ void pair_records(const std::vector<const Record*>& records, int64_t taken,
     for (const Arg& a : r->args) {
       if (a.key != nullptr) e.args.push_back(a);
     }
-    if (r->phase == 'X') e.duration_ns = r->extra;
-    if (r->phase == 's' || r->phase == 't' || r->phase == 'f')
-      e.id = static_cast<uint64_t>(r->extra);
+    if (r->phase == 'X') e.duration_ns = r->duration;
     out.push_back(std::move(e));
     if (r->phase == 'B') open[r->track].push_back(out.size() - 1);
   }
@@ -487,32 +389,22 @@ Snapshot snapshot() {
     pair_records(records, s.taken_ns, s.events);
     s.dropped += b->dropped.load(std::memory_order_relaxed);
   }
+  s.dropped += r.lost.load(std::memory_order_relaxed);
   skew_for_testing(s);
   return s;
 }
 
-std::string write_file() {
+namespace detail {
+
+int64_t published_records() {
   Registry& r = registry();
-  const std::string dir = directory();
-  DDP_CHECK(!dir.empty(), "trace::write_file: tracing has no directory; set {}=DIR", env::kTrace);
-  std::lock_guard<std::mutex> lock(r.write_mutex);
-  poll_device_spans();  // Note [device spans]
-  const int64_t published = published_records();
-  const Snapshot s = snapshot();
-  const std::string path = fmt::format("{}/{}", dir, rank_file_name(s.rank.rank));
-  const std::string temporary = fmt::format("{}.tmp.{}", path, ::getpid());
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    DDP_CHECK(out.good(), "cannot write the trace file {}: {}", temporary, std::strerror(errno));
-    write_rank_file(out, s);
-    out.flush();
-    DDP_CHECK(out.good(), "cannot write the trace file {}: {}", temporary, std::strerror(errno));
-  }
-  std::error_code ec;
-  std::filesystem::rename(temporary, path, ec);
-  DDP_CHECK(!ec, "cannot rename {} to {}: {}", temporary, path, ec.message());
-  g_written_records.store(published);
-  return path;
+  std::lock_guard<std::mutex> lock(r.mutex);
+  int64_t n = 0;
+  for (Buffer* b : r.buffers)
+    n += static_cast<int64_t>(b->published.load(std::memory_order_acquire));
+  return n;
 }
+
+}  // namespace detail
 
 }  // namespace ddp::trace

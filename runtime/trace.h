@@ -6,26 +6,33 @@
 //   trace::instant("bucket ready", "ddp", {{"bucket", 3}});
 //
 // Note [timeline]
-// Tracing is on when DDP_TRACE=DIR is set at start-up (or after start()). Every
-// thread records into a buffer of its own (no lock, no shared cache line: the
-// writer publishes each record with one release store), so recording costs a
-// clock read and ~150 bytes of copying; off, every entry point is one relaxed load
-// of a global flag and a predictable branch, and nothing else runs.
-// Records are begin/end pairs (a Span), instants, complete spans with a known
-// duration (device spans, resolved later) and flow steps (an arrow from the slice
-// that encloses the `s` to the one that encloses the `f`). Each record belongs
-// to a track: the recording thread's own (0), or a named track that is no thread
-// (a GPU stream: trace::stream_track()); the begin/end records of one track must
-// come from one thread. Times are steady_clock nanoseconds; the file records the
-// offsets of this clock to the reference clock (Note [trace clocks] in
-// runtime/trace_clock.h) and the merge aligns the ranks with them.
+// Tracing is on once start() ran: start_from_env() does when DDP_TRACE=DIR is set
+// (init_process_group, train and bench call it; ddprun never does, so the
+// launcher does not record itself). Every thread records into a buffer of its
+// own (no lock, no shared cache line: the writer publishes each record with one
+// release store), so recording costs a clock read and ~180 bytes of copying;
+// off, every entry point is one relaxed load of a global flag and a predictable
+// branch, and nothing else runs. Recording never throws and never ends the
+// process: a record that cannot get memory is counted as dropped.
+// Records are begin/end pairs (a Span), instants and complete spans with a
+// known duration (device spans, resolved later). A slice may start or end a
+// flow arrow (FlowBinding): the arrow is bound to that slice itself, so every
+// viewer draws it between the right slices whatever the order of the file.
+// Each record belongs to a track: the recording thread's own (0), or a named
+// track that is no thread (a GPU stream: trace::stream_track()); the begin/end
+// records of one track must come from one thread. Times are steady_clock
+// nanoseconds; the file records the offsets of this clock to the reference clock
+// (Note [trace clocks] in runtime/trace_clock.h) and the merge aligns the ranks
+// with them.
 //
-// The file, DIR/rank_<R>.json (runtime/trace_file.h), is written at exit, on
-// SIGTERM, SIGINT and SIGHUP (best effort: a thread writes it, then the signal's
-// previous action runs), and when the program calls write_file() (train does at
-// the end of a run). Spans still open then end at the moment of writing and say
-// `unfinished`. Each thread keeps at most DDP_TRACE_MAX_EVENTS records (default
-// 1,000,000, about 160 MB); later ones are counted as dropped.
+// The file, DIR/rank_<R>.json (runtime/trace_file.h; restarts of a ddprun group
+// get names of their own), is written at exit when anything was recorded, on
+// SIGTERM, SIGINT and SIGHUP (Note [trace on signals]), and when the program
+// calls write_file() (train does at the end of a run). Spans still open then end
+// at the moment of writing and say `unfinished`. Each thread keeps at most
+// DDP_TRACE_MAX_EVENTS records (default 1,000,000, about 180 MB); later ones are
+// counted as dropped. A process forked from a tracing one (without exec) does
+// not record, write or handle signals for its parent (Note [trace and fork]).
 #pragma once
 
 #include "runtime/device.h"
@@ -69,25 +76,34 @@ void device_boundary(DeviceSpans* spans, std::string_view name, Args args) noexc
 }  // namespace detail
 inline constexpr size_t kMaxNameBytes = 70;  // longer names are cut
 
+// The flow arrow a slice starts (out), ends (in) or passes (both); id 0: none.
+struct FlowBinding {
+  uint64_t id = 0;
+  bool out = false;
+  bool in = false;
+  bool operator==(const FlowBinding&) const = default;
+};
+
 // ts 0 means now. `category` must be a static string ("train", "ddp", ...).
 void begin(std::string_view name, const char* category, Args args = {}, int64_t ts = 0,
-           Track track = 0) noexcept;
+           Track track = 0, FlowBinding flow = {}) noexcept;
 void end(int64_t ts = 0, Track track = 0) noexcept;
 void complete(std::string_view name, const char* category, int64_t ts, int64_t duration_ns,
-              Args args = {}, Track track = 0) noexcept;
+              Args args = {}, Track track = 0, FlowBinding flow = {}) noexcept;
 void complete(std::string_view name, const char* category, int64_t ts, int64_t duration_ns,
               const std::vector<Arg>& args, Track track) noexcept;
 void instant(std::string_view name, const char* category, Args args = {}, int64_t ts = 0,
              Track track = 0) noexcept;
 
-enum class FlowStep : char { start = 's', step = 't', finish = 'f' };
-// One step of the arrow `id` (new_flow_id()); it binds to the slice open on
-// `track` at `ts`.
-void flow(FlowStep step, uint64_t id, int64_t ts = 0, Track track = 0) noexcept;
+// ids from new_flow_id() count up from 1 and stay below 2^63; collectives use
+// ids of their own with the top bit set (collectives/trace_collectives.cpp).
 uint64_t new_flow_id() noexcept;
 
-// A track that is no thread ("nccl stream (comm 0)"): the same id for the same name.
+// A track that is no thread ("nccl stream (comm 0)"): the same id for the same
+// name until the next start(), which forgets every track.
 Track stream_track(std::string_view name);
+// Counts the start() calls: a cache of tracks is stale once it changed.
+uint64_t generation() noexcept;
 // Names the calling thread's track ("main" for the process's first thread,
 // "thread <tid>" until named). With replace false, only an unnamed track is named.
 void name_thread(std::string_view name, bool replace = true);
@@ -173,23 +189,34 @@ struct StartOptions {
   int64_t max_events = 1000000;  // per thread
   bool handle_signals = true;    // write on SIGTERM, SIGINT, SIGHUP
 };
-// Starts recording afresh (what DDP_TRACE does at start-up); throws ValueError
-// when the directory cannot be created. stop() ends recording (the records stay).
+// Starts recording afresh; throws ValueError when the directory cannot be
+// created. stop() ends recording (the records stay).
 void start(const StartOptions& options);
 void stop();
 std::string directory();  // "" when never started
 
-// Writes DIR/rank_<R>.json now (atomically: a temporary file, then a rename) with
-// everything recorded so far; returns its path. Throws Error when it cannot.
+// DDP_TRACE=DIR (with DDP_TRACE_MAX_EVENTS): starts recording into DIR, once per
+// process, with the launcher's rank (RANK, OMPI_COMM_WORLD_RANK, PMI_RANK,
+// SLURM_PROCID) until a process group says so. A bad value is reported on stderr
+// and leaves tracing off: it never fails the program. Returns enabled().
+bool start_from_env() noexcept;
+// Whether DDP_TRACE is set: what every rank of a run sees alike, so the
+// collectives tracing adds (Note [trace clocks]) are run on every rank or on
+// none, also on a rank where start_from_env() failed.
+bool requested();
+
+// Writes this rank's file in DIR now (atomically: a temporary file, then a
+// rename; rank_file_name() in runtime/trace_file.h) with everything recorded so
+// far; returns its path. Throws Error when it cannot (the temporary is removed).
 std::string write_file();
 
 // Everything recorded so far, spans paired per track (for the file and the tests).
 struct TraceEvent {
-  char phase = 'X';  // X (span), i (instant), s/t/f (flow steps)
+  char phase = 'X';  // X (span), i (instant)
   Track track = 0;   // never 0 here: a thread's own track has its own id
   int64_t ts = 0;
   int64_t duration_ns = 0;  // X
-  uint64_t id = 0;          // s/t/f
+  FlowBinding flow;         // X
   std::string name;
   std::string category;
   std::vector<Arg> args;

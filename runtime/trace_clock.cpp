@@ -48,25 +48,30 @@ OffsetEstimate estimate_offset(const std::vector<OffsetBound>& bounds) {
   return e;
 }
 
+ClockMap::ClockMap(std::vector<ClockSample> samples) : samples_(std::move(samples)) {
+  std::stable_sort(samples_.begin(), samples_.end(),
+                   [](const auto& a, const auto& b) { return a.local_ns < b.local_ns; });
+}
+
+int64_t ClockMap::offset_at(int64_t local_ns) const {
+  if (samples_.empty()) return 0;
+  if (local_ns <= samples_.front().local_ns) return samples_.front().offset_ns;
+  if (local_ns >= samples_.back().local_ns) return samples_.back().offset_ns;
+  // The first sample at or after local_ns; the one before it is strictly before.
+  const auto after =
+      std::lower_bound(samples_.begin(), samples_.end(), local_ns,
+                       [](const ClockSample& s, int64_t t) { return s.local_ns < t; });
+  const ClockSample& b = *after;
+  const ClockSample& a = *(after - 1);
+  if (b.local_ns == local_ns) return b.offset_ns;
+  const long double f = static_cast<long double>(local_ns - a.local_ns) /
+                        static_cast<long double>(b.local_ns - a.local_ns);
+  return a.offset_ns +
+         static_cast<int64_t>(f * static_cast<long double>(b.offset_ns - a.offset_ns));
+}
+
 int64_t offset_at(const std::vector<ClockSample>& samples, int64_t local_ns) {
-  if (samples.empty()) return 0;
-  std::vector<const ClockSample*> sorted;
-  for (const ClockSample& s : samples) sorted.push_back(&s);
-  std::sort(sorted.begin(), sorted.end(),
-            [](const ClockSample* a, const ClockSample* b) { return a->local_ns < b->local_ns; });
-  if (local_ns <= sorted.front()->local_ns) return sorted.front()->offset_ns;
-  if (local_ns >= sorted.back()->local_ns) return sorted.back()->offset_ns;
-  for (size_t i = 1; i < sorted.size(); ++i) {
-    const ClockSample& a = *sorted[i - 1];
-    const ClockSample& b = *sorted[i];
-    if (local_ns > b.local_ns) continue;
-    if (b.local_ns == a.local_ns) return b.offset_ns;
-    const long double f = static_cast<long double>(local_ns - a.local_ns) /
-                          static_cast<long double>(b.local_ns - a.local_ns);
-    return a.offset_ns +
-           static_cast<int64_t>(f * static_cast<long double>(b.offset_ns - a.offset_ns));
-  }
-  return sorted.back()->offset_ns;
+  return ClockMap(samples).offset_at(local_ns);
 }
 
 }  // namespace ddp::trace

@@ -59,7 +59,16 @@ struct OffsetEstimate {
 OffsetEstimate estimate_offset(const std::vector<OffsetBound>& bounds);
 
 // The offset at local time `local_ns`: interpolated between the samples around it,
-// the nearest sample's outside them, 0 without samples.
+// the nearest sample's outside them, 0 without samples. The samples are sorted
+// once (the merge maps every record twice).
+class ClockMap {
+ public:
+  explicit ClockMap(std::vector<ClockSample> samples);
+  int64_t offset_at(int64_t local_ns) const;
+
+ private:
+  std::vector<ClockSample> samples_;  // by local_ns
+};
 int64_t offset_at(const std::vector<ClockSample>& samples, int64_t local_ns);
 
 }  // namespace ddp::trace

@@ -20,9 +20,30 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A rank's record time on the reference clock (Note [trace clocks]).
-int64_t aligned(const Snapshot& s, int64_t ts) {
-  return ts + offset_at(s.clock, ts);
+// Perfetto takes pid 0 for the idle process (google/perfetto#394): rank R is R + 1.
+int pid_of(const Snapshot& s) {
+  return s.rank.rank + 1;
+}
+
+// One rank as the merge writes it: its clock map (samples sorted once) and the
+// merged ids of its flow arrows.
+struct RankView {
+  const Snapshot& s;
+  ClockMap clock;
+  std::map<uint64_t, uint64_t>& flow_ids;  // (this rank's id) -> merged id
+  uint64_t& next_flow_id;
+
+  // A record time on the reference clock (Note [trace clocks]).
+  int64_t aligned(int64_t ts) const { return ts + clock.offset_at(ts); }
+  uint64_t merged_flow(uint64_t id) {
+    auto [it, added] = flow_ids.emplace(id, next_flow_id);
+    if (added) ++next_flow_id;
+    return it->second;
+  }
+};
+
+std::string json_string(std::string_view text) {
+  return json::quote(valid_utf8(text));
 }
 
 // Nanoseconds as microseconds with 3 decimals, exactly (no rounding through a double).
@@ -33,19 +54,19 @@ std::string micros(int64_t ns) {
 }
 
 void write_metadata(std::ostream& out, const Snapshot& s, const std::set<Track>& used) {
-  const int pid = s.rank.rank;
+  const int pid = pid_of(s);
   out << fmt::format(
       "{{\"ph\": \"M\", \"pid\": {0}, \"tid\": 0, \"name\": \"process_name\", \"args\": "
-      "{{\"name\": \"rank {0}\"}}}},\n"
+      "{{\"name\": \"rank {1}\"}}}},\n"
       "{{\"ph\": \"M\", \"pid\": {0}, \"tid\": 0, \"name\": \"process_sort_index\", \"args\": "
-      "{{\"sort_index\": {0}}}}},\n",
-      pid);
+      "{{\"sort_index\": {1}}}}},\n",
+      pid, s.rank.rank);
   const std::string labels = fmt::format("{} pid {}{}{}", s.host, s.pid,
                                          s.rank.backend.empty() ? "" : ", ", s.rank.backend);
   out << fmt::format(
       "{{\"ph\": \"M\", \"pid\": {}, \"tid\": 0, \"name\": \"process_labels\", \"args\": "
       "{{\"labels\": {}}}}},\n",
-      pid, json::quote(labels));
+      pid, json_string(labels));
   for (const TrackInfo& t : s.tracks) {
     if (used.count(t.id) == 0) continue;
     out << fmt::format(
@@ -53,30 +74,32 @@ void write_metadata(std::ostream& out, const Snapshot& s, const std::set<Track>&
         "{{\"name\": {2}}}}},\n"
         "{{\"ph\": \"M\", \"pid\": {0}, \"tid\": {1}, \"name\": \"thread_sort_index\", "
         "\"args\": {{\"sort_index\": {1}}}}},\n",
-        pid, t.id, json::quote(t.name));
+        pid, t.id, json_string(t.name));
   }
 }
 
-void write_event(std::ostream& out, const Snapshot& s, const TraceEvent& e, int64_t zero) {
-  const int pid = s.rank.rank;
-  out << fmt::format("{{\"ph\": \"{}\", \"pid\": {}, \"tid\": {}, \"ts\": {}", e.phase, pid,
-                     e.track, micros(aligned(s, e.ts) - zero));
+void write_event(std::ostream& out, RankView& rank, const TraceEvent& e, int64_t zero) {
+  out << fmt::format("{{\"ph\": \"{}\", \"pid\": {}, \"tid\": {}, \"ts\": {}", e.phase,
+                     pid_of(rank.s), e.track, micros(rank.aligned(e.ts) - zero));
   // Both ends mapped: a span that ends where the next begins still does once
   // the offset is interpolated between samples.
-  if (e.phase == 'X')
-    out << ", \"dur\": " << micros(aligned(s, e.ts + e.duration_ns) - aligned(s, e.ts));
-  if (e.phase == 'i') out << ", \"s\": \"t\"";
-  if (e.phase == 's' || e.phase == 't' || e.phase == 'f') {
-    // Flow ids are per rank in the files; rank R's become R * 2^32 + id here.
-    out << ", \"id\": " << ((static_cast<uint64_t>(pid) << 32) | (e.id & 0xffffffffu));
-    if (e.phase == 'f') out << ", \"bp\": \"e\"";
+  if (e.phase == 'X') {  // a slice of non-zero length stays one (a flow's enqueue: 1 ns)
+    const int64_t dur = rank.aligned(e.ts + e.duration_ns) - rank.aligned(e.ts);
+    out << ", \"dur\": " << micros(e.duration_ns > 0 ? std::max<int64_t>(1, dur) : dur);
   }
-  out << ", \"name\": " << json::quote(e.name) << ", \"cat\": " << json::quote(e.category);
+  if (e.phase == 'i') out << ", \"s\": \"t\"";
+  if (e.phase == 'X' && e.flow.id != 0 && (e.flow.out || e.flow.in)) {
+    // Bound to this slice (Note [trace files]); ids are per rank in the files.
+    out << ", \"bind_id\": " << rank.merged_flow(e.flow.id);
+    if (e.flow.out) out << ", \"flow_out\": true";
+    if (e.flow.in) out << ", \"flow_in\": true";
+  }
+  out << ", \"name\": " << json_string(e.name) << ", \"cat\": " << json_string(e.category);
   if (!e.args.empty() || e.unfinished) {
     out << ", \"args\": {";
     const char* separator = "";
     for (const Arg& a : e.args) {
-      out << separator << json::quote(a.key) << ": " << a.value;
+      out << separator << json_string(a.key) << ": " << a.value;
       separator = ", ";
     }
     if (e.unfinished) out << separator << "\"unfinished\": 1";
@@ -87,7 +110,7 @@ void write_event(std::ostream& out, const Snapshot& s, const TraceEvent& e, int6
 
 void write_other_data(std::ostream& out, const std::vector<Snapshot>& ranks, int64_t zero) {
   out << "\"otherData\": {\"generator\": \"ddp trace merge\", \"run_id\": "
-      << json::quote(ranks.empty() ? "" : ranks.front().rank.run_id)
+      << json_string(ranks.empty() ? "" : ranks.front().rank.run_id)
       << ", \"zero_ns\": " << json::quote(std::to_string(zero)) << ", \"clocks\": {";
   for (size_t i = 0; i < ranks.size(); ++i) {
     const Snapshot& s = ranks[i];
@@ -98,8 +121,8 @@ void write_other_data(std::ostream& out, const std::vector<Snapshot>& ranks, int
       text = fmt::format("offset {} ns to {} (+-{} ns, {} sample(s))", s.clock.front().offset_ns,
                          s.clock.front().reference, worst, s.clock.size());
     }
-    out << (i == 0 ? "" : ", ") << json::quote(fmt::format("rank {}", s.rank.rank)) << ": "
-        << json::quote(text);
+    out << (i == 0 ? "" : ", ") << json_string(fmt::format("rank {}", s.rank.rank)) << ": "
+        << json_string(text);
   }
   out << "}},\n";
 }
@@ -107,27 +130,33 @@ void write_other_data(std::ostream& out, const std::vector<Snapshot>& ranks, int
 }  // namespace
 
 void write_chrome_trace(std::ostream& out, const std::vector<Snapshot>& ranks) {
+  std::vector<std::map<uint64_t, uint64_t>> flow_ids(ranks.size());
+  uint64_t next_flow_id = 1;
+  std::vector<RankView> views;
+  views.reserve(ranks.size());
+  for (size_t i = 0; i < ranks.size(); ++i)
+    views.push_back({ranks[i], ClockMap(ranks[i].clock), flow_ids[i], next_flow_id});
   int64_t zero = std::numeric_limits<int64_t>::max();
-  for (const Snapshot& s : ranks) {
-    for (const TraceEvent& e : s.events) zero = std::min(zero, aligned(s, e.ts));
+  for (const RankView& v : views) {
+    for (const TraceEvent& e : v.s.events) zero = std::min(zero, v.aligned(e.ts));
   }
   if (zero == std::numeric_limits<int64_t>::max()) zero = 0;
   out << "{\"displayTimeUnit\": \"ms\",\n";
   write_other_data(out, ranks, zero);
   out << "\"traceEvents\": [\n";
   const char* separator = "";
-  for (const Snapshot& s : ranks) {
+  for (RankView& v : views) {
     std::set<Track> used;
-    for (const TraceEvent& e : s.events) used.insert(e.track);
+    for (const TraceEvent& e : v.s.events) used.insert(e.track);
     std::ostringstream meta;
-    write_metadata(meta, s, used);
+    write_metadata(meta, v.s, used);
     std::string text = meta.str();
     text.resize(text.size() - 2);  // the last ",\n"
     out << separator << text;
     separator = ",\n";
-    for (const TraceEvent& e : s.events) {
+    for (const TraceEvent& e : v.s.events) {
       out << separator;
-      write_event(out, s, e, zero);
+      write_event(out, v, e, zero);
     }
   }
   out << "\n]}\n";
@@ -135,11 +164,20 @@ void write_chrome_trace(std::ostream& out, const std::vector<Snapshot>& ranks) {
 
 namespace {
 
+bool all_digits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// rank_<R>.json or rank_<R>_restart<K>.json (rank_file_name).
 bool is_rank_file(const fs::path& p) {
   const std::string name = p.filename().string();
   if (!name.starts_with("rank_") || !name.ends_with(".json")) return false;
-  const std::string digits = name.substr(5, name.size() - 10);
-  return !digits.empty() && std::all_of(digits.begin(), digits.end(), ::isdigit);
+  std::string_view middle = std::string_view(name).substr(5, name.size() - 10);
+  if (const size_t r = middle.find("_restart"); r != std::string_view::npos) {
+    if (!all_digits(middle.substr(r + 8))) return false;
+    middle = middle.substr(0, r);
+  }
+  return all_digits(middle);
 }
 
 struct Found {
@@ -166,15 +204,21 @@ std::vector<Found> read_rank_files(const std::string& dir, MergeReport& report) 
   DDP_CHECK(fs::is_directory(dir, ec),
             "trace directory '{}' does not exist; pass the DIR given to --trace or DDP_TRACE", dir);
   std::vector<Found> found;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    if (!entry.is_regular_file() || !is_rank_file(entry.path())) continue;
+  // Never throws: a directory that cannot be listed (further) is said, not thrown.
+  fs::directory_iterator it(dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    const fs::directory_entry& entry = *it;
+    std::error_code file_ec;
+    if (!entry.is_regular_file(file_ec) || !is_rank_file(entry.path())) continue;
     const std::string path = entry.path().string();
     try {
-      found.push_back({path, entry.last_write_time(), parse_rank_file(read_all(path), path)});
+      const fs::file_time_type mtime = entry.last_write_time(file_ec);
+      found.push_back({path, mtime, parse_rank_file(read_all(path), path)});
     } catch (const Error& e) {
       report.skipped.push_back(e.what());
     }
   }
+  if (ec) report.skipped.push_back(fmt::format("{}: cannot list it: {}", dir, ec.message()));
   DDP_CHECK(!found.empty(),
             "{} holds no readable rank trace (rank_<R>.json){}; run the program with DDP_TRACE={} "
             "or ddprun --trace {}",
@@ -213,20 +257,6 @@ std::vector<Snapshot> select_run(std::vector<Found>& found, const MergeOptions& 
   return ranks;
 }
 
-void write_atomically(const std::string& path, const std::vector<Snapshot>& ranks) {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    DDP_CHECK(out.good(), "cannot write {}", temporary);
-    write_chrome_trace(out, ranks);
-    out.flush();
-    DDP_CHECK(out.good(), "cannot write {}", temporary);
-  }
-  std::error_code ec;
-  fs::rename(temporary, path, ec);
-  DDP_CHECK(!ec, "cannot rename {} to {}: {}", temporary, path, ec.message());
-}
-
 }  // namespace
 
 MergeReport merge_trace_dir(const std::string& dir, const MergeOptions& options) {
@@ -247,7 +277,7 @@ MergeReport merge_trace_dir(const std::string& dir, const MergeOptions& options)
     report.events += static_cast<int64_t>(s.events.size());
   }
   report.output = options.output.empty() ? (fs::path(dir) / "trace.json").string() : options.output;
-  write_atomically(report.output, ranks);
+  write_atomically(report.output, [&ranks](std::ostream& out) { write_chrome_trace(out, ranks); });
   return report;
 }
 

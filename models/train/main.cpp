@@ -3,6 +3,7 @@
 #include "models/train/train_options.h"
 #include "models/train/trainer.h"
 #include "runtime/error.h"
+#include "runtime/trace.h"
 
 #include <cstdio>
 #include <iostream>
@@ -22,6 +23,7 @@ int main(int argc, char** argv) {
     std::cout << ddp::train::kTrainUsage;
     return 0;
   }
+  ddp::trace::start_from_env();  // DDP_TRACE=DIR (docs/observability.md), also without ranks
   try {
     const auto result = ddp::train::run_training(*options, std::cout);
     if (result.rank != 0) return 0;  // rank 0 reports for the group

@@ -2,8 +2,9 @@
 """check_trace.py TRACE.json --ranks N [--steps S] [--buckets] [--step-slack K]
 
 Checks a merged timeline (docs/observability.md) the way a viewer would read it:
-  - it is valid JSON in Chrome's trace event format: traceEvents with ph, pid,
-    tid, ts (and dur for X), a process "rank R" per rank and a name per thread;
+  - it is valid JSON (and valid UTF-8) in Chrome's trace event format:
+    traceEvents with ph, pid, tid, ts (and dur for X), a process "rank R" per
+    rank (never pid 0: Perfetto's idle process) and a name per thread;
   - the spans of every track nest (a span that begins inside another ends
     inside it);
   - every rank has the same number of "step" spans (S when given; within K of
@@ -14,7 +15,11 @@ Checks a merged timeline (docs/observability.md) the way a viewer would read it:
   - the clocks are aligned: a collective of sequence number n ends on every
     rank after it started on every rank (an all-reduce needs every rank's data),
     to within the clock errors the ranks recorded plus 1 ms;
-  - every flow arrow ends after it starts.
+  - flow arrows are bound to slices ("bind_id" on X events, as Perfetto binds
+    them whatever the order of the file): each arrow has one slice it leaves
+    and one it enters, no later; an arrow that leaves "enqueue <op> (<label>)"
+    (a slice of non-zero duration) enters "<op> (<label>)" of the same rank and
+    sequence number.
 Exits 1 with the first failure printed; prints a summary line on success.
 """
 import argparse
@@ -33,10 +38,10 @@ def fail(message):
 
 def load(path):
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8", errors="strict") as f:
             trace = json.load(f)
     except (OSError, ValueError) as e:
-        fail(f"{path} is not valid JSON: {e}")
+        fail(f"{path} is not valid UTF-8 JSON: {e}")
     if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
         fail("no traceEvents list")
     for e in trace["traceEvents"]:
@@ -51,22 +56,36 @@ def load(path):
 
 
 def check_metadata(events, ranks):
+    """Returns {pid: rank} from the process names, and rewrites each event's pid
+    as its rank ("rank" key) for the checks below."""
     names = {e["pid"]: e["args"]["name"] for e in events
              if e["ph"] == "M" and e["name"] == "process_name"}
+    if 0 in names:
+        fail("a process has pid 0, which Perfetto takes for the idle process")
+    rank_of = {}
+    for pid, name in names.items():
+        m = re.fullmatch(r"rank (\d+)", name)
+        if not m:
+            fail(f"process {pid} is named '{name}', not 'rank R'")
+        rank_of[pid] = int(m.group(1))
     for r in range(ranks):
-        if names.get(r) != f"rank {r}":
+        if r not in rank_of.values():
             fail(f"no process 'rank {r}' (process names: {names})")
     threads = {(e["pid"], e["tid"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
     for e in events:
+        if e["pid"] not in rank_of:
+            fail(f"an event of pid {e['pid']}, which has no process name: {e}")
+        e["rank"] = rank_of[e["pid"]]
         if e["ph"] != "M" and (e["pid"], e["tid"]) not in threads:
-            fail(f"track {e['tid']} of rank {e['pid']} has no thread_name")
+            fail(f"track {e['tid']} of rank {e['rank']} has no thread_name")
+    return rank_of
 
 
 def check_nesting(events):
     tracks = collections.defaultdict(list)
     for e in events:
         if e["ph"] == "X":
-            tracks[(e["pid"], e["tid"])].append(e)
+            tracks[(e["rank"], e["tid"])].append(e)
     for (pid, tid), spans in tracks.items():
         spans.sort(key=lambda e: (e["ts"], -e["dur"]))
         stack = []
@@ -82,7 +101,7 @@ def check_nesting(events):
 
 
 def check_steps(events, ranks, expected, slack):
-    counts = collections.Counter(e["pid"] for e in events
+    counts = collections.Counter(e["rank"] for e in events
                                  if e["ph"] == "X" and e["name"] == "step")
     per_rank = [counts.get(r, 0) for r in range(ranks)]
     if max(per_rank) - min(per_rank) > slack:
@@ -104,7 +123,7 @@ def check_buckets(events, ranks):
         enqueued = collections.defaultdict(list)
         started = collections.defaultdict(list)
         for e in events:
-            if e["pid"] != r:
+            if e["rank"] != r:
                 continue
             m = ready_re.match(e["name"])
             if m and e["ph"] == "i":
@@ -147,7 +166,7 @@ def check_alignment(events, ranks, tolerance_us):
             continue
         if not e["name"].startswith("all_reduce") or "seq" not in args:
             continue
-        spans[(args["comm"], args["seq"])][e["pid"]] = (e["ts"], e["ts"] + e["dur"])
+        spans[(args["comm"], args["seq"])][e["rank"]] = (e["ts"], e["ts"] + e["dur"])
     checked = 0
     for (comm, seq), by_rank in spans.items():
         if len(by_rank) != ranks:
@@ -165,23 +184,49 @@ def check_alignment(events, ranks, tolerance_us):
 
 
 def check_flows(events):
-    starts = {}
+    """Flow arrows as Perfetto reads them: bound to the X event that carries
+    bind_id (flow_out: the arrow leaves it; flow_in: it enters it)."""
+    leaves, enters = {}, {}
     for e in events:
-        if e["ph"] == "s":
-            starts[(e["pid"], e["id"])] = e["ts"]
-    ended = 0
-    for e in events:
-        if e["ph"] != "f":
+        if e["ph"] in ("s", "t", "f"):
+            fail(f"a flow event of its own (ph {e['ph']}): viewers bind it to whichever slice "
+                 f"is open then; flows belong on their slices (bind_id): {e}")
+        if "bind_id" not in e:
             continue
-        key = (e["pid"], e["id"])
-        if key not in starts:
-            fail(f"flow {e['id']} of rank {e['pid']} ends without a start")
-        if e["ts"] < starts[key] - EPS_US:
-            fail(f"flow {e['id']} of rank {e['pid']} ends at {e['ts']} before its start {starts[key]}")
-        ended += 1
-    if ended == 0:
+        if e["ph"] != "X":
+            fail(f"bind_id on a '{e['ph']}' event: {e}")
+        if not (e.get("flow_out") or e.get("flow_in")):
+            fail(f"bind_id without flow_out or flow_in: {e}")
+        for key, table in (("flow_out", leaves), ("flow_in", enters)):
+            if e.get(key):
+                if e["bind_id"] in table:
+                    fail(f"flow {e['bind_id']} has two {key} slices: {table[e['bind_id']]} and {e}")
+                table[e["bind_id"]] = e
+    if not leaves:
         fail("no flow arrows")
-    return ended
+    collectives = 0
+    for flow, out in leaves.items():
+        into = enters.get(flow)
+        if into is None:
+            continue  # a collective still in flight when the trace was written
+        if into["ts"] < out["ts"] - EPS_US:
+            fail(f"flow {flow} enters '{into['name']}' at {into['ts']} before it leaves "
+                 f"'{out['name']}' at {out['ts']}")
+        if out["name"].startswith("enqueue "):
+            collectives += 1
+            if out["dur"] <= 0:
+                fail(f"the enqueue slice of flow {flow} has no duration: {out}")
+            if into["name"] != out["name"][len("enqueue "):]:
+                fail(f"flow {flow} leaves '{out['name']}' but enters '{into['name']}'")
+            if into["rank"] != out["rank"] or into["args"].get("seq") != out["args"].get("seq"):
+                fail(f"flow {flow} joins rank {out['rank']} #{out['args'].get('seq')} to rank "
+                     f"{into['rank']} #{into['args'].get('seq')}")
+    for flow in enters:
+        if flow not in leaves:
+            fail(f"flow {flow} enters '{enters[flow]['name']}' but leaves no slice")
+    if collectives == 0:
+        fail("no flow from an enqueue to its collective")
+    return len(leaves)
 
 
 def main():

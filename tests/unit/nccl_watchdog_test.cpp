@@ -6,9 +6,14 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdlib>
+#include <future>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace ddp {
@@ -55,8 +60,9 @@ struct FakeWorld {
   NcclWatchdog::Backend telling() {
     NcclWatchdog::Backend b = backend();
     b.started = [this](const NcclWatchdog::Entry& e) { return started.count(e.sequence) > 0; };
-    b.tell = [this](const NcclWatchdog::Entry& e, CollectiveState moment) {
-      told.push_back(std::to_string(e.sequence) + " " + std::string(collective_state_name(moment)));
+    b.tell = [this](const NcclWatchdog::Notice& n) {
+      told.push_back(std::to_string(n.sequence) + " " +
+                     std::string(collective_state_name(n.moment)));
     };
     return b;
   }
@@ -68,7 +74,8 @@ NcclWatchdog::Entry entry(int64_t sequence, std::shared_ptr<void> keep_alive = n
           .description = "all_reduce(sum) #" + std::to_string(sequence) + " of 1024 f32",
           .count = 1024,
           .timeout = timeout,
-          .keep_alive = std::move(keep_alive)};
+          .keep_alive = std::move(keep_alive),
+          .subject = nullptr};
 }
 
 template <typename E>
@@ -348,6 +355,85 @@ TEST(NcclWatchdog, WithoutTellNothingIsAskedOrTold) {
   w.finished = {0};
   dog.tick();
   EXPECT_EQ(asked, 0);
+}
+
+// A gate an observer blocks at (a flight recorder writing its dump, say).
+struct Gate {
+  std::promise<void> entered, opened;
+  std::shared_future<void> open = opened.get_future().share();
+  std::atomic<bool> blocked{false};
+};
+
+// Note [watchdog notices]: while one thread tells a slow observer, the others
+// neither wait for it nor keep the tensors alive: a waiter that gives up, a
+// state() poll, a launch failure and the next tick all return.
+TEST(NcclWatchdog, ASlowObserverHoldsUpNoOtherThread) {
+  FakeWorld w;
+  Gate gate;
+  NcclWatchdog::Backend b = w.telling();
+  b.tell = [&](const NcclWatchdog::Notice& n) {
+    w.told.push_back(std::to_string(n.sequence) + " " +
+                     std::string(collective_state_name(n.moment)));
+    if (!gate.blocked.exchange(true)) {
+      gate.entered.set_value();
+      gate.open.wait();
+    }
+  };
+  NcclWatchdog dog(0, b);
+  auto tensors = std::make_shared<int>(0);
+  std::weak_ptr<int> weak = tensors;
+  dog.start(entry(0, std::move(tensors)));
+  dog.start(entry(1));
+  w.started = {0};
+  std::thread teller([&] { dog.tick(); });  // tells "0 started", and blocks in the observer
+  gate.entered.get_future().wait();
+  auto others = std::async(std::launch::async, [&] {
+    const bool in_flight = dog.state(1) == State::in_flight;
+    const bool timed_out = dog.time_out(1, 1s).has_value();  // notices for the teller
+    w.finished = {0, 1};
+    dog.tick();  // #0 finished: its tensors go now, though its moment is still to be told
+    return in_flight && timed_out && weak.expired() && dog.state(1) == State::failed;
+  });
+  const bool returned = others.wait_for(30s) == std::future_status::ready;
+  gate.opened.set_value();
+  teller.join();
+  ASSERT_TRUE(returned) << "a thread waited for the observer another thread was telling";
+  EXPECT_TRUE(others.get());
+  // Everything was told, once, in order, by the teller.
+  EXPECT_EQ(w.told, (std::vector<std::string>{"0 started", "0 failed", "1 failed"}));
+}
+
+// An observer may call back into the watchdog, even to fail it (run apart: the
+// old design deadlocked here, and a deadlocked thread cannot be joined).
+TEST(NcclWatchdog, AnObserverMayCallBackIntoTheWatchdog) {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::alarm(20);  // a deadlock ends the child with SIGALRM
+    FakeWorld w;
+    NcclWatchdog* self = nullptr;
+    NcclWatchdog::Backend b = w.telling();
+    b.tell = [&](const NcclWatchdog::Notice& n) {
+      w.told.push_back(std::to_string(n.sequence) + " " +
+                       std::string(collective_state_name(n.moment)));
+      if (n.moment == CollectiveState::started) {
+        (void)self->state(n.sequence);
+        self->fail(std::make_exception_ptr(CommError("from an observer", 0, "x", 1, 0)));
+      }
+    };
+    NcclWatchdog dog(0, b);
+    self = &dog;
+    dog.start(entry(0));
+    w.started = {0};
+    dog.tick();
+    const bool ok = w.told == std::vector<std::string>{"0 started", "0 failed"} &&
+                    dog.state(0) == State::failed;
+    ::_exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << (WIFSIGNALED(status) ? "ended by signal " + std::to_string(WTERMSIG(status))
+                              : "exit " + std::to_string(WEXITSTATUS(status)));
 }
 
 }  // namespace

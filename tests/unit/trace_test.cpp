@@ -152,11 +152,11 @@ TEST_F(TraceTest, RankFileRoundTrips) {
   add_clock_sample({.local_ns = 10, .offset_ns = -5, .error_ns = 2, .reference = "store \"x\""});
   {
     const Span span("step", "train", {{"step", 1}});
-    flow(FlowStep::start, 42, 0);
+    complete("enqueue", "collective", 0, 1, {}, 0, {.id = 42, .out = true});
   }
-  begin("unfinished", "train");
+  begin("unfinished", "train", {}, 0, 0, {.id = 7, .in = true});
   const std::string path = write_file();
-  EXPECT_EQ(fs::path(path).filename(), "rank_3.json");
+  EXPECT_EQ(fs::path(path).filename(), "rank_3_restart2.json");
   std::ifstream in(path);
   std::stringstream text;
   text << in.rdbuf();
@@ -173,9 +173,11 @@ TEST_F(TraceTest, RankFileRoundTrips) {
   ASSERT_EQ(back.events.size(), 3u);
   EXPECT_EQ(back.events[0].name, "step");
   EXPECT_EQ(back.events[0].args[0].value, 1);
-  EXPECT_EQ(back.events[1].phase, 's');
-  EXPECT_EQ(back.events[1].id, 42u);
+  EXPECT_EQ(back.events[0].flow, FlowBinding{});
+  EXPECT_EQ(back.events[1].name, "enqueue");
+  EXPECT_EQ(back.events[1].flow, (FlowBinding{.id = 42, .out = true, .in = false}));
   EXPECT_TRUE(back.events[2].unfinished);
+  EXPECT_EQ(back.events[2].flow, (FlowBinding{.id = 7, .out = false, .in = true}));
   EXPECT_EQ(back.tracks.size(), now.tracks.size());
   end();
 }
@@ -286,11 +288,12 @@ Snapshot rank_trace(int rank, const std::string& run, int restart, int64_t offse
   step.category = "train";
   step.args = {{"step", 1}};
   s.events.push_back(step);
-  TraceEvent f = step;
-  f.phase = 'f';
-  f.id = 5;
-  f.args.clear();
-  s.events.push_back(f);
+  TraceEvent collective = step;
+  collective.name = "all_reduce";
+  collective.category = "collective";
+  collective.flow = {.id = 5, .out = false, .in = true};
+  collective.args.clear();
+  s.events.push_back(collective);
   return s;
 }
 
@@ -299,19 +302,33 @@ TEST(TraceMerge, RanksBecomeProcessesOnTheReferenceClock) {
   write_chrome_trace(out, {rank_trace(0, "a", 0, 0), rank_trace(1, "a", 0, 7'000'000'000)});
   const std::string text = out.str();
   // Both steps at reference time 10 us: the first event of the run, so at 0.
-  EXPECT_NE(text.find("\"ph\": \"X\", \"pid\": 0, \"tid\": 1, \"ts\": 0.000, \"dur\": 2.500"),
-            std::string::npos)
-      << text;
+  // Rank R is pid R + 1 (Perfetto takes pid 0 for the idle process).
   EXPECT_NE(text.find("\"ph\": \"X\", \"pid\": 1, \"tid\": 1, \"ts\": 0.000, \"dur\": 2.500"),
             std::string::npos)
       << text;
-  EXPECT_NE(text.find("\"args\": {\"name\": \"rank 1\"}"), std::string::npos);
+  EXPECT_NE(text.find("\"ph\": \"X\", \"pid\": 2, \"tid\": 1, \"ts\": 0.000, \"dur\": 2.500"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("\"pid\": 0,"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"pid\": 1, \"tid\": 0, \"name\": \"process_name\", \"args\": {\"name\": "
+                      "\"rank 0\"}"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("\"pid\": 2, \"tid\": 0, \"name\": \"process_name\", \"args\": {\"name\": "
+                      "\"rank 1\"}"),
+            std::string::npos)
+      << text;
   EXPECT_NE(text.find("\"name\": \"thread_name\", \"args\": {\"name\": \"main\"}"),
             std::string::npos);
   EXPECT_EQ(text.find("\"idle\""), std::string::npos);  // a track without events is left out
-  // Flow ids are made distinct per rank.
-  EXPECT_NE(text.find("\"id\": 5, \"bp\": \"e\""), std::string::npos);
-  EXPECT_NE(text.find("\"id\": 4294967301, \"bp\": \"e\""), std::string::npos);
+  // Flows are bound to their slices, numbered anew across the ranks: both ranks'
+  // arrow 5 become two arrows.
+  EXPECT_NE(text.find("\"bind_id\": 1, \"flow_in\": true, \"name\": \"all_reduce\""),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("\"bind_id\": 2, \"flow_in\": true, \"name\": \"all_reduce\""),
+            std::string::npos)
+      << text;
 }
 
 void write_rank(const fs::path& dir, const Snapshot& s) {
@@ -440,11 +457,13 @@ TEST_F(TraceTest, NcclMomentsBecomeSpansOnTheStreamTrack) {
   EXPECT_EQ(failed->track, runs[0]->track);
   EXPECT_EQ(track_name(s, enqueue->track), "main");
   EXPECT_EQ(enqueue->ts, 1'000);
-  int flows_on_stream = 0;
-  for (const TraceEvent& e : s.events) {
-    if (e.phase == 'f' && e.track == runs[0]->track) ++flows_on_stream;
-  }
-  EXPECT_EQ(flows_on_stream, 2);
+  // The arrow starts on the enqueue slice (1 ns long) and ends on the run itself.
+  EXPECT_EQ(enqueue->duration_ns, 1);
+  EXPECT_TRUE(enqueue->flow.out && !enqueue->flow.in);
+  EXPECT_TRUE(runs[0]->flow.in && !runs[0]->flow.out);
+  EXPECT_EQ(runs[0]->flow.id, enqueue->flow.id);
+  EXPECT_TRUE(runs[1]->flow.in);
+  EXPECT_NE(runs[1]->flow.id, runs[0]->flow.id);
 }
 
 }  // namespace
