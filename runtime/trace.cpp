@@ -172,7 +172,7 @@ void record(char phase, std::string_view name, const char* category, const Arg* 
   if (bytes < name.size()) {  // cut at a character boundary: the file must be valid UTF-8
     while (bytes > 0 && (static_cast<unsigned char>(name[bytes]) & 0xC0) == 0x80) --bytes;
   }
-  std::memcpy(r->name, name.data(), bytes);
+  if (bytes > 0) std::memcpy(r->name, name.data(), bytes);  // an empty name may have no data
   r->name_bytes = static_cast<uint8_t>(bytes);
   publish(*b);
 }

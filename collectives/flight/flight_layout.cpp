@@ -136,7 +136,7 @@ size_t region_bytes(size_t capacity) {
 void store_string(Word* words, size_t n, std::string_view s) {
   char buffer[64] = {};
   DDP_ASSERT(n * 8 <= sizeof(buffer), "{} words", n);
-  std::memcpy(buffer, s.data(), std::min(s.size(), n * 8 - 1));
+  if (!s.empty()) std::memcpy(buffer, s.data(), std::min(s.size(), n * 8 - 1));
   for (size_t i = 0; i < n; ++i) {
     uint64_t word = 0;
     std::memcpy(&word, buffer + 8 * i, 8);
