@@ -60,7 +60,10 @@ struct Buffer {
 
 struct Registry {
   std::mutex mutex;
-  std::vector<Buffer*> buffers;  // this generation's (older ones are leaked, never freed)
+  std::vector<Buffer*> buffers;  // this generation's
+  // Older generations' buffers: never freed (a thread may still hold one), kept
+  // reachable so that leak checkers see them as the process's memory.
+  std::vector<Buffer*> retired;
   std::vector<TrackInfo> tracks;
   std::map<std::string, Track, std::less<>> stream_tracks;
   Track next_track = 1;
@@ -279,6 +282,7 @@ void start(const StartOptions& options) {
   {
     std::lock_guard<std::mutex> lock(r.mutex);
     r.options = options;
+    r.retired.insert(r.retired.end(), r.buffers.begin(), r.buffers.end());
     r.buffers.clear();
     r.tracks.clear();
     r.stream_tracks.clear();

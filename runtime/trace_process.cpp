@@ -17,6 +17,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <future>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <tuple>
@@ -83,7 +85,9 @@ void on_signal(int sig) {
   errno = saved;
 }
 
-void signal_thread(int read_fd) {
+void signal_thread(int read_fd, std::shared_ptr<std::promise<void>> running) {
+  running->set_value();
+  running.reset();
   for (;;) {
     char byte = 0;
     const ssize_t n = ::read(read_fd, &byte, 1);
@@ -123,7 +127,13 @@ void handle_signals() {
   if (::pipe2(g_pipe, O_CLOEXEC) != 0) return;
   g_signal_pid = ::getpid();
   g_signalled.store(false);
-  std::thread(signal_thread, g_pipe[0]).detach();
+  // Returns once the thread runs: a fork right after start() then finds no thread
+  // half made (with a sanitizer's thread registry locked, the child's own threads
+  // would never start).
+  auto running = std::make_shared<std::promise<void>>();
+  std::future<void> ran = running->get_future();
+  std::thread(signal_thread, g_pipe[0], std::move(running)).detach();
+  ran.wait();
   for (size_t i = 0; i < kSignalCount; ++i) {
     struct sigaction current {};
     ::sigaction(kSignals[i], nullptr, &current);
