@@ -34,7 +34,8 @@ events = json.load(open(sys.argv[1]))["traceEvents"]
 shadowed = {}
 for e in events:
     if e["ph"] == "X" and e["name"] == "step" and e.get("args", {}).get("shadow") == 1:
-        shadowed[e["pid"]] = shadowed.get(e["pid"], 0) + 1
+        rank = e["pid"] - 1  # pid = rank + 1 (Perfetto treats pid 0 specially)
+        shadowed[rank] = shadowed.get(rank, 0) + 1
 assert shadowed == {1: 2, 2: 2}, f"shadowed steps per rank: {shadowed}, expected ranks 1 and 2: 2"
 print("shadowed steps: ranks 1 and 2, 2 each")
 PY
