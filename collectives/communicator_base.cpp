@@ -87,8 +87,8 @@ CommunicatorBase::CommunicatorBase(int rank, int size, CommOptions options)
   DDP_CHECK(size >= 1 && rank >= 0 && rank < size,
             "communicator: rank {} and world size {} are inconsistent (need 0 <= rank < size)",
             rank, size);
-  flight::ensure_recorder(rank, size);  // Note [flight recorder]
-  attach_trace_observer();              // Note [timeline collectives]
+  flight::ensure_recorder(rank, size, options_.timeout);  // Note [flight recorder]
+  attach_trace_observer();                                // Note [timeline collectives]
 }
 
 bool CommunicatorBase::accepts(const Device& d) const {

@@ -93,9 +93,9 @@ GroupSpec make_spec(const LaunchOptions& o, const std::string& program_path, int
   spec.output = {.log_dir = o.log_dir, .tee = o.tee, .quiet = o.quiet, .prefix = o.prefix};
   spec.grace = to_ms(o.grace_period_s);
   spec.blame.stopped_timeout = to_ms(o.stopped_timeout_s);
-  const double hang_s = o.hang_timeout_s.value_or(default_hang_timeout_s(env::get(env::kTimeoutS)));
-  spec.blame.progress_timeout = to_ms(hang_s);  // Note [hang detector]
-  spec.flight = flight_options(rendezvous.run_id(), restart, o.log_dir, to_ms(hang_s));
+  std::optional<std::chrono::milliseconds> hang;  // Note [default hang timeout]
+  if (o.hang_timeout_s) hang = to_ms(*o.hang_timeout_s);
+  spec.flight = flight_options(rendezvous.run_id(), restart, o.log_dir, hang);
   spec.argv.push_back(o.program);
   spec.argv.insert(spec.argv.end(), o.program_args.begin(), o.program_args.end());
   const auto base = current_environment();
@@ -120,7 +120,6 @@ GroupSpec make_spec(const LaunchOptions& o, const std::string& program_path, int
                                                 .backend = o.backend,
                                                 .threads = threads,
                                                 .trace_dir = o.trace_dir}));
-    set_flight_environment(spec.envs.back(), spec.flight);
   }
   return spec;
 }

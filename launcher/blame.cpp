@@ -1,5 +1,6 @@
 #include "launcher/blame.h"
 
+#include "collectives/flight/diagnosis.h"
 #include "launcher/process.h"
 
 #include <fmt/format.h>
@@ -49,10 +50,11 @@ void add_stuck(std::vector<Candidate>& out, size_t i, const RankRecord& r, Clock
     if (limit || (failure_time && since <= *failure_time))
       out.push_back({i, BlameReason::stopped, since});
   }
-  if (r.last_progress && policy.progress_timeout.count() > 0) {
+  if (r.last_progress) {
     const auto since = *r.last_progress;
-    const bool limit = now - since >= policy.progress_timeout;
-    if (limit || (failure_time && *failure_time - since >= policy.progress_timeout))
+    const bool limit =
+        policy.progress_timeout.count() > 0 && now - since >= policy.progress_timeout;
+    if (limit || (failure_time && since <= *failure_time))
       out.push_back({i, BlameReason::no_progress, since});
   }
 }
@@ -80,8 +82,8 @@ std::string stuck_text(const Candidate& c, const RankRecord& r, Clock::time_poin
         "for ever)",
         who, signal_name(r.stop_signal), seconds(now - c.since), seconds(policy.stopped_timeout));
   }
-  return fmt::format("{} made no progress for {:.1f} s (limit {:g} s)", who, seconds(now - c.since),
-                     seconds(policy.progress_timeout));
+  return fmt::format("{} made no progress for {:.1f} s (--hang-timeout {:g} s)", who,
+                     seconds(now - c.since), seconds(policy.progress_timeout));
 }
 
 }  // namespace
@@ -130,6 +132,39 @@ std::optional<Blame> find_blame(const std::vector<RankRecord>& ranks, Clock::tim
   blame.exit_code =
       pick->reason == BlameReason::stopped ? 128 + r.stop_signal : kNoProgressExitCode;
   blame.what = stuck_text(*pick, r, now, failure ? &ranks[*failure] : nullptr, policy);
+  return blame;
+}
+
+Blame blame_hang(const std::vector<RankRecord>& ranks, Clock::time_point now,
+                 const BlamePolicy& policy, const HangVerdict& hang) {
+  if (auto blame = find_blame(ranks, now, policy)) return *blame;
+  Blame blame;
+  blame.reason = BlameReason::no_progress;
+  blame.exit_code = kNoProgressExitCode;
+  const std::string silent =
+      fmt::format("no rank made progress for {:.1f} s (--hang-timeout {:g} s)", hang.silent_s,
+                  seconds(policy.progress_timeout));
+  const std::string waiting = hang.waiting.empty()
+                                  ? std::string("the others wait")
+                                  : fmt::format("{} wait{}", flight::rank_list(hang.waiting),
+                                                hang.waiting.size() == 1 ? "s" : "");
+  if (!hang.suspects.empty()) {
+    blame.index = hang.suspects.front();
+    const RankRecord& r = ranks.at(blame.index);
+    const std::string state =
+        r.wait_status ? fmt::format("exited ({}) {:.1f} s ago", describe_status(*r.wait_status),
+                                    seconds(now - r.exit_time))
+                      : std::string("is named by the diagnosis");
+    blame.what = fmt::format("rank {} (pid {}) {} while {} for it in a collective; {}", r.rank,
+                             r.pid, state, waiting, silent);
+    return blame;
+  }
+  blame.index = hang.waiting_index.empty() ? 0 : hang.waiting_index.front();
+  const RankRecord& r = ranks.at(blame.index);
+  blame.what = fmt::format(
+      "{}, and the diagnosis names no rank of this node: rank {} (pid {}), the first that "
+      "waits, stands for the hang",
+      silent, r.rank, r.pid);
   return blame;
 }
 

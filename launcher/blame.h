@@ -11,11 +11,15 @@
 //   - a rank that made no progress (a hang detector's report): its trouble
 //     began at its last progress.
 // A stopped or stalled rank counts once it passed its limit (--stopped-timeout,
-// the progress timeout), or as soon as another rank fails after it stopped:
-// in a group that runs collectives in lockstep, the others' collectives time
-// out waiting for it, and blaming the first of them (the rank whose collective
-// timed out first) would send the user to the wrong process. Ties go to the
-// lower local rank.
+// the progress timeout), or as soon as another rank fails after it stopped or
+// stalled: in a group that runs collectives in lockstep, the others'
+// collectives time out waiting for it, and blaming the first of them (the
+// rank whose collective timed out first) would send the user to the wrong
+// process. Which ranks stalled is the hang diagnosis's word: ddprun sets
+// `last_progress` only for its suspects, when the job hangs, or when a rank
+// fails in a collective (it timed out or failed there) and the diagnosis
+// names other ranks, still running, as the ones that held it back
+// (launcher/group.cpp). Ties go to the lower local rank.
 #pragma once
 
 #include <sys/types.h>
@@ -42,14 +46,15 @@ struct RankRecord {
   // When --stopped-timeout last started counting again for this stop (Note
   // [stop clocks]); unset: it counts from stopped_since.
   std::optional<Clock::time_point> stop_clock_restart;
-  // The last time the rank was seen to make progress; unset: no such report
-  // (nothing feeds it yet but the tests: the observability issue's hang detector will).
+  // The last time the rank was seen to make progress; unset: no such report.
+  // Set by ddprun for the hang diagnosis's suspects only (Note [blame]).
   std::optional<Clock::time_point> last_progress;
 };
 
 struct BlamePolicy {
   std::chrono::milliseconds stopped_timeout{30000};  // 0: a stopped rank alone never ends the job
-  std::chrono::milliseconds progress_timeout{0};     // 0: no progress reports are judged
+  // 0: a progress report alone never ends the job (it still counts before a failure)
+  std::chrono::milliseconds progress_timeout{0};
 };
 
 enum class BlameReason { failed, stopped, no_progress };
@@ -95,5 +100,22 @@ bool stop_clocks_restart(const std::vector<RankRecord>& ranks, Clock::time_point
 // The rank to blame at `now`, or nullopt while nothing is wrong (Note [blame]).
 std::optional<Blame> find_blame(const std::vector<RankRecord>& ranks, Clock::time_point now,
                                 const BlamePolicy& policy);
+
+// Note [hang blame]
+// When the hang detector fires, find_blame() decides over records in which
+// the diagnosis's suspects carry their last progress (a suspect that never
+// issued a collective: its start). When that blames nobody, a hung job must
+// still end as a failure (exit 124, a summary, the failure published to the
+// other nodes), never as a success: the first suspect is blamed (one that
+// exited with status 0 while the others wait for it, an uneven last batch),
+// else the first rank that waits (no rank of this node is suspect).
+struct HangVerdict {
+  double silent_s = 0;
+  std::vector<int> waiting;           // global ranks that wait in a collective
+  std::vector<size_t> suspects;       // indices into the records, the diagnosis's order
+  std::vector<size_t> waiting_index;  // `waiting` as indices into the records
+};
+Blame blame_hang(const std::vector<RankRecord>& ranks, Clock::time_point now,
+                 const BlamePolicy& policy, const HangVerdict& hang);
 
 }  // namespace ddp::launcher

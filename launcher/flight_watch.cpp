@@ -8,12 +8,14 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 namespace ddp::launcher {
@@ -55,40 +57,57 @@ flight::ProcessState process_state(const RankRecord& r, std::string& detail) {
 }  // namespace
 
 FlightOptions flight_options(const std::string& run_id, int restart, const std::string& log_dir,
-                             std::chrono::milliseconds hang_timeout) {
+                             std::optional<std::chrono::milliseconds> hang_timeout) {
   FlightOptions o;
   o.hang_timeout = hang_timeout;
-  o.shm_dir = fmt::format("{}/{}{}-{}", region_parent(), kRegionDirPrefix, ::getpid(), restart);
+  o.shm_parent = region_parent();
+  o.restart = restart;
   if (auto dir = env::get(env::kFlightDir)) {
     o.dump_dir = *dir;
   } else if (!log_dir.empty()) {
     o.dump_dir = log_dir;
   } else {
-    o.dump_dir = fmt::format("{}/ddp_flight/{}", temp_dir(), run_id);
+    o.dump_dir = fmt::format("{}/{}", flight::private_dump_base(), run_id);
   }
   if (restart > 0) o.dump_dir += fmt::format("/restart_{}", restart);
   return o;
 }
 
-void set_flight_environment(std::vector<std::string>& env, const FlightOptions& o) {
-  if (o.shm_dir.empty()) return;
-  for (const auto& [key, value] : {std::pair<std::string, std::string>{env::kFlightShm, o.shm_dir},
-                                   {env::kFlightDir, o.dump_dir}}) {
+void set_flight_environment(std::vector<std::string>& env, const std::string& shm_dir,
+                            const std::string& dump_dir) {
+  if (shm_dir.empty()) return;
+  for (const auto& [key, value] : {std::pair<std::string, std::string>{env::kFlightShm, shm_dir},
+                                   {env::kFlightDir, dump_dir}}) {
     std::erase_if(env, [&](const std::string& e) { return e.starts_with(key + "="); });
     env.push_back(key + "=" + value);
   }
 }
 
-void remove_stale_region_dirs() {
+void remove_stale_region_dirs(const std::string& parent) {
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(region_parent(), ec)) {
+  for (const auto& entry :
+       std::filesystem::directory_iterator(parent.empty() ? region_parent() : parent, ec)) {
     const std::string name = entry.path().filename().string();
     if (!name.starts_with(kRegionDirPrefix)) continue;
+    struct stat st {};
+    if (::lstat(entry.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid())
+      continue;
+    // Note [region directory]: its ddprun's pid is gone here and nobody holds its lock.
     const long pid = std::strtol(name.c_str() + std::strlen(kRegionDirPrefix), nullptr, 10);
     if (pid <= 0 || pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH)
       continue;
-    std::filesystem::remove_all(entry.path(), ec);
+    const int fd = ::open(entry.path().c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) std::filesystem::remove_all(entry.path(), ec);
+    ::close(fd);
   }
+}
+
+std::chrono::milliseconds default_hang_timeout(int64_t longest_collective_timeout_ns) {
+  if (longest_collective_timeout_ns <= 0) return std::chrono::milliseconds(0);
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::nanoseconds(longest_collective_timeout_ns)) +
+         kHangTimeoutMargin;
 }
 
 std::optional<Hang> find_hang(const std::vector<WatchedRank>& ranks, int64_t now_ns,
@@ -107,46 +126,60 @@ std::optional<Hang> find_hang(const std::vector<WatchedRank>& ranks, int64_t now
 
 FlightWatch::FlightWatch(FlightOptions options, std::vector<int> ranks)
     : options_(std::move(options)), ranks_(std::move(ranks)), regions_(ranks_.size()) {
-  if (!enabled()) return;
-  std::error_code ec;
-  std::filesystem::create_directories(options_.shm_dir, ec);
-  if (ec) {
+  if (options_.shm_parent.empty()) return;
+  std::string dir = fmt::format("{}/{}{}-{}-XXXXXX", options_.shm_parent, kRegionDirPrefix,
+                                ::getpid(), options_.restart);
+  if (::mkdtemp(dir.data()) == nullptr) {
     say(
         fmt::format("cannot make {} for the ranks' flight recorders ({}): no hang detection or "
                     "diagnosis in this attempt",
-                    options_.shm_dir, ec.message()));
-    options_.shm_dir.clear();
+                    dir, std::strerror(errno)));
+    return;
   }
+  shm_dir_ = dir;
+  lock_fd_ = ::open(shm_dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (lock_fd_ >= 0) ::flock(lock_fd_, LOCK_EX | LOCK_NB);  // Note [region directory]
 }
 
 FlightWatch::~FlightWatch() {
-  for (Region& r : regions_) {
-    if (r.base != nullptr) ::munmap(const_cast<void*>(r.base), r.bytes);
-  }
-  if (!options_.shm_dir.empty()) {
+  for (Region& r : regions_) unmap(r);
+  if (!shm_dir_.empty()) {
     std::error_code ec;
-    std::filesystem::remove_all(options_.shm_dir, ec);
+    std::filesystem::remove_all(shm_dir_, ec);
   }
+  if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
+void FlightWatch::set_environment(std::vector<std::string>& env) const {
+  set_flight_environment(env, shm_dir_, options_.dump_dir);
+}
+
+void FlightWatch::unmap(Region& r) {
+  if (r.base != nullptr) ::munmap(const_cast<void*>(r.base), r.bytes);
+  r = {};
+}
+
+// Note [region file]: a rank_<R> present is a region ready to read that ddprun
+// has not mapped yet (it unlinks those it mapped).
 void FlightWatch::refresh() {
   if (!enabled()) return;
   for (size_t i = 0; i < regions_.size(); ++i) {
-    Region& region = regions_[i];
-    if (region.base != nullptr) continue;
-    const std::string path = fmt::format("{}/rank_{}", options_.shm_dir, ranks_[i]);
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const std::string path = fmt::format("{}/rank_{}", shm_dir_, ranks_[i]);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) continue;
     struct stat st {};
-    if (::fstat(fd, &st) == 0 && st.st_size >= static_cast<off_t>(sizeof(flight::SharedHeader))) {
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+        st.st_size >= static_cast<off_t>(sizeof(flight::SharedHeader))) {
       const auto bytes = static_cast<size_t>(st.st_size);
       void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
       if (p != MAP_FAILED) {
         try {
-          (void)flight::read_region_status(p, bytes);  // ready?
-          region = {p, bytes};
+          (void)flight::read_region_status(p, bytes);
+          unmap(regions_[i]);  // the region of the rank's previous program
+          regions_[i] = {p, bytes};
+          ::unlink(path.c_str());
         } catch (const Error&) {
-          ::munmap(p, bytes);  // still being set up: next time
+          ::munmap(p, bytes);  // not a region this build reads: left alone
         }
       }
     }
@@ -154,31 +187,48 @@ void FlightWatch::refresh() {
   }
 }
 
+std::optional<flight::RankStatus> FlightWatch::status(size_t index) const {
+  const Region& r = regions_.at(index);
+  if (r.base == nullptr) return std::nullopt;
+  try {
+    return flight::read_region_status(r.base, r.bytes);
+  } catch (const Error&) {
+    return std::nullopt;  // the rank wrote over its header
+  }
+}
+
 void FlightWatch::restart_clock(Clock::time_point now) {
   clock_restart_ns_ = ns_of(now);
 }
 
+std::chrono::milliseconds FlightWatch::hang_timeout() const {
+  if (options_.hang_timeout) return *options_.hang_timeout;
+  int64_t longest = 0;
+  for (size_t i = 0; i < regions_.size(); ++i) {
+    if (const auto s = status(i)) longest = std::max(longest, s->collective_timeout_ns);
+  }
+  return default_hang_timeout(longest);
+}
+
 std::optional<Hang> FlightWatch::check_hang(const std::vector<RankRecord>& records,
                                             Clock::time_point now) {
-  if (!enabled() || options_.hang_timeout.count() <= 0) return std::nullopt;
-  refresh();
+  if (!enabled()) return std::nullopt;
+  const auto timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(hang_timeout());
+  if (timeout.count() <= 0) return std::nullopt;
   std::vector<WatchedRank> watched;
   for (size_t i = 0; i < regions_.size(); ++i) {
-    if (regions_[i].base == nullptr) continue;
-    watched.push_back({.rank = ranks_[i],
-                       .exited = records[i].wait_status.has_value(),
-                       .status = flight::read_region_status(regions_[i].base, regions_[i].bytes)});
+    const auto s = status(i);
+    if (!s) continue;
+    watched.push_back(
+        {.rank = ranks_[i], .exited = records[i].wait_status.has_value(), .status = *s});
   }
-  const auto timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(options_.hang_timeout);
   return find_hang(watched, ns_of(now), timeout.count(), clock_restart_ns_);
 }
 
 std::optional<Clock::time_point> FlightWatch::last_progress(size_t index) const {
-  const Region& r = regions_.at(index);
-  if (r.base == nullptr) return std::nullopt;
-  const int64_t ns = flight::read_region_status(r.base, r.bytes).last_progress_ns;
-  if (ns <= 0) return std::nullopt;
-  return time_of(ns);
+  const auto s = status(index);
+  if (!s || s->last_progress_ns <= 0) return std::nullopt;
+  return time_of(s->last_progress_ns);
 }
 
 std::vector<flight::RankSnapshot> FlightWatch::snapshots(
@@ -188,10 +238,14 @@ std::vector<flight::RankSnapshot> FlightWatch::snapshots(
   const std::string host = flight::host_name();
   for (size_t i = 0; i < regions_.size(); ++i) {
     if (regions_[i].base == nullptr) continue;
-    flight::RankSnapshot s = flight::read_region(regions_[i].base, regions_[i].bytes, now);
-    s.host = host;
-    s.process = process_state(records[i], s.process_detail);
-    out.push_back(std::move(s));
+    try {
+      flight::RankSnapshot s = flight::read_region(regions_[i].base, regions_[i].bytes, now);
+      s.host = host;
+      s.process = process_state(records[i], s.process_detail);
+      out.push_back(std::move(s));
+    } catch (const Error&) {
+      // The rank wrote over its header: no snapshot (the diagnosis says so).
+    }
   }
   return out;
 }
@@ -215,9 +269,20 @@ void FlightWatch::capture(const std::vector<RankRecord>& records, const std::str
   d.missing_reason = "no flight recorder (not started yet, or not a ddp program)";
   d.missing_would_have_dumped = false;  // ddprun reads the regions; the ranks dump nothing
   if (!snaps.empty() && snaps.front().world_size > static_cast<int>(ranks_.size())) {
-    d.other_ranks_elsewhere = true;
+    d.other_ranks_elsewhere = partial_view_ = true;
   }
   if (!snaps.empty()) diagnosis_ = flight::diagnose(snaps, d);  // none: not ddp programs
+  captured_snapshots_ = std::move(snaps);
+}
+
+bool FlightWatch::failed_in_collective(int rank) const {
+  for (const flight::RankSnapshot& s : captured_snapshots_) {
+    if (s.rank != rank) continue;
+    return std::any_of(s.records.begin(), s.records.end(), [](const flight::CollectiveRecord& r) {
+      return r.state == flight::RecordState::failed || r.timed_out;
+    });
+  }
+  return false;
 }
 
 std::vector<std::string> FlightWatch::summary_lines() const {
@@ -236,9 +301,7 @@ std::vector<std::string> FlightWatch::summary_lines() const {
 std::string FlightWatch::straggler_line() const {
   std::vector<flight::RankActivity> ranks;
   for (size_t i = 0; i < regions_.size(); ++i) {
-    if (regions_[i].base == nullptr) continue;
-    ranks.push_back(flight::activity_of(
-        ranks_[i], flight::read_region_status(regions_[i].base, regions_[i].bytes)));
+    if (const auto s = status(i)) ranks.push_back(flight::activity_of(ranks_[i], *s));
   }
   return flight::straggler_report(std::move(ranks)).text;
 }

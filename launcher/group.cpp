@@ -22,6 +22,17 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 constexpr milliseconds kRemoteCheckInterval{250};
+constexpr milliseconds kHangCheckInterval{250};
+// Note [hang on several nodes]
+// Each node's ddprun sees only its own ranks. When the hang detector fires on
+// a node whose diagnosis names none of its ranks (they all entered the stuck
+// collective and wait; the rank that holds them back runs elsewhere), that
+// node does not blame one of its healthy ranks at once: it waits this long for
+// the other nodes' verdict (their detectors see the same hang within a poll
+// or two) and ends on it; only without one does it blame locally. And a local
+// rank that fails is checked against the other nodes' first failure before it
+// is blamed (failed_elsewhere_first()).
+constexpr milliseconds kRemoteVerdictWait{3000};
 constexpr milliseconds kMaxPollWait{250};
 // After the last rank exited, how long to keep reading pipes that an escaped
 // grandchild still holds open.
@@ -61,7 +72,13 @@ class Watcher {
   void reap_exited();
   void note_stop_change(RankProcess& r);
   void judge();
+  bool failed_elsewhere_first();
+  void blame_suspects_of_failure(std::vector<RankRecord>& records, Clock::time_point now);
+  void carry_out_blame();
+  BlamePolicy policy() const;
+  std::vector<size_t> local_suspects() const;
   void check_hang();
+  void end_hung_job(const Hang& hang);
   std::vector<RankRecord> records() const;
   void check_remote();
   void stop_all(int sig, const std::string& why);
@@ -79,6 +96,12 @@ class Watcher {
   Clock::time_point start_ = Clock::now();
   Clock::time_point last_exit_;
   Clock::time_point next_remote_check_ = Clock::now();
+  Clock::time_point next_hang_check_ = Clock::now();
+  struct PendingHang {
+    Hang hang;
+    Clock::time_point deadline;
+  };
+  std::optional<PendingHang> pending_hang_;  // Note [hang on several nodes]
   bool stopping_ = false;
   bool killed_ = false;
   Clock::time_point kill_deadline_;
@@ -102,6 +125,7 @@ GroupResult Watcher::run() {
   }
   const GroupResult out = result();
   if (out.outcome != Outcome::success) print_summary();
+  flight_.refresh();  // a region published since the last check
   if (const std::string line = flight_.straggler_line(); !line.empty()) say(line);
   return out;
 }
@@ -164,10 +188,12 @@ void Watcher::spawn_one(RankProcess& r) {
                                                   .file_fd = r.err_file.get(),
                                                   .prefix = prefix,
                                                   .tail_lines = kTailLines});
+  std::vector<std::string> env = spec_.envs[static_cast<size_t>(r.local_rank)];
+  flight_.set_environment(env);  // Note [region directory]
   r.rec.start = Clock::now();
   r.rec.pid = spawn({.path = spec_.program_path,
                      .argv = spec_.argv,
-                     .env = spec_.envs[static_cast<size_t>(r.local_rank)],
+                     .env = env,
                      .stdout_fd = out.write.get(),
                      .stderr_fd = err.write.get()});
   r.running = true;
@@ -270,9 +296,53 @@ void Watcher::judge() {
     }
   }
   last_judged_ = now;
-  blame_ = find_blame(records, now, spec_.blame);
+  blame_ = find_blame(records, now, policy());
   if (!blame_) return;
+  if (blame_->reason == BlameReason::failed) {
+    if (failed_elsewhere_first()) return;
+    blame_suspects_of_failure(records, now);
+  }
+  carry_out_blame();
+}
+
+// Note [hang on several nodes]: a node publishes its failure before it signals
+// its ranks, so when a local rank fails because another node tore its ranks
+// down (a connection closed), that node's failure is already in the store: it
+// is the group's first, and this node ends on it instead of blaming its own
+// rank.
+bool Watcher::failed_elsewhere_first() {
+  if (!rendezvous_.multi_node()) return false;
+  auto failure = rendezvous_.remote_failure();
+  if (!failure) return false;
+  blame_.reset();
+  remote_ = failure;
+  stop_all(SIGTERM, failure->what);
+  return true;
+}
+
+// Note [blame]: a rank failed in a collective (it timed out or failed there)
+// and the diagnosis names other ranks, still running, as those that held it
+// back: they stalled before it failed, and find_blame() judges them so.
+void Watcher::blame_suspects_of_failure(std::vector<RankRecord>& records, Clock::time_point now) {
+  flight_.capture(records, blame_->what);
+  const int failed_rank = ranks_[blame_->index].rec.rank;
+  const auto& suspects = flight_.diagnosis().suspects;
+  if (!flight_.failed_in_collective(failed_rank) ||
+      std::find(suspects.begin(), suspects.end(), failed_rank) != suspects.end())
+    return;
+  bool any = false;
+  for (const size_t i : local_suspects()) {
+    if (!ranks_[i].running) continue;
+    ranks_[i].rec.last_progress = records[i].last_progress =
+        flight_.last_progress(i).value_or(ranks_[i].rec.start);
+    any = true;
+  }
+  if (any) blame_ = find_blame(records, now, policy());
+}
+
+void Watcher::carry_out_blame() {
   RankProcess& r = ranks_[blame_->index];
+  flight_.capture(records(), blame_->what);  // Note [dumps from the regions]: before any signal
   rendezvous_.publish_failure(
       {.node = spec_.node_rank,
        .exit_code = blame_->exit_code,
@@ -284,31 +354,88 @@ void Watcher::judge() {
   stop_all(SIGTERM, blame_->what);
 }
 
+BlamePolicy Watcher::policy() const {
+  BlamePolicy p = spec_.blame;
+  p.progress_timeout = flight_.hang_timeout();  // Note [default hang timeout]
+  return p;
+}
+
+// The local ranks the captured diagnosis names, in its order.
+std::vector<size_t> Watcher::local_suspects() const {
+  std::vector<size_t> out;
+  for (const int rank : flight_.diagnosis().suspects) {
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+      if (ranks_[i].rec.rank == rank) out.push_back(i);
+    }
+  }
+  return out;
+}
+
 std::vector<RankRecord> Watcher::records() const {
   std::vector<RankRecord> out;
   for (const RankProcess& r : ranks_) out.push_back(r.rec);
   return out;
 }
 
-// Note [hang detector]: the diagnosis's suspects are blamed for making no progress.
+// Note [hang detector]. Also keeps the regions mapped for the straggler report
+// when the detector is off.
 void Watcher::check_hang() {
-  if (stopping_) return;
-  const auto hang = flight_.check_hang(records(), Clock::now());
-  if (!hang) return;
-  say(fmt::format(
-      "no rank made progress for {:.1f} s while {} wait{} in a collective "
-      "(--hang-timeout {:g} s): the job is hung; dumping and diagnosing",
-      hang->silent_s, flight::rank_list(hang->waiting), hang->waiting.size() == 1 ? "s" : "",
-      std::chrono::duration<double>(spec_.flight.hang_timeout).count()));
-  flight_.capture(records(), "hang");
-  const auto& suspects = flight_.diagnosis().suspects;
-  for (size_t i = 0; i < ranks_.size(); ++i) {
-    const bool suspect = suspects.empty() || std::find(suspects.begin(), suspects.end(),
-                                                       ranks_[i].rec.rank) != suspects.end();
-    if (suspect) ranks_[i].rec.last_progress = flight_.last_progress(i);
+  const auto now = Clock::now();
+  if (stopping_ || now < next_hang_check_) return;
+  next_hang_check_ = now + kHangCheckInterval;
+  flight_.refresh();
+  if (pending_hang_) {  // Note [hang on several nodes]
+    if (now >= pending_hang_->deadline) {
+      say("no verdict from the other nodes: blaming this node's ranks");
+      end_hung_job(pending_hang_->hang);
+    }
+    return;
   }
-  judge();
-  if (!stopping_) stop_all(SIGTERM, "the job is hung (--hang-timeout)");  // nobody to blame
+  const auto hang = flight_.check_hang(records(), now);
+  if (!hang) return;
+  const double limit = std::chrono::duration<double>(flight_.hang_timeout()).count();
+  say(fmt::format(
+      "no rank made progress for {:.1f} s while {} wait{} in a collective (--hang-timeout {:g} "
+      "s{}; raise it if a rank may legitimately be busy that long, in a checkpoint, an "
+      "evaluation or data loading; 0 turns the detector off): the job is hung; dumping and "
+      "diagnosing",
+      hang->silent_s, flight::rank_list(hang->waiting), hang->waiting.size() == 1 ? "s" : "", limit,
+      spec_.flight.hang_timeout ? "" : ", the default: the ranks' collective timeout + 60 s"));
+  flight_.capture(records(), "hang");
+  if (local_suspects().empty() && flight_.partial_view() && rendezvous_.multi_node()) {
+    say(
+        fmt::format("the diagnosis names none of this node's ranks: waiting {:g} s for the other "
+                    "nodes' verdict",
+                    std::chrono::duration<double>(kRemoteVerdictWait).count()));
+    pending_hang_ = PendingHang{*hang, now + kRemoteVerdictWait};
+    return;
+  }
+  end_hung_job(*hang);
+}
+
+// Note [hang blame]: the suspects (every local rank when there are none) are
+// judged by their last progress.
+void Watcher::end_hung_job(const Hang& hang) {
+  const auto now = Clock::now();
+  std::vector<RankRecord> records = this->records();
+  HangVerdict verdict;
+  verdict.silent_s = hang.silent_s;
+  verdict.waiting = hang.waiting;
+  verdict.suspects = local_suspects();
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    const int rank = ranks_[i].rec.rank;
+    if (std::find(hang.waiting.begin(), hang.waiting.end(), rank) != hang.waiting.end())
+      verdict.waiting_index.push_back(i);
+    const bool suspect =
+        verdict.suspects.empty() ||
+        std::find(verdict.suspects.begin(), verdict.suspects.end(), i) != verdict.suspects.end();
+    if (suspect && ranks_[i].running) {
+      ranks_[i].rec.last_progress = records[i].last_progress =
+          flight_.last_progress(i).value_or(ranks_[i].rec.start);
+    }
+  }
+  blame_ = blame_hang(records, now, policy(), verdict);
+  carry_out_blame();
 }
 
 void Watcher::check_remote() {

@@ -55,8 +55,9 @@ failures:
   --hang-timeout S      no rank made progress for S seconds while one waits in
                         a collective: dump every rank's flight recorder, print
                         the diagnosis and end the job with exit 124 (default:
-                        the collective timeout DDP_TIMEOUT_S + 60, i.e. 360;
-                        0: never)
+                        the ranks' collective timeout + 60, i.e. 360 with
+                        DDP_TIMEOUT_S unset, so the ranks' own timeout fires
+                        first; 0: never)
 output:
   --log-dir DIR         write DIR/rank_<R>.out and DIR/rank_<R>.err instead of
                         the console (and flight recorder dumps there)
@@ -86,7 +87,8 @@ Exit status: 0 when every rank succeeded; else the first failing rank's exit
 code, or 128+N when it died of signal N (or ddprun got signal N); 1 when ddprun
 itself failed (rendezvous, port in use); 2 for bad options; 128+SIGSTOP (147)
 when a rank stayed stopped past --stopped-timeout; 124 when the job hung past
---hang-timeout; 126 when PROGRAM is not executable; 127 when it is not found.
+--hang-timeout, or a collective timed out waiting for a stalled rank; 126
+when PROGRAM is not executable; 127 when it is not found.
 Flight recorder dumps and the diagnosis are printed in the failure summary;
 the straggler report at the end of every multi-rank run.
 Docs: docs/ddprun.md, docs/observability.md.
@@ -326,18 +328,6 @@ std::string rdzv_store_host(const LaunchOptions& o) {
 
 int rdzv_store_port(const LaunchOptions& o) {
   return o.rdzv_port != 0 ? o.rdzv_port : o.master_port + 1;
-}
-
-double default_hang_timeout_s(const std::optional<std::string>& ddp_timeout_s) {
-  double collective = 300;
-  if (ddp_timeout_s) {
-    try {
-      collective = parse_seconds("DDP_TIMEOUT_S", *ddp_timeout_s);
-    } catch (const ValueError&) {
-      // The ranks report a bad DDP_TIMEOUT_S themselves; keep the default here.
-    }
-  }
-  return collective + 60;
 }
 
 int threads_per_rank(int cores, int local_ranks) {

@@ -31,7 +31,8 @@ struct LaunchOptions {
   std::string store_secret_file;  // DDP_STORE_SECRET from a file of mode 0600 (or 0400)
   double stopped_timeout_s = 30;  // a rank stopped this long ends the job; 0: never
   // No progress of any rank this long while one waits in a collective ends the
-  // job (Note [hang detector]); 0: never; unset: default_hang_timeout_s().
+  // job (Note [hang detector]); 0: never; unset: Note [default hang timeout]
+  // (launcher/flight_watch.h).
   std::optional<double> hang_timeout_s;
   int max_restarts = 0;
   std::string log_dir;          // per-rank stdout and stderr files; empty: the console only
@@ -69,12 +70,6 @@ int resolve_nproc(const std::string& spec, int gpu_count, const std::string& why
 
 // OMP_NUM_THREADS for each of `local_ranks` ranks on `cores` cores: at least 1.
 int threads_per_rank(int cores, int local_ranks);
-
-// --hang-timeout's default: the ranks' collective timeout (DDP_TIMEOUT_S as
-// ddprun got it; 300 s when unset) plus 60 s, so that a hang the ranks' own
-// timeout catches is reported by them first, and nothing that timeout would
-// let run is ended (docs/flight_recorder.md).
-double default_hang_timeout_s(const std::optional<std::string>& ddp_timeout_s);
 
 // The agents' store endpoint with --nnodes > 1 (see LaunchOptions).
 std::string rdzv_store_host(const LaunchOptions& o);

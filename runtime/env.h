@@ -28,8 +28,9 @@
 //                      also ends the process after logging (Note [nccl watchdog])
 //   DDP_FLIGHT_RECORDER_SIZE  collectives each rank's flight recorder keeps (default:
 //                      2000; 0: no recorder; Note [flight recorder])
-//   DDP_FLIGHT_DIR     where flight recorder dumps go (default: $TMPDIR/ddp_flight, else
-//                      /tmp/ddp_flight; ddprun sets it for its ranks: docs/flight_recorder.md)
+//   DDP_FLIGHT_DIR     where flight recorder dumps go (default: $TMPDIR/ddp_flight-<uid>, else
+//                      /tmp/ddp_flight-<uid>; ddprun sets it for its ranks:
+//                      docs/flight_recorder.md)
 //   DDPRUN_FLIGHT_SHM  set by ddprun: the directory of the ranks' flight recorder
 //                      regions, which ddprun reads (Note [flight region])
 //   DDP_TEST_SLOW_RANK, DDP_TEST_SKIP_ALLREDUCE  testing aids of `train` (docs/train.md)

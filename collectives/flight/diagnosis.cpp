@@ -31,9 +31,13 @@ struct View {
   }
 };
 
-bool same_collective(const CollectiveRecord& a, const CollectiveRecord& b) {
+bool same_shape(const CollectiveRecord& a, const CollectiveRecord& b) {
   return a.kind == b.kind && a.op == b.op && a.root == b.root && a.dtype == b.dtype &&
-         a.count == b.count && a.label == b.label;
+         a.count == b.count;
+}
+
+bool same_collective(const CollectiveRecord& a, const CollectiveRecord& b) {
+  return same_shape(a, b) && a.label == b.label;
 }
 
 std::string signature(const CollectiveRecord& r) {
@@ -74,6 +78,8 @@ struct Finding {
   std::set<int> named;  // ranks whose process state was said
   // A collective every rank in view entered and none completed or skipped.
   std::string entered_by_all;
+  // The view is one node's of a larger world (DiagnosisOptions::other_ranks_elsewhere).
+  bool partial = false;
 };
 
 // 1. The first sequence number two ranks used for different collectives.
@@ -96,10 +102,16 @@ void find_mismatch(const std::vector<View>& views, Finding& out) {
     std::stable_sort(groups.begin(), groups.end(), [](const auto& a, const auto& b) {
       return a.second.size() < b.second.size();
     });
-    std::string text = fmt::format("collective mismatch at #{}{}: ", s,
+    // Labels are the callers' words: the same shape under other labels may be
+    // the same collective, or (equal bucket sizes) a skipped one. Said so.
+    const bool labels_only = std::all_of(groups.begin(), groups.end(), [&](const auto& g) {
+      return same_shape(*g.first, *groups.front().first);
+    });
+    std::string text = fmt::format("collective mismatch at #{}{}{}: ", s,
                                    groups.front().first->comm != 0
                                        ? fmt::format(" of comm {}", groups.front().first->comm)
-                                       : "");
+                                       : "",
+                                   labels_only ? " (same shape, different labels)" : "");
     for (size_t i = 0; i < groups.size(); ++i) {
       text += fmt::format("{}{} {}{}", i == 0 ? "" : ", ", rank_list(groups[i].second),
                           i == 0 ? "called " : "", signature(*groups[i].first));
@@ -242,9 +254,16 @@ void find_stuck(const std::vector<View>& views, const std::vector<const RankSnap
     out.lines.push_back(fmt::format("{} entered {}; {} completed it, {} did not{}", every, what,
                                     rank_list(k.completed), rank_list(k.open),
                                     open.empty() ? "" : fmt::format(" ({})", open)));
-    // Of those that did not, the stopped or dead ones hold the others back.
+    // Of those that did not, the stopped or dead ones hold the others back;
+    // without such a rank, those that did not. In one node's view of a larger
+    // world, a rank waiting in it waits for ranks elsewhere: no suspect.
     for (const RankSnapshot* s : k.halted) out.suspects.push_back(s->rank);
-    if (k.halted.empty()) out.suspects.insert(out.suspects.end(), k.open.begin(), k.open.end());
+    if (k.halted.empty()) {
+      for (const int r : k.open) {
+        const bool waits = std::find(k.waiting.begin(), k.waiting.end(), r) != k.waiting.end();
+        if (!out.partial || !waits) out.suspects.push_back(r);
+      }
+    }
   } else {
     if (out.entered_by_all.empty()) out.entered_by_all = what;
     out.lines.push_back(fmt::format("{} entered {} and none completed it{}", every, what,
@@ -383,6 +402,7 @@ Diagnosis diagnose(const std::vector<RankSnapshot>& ranks, const DiagnosisOption
                             : missing_ranks(all, expected).empty() ? "every rank"
                                                                    : "every rank with a dump";
   Finding f;
+  f.partial = options.other_ranks_elsewhere;
   for (const int comm : comms) {
     std::vector<View> views;
     for (const RankSnapshot* s : all) {
@@ -416,9 +436,10 @@ std::vector<std::string> rank_lines(const std::vector<RankSnapshot>& ranks) {
       if (r.state == RecordState::completed) last_done = &r;
     }
     out.push_back(fmt::format(
-        "rank {:<3} pid {:<8} {:<18} {}; {} collectives issued{}{}", s.rank, s.pid, state, doing,
+        "rank {:<3} pid {:<8} {:<18} {}; {} collectives issued{}{}{}", s.rank, s.pid, state, doing,
         s.recorded, last_done ? fmt::format(", last completed {}", named(*last_done, false)) : "",
-        s.torn > 0 ? fmt::format(", {} record(s) being written", s.torn) : ""));
+        s.torn > 0 ? fmt::format(", {} record(s) being written", s.torn) : "",
+        s.status.wait_torn ? ", its wait status being written (stopped inside a wait?)" : ""));
   }
   return out;
 }

@@ -17,7 +17,9 @@
 //      2 never entered all_reduce #1234 (ddp bucket 3, 1.2 MB); ranks 0,1,3 have
 //      waited 300 s in it") and are the suspects; when every rank entered it,
 //      the ranks that did not complete it are ("... ranks 0,1,3 completed it,
-//      rank 2 did not"); when none completed it, the stopped or dead ones are.
+//      rank 2 did not"; in one node's view of a larger world, not those that
+//      wait in it: they wait for ranks elsewhere); when none completed it, the
+//      stopped or dead ones are.
 // A rank's process state (stopped, exited), known to ddprun, is said with its
 // name. Durations are measured on each rank's own clock, up to its snapshot's
 // taken_ns, so dumps from several nodes combine. Ranks expected but without a

@@ -2,9 +2,11 @@
 
 #include "collectives/flight/flight_recorder.h"
 #include "runtime/checkpoint/json.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,9 +36,11 @@ std::string status_json(const RankStatus& s) {
   return fmt::format(
       "{{\"last_progress_ns\": {}, \"first_ns\": {}, \"last_ns\": {}, \"waiters\": {}, "
       "\"wait_since_ns\": {}, \"wait_comm\": {}, \"wait_sequence\": {}, \"blocked_ns\": {}, "
-      "\"steps\": {}, \"step_ns\": {}, \"step_blocked_ns\": {}}}",
+      "\"steps\": {}, \"step_ns\": {}, \"step_blocked_ns\": {}, \"collective_timeout_ns\": {}, "
+      "\"wait_torn\": {}}}",
       s.last_progress_ns, s.first_ns, s.last_ns, s.waiters, s.wait_since_ns, s.wait_comm,
-      s.wait_sequence, s.blocked_ns, s.steps, s.step_ns, s.step_blocked_ns);
+      s.wait_sequence, s.blocked_ns, s.steps, s.step_ns, s.step_blocked_ns, s.collective_timeout_ns,
+      s.wait_torn ? 1 : 0);
 }
 
 // Reads fields of one JSON object, naming the origin and the key in errors.
@@ -125,6 +129,8 @@ RankStatus parse_status(const json::Value& v, std::string_view origin) {
   s.steps = f.integer("steps");
   s.step_ns = f.integer("step_ns");
   s.step_blocked_ns = f.integer("step_blocked_ns");
+  s.collective_timeout_ns = f.integer_or("collective_timeout_ns", 0);
+  s.wait_torn = f.integer_or("wait_torn", 0) != 0;
   return s;
 }
 
@@ -182,15 +188,56 @@ RankSnapshot from_json(std::string_view text, std::string_view origin) {
   return s;
 }
 
-std::string write_dump(const std::string& dir, const RankSnapshot& snapshot) {
+std::string private_dump_base() {
+  const auto tmp = env::get("TMPDIR");
+  return fmt::format("{}/ddp_flight-{}", tmp && !tmp->empty() ? *tmp : std::string("/tmp"),
+                     ::geteuid());
+}
+
+void make_dump_dir(const std::string& dir) {
+  const std::string base = private_dump_base();
+  if (dir == base || dir.starts_with(base + "/")) {  // Note [dump directories]
+    if (::mkdir(base.c_str(), 0700) != 0 && errno != EEXIST) {
+      throw Error(
+          fmt::format("cannot make the flight recorder dump directory {}: {}; set {} to "
+                      "a directory of yours",
+                      base, std::strerror(errno), env::kFlightDir));
+    }
+    struct stat st {};
+    const bool ok = ::lstat(base.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
+                    st.st_uid == ::geteuid() && (st.st_mode & 022) == 0;
+    DDP_CHECK_T(Error, ok,
+                "{} is not a private directory of yours (uid {}): {}; flight recorder dumps do "
+                "not go there. Remove it, or set {} to a directory of yours",
+                base, ::geteuid(),
+                S_ISLNK(st.st_mode)    ? "a symbolic link"
+                : !S_ISDIR(st.st_mode) ? "not a directory"
+                : st.st_uid != ::geteuid()
+                    ? fmt::format("owned by uid {}", st.st_uid)
+                    : fmt::format("others may write to it (mode {:o})", st.st_mode & 0777),
+                env::kFlightDir);
+  }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
+  DDP_CHECK_T(Error, !ec,
+              "cannot make the flight recorder dump directory {}: {}; set {} to a writable "
+              "directory",
+              dir, ec.message(), env::kFlightDir);
+}
+
+std::string write_dump(const std::string& dir, const RankSnapshot& snapshot) {
+  make_dump_dir(dir);
   const std::string path = fmt::format("{}/{}", dir, dump_file_name(snapshot.rank));
-  const std::string temp = fmt::format("{}.tmp.{}", path, ::getpid());
+  // A temporary of its own (O_EXCL, a random name): two dumps of one process at
+  // once (SIGUSR1 and a timeout) never share it, and nothing planted there is
+  // followed.
+  std::string temp = fmt::format("{}/.{}.XXXXXX", dir, dump_file_name(snapshot.rank));
   const std::string text = to_json(snapshot);
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  DDP_CHECK_T(Error, fd >= 0, "cannot write the flight recorder dump {}: {}", temp,
-              std::strerror(errno));
+  const int fd = ::mkostemp(temp.data(), O_CLOEXEC);
+  DDP_CHECK_T(Error, fd >= 0,
+              "cannot write the flight recorder dump {}: {}; set {} to a "
+              "writable directory",
+              temp, std::strerror(errno), env::kFlightDir);
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
@@ -204,7 +251,8 @@ std::string write_dump(const std::string& dir, const RankSnapshot& snapshot) {
     const int why = done != text.size() ? saved : errno;
     ::unlink(temp.c_str());
     throw Error(
-        fmt::format("cannot write the flight recorder dump {}: {}", path, std::strerror(why)));
+        fmt::format("cannot write the flight recorder dump {}: {}; set {} to a directory with room",
+                    path, std::strerror(why), env::kFlightDir));
   }
   return path;
 }

@@ -75,6 +75,14 @@ int64_t load(const Word& w) {
   return static_cast<int64_t>(w.load(std::memory_order_relaxed));
 }
 
+void load_wait_section(const SharedHeader& h, RankStatus& s) {
+  s.waiters = load(h.waiters);
+  s.wait_since_ns = load(h.wait_since_ns);
+  s.wait_comm = load(h.wait_comm);
+  s.wait_sequence = load(h.wait_sequence);
+  s.blocked_ns = load(h.blocked_ns);
+}
+
 RankStatus read_status(const SharedHeader& h) {
   RankStatus s;
   s.last_progress_ns = load(h.last_progress_ns);
@@ -83,19 +91,20 @@ RankStatus read_status(const SharedHeader& h) {
   s.steps = load(h.steps);
   s.step_ns = load(h.step_ns);
   s.step_blocked_ns = load(h.step_blocked_ns);
+  s.collective_timeout_ns = load(h.collective_timeout_ns);
   for (int attempt = 0; attempt < kReadTries; ++attempt) {
     const uint64_t before = h.wait_lock.load(std::memory_order_acquire);
     if ((before & 1) == 0) {
-      s.waiters = load(h.waiters);
-      s.wait_since_ns = load(h.wait_since_ns);
-      s.wait_comm = load(h.wait_comm);
-      s.wait_sequence = load(h.wait_sequence);
-      s.blocked_ns = load(h.blocked_ns);
+      load_wait_section(h, s);
       std::atomic_thread_fence(std::memory_order_acquire);
-      if (h.wait_lock.load(std::memory_order_relaxed) == before) break;
+      if (h.wait_lock.load(std::memory_order_relaxed) == before) return s;
     }
     if (attempt > 8) std::this_thread::yield();
   }
+  // The writer kept it odd (stopped inside Work::wait's bookkeeping) or changing:
+  // the last copy, said to be torn rather than passed off as "not waiting".
+  load_wait_section(h, s);
+  s.wait_torn = true;
   return s;
 }
 

@@ -82,7 +82,10 @@ struct SharedHeader {
   Word blocked_ns;                // cumulative time with a thread blocked, waits ended
   // The trainer's step marks (Note [straggler report] in straggler.h).
   Word steps, step_ns, step_blocked_ns;
-  Word reserved[8];
+  // The longest collective timeout of the rank's communicators (CommOptions::
+  // timeout, ns; 0: not known): ddprun's default --hang-timeout derives from it.
+  Word collective_timeout_ns;
+  Word reserved[7];
 };
 
 size_t region_bytes(size_t capacity);
@@ -108,6 +111,10 @@ struct RankStatus {
   int64_t waiters = 0, wait_since_ns = 0, wait_comm = -1, wait_sequence = -1;
   int64_t blocked_ns = 0;
   int64_t steps = 0, step_ns = 0, step_blocked_ns = 0;
+  int64_t collective_timeout_ns = 0;  // 0: not known
+  // The wait section was being written on every try (a rank stopped inside
+  // Work::wait's bookkeeping): waiters and wait_* are the last, maybe torn, copy.
+  bool wait_torn = false;
 };
 
 // What a launcher knows of the process that a dump's records come from.

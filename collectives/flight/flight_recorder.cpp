@@ -6,6 +6,7 @@
 #include "runtime/logging.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -63,23 +64,41 @@ uint64_t with_state(uint64_t shape, RecordState state) {
   return (shape & ~(u64(0xff) << 24)) | u64(static_cast<uint8_t>(state)) << 24;
 }
 
-// Maps the region: <shm_dir>/rank_<R> shared with ddprun, else anonymous memory.
-void* map_region(const RecorderOptions& o, int rank, size_t bytes, std::string& path) {
+// Note [region file]
+// Under ddprun the rank makes its region a file of its own, rank_<R>.<pid>
+// (O_EXCL | O_NOFOLLOW: never a file or a link planted there; the directory is
+// ddprun's, mode 0700), reserves its blocks (posix_fallocate: a full /dev/shm
+// is a warning now, not a SIGBUS in the middle of training, since tmpfs files
+// are sparse), writes the header, and only then renames it to rank_<R>. ddprun
+// maps whatever rank_<R> is and unlinks it (launcher/flight_watch.h), so a
+// second program of the same rank (`ddprun sh -c 'train ...; eval ...'`)
+// publishes a new file that ddprun moves to, and no file ddprun maps is ever
+// truncated under it.
+
+// Maps the region: a temporary <shm_dir>/rank_<R>.<pid> shared with ddprun
+// (`temp` names it; publish_region() renames it), else anonymous memory.
+void* map_region(const RecorderOptions& o, int rank, size_t bytes, std::string& temp) {
   if (!o.shm_dir.empty()) {
-    path = fmt::format("{}/rank_{}", o.shm_dir, rank);
-    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd >= 0 && ::ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
-      void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    temp = fmt::format("{}/rank_{}.{}", o.shm_dir, rank, ::getpid());
+    std::string why;
+    const int fd = ::open(temp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      why = std::strerror(errno);
+    } else {
+      const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+      void* p =
+          err == 0 ? ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+      why = std::strerror(err != 0 ? err : errno);
       ::close(fd);
       if (p != MAP_FAILED) return p;
-    } else if (fd >= 0) {
-      ::close(fd);
+      ::unlink(temp.c_str());
     }
     DDP_LOG_WARN(
-        "flight recorder: cannot map {} ({}); recording in this process's memory, which "
-        "ddprun cannot read (no hang diagnosis for this rank)",
-        path, std::strerror(errno));
-    path.clear();
+        "flight recorder: cannot map {} bytes at {} ({}; is its file system full? `df {}`); "
+        "recording in this process's memory, which ddprun cannot read (no hang diagnosis or "
+        "straggler figures for this rank)",
+        bytes, temp, why, o.shm_dir);
+    temp.clear();
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   DDP_CHECK_T(Error, p != MAP_FAILED, "flight recorder: cannot allocate {} bytes: {}", bytes,
@@ -87,14 +106,46 @@ void* map_region(const RecorderOptions& o, int rank, size_t bytes, std::string& 
   return p;
 }
 
+// Note [region file]: the header is written; ddprun may map it now. Returns the
+// region's name, "" when the rename failed (logged; the rank records anyway).
+std::string publish_region(const std::string& temp, int rank) {
+  if (temp.empty()) return "";
+  const std::string path =
+      fmt::format("{}/rank_{}", std::filesystem::path(temp).parent_path().string(), rank);
+  if (::rename(temp.c_str(), path.c_str()) == 0) return path;
+  DDP_LOG_WARN(
+      "flight recorder: cannot rename {} to {} ({}); ddprun cannot read this rank's "
+      "region",
+      temp, path, std::strerror(errno));
+  ::unlink(temp.c_str());
+  return "";
+}
+
+// Note [flight recorder and fork]
+// A fork()ed child inherits the recorder: its region (MAP_SHARED under ddprun,
+// so the child's writes would land in the parent's records, under the parent's
+// pid), a record lock that another thread of the parent may have held at the
+// fork (odd for ever in the child's copy), and the SIGUSR1 pipe, whose dump
+// thread is the parent's. So the child's copy goes quiet: every recorder
+// remembers the fork generation it was made in and ignores events of a later
+// one, the pipe is closed (SIGUSR1 to the child dumps nothing and leaves it
+// alone), and ensure_recorder() starts over: a communicator the child makes
+// installs a recorder of its own.
+std::atomic<uint64_t> g_fork_generation{0};
+
 // ---- SIGUSR1 -------------------------------------------------------------------------
 
-int g_wake_fd = -1;  // the write end of the dump thread's pipe
+std::atomic<int> g_wake_fd{-1};  // the write end of the dump thread's pipe
+std::atomic<int> g_read_fd{-1};  // its read end (the dump thread's)
+static_assert(std::atomic<int>::is_always_lock_free, "used in a signal handler");
 
 void on_sigusr1(int) {
   const int saved = errno;
   const char byte = 1;
-  [[maybe_unused]] const ssize_t n = ::write(g_wake_fd, &byte, 1);
+  const int fd = g_wake_fd.load(std::memory_order_relaxed);
+  if (fd >= 0) {
+    [[maybe_unused]] const ssize_t n = ::write(fd, &byte, 1);
+  }
   errno = saved;
 }
 
@@ -109,17 +160,20 @@ void dump_thread(int read_fd, const FlightRecorder* recorder) {
   }
 }
 
-// Only where SIGUSR1 has its default action (Note [flight recorder]).
+// Only where SIGUSR1 has its default action, or the handler of a recorder of
+// the parent before a fork (Note [flight recorder]).
 void handle_sigusr1(const FlightRecorder* recorder) {
   struct sigaction current {};
   if (::sigaction(SIGUSR1, nullptr, &current) != 0) return;
-  if ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL) {
+  if ((current.sa_flags & SA_SIGINFO) != 0 ||
+      (current.sa_handler != SIG_DFL && current.sa_handler != on_sigusr1)) {
     DDP_LOG_DEBUG("flight recorder: SIGUSR1 already has a handler; no dump on SIGUSR1");
     return;
   }
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return;
   ::fcntl(fds[1], F_SETFL, O_NONBLOCK);  // a flood of signals never blocks the handler
+  g_read_fd = fds[0];
   g_wake_fd = fds[1];
   std::thread(dump_thread, fds[0], recorder).detach();
   struct sigaction action {};
@@ -133,12 +187,32 @@ std::mutex g_install_mutex;
 std::atomic<FlightRecorder*> g_recorder{nullptr};
 bool g_installed = false;
 
+// Note [flight recorder and fork]. The install mutex is held across fork(), so
+// the child's copy is never locked by a thread that does not exist there.
+void before_fork() {
+  g_install_mutex.lock();
+}
+
+void after_fork_in_parent() {
+  g_install_mutex.unlock();
+}
+
+void after_fork_in_child() {
+  g_fork_generation.fetch_add(1, std::memory_order_relaxed);
+  g_recorder.store(nullptr, std::memory_order_relaxed);
+  g_installed = false;
+  for (std::atomic<int>* fd : {&g_wake_fd, &g_read_fd}) {
+    const int old = fd->exchange(-1);
+    if (old >= 0) ::close(old);
+  }
+  g_install_mutex.unlock();
+}
+
 }  // namespace
 
 std::string default_dump_dir() {
   if (auto dir = env::get(env::kFlightDir)) return *dir;
-  const auto tmp = env::get("TMPDIR");
-  return fmt::format("{}/ddp_flight", tmp ? *tmp : std::string("/tmp"));
+  return private_dump_base();  // Note [dump directories] in flight_dump.h
 }
 
 std::string dump_file_name(int rank) {
@@ -177,9 +251,11 @@ FlightRecorder::FlightRecorder(const RecorderOptions& options, int rank, int wor
     : rank_(rank),
       capacity_(options.capacity),
       dump_dir_(options.dump_dir),
-      dump_on_failure_(options.dump_on_failure) {
+      dump_on_failure_(options.dump_on_failure),
+      generation_(g_fork_generation.load(kRelaxed)) {
   bytes_ = region_bytes(capacity_);
-  base_ = map_region(options, rank, bytes_, region_path_);
+  std::string temp;
+  base_ = map_region(options, rank, bytes_, temp);
   header_ = std::launder(reinterpret_cast<SharedHeader*>(base_));
   records_ = std::launder(reinterpret_cast<SharedRecord*>(
       static_cast<unsigned char*>(base_) + (bytes_ - capacity_ * sizeof(SharedRecord))));
@@ -196,13 +272,27 @@ FlightRecorder::FlightRecorder(const RecorderOptions& options, int rank, int wor
   h.wait_comm.store(u64(-1), kRelaxed);
   h.wait_sequence.store(u64(-1), kRelaxed);
   h.magic.store(kMagic, std::memory_order_release);
+  region_path_ = publish_region(temp, rank);
 }
 
 FlightRecorder::~FlightRecorder() {
   if (base_ != nullptr) ::munmap(base_, bytes_);
 }
 
+bool FlightRecorder::forked_away() const noexcept {
+  return generation_ != g_fork_generation.load(kRelaxed);
+}
+
+void FlightRecorder::note_timeout(std::chrono::milliseconds timeout) noexcept {
+  const auto ns = u64(std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count());
+  Word& w = header_->collective_timeout_ns;
+  uint64_t seen = w.load(kRelaxed);
+  while (ns > seen && !w.compare_exchange_weak(seen, ns, kRelaxed)) {
+  }
+}
+
 void FlightRecorder::on_collective(const CollectiveEvent& e) noexcept {
+  if (forked_away()) return;  // Note [flight recorder and fork]
   const CollectiveInfo& info = e.info;
   const int64_t t = e.time_ns;
   header_->last_ns.store(u64(t), kRelaxed);
@@ -328,12 +418,13 @@ void FlightRecorder::wait_end(const CollectiveInfo& info, int64_t t) {
 }
 
 void FlightRecorder::step_begin() noexcept {
+  if (forked_away()) return;
   step_begin_ns_ = steady_now_ns();
   step_begin_blocked_ns_ = static_cast<int64_t>(header_->blocked_ns.load(kRelaxed));
 }
 
 void FlightRecorder::step_end() noexcept {
-  if (step_begin_ns_ == 0) return;
+  if (step_begin_ns_ == 0 || forked_away()) return;
   const int64_t t = steady_now_ns();
   SharedHeader& h = *header_;
   const auto blocked = static_cast<int64_t>(h.blocked_ns.load(kRelaxed));
@@ -379,14 +470,21 @@ void FlightRecorder::dump_once(const CollectiveInfo& info, std::string_view what
   }
 }
 
-void ensure_recorder(int rank, int world_size) {
+void ensure_recorder(int rank, int world_size, std::chrono::milliseconds timeout) {
   if (world_size <= 1) return;
+  static std::once_flag at_fork;
+  std::call_once(at_fork,
+                 [] { ::pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child); });
   std::lock_guard<std::mutex> lock(g_install_mutex);
-  if (g_installed) return;
+  if (g_installed) {
+    if (FlightRecorder* r = g_recorder.load(std::memory_order_relaxed)) r->note_timeout(timeout);
+    return;
+  }
   const RecorderOptions options = recorder_options_from_env();
   g_installed = true;
   if (options.capacity == 0) return;
   auto r = std::make_shared<FlightRecorder>(options, rank, world_size);
+  r->note_timeout(timeout);
   g_recorder.store(r.get(), std::memory_order_release);
   add_collective_observer(r);  // the registry keeps it for the process's life
   if (options.handle_sigusr1) handle_sigusr1(r.get());

@@ -14,20 +14,22 @@
 //   DDP_FLIGHT_RECORDER_SIZE  collectives kept (default 2000; 0: no recorder at
 //                             all: no records, no status, no SIGUSR1 handler)
 //   DDP_FLIGHT_DIR            where dumps go (default $TMPDIR or /tmp, then
-//                             ddp_flight/); the file is flight_rank_<R>.json
+//                             ddp_flight-<uid>/); the file is flight_rank_<R>.json
 //   DDPRUN_FLIGHT_SHM         set by ddprun: the directory of the regions
-//                             (rank_<R>); unset: anonymous memory
+//                             (rank_<R>, Note [region file]); unset: anonymous memory
 // Under ddprun the ranks leave the dumps of a failure to ddprun (see
 // RecorderOptions::dump_on_failure). SIGUSR1 writes a dump from a thread of the recorder while the
 // rank goes on (the handler only wakes that thread); the handler is installed only when SIGUSR1 has
-// its default action, so a program's own handler is left alone. A fork()ed child has no dump
-// thread: it dumps on timeouts, not on SIGUSR1.
+// its default action, so a program's own handler is left alone. A fork()ed child's copy of the
+// recorder goes quiet, and a communicator the child makes installs its own (Note [flight recorder
+// and fork] in flight_recorder.cpp).
 #pragma once
 
 #include "collectives/collective_events.h"
 #include "collectives/flight/flight_layout.h"
 
 #include <atomic>
+#include <chrono>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -52,7 +54,8 @@ inline constexpr size_t kMaxCapacity = 1'000'000;
 // From DDP_FLIGHT_RECORDER_SIZE, DDPRUN_FLIGHT_SHM and DDP_FLIGHT_DIR. Throws
 // ValueError naming the variable for a size that is not 0..kMaxCapacity.
 RecorderOptions recorder_options_from_env();
-// DDP_FLIGHT_DIR, else $TMPDIR/ddp_flight, else /tmp/ddp_flight.
+// DDP_FLIGHT_DIR, else private_dump_base(): $TMPDIR/ddp_flight-<uid>, /tmp
+// when TMPDIR is unset (Note [dump directories] in flight_dump.h).
 std::string default_dump_dir();
 // "flight_rank_<R>.json"
 std::string dump_file_name(int rank);
@@ -75,6 +78,10 @@ class FlightRecorder : public CollectiveObserver {
   // atomically). Returns the path; "" when it could not be written (logged).
   std::string dump(std::string_view reason) const noexcept;
 
+  // The longest collective timeout of the rank's communicators, in the region's
+  // header (ddprun's default --hang-timeout derives from it).
+  void note_timeout(std::chrono::milliseconds timeout) noexcept;
+
   // The trainer's step marks (Note [straggler report] in straggler.h): one
   // thread, begin and end in turn.
   void step_begin() noexcept;
@@ -92,6 +99,8 @@ class FlightRecorder : public CollectiveObserver {
   void wait_begin(const CollectiveInfo& info, int64_t t);
   void wait_end(const CollectiveInfo& info, int64_t t);
   void dump_once(const CollectiveInfo& info, std::string_view what) noexcept;
+  // Made before a fork() of this process (Note [flight recorder and fork]).
+  bool forked_away() const noexcept;
 
   int rank_;
   size_t capacity_;
@@ -104,13 +113,16 @@ class FlightRecorder : public CollectiveObserver {
   SharedRecord* records_ = nullptr;
   std::atomic<bool> dumped_on_failure_{false};
   int64_t step_begin_ns_ = 0, step_begin_blocked_ns_ = 0;
+  uint64_t generation_ = 0;  // the fork generation it was made in
 };
 
 // Installs this process's recorder once (the first call with world_size > 1
-// wins; options from the environment). Never throws for a region it cannot
-// map (it logs and uses anonymous memory); throws ValueError for a bad
-// DDP_FLIGHT_RECORDER_SIZE.
-void ensure_recorder(int rank, int world_size);
+// wins; options from the environment); every call notes its communicator's
+// collective `timeout` in the region (note_timeout). Never throws for a region
+// it cannot map (it logs and uses anonymous memory); throws ValueError for a
+// bad DDP_FLIGHT_RECORDER_SIZE.
+void ensure_recorder(int rank, int world_size,
+                     std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 // The process's recorder; null before ensure_recorder() or when it is off.
 FlightRecorder* recorder();
 

@@ -51,25 +51,41 @@ RankActivity activity_of(int rank, const RankStatus& s) {
   return a;
 }
 
+namespace {
+
+// "computes 40% more than the median (0.7 s vs 0.5 s)"; a median of 0 has no ratio.
+std::string excess_text(double value, double median, const char* unit) {
+  if (median <= 0) return fmt::format("computes {:.3g} s{}, the median 0", value, unit);
+  return fmt::format("computes {:.0f}% more than the median ({:.3g} s vs {:.3g} s{})",
+                     100 * (value / median - 1), value, median, unit);
+}
+
+}  // namespace
+
 StragglerReport straggler_report(std::vector<RankActivity> ranks, double threshold) {
   StragglerReport out;
   std::erase_if(ranks, [](const RankActivity& r) { return r.compute_s <= 0 && r.wait_s <= 0; });
   std::sort(ranks.begin(), ranks.end(), [](auto& a, auto& b) { return a.rank < b.rank; });
   out.ranks = ranks;
   if (ranks.size() < 2) return out;
-  std::vector<double> compute;
   int64_t min_steps = ranks.front().steps, max_steps = ranks.front().steps;
   for (const RankActivity& r : ranks) {
-    compute.push_back(r.compute_s);
     min_steps = std::min(min_steps, r.steps);
     max_steps = std::max(max_steps, r.steps);
   }
+  // Note [straggler report]: uneven shares compare compute per step.
+  out.per_step = min_steps > 0 && min_steps != max_steps;
+  auto compared = [&](const RankActivity& r) {
+    return out.per_step ? r.compute_s / static_cast<double>(r.steps) : r.compute_s;
+  };
+  std::vector<double> compute;
+  for (const RankActivity& r : ranks) compute.push_back(compared(r));
   out.median_compute_s = median(compute);
   for (const RankActivity& r : ranks) {
-    if (r.compute_s > (1 + threshold) * out.median_compute_s &&
-        r.compute_s - out.median_compute_s >= kMinExcessS) {
+    const double c = compared(r), excess = c - out.median_compute_s;
+    const double total_excess = out.per_step ? excess * static_cast<double>(r.steps) : excess;
+    if (c > (1 + threshold) * out.median_compute_s && total_excess >= kMinExcessS)
       out.stragglers.push_back(r.rank);
-    }
   }
   std::vector<int> listed;
   for (const RankActivity& r : ranks) listed.push_back(r.rank);
@@ -77,22 +93,27 @@ StragglerReport straggler_report(std::vector<RankActivity> ranks, double thresho
                            : min_steps == max_steps
                                ? fmt::format("over {} steps", max_steps)
                                : fmt::format("over {}-{} steps", min_steps, max_steps);
-  out.text = fmt::format("straggler report ({}, {}): compute {}, waiting in collectives {}; ",
-                         rank_list(listed), over, figures(ranks, &RankActivity::compute_s),
+  std::vector<RankActivity> shown = ranks;
+  if (out.per_step) {
+    for (RankActivity& r : shown) r.compute_s = compared(r);
+  }
+  out.text = fmt::format("straggler report ({}, {}{}): compute {}{}, waiting in collectives {}; ",
+                         rank_list(listed), over,
+                         out.per_step ? ", uneven shares: compute per step compared" : "",
+                         out.per_step ? "per step " : "", figures(shown, &RankActivity::compute_s),
                          figures(ranks, &RankActivity::wait_s));
+  const char* unit = out.per_step ? " per step" : "";
   if (out.stragglers.empty()) {
-    out.text += fmt::format("no rank computes more than {:.0f}% above the median ({:.3g} s)",
-                            100 * threshold, out.median_compute_s);
+    out.text += fmt::format("no rank computes more than {:.0f}% above the median ({:.3g} s{})",
+                            100 * threshold, out.median_compute_s, unit);
     return out;
   }
   for (size_t i = 0; i < out.stragglers.size(); ++i) {
     const int rank = out.stragglers[i];
     const auto& r =
         *std::find_if(ranks.begin(), ranks.end(), [&](auto& x) { return x.rank == rank; });
-    out.text +=
-        fmt::format("{}rank {} computes {:.0f}% more than the median ({:.3g} s vs {:.3g} s)",
-                    i == 0 ? "" : ", ", rank, 100 * (r.compute_s / out.median_compute_s - 1),
-                    r.compute_s, out.median_compute_s);
+    out.text += fmt::format("{}rank {} {}", i == 0 ? "" : ", ", rank,
+                            excess_text(compared(r), out.median_compute_s, unit));
   }
   out.text +=
       out.stragglers.size() == 1 ? ": the others wait for it" : ": the others wait for them";

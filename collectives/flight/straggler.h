@@ -17,6 +17,11 @@
 //     evaluation and checkpoints (rank 0 saves alone) are not counted;
 //   - without step marks (a program of the user's): the span from the rank's
 //     first collective to its latest, minus its time blocked.
+// When the ranks marked different numbers of steps (uneven shares of the data
+// under Join: a rank out of data shadows the others' all-reduces in steps
+// that train does not mark), a rank with more steps computes longer without
+// being slow; the report then compares compute per marked step, and says so
+// ("uneven shares").
 #pragma once
 
 #include "collectives/flight/flight_layout.h"
@@ -42,9 +47,10 @@ inline constexpr double kMinExcessS = 0.05;
 
 struct StragglerReport {
   std::vector<RankActivity> ranks;  // by rank
-  double median_compute_s = 0;
-  std::vector<int> stragglers;  // compute > (1 + threshold) x the median
-  std::string text;             // one line; "" with fewer than two ranks
+  double median_compute_s = 0;      // per step when per_step
+  bool per_step = false;            // the ranks' step counts differ (Note [straggler report])
+  std::vector<int> stragglers;      // compute > (1 + threshold) x the median
+  std::string text;                 // one line; "" with fewer than two ranks
 };
 
 // Ranks with no figures at all (compute and wait 0: no collective yet) are left

@@ -29,10 +29,12 @@ StragglerStats StragglerMeter::measure(Communicator& comm) const {
   const double compute_ms = static_cast<double>(now.step_ns - start_.step_ns) * per_step - wait_ms;
   // -1: this rank has no figures (no recorder, or no step since start()).
   const bool have = recording && steps > 0;
-  Tensor mine = from_vector<float>(
-      {have ? static_cast<float>(compute_ms) : -1.0f, have ? static_cast<float>(wait_ms) : -1.0f},
-      {2}, {.device = comm.device()});
-  Tensor all = empty({2 * comm.size()}, {.device = comm.device()});
+  constexpr int kFields = 3;  // compute and wait per step, steps (Note [straggler report])
+  Tensor mine =
+      from_vector<float>({have ? static_cast<float>(compute_ms) : -1.0f,
+                          have ? static_cast<float>(wait_ms) : -1.0f, static_cast<float>(steps)},
+                         {kFields}, {.device = comm.device()});
+  Tensor all = empty({kFields * comm.size()}, {.device = comm.device()});
   {
     const CollectiveLabel labelled("straggler stats");
     comm.all_gather(mine, all)->wait();
@@ -41,12 +43,14 @@ StragglerStats StragglerMeter::measure(Communicator& comm) const {
   StragglerStats out;
   std::vector<flight::RankActivity> ranks;
   for (int r = 0; r < comm.size(); ++r) {
-    const float c = v[2 * static_cast<size_t>(r)], w = v[2 * static_cast<size_t>(r) + 1];
+    const size_t at = static_cast<size_t>(kFields * r);
+    const float c = v[at], w = v[at + 1];
+    const auto n = static_cast<int64_t>(v[at + 2]);
     if (c < 0) return {};  // some rank has no figures: none are shown
     out.compute_ms.push_back(c);
     out.wait_ms.push_back(w);
-    const double n = static_cast<double>(steps);  // totals: the report's millisecond floor
-    ranks.push_back({.rank = r, .compute_s = c * n / 1e3, .wait_s = w * n / 1e3, .steps = steps});
+    const auto total = static_cast<double>(n) / 1e3;  // totals: the report's millisecond floor
+    ranks.push_back({.rank = r, .compute_s = c * total, .wait_s = w * total, .steps = n});
   }
   out.stragglers = flight::straggler_report(ranks).stragglers;
   return out;

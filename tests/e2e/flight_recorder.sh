@@ -2,7 +2,8 @@
 # The flight recorder under ddprun (docs/flight_recorder.md), with real ranks of
 # `train` on BACKEND (shm or gloo):
 #   - one rank of 4 stopped (SIGSTOP) in training: the hang detector ends the
-#     job within --hang-timeout plus a few seconds, exit 124, the summary
+#     job within --hang-timeout (15 s: a rank reaching DDP's first broadcast
+#     late on a loaded machine must not fire it) plus 15 s, exit 124, the summary
 #     blames the stopped rank and the diagnosis names it and the collective;
 #     every rank's dump is written and `ddprun analyze` prints the same;
 #   - a rank that skips one all_reduce (DDP_TEST_SKIP_ALLREDUCE): the
@@ -12,8 +13,9 @@
 #   - a rank slowed on purpose (DDP_TEST_SLOW_RANK): the straggler report (at
 #     the end of ddprun's run, and in --metrics rows) names it;
 #   - gloo only: two agents (--nnodes 2 on this machine), rank 3 stopped: each
-#     node diagnoses its own ranks, node 1 blames rank 3 (exit 124), and
-#     `ddprun analyze` over both nodes' dumps names it.
+#     node diagnoses its own ranks, node 1 blames rank 3 (exit 124), node 0
+#     (no suspect of its own) ends on node 1's verdict without blaming one of
+#     its healthy ranks, and `ddprun analyze` over both nodes' dumps names it.
 # usage: flight_recorder.sh DDPRUN TRAIN BACKEND
 set -uo pipefail
 ddprun=$1 train=$2 backend=$3
@@ -48,12 +50,12 @@ rank_pid() {
 }
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 unset DDP_FLIGHT_DIR  # ddprun's own choice (ctest sets one for every test)
-export TMPDIR="$WORK"  # ... which is then $WORK/ddp_flight/<run id>
+export TMPDIR="$WORK"  # ... which is then $WORK/ddp_flight-<uid>/<run id>
 # The work directory is on every rank's command line: cleanup finds them by it.
 long=(--backend "$backend" --data synthetic --epochs 100 --log-every 100000 --seed 5)
 
-# 1. Rank 2 of 4 stopped: exit 124 within --hang-timeout 5 plus a few seconds.
-"$ddprun" --standalone -n 4 --hang-timeout 5 --grace-period 2 "$train" "${long[@]}" \
+# 1. Rank 2 of 4 stopped: exit 124 within --hang-timeout 15 plus 15 s.
+"$ddprun" --standalone -n 4 --hang-timeout 15 --grace-period 2 "$train" "${long[@]}" \
   --loss-log "$WORK/stop.loss" >"$WORK/stop.log" 2>&1 &
 agent=$!
 wait_lines "$WORK/stop.loss" 30
@@ -65,8 +67,8 @@ wait $agent
 status=$?
 took=$(elapsed_since "$start")
 [ $status -eq 124 ] || fail "a stopped rank: exit $status, expected 124 (--hang-timeout)"
-at_most "$took" 20 || fail "the job took $took s to end after the stop (--hang-timeout 5)"
-grep -qE "^ddprun: no rank made progress for [0-9.]+ s while ranks? [0-9,-]+ waits? in a collective \(--hang-timeout 5 s\)" \
+at_most "$took" 30 || fail "the job took $took s to end after the stop (--hang-timeout 15)"
+grep -qE "^ddprun: no rank made progress for [0-9.]+ s while ranks? [0-9,-]+ waits? in a collective \(--hang-timeout 15 s; raise it if" \
   "$WORK/stop.log" || fail "no hang message"
 grep -q "^ddprun: to blame: rank 2 (pid $pid) made no progress for" "$WORK/stop.log" ||
   fail "the summary does not blame rank 2"
@@ -88,7 +90,7 @@ d = json.load(open(sys.argv[1]))
 assert d["rank"] == 2 and d["process"] == "stopped" and d["process_detail"] == "SIGSTOP", d
 assert d["collectives"] and d["reason"] == "ddprun: hang", d["reason"]
 PY
-[ "${dumps#"$WORK"/ddp_flight/}" != "$dumps" ] || fail "dumps in $dumps, not under \$TMPDIR/ddp_flight"
+[ "${dumps#"$WORK"/ddp_flight-"$(id -u)"/}" != "$dumps" ] || fail "dumps in $dumps, not under \$TMPDIR/ddp_flight-<uid>"
 echo "stopped rank: exit 124 $took s after the stop; $diag"
 
 # 2. Rank 1 skips bucket 0's all_reduce at step 5: the mismatch is named.
@@ -109,7 +111,12 @@ agent=$!
 wait_lines "$WORK/usr1.loss" 50
 ranks="$(rank_pid $agent 0) $(rank_pid $agent 1)"
 kill -USR1 $ranks
-sleep 0.5
+# Two signals close together may merge into one: the second goes after the first dumps.
+deadline=$((SECONDS + 30))
+until [ "$(grep -c 'flight recorder: SIGUSR1: wrote' "$WORK/usr1.log")" -ge 2 ]; do
+  [ $SECONDS -ge $deadline ] && fail "no 2 SIGUSR1 dumps within 30 s"
+  sleep 0.05
+done
 kill -USR1 $ranks
 wait $agent || fail "the job that got SIGUSR1 exited $?"
 [ "$(wc -l <"$WORK/usr1.loss")" -gt 50 ] || fail "the job ended before the signals"
@@ -141,7 +148,7 @@ import json, sys
 row = json.loads(open(sys.argv[1]).readline())
 assert row["stragglers"] == [1], row
 c, w = row["rank_compute_ms"], row["rank_wait_ms"]
-assert len(c) == 3 and c[1] > 20 > max(c[0], c[2]), c
+assert len(c) == 3 and c[1] > 20 and c[1] > 1.5 * max(c[0], c[2]), c
 assert w[1] < min(w[0], w[2]), w
 PY
 echo "slow rank: $line"
@@ -149,7 +156,7 @@ echo "slow rank: $line"
 if [ "$backend" = gloo ]; then
   export DDP_STORE_SECRET="e2e-$RANDOM$RANDOM"
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  nodes=(--nnodes 2 -n 2 --master-port "$port" --grace-period 2 --rdzv-timeout 30 --hang-timeout 5)
+  nodes=(--nnodes 2 -n 2 --master-port "$port" --grace-period 2 --rdzv-timeout 30 --hang-timeout 15)
   "$ddprun" "${nodes[@]}" --node-rank 1 "$train" "${long[@]}" >"$WORK/node1.log" 2>&1 &
   node1=$!
   "$ddprun" "${nodes[@]}" --node-rank 0 "$train" "${long[@]}" --loss-log "$WORK/nodes.loss" \
@@ -162,7 +169,13 @@ if [ "$backend" = gloo ]; then
   wait $node1
   status1=$?
   wait $node0
+  status0=$?
   [ $status1 -eq 124 ] || fail "node 1 (rank 3 stopped) exited $status1, expected 124"
+  # Node 0 has no suspect of its own: it ends on node 1's verdict (Note [hang on several nodes]).
+  [ $status0 -eq 124 ] || fail "node 0 exited $status0, expected node 1's 124"
+  grep -q "^ddprun: to blame" "$WORK/node0.log" && fail "node 0 blames one of its own healthy ranks"
+  grep -qE "^ddprun: summary of restart 0 on node 0: .*the group failed elsewhere: rank 3 \(pid $pid\) made no progress .* on node 1" \
+    "$WORK/node0.log" || fail "node 0's summary does not name rank 3 on node 1"
   grep -q "^ddprun: to blame: rank 3 (pid $pid) made no progress" "$WORK/node1.log" ||
     fail "node 1 does not blame rank 3"
   grep -qE "^ddprun: flight recorder: (rank 3 never entered|.*rank 3 is stopped by SIGSTOP inside it)" \

@@ -22,6 +22,10 @@
 //                           ddprun's store) and all_reduce(rank + 1): prints
 //                           "allreduce=<sum> backend=<name>", exits 1 unless
 //                           the sum is W(W+1)/2
+//   --allreduce-stall S     with --allreduce: the rank of --on-rank (every rank
+//                           without) sleeps S seconds between making the
+//                           process group and the all_reduce (it has a flight
+//                           recorder but no collective yet)
 //
 // Every output line is flushed at once (a pipe would otherwise buffer it).
 #include "collectives/bootstrap.h"
@@ -54,6 +58,7 @@ struct Probe {
   int lines = 0;
   int stderr_lines = 0;
   bool allreduce = false;
+  double allreduce_stall_s = 0;
 };
 
 int parse_signal(const char* text) {
@@ -82,6 +87,7 @@ Probe parse(int argc, char** argv) {
       {"--lines", [](Probe& q, const char* v) { q.lines = std::atoi(v); }},
       {"--stderr-lines", [](Probe& q, const char* v) { q.stderr_lines = std::atoi(v); }},
       {"--marker", [](Probe&, const char*) {}},
+      {"--allreduce-stall", [](Probe& q, const char* v) { q.allreduce_stall_s = std::atof(v); }},
   };
   const std::map<std::string, bool Probe::*> switches = {
       {"--ignore-sigterm", &Probe::ignore_sigterm},
@@ -155,9 +161,14 @@ void print_lines(int rank, int lines) {
   }
 }
 
-int check_allreduce() {
+void sleep_s(double s) {
+  if (s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(s));
+}
+
+int check_allreduce(const Probe& p, bool chosen) {
   try {
     ddp::ProcessGroup pg = ddp::init_process_group();
+    if (chosen) sleep_s(p.allreduce_stall_s);
     const int w = pg.comm->size();
     ddp::Tensor t = ddp::full({1}, pg.comm->rank() + 1.0, {.device = pg.device});
     pg.comm->all_reduce(t)->wait();
@@ -171,10 +182,6 @@ int check_allreduce() {
   }
 }
 
-void sleep_s(double s) {
-  if (s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(s));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -182,7 +189,7 @@ int main(int argc, char** argv) {
   if (p.ignore_sigterm) ::signal(SIGTERM, SIG_IGN);
   const int rank = env_int("RANK", 0);
   print_environment();
-  if (p.allreduce && check_allreduce() != 0) return 1;
+  if (p.allreduce && check_allreduce(p, p.on_rank < 0 || p.on_rank == rank) != 0) return 1;
   print_lines(rank, p.lines);
   for (int i = 1; i <= p.stderr_lines; ++i) std::fprintf(stderr, "err line %d\n", i);
   std::fflush(stderr);

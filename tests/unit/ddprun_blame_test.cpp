@@ -147,7 +147,7 @@ TEST(DdprunBlame, TheEarliestTroubleWinsTiesToTheLowerRank) {
   EXPECT_EQ(b->index, 1u);
 }
 
-// What the hang detector (observability issue) will feed: no progress since T.
+// What the hang detector feeds: no progress since T.
 TEST(DdprunBlame, NoProgressPastItsLimit) {
   const BlamePolicy policy = policy_of(seconds(0), seconds(60));
   RankRecord a = running(0), b = running(1);
@@ -159,8 +159,74 @@ TEST(DdprunBlame, NoProgressPastItsLimit) {
   EXPECT_EQ(blame->index, 1u);
   EXPECT_EQ(blame->reason, BlameReason::no_progress);
   EXPECT_EQ(blame->exit_code, kNoProgressExitCode);
-  EXPECT_EQ(blame->what, "rank 1 (pid 101) made no progress for 60.0 s (limit 60 s)");
+  EXPECT_EQ(blame->what, "rank 1 (pid 101) made no progress for 60.0 s (--hang-timeout 60 s)");
   EXPECT_FALSE(find_blame({a, b}, t0 + seconds(1000), kPolicy));  // not judged without a limit
+}
+
+// Note [blame]: a stalled rank (the diagnosis's suspect) counts as soon as
+// another rank fails after it stalled, long before the hang timeout: the
+// others' collectives timed out waiting for it.
+TEST(DdprunBlame, AStalledRankIsBlamedForAFailureAfterItStalled) {
+  const BlamePolicy policy = policy_of(seconds(30), seconds(360));
+  RankRecord timed_out = exited(0, exit_status(1), 310);
+  RankRecord stalled = running(1);
+  stalled.last_progress = t0 + seconds(10);
+  auto b = find_blame({timed_out, stalled}, t0 + seconds(311), policy);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->index, 1u);
+  EXPECT_EQ(b->reason, BlameReason::no_progress);
+  EXPECT_EQ(b->exit_code, kNoProgressExitCode);
+  EXPECT_EQ(b->what,
+            "rank 1 (pid 101) made no progress 300.0 s before rank 0 (pid 100) failed: exit code "
+            "1 after 310.0 s, and still makes none: the others most likely failed waiting for it");
+  // Also with the detector off (--hang-timeout 0).
+  b = find_blame({timed_out, stalled}, t0 + seconds(311), kPolicy);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->index, 1u);
+  // Progress after the failure: the failure stands.
+  stalled.last_progress = t0 + std::chrono::milliseconds(310500);
+  b = find_blame({timed_out, stalled}, t0 + seconds(311), policy);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->index, 0u);
+  EXPECT_EQ(b->reason, BlameReason::failed);
+}
+
+// Note [hang blame]: a hung job always ends as a failure.
+TEST(DdprunBlame, AHangBlamesASuspectThatExitedOrTheFirstWaitingRank) {
+  const BlamePolicy policy = policy_of(seconds(30), seconds(10));
+  RankRecord waiter = running(0);
+  waiter.last_progress = t0 + seconds(50);
+  // Rank 1 exited with status 0 (its data ran out) while rank 0 waits for it.
+  const RankRecord done = exited(1, exit_status(0), 45);
+  HangVerdict v;
+  v.silent_s = 10.5;
+  v.waiting = {0};
+  v.waiting_index = {0};
+  v.suspects = {1};
+  EXPECT_FALSE(find_blame({running(0), done}, t0 + seconds(61), policy));  // nobody, alone
+  Blame b = blame_hang({running(0), done}, t0 + seconds(61), policy, v);
+  EXPECT_EQ(b.index, 1u);
+  EXPECT_EQ(b.exit_code, kNoProgressExitCode);
+  EXPECT_EQ(b.reason, BlameReason::no_progress);
+  EXPECT_EQ(b.what,
+            "rank 1 (pid 101) exited (exit code 0) 16.0 s ago while rank 0 waits for it in a "
+            "collective; no rank made progress for 10.5 s (--hang-timeout 10 s)");
+  // No suspect on this node: the first waiting rank stands for the hang.
+  v.suspects.clear();
+  b = blame_hang({running(0), done}, t0 + seconds(61), policy, v);
+  EXPECT_EQ(b.index, 0u);
+  EXPECT_EQ(b.exit_code, kNoProgressExitCode);
+  EXPECT_NE(b.what.find("the diagnosis names no rank of this node: rank 0 (pid 100), the first "
+                        "that waits"),
+            std::string::npos)
+      << b.what;
+  // A running suspect with its last progress: find_blame's word.
+  RankRecord stuck = running(1);
+  stuck.last_progress = t0 + seconds(20);
+  v.suspects = {1};
+  b = blame_hang({running(0), stuck}, t0 + seconds(61), policy, v);
+  EXPECT_EQ(b.index, 1u);
+  EXPECT_EQ(b.what, "rank 1 (pid 101) made no progress for 41.0 s (--hang-timeout 10 s)");
 }
 
 class DdprunSecretFile : public ::testing::Test {

@@ -113,8 +113,22 @@ TEST(HangDiagnosis, ASkippedAllReduceShowsAsDifferentCountsAndLabels) {
   const Diagnosis l =
       diagnose({rank(0, {rec(5, RecordState::started, "eval loss", 2)}, 2),
                 rank(1, {rec(5, RecordState::started, "nonfinite step check", 2)}, 2)});
-  EXPECT_EQ(l.lines[0].rfind("collective mismatch at #5: rank ", 0), 0u) << l.lines[0];
+  EXPECT_EQ(l.lines[0],
+            "collective mismatch at #5 (same shape, different labels): rank 0 called "
+            "all_reduce(avg) of 2 f32 ('eval loss'), rank 1 all_reduce(avg) of 2 f32 "
+            "('nonfinite step check')");
   EXPECT_TRUE(l.suspects.empty());  // one against one: no minority
+  // Shapes that differ are not said to be the same.
+  EXPECT_EQ(d.lines[0].find("same shape"), std::string::npos) << d.lines[0];
+}
+
+TEST(HangDiagnosis, ATornWaitStatusIsSaid) {
+  RankSnapshot s = rank(0, done_through(4));
+  s.status.wait_torn = true;
+  const auto lines = rank_lines({s});
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("its wait status being written"), std::string::npos) << lines[0];
+  EXPECT_EQ(rank_lines({rank(0, done_through(4))})[0].find("being written"), std::string::npos);
 }
 
 TEST(HangDiagnosis, EveryRankEnteredSomeCompleted) {
@@ -218,6 +232,17 @@ TEST(HangDiagnosis, OneNodesViewOfALargerJob) {
             "completed it: ranks 2,3 have waited 300 s in it");
   EXPECT_EQ(d.lines[1].rfind("ranks 0,1 run on other nodes", 0), 0u) << d.lines[1];
   EXPECT_TRUE(d.suspects.empty());
+  // Rank 0 completed it (gloo lets some ranks out early), rank 1 waits in it:
+  // on one node of a larger world rank 1 waits for ranks elsewhere and is no
+  // suspect (Note [hang on several nodes]); in the whole world it is.
+  const auto done = plus(done_through(56), rec(57, RecordState::completed));
+  const std::vector<RankSnapshot> node0 = {rank(0, done), waiting(rank(1, open), 57, 100)};
+  const Diagnosis part = diagnose(node0, {.expected_ranks = {0, 1}, .other_ranks_elsewhere = true});
+  EXPECT_EQ(part.lines[0],
+            "every rank of this node entered all_reduce #57 (ddp bucket 3, 1.2 MB); rank 0 "
+            "completed it, rank 1 did not (rank 1 has waited 300 s in it)");
+  EXPECT_TRUE(part.suspects.empty());
+  EXPECT_EQ(diagnose(node0, {.expected_ranks = {0, 1}}).suspects, std::vector<int>{1});
 }
 
 TEST(HangDiagnosis, SeveralCommunicatorsAreNamed) {
@@ -275,6 +300,47 @@ TEST(StragglerReport, NobodyWithinTenPercentOrAFewMilliseconds) {
   EXPECT_TRUE(r.stragglers.empty());
   // Fewer than two ranks with figures: no report.
   EXPECT_EQ(straggler_report({{.rank = 0, .compute_s = 1}, {.rank = 1}}).text, "");
+}
+
+TEST(StragglerReport, AMedianOfZeroHasNoRatio) {
+  const StragglerReport r = straggler_report({{.rank = 0, .compute_s = 0, .wait_s = 2},
+                                              {.rank = 1, .compute_s = 0, .wait_s = 2},
+                                              {.rank = 2, .compute_s = 1.5, .wait_s = 0.1}});
+  EXPECT_EQ(r.stragglers, std::vector<int>{2});
+  EXPECT_EQ(r.text.find("inf"), std::string::npos) << r.text;
+  EXPECT_NE(r.text.find("rank 2 computes 1.5 s, the median 0: the others wait for it"),
+            std::string::npos)
+      << r.text;
+}
+
+TEST(StragglerReport, UnevenSharesCompareComputePerStep) {
+  // Join (uneven data): ranks 0 and 3 trained 3 steps, ranks 1 and 2 ran out
+  // after 2 (their shadowed steps are not marked). Per step they are equal.
+  const StragglerReport even_pace =
+      straggler_report({{.rank = 0, .compute_s = 0.30, .wait_s = 0.01, .steps = 3},
+                        {.rank = 1, .compute_s = 0.20, .wait_s = 0.01, .steps = 2},
+                        {.rank = 2, .compute_s = 0.20, .wait_s = 0.01, .steps = 2},
+                        {.rank = 3, .compute_s = 0.30, .wait_s = 0.01, .steps = 3}});
+  EXPECT_TRUE(even_pace.stragglers.empty()) << even_pace.text;
+  EXPECT_TRUE(even_pace.per_step);
+  EXPECT_NE(even_pace.text.find("over 2-3 steps, uneven shares: compute per step compared"),
+            std::string::npos)
+      << even_pace.text;
+  EXPECT_NE(even_pace.text.find("compute per step 0.1 0.1 0.1 0.1 s"), std::string::npos)
+      << even_pace.text;
+  // A rank slow per step is still named, with per-step figures.
+  const StragglerReport slow =
+      straggler_report({{.rank = 0, .compute_s = 0.30, .wait_s = 0.5, .steps = 3},
+                        {.rank = 1, .compute_s = 0.60, .wait_s = 0.0, .steps = 2},
+                        {.rank = 2, .compute_s = 0.20, .wait_s = 0.5, .steps = 2}});
+  EXPECT_EQ(slow.stragglers, std::vector<int>{1});
+  EXPECT_NE(slow.text.find("rank 1 computes 200% more than the median (0.3 s vs 0.1 s per step)"),
+            std::string::npos)
+      << slow.text;
+  // Even shares: totals, as before.
+  EXPECT_FALSE(straggler_report({{.rank = 0, .compute_s = 1, .steps = 2},
+                                 {.rank = 1, .compute_s = 1, .steps = 2}})
+                   .per_step);
 }
 
 TEST(StragglerReport, FiguresFromStepMarksOrTheSpan) {

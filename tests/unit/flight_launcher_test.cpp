@@ -2,11 +2,16 @@
 // [hang detector]), --hang-timeout, the ranks' environment and `ddprun
 // analyze`. The processes: tests/e2e/flight_*.sh.
 #include "collectives/flight/flight_dump.h"
+#include "collectives/flight/flight_recorder.h"
 #include "launcher/analyze.h"
 #include "launcher/flight_watch.h"
 #include "launcher/options.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -67,9 +72,10 @@ TEST(HangTimeout, FlagAndDefault) {
   } catch (const ValueError& e) {
     EXPECT_EQ(std::string(e.what()), "--hang-timeout -1: must be >= 0 seconds (0: never)");
   }
-  EXPECT_DOUBLE_EQ(default_hang_timeout_s(std::nullopt), 360);
-  EXPECT_DOUBLE_EQ(default_hang_timeout_s("1800"), 1860);
-  EXPECT_DOUBLE_EQ(default_hang_timeout_s("soon"), 360);
+  // Note [default hang timeout]: the ranks' longest collective timeout + 60 s.
+  EXPECT_EQ(default_hang_timeout(300 * kS), std::chrono::seconds(360));
+  EXPECT_EQ(default_hang_timeout(1800 * kS), std::chrono::seconds(1860));
+  EXPECT_EQ(default_hang_timeout(0), std::chrono::seconds(0));  // not known yet: no detection
   EXPECT_NE(std::string(kDdprunUsage).find("--hang-timeout S"), std::string::npos);
   EXPECT_NE(std::string(kDdprunUsage).find("ddprun analyze DIR"), std::string::npos);
 }
@@ -77,17 +83,140 @@ TEST(HangTimeout, FlagAndDefault) {
 TEST(FlightOptions, DirectoriesAndTheRanksEnvironment) {
   ::unsetenv("DDP_FLIGHT_DIR");
   FlightOptions o = flight_options("abc", 0, "", std::chrono::seconds(5));
-  EXPECT_TRUE(o.dump_dir.ends_with("/ddp_flight/abc")) << o.dump_dir;
-  EXPECT_NE(o.shm_dir.find(fmt::format("ddprun-flight-{}-0", ::getpid())), std::string::npos);
+  EXPECT_EQ(o.dump_dir, flight::private_dump_base() + "/abc");
+  EXPECT_NE(o.dump_dir.find(fmt::format("/ddp_flight-{}/", ::geteuid())), std::string::npos);
+  EXPECT_FALSE(o.shm_parent.empty());
+  EXPECT_EQ(*o.hang_timeout, std::chrono::seconds(5));
+  EXPECT_FALSE(flight_options("abc", 0, "", std::nullopt).hang_timeout);
   EXPECT_EQ(flight_options("abc", 2, "logs", {}).dump_dir, "logs/restart_2");
   ::setenv("DDP_FLIGHT_DIR", "/mine", 1);
   o = flight_options("abc", 0, "logs", {});
   EXPECT_EQ(o.dump_dir, "/mine");
   ::unsetenv("DDP_FLIGHT_DIR");
   std::vector<std::string> env = {"PATH=/bin", "DDP_FLIGHT_DIR=/old"};
-  set_flight_environment(env, o);
-  EXPECT_EQ(env, (std::vector<std::string>{"PATH=/bin", "DDPRUN_FLIGHT_SHM=" + o.shm_dir,
+  set_flight_environment(env, "/dev/shm/x", o.dump_dir);
+  EXPECT_EQ(env, (std::vector<std::string>{"PATH=/bin", "DDPRUN_FLIGHT_SHM=/dev/shm/x",
                                            "DDP_FLIGHT_DIR=/mine"}));
+}
+
+// A temporary directory for the regions of one test.
+class FlightWatchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    parent_ = ::testing::TempDir() + "flight_watch_" + std::to_string(::getpid());
+    std::filesystem::remove_all(parent_);
+    std::filesystem::create_directories(parent_);
+  }
+  void TearDown() override { std::filesystem::remove_all(parent_); }
+  FlightOptions options(std::optional<std::chrono::milliseconds> hang = std::nullopt) const {
+    FlightOptions o;
+    o.shm_parent = parent_;
+    o.restart = 1;
+    o.dump_dir = parent_ + "/dumps";
+    o.hang_timeout = hang;
+    return o;
+  }
+  static flight::RecorderOptions recorder(const std::string& shm_dir) {
+    return {.capacity = 8,
+            .shm_dir = shm_dir,
+            .dump_dir = "",
+            .handle_sigusr1 = false,
+            .dump_on_failure = false};
+  }
+  static void enqueue(flight::FlightRecorder& r, int64_t sequence, int64_t t) {
+    CollectiveInfo info;
+    info.world_size = 2;
+    info.backend = "shm";
+    info.kind = CollectiveKind::all_reduce;
+    info.sequence = sequence;
+    info.count = 1;
+    info.dtype = DType::f32;
+    info.bytes = 4;
+    r.on_collective({info, CollectiveState::enqueued, t});
+  }
+  std::string parent_;
+};
+
+// Note [region directory]: private, locked while ddprun runs, removed after.
+TEST_F(FlightWatchTest, RegionDirectoryIsPrivateLockedAndRemoved) {
+  std::string dir;
+  {
+    FlightWatch watch(options(), {0, 1});
+    dir = watch.shm_dir();
+    ASSERT_TRUE(watch.enabled());
+    EXPECT_EQ(dir.rfind(fmt::format("{}/ddprun-flight-{}-1-", parent_, ::getpid()), 0), 0u) << dir;
+    struct stat st {};
+    ASSERT_EQ(::stat(dir.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0700u);
+    std::vector<std::string> env;
+    watch.set_environment(env);
+    EXPECT_EQ(env, (std::vector<std::string>{"DDPRUN_FLIGHT_SHM=" + dir,
+                                             "DDP_FLIGHT_DIR=" + parent_ + "/dumps"}));
+    remove_stale_region_dirs(parent_);  // ours: alive
+    EXPECT_TRUE(std::filesystem::is_directory(dir));
+    // Two directories of a ddprun that is gone (a child that exited): one
+    // whose lock nobody holds is removed; one still locked (another pid
+    // namespace's live ddprun) stays, as does an unlocked one of a live pid.
+    const pid_t child = ::fork();
+    if (child == 0) ::_exit(0);
+    ::waitpid(child, nullptr, 0);
+    const std::string stale = fmt::format("{}/ddprun-flight-{}-0-aaaaaa", parent_, child);
+    const std::string locked = fmt::format("{}/ddprun-flight-{}-1-bbbbbb", parent_, child);
+    const std::string alive = fmt::format("{}/ddprun-flight-{}-0", parent_, ::getppid());
+    for (const auto& d : {stale, locked, alive}) std::filesystem::create_directories(d + "/x");
+    const int fd = ::open(locked.c_str(), O_RDONLY | O_DIRECTORY);
+    ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+    remove_stale_region_dirs(parent_);
+    ::close(fd);
+    EXPECT_FALSE(std::filesystem::exists(stale));
+    EXPECT_TRUE(std::filesystem::exists(locked));
+    EXPECT_TRUE(std::filesystem::exists(alive));
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir));
+}
+
+// Note [region file]: a second program of a rank replaces its region; a
+// region whose header the rank overwrote is skipped, never thrown up.
+TEST_F(FlightWatchTest, MovesToANewerRegionAndSurvivesABrokenOne) {
+  FlightWatch watch(options(), {0});
+  EXPECT_FALSE(watch.last_progress(0));
+  auto first = std::make_unique<flight::FlightRecorder>(recorder(watch.shm_dir()), 0, 2);
+  enqueue(*first, 0, 1000);
+  watch.refresh();
+  ASSERT_TRUE(watch.last_progress(0));
+  EXPECT_EQ(watch.last_progress(0)->time_since_epoch(), std::chrono::nanoseconds(1000));
+  EXPECT_FALSE(std::filesystem::exists(watch.shm_dir() + "/rank_0"));  // mapped: unlinked
+  // The rank's next program (same rank, same directory).
+  flight::FlightRecorder second(recorder(watch.shm_dir()), 0, 2);
+  enqueue(second, 0, 5000);
+  first.reset();  // the old program is gone
+  watch.refresh();
+  ASSERT_TRUE(watch.last_progress(0));
+  EXPECT_EQ(watch.last_progress(0)->time_since_epoch(), std::chrono::nanoseconds(5000));
+  // The rank scribbles over its header: nothing to read, nothing thrown.
+  auto* magic = static_cast<std::atomic<uint64_t>*>(const_cast<void*>(second.region()));
+  magic->store(42);
+  EXPECT_FALSE(watch.last_progress(0));
+  EXPECT_FALSE(watch.check_hang({RankRecord{}}, Clock::now()));
+  EXPECT_EQ(watch.straggler_line(), "");
+  watch.capture({RankRecord{}}, "test");
+  EXPECT_EQ(watch.diagnosis().lines.size(), 0u);  // no snapshot: no diagnosis
+}
+
+// Note [default hang timeout]: derived from the regions, unless given.
+TEST_F(FlightWatchTest, TheDefaultHangTimeoutComesFromTheRanksTimeouts) {
+  FlightWatch derived(options(), {0, 1});
+  EXPECT_EQ(derived.hang_timeout(), std::chrono::milliseconds(0));  // no region yet
+  flight::FlightRecorder a(recorder(derived.shm_dir()), 0, 2), b(recorder(derived.shm_dir()), 1, 2);
+  a.note_timeout(std::chrono::seconds(5));
+  b.note_timeout(std::chrono::seconds(900));
+  b.note_timeout(std::chrono::seconds(20));  // the longest of a rank's communicators stays
+  derived.refresh();
+  EXPECT_EQ(derived.hang_timeout(), std::chrono::seconds(960));
+  FlightWatch given(options(std::chrono::seconds(7)), {0});
+  EXPECT_EQ(given.hang_timeout(), std::chrono::seconds(7));
+  FlightWatch off(options(std::chrono::seconds(0)), {0});
+  EXPECT_EQ(off.hang_timeout(), std::chrono::seconds(0));
 }
 
 flight::RankSnapshot dump(int rank, int64_t last, bool open) {

@@ -4,9 +4,13 @@
 // round trip and errors. The processes: tests/e2e/flight_*.sh.
 #include "collectives/flight/flight_recorder.h"
 #include "collectives/flight/flight_dump.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -127,11 +131,13 @@ TEST(FlightRecorder, ConcurrentWritersAndAReaderAgree) {
   // Two slots: the writer rewrites the very records the reader copies.
   FlightRecorder r(options(2), 0, 2);
   std::atomic<bool> done{false};
+  int64_t decoded = 0;  // records the reader checked: a reader that decodes none proves nothing
   std::thread reader([&] {
     while (!done) {
       for (const CollectiveRecord& c : r.snapshot().records) {
         ASSERT_EQ(c.label, fmt::format("label {}", c.sequence % 7)) << c.sequence;
         ASSERT_EQ(c.count, c.sequence * 3);
+        ++decoded;
       }
     }
   });
@@ -145,6 +151,33 @@ TEST(FlightRecorder, ConcurrentWritersAndAReaderAgree) {
   done = true;
   reader.join();
   EXPECT_EQ(r.snapshot().recorded, 1000000);
+  EXPECT_GT(decoded, 0);
+}
+
+TEST(FlightRecorder, AStoppedWaitSectionIsReportedTorn) {
+  FlightRecorder r(options(4), 0, 2);
+  tell(r, info(0), CollectiveState::enqueued, 10);
+  tell(r, info(0), CollectiveState::wait_begin, 20);
+  EXPECT_FALSE(r.status().wait_torn);
+  // A rank stopped inside wait_begin/wait_end leaves the wait section's lock odd.
+  auto* h = static_cast<SharedHeader*>(const_cast<void*>(r.region()));
+  h->wait_lock.fetch_add(1);
+  const RankStatus s = r.status();
+  EXPECT_TRUE(s.wait_torn);
+  EXPECT_EQ(s.waiters, 1);  // the last copy, not "not waiting"
+  EXPECT_EQ(s.wait_since_ns, 20);
+  h->wait_lock.fetch_add(1);
+  EXPECT_FALSE(r.status().wait_torn);
+}
+
+TEST(FlightRecorder, NotesTheLongestCollectiveTimeout) {
+  FlightRecorder r(options(4), 0, 2);
+  EXPECT_EQ(r.status().collective_timeout_ns, 0);
+  r.note_timeout(std::chrono::seconds(300));
+  r.note_timeout(std::chrono::seconds(30));
+  EXPECT_EQ(r.status().collective_timeout_ns, 300'000'000'000);
+  r.note_timeout(std::chrono::seconds(1800));
+  EXPECT_EQ(r.status().collective_timeout_ns, 1'800'000'000'000);
 }
 
 TEST(FlightRecorder, StepMarksSplitComputeFromWaiting) {
@@ -186,7 +219,7 @@ TEST(FlightRecorder, OptionsFromTheEnvironment) {
   o = recorder_options_from_env();
   EXPECT_EQ(o.capacity, kDefaultCapacity);
   EXPECT_TRUE(o.dump_on_failure);
-  EXPECT_TRUE(o.dump_dir.ends_with("/ddp_flight")) << o.dump_dir;
+  EXPECT_EQ(o.dump_dir, private_dump_base());
 }
 
 TEST(FlightRecorder, RegionSharedThroughAFile) {
@@ -207,6 +240,109 @@ TEST(FlightRecorder, RegionSharedThroughAFile) {
     EXPECT_EQ(s.rank, 3);
     EXPECT_EQ(s.taken_ns, 100);
   }
+  std::filesystem::remove_all(dir);
+}
+
+// Note [region file]: links or files planted where the rank writes its region
+// are never followed or truncated.
+TEST(FlightRecorder, ARegionNeverWritesThroughAPlantedLink) {
+  const std::string dir = ::testing::TempDir() + "flight_planted_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string victim = dir + "/victim";
+  std::ofstream(victim) << "precious";
+  RecorderOptions o = options(8);
+  o.shm_dir = dir;
+  std::filesystem::create_symlink(victim, dir + "/rank_3");
+  {
+    FlightRecorder r(o, 3, 4);
+    EXPECT_EQ(r.region_path(), dir + "/rank_3");
+    EXPECT_TRUE(std::filesystem::is_regular_file(std::filesystem::symlink_status(dir + "/rank_3")));
+  }
+  std::filesystem::remove(dir + "/rank_3");
+  // A link where the temporary goes: no region file, anonymous memory instead.
+  std::filesystem::create_symlink(victim, fmt::format("{}/rank_3.{}", dir, ::getpid()));
+  {
+    FlightRecorder r(o, 3, 4);
+    EXPECT_EQ(r.region_path(), "");
+    tell(r, info(1), CollectiveState::enqueued, 7);
+    EXPECT_EQ(r.snapshot().records.size(), 1u);
+  }
+  std::ifstream in(victim);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "precious");
+  std::filesystem::remove_all(dir);
+}
+
+// Note [flight recorder and fork]: the child's copy writes nothing into the
+// parent's region.
+TEST(FlightRecorder, AForkedChildLeavesTheParentsRegionAlone) {
+  const std::string dir = ::testing::TempDir() + "flight_fork_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  RecorderOptions o = options(8);
+  o.shm_dir = dir;  // MAP_SHARED: what a child writes, the parent would see
+  FlightRecorder r(o, 0, 2);
+  tell(r, info(0), CollectiveState::enqueued, 10);
+  // ensure_recorder() registers the fork handlers; a world of 1 installs nothing.
+  ensure_recorder(0, 1);
+  ensure_recorder(0, 2);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    tell(r, info(1), CollectiveState::enqueued, 20);
+    r.step_begin();
+    r.step_end();
+    ::_exit(recorder() == nullptr ? 0 : 3);  // the child starts over
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  const RankSnapshot s = r.snapshot();
+  EXPECT_EQ(s.recorded, 1);
+  EXPECT_EQ(s.status.steps, 0);
+  EXPECT_EQ(s.pid, ::getpid());
+  std::filesystem::remove_all(dir);
+}
+
+// Note [flight recorder and fork]: SIGUSR1 to a forked child dumps nothing of
+// the parent's and leaves the child alive; the child's own recorder dumps.
+// Run in a child of the test, so that the process's recorder is this test's.
+TEST(FlightRecorder, SigusrOneInAForkedChildIsTheChildsOwn) {
+  const std::string dir = ::testing::TempDir() + "flight_usr1_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  auto wait_for = [](const std::string& path) {
+    for (int i = 0; i < 500 && !std::filesystem::exists(path); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return std::filesystem::exists(path);
+  };
+  const pid_t parent = ::fork();
+  if (parent == 0) {
+    ::setenv("DDP_FLIGHT_DIR", dir.c_str(), 1);
+    ::unsetenv("DDPRUN_FLIGHT_SHM");
+    ::unsetenv("DDP_FLIGHT_RECORDER_SIZE");
+    ::signal(SIGUSR1, SIG_DFL);
+    ensure_recorder(0, 2);
+    if (recorder() == nullptr) ::_exit(3);
+    const pid_t child = ::fork();
+    if (child == 0) {
+      if (recorder() != nullptr) ::_exit(4);
+      ::raise(SIGUSR1);  // must neither kill it nor make the parent dump
+      ensure_recorder(1, 2);
+      ::raise(SIGUSR1);  // its own recorder's dump
+      ::_exit(wait_for(dir + "/flight_rank_1.json") ? 0 : 5);
+    }
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ::_exit(10 + WEXITSTATUS(status));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    if (std::filesystem::exists(dir + "/flight_rank_0.json")) ::_exit(6);  // the child's signal
+    ::raise(SIGUSR1);
+    ::_exit(wait_for(dir + "/flight_rank_0.json") ? 0 : 7);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(parent, &status, 0), parent);
+  EXPECT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
   std::filesystem::remove_all(dir);
 }
 
@@ -293,11 +429,80 @@ TEST(FlightDump, WritesAndReadsADirectory) {
   ASSERT_EQ(dumps.size(), 2u);
   EXPECT_EQ(dumps[0].rank, 0);
   EXPECT_EQ(dumps[1].rank, 1);
-  EXPECT_TRUE(std::filesystem::is_empty(dir) == false);
-  for (const auto& e : std::filesystem::directory_iterator(dir))
-    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos);  // renamed
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), {}), 2);  // no temporaries
   std::filesystem::remove_all(dir);
   EXPECT_THROW(read_dumps(dir), ValueError);
+}
+
+// Two dumps of one process at once (SIGUSR1's thread and a timeout) each
+// write a temporary of their own: every write succeeds and the dump parses.
+TEST(FlightDump, ConcurrentDumpsOfOneProcess) {
+  const std::string dir = ::testing::TempDir() + "flight_concurrent_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  FlightRecorder r(options(2000), 1, 4);
+  for (int64_t i = 0; i < 2000; ++i) tell(r, info(i), CollectiveState::enqueued, 10 + i);
+  const RankSnapshot big = r.snapshot();
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 20; ++i) {
+        try {
+          write_dump(dir, big);
+        } catch (const Error&) {
+          ++failures;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures, 0);
+  const auto dumps = read_dumps(dir);
+  ASSERT_EQ(dumps.size(), 1u);
+  EXPECT_EQ(dumps[0].records.size(), 2000u);
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), {}), 1);
+  std::filesystem::remove_all(dir);
+}
+
+// Note [dump directories]: the default parent is the user's own.
+TEST(FlightDump, TheDefaultDirectoryIsPrivate) {
+  const std::string tmp = ::testing::TempDir() + "flight_tmp_" + std::to_string(::getpid());
+  std::filesystem::remove_all(tmp);
+  std::filesystem::create_directories(tmp);
+  const auto saved = env::get("TMPDIR");
+  ::setenv("TMPDIR", tmp.c_str(), 1);
+  const std::string base = private_dump_base();
+  EXPECT_EQ(base, fmt::format("{}/ddp_flight-{}", tmp, ::geteuid()));
+  const RankSnapshot s = sample_snapshot();
+  write_dump(base + "/job", s);
+  struct stat st {};
+  ASSERT_EQ(::lstat(base.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  // Others may write to it (another user made it first): refused, with the fix.
+  ::chmod(base.c_str(), 0777);
+  try {
+    write_dump(base + "/job", s);
+    ADD_FAILURE() << "a dump went into a directory others may write";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(base + " is not a private directory of yours"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("set DDP_FLIGHT_DIR"), std::string::npos) << e.what();
+  }
+  // A link planted in its place: refused, nothing written through it.
+  std::filesystem::remove_all(base);
+  std::filesystem::create_directories(tmp + "/elsewhere");
+  std::filesystem::create_directory_symlink(tmp + "/elsewhere", base);
+  EXPECT_THROW(write_dump(base, s), Error);
+  EXPECT_TRUE(std::filesystem::is_empty(tmp + "/elsewhere"));
+  // A directory the user names is used as it is.
+  EXPECT_EQ(write_dump(tmp + "/mine", s), tmp + "/mine/flight_rank_1.json");
+  if (saved) {
+    ::setenv("TMPDIR", saved->c_str(), 1);
+  } else {
+    ::unsetenv("TMPDIR");
+  }
+  std::filesystem::remove_all(tmp);
 }
 
 }  // namespace
