@@ -35,7 +35,7 @@ for backend in shm gloo; do
   grep -q "ranks take 2 to 3 steps per epoch; a rank out of data joins" "$dir/$backend.log" ||
     fail "$backend: no line saying the ranks take 2 to 3 steps"
   # Step marks: rank 0 trains 3 steps per epoch, ranks 1 and 2 train 2 and shadow 1.
-  grep -q "ddprun: straggler report (ranks 0-2, over 4-6 steps)" "$dir/$backend.log" ||
+  grep -q "ddprun: straggler report (ranks 0-2, over 4-6 steps, uneven shares" "$dir/$backend.log" ||
     fail "$backend: the straggler report does not count 4 to 6 steps (shadowed steps marked?)"
 done
 python3 - "$dir/shm.jsonl" <<'PY' || fail "metrics"
