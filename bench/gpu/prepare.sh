@@ -16,7 +16,7 @@ the repository, which .git/info/exclude lists) of about 40 MiB:
 
   ddp.tar.xz   one relocatable folder ddp/ (run.sh unpacks it; OpenBLAS alone is
                37 MB unpacked, so it travels compressed):
-                 bin/  train, bench, ddprun, scale, ddp_gpu_tests, ddp_unit_tests;
+                 bin/  train, bench, ddprun, scale, sample, ddp_gpu_tests, ddp_unit_tests;
                        stripped, RUNPATH $ORIGIN/../lib and the CUDA toolkit's folders
                  lib/  every shared library they load except glibc and CUDA's
                        (cudart, cuBLAS, NCCL, the driver), which the GPU machine
@@ -85,7 +85,7 @@ grep -q '^#define DDP_HAVE_CUDA 1' "$config" ||
 archs=$(sed -nE 's/^#define DDP_CUDA_ARCHITECTURES "(.*)"/\1/p' "$config")
 [[ ",${archs//-real/}," == *",$arch,"* ]] ||
   die "$build compiles CUDA for $archs, not $arch: reconfigure with -DCMAKE_CUDA_ARCHITECTURES=$arch (or pass --arch)"
-programs=(train bench ddprun scale)
+programs=(train bench ddprun scale sample)
 tests=(ddp_gpu_tests ddp_unit_tests)
 if [[ $do_build -eq 1 ]]; then
   echo "prepare.sh: building ${programs[*]} ${tests[*]} in $build"

@@ -38,11 +38,15 @@ Steps (each under `timeout`, sized so that the run fits --budget on an H100):
   ddp_shm_w2    ddprun -n 2 train, both ranks on cuda:0, DDP_BACKEND=shm, batch 32
                 per rank: checkpoint = reference (one process on the 2x batch)
   dp_2replicas  train --mode dp --devices cuda:0,cuda:0: checkpoint = reference
+  parity_gpt    gpt-tiny, 30 steps on cpu and cuda:0 (synthetic tokens): losses within 1e-3
+  ddp_gpt_nccl_w1  the same under ddprun -n 1, nccl, several buckets: = the cuda:0 losses
   bench_device  bench device: rand on the device vs host + copy, pinned vs pageable
                 copies against PyTorch's pinned copy peak, the caching allocator
   bench_gemm    bench gemm: ours vs bare cuBLAS
   torch_mlp     ms per training step, ours vs PyTorch eager on the same GPU
   torch_cnn     (bench/peer/torch_train.py; skipped without a CUDA PyTorch)
+  gpt_mini      tokens/s of a gpt-mini training step (bench gpt, batch 16) vs PyTorch
+  gpt2          eager fp32 (bench/peer/torch_gpt_train.py); gpt2 124M at batch 4
 
 options:
   --prebuilt DIR    programs from DIR (bench/gpu/prepare.sh); no configure, no build
@@ -105,7 +109,7 @@ while [[ $# -gt 0 ]]; do
     *) die_usage "unknown option '$1'; valid: --prebuilt, --build-dir, --arch, --prefix, --no-tests, --jobs, --data, --out, --only, --allow-no-gpu, --device, --budget, --help" ;;
   esac
 done
-readonly kSteps=",gpu_tests,train_mlp,train_cnn,parity_mlp,parity_cnn,reference,ddp_nccl_w1,ddp_shm_w2,dp_2replicas,bench_device,bench_gemm,torch_mlp,torch_cnn,"
+readonly kSteps=",gpu_tests,train_mlp,train_cnn,parity_mlp,parity_cnn,reference,ddp_nccl_w1,ddp_shm_w2,dp_2replicas,parity_gpt,ddp_gpt_nccl_w1,bench_device,bench_gemm,torch_mlp,torch_cnn,gpt_mini,gpt2,"
 for name in ${only//,/ }; do
   [[ $kSteps == *",$name,"* ]] || die_usage "--only: unknown step '$name'; valid: ${kSteps:1:-1}"
 done

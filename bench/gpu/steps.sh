@@ -196,6 +196,79 @@ torch_step() {
     "PyTorch $theirs ms/step (ours/PyTorch $(awk -v a="$ours" -v b="$theirs" 'BEGIN { printf "%.2f", a / b }'))"
 }
 
+# GPT: synthetic tokens (no corpus needed on the GPU machine): what a step computes
+# does not depend on the token values.
+readonly kGptLossTolerance=1e-3 # 30 AdamW steps through attention, LayerNorm and the
+# vocabulary softmax, summed in another order on the GPU
+
+# parity_gpt: gpt-tiny, 30 steps on cpu and on the device from the same seed.
+step_parity_gpt() {
+  local step=parity_gpt rc line
+  selected "$step" || return
+  local args=(--model gpt-tiny --data synthetic --epochs 1 --max-steps 30 --quiet --seed 3)
+  rm -f "$logs/$step.cpu.loss" "$logs/$step.cuda.loss"
+  run_logged "$step.cpu" 120 "$bin/train" "${args[@]}" --device cpu --loss-log "$logs/$step.cpu.loss"
+  rc=$?
+  if [[ $rc -ne 0 ]]; then record "$step" "FAILED: the CPU run: $(why_failed "$step.cpu" "$rc")"; return; fi
+  skip_cuda "$step" "losses within $kGptLossTolerance" && return
+  run_logged "$step.cuda" 120 "$bin/train" "${args[@]}" --device "$dev" --loss-log "$logs/$step.cuda.loss"
+  rc=$?
+  if [[ $rc -ne 0 ]]; then record "$step" "FAILED: the CUDA run: $(why_failed "$step.cuda" "$rc")"; return; fi
+  line=$(results losses "$logs/$step.cpu.loss" "$logs/$step.cuda.loss" "$kGptLossTolerance")
+  rc=$?
+  local what="cpu = $dev within $kGptLossTolerance per step"
+  if [[ $rc -eq 0 ]]; then record "$step" "ok" "$line" "$what"; else
+    record "$step" "FAILED: CPU and CUDA losses differ" "$line" "$what"; fi
+}
+
+# ddp_gpt_nccl_w1: the same 30 gpt-tiny steps under ddprun -n 1 with nccl (several
+# buckets: --bucket-cap-mb 0.05) equal the single process's on the device.
+step_ddp_gpt() {
+  local step=ddp_gpt_nccl_w1 rc line
+  selected "$step" || return
+  skip_cuda "$step" && return
+  [[ $dev == cpu ]] && { record "$step" "skipped: nccl needs CUDA (--device cpu)"; return; }
+  if [[ ! -f "$logs/parity_gpt.cuda.loss" ]]; then
+    record "$step" "FAILED: no single-process losses (see parity_gpt)"
+    return
+  fi
+  run_logged "$step" 120 env DDP_BACKEND=nccl "$bin/ddprun" --standalone -n 1 "$bin/train" --model gpt-tiny \
+    --data synthetic --epochs 1 --max-steps 30 --seed 3 --mode ddp --bucket-cap-mb 0.05 --device "$dev" \
+    --loss-log "$logs/$step.loss"
+  rc=$?
+  if [[ $rc -ne 0 ]]; then record "$step" "FAILED: $(why_failed "$step" "$rc")"; return; fi
+  line=$(results losses "$logs/parity_gpt.cuda.loss" "$logs/$step.loss" 1e-5)
+  rc=$?
+  if [[ $rc -eq 0 ]]; then record "$step" "ok" "$line" "= one process on $dev within 1e-5"; else
+    record "$step" "FAILED: DDP's losses differ from one process's" "$line" "= one process on $dev within 1e-5"; fi
+}
+
+# gpt_STEP MODEL BATCH: tokens/s of `bench gpt` (median step after warmup) and of
+# PyTorch eager (bench/peer/torch_gpt_train.py) on the same device, model and batch.
+gpt_speed_step() {
+  local step=$1 model=$2 batch=$3 rc ours theirs ms
+  selected "$step" || return
+  skip_cuda "$step" && return
+  # shellcheck disable=SC2016  # the positional parameters of the inner shell
+  run_logged "$step.ours" 150 sh -c '"$1" gpt --device "$2" --model "$3" --batch-size "$4" --warmup 2 \
+    --repeats 10 --json >"$5"' sh "$bin/bench" "$dev" "$model" "$batch" "$logs/$step.ours.jsonl"
+  rc=$?
+  if [[ $rc -ne 0 ]]; then record "$step" "FAILED: ours: $(why_failed "$step.ours" "$rc")"; return; fi
+  ours=$(results json-key "$logs/$step.ours.jsonl" tokens_per_s)
+  ms=$(results json-key "$logs/$step.ours.jsonl" step_ms)
+  local figure="ours $ours tokens/s ($ms ms/step, batch $batch)"
+  if ! torch_can_run; then record "$step" "ok" "$figure" "no CUDA PyTorch for $python"; return; fi
+  local tdev=$dev
+  [[ $tdev == cuda* ]] || tdev=cpu
+  run_logged "$step.torch" 150 "$python" "$repo_root/bench/peer/torch_gpt_train.py" --model "$model" \
+    --device "$tdev" --batch "$batch" --steps 10 --warmup 2
+  rc=$?
+  if [[ $rc -ne 0 ]]; then record "$step" "FAILED: PyTorch: $(why_failed "$step.torch" "$rc")" "$figure"; return; fi
+  theirs=$(results json-key "$logs/$step.torch.log" tokens_per_s)
+  record "$step" "ok" "$figure" \
+    "PyTorch $theirs tokens/s (ours/PyTorch $(awk -v a="$ours" -v b="$theirs" 'BEGIN { printf "%.2f", a / b }'))"
+}
+
 # run_steps: every step after the preflight, in order (--only picks some).
 run_steps() {
   selected gpu_tests && step_gpu_tests
@@ -218,8 +291,12 @@ run_steps() {
     --data "$data" --device "$dev" --batch-size 32
   compare_step dp_2replicas "dp over 2 replicas" "= reference (one device)" \
     "$bin/train" "${same_args[@]}" --mode dp --devices "$dev,$dev" --data "$data" --batch-size 64
+  step_parity_gpt
+  step_ddp_gpt
   step_bench device
   step_bench gemm
   torch_step torch_mlp mlp
   torch_step torch_cnn cnn
+  gpt_speed_step gpt_mini gpt-mini 16
+  gpt_speed_step gpt2 gpt2 4
 }

@@ -21,6 +21,10 @@ What the timing includes: window gathering, forward, loss, backward, clipping, t
 optimizer step and one loss.item() per step. It excludes building the model, the
 stream and the warmup steps.
 
+On a GPU (--device cuda): the model, the stream and the windows live on the device,
+matmuls run in fp32 (TF32 off, PyTorch's default and what ddp's cuBLAS sgemm does),
+and loss.item() ends every step, so the timer measures finished work.
+
 Distributed: if WORLD_SIZE > 1 in the environment (set RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT yourself, or launch it with ddprun), torch.distributed is initialized with
 gloo, the model is wrapped in DistributedDataParallel(bucket_cap_mb=...), each rank
@@ -83,6 +87,9 @@ def parse_args(argv):
     parser.add_argument("--seed", type=int, default=0, help="init and data seed (default 0)")
     parser.add_argument("--stream-bytes", type=positive_int, default=5_366_311,
                         help="bytes of the random stream (default: the Brown train split's)")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu or cuda[:N]; on CUDA the timer waits for the device "
+                             "(fp32 matmuls, TF32 off as PyTorch's default) (default %(default)s)")
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0,
                         help="DistributedDataParallel bucket_cap_mb (default %(default)s)")
     args = parser.parse_args(argv)
@@ -92,6 +99,8 @@ def parse_args(argv):
         args.config = torch_gpt.parse_model(args.model)
     except ValueError as e:
         parser.error(str(e))
+    if args.device != "cpu" and not args.device.startswith("cuda"):
+        parser.error(f"--device {args.device}: valid values are cpu, cuda, cuda:N")
     if args.stream_bytes <= args.config.context + 1:
         parser.error(f"--stream-bytes {args.stream_bytes}: must exceed context + 1 = "
                      f"{args.config.context + 1}")
@@ -124,7 +133,13 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     rank, world_size = init_distributed()
     config = args.config
-    model = torch_gpt.Gpt(config).init_weights(args.seed)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit(f"torch_gpt_train: --device {args.device}: this PyTorch sees no CUDA device")
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 as ddp's cuBLAS sgemm
+        torch.cuda.set_device(device)
+    model = torch_gpt.Gpt(config).init_weights(args.seed).to(device)
     if world_size > 1:
         # The causal masks are bool buffers, equal on every rank; gloo cannot broadcast
         # bool ("Invalid scalar type"), so DDP is told to leave the buffers alone.
@@ -135,12 +150,13 @@ def main(argv=None):
     optimizer = torch.optim.AdamW(decay_groups(model, args.weight_decay), lr=args.lr,
                                   betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
-    stream = torch.randint(0, config.vocab, (args.stream_bytes,), generator=gen)
+    stream = torch.randint(0, config.vocab, (args.stream_bytes,), generator=gen).to(device)
     ctx = config.context
-    offsets = torch.arange(ctx + 1)
+    offsets = torch.arange(ctx + 1, device=device)
 
     def step():
-        starts = torch.randint(0, args.stream_bytes - ctx - 1, (args.batch, 1), generator=gen)
+        starts = torch.randint(0, args.stream_bytes - ctx - 1, (args.batch, 1),
+                               generator=gen).to(device)
         windows = stream[starts + offsets]  # [batch, ctx + 1]
         x, y = windows[:, :-1], windows[:, 1:]
         optimizer.zero_grad(set_to_none=False)
@@ -171,6 +187,7 @@ def main(argv=None):
             "batch": args.batch,
             "context": ctx,
             "threads": args.threads,
+            "device": str(device),
             "tokens_per_s": round(tokens / elapsed, 1),
             "step_ms": round(1e3 * elapsed / args.steps, 3),
             "steps": args.steps,
