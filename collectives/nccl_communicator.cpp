@@ -202,13 +202,15 @@ class WaitMoments {
 
 class NcclWork : public Work {
  public:
+  // `info` is null when nobody listened (Note [nccl events]): the sequence comes apart.
   NcclWork(std::shared_ptr<NcclWatchdog> watchdog, std::shared_ptr<CollectiveEvents> events,
-           std::shared_ptr<const CollectiveInfo> info, Device device, bool host_barrier)
+           std::shared_ptr<const CollectiveInfo> info, int64_t sequence, Device device,
+           bool host_barrier)
       : watchdog_(std::move(watchdog)),
         events_(std::move(events)),
         info_(std::move(info)),
         device_(device),
-        sequence_(info_->sequence),
+        sequence_(sequence),
         host_barrier_(host_barrier) {}
 
   // Note [nccl streams]: orders the caller's current stream after the collective.
@@ -550,8 +552,8 @@ std::shared_ptr<Work> NcclCommunicator::enqueue(const Collective& c) {
                     .keep_alive = std::make_shared<Tensors>(Tensors{c.input, c.output}),
                     .subject = std::move(moments)});
   wake_watchdog();
-  return std::make_shared<NcclWork>(watchdog_, std::move(events), std::move(info), device_,
-                                    c.kind == CollectiveKind::barrier);
+  return std::make_shared<NcclWork>(watchdog_, std::move(events), std::move(info), c.sequence,
+                                    device_, c.kind == CollectiveKind::barrier);
 }
 
 void NcclCommunicator::launch(const Collective& c, ncclComm_t comm) {
