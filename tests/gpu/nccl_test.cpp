@@ -148,10 +148,12 @@ TEST(NcclCommunicator, DurationComesFromCudaEvents) {
 std::string timeout_scenario() {
   auto comm = make_nccl_communicator(nullptr,
                                      {.rank = 0, .size = 1, .device = 0, .comm = {.timeout = 5ms}});
+  // The tensor first: its host-to-device copy waits for the stream, so made after the
+  // GEMMs it would hold the host until they finished (on an H200 the test failed so).
+  Tensor t = gpu_values(DType::f32, 1024);
   const Tensor a = randn({4096, 4096}, 1, {.device = kGpu});
   Tensor busy = a;
-  for (int i = 0; i < 40; ++i) busy = matmul(busy, a);  // about 0.1 s or more of f32 GEMMs
-  Tensor t = gpu_values(DType::f32, 1024);
+  for (int i = 0; i < 40; ++i) busy = matmul(busy, a);  // 5.5 TFLOP: 0.1 s on an H200
   std::shared_ptr<Work> work = comm->all_reduce(t);
   try {
     work->synchronize();
