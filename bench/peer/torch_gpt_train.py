@@ -138,7 +138,8 @@ def main(argv=None):
         if not torch.cuda.is_available():
             sys.exit(f"torch_gpt_train: --device {args.device}: this PyTorch sees no CUDA device")
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 as ddp's cuBLAS sgemm
-        torch.cuda.set_device(device)
+        if device.index is not None:
+            torch.cuda.set_device(device)
     model = torch_gpt.Gpt(config).init_weights(args.seed).to(device)
     if world_size > 1:
         # The causal masks are bool buffers, equal on every rank; gloo cannot broadcast
