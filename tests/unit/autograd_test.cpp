@@ -76,6 +76,48 @@ TEST(Autograd, Conv2dWithStrideAndPadding) {
   }
 }
 
+// Note [conv per image]: the forward against the definition, in double, for odd
+// sizes, strides, padding, with and without bias; an empty batch has zero gradients.
+TEST(Autograd, Conv2dForwardIsTheDirectConvolution) {
+  const int64_t n = 3, c = 2, h = 7, w = 5, c_out = 4, kk = 3;
+  const Tensor x = randn({n, c, h, w}, 41), weight = randn({c_out, c, kk, kk}, 42);
+  const Tensor bias = randn({c_out}, 43);
+  const auto xv = x.to_vector<float>(), wv = weight.to_vector<float>(),
+             bv = bias.to_vector<float>();
+  for (auto [stride, pad] : {std::pair<int64_t, int64_t>{1, 1}, {2, 0}, {2, 1}, {1, 0}}) {
+    for (bool with_bias : {true, false}) {
+      const Tensor y = F::conv2d(x, weight, with_bias ? bias : Tensor(), {stride, pad});
+      const int64_t oh = (h + 2 * pad - kk) / stride + 1, ow = (w + 2 * pad - kk) / stride + 1;
+      ASSERT_EQ(y.shape(), (Shape{n, c_out, oh, ow}));
+      const auto yv = y.to_vector<float>();
+      for (int64_t b = 0; b < n; ++b)
+        for (int64_t o = 0; o < c_out; ++o)
+          for (int64_t i = 0; i < oh; ++i)
+            for (int64_t j = 0; j < ow; ++j) {
+              double ref = with_bias ? bv[static_cast<size_t>(o)] : 0.0;
+              for (int64_t ci = 0; ci < c; ++ci)
+                for (int64_t u = 0; u < kk; ++u)
+                  for (int64_t v = 0; v < kk; ++v) {
+                    const int64_t r = i * stride - pad + u, q = j * stride - pad + v;
+                    if (r < 0 || r >= h || q < 0 || q >= w) continue;
+                    ref += static_cast<double>(
+                               xv[static_cast<size_t>(((b * c + ci) * h + r) * w + q)]) *
+                           wv[static_cast<size_t>(((o * c + ci) * kk + u) * kk + v)];
+                  }
+              const float got = yv[static_cast<size_t>(((b * c_out + o) * oh + i) * ow + j)];
+              ASSERT_NEAR(got, ref, 1e-5 * (1.0 + std::fabs(ref)))
+                  << "stride " << stride << " pad " << pad << " bias " << with_bias << " at (" << b
+                  << ", " << o << ", " << i << ", " << j << ")";
+            }
+    }
+  }
+  Tensor empty_x = leaf(randn({0, c, h, w}, 44));
+  Tensor wl = leaf(randn({c_out, c, kk, kk}, 45)), bl = leaf(randn({c_out}, 46));
+  backward(F::sum(F::conv2d(empty_x, wl, bl, {1, 1})));
+  for (float g : grad(wl).to_vector<float>()) EXPECT_EQ(g, 0.0f);
+  for (float g : grad(bl).to_vector<float>()) EXPECT_EQ(g, 0.0f);
+}
+
 TEST(Autograd, MaxPool) {
   gradcheck([](auto& in) { return F::max_pool2d(in[0], 2); }, {randn({2, 3, 6, 6}, 17)}, 1e-3,
             5e-3);

@@ -240,10 +240,13 @@ PoolRef naive_pool(const std::vector<double>& x, const Conv2dGeometry& g) {
   return r;
 }
 
-// The first two take the CPU's 2x2 stride-2 fast path (the second with odd sizes).
+// The first three take the CPU's 2x2 stride-2 fast path (the second with odd sizes,
+// the third with rows longer than its 256-column passes).
 const std::vector<Conv2dGeometry> kPoolCases = {
-    {2, 3, 8, 8, 2, 2, 2, 2, 0, 0}, {1, 2, 7, 9, 2, 2, 2, 2, 0, 0}, {1, 2, 7, 9, 3, 3, 2, 2, 0, 0},
-    {2, 2, 6, 5, 3, 3, 1, 1, 1, 1}, {1, 1, 5, 6, 2, 3, 1, 2, 1, 1}, {1, 2, 4, 4, 4, 4, 1, 1, 0, 0},
+    {2, 3, 8, 8, 2, 2, 2, 2, 0, 0},    {1, 2, 7, 9, 2, 2, 2, 2, 0, 0},
+    {1, 1, 4, 1031, 2, 2, 2, 2, 0, 0}, {1, 2, 7, 9, 3, 3, 2, 2, 0, 0},
+    {2, 2, 6, 5, 3, 3, 1, 1, 1, 1},    {1, 1, 5, 6, 2, 3, 1, 2, 1, 1},
+    {1, 2, 4, 4, 4, 4, 1, 1, 0, 0},
 };
 
 TEST(NnOps, MaxPool2dMatchesNaiveIncludingTies) {
