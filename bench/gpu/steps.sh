@@ -73,24 +73,32 @@ train_step() {
 # devices' rounding, after which the trajectories separate; a wrong gradient shows at
 # step 2. So the CNN is compared over its first 15 steps, the MLP over 50.
 parity_step() {
-  local step=$1 model=$2 steps=$3 rc line
+  local step=$1 model=$2 steps=$3
   selected "$step" || return
   have_data "$step" || return
-  local args=(--model "$model" --epochs 1 --max-steps "$steps" --data "$data" --quiet --seed 3)
+  loss_parity "$step" 1e-4 --model "$model" --epochs 1 --max-steps "$steps" --data "$data" --quiet --seed 3
+}
+
+# loss_parity STEP TOLERANCE TRAIN_ARGS...: `train TRAIN_ARGS` on cpu and on the
+# device, every step's loss (--loss-log) equal within TOLERANCE.
+loss_parity() {
+  local step=$1 tolerance=$2 rc line
+  shift 2
+  local what="cpu = $dev within $tolerance per step"
   rm -f "$logs/$step.cpu.loss" "$logs/$step.cuda.loss"
-  run_logged "$step.cpu" 300 "$bin/train" "${args[@]}" --device cpu --loss-log "$logs/$step.cpu.loss"
+  run_logged "$step.cpu" 300 "$bin/train" "$@" --device cpu --loss-log "$logs/$step.cpu.loss"
   rc=$?
   if [[ $rc -ne 0 ]]; then record "$step" "FAILED: the CPU run: $(why_failed "$step.cpu" "$rc")"; return; fi
-  skip_cuda "$step" "losses within 1e-4" && return
-  run_logged "$step.cuda" 180 "$bin/train" "${args[@]}" --device "$dev" --loss-log "$logs/$step.cuda.loss"
+  skip_cuda "$step" "losses within $tolerance" && return
+  run_logged "$step.cuda" 180 "$bin/train" "$@" --device "$dev" --loss-log "$logs/$step.cuda.loss"
   rc=$?
   if [[ $rc -ne 0 ]]; then record "$step" "FAILED: the CUDA run: $(why_failed "$step.cuda" "$rc")"; return; fi
-  line=$(results losses "$logs/$step.cpu.loss" "$logs/$step.cuda.loss" 1e-4)
+  line=$(results losses "$logs/$step.cpu.loss" "$logs/$step.cuda.loss" "$tolerance")
   rc=$?
   if [[ $rc -eq 0 ]]; then
-    record "$step" "ok" "$line" "cpu = $dev within 1e-4 per step"
+    record "$step" "ok" "$line" "$what"
   else
-    record "$step" "FAILED: CPU and CUDA losses differ" "$line" "cpu = $dev within 1e-4 per step"
+    record "$step" "FAILED: CPU and CUDA losses differ" "$line" "$what"
   fi
 }
 
@@ -208,22 +216,9 @@ readonly kGptLossTolerance=1e-3 # 30 AdamW steps through attention, LayerNorm an
 
 # parity_gpt: gpt-tiny, 30 steps on cpu and on the device from the same seed.
 step_parity_gpt() {
-  local step=parity_gpt rc line
-  selected "$step" || return
-  local args=(--model gpt-tiny --data synthetic --epochs 1 --max-steps 30 --quiet --seed 3)
-  rm -f "$logs/$step.cpu.loss" "$logs/$step.cuda.loss"
-  run_logged "$step.cpu" 120 "$bin/train" "${args[@]}" --device cpu --loss-log "$logs/$step.cpu.loss"
-  rc=$?
-  if [[ $rc -ne 0 ]]; then record "$step" "FAILED: the CPU run: $(why_failed "$step.cpu" "$rc")"; return; fi
-  skip_cuda "$step" "losses within $kGptLossTolerance" && return
-  run_logged "$step.cuda" 120 "$bin/train" "${args[@]}" --device "$dev" --loss-log "$logs/$step.cuda.loss"
-  rc=$?
-  if [[ $rc -ne 0 ]]; then record "$step" "FAILED: the CUDA run: $(why_failed "$step.cuda" "$rc")"; return; fi
-  line=$(results losses "$logs/$step.cpu.loss" "$logs/$step.cuda.loss" "$kGptLossTolerance")
-  rc=$?
-  local what="cpu = $dev within $kGptLossTolerance per step"
-  if [[ $rc -eq 0 ]]; then record "$step" "ok" "$line" "$what"; else
-    record "$step" "FAILED: CPU and CUDA losses differ" "$line" "$what"; fi
+  selected parity_gpt || return
+  loss_parity parity_gpt "$kGptLossTolerance" --model gpt-tiny --data synthetic --epochs 1 --max-steps 30 \
+    --quiet --seed 3
 }
 
 # ddp_gpt_nccl_w1: the same 30 gpt-tiny steps under ddprun -n 1 with nccl (several
