@@ -114,9 +114,7 @@ TEST_F(TraceFileTest, LongLabelsAreCutAtACharacterBoundary) {
   attach_trace_observer();
   std::string label(kMaxLabelBytes - 1, 'x');
   label += "\xc3\xa9\xc3\xa9";  // é straddles kMaxLabelBytes
-  CollectiveInfo info;
-  info.backend = "shm";
-  info.kind = CollectiveKind::all_reduce;
+  CollectiveInfo info{.backend = "shm", .kind = CollectiveKind::all_reduce};
   {
     const CollectiveLabel labelled(label);
     EXPECT_TRUE(is_valid_utf8(current_collective_label()));
@@ -165,12 +163,11 @@ TEST_F(TraceFileTest, CollectiveFlowIdsAreDistinct) {
   for (int comm : {0, 128, 1 << 20}) {
     for (int64_t seq :
          {int64_t{5}, int64_t{5} + (int64_t{1} << 24), int64_t{5} + (int64_t{1} << 32)}) {
-      CollectiveInfo info;
-      info.comm_id = comm;
-      info.sequence = seq;
-      info.backend = "gloo";
-      info.kind = CollectiveKind::broadcast;
-      info.label = "flow ids";
+      const CollectiveInfo info{.comm_id = comm,
+                                .backend = "gloo",
+                                .kind = CollectiveKind::broadcast,
+                                .sequence = seq,
+                                .label = "flow ids"};
       notify_collective(info, CollectiveState::enqueued);
     }
   }
@@ -188,11 +185,8 @@ TEST_F(TraceFileTest, CollectiveFlowIdsAreDistinct) {
 // refused) is marked on its stream's track, not on the thread that told it.
 TEST_F(TraceFileTest, AnNcclFailureBeforeTheStartLandsOnTheStreamTrack) {
   attach_trace_observer();
-  CollectiveInfo info;
-  info.comm_id = 77;
-  info.backend = "nccl";
-  info.kind = CollectiveKind::all_gather;
-  info.sequence = 3;
+  const CollectiveInfo info{
+      .comm_id = 77, .backend = "nccl", .kind = CollectiveKind::all_gather, .sequence = 3};
   notify_collective(info, CollectiveState::enqueued);
   notify_collective(info, CollectiveState::failed);
   const Snapshot s = snapshot();
@@ -211,10 +205,7 @@ TEST_F(TraceFileTest, AnNcclFailureBeforeTheStartLandsOnTheStreamTrack) {
 // start() forgets every track: the observer's cached stream tracks must follow.
 TEST_F(TraceFileTest, AnotherStartMakesTheStreamTracksAnew) {
   attach_trace_observer();
-  CollectiveInfo info;
-  info.comm_id = 78;
-  info.backend = "nccl";
-  info.kind = CollectiveKind::barrier;
+  CollectiveInfo info{.comm_id = 78, .backend = "nccl", .kind = CollectiveKind::barrier};
   for (int round = 0; round < 2; ++round) {
     start({.dir = dir_.string(), .max_events = 1000, .handle_signals = false});
     info.sequence = round;

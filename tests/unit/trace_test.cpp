@@ -420,13 +420,12 @@ TEST_F(TraceTest, DeviceSpansBecomeCompleteSpansOnTheDevicesTrack) {
 // stream's track, even when another thread tells its end.
 TEST_F(TraceTest, NcclMomentsBecomeSpansOnTheStreamTrack) {
   attach_trace_observer();
-  CollectiveInfo info;
-  info.comm_id = 4;
-  info.backend = "nccl";
-  info.kind = CollectiveKind::all_reduce;
-  info.sequence = 9;
-  info.bytes = 4096;
-  info.label = "ddp bucket 1";
+  const CollectiveInfo info{.comm_id = 4,
+                            .backend = "nccl",
+                            .kind = CollectiveKind::all_reduce,
+                            .sequence = 9,
+                            .bytes = 4096,
+                            .label = "ddp bucket 1"};
   notify_collective(info, CollectiveState::enqueued, 1'000);
   std::thread([&] {
     notify_collective(info, CollectiveState::started, 5'000);
