@@ -66,7 +66,7 @@ struct CollectiveInfo {
   int64_t sequence = 0;
   int64_t count = 0;  // elements of the input (0 for a barrier)
   DType dtype = DType::u8;
-  int64_t bytes = 0;  // count x the dtype's size
+  int64_t bytes = 0;    // count x the dtype's size
   std::string label{};  // Note [collective labels]
 };
 
