@@ -46,6 +46,7 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <netdb.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -140,10 +141,36 @@ bool is_timeout_text(const std::string& text) {
 // them in the same order (as torch.distributed's group counter).
 std::atomic<int> g_gloo_instances{0};
 
+// Note [gloo hostname]: gloo's lookupAddrForHostname (Debian 12's 0.0~git20220518)
+// checks getaddrinfo's result only against -1, so a name that does not resolve
+// (EAI_NONAME is -2) sends it walking an uninitialised result list: a segfault now
+// and then (multirank.GlooCommunicator.UnresolvableHostname... crashed in 2 of 80
+// runs on a loaded machine, and once in a full suite). Upstream later checks for 0. The name is
+// resolved here first, and a failure is the CommError gloo's own would have been.
+void check_resolves(const std::string& host, const GlooOptions& options) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rv = getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (rv == 0) {
+    freeaddrinfo(found);
+    return;
+  }
+  throw CommError(
+      fmt::format("rank {}: gloo cannot use host '{}': it does not resolve ({}). Set "
+                  "GlooOptions::hostname (for train and other programs of a launcher, export "
+                  "DDP_GLOO_HOSTNAME=<this node's address>) to a name or address of this node "
+                  "that the other ranks reach",
+                  options.rank, host, gai_strerror(rv)),
+      options.rank, "gloo rendezvous", -1, 0);
+}
+
 // Connects every pair of ranks; world size 1 without a store rendezvouses in memory.
 std::shared_ptr<gloo::Context> connect(std::shared_ptr<Store> store, const GlooOptions& options) {
   gloo::transport::tcp::attr attr;
   attr.hostname = options.hostname.empty() ? this_host_name() : options.hostname;
+  check_resolves(attr.hostname, options);  // Note [gloo hostname]
   auto context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.size);
   context->setTimeout(gloo_timeout(options.comm.timeout));
   try {
