@@ -112,7 +112,7 @@ configure_package_config_file(cmake/ddpConfig.cmake.in ${PROJECT_BINARY_DIR}/ddp
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/ddpConfigVersion.cmake
                                  COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/ddpConfig.cmake ${PROJECT_BINARY_DIR}/ddpConfigVersion.cmake
-              ${PROJECT_SOURCE_DIR}/cmake/FindNCCL.cmake
+              ${PROJECT_SOURCE_DIR}/cmake/FindNCCL.cmake ${PROJECT_SOURCE_DIR}/cmake/FindOneDNN.cmake
         DESTINATION ${DDP_INSTALL_CMAKEDIR} COMPONENT dev)
 
 # ---- The bundle ------------------------------------------------------------------

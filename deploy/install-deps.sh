@@ -16,7 +16,7 @@ packages=(
   iproute2 python3
   libgtest-dev libgmock-dev googletest
   libspdlog-dev libfmt-dev
-  libopenblas-dev
+  libopenblas-dev libdnnl-dev
   libopenmpi-dev openmpi-bin
   libgloo-dev
   zlib1g-dev

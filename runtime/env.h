@@ -42,6 +42,9 @@
 //   DDP_TRACE_MAX_EVENTS  records kept per thread while tracing (default: 1000000)
 //   DDP_TRACE_TEST_SKEW_NS  for tests of the clock alignment: rank R's trace file
 //                  reads as if its clock ran R x N ns ahead (default: 0)
+//   DDP_ONEDNN     0: CPU convolutions as im2col + OpenBLAS even in a build with
+//                  oneDNN (default: 1, oneDNN where the build has it; read once;
+//                  Note [oneDNN convolutions], docs/building.md)
 #pragma once
 
 #include <cstdint>
@@ -77,6 +80,7 @@ inline constexpr const char* kFlightShm = "DDPRUN_FLIGHT_SHM";
 inline constexpr const char* kTrace = "DDP_TRACE";
 inline constexpr const char* kTraceMaxEvents = "DDP_TRACE_MAX_EVENTS";
 inline constexpr const char* kTraceTestSkewNs = "DDP_TRACE_TEST_SKEW_NS";
+inline constexpr const char* kOneDnn = "DDP_ONEDNN";
 
 // The value of a variable, or nullopt when unset or empty.
 std::optional<std::string> get(const char* name);

@@ -195,6 +195,27 @@ Tensor conv2d_per_image(const Tensor& x, const Tensor& weight, const Tensor& bia
       });
 }
 
+// On the CPU with oneDNN (Note [oneDNN convolutions] in ops/cpu/onednn_conv.cpp):
+// the direct convolution in each direction, no column matrix.
+Tensor conv2d_onednn_recorded(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                              const kernels::Conv2dGeometry& geom) {
+  Tensor y = ddp::conv2d_onednn(x, weight, bias, geom);
+  return recorded(y, "Conv2dBackward", {&x, &weight, &bias},
+                  [x, weight, bias, geom, has_bias = bias.defined(),
+                   x_needs = requires_grad(x)](const Tensor& g) {
+                    std::vector<Tensor> grads(3);
+                    if (x_needs) grads[0] = ddp::conv2d_backward_input_onednn(g, weight, geom);
+                    // Note [gradient destinations]
+                    ddp::Conv2dParamGrads into{gradient_destination(weight),
+                                               has_bias ? gradient_destination(bias) : Tensor()};
+                    auto params = ddp::conv2d_backward_params_onednn(g, x, weight.shape(), geom,
+                                                                     has_bias, std::move(into));
+                    grads[1] = std::move(params.weight);
+                    grads[2] = std::move(params.bias);
+                    return grads;
+                  });
+}
+
 }  // namespace
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dOptions& o) {
@@ -207,7 +228,10 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
   DDP_CHECK(weight.size(2) == weight.size(3), "conv2d: only square kernels, got weight {}",
             shape_str(weight.shape()));
   const auto geom = conv_geometry(x, weight.size(2), o.stride, o.padding);
-  if (x.device().is_cpu()) return conv2d_per_image(x, weight, bias, geom);
+  if (x.device().is_cpu()) {
+    return ddp::onednn_convolutions() ? conv2d_onednn_recorded(x, weight, bias, geom)
+                                      : conv2d_per_image(x, weight, bias, geom);
+  }
   const int64_t c_out = weight.size(0), k = weight.numel() / c_out;
   const int64_t n = x.size(0), oh = geom.out_h(), ow = geom.out_w();
   Tensor cols = im2col(x, geom);

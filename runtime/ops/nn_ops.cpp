@@ -3,6 +3,7 @@
 // kernel (ops/cpu/nn.cpp, ops/cuda/nn.cu).
 #include "runtime/ops/nn_ops.h"
 
+#include "runtime/ops/cpu/onednn.h"
 #include "runtime/ops/dispatch.h"
 
 #include "runtime/ops/ops.h"
@@ -132,6 +133,104 @@ Tensor permute4(const Tensor& x, std::array<int, 4> perm) {
   Tensor out = empty(shape, {.dtype = x.dtype(), .device = x.device()});
   if (out.numel() > 0) DDP_DISPATCH(x.device(), permute4, x, perm, out);
   return out;
+}
+
+bool onednn_convolutions() {
+  return kernels::cpu::onednn::available();
+}
+
+std::string onednn_version() {
+  return kernels::cpu::onednn::version();
+}
+
+namespace {
+
+// The checks the three oneDNN convolution ops share: CPU f32 tensors, oneDNN on,
+// grad_or_y [N, C_out, out_h, out_w] when given, weight [C_out, C, kh, kw].
+void check_onednn_conv(std::string_view op, const Tensor& t, const Shape& weight_shape,
+                       const Conv2dGeometry& g) {
+  DDP_CHECK(onednn_convolutions(),
+            "{}: this build has no oneDNN, or DDP_ONEDNN=0 turned it off; use the im2col path "
+            "(functional::conv2d chooses it by itself)",
+            op);
+  DDP_CHECK(t.device().is_cpu(), "{}: oneDNN convolutions run on the CPU, got a tensor on {}", op,
+            t.device().str());
+  check_f32(op, t, "input");
+  check_geometry(op, g);
+  const Shape expected{weight_shape.at(0), g.c, g.kernel_h, g.kernel_w};
+  DDP_CHECK(weight_shape == expected, "{}: weight shape {} does not match input {} and {}", op,
+            shape_str(weight_shape), shape_str(input_shape(g)), geometry_str(g));
+}
+
+Shape conv_out_shape(const Conv2dGeometry& g, int64_t c_out) {
+  return {g.n, c_out, g.out_h(), g.out_w()};
+}
+
+}  // namespace
+
+Tensor conv2d_onednn(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                     const Conv2dGeometry& g) {
+  if (bias.defined()) {
+    check_same_device({&x, &weight, &bias});
+  } else {
+    check_same_device({&x, &weight});
+  }
+  check_onednn_conv("conv2d_onednn", x, weight.shape(), g);
+  check_input("conv2d_onednn", x, g, "input");
+  check_f32("conv2d_onednn", weight, "weight");
+  const int64_t c_out = weight.size(0);
+  if (bias.defined()) {
+    check_f32("conv2d_onednn", bias, "bias");
+    check_shape("conv2d_onednn", bias, {c_out}, "bias", g);
+  }
+  Tensor y = empty_f32(conv_out_shape(g, c_out), x.device());
+  if (y.numel() > 0) kernels::cpu::onednn::conv2d_forward(x, weight, bias, g, y);
+  return y;
+}
+
+Tensor conv2d_backward_input_onednn(const Tensor& grad_y, const Tensor& weight,
+                                    const Conv2dGeometry& g) {
+  check_same_device({&grad_y, &weight});
+  check_onednn_conv("conv2d_backward_input_onednn", grad_y, weight.shape(), g);
+  check_f32("conv2d_backward_input_onednn", weight, "weight");
+  check_shape("conv2d_backward_input_onednn", grad_y, conv_out_shape(g, weight.size(0)), "grad_y",
+              g);
+  Tensor grad_x = empty_f32(input_shape(g), grad_y.device());
+  if (grad_x.numel() > 0) kernels::cpu::onednn::conv2d_backward_data(grad_y, weight, g, grad_x);
+  return grad_x;
+}
+
+Conv2dParamGrads conv2d_backward_params_onednn(const Tensor& grad_y, const Tensor& x,
+                                               const Shape& weight_shape, const Conv2dGeometry& g,
+                                               bool with_bias, Conv2dParamGrads into) {
+  const char* op = "conv2d_backward_params_onednn";
+  check_same_device({&grad_y, &x});
+  check_onednn_conv(op, x, weight_shape, g);
+  check_input(op, x, g, "input");
+  check_f32(op, grad_y, "grad_y");
+  check_shape(op, grad_y, conv_out_shape(g, weight_shape.at(0)), "grad_y", g);
+  // An empty batch or image runs no primitive: its gradients are zeros.
+  const bool empty_input = x.numel() == 0 || grad_y.numel() == 0;
+  const auto destination = [&](Tensor& t, const Shape& shape, const char* what) {
+    if (t.defined()) {
+      check_same_device({&x, &t});
+      check_f32(op, t, what);
+      check_shape(op, t, shape, what, g);
+      if (empty_input) ddp::fill_(t, 0.0);
+    } else {
+      t = empty_input ? zeros(shape, {.dtype = DType::f32}) : empty(shape, {.dtype = DType::f32});
+    }
+  };
+  destination(into.weight, weight_shape, "weight gradient");
+  if (with_bias) {
+    destination(into.bias, {weight_shape.at(0)}, "bias gradient");
+  } else {
+    into.bias = Tensor();
+  }
+  if (!empty_input) {
+    kernels::cpu::onednn::conv2d_backward_weights(grad_y, x, g, into.weight, into.bias);
+  }
+  return into;
 }
 
 MaxPoolResult max_pool2d(const Tensor& x, const Conv2dGeometry& g) {

@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 
 namespace ddp {
 
@@ -33,6 +34,31 @@ Tensor col2im(const Tensor& cols, const kernels::Conv2dGeometry& geometry);
 // out.shape[i] = x.shape[perm[i]] (torch.permute, materialized); x 4-D of any dtype.
 // E.g. [N, out_h, out_w, C_out] -> [N, C_out, out_h, out_w] is perm {0, 3, 1, 2}.
 Tensor permute4(const Tensor& x, std::array<int, 4> perm);
+
+// CPU convolutions through oneDNN (Note [oneDNN convolutions] in ops/cpu/onednn_conv.cpp),
+// the alternative to im2col + GEMM. onednn_convolutions() is true when the build has
+// oneDNN and DDP_ONEDNN is not 0; the three ops below throw otherwise. x [N, C, H, W],
+// weight [C_out, C, kh, kw], bias [C_out] or undefined, all f32 on the CPU.
+bool onednn_convolutions();
+// "2.6.3", or "" in a build without oneDNN.
+std::string onednn_version();
+// A new [N, C_out, out_h, out_w] = conv(x, weight) + bias.
+Tensor conv2d_onednn(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                     const kernels::Conv2dGeometry& geometry);
+// A new [N, C, H, W]: the gradient of conv2d_onednn with respect to x for grad_y.
+Tensor conv2d_backward_input_onednn(const Tensor& grad_y, const Tensor& weight,
+                                    const kernels::Conv2dGeometry& geometry);
+struct Conv2dParamGrads {
+  Tensor weight;  // [C_out, C, kh, kw]
+  Tensor bias;    // [C_out], undefined unless asked for
+};
+// The gradients of conv2d_onednn with respect to the weight (of shape weight_shape)
+// and, when with_bias, the bias: written into `into`'s tensors where defined (a
+// gradient destination, Note [gradient destinations]; overwritten), else new.
+Conv2dParamGrads conv2d_backward_params_onednn(const Tensor& grad_y, const Tensor& x,
+                                               const Shape& weight_shape,
+                                               const kernels::Conv2dGeometry& geometry,
+                                               bool with_bias, Conv2dParamGrads into = {});
 
 struct MaxPoolResult {
   Tensor out;      // [N, C, out_h, out_w] f32

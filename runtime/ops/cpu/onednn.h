@@ -1,0 +1,29 @@
+// CPU convolutions through oneDNN (Note [oneDNN convolutions] in onednn_conv.cpp).
+// CMake compiles onednn_conv.cpp when it finds oneDNN (DDP_HAVE_ONEDNN), else
+// onednn_conv_stub.cpp, where available() is false and the rest are never called.
+// Only runtime/ops calls these: the checked entry points are in nn_ops.h.
+#pragma once
+
+#include "runtime/ops/kernels.h"
+
+#include <string>
+
+namespace ddp::kernels::cpu::onednn {
+
+// The build has oneDNN and DDP_ONEDNN is not 0 (read once).
+bool available();
+// oneDNN's version, e.g. "2.6.3"; "" in a build without it.
+std::string version();
+
+// All f32, contiguous, NCHW / OIHW, on the CPU; shapes checked by the caller.
+// y [N, C_out, out_h, out_w] = conv(x, w) (+ b when defined).
+void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dGeometry& g,
+                    Tensor& y);
+// grad_x [N, C, H, W] (overwritten) = the adjoint of conv(., w) applied to grad_y.
+void conv2d_backward_data(const Tensor& grad_y, const Tensor& w, const Conv2dGeometry& g,
+                          Tensor& grad_x);
+// grad_w [C_out, C, kh, kw] and, when defined, grad_b [C_out] (both overwritten).
+void conv2d_backward_weights(const Tensor& grad_y, const Tensor& x, const Conv2dGeometry& g,
+                             Tensor& grad_w, Tensor& grad_b);
+
+}  // namespace ddp::kernels::cpu::onednn

@@ -1,0 +1,297 @@
+// CPU convolutions through oneDNN: forward, backward data and backward weights.
+#include "runtime/ops/cpu/onednn.h"
+
+#include "runtime/env.h"
+#include "runtime/error.h"
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <tuple>
+#include <unordered_map>
+
+// Note [oneDNN convolutions]
+// oneDNN (the library behind PyTorch's CPU convolutions) runs a convolution
+// directly, with JIT kernels for the CPU's vector ISA (jit:avx512_core on the
+// Zen 4 / Cooper Lake machines, jit:avx2 elsewhere), where im2col + sgemm spends a
+// third of the CNN's step building, packing and scattering column matrices. Its
+// fast kernels want blocked layouts (nChw16c activations, OIhw16i16o weights), so
+// each primitive is created with format `any` and its arguments are reordered from
+// and to our NCHW / OIHW tensors around the call: with plain layouts forced it
+// falls back to its own gemm-based convolution, no faster than ours. The reorders
+// are a copy of each argument per call (included in docs/benchmarks.md's figures);
+// the blocked buffers come from ddp's caching allocator, so no call page-faults.
+//
+// Primitive descriptors and primitives are made once per shape (batch, channels,
+// image, kernel, stride, padding, bias) and direction and kept for the process:
+// making one costs a JIT compilation (milliseconds), running it microseconds. Each
+// thread executes on its own stream, so DataParallel's replica threads can run the
+// same primitive at once (oneDNN primitives are thread-safe to execute).
+//
+// Threads: Debian's libdnnl runs on OpenMP; ddprun sets OMP_NUM_THREADS with
+// OPENBLAS_NUM_THREADS (docs/ddprun.md), so oneDNN and OpenBLAS use the same count.
+// Results equal im2col + sgemm's to rounding (f32 accumulation, other order):
+// tests/unit/onednn_conv_test.cpp compares the two paths.
+
+namespace ddp::kernels::cpu::onednn {
+namespace {
+
+using dnnl::memory;
+using Tag = memory::format_tag;
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+dnnl::stream& thread_stream() {
+  thread_local dnnl::stream s(engine());
+  return s;
+}
+
+memory::desc plain(const memory::dims& dims, Tag tag) {
+  return memory::desc(dims, memory::data_type::f32, tag);
+}
+memory::desc any(const memory::dims& dims) {
+  return memory::desc(dims, memory::data_type::f32, Tag::any);
+}
+
+// One argument: our plain layout, the primitive's, and the reorder between them
+// (none when they agree).
+struct Arg {
+  memory::desc user, inner;
+  std::optional<dnnl::reorder> to_inner, to_user;
+
+  Arg(const memory::desc& user_desc, const memory::desc& inner_desc, bool output)
+      : user(user_desc), inner(inner_desc) {
+    if (user == inner) return;
+    if (output) {
+      to_user = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), inner, engine(), user));
+    } else {
+      to_inner = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), user, engine(), inner));
+    }
+  }
+};
+
+// A blocked copy of an argument for one call, its storage from ddp's allocator.
+struct Staged {
+  Tensor storage;
+  memory mem;
+};
+
+// The memory the primitive reads or writes for `arg`: t itself when the layouts
+// agree, else a buffer of the primitive's layout (filled from t for an input).
+Staged stage(const Arg& arg, const Tensor& t, bool input) {
+  memory user_mem(arg.user, engine(), t.data_ptr());
+  if (arg.user == arg.inner) return {Tensor(), user_mem};
+  const auto floats =
+      static_cast<int64_t>((arg.inner.get_size() + sizeof(float) - 1) / sizeof(float));
+  Tensor storage = empty({floats}, {.dtype = DType::f32});
+  memory inner_mem(arg.inner, engine(), storage.data_ptr());
+  if (input) arg.to_inner->execute(thread_stream(), user_mem, inner_mem);
+  return {std::move(storage), inner_mem};
+}
+
+// Copies a staged output back into t (nothing when it was t).
+void unstage(const Arg& arg, const Staged& staged, const Tensor& t) {
+  if (!arg.to_user) return;
+  memory user_mem(arg.user, engine(), t.data_ptr());
+  memory inner_mem = staged.mem;  // a handle: execute() takes non-const ones
+  arg.to_user->execute(thread_stream(), inner_mem, user_mem);
+}
+
+// A convolution's shape; the bias is chosen per direction (Conv below).
+struct Key {
+  int64_t n, c, h, w, c_out, kh, kw, sh, sw, ph, pw;
+  auto tie() const { return std::tie(n, c, h, w, c_out, kh, kw, sh, sw, ph, pw); }
+  bool operator<(const Key& o) const { return tie() < o.tie(); }
+};
+
+struct Dims {
+  memory::dims src, weights, bias, dst, strides, padding;
+};
+
+Dims dims_of(const Conv2dGeometry& g, int64_t c_out) {
+  return {{g.n, g.c, g.h, g.w},
+          {c_out, g.c, g.kernel_h, g.kernel_w},
+          {c_out},
+          {g.n, c_out, g.out_h(), g.out_w()},
+          {g.stride_h, g.stride_w},
+          {g.pad_h, g.pad_w}};
+}
+
+using ForwardPd = dnnl::convolution_forward::primitive_desc;
+
+ForwardPd forward_pd(const Dims& d, bool bias) {
+  const auto prop = dnnl::prop_kind::forward_training;
+  const auto algo = dnnl::algorithm::convolution_direct;
+  const auto desc =
+      bias ? dnnl::convolution_forward::desc(prop, algo, any(d.src), any(d.weights),
+                                             plain(d.bias, Tag::x), any(d.dst), d.strides,
+                                             d.padding, d.padding)
+           : dnnl::convolution_forward::desc(prop, algo, any(d.src), any(d.weights), any(d.dst),
+                                             d.strides, d.padding, d.padding);
+  return ForwardPd(desc, engine());
+}
+
+struct Forward {
+  dnnl::convolution_forward prim;
+  Arg src, weights, dst;
+};
+struct BackwardData {
+  dnnl::convolution_backward_data prim;
+  Arg diff_dst, weights, diff_src;
+};
+struct BackwardWeights {
+  dnnl::convolution_backward_weights prim;
+  Arg diff_dst, src, diff_weights;
+};
+
+// The primitives of one shape, each made on first use; [bias] indexes the
+// directions a bias changes.
+struct Conv {
+  Dims d;
+  ForwardPd hint;  // the backward primitives' hint: the forward pass they belong to
+  std::once_flag forward_once[2], data_once, weights_once[2];
+  std::unique_ptr<Forward> forward[2];
+  std::unique_ptr<BackwardData> data;
+  std::unique_ptr<BackwardWeights> weights[2];
+
+  explicit Conv(const Dims& dims) : d(dims), hint(forward_pd(dims, false)) {}
+};
+
+Conv& conv_for(const Conv2dGeometry& g, int64_t c_out) {
+  static std::mutex mutex;
+  static std::map<Key, std::unique_ptr<Conv>> cache;
+  const Key k{g.n,        g.c,        g.h,        g.w,     c_out,  g.kernel_h,
+              g.kernel_w, g.stride_h, g.stride_w, g.pad_h, g.pad_w};
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& slot = cache[k];
+  if (!slot) slot = std::make_unique<Conv>(dims_of(g, c_out));
+  return *slot;
+}
+
+Forward& forward(Conv& conv, bool bias) {
+  std::call_once(conv.forward_once[bias], [&conv, bias] {
+    const Dims& d = conv.d;
+    const ForwardPd pd = forward_pd(d, bias);
+    conv.forward[bias].reset(new Forward{dnnl::convolution_forward(pd),
+                                         Arg(plain(d.src, Tag::nchw), pd.src_desc(), false),
+                                         Arg(plain(d.weights, Tag::oihw), pd.weights_desc(), false),
+                                         Arg(plain(d.dst, Tag::nchw), pd.dst_desc(), true)});
+  });
+  return *conv.forward[bias];
+}
+
+BackwardData& backward_data(Conv& conv) {
+  std::call_once(conv.data_once, [&conv] {
+    const Dims& d = conv.d;
+    const dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct,
+                                                     any(d.src), any(d.weights), any(d.dst),
+                                                     d.strides, d.padding, d.padding);
+    const dnnl::convolution_backward_data::primitive_desc pd(desc, engine(), conv.hint);
+    conv.data.reset(new BackwardData{dnnl::convolution_backward_data(pd),
+                                     Arg(plain(d.dst, Tag::nchw), pd.diff_dst_desc(), false),
+                                     Arg(plain(d.weights, Tag::oihw), pd.weights_desc(), false),
+                                     Arg(plain(d.src, Tag::nchw), pd.diff_src_desc(), true)});
+  });
+  return *conv.data;
+}
+
+BackwardWeights& backward_weights(Conv& conv, bool bias) {
+  std::call_once(conv.weights_once[bias], [&conv, bias] {
+    const Dims& d = conv.d;
+    const auto algo = dnnl::algorithm::convolution_direct;
+    const auto desc =
+        bias ? dnnl::convolution_backward_weights::desc(algo, any(d.src), any(d.weights),
+                                                        plain(d.bias, Tag::x), any(d.dst),
+                                                        d.strides, d.padding, d.padding)
+             : dnnl::convolution_backward_weights::desc(
+                   algo, any(d.src), any(d.weights), any(d.dst), d.strides, d.padding, d.padding);
+    const dnnl::convolution_backward_weights::primitive_desc pd(desc, engine(), conv.hint);
+    conv.weights[bias].reset(
+        new BackwardWeights{dnnl::convolution_backward_weights(pd),
+                            Arg(plain(d.dst, Tag::nchw), pd.diff_dst_desc(), false),
+                            Arg(plain(d.src, Tag::nchw), pd.src_desc(), false),
+                            Arg(plain(d.weights, Tag::oihw), pd.diff_weights_desc(), true)});
+  });
+  return *conv.weights[bias];
+}
+
+// oneDNN reports failures as dnnl::error; ddp's callers expect ddp errors.
+template <class F>
+void run(const char* op, const Conv2dGeometry& g, F&& f) {
+  try {
+    f();
+    thread_stream().wait();
+  } catch (const dnnl::error& e) {
+    throw Error(fmt::format(
+        "{}: oneDNN failed ({}, status {}) for input [{}, {}, {}, {}], kernel {}x{}, stride {}, "
+        "padding {}; set DDP_ONEDNN=0 to run convolutions as im2col + OpenBLAS",
+        op, e.what(), static_cast<int>(e.status), g.n, g.c, g.h, g.w, g.kernel_h, g.kernel_w,
+        g.stride_h, g.pad_h));
+  }
+}
+
+}  // namespace
+
+bool available() {
+  static const bool on = env::get_int(env::kOneDnn).value_or(1) != 0;
+  return on;
+}
+
+std::string version() {
+  const dnnl_version_t* v = dnnl_version();
+  return fmt::format("{}.{}.{}", v->major, v->minor, v->patch);
+}
+
+void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dGeometry& g,
+                    Tensor& y) {
+  run("conv2d", g, [&] {
+    Forward& f = forward(conv_for(g, w.size(0)), b.defined());
+    Staged src = stage(f.src, x, true), wei = stage(f.weights, w, true);
+    Staged dst = stage(f.dst, y, false);
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_SRC, src.mem}, {DNNL_ARG_WEIGHTS, wei.mem}, {DNNL_ARG_DST, dst.mem}};
+    if (b.defined())
+      args.emplace(DNNL_ARG_BIAS, memory(plain({w.size(0)}, Tag::x), engine(), b.data_ptr()));
+    f.prim.execute(thread_stream(), args);
+    unstage(f.dst, dst, y);
+  });
+}
+
+void conv2d_backward_data(const Tensor& grad_y, const Tensor& w, const Conv2dGeometry& g,
+                          Tensor& grad_x) {
+  run("conv2d backward (input)", g, [&] {
+    BackwardData& bd = backward_data(conv_for(g, w.size(0)));
+    Staged dy = stage(bd.diff_dst, grad_y, true), wei = stage(bd.weights, w, true);
+    Staged dx = stage(bd.diff_src, grad_x, false);
+    bd.prim.execute(
+        thread_stream(),
+        {{DNNL_ARG_DIFF_DST, dy.mem}, {DNNL_ARG_WEIGHTS, wei.mem}, {DNNL_ARG_DIFF_SRC, dx.mem}});
+    unstage(bd.diff_src, dx, grad_x);
+  });
+}
+
+void conv2d_backward_weights(const Tensor& grad_y, const Tensor& x, const Conv2dGeometry& g,
+                             Tensor& grad_w, Tensor& grad_b) {
+  run("conv2d backward (weights)", g, [&] {
+    const bool bias = grad_b.defined();
+    BackwardWeights& bw = backward_weights(conv_for(g, grad_w.size(0)), bias);
+    Staged dy = stage(bw.diff_dst, grad_y, true), src = stage(bw.src, x, true);
+    Staged dw = stage(bw.diff_weights, grad_w, false);
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_DIFF_DST, dy.mem}, {DNNL_ARG_SRC, src.mem}, {DNNL_ARG_DIFF_WEIGHTS, dw.mem}};
+    if (bias) {
+      args.emplace(DNNL_ARG_DIFF_BIAS,
+                   memory(plain({grad_w.size(0)}, Tag::x), engine(), grad_b.data_ptr()));
+    }
+    bw.prim.execute(thread_stream(), args);
+    unstage(bw.diff_weights, dw, grad_w);
+  });
+}
+
+}  // namespace ddp::kernels::cpu::onednn

@@ -1,0 +1,30 @@
+// A build without oneDNN: CPU convolutions run as im2col + OpenBLAS
+// (autograd/functions.cpp, Note [conv per image]); nothing here is called.
+#include "runtime/ops/cpu/onednn.h"
+
+#include "runtime/error.h"
+
+namespace ddp::kernels::cpu::onednn {
+
+bool available() {
+  return false;
+}
+
+std::string version() {
+  return "";
+}
+
+void conv2d_forward(const Tensor&, const Tensor&, const Tensor&, const Conv2dGeometry&, Tensor&) {
+  DDP_ASSERT(false, "conv2d_forward: this build has no oneDNN");
+}
+
+void conv2d_backward_data(const Tensor&, const Tensor&, const Conv2dGeometry&, Tensor&) {
+  DDP_ASSERT(false, "conv2d_backward_data: this build has no oneDNN");
+}
+
+void conv2d_backward_weights(const Tensor&, const Tensor&, const Conv2dGeometry&, Tensor&,
+                             Tensor&) {
+  DDP_ASSERT(false, "conv2d_backward_weights: this build has no oneDNN");
+}
+
+}  // namespace ddp::kernels::cpu::onednn
