@@ -1,9 +1,11 @@
 // bench gemm: GFLOP/s of ddp::matmul_out next to the bare vendor GEMM
 // (cblas_sgemm on the CPU, cublasSgemm on a GPU) on the same buffers, for the
-// MLP's shapes and one large square GEMM; on a GPU also bf16 via ddp::matmul.
+// MLP's, CNN's and GPT's shapes and one large square GEMM; on a GPU also bf16 via
+// ddp::matmul.
 #include "bench/gemm_cublas.h"
 #include "bench/subcommands.h"
 
+#include "runtime/ops/nn_ops.h"
 #include "runtime/ops/ops.h"
 #include "runtime/stream.h"
 #include "runtime/tensor.h"
@@ -36,12 +38,18 @@ struct GemmCase {
   GemmDims dims;
 };
 
-// The MLP (784 -> 256 -> 10, batch 64) and one large square GEMM.
+// The MLP (784 -> 256 -> 10, batch 64), the CNN's classifier (3136 -> 128, batch
+// 64), gpt-mini's projections (batch 8 x 128 tokens, d 256) and one large square
+// GEMM: the shape classes of Note [gemm choice] on both sides of its rule.
 const GemmCase kCases[] = {
     {"forward", {.m = 64, .n = 256, .k = 784}},
     {"weight_grad",
      {.m = 256, .n = 784, .k = 64, .trans_a = true}},  // grad^T [256,64] x input [64,784]
     {"output", {.m = 64, .n = 10, .k = 256}},
+    {"cnn_fc_forward", {.m = 64, .n = 128, .k = 3136, .trans_b = true}},
+    {"cnn_fc_input_grad", {.m = 64, .n = 3136, .k = 128}},
+    {"gpt_qkv", {.m = 1024, .n = 768, .k = 256, .trans_b = true}},
+    {"gpt_mlp_weight_grad", {.m = 1024, .n = 256, .k = 1024, .trans_a = true}},
     {"square", {.m = 2048, .n = 2048, .k = 2048}},
 };
 
@@ -159,6 +167,9 @@ CaseResult run_f32_case(const GemmCase& c, uint64_t seed, const BenchOptions& op
       .add("dtype", "f32")
       .add("ours_ms", t[0].median_ms, 4)
       .add("ours_gflops", gflops(d, t[0].median_ms), 1)
+      .add("ours_lib", !device.is_cpu()             ? "cublas"
+                       : onednn_gemm(d.m, d.n, d.k) ? "onednn"
+                                                    : "openblas")
       .add("bare", bare_name)
       .add("bare_ms", t[1].median_ms, 4)
       .add("bare_gflops", gflops(d, t[1].median_ms), 1)

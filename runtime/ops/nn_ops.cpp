@@ -143,6 +143,10 @@ std::string onednn_version() {
   return kernels::cpu::onednn::version();
 }
 
+bool onednn_gemm(int64_t m, int64_t n, int64_t k) {
+  return kernels::cpu::onednn::sgemm_preferred(m, n, k);
+}
+
 namespace {
 
 // The checks the three oneDNN convolution ops share: CPU f32 tensors, oneDNN on,

@@ -42,6 +42,9 @@ Tensor permute4(const Tensor& x, std::array<int, 4> perm);
 bool onednn_convolutions();
 // "2.6.3", or "" in a build without oneDNN.
 std::string onednn_version();
+// Whether an f32 matmul on the CPU with output [m, n] and inner dimension k runs on
+// oneDNN's sgemm (else OpenBLAS's): Note [gemm choice] in ops/cpu/onednn_conv.cpp.
+bool onednn_gemm(int64_t m, int64_t n, int64_t k);
 // A new [N, C_out, out_h, out_w] = conv(x, weight) + bias.
 Tensor conv2d_onednn(const Tensor& x, const Tensor& weight, const Tensor& bias,
                      const kernels::Conv2dGeometry& geometry);

@@ -1,5 +1,6 @@
 // Every CPU op against a plain double-precision reference written here.
 #include "runtime/ops/ops.h"
+#include "runtime/ops/nn_ops.h"
 
 #include <gtest/gtest.h>
 
@@ -49,6 +50,22 @@ TEST_P(MatmulTest, MatchesReferenceForEveryTransposition) {
   const Tensor c = matmul(a, b, {.trans_a = ta, .trans_b = tb});
   EXPECT_EQ(c.shape(), (Shape{m, n}));
   expect_close(ref_gemm(as_double(a), as_double(b), m, n, k, ta, tb), c, 1e-5, 1e-5);
+}
+
+// Note [gemm choice]: a shape wide enough for oneDNN's sgemm (when the build has
+// it), every transposition, with alpha and beta.
+TEST_P(MatmulTest, WideShapesMatchTheReferenceOnEitherLibrary) {
+  const auto [ta, tb] = GetParam();
+  const int64_t m = 70, n = 260, k = 66;
+  EXPECT_EQ(onednn_gemm(m, n, k), onednn_convolutions());
+  const Tensor a = randn(ta ? Shape{k, m} : Shape{m, k}, 11);
+  const Tensor b = randn(tb ? Shape{n, k} : Shape{k, n}, 12);
+  Tensor out = randn({m, n}, 13);
+  auto expected = ref_gemm(as_double(a), as_double(b), m, n, k, ta, tb);
+  const auto before = as_double(out);
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] = 2.0 * expected[i] + 0.5 * before[i];
+  matmul_out(a, b, out, {.trans_a = ta, .trans_b = tb, .alpha = 2.0f, .beta = 0.5f});
+  expect_close(expected, out, 1e-4, 1e-4);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transpose, MatmulTest,

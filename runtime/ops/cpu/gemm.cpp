@@ -1,5 +1,7 @@
-// CPU GEMM through OpenBLAS (CBLAS, row-major). bf16/f16 operands are widened to
-// f32, multiplied, and rounded back: the CPU has no fast 16-bit GEMM here.
+// CPU GEMM through OpenBLAS (CBLAS, row-major), or oneDNN's sgemm for the shapes
+// where it is faster (Note [gemm choice] in onednn_conv.cpp). bf16/f16 operands are
+// widened to f32, multiplied, and rounded back: the CPU has no fast 16-bit GEMM here.
+#include "runtime/ops/cpu/onednn.h"
 #include "runtime/ops/kernels.h"
 #include "runtime/ops/ops.h"
 
@@ -24,6 +26,11 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool tran
             "matmul: dimensions m={} n={} k={} exceed the BLAS limit of {}", m, n, k, INT_MAX);
   if (m == 0 || n == 0) return;
   const int lda = static_cast<int>(a.size(1)), ldb = static_cast<int>(b.size(1));
+  if (onednn::sgemm_preferred(m, n, k)) {
+    onednn::sgemm(trans_a, trans_b, m, n, k, alpha, a.data<float>(), lda, b.data<float>(), ldb,
+                  beta, out.data<float>(), n);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
               static_cast<int>(k), alpha, a.data<float>(), std::max(lda, 1), b.data<float>(),

@@ -1,4 +1,5 @@
-// CPU convolutions through oneDNN (Note [oneDNN convolutions] in onednn_conv.cpp).
+// CPU convolutions through oneDNN (Note [oneDNN convolutions] in onednn_conv.cpp),
+// and its sgemm for the GEMM shapes where it beats OpenBLAS's (Note [gemm choice]).
 // CMake compiles onednn_conv.cpp when it finds oneDNN (DDP_HAVE_ONEDNN), else
 // onednn_conv_stub.cpp, where available() is false and the rest are never called.
 // Only runtime/ops calls these: the checked entry points are in nn_ops.h.
@@ -14,6 +15,13 @@ namespace ddp::kernels::cpu::onednn {
 bool available();
 // oneDNN's version, e.g. "2.6.3"; "" in a build without it.
 std::string version();
+
+// Whether gemm() sends an f32 product of this shape (row-major C [m, n] = op(A) op(B),
+// inner dimension k) to oneDNN's sgemm rather than OpenBLAS's (Note [gemm choice]).
+bool sgemm_preferred(int64_t m, int64_t n, int64_t k);
+// C = alpha op(A) op(B) + beta C, row-major, as cblas_sgemm with CblasRowMajor.
+void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
 // All f32, contiguous, NCHW / OIHW, on the CPU; shapes checked by the caller.
 // y [N, C_out, out_h, out_w] = conv(x, w) (+ b when defined).

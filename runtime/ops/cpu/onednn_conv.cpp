@@ -248,6 +248,31 @@ std::string version() {
   return fmt::format("{}.{}.{}", v->major, v->minor, v->patch);
 }
 
+// Note [gemm choice]
+// gemm() has one dispatch point for f32 products on the CPU: OpenBLAS's sgemm or
+// oneDNN's. Measured one thread at a time on Zen 4 (AVX-512; docs/benchmarks.md
+// "gemm choice"), oneDNN was 1.04-1.22x faster where C has 256 columns or more and
+// the inner dimension is 64 or more (the MLP's first layer both ways, the CNN's
+// classifier gradients, every GPT projection), and slower on the narrow ones
+// (0.4x for the MLP's 10-column logits, 0.8x for k = 10, 0.9x for the CNN's
+// 128-column classifier forward). The rule is fixed, not tuned at run time: the
+// same shape always takes the same path, so runs stay reproducible and ranks agree.
+bool sgemm_preferred(int64_t m, int64_t n, int64_t k) {
+  return available() && m >= 64 && n >= 256 && k >= 64;
+}
+
+void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha,
+                                          a, lda, b, ldb, beta, c, ldc);
+  if (status != dnnl_success) {
+    throw Error(fmt::format(
+        "matmul: oneDNN's sgemm failed (status {}) for m={} n={} k={}; set DDP_ONEDNN=0 to "
+        "multiply with OpenBLAS only",
+        static_cast<int>(status), m, n, k));
+  }
+}
+
 void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dGeometry& g,
                     Tensor& y) {
   run("conv2d", g, [&] {

@@ -14,6 +14,15 @@ std::string version() {
   return "";
 }
 
+bool sgemm_preferred(int64_t, int64_t, int64_t) {
+  return false;
+}
+
+void sgemm(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
+           int64_t, float, float*, int64_t) {
+  DDP_ASSERT(false, "sgemm: this build has no oneDNN");
+}
+
 void conv2d_forward(const Tensor&, const Tensor&, const Tensor&, const Conv2dGeometry&, Tensor&) {
   DDP_ASSERT(false, "conv2d_forward: this build has no oneDNN");
 }
