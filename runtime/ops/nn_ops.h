@@ -35,7 +35,7 @@ Tensor col2im(const Tensor& cols, const kernels::Conv2dGeometry& geometry);
 // E.g. [N, out_h, out_w, C_out] -> [N, C_out, out_h, out_w] is perm {0, 3, 1, 2}.
 Tensor permute4(const Tensor& x, std::array<int, 4> perm);
 
-// CPU convolutions through oneDNN (Note [oneDNN convolutions] in ops/cpu/onednn_conv.cpp),
+// CPU convolutions through oneDNN (Note [oneDNN convolutions] in ops/cpu/onednn.cpp),
 // the alternative to im2col + GEMM. onednn_convolutions() is true when the build has
 // oneDNN and DDP_ONEDNN is not 0; the three ops below throw otherwise. x [N, C, H, W],
 // weight [C_out, C, kh, kw], bias [C_out] or undefined, all f32 on the CPU.
@@ -43,7 +43,7 @@ bool onednn_convolutions();
 // "2.6.3", or "" in a build without oneDNN.
 std::string onednn_version();
 // Whether an f32 matmul on the CPU with output [m, n] and inner dimension k runs on
-// oneDNN's sgemm (else OpenBLAS's): Note [gemm choice] in ops/cpu/onednn_conv.cpp.
+// oneDNN's sgemm (else OpenBLAS's): Note [gemm choice] in ops/cpu/onednn.cpp.
 bool onednn_gemm(int64_t m, int64_t n, int64_t k);
 // A new [N, C_out, out_h, out_w] = conv(x, weight) + bias.
 Tensor conv2d_onednn(const Tensor& x, const Tensor& weight, const Tensor& bias,

@@ -1,5 +1,5 @@
 // CPU GEMM through OpenBLAS (CBLAS, row-major), or oneDNN's sgemm for the shapes
-// where it is faster (Note [gemm choice] in onednn_conv.cpp). bf16/f16 operands are
+// where it is faster (Note [gemm choice] in onednn.cpp). bf16/f16 operands are
 // widened to f32, multiplied, and rounded back: the CPU has no fast 16-bit GEMM here.
 #include "runtime/ops/cpu/onednn.h"
 #include "runtime/ops/kernels.h"

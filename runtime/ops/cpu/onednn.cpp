@@ -1,4 +1,4 @@
-// CPU convolutions through oneDNN: forward, backward data and backward weights.
+// oneDNN on the CPU: convolutions (forward, backward data, backward weights) and sgemm.
 #include "runtime/ops/cpu/onednn.h"
 
 #include "runtime/env.h"
