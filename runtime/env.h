@@ -33,7 +33,8 @@
 //                      docs/flight_recorder.md)
 //   DDPRUN_FLIGHT_SHM  set by ddprun: the directory of the ranks' flight recorder
 //                      regions, which ddprun reads (Note [flight region])
-//   DDP_TEST_SLOW_RANK, DDP_TEST_SKIP_ALLREDUCE  testing aids of `train` (docs/train.md)
+//   DDP_TEST_SLOW_RANK, DDP_TEST_SKIP_ALLREDUCE, DDP_TEST_BF16_EMULATE  testing aids of
+//                  `train` (docs/train.md)
 //   DDP_TRACE      DIR: record the timeline and write DIR/rank_<R>.json at exit
 //                  (default: unset, off; set by `ddprun --trace DIR`; read by
 //                  trace::start_from_env(), which init_process_group, train and
@@ -81,6 +82,7 @@ inline constexpr const char* kTrace = "DDP_TRACE";
 inline constexpr const char* kTraceMaxEvents = "DDP_TRACE_MAX_EVENTS";
 inline constexpr const char* kTraceTestSkewNs = "DDP_TRACE_TEST_SKEW_NS";
 inline constexpr const char* kOneDnn = "DDP_ONEDNN";
+inline constexpr const char* kTestBf16Emulate = "DDP_TEST_BF16_EMULATE";
 
 // The value of a variable, or nullopt when unset or empty.
 std::optional<std::string> get(const char* name);

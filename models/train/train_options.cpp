@@ -88,6 +88,11 @@ device and files:
                            overrides auto). Under a launcher, cuda (or cpu with
                            DDP_VIRTUAL_CPU_DEVICES) without an index is each
                            rank's own: cuda:(LOCAL_RANK mod GPUs)
+  --precision fp32|bf16    bf16: the CPU's matmuls and convolutions multiply in
+                           bf16 (oneDNN, f32 accumulation; weights, optimizer
+                           and gradients stay f32), as torch.autocast on the
+                           CPU; needs oneDNN and a CPU with AVX512_BF16
+                           (default fp32)
   --save PATH              write a safetensors checkpoint after every epoch (never
                            over a checkpoint of a later step); the directory
                            must exist
@@ -215,6 +220,11 @@ const std::map<std::string, Setter>& setters() {
          o.join_divide = v == "world" ? JoinDivide::world : JoinDivide::active;
        }},
       {"--device", [](auto& o, auto& v) { o.device = v; }},
+      {"--precision",
+       [](auto& o, auto& v) {
+         check_choice("--precision", v, {"fp32", "bf16"});
+         o.precision = v;
+       }},
       {"--save", [](auto& o, auto& v) { o.save = v; }},
       {"--resume", [](auto& o, auto& v) { o.resume = v; }},
       {"--save-every",

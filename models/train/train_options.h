@@ -59,6 +59,9 @@ struct TrainOptions {
   DropLast drop_last = DropLast::pad;
   JoinDivide join_divide = JoinDivide::world;  // with --drop-last false only
   bool quiet = false;
+  // fp32 | bf16: bf16 multiplies the CPU's matmuls and convolutions in bf16 with f32
+  // accumulation and f32 weights (Note [cpu bf16] in runtime/ops/cpu/onednn.cpp).
+  std::string precision = "fp32";
   // Parallelism (docs/train.md): auto = ddp when WORLD_SIZE > 1, else single.
   std::string mode = "auto";  // auto | single | ddp | dp
   std::string devices;        // dp: comma-separated devices, e.g. "cpu,cpu" or "cuda:0,cuda:1"

@@ -5,6 +5,8 @@
 #include "collectives/trace_collectives.h"
 #include "models/train/run.h"
 #include "models/train/uneven.h"
+#include "runtime/env.h"
+#include "runtime/ops/nn_ops.h"
 #include "runtime/ops/ops.h"
 
 #include <fmt/format.h>
@@ -152,6 +154,19 @@ std::string schedule_summary(const TrainOptions& o, const optim::LrSchedule& s) 
   return text;
 }
 
+// --precision bf16 (Note [cpu bf16]): the CPU only; DDP_TEST_BF16_EMULATE=1 lets tests
+// run it on a CPU without AVX512_BF16 (oneDNN emulates it there, slowly).
+void apply_precision(const TrainOptions& o, const Device& device) {
+  if (o.precision != "bf16") {
+    set_cpu_precision(CpuPrecision::f32);
+    return;
+  }
+  DDP_CHECK(device.is_cpu(),
+            "--precision bf16 is implemented for the CPU (oneDNN); on {} use --precision fp32",
+            device.str());
+  set_cpu_precision(CpuPrecision::bf16, env::get(env::kTestBf16Emulate).value_or("") == "1");
+}
+
 // pg: null for a single process.
 // resume_from: resume_path()'s answer.
 TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* pg,
@@ -165,6 +180,7 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
         .device = pg   ? pg->device
                   : dp ? dp_devices.front()
                        : resolve_device(o.device)};
+  apply_precision(o, r.device);
   r.pg = pg;
   r.world_size = pg ? pg->env.world_size : 1;
   r.mode = pg ? "ddp" : dp ? "dp" : "single";
@@ -195,8 +211,9 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
   TrainResult result{{}, r.device, r.model->num_parameters(), 0, rank, r.world_size, r.mode};
   if (!o.quiet) {
     out << fmt::format(
-        "train: {} ({} parameters) on {}, {}, batch {}{}, {} lr {}{}{}\n", r.task->model_spec(),
-        result.num_parameters, r.device.str(), r.task->data_summary(), o.batch_size,
+        "train: {} ({} parameters) on {}{}, {}, batch {}{}, {} lr {}{}{}\n", r.task->model_spec(),
+        result.num_parameters, r.device.str(), o.precision == "bf16" ? " (bf16 matmuls)" : "",
+        r.task->data_summary(), o.batch_size,
         o.grad_accum > 1 ? fmt::format(" x {} accumulated", o.grad_accum) : "", o.optimizer, o.lr,
         r.task->is_language_model() ? schedule_summary(o, r.schedule) : "",
         r.ddp  ? fmt::format(", ddp over {} ranks ({} backend, {} bucket(s), comm hook {})",

@@ -143,6 +143,34 @@ std::string onednn_version() {
   return kernels::cpu::onednn::version();
 }
 
+void set_cpu_precision(CpuPrecision precision, bool allow_emulation) {
+  if (precision == CpuPrecision::f32) {
+    if (onednn_convolutions()) kernels::cpu::onednn::set_bf16(false);
+    return;
+  }
+  DDP_CHECK(
+      onednn_convolutions(),
+      "bf16 precision on the CPU runs through oneDNN, which this build {}; install "
+      "libdnnl-dev and rebuild (deploy/install-deps.sh), or use f32 precision",
+      kernels::cpu::onednn::version().empty() ? "does not have" : "has turned off (DDP_ONEDNN=0)");
+  if (!cpu_has_bf16() && !allow_emulation) {
+    throw DeviceError(fmt::format(
+        "bf16 precision needs a CPU with AVX512_BF16 (Cooper Lake, Sapphire Rapids, Zen 4 or "
+        "newer); this CPU's best ISA for oneDNN is {}, where bf16 would only be emulated and "
+        "slower than f32. Use f32 precision (train --precision fp32)",
+        kernels::cpu::onednn::isa_name()));
+  }
+  kernels::cpu::onednn::set_bf16(true);
+}
+
+CpuPrecision cpu_precision() {
+  return kernels::cpu::onednn::bf16() ? CpuPrecision::bf16 : CpuPrecision::f32;
+}
+
+bool cpu_has_bf16() {
+  return onednn_convolutions() && kernels::cpu::onednn::bf16_native();
+}
+
 bool onednn_gemm(int64_t m, int64_t n, int64_t k) {
   return kernels::cpu::onednn::sgemm_preferred(m, n, k);
 }

@@ -51,6 +51,18 @@ Tensor conv2d_onednn(const Tensor& x, const Tensor& weight, const Tensor& bias,
 // A new [N, C, H, W]: the gradient of conv2d_onednn with respect to x for grad_y.
 Tensor conv2d_backward_input_onednn(const Tensor& grad_y, const Tensor& weight,
                                     const kernels::Conv2dGeometry& geometry);
+// Note [cpu bf16] (ops/cpu/onednn.cpp): CpuPrecision::bf16 makes every f32 matmul and
+// convolution on the CPU multiply in bf16 (operands rounded to bf16, products summed
+// in f32, results f32; weights and activations stay f32), as
+// torch.autocast("cpu", dtype=torch.bfloat16) computes linear and conv layers.
+// Process-wide; CUDA is unaffected. Needs oneDNN (ValueError otherwise) and, unless
+// allow_emulation (for tests), a CPU with AVX512_BF16 (DeviceError naming the ISA).
+enum class CpuPrecision { f32, bf16 };
+void set_cpu_precision(CpuPrecision precision, bool allow_emulation = false);
+CpuPrecision cpu_precision();
+// The CPU multiplies bf16 natively (AVX512_BF16), as oneDNN sees it; false without oneDNN.
+bool cpu_has_bf16();
+
 struct Conv2dParamGrads {
   Tensor weight;  // [C_out, C, kh, kw]
   Tensor bias;    // [C_out], undefined unless asked for

@@ -26,6 +26,11 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool tran
             "matmul: dimensions m={} n={} k={} exceed the BLAS limit of {}", m, n, k, INT_MAX);
   if (m == 0 || n == 0) return;
   const int lda = static_cast<int>(a.size(1)), ldb = static_cast<int>(b.size(1));
+  if (onednn::bf16() && k > 0) {  // Note [cpu bf16]
+    onednn::matmul_bf16(trans_a, trans_b, m, n, k, alpha, a.data<float>(), lda, b.data<float>(),
+                        ldb, beta, out.data<float>(), n);
+    return;
+  }
   if (onednn::sgemm_preferred(m, n, k)) {
     onednn::sgemm(trans_a, trans_b, m, n, k, alpha, a.data<float>(), lda, b.data<float>(), ldb,
                   beta, out.data<float>(), n);

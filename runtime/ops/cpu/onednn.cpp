@@ -6,6 +6,7 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -34,7 +35,7 @@
 // Threads: Debian's libdnnl runs on OpenMP; ddprun sets OMP_NUM_THREADS with
 // OPENBLAS_NUM_THREADS (docs/ddprun.md), so oneDNN and OpenBLAS use the same count.
 // Results equal im2col + sgemm's to rounding (f32 accumulation, other order):
-// tests/unit/onednn_conv_test.cpp compares the two paths.
+// tests/unit/onednn_test.cpp compares the two paths.
 
 namespace ddp::kernels::cpu::onednn {
 namespace {
@@ -55,9 +56,11 @@ dnnl::stream& thread_stream() {
 memory::desc plain(const memory::dims& dims, Tag tag) {
   return memory::desc(dims, memory::data_type::f32, tag);
 }
-memory::desc any(const memory::dims& dims) {
-  return memory::desc(dims, memory::data_type::f32, Tag::any);
+memory::desc any(const memory::dims& dims, memory::data_type type = memory::data_type::f32) {
+  return memory::desc(dims, type, Tag::any);
 }
+
+std::atomic<bool> g_bf16{false};
 
 // One argument: our plain layout, the primitive's, and the reorder between them
 // (none when they agree).
@@ -106,21 +109,26 @@ void unstage(const Arg& arg, const Staged& staged, const Tensor& t) {
 // A convolution's shape; the bias is chosen per direction (Conv below).
 struct Key {
   int64_t n, c, h, w, c_out, kh, kw, sh, sw, ph, pw;
-  auto tie() const { return std::tie(n, c, h, w, c_out, kh, kw, sh, sw, ph, pw); }
+  bool bf16;
+  auto tie() const { return std::tie(n, c, h, w, c_out, kh, kw, sh, sw, ph, pw, bf16); }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
 struct Dims {
   memory::dims src, weights, bias, dst, strides, padding;
+  // The multiplied operands' type (src, weights, diff_dst): f32, or bf16 under
+  // Note [cpu bf16]. Results (dst, diff_src, diff_weights, diff_bias) stay f32.
+  memory::data_type in = memory::data_type::f32;
 };
 
-Dims dims_of(const Conv2dGeometry& g, int64_t c_out) {
+Dims dims_of(const Conv2dGeometry& g, int64_t c_out, bool bf16) {
   return {{g.n, g.c, g.h, g.w},
           {c_out, g.c, g.kernel_h, g.kernel_w},
           {c_out},
           {g.n, c_out, g.out_h(), g.out_w()},
           {g.stride_h, g.stride_w},
-          {g.pad_h, g.pad_w}};
+          {g.pad_h, g.pad_w},
+          bf16 ? memory::data_type::bf16 : memory::data_type::f32};
 }
 
 using ForwardPd = dnnl::convolution_forward::primitive_desc;
@@ -129,11 +137,11 @@ ForwardPd forward_pd(const Dims& d, bool bias) {
   const auto prop = dnnl::prop_kind::forward_training;
   const auto algo = dnnl::algorithm::convolution_direct;
   const auto desc =
-      bias ? dnnl::convolution_forward::desc(prop, algo, any(d.src), any(d.weights),
+      bias ? dnnl::convolution_forward::desc(prop, algo, any(d.src, d.in), any(d.weights, d.in),
                                              plain(d.bias, Tag::x), any(d.dst), d.strides,
                                              d.padding, d.padding)
-           : dnnl::convolution_forward::desc(prop, algo, any(d.src), any(d.weights), any(d.dst),
-                                             d.strides, d.padding, d.padding);
+           : dnnl::convolution_forward::desc(prop, algo, any(d.src, d.in), any(d.weights, d.in),
+                                             any(d.dst), d.strides, d.padding, d.padding);
   return ForwardPd(desc, engine());
 }
 
@@ -166,11 +174,12 @@ struct Conv {
 Conv& conv_for(const Conv2dGeometry& g, int64_t c_out) {
   static std::mutex mutex;
   static std::map<Key, std::unique_ptr<Conv>> cache;
-  const Key k{g.n,        g.c,        g.h,        g.w,     c_out,  g.kernel_h,
-              g.kernel_w, g.stride_h, g.stride_w, g.pad_h, g.pad_w};
+  const bool bf16 = g_bf16.load(std::memory_order_relaxed);
+  const Key k{g.n,        g.c,        g.h,        g.w,     c_out,   g.kernel_h,
+              g.kernel_w, g.stride_h, g.stride_w, g.pad_h, g.pad_w, bf16};
   std::lock_guard<std::mutex> lock(mutex);
   auto& slot = cache[k];
-  if (!slot) slot = std::make_unique<Conv>(dims_of(g, c_out));
+  if (!slot) slot = std::make_unique<Conv>(dims_of(g, c_out, bf16));
   return *slot;
 }
 
@@ -189,9 +198,9 @@ Forward& forward(Conv& conv, bool bias) {
 BackwardData& backward_data(Conv& conv) {
   std::call_once(conv.data_once, [&conv] {
     const Dims& d = conv.d;
-    const dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct,
-                                                     any(d.src), any(d.weights), any(d.dst),
-                                                     d.strides, d.padding, d.padding);
+    const dnnl::convolution_backward_data::desc desc(
+        dnnl::algorithm::convolution_direct, any(d.src), any(d.weights, d.in), any(d.dst, d.in),
+        d.strides, d.padding, d.padding);
     const dnnl::convolution_backward_data::primitive_desc pd(desc, engine(), conv.hint);
     conv.data.reset(new BackwardData{dnnl::convolution_backward_data(pd),
                                      Arg(plain(d.dst, Tag::nchw), pd.diff_dst_desc(), false),
@@ -205,12 +214,12 @@ BackwardWeights& backward_weights(Conv& conv, bool bias) {
   std::call_once(conv.weights_once[bias], [&conv, bias] {
     const Dims& d = conv.d;
     const auto algo = dnnl::algorithm::convolution_direct;
-    const auto desc =
-        bias ? dnnl::convolution_backward_weights::desc(algo, any(d.src), any(d.weights),
-                                                        plain(d.bias, Tag::x), any(d.dst),
-                                                        d.strides, d.padding, d.padding)
-             : dnnl::convolution_backward_weights::desc(
-                   algo, any(d.src), any(d.weights), any(d.dst), d.strides, d.padding, d.padding);
+    const auto desc = bias ? dnnl::convolution_backward_weights::desc(
+                                 algo, any(d.src, d.in), any(d.weights), plain(d.bias, Tag::x),
+                                 any(d.dst, d.in), d.strides, d.padding, d.padding)
+                           : dnnl::convolution_backward_weights::desc(
+                                 algo, any(d.src, d.in), any(d.weights), any(d.dst, d.in),
+                                 d.strides, d.padding, d.padding);
     const dnnl::convolution_backward_weights::primitive_desc pd(desc, engine(), conv.hint);
     conv.weights[bias].reset(
         new BackwardWeights{dnnl::convolution_backward_weights(pd),
@@ -219,6 +228,56 @@ BackwardWeights& backward_weights(Conv& conv, bool bias) {
                             Arg(plain(d.weights, Tag::oihw), pd.diff_weights_desc(), true)});
   });
   return *conv.weights[bias];
+}
+
+// A bf16 matmul of one shape, transposition, alpha and beta (Note [cpu bf16]).
+struct MatmulKey {
+  int64_t m, n, k, lda, ldb, ldc;
+  bool ta, tb;
+  float alpha, beta;
+  auto tie() const { return std::tie(m, n, k, lda, ldb, ldc, ta, tb, alpha, beta); }
+  bool operator<(const MatmulKey& o) const { return tie() < o.tie(); }
+};
+
+struct Matmul {
+  dnnl::matmul prim;
+  Arg a, b, c;
+};
+
+std::unique_ptr<Matmul> make_matmul(const MatmulKey& k) {
+  const auto f32 = memory::data_type::f32, bf16 = memory::data_type::bf16;
+  // Row-major A [m, k] (or its transpose stored [k, m]) as strides over dims {m, k}.
+  const memory::desc a_user({k.m, k.k}, f32,
+                            k.ta ? memory::dims{1, k.lda} : memory::dims{k.lda, 1});
+  const memory::desc b_user({k.k, k.n}, f32,
+                            k.tb ? memory::dims{1, k.ldb} : memory::dims{k.ldb, 1});
+  const memory::desc c_user({k.m, k.n}, f32, memory::dims{k.ldc, 1});
+  dnnl::primitive_attr attr;
+  if (k.alpha != 1.0f) attr.set_output_scales(0, {k.alpha});
+  if (k.beta != 0.0f) {
+    dnnl::post_ops ops;
+    ops.append_sum(k.beta);
+    attr.set_post_ops(ops);
+  }
+  const dnnl::matmul::desc desc(any({k.m, k.k}, bf16), any({k.k, k.n}, bf16), c_user);
+  const dnnl::matmul::primitive_desc pd(desc, attr, engine());
+  return std::make_unique<Matmul>(Matmul{dnnl::matmul(pd), Arg(a_user, pd.src_desc(), false),
+                                         Arg(b_user, pd.weights_desc(), false),
+                                         Arg(c_user, pd.dst_desc(), true)});
+}
+
+Matmul& matmul_for(const MatmulKey& k) {
+  static std::mutex mutex;
+  static std::map<MatmulKey, std::unique_ptr<Matmul>> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& slot = cache[k];
+  if (!slot) slot = make_matmul(k);
+  return *slot;
+}
+
+// A memory of `desc` over the caller's buffer (a plain pointer, not a Tensor).
+memory user_memory(const memory::desc& desc, const float* data) {
+  return memory(desc, engine(), const_cast<float*>(data));
 }
 
 // oneDNN reports failures as dnnl::error; ddp's callers expect ddp errors.
@@ -257,6 +316,63 @@ std::string version() {
 // (0.4x for the MLP's 10-column logits, 0.8x for k = 10, 0.9x for the CNN's
 // 128-column classifier forward). The rule is fixed, not tuned at run time: the
 // same shape always takes the same path, so runs stay reproducible and ranks agree.
+void set_bf16(bool on) {
+  g_bf16.store(on);
+}
+
+bool bf16() {
+  return g_bf16.load(std::memory_order_relaxed);
+}
+
+bool bf16_native() {
+  return dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core_bf16;
+}
+
+std::string isa_name() {
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::sse41:
+      return "sse41";
+    case dnnl::cpu_isa::avx:
+      return "avx";
+    case dnnl::cpu_isa::avx2:
+      return "avx2";
+    case dnnl::cpu_isa::avx512_core:
+      return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni:
+      return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16:
+      return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_amx:
+      return "avx512_core_amx";
+    default:
+      return "other";
+  }
+}
+
+void matmul_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                 const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                 int64_t ldc) {
+  try {
+    Matmul& mm = matmul_for({m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta});
+    dnnl::stream& s = thread_stream();
+    // Both operands differ in type from the user's, so both are staged.
+    Tensor a16 = empty({static_cast<int64_t>((mm.a.inner.get_size() + 3) / 4)});
+    Tensor b16 = empty({static_cast<int64_t>((mm.b.inner.get_size() + 3) / 4)});
+    memory a_in(mm.a.inner, engine(), a16.data_ptr()), b_in(mm.b.inner, engine(), b16.data_ptr());
+    memory a_user = user_memory(mm.a.user, a), b_user = user_memory(mm.b.user, b);
+    mm.a.to_inner->execute(s, a_user, a_in);
+    mm.b.to_inner->execute(s, b_user, b_in);
+    memory c_mem = user_memory(mm.c.user, c);
+    mm.prim.execute(s, {{DNNL_ARG_SRC, a_in}, {DNNL_ARG_WEIGHTS, b_in}, {DNNL_ARG_DST, c_mem}});
+    s.wait();
+  } catch (const dnnl::error& e) {
+    throw Error(fmt::format(
+        "matmul: oneDNN's bf16 matmul failed ({}, status {}) for m={} n={} k={}; run with f32 "
+        "precision (train --precision fp32)",
+        e.what(), static_cast<int>(e.status), m, n, k));
+  }
+}
+
 bool sgemm_preferred(int64_t m, int64_t n, int64_t k) {
   return available() && m >= 64 && n >= 256 && k >= 64;
 }

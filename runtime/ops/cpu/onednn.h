@@ -7,6 +7,7 @@
 
 #include "runtime/ops/kernels.h"
 
+#include <cstdint>
 #include <string>
 
 namespace ddp::kernels::cpu::onednn {
@@ -16,10 +17,26 @@ bool available();
 // oneDNN's version, e.g. "2.6.3"; "" in a build without it.
 std::string version();
 
+// Note [cpu bf16]: while on, f32 matmuls and convolutions on the CPU multiply in
+// bf16 (operands rounded to bf16 as they are staged, products accumulated in f32,
+// results f32), as torch.autocast(cpu, bfloat16) computes them. Process-wide.
+void set_bf16(bool on);
+bool bf16();
+// The CPU has AVX512_BF16 (oneDNN's effective ISA avx512_core_bf16 or newer); without
+// it oneDNN still runs bf16 primitives, emulated and slower.
+bool bf16_native();
+// oneDNN's name for the ISA it dispatches to here, e.g. "avx512_core_bf16", "avx2".
+std::string isa_name();
+
 // Whether gemm() sends an f32 product of this shape (row-major C [m, n] = op(A) op(B),
 // inner dimension k) to oneDNN's sgemm rather than OpenBLAS's (Note [gemm choice]).
 bool sgemm_preferred(int64_t m, int64_t n, int64_t k);
 // C = alpha op(A) op(B) + beta C, row-major, as cblas_sgemm with CblasRowMajor.
+// matmul_bf16: the same product with A and B rounded to bf16 as they are staged,
+// accumulated in f32 (oneDNN's matmul primitive; Note [cpu bf16]).
+void matmul_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                 const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                 int64_t ldc);
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 

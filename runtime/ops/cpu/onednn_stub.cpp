@@ -14,6 +14,27 @@ std::string version() {
   return "";
 }
 
+void set_bf16(bool on) {
+  DDP_ASSERT(!on, "set_bf16: this build has no oneDNN");
+}
+
+bool bf16() {
+  return false;
+}
+
+bool bf16_native() {
+  return false;
+}
+
+std::string isa_name() {
+  return "";
+}
+
+void matmul_bf16(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
+                 int64_t, float, float*, int64_t) {
+  DDP_ASSERT(false, "matmul_bf16: this build has no oneDNN");
+}
+
 bool sgemm_preferred(int64_t, int64_t, int64_t) {
   return false;
 }

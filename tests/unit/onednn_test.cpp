@@ -2,6 +2,8 @@
 // path they replace: forward, input gradient, weight and bias gradients, for odd
 // shapes, strides, padding, one input channel, rectangular kernels and batches of
 // one and none; plus the gradient destination and the errors of the checked ops.
+// bf16 precision (Note [cpu bf16]): matmuls and convolutions equal the f32
+// computation on bf16-rounded operands, and differ from plain f32.
 #include "runtime/autograd/autograd.h"
 #include "runtime/autograd/functions.h"
 #include "runtime/error.h"
@@ -12,6 +14,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
+#include <utility>
 
 namespace ddp {
 namespace {
@@ -140,6 +144,75 @@ TEST_F(OneDnnConv, BadShapesNameTheValues) {
   const Tensor good_w = randn({4, 3, 3, 3}, 3);
   EXPECT_THROW(conv2d_onednn(x, good_w, randn({5}, 4), g), ValueError);  // bias of 5 for 4
   EXPECT_THROW(conv2d_backward_input_onednn(randn({2, 4, 5, 5}, 5), good_w, g), ValueError);
+}
+
+// Sets a CPU precision for one test and restores f32.
+class PrecisionGuard {
+ public:
+  explicit PrecisionGuard(CpuPrecision p) { set_cpu_precision(p, /*allow_emulation=*/true); }
+  ~PrecisionGuard() { set_cpu_precision(CpuPrecision::f32); }
+};
+
+Tensor bf16_rounded(const Tensor& t) {
+  return cast(cast(t, DType::bf16), DType::f32);
+}
+
+TEST_F(OneDnnConv, Bf16MatmulIsF32OnRoundedOperands) {
+  for (auto [ta, tb] : {std::pair{false, false}, {true, false}, {false, true}, {true, true}}) {
+    for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{70, 260, 66}, {5, 10, 3}}) {
+      SCOPED_TRACE(fmt::format("m {} n {} k {} trans_a {} trans_b {}", m, n, k, ta, tb));
+      const Tensor a = randn(ta ? Shape{k, m} : Shape{m, k}, 21);
+      const Tensor b = randn(tb ? Shape{n, k} : Shape{k, n}, 22);
+      const Tensor c0 = randn({m, n}, 23);
+      const MatmulOptions o{.trans_a = ta, .trans_b = tb, .alpha = 2.0f, .beta = 0.5f};
+      Tensor ref = c0.clone(), f32 = c0.clone(), got = c0.clone();
+      matmul_out(bf16_rounded(a), bf16_rounded(b), ref, o);  // f32: products of bf16 are exact
+      matmul_out(a, b, f32, o);
+      {
+        PrecisionGuard bf16(CpuPrecision::bf16);
+        matmul_out(a, b, got, o);
+      }
+      EXPECT_LT(max_rel_diff(got, ref), 1e-5);
+      EXPECT_GT(max_rel_diff(got, f32), 1e-4) << "the bf16 precision multiplied in f32";
+    }
+  }
+}
+
+TEST_F(OneDnnConv, Bf16ConvolutionIsF32OnRoundedOperands) {
+  const Tensor x = randn({2, 16, 9, 9}, 31), weight = randn({32, 16, 3, 3}, 32);
+  const Tensor bias = randn({32}, 33);
+  const auto g = conv_geometry(x, 3, 1, 1);
+  const Tensor gy = randn({2, 32, 9, 9}, 34);
+  const Tensor ref_y = conv2d_onednn(bf16_rounded(x), bf16_rounded(weight), bias, g);
+  const Tensor ref_gx = conv2d_backward_input_onednn(bf16_rounded(gy), bf16_rounded(weight), g);
+  const auto ref_p =
+      conv2d_backward_params_onednn(bf16_rounded(gy), bf16_rounded(x), weight.shape(), g, true);
+  const Tensor f32_y = conv2d_onednn(x, weight, bias, g);
+  PrecisionGuard bf16(CpuPrecision::bf16);
+  const Tensor y = conv2d_onednn(x, weight, bias, g);
+  EXPECT_LT(max_rel_diff(y, ref_y), 1e-5);
+  EXPECT_GT(max_rel_diff(y, f32_y), 1e-4) << "the bf16 precision convolved in f32";
+  EXPECT_LT(max_rel_diff(conv2d_backward_input_onednn(gy, weight, g), ref_gx), 1e-5);
+  const auto p = conv2d_backward_params_onednn(gy, x, weight.shape(), g, true);
+  EXPECT_LT(max_rel_diff(p.weight, ref_p.weight), 1e-5);
+  EXPECT_LT(max_rel_diff(p.bias, ref_p.bias), 1e-5);
+}
+
+TEST_F(OneDnnConv, PrecisionIsReportedAndRestored) {
+  EXPECT_EQ(cpu_precision(), CpuPrecision::f32);
+  {
+    PrecisionGuard bf16(CpuPrecision::bf16);
+    EXPECT_EQ(cpu_precision(), CpuPrecision::bf16);
+  }
+  EXPECT_EQ(cpu_precision(), CpuPrecision::f32);
+  if (!cpu_has_bf16()) {
+    try {
+      set_cpu_precision(CpuPrecision::bf16);
+      FAIL() << "bf16 precision was accepted on a CPU without AVX512_BF16";
+    } catch (const DeviceError& e) {
+      EXPECT_NE(std::string(e.what()).find("AVX512_BF16"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace
