@@ -148,16 +148,16 @@ void set_cpu_precision(CpuPrecision precision, bool allow_emulation) {
     if (onednn_convolutions()) kernels::cpu::onednn::set_bf16(false);
     return;
   }
-  DDP_CHECK(
-      onednn_convolutions(),
-      "bf16 precision on the CPU runs through oneDNN, which this build {}; install "
-      "libdnnl-dev and rebuild (deploy/install-deps.sh), or use f32 precision",
-      kernels::cpu::onednn::version().empty() ? "does not have" : "has turned off (DDP_ONEDNN=0)");
+  DDP_CHECK(onednn_convolutions(), "bf16 precision on the CPU runs through oneDNN, {}",
+            kernels::cpu::onednn::version().empty()
+                ? "which this build does not have; install libdnnl-dev and rebuild "
+                  "(deploy/install-deps.sh), or use f32 (train --precision fp32)"
+                : "which DDP_ONEDNN=0 turned off; unset it, or use f32 (train --precision fp32)");
   if (!cpu_has_bf16() && !allow_emulation) {
     throw DeviceError(fmt::format(
         "bf16 precision needs a CPU with AVX512_BF16 (Cooper Lake, Sapphire Rapids, Zen 4 or "
         "newer); this CPU's best ISA for oneDNN is {}, where bf16 would only be emulated and "
-        "slower than f32. Use f32 precision (train --precision fp32)",
+        "slower than f32. Use f32 (train --precision fp32)",
         kernels::cpu::onednn::isa_name()));
   }
   kernels::cpu::onednn::set_bf16(true);
