@@ -22,6 +22,8 @@ options:
   --rounds R           runs of each side (default 3)
   --data DIR|synthetic Fashion-MNIST folder (default /usr/share/datasets/fashion-mnist)
   --torch-warmup W     untimed torch steps before timing (default 0, like ours: see below)
+  --precision fp32|bf16  bf16: ours with train --precision bf16, torch under
+                       torch.autocast("cpu", torch.bfloat16) (default fp32)
   --peak-gflops X      sgemm peak per thread to compare with (default: measured with
                        \`bench gemm --json\` and OPENBLAS_NUM_THREADS=1, ~10 s)
   --json               JSON lines on stdout instead of the table
@@ -49,7 +51,7 @@ thread (times N threads when --threads N > 1).
 EOF
 }
 
-model=mlp batch=64 steps=600 threads=1 rounds=3 json=0 torch_warmup=0 peak=""
+model=mlp batch=64 steps=600 threads=1 rounds=3 json=0 torch_warmup=0 peak="" precision=fp32
 data=/usr/share/datasets/fashion-mnist
 die() { echo "train_vs_torch.sh: $*" >&2; exit 2; }
 need_int() { [[ $2 =~ ^[1-9][0-9]*$ ]] || die "$1 '$2': expected a positive integer"; }
@@ -69,11 +71,13 @@ while (($#)); do
     --data) data=$2 ;;
     --torch-warmup) torch_warmup=$2 ;;
     --peak-gflops) peak=$2 ;;
+    --precision) precision=$2 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
   shift 2
 done
 [[ $model == mlp || $model == cnn ]] || die "--model '$model': valid values are mlp, cnn"
+[[ $precision == fp32 || $precision == bf16 ]] || die "--precision '$precision': valid values are fp32, bf16"
 for v in batch steps threads rounds; do need_int "--$v" "${!v}"; done
 [[ $torch_warmup =~ ^[0-9]+$ ]] || die "--torch-warmup '$torch_warmup': expected an integer >= 0"
 [[ -z $peak || $peak =~ ^[0-9]+(\.[0-9]*)?$ ]] || die "--peak-gflops '$peak': expected a number"
@@ -108,22 +112,23 @@ for ((r = 1; r <= rounds; r++)); do
   metrics=$tmp/ours_$r.jsonl
   OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads "$TRAIN" --model "$model" \
     --batch-size "$batch" --epochs 1 --max-steps "$steps" --lr-schedule constant --quiet \
-    --data "$data" "${synthetic_args[@]}" --device cpu --metrics "$metrics" >/dev/null
+    --data "$data" "${synthetic_args[@]}" --device cpu --precision "$precision" --metrics "$metrics" >/dev/null
   "$PYTHON" -c 'import json,sys; m=json.loads(open(sys.argv[1]).readline())
 print(json.dumps({"impl": "ours", "samples_per_s": m["samples_per_s"], "step_ms": m["step_ms"], "steps": m["steps"]}))' \
     "$metrics" >>"$results"
   progress "round $r/$rounds: torch"
   OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads "$PYTHON" "$PEER" --model "$model" --batch "$batch" --steps "$steps" \
-    --warmup "$torch_warmup" --threads "$threads" --data "$data" "${synthetic_args[@]}" >>"$results"
+    --warmup "$torch_warmup" --threads "$threads" --data "$data" "${synthetic_args[@]}" \
+    --precision "$precision" >>"$results"
 done
 
 "$PYTHON" - "$results" "$tmp/gemm.jsonl" "$model" "$batch" "$threads" "$steps" "$json" "$peak" \
-  "$rounds" <<'EOF'
+  "$rounds" "$precision" <<'EOF'
 import json
 import statistics
 import sys
 
-results_path, gemm_path, model, batch, threads, steps, as_json, peak, rounds = sys.argv[1:]
+results_path, gemm_path, model, batch, threads, steps, as_json, peak, rounds, precision = sys.argv[1:]
 batch, threads, steps, rounds = int(batch), int(threads), int(steps), int(rounds)
 runs = [json.loads(line) for line in open(results_path)]
 
@@ -160,7 +165,7 @@ for impl in ("ours", "torch"):
     step_ms = statistics.median(ms)
     gflops = flops / (step_ms * 1e6)
     summary[impl] = {
-        "impl": impl, "model": model, "batch": batch, "threads": threads,
+        "impl": impl, "model": model, "batch": batch, "threads": threads, "precision": precision,
         "steps": mine[0].get("steps", steps), "rounds": len(mine),
         "samples_per_s": round(statistics.median(sps), 1),
         "samples_per_s_min": min(sps), "samples_per_s_max": max(sps),
@@ -197,6 +202,9 @@ for row in table:
 print(f"ratio ours/torch (samples/s): {ratio:.3f}  (median of {rounds} alternating runs each)")
 print(f"GEMM work per step: {flops / 1e6:.2f} MFLOP; peak {peak:.1f} GFLOP/s per thread "
       f"({peak_source}); ideal step at peak {flops / (peak * threads * 1e6):.3f} ms")
+if precision == "bf16":
+    print("precision bf16: ours --precision bf16, torch under autocast(cpu, bfloat16); the peak "
+          "and 'of peak' are the f32 sgemm's (bf16 dot products can go twice as fast)")
 print("ours includes the data loader and the epoch's first steps (no warmup); "
       "torch includes its first steps and the epoch's shuffle gather only with --torch-warmup 0")
 EOF

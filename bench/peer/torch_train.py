@@ -91,6 +91,9 @@ def parse_args(argv):
                         help="DistributedDataParallel bucket_cap_mb (default %(default)s)")
     parser.add_argument("--device", default="cpu",
                         help="cpu, cuda or cuda:N (default %(default)s)")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                        help="bf16: forward and loss under torch.autocast(device, bfloat16), "
+                             "the peer of ddp's train --precision bf16 (default %(default)s)")
     parser.add_argument("--sync-every", type=positive_int, default=1,
                         help="read the loss (loss.item()) every N steps (default %(default)s)")
     args = parser.parse_args(argv)
@@ -173,9 +176,12 @@ def main(argv=None):
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
 
+    autocast_bf16 = args.precision == "bf16"
+
     def step(x, y, read_loss):
         optimizer.zero_grad(set_to_none=False)  # zero in place, as ddp's zero_grad does
-        loss = F.cross_entropy(model(x), y)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast_bf16):
+            loss = F.cross_entropy(model(x), y)
         loss.backward()
         optimizer.step()
         return loss.item() if read_loss else None
@@ -213,6 +219,7 @@ def main(argv=None):
             "torch": torch.__version__,
             "device": str(device),
             "sync_every": args.sync_every,
+            "precision": args.precision,
             "data": "synthetic" if args.data == "synthetic" else "fashion-mnist",
         }), flush=True)
     if world_size > 1:
