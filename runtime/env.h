@@ -43,9 +43,10 @@
 //   DDP_TRACE_MAX_EVENTS  records kept per thread while tracing (default: 1000000)
 //   DDP_TRACE_TEST_SKEW_NS  for tests of the clock alignment: rank R's trace file
 //                  reads as if its clock ran R x N ns ahead (default: 0)
-//   DDP_ONEDNN     0: CPU convolutions as im2col + OpenBLAS even in a build with
-//                  oneDNN (default: 1, oneDNN where the build has it; read once;
-//                  Note [oneDNN convolutions], docs/building.md)
+//   DDP_ONEDNN     0: no oneDNN even in a build with it: CPU convolutions as
+//                  im2col + OpenBLAS, every GEMM on OpenBLAS, no bf16 precision
+//                  (default: 1; read once; Note [oneDNN convolutions],
+//                  docs/building.md)
 #pragma once
 
 #include <cstdint>

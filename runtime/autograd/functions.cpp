@@ -195,7 +195,7 @@ Tensor conv2d_per_image(const Tensor& x, const Tensor& weight, const Tensor& bia
       });
 }
 
-// On the CPU with oneDNN (Note [oneDNN convolutions] in ops/cpu/onednn.cpp):
+// On the CPU with oneDNN (Note [oneDNN convolutions] in ops/cpu/onednn_conv.cpp):
 // the direct convolution in each direction, no column matrix.
 Tensor conv2d_onednn_recorded(const Tensor& x, const Tensor& weight, const Tensor& bias,
                               const kernels::Conv2dGeometry& geom) {

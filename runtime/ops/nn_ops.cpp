@@ -216,7 +216,16 @@ Tensor conv2d_onednn(const Tensor& x, const Tensor& weight, const Tensor& bias,
     check_shape("conv2d_onednn", bias, {c_out}, "bias", g);
   }
   Tensor y = empty_f32(conv_out_shape(g, c_out), x.device());
-  if (y.numel() > 0) kernels::cpu::onednn::conv2d_forward(x, weight, bias, g, y);
+  if (x.numel() > 0 && y.numel() > 0) {
+    kernels::cpu::onednn::conv2d_forward(x, weight, bias, g, y);
+  } else if (y.numel() > 0) {  // no input channels: the bias alone, as PyTorch gives
+    ddp::fill_(y, 0.0);
+    if (bias.defined()) {
+      const int64_t oh = g.out_h(), ow = g.out_w();
+      y = permute4(add_bias_rows(zeros({g.n * oh * ow, c_out}), bias).reshape({g.n, oh, ow, c_out}),
+                   {0, 3, 1, 2});
+    }
+  }
   return y;
 }
 
@@ -228,7 +237,11 @@ Tensor conv2d_backward_input_onednn(const Tensor& grad_y, const Tensor& weight,
   check_shape("conv2d_backward_input_onednn", grad_y, conv_out_shape(g, weight.size(0)), "grad_y",
               g);
   Tensor grad_x = empty_f32(input_shape(g), grad_y.device());
-  if (grad_x.numel() > 0) kernels::cpu::onednn::conv2d_backward_data(grad_y, weight, g, grad_x);
+  if (grad_y.numel() > 0 && grad_x.numel() > 0) {
+    kernels::cpu::onednn::conv2d_backward_data(grad_y, weight, g, grad_x);
+  } else if (grad_x.numel() > 0) {  // no output channels: nothing flows back
+    ddp::fill_(grad_x, 0.0);
+  }
   return grad_x;
 }
 
@@ -250,7 +263,8 @@ Conv2dParamGrads conv2d_backward_params_onednn(const Tensor& grad_y, const Tenso
       check_shape(op, t, shape, what, g);
       if (empty_input) ddp::fill_(t, 0.0);
     } else {
-      t = empty_input ? zeros(shape, {.dtype = DType::f32}) : empty(shape, {.dtype = DType::f32});
+      const TensorOptions f32{.dtype = DType::f32, .device = x.device()};
+      t = empty_input ? zeros(shape, f32) : empty(shape, f32);
     }
   };
   destination(into.weight, weight_shape, "weight gradient");

@@ -35,7 +35,7 @@ Tensor col2im(const Tensor& cols, const kernels::Conv2dGeometry& geometry);
 // E.g. [N, out_h, out_w, C_out] -> [N, C_out, out_h, out_w] is perm {0, 3, 1, 2}.
 Tensor permute4(const Tensor& x, std::array<int, 4> perm);
 
-// CPU convolutions through oneDNN (Note [oneDNN convolutions] in ops/cpu/onednn.cpp),
+// CPU convolutions through oneDNN (Note [oneDNN convolutions] in ops/cpu/onednn_conv.cpp),
 // the alternative to im2col + GEMM. onednn_convolutions() is true when the build has
 // oneDNN and DDP_ONEDNN is not 0; the three ops below throw otherwise. x [N, C, H, W],
 // weight [C_out, C, kh, kw], bias [C_out] or undefined, all f32 on the CPU.
@@ -51,12 +51,13 @@ Tensor conv2d_onednn(const Tensor& x, const Tensor& weight, const Tensor& bias,
 // A new [N, C, H, W]: the gradient of conv2d_onednn with respect to x for grad_y.
 Tensor conv2d_backward_input_onednn(const Tensor& grad_y, const Tensor& weight,
                                     const kernels::Conv2dGeometry& geometry);
-// Note [cpu bf16] (ops/cpu/onednn.cpp): CpuPrecision::bf16 makes every f32 matmul and
-// convolution on the CPU multiply in bf16 (operands rounded to bf16, products summed
-// in f32, results f32; weights and activations stay f32), as
-// torch.autocast("cpu", dtype=torch.bfloat16) computes linear and conv layers.
-// Process-wide; CUDA is unaffected. Needs oneDNN (ValueError otherwise) and, unless
-// allow_emulation (for tests), a CPU with AVX512_BF16 (DeviceError naming the ISA).
+// Note [cpu bf16] (ops/cpu/onednn.cpp): CpuPrecision::bf16 makes the f32 matmuls of
+// matmul()/matmul_out() and the convolutions on the CPU multiply in bf16 (operands
+// rounded to bf16, products summed in f32, results f32; weights and activations
+// stay f32), as torch.autocast("cpu", dtype=torch.bfloat16) computes linear and
+// conv layers; attention's batched products stay f32. Process-wide; CUDA is
+// unaffected. Needs oneDNN (ValueError otherwise) and, unless allow_emulation (for
+// tests), a CPU with AVX512_BF16 (DeviceError naming the ISA).
 enum class CpuPrecision { f32, bf16 };
 void set_cpu_precision(CpuPrecision precision, bool allow_emulation = false);
 CpuPrecision cpu_precision();

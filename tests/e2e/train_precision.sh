@@ -13,8 +13,10 @@ export DDP_TEST_BF16_EMULATE=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 train_loss() {  # NAME FLAGS...: the run's last train_loss
   local name=$1
   shift
+  local rc=0
   "$train" --device cpu --epochs 1 --lr-schedule constant --metrics "$dir/$name.json" "$@" \
-    >"$dir/$name.log" 2>&1 || { cat "$dir/$name.log" >&2; fail "$name: train $* exited $?"; }
+    >"$dir/$name.log" 2>&1 || rc=$?
+  ((rc == 0)) || { cat "$dir/$name.log" >&2; fail "$name: train $* exited $rc"; }
   sed -nE 's/.*"train_loss": ([0-9.eE+-]+).*/\1/p' "$dir/$name.json" | tail -1
 }
 compare() {  # MODEL TOLERANCE FLAGS...

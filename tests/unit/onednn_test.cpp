@@ -14,8 +14,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <thread>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 namespace ddp {
 namespace {
@@ -110,6 +112,51 @@ TEST_F(OneDnnConv, EmptyBatchGivesZeroParameterGradients) {
   for (float v : grads.weight.to_vector<float>()) EXPECT_EQ(v, 0.0f);
   for (float v : grads.bias.to_vector<float>()) EXPECT_EQ(v, 0.0f);
   EXPECT_EQ(grads.weight.data_ptr(), dirty.data_ptr());
+}
+
+TEST_F(OneDnnConv, ZeroChannelsGiveTheBiasAndZeroGradients) {
+  const Tensor x = randn({2, 0, 5, 5}, 51), weight = randn({3, 0, 3, 3}, 52);
+  const Tensor bias = from_vector<float>({1.5f, -2.0f, 0.25f}, {3});
+  const auto g = conv_geometry(x, 3, 1, 1);
+  const auto y = conv2d_onednn(x, weight, bias, g).to_vector<float>();
+  ASSERT_EQ(y.size(), size_t{2 * 3 * 25});
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(y[i], bias.to_vector<float>()[(i / 25) % 3]);
+  const Tensor x2 = randn({2, 4, 5, 5}, 53), no_filters = randn({0, 4, 3, 3}, 54);
+  const Tensor gx =
+      conv2d_backward_input_onednn(randn({2, 0, 5, 5}, 55), no_filters, conv_geometry(x2, 3, 1, 1));
+  for (float v : gx.to_vector<float>()) EXPECT_EQ(v, 0.0f);
+}
+
+// Note [oneDNN threads]: a primitive made by one thread, run by two others at once
+// (DataParallel's replicas share the cache), gives every thread the same result.
+TEST_F(OneDnnConv, CachedPrimitivesRunOnOtherThreads) {
+  const Tensor x = randn({4, 16, 12, 12}, 61), weight = randn({32, 16, 3, 3}, 62);
+  const Tensor bias = randn({32}, 63), gy = randn({4, 32, 12, 12}, 64);
+  const auto g = conv_geometry(x, 3, 1, 1);
+  Tensor ref_y, ref_gx, ref_gw;
+  std::thread([&] {
+    ref_y = conv2d_onednn(x, weight, bias, g);
+    ref_gx = conv2d_backward_input_onednn(gy, weight, g);
+    ref_gw = conv2d_backward_params_onednn(gy, x, weight.shape(), g, true).weight;
+  }).join();
+  double worst[2] = {1.0, 1.0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      double w = 0.0;
+      for (int i = 0; i < 10; ++i) {
+        w = std::max(w, max_rel_diff(conv2d_onednn(x, weight, bias, g), ref_y));
+        w = std::max(w, max_rel_diff(conv2d_backward_input_onednn(gy, weight, g), ref_gx));
+        w = std::max(
+            w, max_rel_diff(conv2d_backward_params_onednn(gy, x, weight.shape(), g, true).weight,
+                            ref_gw));
+      }
+      worst[t] = w;
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(worst[0], 0.0);
+  EXPECT_EQ(worst[1], 0.0);
 }
 
 // Note [gradient destinations]: the weight gradient lands in DDP's bucket slice.

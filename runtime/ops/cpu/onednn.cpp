@@ -1,47 +1,41 @@
-// oneDNN on the CPU: convolutions (forward, backward data, backward weights) and sgemm.
+// oneDNN on the CPU: the settings, the staging helpers (onednn_internal.h), sgemm
+// and the bf16 matmul. Convolutions: onednn_conv.cpp.
 #include "runtime/ops/cpu/onednn.h"
+#include "runtime/ops/cpu/onednn_internal.h"
 
 #include "runtime/env.h"
 #include "runtime/error.h"
-
-#include <oneapi/dnnl/dnnl.hpp>
 
 #include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <tuple>
-#include <unordered_map>
 
-// Note [oneDNN convolutions]
-// oneDNN (the library behind PyTorch's CPU convolutions) runs a convolution
-// directly, with JIT kernels for the CPU's vector ISA (jit:avx512_core on the
-// Zen 4 / Cooper Lake machines, jit:avx2 elsewhere), where im2col + sgemm spends a
-// third of the CNN's step building, packing and scattering column matrices. Its
-// fast kernels want blocked layouts (nChw16c activations, OIhw16i16o weights), so
-// each primitive is created with format `any` and its arguments are reordered from
-// and to our NCHW / OIHW tensors around the call: with plain layouts forced it
-// falls back to its own gemm-based convolution, no faster than ours. The reorders
-// are a copy of each argument per call (included in docs/benchmarks.md's figures);
-// the blocked buffers come from ddp's caching allocator, so no call page-faults.
+// Note [oneDNN threads]
+// Debian's libdnnl 2.6 runs on OpenMP (OMP_NUM_THREADS, which ddprun sets with
+// OPENBLAS_NUM_THREADS: docs/ddprun.md) and is built without concurrent
+// execution: a primitive with the library's scratchpad may only run on the thread
+// that created it (dnnl.hpp), and DataParallel's replica threads share one cache of
+// primitives. So every primitive and reorder here is made with a user scratchpad,
+// allocated per execution from ddp's caching allocator, and runs on the calling
+// thread's own stream, which it waits for before its staged buffers are freed:
+// any thread may then run any cached primitive, several at once.
 //
-// Primitive descriptors and primitives are made once per shape (batch, channels,
-// image, kernel, stride, padding, bias) and direction and kept for the process:
-// making one costs a JIT compilation (milliseconds), running it microseconds. Each
-// thread executes on its own stream, so DataParallel's replica threads can run the
-// same primitive at once (oneDNN primitives are thread-safe to execute).
-//
-// Threads: Debian's libdnnl runs on OpenMP; ddprun sets OMP_NUM_THREADS with
-// OPENBLAS_NUM_THREADS (docs/ddprun.md), so oneDNN and OpenBLAS use the same count.
-// Results equal im2col + sgemm's to rounding (f32 accumulation, other order):
-// tests/unit/onednn_test.cpp compares the two paths.
+// Note [cpu bf16]
+// set_bf16(true) (ddp::set_cpu_precision, train --precision bf16) makes every f32
+// GEMM of gemm() and every convolution multiply in bf16: the staging reorders
+// round the two operands to bf16 (round to nearest even), the primitive sums the
+// products in f32 (AVX512_BF16's dot products) and writes f32. This is what
+// torch.autocast("cpu", bfloat16) does to linear and conv layers; parameters,
+// gradients, optimizer state and every other op stay f32 (docs/train.md
+// "Precision"). Not covered: attention's batched products (cblas_sgemm in
+// transformer.cpp) and 16-bit tensors' own matmuls, which stay as they were.
+// The setting is process-wide and part of each primitive's cache key.
 
 namespace ddp::kernels::cpu::onednn {
-namespace {
 
-using dnnl::memory;
-using Tag = memory::format_tag;
+namespace detail {
 
 dnnl::engine& engine() {
   static dnnl::engine e(dnnl::engine::kind::cpu, 0);
@@ -53,182 +47,65 @@ dnnl::stream& thread_stream() {
   return s;
 }
 
-memory::desc plain(const memory::dims& dims, Tag tag) {
-  return memory::desc(dims, memory::data_type::f32, tag);
+dnnl::primitive_attr user_scratchpad() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
 }
-memory::desc any(const memory::dims& dims, memory::data_type type = memory::data_type::f32) {
-  return memory::desc(dims, type, Tag::any);
+
+namespace {
+Tensor bytes_buffer(size_t bytes) {
+  return empty({static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float))},
+               {.dtype = DType::f32});
 }
+}  // namespace
 
-std::atomic<bool> g_bf16{false};
-
-// One argument: our plain layout, the primitive's, and the reorder between them
-// (none when they agree).
-struct Arg {
-  memory::desc user, inner;
-  std::optional<dnnl::reorder> to_inner, to_user;
-
-  Arg(const memory::desc& user_desc, const memory::desc& inner_desc, bool output)
-      : user(user_desc), inner(inner_desc) {
-    if (user == inner) return;
-    if (output) {
-      to_user = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), inner, engine(), user));
-    } else {
-      to_inner = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), user, engine(), inner));
-    }
+void execute(const Prim& p, Args args) {
+  Tensor scratch;
+  if (p.scratchpad.get_size() > 0) {
+    scratch = bytes_buffer(p.scratchpad.get_size());
+    args.emplace(DNNL_ARG_SCRATCHPAD, memory(p.scratchpad, engine(), scratch.data_ptr()));
   }
-};
+  p.prim.execute(thread_stream(), args);
+  thread_stream().wait();
+}
 
-// A blocked copy of an argument for one call, its storage from ddp's allocator.
-struct Staged {
-  Tensor storage;
-  memory mem;
-};
+Arg::Arg(const memory::desc& user_desc, const memory::desc& inner_desc, bool output)
+    : user(user_desc), inner(inner_desc) {
+  if (user == inner) return;
+  const auto reorder = [](const memory::desc& from, const memory::desc& to) {
+    const dnnl::reorder::primitive_desc pd(engine(), from, engine(), to, user_scratchpad());
+    return make_prim<dnnl::reorder>(pd);
+  };
+  if (output) {
+    to_user = reorder(inner, user);
+  } else {
+    to_inner = reorder(user, inner);
+  }
+}
 
-// The memory the primitive reads or writes for `arg`: t itself when the layouts
-// agree, else a buffer of the primitive's layout (filled from t for an input).
-Staged stage(const Arg& arg, const Tensor& t, bool input) {
-  memory user_mem(arg.user, engine(), t.data_ptr());
+Staged stage(const Arg& arg, void* data, bool input) {
+  memory user_mem(arg.user, engine(), data);
   if (arg.user == arg.inner) return {Tensor(), user_mem};
-  const auto floats =
-      static_cast<int64_t>((arg.inner.get_size() + sizeof(float) - 1) / sizeof(float));
-  Tensor storage = empty({floats}, {.dtype = DType::f32});
+  Tensor storage = bytes_buffer(arg.inner.get_size());
   memory inner_mem(arg.inner, engine(), storage.data_ptr());
-  if (input) arg.to_inner->execute(thread_stream(), user_mem, inner_mem);
+  if (input) execute(*arg.to_inner, {{DNNL_ARG_FROM, user_mem}, {DNNL_ARG_TO, inner_mem}});
   return {std::move(storage), inner_mem};
 }
 
-// Copies a staged output back into t (nothing when it was t).
-void unstage(const Arg& arg, const Staged& staged, const Tensor& t) {
+void unstage(const Arg& arg, const Staged& staged, void* data) {
   if (!arg.to_user) return;
-  memory user_mem(arg.user, engine(), t.data_ptr());
-  memory inner_mem = staged.mem;  // a handle: execute() takes non-const ones
-  arg.to_user->execute(thread_stream(), inner_mem, user_mem);
+  execute(*arg.to_user,
+          {{DNNL_ARG_FROM, staged.mem}, {DNNL_ARG_TO, memory(arg.user, engine(), data)}});
 }
 
-// A convolution's shape; the bias is chosen per direction (Conv below).
-struct Key {
-  int64_t n, c, h, w, c_out, kh, kw, sh, sw, ph, pw;
-  bool bf16;
-  auto tie() const { return std::tie(n, c, h, w, c_out, kh, kw, sh, sw, ph, pw, bf16); }
-  bool operator<(const Key& o) const { return tie() < o.tie(); }
-};
+}  // namespace detail
 
-struct Dims {
-  memory::dims src, weights, bias, dst, strides, padding;
-  // The multiplied operands' type (src, weights, diff_dst): f32, or bf16 under
-  // Note [cpu bf16]. Results (dst, diff_src, diff_weights, diff_bias) stay f32.
-  memory::data_type in = memory::data_type::f32;
-};
+namespace {
 
-Dims dims_of(const Conv2dGeometry& g, int64_t c_out, bool bf16) {
-  return {{g.n, g.c, g.h, g.w},
-          {c_out, g.c, g.kernel_h, g.kernel_w},
-          {c_out},
-          {g.n, c_out, g.out_h(), g.out_w()},
-          {g.stride_h, g.stride_w},
-          {g.pad_h, g.pad_w},
-          bf16 ? memory::data_type::bf16 : memory::data_type::f32};
-}
+using namespace detail;
 
-using ForwardPd = dnnl::convolution_forward::primitive_desc;
-
-ForwardPd forward_pd(const Dims& d, bool bias) {
-  const auto prop = dnnl::prop_kind::forward_training;
-  const auto algo = dnnl::algorithm::convolution_direct;
-  const auto desc =
-      bias ? dnnl::convolution_forward::desc(prop, algo, any(d.src, d.in), any(d.weights, d.in),
-                                             plain(d.bias, Tag::x), any(d.dst), d.strides,
-                                             d.padding, d.padding)
-           : dnnl::convolution_forward::desc(prop, algo, any(d.src, d.in), any(d.weights, d.in),
-                                             any(d.dst), d.strides, d.padding, d.padding);
-  return ForwardPd(desc, engine());
-}
-
-struct Forward {
-  dnnl::convolution_forward prim;
-  Arg src, weights, dst;
-};
-struct BackwardData {
-  dnnl::convolution_backward_data prim;
-  Arg diff_dst, weights, diff_src;
-};
-struct BackwardWeights {
-  dnnl::convolution_backward_weights prim;
-  Arg diff_dst, src, diff_weights;
-};
-
-// The primitives of one shape, each made on first use; [bias] indexes the
-// directions a bias changes.
-struct Conv {
-  Dims d;
-  ForwardPd hint;  // the backward primitives' hint: the forward pass they belong to
-  std::once_flag forward_once[2], data_once, weights_once[2];
-  std::unique_ptr<Forward> forward[2];
-  std::unique_ptr<BackwardData> data;
-  std::unique_ptr<BackwardWeights> weights[2];
-
-  explicit Conv(const Dims& dims) : d(dims), hint(forward_pd(dims, false)) {}
-};
-
-Conv& conv_for(const Conv2dGeometry& g, int64_t c_out) {
-  static std::mutex mutex;
-  static std::map<Key, std::unique_ptr<Conv>> cache;
-  const bool bf16 = g_bf16.load(std::memory_order_relaxed);
-  const Key k{g.n,        g.c,        g.h,        g.w,     c_out,   g.kernel_h,
-              g.kernel_w, g.stride_h, g.stride_w, g.pad_h, g.pad_w, bf16};
-  std::lock_guard<std::mutex> lock(mutex);
-  auto& slot = cache[k];
-  if (!slot) slot = std::make_unique<Conv>(dims_of(g, c_out, bf16));
-  return *slot;
-}
-
-Forward& forward(Conv& conv, bool bias) {
-  std::call_once(conv.forward_once[bias], [&conv, bias] {
-    const Dims& d = conv.d;
-    const ForwardPd pd = forward_pd(d, bias);
-    conv.forward[bias].reset(new Forward{dnnl::convolution_forward(pd),
-                                         Arg(plain(d.src, Tag::nchw), pd.src_desc(), false),
-                                         Arg(plain(d.weights, Tag::oihw), pd.weights_desc(), false),
-                                         Arg(plain(d.dst, Tag::nchw), pd.dst_desc(), true)});
-  });
-  return *conv.forward[bias];
-}
-
-BackwardData& backward_data(Conv& conv) {
-  std::call_once(conv.data_once, [&conv] {
-    const Dims& d = conv.d;
-    const dnnl::convolution_backward_data::desc desc(
-        dnnl::algorithm::convolution_direct, any(d.src), any(d.weights, d.in), any(d.dst, d.in),
-        d.strides, d.padding, d.padding);
-    const dnnl::convolution_backward_data::primitive_desc pd(desc, engine(), conv.hint);
-    conv.data.reset(new BackwardData{dnnl::convolution_backward_data(pd),
-                                     Arg(plain(d.dst, Tag::nchw), pd.diff_dst_desc(), false),
-                                     Arg(plain(d.weights, Tag::oihw), pd.weights_desc(), false),
-                                     Arg(plain(d.src, Tag::nchw), pd.diff_src_desc(), true)});
-  });
-  return *conv.data;
-}
-
-BackwardWeights& backward_weights(Conv& conv, bool bias) {
-  std::call_once(conv.weights_once[bias], [&conv, bias] {
-    const Dims& d = conv.d;
-    const auto algo = dnnl::algorithm::convolution_direct;
-    const auto desc = bias ? dnnl::convolution_backward_weights::desc(
-                                 algo, any(d.src, d.in), any(d.weights), plain(d.bias, Tag::x),
-                                 any(d.dst, d.in), d.strides, d.padding, d.padding)
-                           : dnnl::convolution_backward_weights::desc(
-                                 algo, any(d.src, d.in), any(d.weights), any(d.dst, d.in),
-                                 d.strides, d.padding, d.padding);
-    const dnnl::convolution_backward_weights::primitive_desc pd(desc, engine(), conv.hint);
-    conv.weights[bias].reset(
-        new BackwardWeights{dnnl::convolution_backward_weights(pd),
-                            Arg(plain(d.dst, Tag::nchw), pd.diff_dst_desc(), false),
-                            Arg(plain(d.src, Tag::nchw), pd.src_desc(), false),
-                            Arg(plain(d.weights, Tag::oihw), pd.diff_weights_desc(), true)});
-  });
-  return *conv.weights[bias];
-}
+std::atomic<bool> g_bf16{false};
 
 // A bf16 matmul of one shape, transposition, alpha and beta (Note [cpu bf16]).
 struct MatmulKey {
@@ -240,11 +117,12 @@ struct MatmulKey {
 };
 
 struct Matmul {
-  dnnl::matmul prim;
-  Arg a, b, c;
+  Prim prim;
+  Arg a, b;
+  memory::desc c;
 };
 
-std::unique_ptr<Matmul> make_matmul(const MatmulKey& k) {
+Matmul make_matmul(const MatmulKey& k) {
   const auto f32 = memory::data_type::f32, bf16 = memory::data_type::bf16;
   // Row-major A [m, k] (or its transpose stored [k, m]) as strides over dims {m, k}.
   const memory::desc a_user({k.m, k.k}, f32,
@@ -252,8 +130,8 @@ std::unique_ptr<Matmul> make_matmul(const MatmulKey& k) {
   const memory::desc b_user({k.k, k.n}, f32,
                             k.tb ? memory::dims{1, k.ldb} : memory::dims{k.ldb, 1});
   const memory::desc c_user({k.m, k.n}, f32, memory::dims{k.ldc, 1});
-  dnnl::primitive_attr attr;
-  if (k.alpha != 1.0f) attr.set_output_scales(0, {k.alpha});
+  dnnl::primitive_attr attr = user_scratchpad();
+  if (k.alpha != 1.0f) attr.set_output_scales(0, {k.alpha});  // before the sum: alpha AB + beta C
   if (k.beta != 0.0f) {
     dnnl::post_ops ops;
     ops.append_sum(k.beta);
@@ -261,38 +139,17 @@ std::unique_ptr<Matmul> make_matmul(const MatmulKey& k) {
   }
   const dnnl::matmul::desc desc(any({k.m, k.k}, bf16), any({k.k, k.n}, bf16), c_user);
   const dnnl::matmul::primitive_desc pd(desc, attr, engine());
-  return std::make_unique<Matmul>(Matmul{dnnl::matmul(pd), Arg(a_user, pd.src_desc(), false),
-                                         Arg(b_user, pd.weights_desc(), false),
-                                         Arg(c_user, pd.dst_desc(), true)});
+  return {make_prim<dnnl::matmul>(pd), Arg(a_user, pd.src_desc(), false),
+          Arg(b_user, pd.weights_desc(), false), c_user};
 }
 
-Matmul& matmul_for(const MatmulKey& k) {
+const Matmul& matmul_for(const MatmulKey& k) {
   static std::mutex mutex;
   static std::map<MatmulKey, std::unique_ptr<Matmul>> cache;
   std::lock_guard<std::mutex> lock(mutex);
   auto& slot = cache[k];
-  if (!slot) slot = make_matmul(k);
+  if (!slot) slot = std::make_unique<Matmul>(make_matmul(k));
   return *slot;
-}
-
-// A memory of `desc` over the caller's buffer (a plain pointer, not a Tensor).
-memory user_memory(const memory::desc& desc, const float* data) {
-  return memory(desc, engine(), const_cast<float*>(data));
-}
-
-// oneDNN reports failures as dnnl::error; ddp's callers expect ddp errors.
-template <class F>
-void run(const char* op, const Conv2dGeometry& g, F&& f) {
-  try {
-    f();
-    thread_stream().wait();
-  } catch (const dnnl::error& e) {
-    throw Error(fmt::format(
-        "{}: oneDNN failed ({}, status {}) for input [{}, {}, {}, {}], kernel {}x{}, stride {}, "
-        "padding {}; set DDP_ONEDNN=0 to run convolutions as im2col + OpenBLAS",
-        op, e.what(), static_cast<int>(e.status), g.n, g.c, g.h, g.w, g.kernel_h, g.kernel_w,
-        g.stride_h, g.pad_h));
-  }
 }
 
 }  // namespace
@@ -307,15 +164,6 @@ std::string version() {
   return fmt::format("{}.{}.{}", v->major, v->minor, v->patch);
 }
 
-// Note [gemm choice]
-// gemm() has one dispatch point for f32 products on the CPU: OpenBLAS's sgemm or
-// oneDNN's. Measured one thread at a time on Zen 4 (AVX-512; docs/benchmarks.md
-// "gemm choice"), oneDNN was 1.04-1.22x faster where C has 256 columns or more and
-// the inner dimension is 64 or more (the MLP's first layer both ways, the CNN's
-// classifier gradients, every GPT projection), and slower on the narrow ones
-// (0.4x for the MLP's 10-column logits, 0.8x for k = 10, 0.9x for the CNN's
-// 128-column classifier forward). The rule is fixed, not tuned at run time: the
-// same shape always takes the same path, so runs stay reproducible and ranks agree.
 void set_bf16(bool on) {
   g_bf16.store(on);
 }
@@ -325,7 +173,10 @@ bool bf16() {
 }
 
 bool bf16_native() {
-  return dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core_bf16;
+  // The ISA values are bit sets (avx2_vnni is numerically above avx512_core_bf16).
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto bf16_isa = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+  return (isa & bf16_isa) == bf16_isa;
 }
 
 std::string isa_name() {
@@ -344,6 +195,8 @@ std::string isa_name() {
       return "avx512_core_bf16";
     case dnnl::cpu_isa::avx512_core_amx:
       return "avx512_core_amx";
+    case dnnl::cpu_isa::avx2_vnni:
+      return "avx2_vnni";
     default:
       return "other";
   }
@@ -353,18 +206,13 @@ void matmul_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, fl
                  const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                  int64_t ldc) {
   try {
-    Matmul& mm = matmul_for({m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta});
-    dnnl::stream& s = thread_stream();
-    // Both operands differ in type from the user's, so both are staged.
-    Tensor a16 = empty({static_cast<int64_t>((mm.a.inner.get_size() + 3) / 4)});
-    Tensor b16 = empty({static_cast<int64_t>((mm.b.inner.get_size() + 3) / 4)});
-    memory a_in(mm.a.inner, engine(), a16.data_ptr()), b_in(mm.b.inner, engine(), b16.data_ptr());
-    memory a_user = user_memory(mm.a.user, a), b_user = user_memory(mm.b.user, b);
-    mm.a.to_inner->execute(s, a_user, a_in);
-    mm.b.to_inner->execute(s, b_user, b_in);
-    memory c_mem = user_memory(mm.c.user, c);
-    mm.prim.execute(s, {{DNNL_ARG_SRC, a_in}, {DNNL_ARG_WEIGHTS, b_in}, {DNNL_ARG_DST, c_mem}});
-    s.wait();
+    const Matmul& mm = matmul_for({m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta});
+    // Both operands differ in type from ours, so both are staged (and rounded).
+    Staged a16 = stage(mm.a, const_cast<float*>(a), true);
+    Staged b16 = stage(mm.b, const_cast<float*>(b), true);
+    execute(mm.prim, {{DNNL_ARG_SRC, a16.mem},
+                      {DNNL_ARG_WEIGHTS, b16.mem},
+                      {DNNL_ARG_DST, memory(mm.c, engine(), c)}});
   } catch (const dnnl::error& e) {
     throw Error(fmt::format(
         "matmul: oneDNN's bf16 matmul failed ({}, status {}) for m={} n={} k={}; run with f32 "
@@ -373,6 +221,15 @@ void matmul_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, fl
   }
 }
 
+// Note [gemm choice]
+// gemm() has one dispatch point for f32 products on the CPU: OpenBLAS's sgemm or
+// oneDNN's. Measured one thread at a time on Zen 4 (AVX-512; docs/benchmarks.md
+// "gemm choice"), oneDNN was 1.04-1.22x faster where C has 256 columns or more and
+// the inner dimension is 64 or more (the MLP's first layer both ways, the CNN's
+// classifier gradients, every GPT projection), and slower on the narrow ones
+// (0.4x for the MLP's 10-column logits, 0.8x for k = 10, 0.9x for the CNN's
+// 128-column classifier forward). The rule is fixed, not tuned at run time: the
+// same shape always takes the same path, so runs stay reproducible and ranks agree.
 bool sgemm_preferred(int64_t m, int64_t n, int64_t k) {
   return available() && m >= 64 && n >= 256 && k >= 64;
 }
@@ -387,52 +244,6 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
         "multiply with OpenBLAS only",
         static_cast<int>(status), m, n, k));
   }
-}
-
-void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dGeometry& g,
-                    Tensor& y) {
-  run("conv2d", g, [&] {
-    Forward& f = forward(conv_for(g, w.size(0)), b.defined());
-    Staged src = stage(f.src, x, true), wei = stage(f.weights, w, true);
-    Staged dst = stage(f.dst, y, false);
-    std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, src.mem}, {DNNL_ARG_WEIGHTS, wei.mem}, {DNNL_ARG_DST, dst.mem}};
-    if (b.defined())
-      args.emplace(DNNL_ARG_BIAS, memory(plain({w.size(0)}, Tag::x), engine(), b.data_ptr()));
-    f.prim.execute(thread_stream(), args);
-    unstage(f.dst, dst, y);
-  });
-}
-
-void conv2d_backward_data(const Tensor& grad_y, const Tensor& w, const Conv2dGeometry& g,
-                          Tensor& grad_x) {
-  run("conv2d backward (input)", g, [&] {
-    BackwardData& bd = backward_data(conv_for(g, w.size(0)));
-    Staged dy = stage(bd.diff_dst, grad_y, true), wei = stage(bd.weights, w, true);
-    Staged dx = stage(bd.diff_src, grad_x, false);
-    bd.prim.execute(
-        thread_stream(),
-        {{DNNL_ARG_DIFF_DST, dy.mem}, {DNNL_ARG_WEIGHTS, wei.mem}, {DNNL_ARG_DIFF_SRC, dx.mem}});
-    unstage(bd.diff_src, dx, grad_x);
-  });
-}
-
-void conv2d_backward_weights(const Tensor& grad_y, const Tensor& x, const Conv2dGeometry& g,
-                             Tensor& grad_w, Tensor& grad_b) {
-  run("conv2d backward (weights)", g, [&] {
-    const bool bias = grad_b.defined();
-    BackwardWeights& bw = backward_weights(conv_for(g, grad_w.size(0)), bias);
-    Staged dy = stage(bw.diff_dst, grad_y, true), src = stage(bw.src, x, true);
-    Staged dw = stage(bw.diff_weights, grad_w, false);
-    std::unordered_map<int, memory> args{
-        {DNNL_ARG_DIFF_DST, dy.mem}, {DNNL_ARG_SRC, src.mem}, {DNNL_ARG_DIFF_WEIGHTS, dw.mem}};
-    if (bias) {
-      args.emplace(DNNL_ARG_DIFF_BIAS,
-                   memory(plain({grad_w.size(0)}, Tag::x), engine(), grad_b.data_ptr()));
-    }
-    bw.prim.execute(thread_stream(), args);
-    unstage(bw.diff_weights, dw, grad_w);
-  });
 }
 
 }  // namespace ddp::kernels::cpu::onednn

@@ -1,7 +1,8 @@
-// CPU convolutions through oneDNN (Note [oneDNN convolutions] in onednn.cpp),
+// CPU convolutions through oneDNN (Note [oneDNN convolutions] in onednn_conv.cpp),
 // and its sgemm for the GEMM shapes where it beats OpenBLAS's (Note [gemm choice]).
-// CMake compiles onednn.cpp when it finds oneDNN (DDP_HAVE_ONEDNN), else
-// onednn_stub.cpp, where available() is false and the rest are never called.
+// CMake compiles onednn.cpp and onednn_conv.cpp when it finds oneDNN
+// (DDP_HAVE_ONEDNN), else onednn_stub.cpp, where available() is false and the rest
+// are never called.
 // Only runtime/ops calls these: the checked entry points are in nn_ops.h.
 #pragma once
 
