@@ -98,7 +98,10 @@ void update(Run& r, int64_t step, int64_t epoch, const Tensor& step_loss, StepTi
     // After DDP's all_reduce has been waited for: every rank clips the same
     // averaged gradients by the same norm.
     if (r.o.clip_grad_norm > 0) {
-      r.grad_norm = optim::clip_grad_norm_(r.model->parameters(), r.o.clip_grad_norm);
+      // ZeRO: the norm from the shards (sums of squares all-reduced).
+      r.grad_norm = r.zero != nullptr
+                        ? r.zero->clip_grad_norm(r.o.clip_grad_norm)
+                        : optim::clip_grad_norm_(r.model->parameters(), r.o.clip_grad_norm);
     }
     r.optimizer->set_lr(r.schedule.lr_at(r.optimizer->steps()));
     r.optimizer->step();
@@ -169,6 +172,7 @@ void shadow_step(Run& r, Tensor& step_loss, Tensor& last_loss, PhaseTotals& t, i
 // has checked the weights just before (NonfiniteCheck::check_weights).
 void save(Run& r, int64_t completed, int64_t epoch_step, const Tensor& loss_sum,
           int64_t loss_count) {
+  if (r.zero != nullptr && r.o.saves) r.zero->gather_state();  // collective: rank 0 writes it
   if (r.o.save.empty()) return;
   const trace::Span span("checkpoint", "train", {{"step", r.step}});
   r.loss_log->flush();  // Note [rows cut back] in run_log.cpp

@@ -118,6 +118,12 @@ parallelism:
   --comm-hook none|bf16|fp16
                            ddp: compress each bucket for the all_reduce
                            (default none)
+  --zero 0|1|2             ddp: 0 DistributedDataParallel (default); 1 ZeRO-1:
+                           each rank keeps AdamW/SGD-momentum state for its
+                           1/W shard of the parameters, updates it and
+                           all-gathers the parameters; 2 ZeRO-2: the gradients
+                           are reduce-scattered too, each rank keeps its shard
+                           (docs/ddp.md: when to pick which)
   --on-nonfinite stop|skip a NaN or infinite loss or gradient norm stops the
                            run naming the step and rank (stop, default) or its
                            update is left out on every rank (skip)
@@ -244,6 +250,11 @@ const std::map<std::string, Setter>& setters() {
          check_choice("--comm-hook", v, {"none", "bf16", "fp16"});
          o.comm_hook = v;
        }},
+      {"--zero",
+       [](auto& o, auto& v) {
+         check_choice("--zero", v, {"0", "1", "2"});
+         o.zero = std::stoi(v);
+       }},
       {"--grad-accum",
        [](auto& o, auto& v) { o.grad_accum = parse_number<int64_t>("--grad-accum", v); }},
       {"--log-every",
@@ -319,6 +330,17 @@ void validate(const TrainOptions& o) {
   DDP_CHECK(!gpt || o.given.count("--hidden") == 0,
             "--hidden sets the mlp's layers; a gpt model's size is its spec, e.g. --model "
             "gpt:layers=4,d=128,heads=4,ctx=128");
+  DDP_CHECK(o.zero == 0 || o.mode == "auto" || o.mode == "ddp",
+            "--zero {} shards over the ranks of --mode ddp; this run has --mode {} (use --mode "
+            "ddp or auto, or --zero 0)",
+            o.zero, o.mode);
+  DDP_CHECK(o.zero != 2 || o.comm_hook == "none",
+            "--comm-hook {} compresses DDP's all_reduce, which --zero 2 replaces by a "
+            "reduce-scatter; use --zero 1 or --comm-hook none",
+            o.comm_hook);
+  DDP_CHECK(o.zero != 2 || o.drop_last != DropLast::uneven,
+            "--drop-last false (uneven shares under a Join) needs DDP's buckets, which --zero 2 "
+            "does without; use --zero 1 or --drop-last pad/true");
   DDP_CHECK(o.grad_accum >= 1, "--grad-accum {}: must be at least 1", o.grad_accum);
   DDP_CHECK(o.save_every >= 0, "--save-every {}: must be >= 0 (steps; 0: at epoch ends only)",
             o.save_every);
