@@ -62,7 +62,9 @@ ZeroOptimizer::ZeroOptimizer(std::unique_ptr<optim::Optimizer> inner,
   for (const Tensor& p : params_) starts_.push_back(starts_.back() + p.numel());
   const int world = comm_->size();
   for (int r = 0; r < world; ++r) shards_.push_back(zero_shard(numel(), world, r));
-  chunk_ = std::max<int64_t>(1, static_cast<int64_t>(options_.bucket_cap_mb * kMiB / 4.0) / world);
+  // A round never exceeds the largest shard: a small model's buffers stay small.
+  chunk_ = std::clamp<int64_t>(static_cast<int64_t>(options_.bucket_cap_mb * kMiB / 4.0) / world, 1,
+                               std::max<int64_t>(1, shards_.front().size));
   if (!params_.empty()) device_ = params_.front().device();
   param_steps_.assign(params_.size(), 0);
 }
@@ -198,9 +200,13 @@ template <typename Read, typename Write>
 void ZeroOptimizer::all_gather_rounds(Read&& read, Write&& write,
                                       const std::function<void(int64_t)>& before) {
   const int world = comm_->size();
-  Tensor send[2] = {empty({chunk_}, {.device = device_}), empty({chunk_}, {.device = device_})};
-  Tensor recv[2] = {empty({chunk_ * world}, {.device = device_}),
-                    empty({chunk_ * world}, {.device = device_})};
+  // Double buffers only where there are several rounds to overlap.
+  const bool several = shards_.front().size > chunk_;
+  Tensor send[2], recv[2];
+  for (int b = 0; b < (several ? 2 : 1); ++b) {
+    send[b] = empty({chunk_}, {.device = device_});
+    recv[b] = empty({chunk_ * world}, {.device = device_});
+  }
   std::shared_ptr<Work> works[2];
   auto finish = [&](int64_t k) {
     const size_t b = static_cast<size_t>(k % 2);

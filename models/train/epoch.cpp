@@ -3,6 +3,7 @@
 // metrics, progress, evaluations and checkpoints.
 #include "collectives/collective_events.h"
 #include "collectives/flight/flight_recorder.h"
+#include "models/train/memory_report.h"
 #include "models/train/progress.h"
 #include "models/train/run.h"
 #include "models/train/straggler_stats.h"
@@ -250,6 +251,7 @@ EpochMetrics measure(Run& r, EpochState& e) {
     m.rank_wait_ms = s.wait_ms;
     m.stragglers = s.stragglers;
   }
+  measure_memory(r, m);  // before the evaluation's activations
   const auto eval_start = Clock::now();
   Evaluation ev;
   {

@@ -40,6 +40,33 @@ run 3 ddp_clip --batch-size 10 --epochs 2 --clip-grad-norm 0.1
 run 3 zero2_clip --batch-size 10 --epochs 2 --clip-grad-norm 0.1 --zero 2
 same ddp_clip zero2_clip 1e-6
 
+run 3 ddp_accum --batch-size 5 --epochs 1 --grad-accum 2
+run 3 zero2_accum --batch-size 5 --epochs 1 --grad-accum 2 --zero 2
+same ddp_accum zero2_accum 1e-6
+
+# Memory per rank in --metrics: ZeRO's optimizer state is 1/W of DDP's (within a
+# padding element; DDP's AdamW also holds one 8-byte step count per parameter),
+# ZeRO-2's gradients too.
+for z in 0 1 2; do run 3 "mem$z" --batch-size 10 --epochs 1 --zero "$z" --metrics "$dir/mem$z.jsonl"; done
+python3 - "$dir" <<'PY' || fail "the memory fields of --metrics do not show the sharding"
+import json, sys
+rows = [json.loads(open(f"{sys.argv[1]}/mem{z}.jsonl").readline()) for z in range(3)]
+ddp = rows[0]
+for z, r in enumerate(rows):
+    for key in ("rank_peak_allocated", "rank_optimizer_state", "rank_gradient_bytes"):
+        assert len(r[key]) == 3 and min(r[key]) > 0, f"--zero {z}: {key} = {r[key]}"
+for z in (1, 2):
+    for s, full in zip(rows[z]["rank_optimizer_state"], ddp["rank_optimizer_state"]):
+        # DDP's step counts: 8 bytes per parameter tensor (a handful); padding: 8 per rank
+        assert -3 * 8 <= full - 3 * s <= 8 * 16, f"--zero {z}: state {s} vs DDP's {full}"
+grads = rows[2]["rank_gradient_bytes"]
+for g, full in zip(grads, ddp["rank_gradient_bytes"]):
+    assert abs(3 * g - full) <= 3 * 4, f"--zero 2: gradients {g} vs DDP's {full}"
+assert rows[1]["rank_gradient_bytes"] == ddp["rank_gradient_bytes"], "--zero 1 keeps DDP's buckets"
+print("memory: state/rank", [r["rank_optimizer_state"][0] for r in rows],
+      "gradients/rank", [r["rank_gradient_bytes"][0] for r in rows])
+PY
+
 # Resharding: 4 ranks -> 2 ranks and -> 1 process, the global batch kept.
 run 4 ddp4 --batch-size 8 --epochs 2
 run 4 half --batch-size 8 --epochs 1 --zero 2

@@ -9,6 +9,7 @@
 // Runtime: the model has 4805 parameters; a shm case takes ~0.1 s, gloo ~1 s.
 #include "collectives/ddp/zero.h"
 #include "collectives/ddp/distributed_data_parallel.h"
+#include "collectives/ddp/join.h"
 #include "runtime/autograd/autograd.h"
 #include "runtime/autograd/functions.h"
 #include "runtime/checkpoint/safetensors.h"
@@ -206,6 +207,35 @@ TEST(ZeroShard, BalancedWithinOneElementAndCoversEverything) {
       EXPECT_LE(most - least, 1) << n << " over " << w;
     }
   }
+}
+
+// What cannot be sharded is a ValueError naming the value and the choices.
+TEST(ZeroErrors, BadStagesAndJoinAtStageTwo) {
+  auto comm = make_local_communicator();
+  auto model = tiny_mlp(1, kHidden);
+  auto expect_error = [](const std::function<void()>& f, const std::string& text) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected one saying: " << text;
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  expect_error(
+      [&] {
+        DdpOptions options;
+        options.zero_stage = 3;
+        DistributedDataParallel ddp(model, comm, options);
+      },
+      "zero_stage 3 is not a ZeRO stage; valid: 0 (DDP), 1");
+  expect_error([&] { ZeroOptimizer zero(inner_optimizer(*model, false), comm, {.stage = 0}); },
+               "stage 0 is not sharded; valid: 1");
+  DdpOptions options;
+  options.zero_stage = 2;
+  DistributedDataParallel ddp(model, comm, options);
+  EXPECT_TRUE(ddp.buckets().empty()) << "stage 2 allocates no gradient buckets";
+  expect_error([&] { Join join(ddp); }, "has zero_stage 2");
+  expect_error([&] { ddp.register_comm_hook(allreduce_hook); }, "zero_stage 2");
 }
 
 TEST(ZeroParity, OneRankLocal) {
