@@ -369,6 +369,17 @@ void ZeroOptimizer::load_state(const nn::NamedTensors& state, int64_t steps) {
   gathered_ = false;
 }
 
+nn::NamedTensors ZeroOptimizer::shard_state() const {
+  nn::NamedTensors out;
+  if (momentum_.defined()) out.emplace_back("momentum_buffer", momentum_);
+  if (!exp_avg_.defined()) return out;
+  out.emplace_back("exp_avg", exp_avg_);
+  out.emplace_back("exp_avg_sq", exp_avg_sq_);
+  out.emplace_back("step",
+                   from_vector<int64_t>(param_steps_, {static_cast<int64_t>(param_steps_.size())}));
+  return out;
+}
+
 int64_t ZeroOptimizer::state_bytes() const {
   return bytes_of(exp_avg_) + bytes_of(exp_avg_sq_) + bytes_of(momentum_);
 }

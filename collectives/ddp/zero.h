@@ -96,8 +96,15 @@ class ZeroOptimizer : public optim::Optimizer {
   // size: keeps this rank's shard. ValueError naming a mis-shaped or unknown entry.
   void load_state(const nn::NamedTensors& state, int64_t steps) override;
   std::string name() const override { return inner_->name(); }
+  // This rank's shard of the state, flat (no collective; `train --save-sharded`):
+  // "exp_avg" and "exp_avg_sq" (AdamW) or "momentum_buffer" (SGD), each of
+  // shard().size elements, and AdamW's "step", one count per parameter (i64).
+  // Empty before the first step.
+  nn::NamedTensors shard_state() const;
 
   int stage() const { return options_.stage; }
+  int rank() const { return comm_->rank(); }
+  int world_size() const { return comm_->size(); }
   ShardRange shard() const { return shards_[static_cast<size_t>(comm_->rank())]; }
   int64_t numel() const { return starts_.back(); }
   // Bytes of optimizer state held by this rank (0 before the first step).

@@ -124,6 +124,11 @@ parallelism:
                            all-gathers the parameters; 2 ZeRO-2: the gradients
                            are reduce-scattered too, each rank keeps its shard
                            (docs/ddp.md: when to pick which)
+  --save-sharded           with --zero 1|2 and --save PATH: every rank writes
+                           its shard of the optimizer state to
+                           PATH.shard<r>of<W>, PATH holds the model and names
+                           them (no rank gathers the whole state); resumes at
+                           any world size
   --on-nonfinite stop|skip a NaN or infinite loss or gradient norm stops the
                            run naming the step and rank (stop, default) or its
                            update is left out on every rank (skip)
@@ -341,6 +346,10 @@ void validate(const TrainOptions& o) {
   DDP_CHECK(o.zero != 2 || o.drop_last != DropLast::uneven,
             "--drop-last false (uneven shares under a Join) needs DDP's buckets, which --zero 2 "
             "does without; use --zero 1 or --drop-last pad/true");
+  DDP_CHECK(!o.save_sharded || (o.zero > 0 && !o.save.empty()),
+            "--save-sharded writes each rank's ZeRO shard of the optimizer state next to --save; "
+            "it needs --zero 1 or 2 and --save PATH (this run: --zero {}, {})",
+            o.zero, o.save.empty() ? "no --save" : "--save " + o.save);
   DDP_CHECK(o.grad_accum >= 1, "--grad-accum {}: must be at least 1", o.grad_accum);
   DDP_CHECK(o.save_every >= 0, "--save-every {}: must be >= 0 (steps; 0: at epoch ends only)",
             o.save_every);
@@ -376,9 +385,9 @@ std::optional<TrainOptions> parse_train_args(int argc, const char* const* argv) 
       has_value = true;
     }
     if (arg == "-h" || arg == "--help") return std::nullopt;
-    if (arg == "--quiet" || arg == "--nesterov") {
+    if (arg == "--quiet" || arg == "--nesterov" || arg == "--save-sharded") {
       DDP_CHECK(!has_value, "{} takes no value", arg);
-      (arg == "--quiet" ? o.quiet : o.nesterov) = true;
+      (arg == "--quiet" ? o.quiet : arg == "--nesterov" ? o.nesterov : o.save_sharded) = true;
       continue;
     }
     auto it = setters().find(arg);

@@ -279,7 +279,7 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
   ProcessGroup pg = init_process_group(pg_options);
   const std::string resume_from = resume_path(o, &pg);  // before the other ranks drop --save
   TrainOptions mine = o;
-  mine.saves = !o.save.empty();
+  mine.save_everywhere = o.save;
   if (pg.env.rank != 0) {
     mine.quiet = true;
     mine.save.clear();

@@ -77,6 +77,34 @@ run 2 half --batch-size 16 --epochs 2 --zero 1 --resume "$dir/half"
 same ddp4 half 1e-5  # Note [parity tolerance]: other world sizes sum in another order
 same ddp4 half1 1e-5
 
+# --save-sharded: a shard file per rank next to a manifest without optimizer
+# tensors; resumes at 2 ranks (ZeRO-1) and in one process without ZeRO.
+run 4 sharded --batch-size 8 --epochs 1 --zero 2 --save-sharded
+python3 - "$dir/sharded" <<'PY' || fail "the --save-sharded manifest"
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+meta = header.pop("__metadata__")
+assert meta["optimizer_shards"] == "4", meta
+assert not [n for n in header if n.startswith("optimizer.")], list(header)
+PY
+for r in 0 1 2 3; do
+  [ -f "$dir/sharded.shard${r}of4" ] || fail "--save-sharded wrote no $dir/sharded.shard${r}of4"
+  cp "$dir/sharded.shard${r}of4" "$dir/single.shard${r}of4"
+done
+cp "$dir/sharded" "$dir/single"
+run 2 sharded --batch-size 16 --epochs 2 --zero 1 --resume "$dir/sharded"
+"$train" "${common[@]}" --batch-size 32 --epochs 2 --resume "$dir/single" --save "$dir/single" \
+  >"$dir/log" 2>&1 || { cat "$dir/log" >&2; fail "train alone from a sharded checkpoint exited"; }
+same ddp4 sharded 1e-5
+same ddp4 single 1e-5
+run 4 half3 --batch-size 8 --epochs 1 --zero 1 --save-sharded
+rm "$dir/half3.shard3of4"
+if "$train" "${common[@]}" --batch-size 32 --epochs 2 --resume "$dir/half3" >"$dir/log" 2>&1; then
+  fail "resuming without a shard file succeeded"
+fi
+grep -q "half3.shard3of4 is missing" "$dir/log" || { cat "$dir/log" >&2; fail "the missing shard is not named"; }
+
 # Plain SGD has no state to shard: stage 2 says it shards the gradients alone.
 "$ddprun" --standalone -n 2 "$train" --data synthetic --synthetic-size 600 --max-steps 1 \
   --epochs 1 --device cpu --optimizer sgd --momentum 0 --zero 2 >"$dir/log" 2>&1 ||
