@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # train --zero (docs/train.md, docs/ddp.md): ZeRO-1 and ZeRO-2 write the same
 # checkpoint as DDP (parameters and the gathered AdamW state, compared tensor by
-# tensor to 1e-6; clipping from the shards too) at 3 ranks; a ZeRO-2 checkpoint of
+# tensor to 1e-6; clipping from the shards, accumulation, ZeRO-1 under a Join) at 3
+# ranks, and the memory fields of --metrics show the sharding; a ZeRO-2 checkpoint of
 # 4 ranks resumes at 2 ranks (--zero 1) and in one process (--zero 2), with the
 # global batch kept (--batch-size x ranks = 32), to the checkpoint of the 4-rank
-# DDP run that never stopped; --zero with SGD without momentum says what it
-# saves. With an mpirun command after `--`: ZeRO-2 over the mpi backend equals
-# DDP over shm.
+# DDP run that never stopped; so do --save-sharded's per-rank files (and a
+# missing one is named); --zero with SGD without momentum says what it saves.
+# With an mpirun command after `--`: ZeRO-2 over the mpi backend equals DDP over
+# shm.
 # usage: train_zero.sh DDPRUN TRAIN [-- MPIRUN...]
 set -euo pipefail
 ddprun=$1 train=$2
@@ -43,6 +45,13 @@ same ddp_clip zero2_clip 1e-6
 run 3 ddp_accum --batch-size 5 --epochs 1 --grad-accum 2
 run 3 zero2_accum --batch-size 5 --epochs 1 --grad-accum 2 --zero 2
 same ddp_accum zero2_accum 1e-6
+
+# Uneven shares under a Join (--drop-last false: ranks take 2 or 3 steps): a
+# joined rank shadows the step and takes part in ZeRO-1's all-gather.
+uneven=(--synthetic-size 601 --batch-size 100 --epochs 1 --drop-last false)
+run 3 ddp_join "${uneven[@]}"
+run 3 zero1_join "${uneven[@]}" --zero 1
+same ddp_join zero1_join 1e-6
 
 # Memory per rank in --metrics: ZeRO's optimizer state is 1/W of DDP's (within a
 # padding element; DDP's AdamW also holds one 8-byte step count per parameter),
