@@ -32,6 +32,29 @@ ShardRange zero_shard(int64_t numel, int world, int rank) {
   return {begin, base + (rank < extra ? 1 : 0)};
 }
 
+// Each boundary is the parameter boundary nearest to r * N / W (never before the
+// previous one), so a rank's share is as near N / W as whole parameters allow.
+std::vector<ShardRange> zero_shards_by_parameters(const std::vector<int64_t>& numels, int world) {
+  std::vector<int64_t> starts{0};
+  for (int64_t n : numels) starts.push_back(starts.back() + n);
+  const int64_t total = starts.back();
+  std::vector<ShardRange> shards;
+  int64_t begin = 0;
+  for (int r = 0; r < world; ++r) {
+    int64_t end = total;
+    if (r + 1 < world) {
+      const int64_t target = total * (r + 1) / world;
+      end = begin;
+      for (int64_t b : starts) {
+        if (b >= begin && std::abs(b - target) < std::abs(end - target)) end = b;
+      }
+    }
+    shards.push_back({begin, end - begin});
+    begin = end;
+  }
+  return shards;
+}
+
 ZeroOptimizer::ZeroOptimizer(std::unique_ptr<optim::Optimizer> inner,
                              std::shared_ptr<Communicator> comm, ZeroOptions options)
     : Optimizer(inner != nullptr ? inner->params() : std::vector<Tensor>{},
@@ -61,10 +84,17 @@ ZeroOptimizer::ZeroOptimizer(std::unique_ptr<optim::Optimizer> inner,
   starts_.push_back(0);
   for (const Tensor& p : params_) starts_.push_back(starts_.back() + p.numel());
   const int world = comm_->size();
-  for (int r = 0; r < world; ++r) shards_.push_back(zero_shard(numel(), world, r));
+  if (options_.by_parameters) {
+    std::vector<int64_t> numels;
+    for (const Tensor& p : params_) numels.push_back(p.numel());
+    shards_ = zero_shards_by_parameters(numels, world);
+  } else {
+    for (int r = 0; r < world; ++r) shards_.push_back(zero_shard(numel(), world, r));
+  }
+  for (const ShardRange& s : shards_) max_shard_ = std::max(max_shard_, s.size);
   // A round never exceeds the largest shard: a small model's buffers stay small.
   chunk_ = std::clamp<int64_t>(static_cast<int64_t>(options_.bucket_cap_mb * kMiB / 4.0) / world, 1,
-                               std::max<int64_t>(1, shards_.front().size));
+                               std::max<int64_t>(1, max_shard_));
   if (!params_.empty()) device_ = params_.front().device();
   param_steps_.assign(params_.size(), 0);
 }
@@ -118,7 +148,7 @@ void ZeroOptimizer::reduce_gradients() {
   Tensor input = empty({chunk_ * world}, {.device = device_});
   Tensor output = empty({chunk_}, {.device = device_});
   const CollectiveLabel labelled("zero reduce_scatter");
-  for (int64_t k = 0; k * chunk_ < shards_.front().size; ++k) {
+  for (int64_t k = 0; k * chunk_ < max_shard_; ++k) {
     fill_(input, 0.0);  // padding, and parameters without a local gradient
     for (int q = 0; q < world; ++q) {
       const ShardRange& s = shards_[static_cast<size_t>(q)];
@@ -201,7 +231,7 @@ void ZeroOptimizer::all_gather_rounds(Read&& read, Write&& write,
                                       const std::function<void(int64_t)>& before) {
   const int world = comm_->size();
   // Double buffers only where there are several rounds to overlap.
-  const bool several = shards_.front().size > chunk_;
+  const bool several = max_shard_ > chunk_;
   Tensor send[2], recv[2];
   for (int b = 0; b < (several ? 2 : 1); ++b) {
     send[b] = empty({chunk_}, {.device = device_});
@@ -219,7 +249,7 @@ void ZeroOptimizer::all_gather_rounds(Read&& read, Write&& write,
   };
   const CollectiveLabel labelled("zero all_gather");
   int64_t k = 0;
-  for (; k * chunk_ < shards_.front().size; ++k) {
+  for (; k * chunk_ < max_shard_; ++k) {
     const size_t b = static_cast<size_t>(k % 2);
     const int64_t mine = std::clamp<int64_t>(shard().size - k * chunk_, 0, chunk_);
     if (before) before(k);  // the update of round k runs while round k-1 gathers

@@ -31,7 +31,9 @@
 // rounds cover ceil(N / W) elements) and a rank whose shard is one short pads its
 // block with one zero that nobody reads. A shard may split a parameter: the
 // update runs on the pieces (flat views of parameter, gradient and state), which
-// is exact for element-wise optimizers (AdamW, SGD with momentum). Round k's
+// is exact for element-wise optimizers (AdamW, SGD with momentum); with
+// ZeroOptions::by_parameters the shards are runs of whole parameters instead,
+// as PyTorch's ZeroRedundancyOptimizer partitions them. Round k's
 // all-gather runs while round k+1's shard piece is updated.
 //
 // Checkpoints: state() returns the full, gathered state under the inner
@@ -56,6 +58,10 @@ struct ZeroOptions {
   int stage = 1;  // 1 or 2 (Note [zero stages])
   // MiB moved by one collective round, every rank's block together (as DDP's buckets).
   double bucket_cap_mb = 25;
+  // Shards of whole parameters (no parameter split between ranks; the shards
+  // then differ by up to a parameter's size, the padding too) instead of
+  // element-balanced ones (Note [zero layout]).
+  bool by_parameters = false;
 };
 
 // Rank `rank`'s shard of a flat space of `numel` elements over `world` ranks
@@ -65,6 +71,10 @@ struct ShardRange {
   int64_t size = 0;
 };
 ShardRange zero_shard(int64_t numel, int world, int rank);
+// ZeroOptions::by_parameters: contiguous runs of whole parameters of these
+// sizes, one per rank (a rank may get none), each boundary the parameter
+// boundary nearest to r * N / W.
+std::vector<ShardRange> zero_shards_by_parameters(const std::vector<int64_t>& numels, int world);
 
 class ZeroOptimizer : public optim::Optimizer {
  public:
@@ -134,6 +144,7 @@ class ZeroOptimizer : public optim::Optimizer {
   std::vector<float> weight_decay_;  // per parameter
   std::vector<int64_t> starts_;      // flat offset of each parameter, then N
   std::vector<ShardRange> shards_;   // per rank
+  int64_t max_shard_ = 0;            // the largest shard: what a round's blocks cover
   int64_t chunk_ = 1;                // elements per rank and round
   Device device_ = Device::cpu();
   // This rank's shard of the state (undefined until the first step or a load).

@@ -41,7 +41,8 @@ struct Setup {
   bool sgd = false;
   double cap_mb = 25;  // ZeRO's round size (and DDP's bucket cap)
   int micro_batches = 1;
-  double clip = 0;  // > 0: clip the global gradient norm to this
+  double clip = 0;             // > 0: clip the global gradient norm to this
+  bool by_parameters = false;  // ZeroOptions::by_parameters
 };
 
 // Rows [rank, rank + 1) * kGlobalRows / world of the global batch of (step, micro):
@@ -103,7 +104,11 @@ Trained make_run(const std::shared_ptr<Communicator>& comm, const Setup& s) {
   options.zero_stage = s.stage;
   t.ddp = std::make_unique<DistributedDataParallel>(t.model, comm, options);
   t.opt = inner_optimizer(*t.model, s.sgd);
-  if (s.stage > 0) t.opt = std::make_unique<ZeroOptimizer>(std::move(t.opt), *t.ddp);
+  if (s.stage > 0) {
+    t.opt = std::make_unique<ZeroOptimizer>(
+        std::move(t.opt), comm,
+        ZeroOptions{.stage = s.stage, .bucket_cap_mb = s.cap_mb, .by_parameters = s.by_parameters});
+  }
   return t;
 }
 
@@ -179,6 +184,16 @@ void check_zero_parity(const std::shared_ptr<Communicator>& comm, Setup s) {
     const std::string what = fmt::format("rank {} of {}, ZeRO-{}", comm->rank(), world, stage);
     expect_equal_params(*run.model, *ref.model, what);
     expect_sharded_memory(zero, *run.model, s);
+    if (s.by_parameters) {  // this rank's shard starts and ends between parameters
+      std::vector<int64_t> bounds{0};
+      for (const Tensor& p : run.model->parameters()) bounds.push_back(bounds.back() + p.numel());
+      const ShardRange own = zero.shard();
+      for (int64_t edge : {own.begin, own.begin + own.size}) {
+        require(std::count(bounds.begin(), bounds.end(), edge) == 1,
+                fmt::format("{}: by_parameters shard [{}, {}) cuts a parameter", what, own.begin,
+                            own.begin + own.size));
+      }
+    }
     zero.gather_state();
     expect_equal_state(zero.state(), ref.opt->state(), what);
   }
@@ -238,6 +253,28 @@ TEST(ZeroErrors, BadStagesAndJoinAtStageTwo) {
   expect_error([&] { ddp.register_comm_hook(allreduce_hook); }, "zero_stage 2");
 }
 
+TEST(ZeroShard, ByParametersKeepsParametersWhole) {
+  const std::vector<int64_t> numels = {4704, 6, 30, 5, 50, 10};  // the test model's
+  std::vector<int64_t> bounds{0};
+  for (int64_t n : numels) bounds.push_back(bounds.back() + n);
+  for (int w : {1, 2, 3, 4, 8}) {
+    const std::vector<ShardRange> shards = zero_shards_by_parameters(numels, w);
+    ASSERT_EQ(shards.size(), static_cast<size_t>(w));
+    int64_t next = 0;
+    for (const ShardRange& s : shards) {
+      EXPECT_EQ(s.begin, next) << "over " << w;
+      next += s.size;
+      EXPECT_TRUE(std::count(bounds.begin(), bounds.end(), next) == 1)
+          << "over " << w << ": a shard ends at " << next << ", inside a parameter";
+    }
+    EXPECT_EQ(next, bounds.back()) << "over " << w;
+  }
+  // Nearest boundaries: 2 ranks of {10, 10, 10, 10} split 20 / 20.
+  const std::vector<ShardRange> even = zero_shards_by_parameters({10, 10, 10, 10}, 2);
+  EXPECT_EQ(even[0].size, 20);
+  EXPECT_EQ(even[1].size, 20);
+}
+
 TEST(ZeroParity, OneRankLocal) {
   check_zero_parity(make_local_communicator(), {});
 }
@@ -255,6 +292,10 @@ TEST(ZeroParity, ManyRoundsThreeRanksShm) {
 }
 TEST(ZeroParity, AccumulationAndClippingThreeRanksShm) {
   run_zero("shm", 3, {.cap_mb = 0.002, .micro_batches = 2, .clip = 0.5});
+}
+// Whole parameters: rank 0 owns none of this model (its first weight holds 98%).
+TEST(ZeroParity, ByParametersThreeRanksShm) {
+  run_zero("shm", 3, {.cap_mb = 0.002, .by_parameters = true});
 }
 TEST(ZeroParity, SgdMomentumFourRanksShm) {
   run_zero("shm", 4, {.sgd = true});
