@@ -82,6 +82,9 @@ class ZeroOptimizer : public optim::Optimizer {
   // hyperparameters (and per-parameter weight decay) are used, it never steps
   // and never allocates state. Every rank passes the same parameters (those of
   // the module DDP wraps). ValueError for another optimizer or a stage not 1, 2.
+  // The stage must be the DDP's DdpOptions::zero_stage: stage 1 steps on
+  // gradients DDP averaged (under a DDP of stage 2 they would be local ones);
+  // the constructor below takes it from the DDP.
   ZeroOptimizer(std::unique_ptr<optim::Optimizer> inner, std::shared_ptr<Communicator> comm,
                 ZeroOptions options = {});
   // The stage is ddp.options().zero_stage, the round size its bucket_cap_mb.
