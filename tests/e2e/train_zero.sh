@@ -120,6 +120,11 @@ grep -q "half3.shard3of4 is missing" "$dir/log" || { cat "$dir/log" >&2; fail "t
   { cat "$dir/log" >&2; fail "--zero 2 with sgd exited"; }
 grep -q "no optimizer state to shard; only the gradients are sharded" "$dir/log" ||
   { cat "$dir/log" >&2; fail "--zero 2 with sgd without momentum did not say what it saves"; }
+"$ddprun" --standalone -n 2 "$train" --data synthetic --synthetic-size 600 --max-steps 1 \
+  --epochs 1 --device cpu --optimizer sgd --momentum 0 --zero 1 >"$dir/log" 2>&1 ||
+  { cat "$dir/log" >&2; fail "--zero 1 with sgd exited"; }
+grep -q "no optimizer state to shard, so it saves no memory over --zero 0" "$dir/log" ||
+  { cat "$dir/log" >&2; fail "--zero 1 with sgd without momentum did not say it saves nothing"; }
 
 if [ ${#mpirun[@]} -gt 0 ]; then
   run 2 ddp2 --batch-size 10 --epochs 1
