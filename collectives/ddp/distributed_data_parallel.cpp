@@ -63,6 +63,10 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
             "DistributedDataParallel: bucket_cap_mb {} and first_bucket_mb {} must be positive "
             "(MiB; PyTorch's defaults are 25 and 1)",
             options_.bucket_cap_mb, options_.first_bucket_mb);
+  DDP_CHECK(options_.zero_stage >= 0 && options_.zero_stage <= 2,
+            "DistributedDataParallel: zero_stage {} is not a ZeRO stage; valid: 0 (DDP), 1 "
+            "(optimizer state sharded), 2 (optimizer state and gradients sharded)",
+            options_.zero_stage);
   check_devices();
   verify_same_model();
   std::vector<Tensor> state;
@@ -70,6 +74,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   for (auto& [name, t] : module_->named_buffers()) state.push_back(t);
   broadcast_from_rank0(state);
 
+  if (options_.zero_stage == 2) return;  // the ZeroOptimizer reduces (Note [zero stages])
   // Reverse registration order (Note [bucket order]).
   std::vector<Tensor> params;
   std::vector<std::string> names;
@@ -154,7 +159,7 @@ void DistributedDataParallel::broadcast_from(int root, std::vector<Tensor>& tens
 }
 
 Tensor DistributedDataParallel::forward(const Tensor& x) {
-  reducer_->prepare(!no_sync_);
+  if (reducer_ != nullptr) reducer_->prepare(!no_sync_);
   if (join_ != nullptr) {
     join_->on_forward(!no_sync_ && grad_mode_enabled());  // Note [join] in join.cpp
   } else if (options_.broadcast_buffers) {
@@ -171,6 +176,7 @@ void DistributedDataParallel::backward(const Tensor& loss) {
 }
 
 void DistributedDataParallel::finish_backward() {
+  if (reducer_ == nullptr) return;  // zero_stage 2: the ZeroOptimizer reduces
   // The scale is asked for once every bucket is launched (Reducer::finish).
   reducer_->finish([this] { return join_ != nullptr ? join_->grad_scale() : 1.0; });
 }
@@ -184,20 +190,25 @@ void DistributedDataParallel::register_comm_hook(CommHookFn hook) {
             "is {}; choose one: leave comm_hook at none to register your own hook, or call "
             "bf16_compress_hook/fp16_compress_hook from it",
             comm_hook_name(options_.comm_hook));
+  DDP_CHECK(reducer_ != nullptr,
+            "DistributedDataParallel: register_comm_hook with zero_stage 2: gradients are "
+            "reduce-scattered by the ZeroOptimizer, not by comm hooks; use zero_stage 0 or 1");
   reducer_->set_comm_hook(std::move(hook));
   hook_registered_ = true;
 }
 
 const std::vector<Bucket>& DistributedDataParallel::buckets() const {
-  return reducer_->buckets();
+  static const std::vector<Bucket> none;
+  return reducer_ != nullptr ? reducer_->buckets() : none;
 }
 
 bool DistributedDataParallel::buckets_rebuilt() const {
-  return reducer_->rebuilt();
+  return reducer_ != nullptr && reducer_->rebuilt();
 }
 
 const CommStats& DistributedDataParallel::comm_stats() const {
-  return reducer_->stats();
+  static const CommStats none;
+  return reducer_ != nullptr ? reducer_->stats() : none;
 }
 
 DistributedDataParallel::NoSyncGuard::NoSyncGuard(DistributedDataParallel& ddp)

@@ -50,6 +50,11 @@ struct DdpOptions {
   // The built-in hook to register (Note [comm hooks] in comm_hook.h); none is
   // allreduce_hook. register_comm_hook() takes any other.
   CommHook comm_hook = CommHook::none;
+  // Note [zero stages] in collectives/ddp/zero.h: 0 and 1 reduce gradients as
+  // above (1: with a ZeroOptimizer updating this rank's shard); 2: DDP reduces
+  // nothing (no buckets, every backward is local, like no_sync()) and the
+  // ZeroOptimizer reduce-scatters the gradients in step().
+  int zero_stage = 0;
 };
 
 class Reducer;
@@ -104,6 +109,7 @@ class DistributedDataParallel {
 
   nn::Module& module() { return *module_; }
   const std::shared_ptr<Communicator>& comm() const { return comm_; }
+  const DdpOptions& options() const { return options_; }
   // The current plan: over the parameters in reverse registration order until
   // the first synchronized backward, then over the order rank 0 observed
   // (Note [bucket rebuild]). Bucket::params index bucket_parameters().

@@ -1,5 +1,7 @@
 #include "models/train/checkpoint.h"
 
+#include "models/train/sharded_checkpoint.h"
+
 #include "runtime/checkpoint/json.h"
 #include "runtime/checkpoint/safetensors.h"
 
@@ -126,20 +128,25 @@ void save_checkpoint(const std::string& path, const nn::Module& model,
   auto stale = remove_stale_tmp_files(path);
   if (removed != nullptr) *removed = std::move(stale);
   NamedTensors tensors = model.state_dict();
-  for (auto& [name, t] : optimizer.state()) tensors.emplace_back(kOptimizerPrefix + name, t);
-  save_safetensors(path, tensors,
-                   {{"format", kCheckpointFormat},
-                    {"model", info.model},
-                    {"optimizer", info.optimizer},
-                    {"epoch", std::to_string(info.epoch)},
-                    {"step", std::to_string(info.step)},
-                    {"seed", std::to_string(info.seed)},
-                    {"lr", fmt::format("{}", optimizer.lr())},
-                    {"epoch_step", std::to_string(info.epoch_step)},
-                    {"epoch_loss_sum", fmt::format("{}", info.epoch_loss_sum)},
-                    {"epoch_loss_count", std::to_string(info.epoch_loss_count)},
-                    {"global_batch", std::to_string(info.global_batch)},
-                    {"skipped_steps", std::to_string(info.skipped_steps)}});
+  if (info.optimizer_shards == 0) {
+    for (auto& [name, t] : optimizer.state()) tensors.emplace_back(kOptimizerPrefix + name, t);
+  }
+  std::map<std::string, std::string> metadata{
+      {"format", kCheckpointFormat},
+      {"model", info.model},
+      {"optimizer", info.optimizer},
+      {"epoch", std::to_string(info.epoch)},
+      {"step", std::to_string(info.step)},
+      {"seed", std::to_string(info.seed)},
+      {"lr", fmt::format("{}", optimizer.lr())},
+      {"epoch_step", std::to_string(info.epoch_step)},
+      {"epoch_loss_sum", fmt::format("{}", info.epoch_loss_sum)},
+      {"epoch_loss_count", std::to_string(info.epoch_loss_count)},
+      {"global_batch", std::to_string(info.global_batch)},
+      {"skipped_steps", std::to_string(info.skipped_steps)}};
+  if (info.optimizer_shards > 0)
+    metadata["optimizer_shards"] = std::to_string(info.optimizer_shards);
+  save_safetensors(path, tensors, metadata);
 }
 
 std::string read_checkpoint_model(const std::string& path) {
@@ -198,8 +205,13 @@ CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model,
       model_state.emplace_back(name, t);
     }
   }
+  info.optimizer_shards = meta_number<int64_t>(m, path, "optimizer_shards", 0);
   try {
     model.load_state_dict(model_state);
+    if (info.optimizer_shards > 0) {
+      optimizer_state =
+          load_sharded_state(path, info.optimizer_shards, info.step, optimizer.params());
+    }
     optimizer.load_state(optimizer_state, info.step - info.skipped_steps);
   } catch (const ValueError& e) {
     throw ValueError(fmt::format("{}: {}", path, e.what()));

@@ -31,6 +31,9 @@ struct CheckpointInfo {
   int64_t epoch_loss_count = 0;  // micro-batches in epoch_loss_sum (skipped steps left out)
   int64_t global_batch = 0;
   int64_t skipped_steps = 0;  // steps whose update --on-nonfinite skip left out
+  // --save-sharded: the optimizer state is in this many shard files next to the
+  // checkpoint, not in it (models/train/sharded_checkpoint.h); 0: in it.
+  int64_t optimizer_shards = 0;
 };
 
 // What the metadata of an existing checkpoint says, read from its header alone.

@@ -3,8 +3,10 @@
 // metrics, progress, evaluations and checkpoints.
 #include "collectives/collective_events.h"
 #include "collectives/flight/flight_recorder.h"
+#include "models/train/memory_report.h"
 #include "models/train/progress.h"
 #include "models/train/run.h"
+#include "models/train/sharded_checkpoint.h"
 #include "models/train/straggler_stats.h"
 #include "models/train/uneven.h"
 #include "runtime/autograd/functions.h"
@@ -98,7 +100,10 @@ void update(Run& r, int64_t step, int64_t epoch, const Tensor& step_loss, StepTi
     // After DDP's all_reduce has been waited for: every rank clips the same
     // averaged gradients by the same norm.
     if (r.o.clip_grad_norm > 0) {
-      r.grad_norm = optim::clip_grad_norm_(r.model->parameters(), r.o.clip_grad_norm);
+      // ZeRO: the norm from the shards (sums of squares all-reduced).
+      r.grad_norm = r.zero != nullptr
+                        ? r.zero->clip_grad_norm(r.o.clip_grad_norm)
+                        : optim::clip_grad_norm_(r.model->parameters(), r.o.clip_grad_norm);
     }
     r.optimizer->set_lr(r.schedule.lr_at(r.optimizer->steps()));
     r.optimizer->step();
@@ -169,6 +174,14 @@ void shadow_step(Run& r, Tensor& step_loss, Tensor& last_loss, PhaseTotals& t, i
 // has checked the weights just before (NonfiniteCheck::check_weights).
 void save(Run& r, int64_t completed, int64_t epoch_step, const Tensor& loss_sum,
           int64_t loss_count) {
+  if (r.zero != nullptr && !r.o.save_everywhere.empty()) {
+    if (r.o.save_sharded) {
+      save_optimizer_shard(r.o.save_everywhere, *r.zero, r.step);
+      r.pg->comm->barrier()->wait();  // every shard is written before the manifest names it
+    } else {
+      r.zero->gather_state();  // collective: rank 0 writes it
+    }
+  }
   if (r.o.save.empty()) return;
   const trace::Span span("checkpoint", "train", {{"step", r.step}});
   r.loss_log->flush();  // Note [rows cut back] in run_log.cpp
@@ -182,6 +195,7 @@ void save(Run& r, int64_t completed, int64_t epoch_step, const Tensor& loss_sum,
                       epoch_step > 0 ? loss_count : 0,
                       r.o.batch_size * r.o.grad_accum * r.world_size,
                       r.nonfinite->skipped()};
+  info.optimizer_shards = r.o.save_sharded ? r.world_size : 0;
   std::vector<std::string> removed;
   save_checkpoint(r.o.save, *r.model, *r.optimizer, info, &removed);
   for (const auto& f : removed) {
@@ -246,6 +260,7 @@ EpochMetrics measure(Run& r, EpochState& e) {
     m.rank_wait_ms = s.wait_ms;
     m.stragglers = s.stragglers;
   }
+  measure_memory(r, m);  // before the evaluation's activations
   const auto eval_start = Clock::now();
   Evaluation ev;
   {

@@ -7,6 +7,7 @@
 #include "collectives/data_parallel/data_parallel.h"
 #include "collectives/ddp/distributed_data_parallel.h"
 #include "collectives/ddp/join.h"
+#include "collectives/ddp/zero.h"
 #include "models/train/checkpoint.h"
 #include "models/train/faults.h"
 #include "models/train/nonfinite.h"
@@ -34,6 +35,7 @@ struct Run {
   // the model wrapped in DistributedDataParallel.
   ProcessGroup* pg = nullptr;
   std::unique_ptr<DistributedDataParallel> ddp{};
+  ZeroOptimizer* zero = nullptr;  // --zero 1|2: `optimizer`, sharded
   int world_size = 1;
   std::string mode = "single";  // single | ddp | dp
   // --mode dp: the model wrapped in DataParallel over --devices (device = devices[0]).

@@ -72,6 +72,16 @@ std::string straggler_fields(const EpochMetrics& m) {
                      list(m.rank_compute_ms), list(m.rank_wait_ms), fmt::join(m.stragglers, ", "));
 }
 
+// Bytes per rank (models/train/memory_report.h).
+std::string memory_fields(const EpochMetrics& m) {
+  if (m.rank_peak_allocated.empty()) return "";
+  return fmt::format(
+      ", \"rank_peak_allocated\": [{}], \"rank_optimizer_state\": [{}], "
+      "\"rank_gradient_bytes\": [{}]",
+      fmt::join(m.rank_peak_allocated, ", "), fmt::join(m.rank_optimizer_state, ", "),
+      fmt::join(m.rank_gradient_bytes, ", "));
+}
+
 }  // namespace
 
 std::ofstream open_for_append(const std::string& flag, const std::string& path) {
@@ -128,10 +138,10 @@ void MetricsLog::write(const EpochMetrics& m, int64_t step, int world_size,
       "\"steps\": {}, \"skipped_steps\": {}, \"world_size\": {}, \"mode\": \"{}\", "
       "\"data_ms\": {:.4f}, \"forward_ms\": {:.4f}, \"backward_ms\": {:.4f}, "
       "\"comm_exposed_ms\": {:.4f}, \"optimizer_ms\": {:.4f}, \"comm_ms\": {:.4f}, "
-      "\"overlap\": {:.4f}{}}}\n",
+      "\"overlap\": {:.4f}{}{}}}\n",
       m.epoch, step, m.train_loss, evaluation, m.samples_per_s, m.step_ms, m.time_s, m.lr, m.steps,
       m.skipped_steps, world_size, mode, m.data_ms, m.forward_ms, m.backward_ms, m.comm_exposed_ms,
-      m.optimizer_ms, m.comm_ms, m.overlap(), straggler_fields(m));
+      m.optimizer_ms, m.comm_ms, m.overlap(), straggler_fields(m), memory_fields(m));
   file_.flush();
 }
 

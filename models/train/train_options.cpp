@@ -123,6 +123,17 @@ parallelism:
   --comm-hook none|bf16|fp16
                            ddp: compress each bucket for the all_reduce
                            (default none)
+  --zero 0|1|2             ddp: 0 DistributedDataParallel (default); 1 ZeRO-1:
+                           each rank keeps AdamW/SGD-momentum state for its
+                           1/W shard of the parameters, updates it and
+                           all-gathers the parameters; 2 ZeRO-2: the gradients
+                           are reduce-scattered too, each rank keeps its shard
+                           (docs/ddp.md: when to pick which)
+  --save-sharded           with --zero 1|2 and --save PATH: every rank writes
+                           its shard of the optimizer state to
+                           PATH.shard<r>of<W>, PATH holds the model and names
+                           them (no rank gathers the whole state); resumes at
+                           any world size
   --on-nonfinite stop|skip a NaN or infinite loss or gradient norm stops the
                            run naming the step and rank (stop, default) or its
                            update is left out on every rank (skip)
@@ -254,6 +265,11 @@ const std::map<std::string, Setter>& setters() {
          check_choice("--comm-hook", v, {"none", "bf16", "fp16"});
          o.comm_hook = v;
        }},
+      {"--zero",
+       [](auto& o, auto& v) {
+         check_choice("--zero", v, {"0", "1", "2"});
+         o.zero = std::stoi(v);
+       }},
       {"--grad-accum",
        [](auto& o, auto& v) { o.grad_accum = parse_number<int64_t>("--grad-accum", v); }},
       {"--log-every",
@@ -329,6 +345,21 @@ void validate(const TrainOptions& o) {
   DDP_CHECK(!gpt || o.given.count("--hidden") == 0,
             "--hidden sets the mlp's layers; a gpt model's size is its spec, e.g. --model "
             "gpt:layers=4,d=128,heads=4,ctx=128");
+  DDP_CHECK(o.zero == 0 || o.mode == "auto" || o.mode == "ddp",
+            "--zero {} shards over the ranks of --mode ddp; this run has --mode {} (use --mode "
+            "ddp or auto, or --zero 0)",
+            o.zero, o.mode);
+  DDP_CHECK(o.zero != 2 || o.comm_hook == "none",
+            "--comm-hook {} compresses DDP's all_reduce, which --zero 2 replaces by a "
+            "reduce-scatter; use --zero 1 or --comm-hook none",
+            o.comm_hook);
+  DDP_CHECK(o.zero != 2 || o.drop_last != DropLast::uneven,
+            "--drop-last false (uneven shares under a Join) needs DDP's buckets, which --zero 2 "
+            "does without; use --zero 1 or --drop-last pad/true");
+  DDP_CHECK(!o.save_sharded || (o.zero > 0 && !o.save.empty()),
+            "--save-sharded writes each rank's ZeRO shard of the optimizer state next to --save; "
+            "it needs --zero 1 or 2 and --save PATH (this run: --zero {}, {})",
+            o.zero, o.save.empty() ? "no --save" : "--save " + o.save);
   DDP_CHECK(o.grad_accum >= 1, "--grad-accum {}: must be at least 1", o.grad_accum);
   DDP_CHECK(o.save_every >= 0, "--save-every {}: must be >= 0 (steps; 0: at epoch ends only)",
             o.save_every);
@@ -364,9 +395,9 @@ std::optional<TrainOptions> parse_train_args(int argc, const char* const* argv) 
       has_value = true;
     }
     if (arg == "-h" || arg == "--help") return std::nullopt;
-    if (arg == "--quiet" || arg == "--nesterov") {
+    if (arg == "--quiet" || arg == "--nesterov" || arg == "--save-sharded") {
       DDP_CHECK(!has_value, "{} takes no value", arg);
-      (arg == "--quiet" ? o.quiet : o.nesterov) = true;
+      (arg == "--quiet" ? o.quiet : arg == "--nesterov" ? o.nesterov : o.save_sharded) = true;
       continue;
     }
     auto it = setters().find(arg);

@@ -68,10 +68,17 @@ struct TrainOptions {
   std::string backend;        // ddp: auto|local|shm|gloo|mpi|nccl ("" = DDP_BACKEND, else auto)
   double bucket_cap_mb = 25;  // ddp: gradient bucket cap (the first bucket is min(1, cap))
   std::string comm_hook = "none";  // ddp: none | bf16 | fp16 (compress buckets for the all_reduce)
-  int64_t grad_accum = 1;          // micro-batches per optimizer step (ddp: all but the last
-                                   // under no_sync()); --batch-size is the micro-batch
-  bool sync_timing = false;        // not a flag: bench train sets it to time CUDA phases
-  std::set<std::string> given;     // the flags on the command line (model defaults skip them)
+  int zero = 0;  // ddp: ZeRO stage (collectives/ddp/zero.h): 0 DDP, 1 state, 2 state + gradients
+  // --save-sharded (with --zero 1|2): every rank writes its shard of the optimizer
+  // state next to --save (models/train/sharded_checkpoint.h).
+  bool save_sharded = false;
+  // Not a flag: --save as given, on every rank (rank 0 writes it; the others'
+  // --save is cleared, but they gather or write their ZeRO shard for it).
+  std::string save_everywhere;
+  int64_t grad_accum = 1;       // micro-batches per optimizer step (ddp: all but the last
+                                // under no_sync()); --batch-size is the micro-batch
+  bool sync_timing = false;     // not a flag: bench train sets it to time CUDA phases
+  std::set<std::string> given;  // the flags on the command line (model defaults skip them)
 };
 
 // Throws ValueError (the caller prints it with the usage and exits 2).

@@ -78,6 +78,22 @@ std::string resume_path(const TrainOptions& o, ProcessGroup* pg) {
   return "";
 }
 
+// --zero 1|2: the task's optimizer sharded over the ranks (collectives/ddp/zero.h),
+// before a resume loads (and reshards) its state.
+void wrap_zero(Run& r) {
+  const TrainOptions& o = r.o;
+  auto zero = std::make_unique<ZeroOptimizer>(
+      std::move(r.optimizer), r.pg->comm,
+      ZeroOptions{.stage = o.zero, .bucket_cap_mb = o.bucket_cap_mb});
+  r.zero = zero.get();
+  r.optimizer = std::move(zero);
+  if (o.quiet || o.optimizer != "sgd" || o.momentum != 0.0f) return;
+  r.out << (o.zero == 1 ? "note: --zero 1 with SGD without momentum: there is no optimizer "
+                          "state to shard, so it saves no memory over --zero 0\n"
+                        : "note: --zero 2 with SGD without momentum: there is no optimizer "
+                          "state to shard; only the gradients are sharded\n");
+}
+
 // Loads `path` ("" for none) into the run and checks a mid-epoch position fits
 // this run's data order (Note [resume mid-epoch] in checkpoint.cpp).
 void resume(Run& r, const std::string& path) {
@@ -188,6 +204,7 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
   r.task = make_task(o, r.device, rank, r.world_size);
   r.model = r.task->model();
   r.optimizer = r.task->make_optimizer(o);
+  if (pg != nullptr && o.zero > 0) wrap_zero(r);
   r.schedule = make_schedule(o, r.task->num_batches_of(0));  // rank 0 has the most
   resume(r, resume_from);
   open_logs(r);
@@ -201,6 +218,7 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
     ddp_options.first_bucket_mb = std::min(1.0, o.bucket_cap_mb);
     ddp_options.comm_hook = parse_comm_hook(o.comm_hook);
     ddp_options.gradient_as_bucket_view = true;  // Note [writing gradients back] in reducer.cpp
+    ddp_options.zero_stage = o.zero;
     const CommHook hook = ddp_options.comm_hook;
     if (r.faults.skip_allreduce_step > 0) ddp_options.comm_hook = CommHook::none;
     r.ddp = std::make_unique<DistributedDataParallel>(r.model, pg->comm, ddp_options);
@@ -216,8 +234,9 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
         r.task->data_summary(), o.batch_size,
         o.grad_accum > 1 ? fmt::format(" x {} accumulated", o.grad_accum) : "", o.optimizer, o.lr,
         r.task->is_language_model() ? schedule_summary(o, r.schedule) : "",
-        r.ddp  ? fmt::format(", ddp over {} ranks ({} backend, {} bucket(s), comm hook {})",
-                             r.world_size, pg->comm->backend(), r.ddp->buckets().size(), o.comm_hook)
+        r.ddp  ? fmt::format(", ddp over {} ranks ({} backend, {} bucket(s), comm hook {}){}",
+                             r.world_size, pg->comm->backend(), r.ddp->buckets().size(), o.comm_hook,
+                            o.zero > 0 ? fmt::format(", ZeRO-{}", o.zero) : "")
         : r.dp ? fmt::format(", dp over {} replicas ({})", dp_devices.size(), o.devices)
                : "");
   }
@@ -258,7 +277,9 @@ void check_output_paths(const TrainOptions& o) {
 // single and dp under a launcher are errors (every rank would train alone).
 TrainResult run_training(const TrainOptions& o, std::ostream& out) {
   const int world_size = read_launch_env().world_size;
-  const std::string mode = o.mode == "auto" ? (world_size > 1 ? "ddp" : "single") : o.mode;
+  // --zero 1|2 alone is ddp over the local backend (its sharding, measurable).
+  const std::string mode =
+      o.mode == "auto" ? (world_size > 1 || o.zero > 0 ? "ddp" : "single") : o.mode;
   DDP_CHECK(mode == "ddp" || world_size <= 1,
             "--mode {} under a launcher with WORLD_SIZE={}: every rank would train its own "
             "model. Use --mode ddp (the default there), or run train without ddprun/mpirun",
@@ -275,6 +296,7 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
   ProcessGroup pg = init_process_group(pg_options);
   const std::string resume_from = resume_path(o, &pg);  // before the other ranks drop --save
   TrainOptions mine = o;
+  mine.save_everywhere = o.save;
   if (pg.env.rank != 0) {
     mine.quiet = true;
     mine.save.clear();

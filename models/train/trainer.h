@@ -45,6 +45,9 @@ struct EpochMetrics {
   // without a flight recorder.
   std::vector<double> rank_compute_ms, rank_wait_ms;
   std::vector<int> stragglers;
+  // By rank (models/train/memory_report.h): the allocator's peak of the run so
+  // far, the optimizer state and the gradients held after the epoch's last step.
+  std::vector<int64_t> rank_peak_allocated, rank_optimizer_state, rank_gradient_bytes;
   // Share of the communication time hidden behind backward: 1 - exposed / comm
   // (0 when nothing was communicated).
   double overlap() const {

@@ -19,6 +19,8 @@ class Optimizer {
   float lr() const { return lr_; }
   void set_lr(float lr);
   int64_t steps() const { return steps_; }
+  // The parameters it updates, in the order state() numbers them.
+  const std::vector<Tensor>& params() const { return params_; }
   // Tensors of the optimizer state, named "<param index>.<buffer>" (as torch's
   // optimizer state_dict indexes parameters), for checkpoints.
   virtual nn::NamedTensors state() const = 0;
@@ -46,6 +48,7 @@ class SGD : public Optimizer {
   nn::NamedTensors state() const override;
   void load_state(const nn::NamedTensors& state, int64_t steps) override;
   std::string name() const override { return "sgd"; }
+  const SgdOptions& options() const { return options_; }
 
  private:
   SgdOptions options_;
@@ -78,6 +81,9 @@ class AdamW : public Optimizer {
   nn::NamedTensors state() const override;
   void load_state(const nn::NamedTensors& state, int64_t steps) override;
   std::string name() const override { return "adamw"; }
+  const AdamWOptions& options() const { return options_; }
+  // Per parameter, in params() order (a group's weight_decay, or options().weight_decay).
+  const std::vector<float>& weight_decays() const { return weight_decay_; }
 
  private:
   AdamWOptions options_;

@@ -1,0 +1,421 @@
+#include "collectives/ddp/zero.h"
+
+#include "collectives/collective_events.h"
+#include "collectives/ddp/distributed_data_parallel.h"
+#include "runtime/autograd/autograd.h"
+#include "runtime/ops/nn_ops.h"
+#include "runtime/ops/ops.h"
+#include "runtime/ops/transformer_ops.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+namespace ddp {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+int64_t bytes_of(const Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(element_size(t.dtype())) : 0;
+}
+
+}  // namespace
+
+ShardRange zero_shard(int64_t numel, int world, int rank) {
+  const int64_t base = numel / world;
+  const int64_t extra = numel % world;
+  const int64_t begin = rank * base + std::min<int64_t>(rank, extra);
+  return {begin, base + (rank < extra ? 1 : 0)};
+}
+
+// Each boundary is the parameter boundary nearest to r * N / W (never before the
+// previous one), so a rank's share is as near N / W as whole parameters allow.
+std::vector<ShardRange> zero_shards_by_parameters(const std::vector<int64_t>& numels, int world) {
+  std::vector<int64_t> starts{0};
+  for (int64_t n : numels) starts.push_back(starts.back() + n);
+  const int64_t total = starts.back();
+  std::vector<ShardRange> shards;
+  int64_t begin = 0;
+  for (int r = 0; r < world; ++r) {
+    int64_t end = total;
+    if (r + 1 < world) {
+      const int64_t target = total * (r + 1) / world;
+      end = begin;
+      for (int64_t b : starts) {
+        if (b >= begin && std::abs(b - target) < std::abs(end - target)) end = b;
+      }
+    }
+    shards.push_back({begin, end - begin});
+    begin = end;
+  }
+  return shards;
+}
+
+ZeroOptimizer::ZeroOptimizer(std::unique_ptr<optim::Optimizer> inner,
+                             std::shared_ptr<Communicator> comm, ZeroOptions options)
+    : Optimizer(inner != nullptr ? inner->params() : std::vector<Tensor>{},
+                inner != nullptr ? inner->lr() : 0.0f),
+      inner_(std::move(inner)),
+      comm_(std::move(comm)),
+      options_(options) {
+  DDP_CHECK(inner_ != nullptr && comm_ != nullptr,
+            "ZeroOptimizer needs an optimizer to shard and a communicator");
+  DDP_CHECK(options_.stage == 1 || options_.stage == 2,
+            "ZeroOptimizer: stage {} is not sharded; valid: 1 (optimizer state) or 2 (optimizer "
+            "state and gradients). Stage 0 is plain DistributedDataParallel with its optimizer",
+            options_.stage);
+  DDP_CHECK(options_.bucket_cap_mb > 0, "ZeroOptimizer: bucket_cap_mb {} must be positive (MiB)",
+            options_.bucket_cap_mb);
+  if (const auto* a = dynamic_cast<const optim::AdamW*>(inner_.get())) {
+    adamw_ = true;
+    adamw_options_ = a->options();
+    weight_decay_ = a->weight_decays();
+  } else if (const auto* s = dynamic_cast<const optim::SGD*>(inner_.get())) {
+    sgd_options_ = s->options();
+    weight_decay_.assign(params_.size(), sgd_options_.weight_decay);
+  } else {
+    DDP_CHECK(false, "ZeroOptimizer shards adamw and sgd, not '{}'; use one of those",
+              inner_->name());
+  }
+  starts_.push_back(0);
+  for (const Tensor& p : params_) starts_.push_back(starts_.back() + p.numel());
+  const int world = comm_->size();
+  if (options_.by_parameters) {
+    std::vector<int64_t> numels;
+    for (const Tensor& p : params_) numels.push_back(p.numel());
+    shards_ = zero_shards_by_parameters(numels, world);
+  } else {
+    for (int r = 0; r < world; ++r) shards_.push_back(zero_shard(numel(), world, r));
+  }
+  for (const ShardRange& s : shards_) max_shard_ = std::max(max_shard_, s.size);
+  // A round never exceeds the largest shard: a small model's buffers stay small.
+  chunk_ = std::clamp<int64_t>(static_cast<int64_t>(options_.bucket_cap_mb * kMiB / 4.0) / world, 1,
+                               std::max<int64_t>(1, max_shard_));
+  if (!params_.empty()) device_ = params_.front().device();
+  param_steps_.assign(params_.size(), 0);
+}
+
+ZeroOptimizer::ZeroOptimizer(std::unique_ptr<optim::Optimizer> inner,
+                             const DistributedDataParallel& ddp)
+    : ZeroOptimizer(
+          std::move(inner), ddp.comm(),
+          {.stage = ddp.options().zero_stage, .bucket_cap_mb = ddp.options().bucket_cap_mb}) {}
+
+// Calls fn(i, offset in parameter i, length, offset from `begin`) for every
+// parameter piece of the flat range [begin, begin + len).
+template <typename F>
+void ZeroOptimizer::for_each_piece(int64_t begin, int64_t len, F&& fn) const {
+  if (len <= 0) return;
+  auto it = std::upper_bound(starts_.begin(), starts_.end(), begin);
+  auto i = static_cast<size_t>(it - starts_.begin()) - 1;
+  const int64_t end = begin + len;
+  for (int64_t pos = begin; pos < end;) {
+    while (starts_[i + 1] <= pos) ++i;  // parameters without elements
+    const int64_t take = std::min(end, starts_[i + 1]) - pos;
+    fn(i, pos - starts_[i], take, pos - begin);
+    pos += take;
+  }
+}
+
+// The averaged gradient of a piece of this rank's shard: stage 1 a view of DDP's
+// .grad (undefined where the parameter has none), stage 2 of the gradient shard.
+Tensor ZeroOptimizer::grad_piece(size_t i, int64_t param_offset, int64_t len,
+                                 int64_t shard_offset) const {
+  if (options_.stage == 2) return grad_shard_.flat_view(shard_offset, {len});
+  const Tensor g = grad(params_[i]);
+  return g.defined() ? g.flat_view(param_offset, {len}) : Tensor();
+}
+
+void ZeroOptimizer::allocate_state() {
+  const int64_t n = shard().size;
+  if (adamw_) {
+    exp_avg_ = zeros({n}, {.device = device_});
+    exp_avg_sq_ = zeros({n}, {.device = device_});
+  } else if (sgd_options_.momentum != 0.0f) {
+    momentum_ = zeros({n}, {.device = device_});
+  }
+}
+
+void ZeroOptimizer::reduce_gradients() {
+  if (options_.stage != 2 || reduced_) return;
+  NoGradGuard no_grad;
+  const int world = comm_->size();
+  if (!grad_shard_.defined()) grad_shard_ = zeros({shard().size}, {.device = device_});
+  Tensor input = empty({chunk_ * world}, {.device = device_});
+  Tensor output = empty({chunk_}, {.device = device_});
+  const CollectiveLabel labelled("zero reduce_scatter");
+  for (int64_t k = 0; k * chunk_ < max_shard_; ++k) {
+    fill_(input, 0.0);  // padding, and parameters without a local gradient
+    for (int q = 0; q < world; ++q) {
+      const ShardRange& s = shards_[static_cast<size_t>(q)];
+      const int64_t len = std::clamp<int64_t>(s.size - k * chunk_, 0, chunk_);
+      for_each_piece(s.begin + k * chunk_, len, [&](size_t i, int64_t off, int64_t n, int64_t at) {
+        const Tensor g = grad(params_[i]);
+        Tensor dst = input.flat_view(q * chunk_ + at, {n});
+        if (g.defined()) copy_(dst, g.flat_view(off, {n}));
+      });
+    }
+    comm_->reduce_scatter(input, output, ReduceOp::avg)->wait();
+    const int64_t mine = std::clamp<int64_t>(shard().size - k * chunk_, 0, chunk_);
+    if (mine > 0) {
+      Tensor dst = grad_shard_.flat_view(k * chunk_, {mine});
+      copy_(dst, output.flat_view(0, {mine}));
+    }
+  }
+  for (Tensor& p : params_) set_grad(p, Tensor());  // only the shard is kept
+  reduced_ = true;
+}
+
+double ZeroOptimizer::clip_grad_norm(double max_norm) {
+  DDP_CHECK(std::isfinite(max_norm) && max_norm > 0,
+            "clip_grad_norm: max_norm {} must be finite and > 0 (to not clip, do not call it)",
+            max_norm);
+  reduce_gradients();
+  NoGradGuard no_grad;
+  std::vector<Tensor> pieces;
+  const ShardRange s = shard();
+  for_each_piece(s.begin, s.size, [&](size_t i, int64_t off, int64_t n, int64_t at) {
+    Tensor g = grad_piece(i, off, n, at);
+    if (g.defined()) pieces.push_back(g);
+  });
+  double local = 0;
+  for (const Tensor& g : pieces) local += static_cast<double>(sum_squares(g).cpu().item<float>());
+  Tensor total = from_vector<float>({static_cast<float>(local)}, {1},
+                                    {.dtype = DType::f32, .device = comm_->device()});
+  {
+    const CollectiveLabel labelled("zero grad norm");
+    comm_->all_reduce(total, ReduceOp::sum)->wait();
+  }
+  const double norm = std::sqrt(static_cast<double>(total.cpu().item<float>()));
+  const double factor = max_norm / (norm + 1e-6);  // as optim::clip_grad_norm_
+  if (!std::isfinite(norm) || factor >= 1.0) return norm;
+  for (Tensor& g : pieces) axpy_(static_cast<float>(factor) - 1.0f, Tensor(g), g);
+  return norm;
+}
+
+void ZeroOptimizer::update_chunk(int64_t shard_begin, int64_t len, bool first_step) {
+  const ShardRange s = shard();
+  for_each_piece(s.begin + shard_begin, len, [&](size_t i, int64_t off, int64_t n, int64_t at) {
+    const int64_t so = shard_begin + at;
+    const Tensor g = grad_piece(i, off, n, so);
+    if (!g.defined()) return;  // as torch: a parameter without a gradient is skipped
+    Tensor p = params_[i].flat_view(off, {n});
+    if (adamw_) {
+      Tensor m = exp_avg_.flat_view(so, {n});
+      Tensor v = exp_avg_sq_.flat_view(so, {n});
+      adamw_update_(p, g, m, v,
+                    {.lr = lr_,
+                     .beta1 = adamw_options_.beta1,
+                     .beta2 = adamw_options_.beta2,
+                     .eps = adamw_options_.eps,
+                     .weight_decay = weight_decay_[i],
+                     .step = param_steps_[i]});
+      return;
+    }
+    const kernels::SgdStep st{.lr = lr_,
+                              .momentum = sgd_options_.momentum,
+                              .weight_decay = sgd_options_.weight_decay,
+                              .nesterov = sgd_options_.nesterov,
+                              .first_step = first_step};
+    Tensor buf = momentum_.defined() ? momentum_.flat_view(so, {n}) : p;
+    sgd_update_(p, g, buf, st);
+  });
+}
+
+template <typename Read, typename Write>
+void ZeroOptimizer::all_gather_rounds(Read&& read, Write&& write,
+                                      const std::function<void(int64_t)>& before) {
+  const int world = comm_->size();
+  // Double buffers only where there are several rounds to overlap.
+  const bool several = max_shard_ > chunk_;
+  Tensor send[2], recv[2];
+  for (int b = 0; b < (several ? 2 : 1); ++b) {
+    send[b] = empty({chunk_}, {.device = device_});
+    recv[b] = empty({chunk_ * world}, {.device = device_});
+  }
+  std::shared_ptr<Work> works[2];
+  auto finish = [&](int64_t k) {
+    const size_t b = static_cast<size_t>(k % 2);
+    works[b]->wait();
+    for (int q = 0; q < world; ++q) {
+      const int64_t len =
+          std::clamp<int64_t>(shards_[static_cast<size_t>(q)].size - k * chunk_, 0, chunk_);
+      if (len > 0) write(q, k * chunk_, recv[b].flat_view(q * chunk_, {len}));
+    }
+  };
+  const CollectiveLabel labelled("zero all_gather");
+  int64_t k = 0;
+  for (; k * chunk_ < max_shard_; ++k) {
+    const size_t b = static_cast<size_t>(k % 2);
+    const int64_t mine = std::clamp<int64_t>(shard().size - k * chunk_, 0, chunk_);
+    if (before) before(k);  // the update of round k runs while round k-1 gathers
+    if (mine < chunk_) fill_(send[b], 0.0);
+    if (mine > 0) read(k * chunk_, send[b].flat_view(0, {mine}));
+    works[b] = comm_->all_gather(send[b], recv[b]);
+    if (k > 0) finish(k - 1);
+  }
+  if (k > 0) finish(k - 1);
+}
+
+void ZeroOptimizer::step() {
+  reduce_gradients();
+  NoGradGuard no_grad;
+  const bool first_step = !exp_avg_.defined() && !momentum_.defined();
+  if (first_step) allocate_state();
+  const bool first_momentum = first_step && momentum_.defined();  // SGD: buf = gradient
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (options_.stage == 2 || grad(params_[i]).defined()) ++param_steps_[i];
+  }
+  const ShardRange s = shard();
+  auto update = [&](int64_t k) {
+    const int64_t len = std::clamp<int64_t>(s.size - k * chunk_, 0, chunk_);
+    update_chunk(k * chunk_, len, first_momentum);
+  };
+  if (comm_->size() == 1) {
+    update_chunk(0, s.size, first_momentum);
+  } else {
+    // Params to the send buffer and back: flat ranges of the parameters.
+    auto read = [&](int64_t shard_offset, Tensor dst) {
+      for_each_piece(s.begin + shard_offset, dst.numel(),
+                     [&](size_t i, int64_t off, int64_t n, int64_t at) {
+                       Tensor d = dst.flat_view(at, {n});
+                       copy_(d, params_[i].flat_view(off, {n}));
+                     });
+    };
+    auto write = [&](int q, int64_t shard_offset, const Tensor& src) {
+      if (q == comm_->rank()) return;  // updated in place
+      const int64_t begin = shards_[static_cast<size_t>(q)].begin + shard_offset;
+      for_each_piece(begin, src.numel(), [&](size_t i, int64_t off, int64_t n, int64_t at) {
+        Tensor d = params_[i].flat_view(off, {n});
+        copy_(d, src.flat_view(at, {n}));
+      });
+    };
+    all_gather_rounds(read, write, update);
+  }
+  reduced_ = false;
+  gathered_ = false;
+  ++steps_;
+}
+
+// The names and order of optim::AdamW::state() and optim::SGD::state().
+void ZeroOptimizer::gather_state() {
+  NoGradGuard no_grad;
+  full_state_.clear();
+  gathered_ = true;
+  std::vector<std::pair<std::string, Tensor>> shards;
+  if (exp_avg_.defined()) shards = {{"exp_avg", exp_avg_}, {"exp_avg_sq", exp_avg_sq_}};
+  if (momentum_.defined()) shards = {{"momentum_buffer", momentum_}};
+  std::vector<Tensor> wholes;
+  for (auto& [buffer, local] : shards) {
+    Tensor whole = empty({numel()}, {.device = device_});
+    if (comm_->size() == 1) {
+      copy_(whole, local);
+    } else {
+      auto read = [&](int64_t offset, Tensor dst) {
+        copy_(dst, local.flat_view(offset, {dst.numel()}));
+      };
+      auto write = [&](int q, int64_t offset, const Tensor& src) {
+        Tensor d = whole.flat_view(shards_[static_cast<size_t>(q)].begin + offset, {src.numel()});
+        copy_(d, src);
+      };
+      all_gather_rounds(read, write, {});
+    }
+    wholes.push_back(whole);
+  }
+  if (wholes.empty()) return;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    for (size_t b = 0; b < shards.size(); ++b) {
+      full_state_.emplace_back(fmt::format("{}.{}", i, shards[b].first),
+                               wholes[b].flat_view(starts_[i], params_[i].shape()));
+    }
+    if (adamw_) {
+      full_state_.emplace_back(
+          fmt::format("{}.step", i),
+          full({1}, static_cast<double>(param_steps_[i]), {.dtype = DType::i64}));
+    }
+  }
+}
+
+nn::NamedTensors ZeroOptimizer::state() const {
+  DDP_CHECK(gathered_,
+            "ZeroOptimizer::state(): the state is sharded over {} ranks; call gather_state() on "
+            "every rank first (after the last step), then state() where it is written",
+            comm_->size());
+  return full_state_;
+}
+
+void ZeroOptimizer::load_state(const nn::NamedTensors& state, int64_t steps) {
+  NoGradGuard no_grad;
+  std::map<std::string, Tensor> entries(state.begin(), state.end());
+  const std::vector<std::string> buffers = adamw_
+                                               ? std::vector<std::string>{"exp_avg", "exp_avg_sq"}
+                                               : std::vector<std::string>{"momentum_buffer"};
+  exp_avg_ = exp_avg_sq_ = momentum_ = Tensor();
+  param_steps_.assign(params_.size(), 0);
+  if (!entries.empty()) allocate_state();
+  std::vector<Tensor*> locals =
+      adamw_ ? std::vector<Tensor*>{&exp_avg_, &exp_avg_sq_} : std::vector<Tensor*>{&momentum_};
+  const ShardRange s = shard();
+  for (size_t b = 0; b < buffers.size() && !entries.empty(); ++b) {
+    std::vector<Tensor> whole(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const std::string key = fmt::format("{}.{}", i, buffers[b]);
+      auto it = entries.find(key);
+      DDP_CHECK(it != entries.end(),
+                "optimizer state has no '{}' while it has other entries; a sharded optimizer "
+                "restores the state of every parameter or of none (was it saved for a "
+                "different model or optimizer?)",
+                key);
+      DDP_CHECK(it->second.shape() == params_[i].shape(),
+                "optimizer state {} has shape {}, but parameter {} has shape {}", key,
+                shape_str(it->second.shape()), i, shape_str(params_[i].shape()));
+      whole[i] = it->second.to(device_);
+      entries.erase(it);
+    }
+    for_each_piece(s.begin, s.size, [&](size_t i, int64_t off, int64_t n, int64_t at) {
+      Tensor d = locals[b]->flat_view(at, {n});
+      copy_(d, whole[i].flat_view(off, {n}));
+    });
+  }
+  for (size_t i = 0; i < params_.size() && adamw_; ++i) {
+    auto it = entries.find(fmt::format("{}.step", i));
+    if (it == entries.end()) continue;
+    param_steps_[i] = it->second.cpu().item<int64_t>();
+    entries.erase(it);
+  }
+  if (!entries.empty()) {
+    std::vector<std::string> names;
+    for (const auto& [name, t] : entries) names.push_back(name);
+    throw ValueError(
+        fmt::format("optimizer state has unexpected entries: {} (was it saved for a "
+                    "different model or optimizer?)",
+                    fmt::join(names, ", ")));
+  }
+  steps_ = steps;
+  gathered_ = false;
+}
+
+nn::NamedTensors ZeroOptimizer::shard_state() const {
+  nn::NamedTensors out;
+  if (momentum_.defined()) out.emplace_back("momentum_buffer", momentum_);
+  if (!exp_avg_.defined()) return out;
+  out.emplace_back("exp_avg", exp_avg_);
+  out.emplace_back("exp_avg_sq", exp_avg_sq_);
+  out.emplace_back("step",
+                   from_vector<int64_t>(param_steps_, {static_cast<int64_t>(param_steps_.size())}));
+  return out;
+}
+
+int64_t ZeroOptimizer::state_bytes() const {
+  return bytes_of(exp_avg_) + bytes_of(exp_avg_sq_) + bytes_of(momentum_);
+}
+
+int64_t ZeroOptimizer::grad_shard_bytes() const {
+  return bytes_of(grad_shard_);
+}
+
+}  // namespace ddp

@@ -1,0 +1,162 @@
+// ZeroOptimizer: ZeRO-1 and ZeRO-2 next to DistributedDataParallel: each rank
+// keeps the optimizer state (and, at stage 2, the averaged gradient) only for its
+// shard of the flattened parameters, updates that shard and all-gathers the
+// parameters (PyTorch's ZeroRedundancyOptimizer, DeepSpeed ZeRO, llm.c's ZeRO-1).
+//
+// Note [zero stages]: the user picks the mode with DdpOptions::zero_stage and,
+// for 1 and 2, wraps the optimizer in a ZeroOptimizer over the same communicator:
+//   0  DDP: gradients all-reduced in buckets during backward; every rank keeps the
+//      full optimizer state and runs the full update (no ZeroOptimizer).
+//   1  gradients all-reduced exactly as DDP (bucketed, overlapped with
+//      backward); step() runs AdamW/SGD only on this rank's shard, whose state
+//      alone is allocated (1/W of DDP's), then all-gathers the parameters.
+//   2  DDP reduces nothing (no buckets: every backward accumulates locally, as
+//      under no_sync()); step() reduce-scatters the local gradients (avg), so
+//      each rank keeps only its averaged gradient shard and the full .grad
+//      tensors are released; then as stage 1. The reduce-scatter is not
+//      overlapped with backward (our autograd has produced the full local
+//      gradient by then anyway): stage 2 trades that overlap for memory.
+// Gradient accumulation works as with DDP: micro-batches under ddp.no_sync()
+// (stage 2: every backward is local), step() after the last. Clipping:
+// clip_grad_norm() takes the global norm from the shards (sums of squares
+// all-reduced) and scales this rank's shard.
+//
+// Note [zero layout]: the parameters (in the inner optimizer's order, the order
+// its state_dict numbers them) are concatenated into one flat space of N
+// elements. Rank r owns [begin_r, begin_r + n_r) with n_r = N / W, plus one for
+// the first N % W ranks: shards differ by at most one element (llm.c pads N up to
+// a multiple of W and leaves the last rank short; balancing keeps every rank's
+// share of the work within one element). Collectives need equal blocks, so every
+// collective round carries C elements per rank (C = bucket_cap_mb / W, the
+// rounds cover ceil(N / W) elements) and a rank whose shard is one short pads its
+// block with one zero that nobody reads. A shard may split a parameter: the
+// update runs on the pieces (flat views of parameter, gradient and state), which
+// is exact for element-wise optimizers (AdamW, SGD with momentum); with
+// ZeroOptions::by_parameters the shards are runs of whole parameters instead,
+// as PyTorch's ZeroRedundancyOptimizer partitions them. Round k's
+// all-gather runs while round k+1's shard piece is updated.
+//
+// Checkpoints: state() returns the full, gathered state under the inner
+// optimizer's names ("<i>.exp_avg", ...), so a checkpoint is the same file DDP
+// writes; load_state() takes such a full state and keeps its own shard, whatever
+// the world size that wrote it (resharding).
+#pragma once
+
+#include "collectives/communicator.h"
+#include "runtime/optim/optimizer.h"
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ddp {
+
+class DistributedDataParallel;
+
+struct ZeroOptions {
+  int stage = 1;  // 1 or 2 (Note [zero stages])
+  // MiB moved by one collective round, every rank's block together (as DDP's buckets).
+  double bucket_cap_mb = 25;
+  // Shards of whole parameters (no parameter split between ranks; the shards
+  // then differ by up to a parameter's size, the padding too) instead of
+  // element-balanced ones (Note [zero layout]).
+  bool by_parameters = false;
+};
+
+// Rank `rank`'s shard of a flat space of `numel` elements over `world` ranks
+// (Note [zero layout]).
+struct ShardRange {
+  int64_t begin = 0;
+  int64_t size = 0;
+};
+ShardRange zero_shard(int64_t numel, int world, int rank);
+// ZeroOptions::by_parameters: contiguous runs of whole parameters of these
+// sizes, one per rank (a rank may get none), each boundary the parameter
+// boundary nearest to r * N / W.
+std::vector<ShardRange> zero_shards_by_parameters(const std::vector<int64_t>& numels, int world);
+
+class ZeroOptimizer : public optim::Optimizer {
+ public:
+  // `inner`: an optim::AdamW or optim::SGD over the parameters; its
+  // hyperparameters (and per-parameter weight decay) are used, it never steps
+  // and never allocates state. Every rank passes the same parameters (those of
+  // the module DDP wraps). ValueError for another optimizer or a stage not 1, 2.
+  // The stage must be the DDP's DdpOptions::zero_stage: stage 1 steps on
+  // gradients DDP averaged (under a DDP of stage 2 they would be local ones);
+  // the constructor below takes it from the DDP.
+  ZeroOptimizer(std::unique_ptr<optim::Optimizer> inner, std::shared_ptr<Communicator> comm,
+                ZeroOptions options = {});
+  // The stage is ddp.options().zero_stage, the round size its bucket_cap_mb.
+  ZeroOptimizer(std::unique_ptr<optim::Optimizer> inner, const DistributedDataParallel& ddp);
+
+  // Collective. Stage 2 reduce-scatters the gradients first (unless
+  // reduce_gradients() or clip_grad_norm() did); then updates this rank's shard
+  // and all-gathers the parameters.
+  void step() override;
+  // Collective. Stage 2: the averaged gradient shard, the full .grad released;
+  // stage 1: nothing (DDP averaged them). Once per step.
+  void reduce_gradients();
+  // Collective: the L2 norm of the whole averaged gradient (sums of squares of
+  // the shards all-reduced), returned before clipping; this rank's shard is
+  // scaled as optim::clip_grad_norm_ scales (a non-finite norm clips nothing).
+  double clip_grad_norm(double max_norm);
+  // Collective: gathers the full state that state() then returns (checkpoints).
+  void gather_state();
+  // The full state of the last gather_state() (ValueError without one).
+  nn::NamedTensors state() const override;
+  // A full state (as state() or an optim::AdamW/SGD saved it), from any world
+  // size: keeps this rank's shard. ValueError naming a mis-shaped or unknown entry.
+  void load_state(const nn::NamedTensors& state, int64_t steps) override;
+  std::string name() const override { return inner_->name(); }
+  // This rank's shard of the state, flat (no collective; `train --save-sharded`):
+  // "exp_avg" and "exp_avg_sq" (AdamW) or "momentum_buffer" (SGD), each of
+  // shard().size elements, and AdamW's "step", one count per parameter (i64).
+  // Empty before the first step.
+  nn::NamedTensors shard_state() const;
+
+  int stage() const { return options_.stage; }
+  int rank() const { return comm_->rank(); }
+  int world_size() const { return comm_->size(); }
+  ShardRange shard() const { return shards_[static_cast<size_t>(comm_->rank())]; }
+  int64_t numel() const { return starts_.back(); }
+  // Bytes of optimizer state held by this rank (0 before the first step).
+  int64_t state_bytes() const;
+  // Stage 2: bytes of this rank's averaged gradient shard; stage 1: 0 (the full
+  // .grad tensors belong to DDP).
+  int64_t grad_shard_bytes() const;
+
+ private:
+  template <typename F>
+  void for_each_piece(int64_t begin, int64_t len, F&& fn) const;
+  Tensor grad_piece(size_t i, int64_t param_offset, int64_t len, int64_t shard_offset) const;
+  void allocate_state();
+  void update_chunk(int64_t shard_begin, int64_t len, bool first_step);
+  void gather_params();
+  // Round k of an all-gather over the shards: `read(shard_offset, dst)` fills this
+  // rank's block, `write(rank, shard_offset, src)` takes every rank's.
+  template <typename Read, typename Write>
+  void all_gather_rounds(Read&& read, Write&& write, const std::function<void(int64_t)>& before);
+
+  std::unique_ptr<optim::Optimizer> inner_;
+  std::shared_ptr<Communicator> comm_;
+  ZeroOptions options_;
+  bool adamw_ = false;
+  optim::AdamWOptions adamw_options_;
+  optim::SgdOptions sgd_options_;
+  std::vector<float> weight_decay_;  // per parameter
+  std::vector<int64_t> starts_;      // flat offset of each parameter, then N
+  std::vector<ShardRange> shards_;   // per rank
+  int64_t max_shard_ = 0;            // the largest shard: what a round's blocks cover
+  int64_t chunk_ = 1;                // elements per rank and round
+  Device device_ = Device::cpu();
+  // This rank's shard of the state (undefined until the first step or a load).
+  Tensor exp_avg_, exp_avg_sq_, momentum_;
+  std::vector<int64_t> param_steps_;
+  Tensor grad_shard_;     // stage 2
+  bool reduced_ = false;  // stage 2: grad_shard_ holds this step's average
+  nn::NamedTensors full_state_;
+  bool gathered_ = false;
+};
+
+}  // namespace ddp

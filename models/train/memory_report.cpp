@@ -1,0 +1,61 @@
+#include "models/train/memory_report.h"
+
+#include "collectives/collective_events.h"
+#include "runtime/autograd/autograd.h"
+#include "runtime/memory/allocator.h"
+
+#include <set>
+
+namespace ddp::train {
+namespace {
+
+int64_t bytes_of(const Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(element_size(t.dtype())) : 0;
+}
+
+// Bytes of the optimizer's state on this rank: a ZeroOptimizer's shard, or every
+// tensor of a plain optimizer's state().
+int64_t optimizer_state_bytes(const Run& r) {
+  if (r.zero != nullptr) return r.zero->state_bytes();
+  int64_t total = 0;
+  for (const auto& [name, t] : r.optimizer->state()) total += bytes_of(t);
+  return total;
+}
+
+// Bytes of the gradients this rank holds: every parameter's .grad (under DDP
+// views of its buckets, counted once per storage) and a ZeRO-2 gradient shard.
+int64_t gradient_bytes(const Run& r) {
+  int64_t total = r.zero != nullptr ? r.zero->grad_shard_bytes() : 0;
+  std::set<const void*> seen;
+  for (const Tensor& p : r.model->parameters()) {
+    const Tensor g = grad(p);
+    if (g.defined() && seen.insert(g.data_ptr()).second) total += bytes_of(g);
+  }
+  return total;
+}
+
+}  // namespace
+
+void measure_memory(Run& r, EpochMetrics& m) {
+  const std::vector<int64_t> mine = {static_cast<int64_t>(max_memory_allocated(r.device)),
+                                     optimizer_state_bytes(r), gradient_bytes(r)};
+  std::vector<int64_t> all = mine;
+  if (r.pg != nullptr && r.world_size > 1) {
+    Communicator& comm = *r.pg->comm;
+    Tensor input = from_vector<int64_t>(mine, {3}, {.dtype = DType::i64, .device = comm.device()});
+    Tensor output = empty({3 * comm.size()}, {.dtype = DType::i64, .device = comm.device()});
+    const CollectiveLabel labelled("train memory report");
+    comm.all_gather(input, output)->wait();
+    all = output.to_vector<int64_t>();
+  }
+  m.rank_peak_allocated.clear();
+  m.rank_optimizer_state.clear();
+  m.rank_gradient_bytes.clear();
+  for (size_t k = 0; k + 2 < all.size(); k += 3) {
+    m.rank_peak_allocated.push_back(all[k]);
+    m.rank_optimizer_state.push_back(all[k + 1]);
+    m.rank_gradient_bytes.push_back(all[k + 2]);
+  }
+}
+
+}  // namespace ddp::train

@@ -1,0 +1,382 @@
+// ZeRO-1 and ZeRO-2 (collectives/ddp/zero.h) in forked ranks: after 20 AdamW
+// steps the parameters equal DistributedDataParallel's to 1e-6 on 2, 3 and 4
+// ranks over shm and gloo, with a parameter count no world size divides (uneven
+// shards), in one collective round or many; with gradient accumulation and
+// clipping; SGD with momentum. The optimizer state (and at stage 2 the
+// gradient) a rank holds is its shard alone. A state gathered at 4 ranks and
+// saved resumes at 2 ranks and at 1 (resharding) to the run that never stopped.
+//
+// Runtime: the model has 4805 parameters; a shm case takes ~0.1 s, gloo ~1 s.
+#include "collectives/ddp/zero.h"
+#include "collectives/ddp/distributed_data_parallel.h"
+#include "collectives/ddp/join.h"
+#include "runtime/autograd/autograd.h"
+#include "runtime/autograd/functions.h"
+#include "runtime/checkpoint/safetensors.h"
+#include "runtime/ops/ops.h"
+#include "tests/multirank/conformance.h"
+#include "tests/multirank/ddp_parity.h"
+#include "tests/multirank/spawn.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+namespace ddp::test {
+namespace {
+
+using namespace std::chrono_literals;
+using functional::cross_entropy;
+
+constexpr int kZeroSteps = 20;
+constexpr double kAbsTol = 1e-6;              // the bar: fp32 parameters equal to 1e-6
+constexpr int64_t kGlobalRows = 12;           // divisible by 1, 2, 3 and 4 ranks
+const std::vector<int64_t> kHidden = {6, 5};  // 4805 parameters: odd, not a multiple of 3 or 4
+
+struct Setup {
+  int stage = 0;  // 0: DDP with the plain optimizer
+  bool sgd = false;
+  double cap_mb = 25;  // ZeRO's round size (and DDP's bucket cap)
+  int micro_batches = 1;
+  double clip = 0;             // > 0: clip the global gradient norm to this
+  bool by_parameters = false;  // ZeroOptions::by_parameters
+};
+
+// Rows [rank, rank + 1) * kGlobalRows / world of the global batch of (step, micro):
+// the same global batch at every world size.
+Batch shard_of(int world, int rank, int step, int micro) {
+  const Batch global = global_batch(kGlobalRows / kRowsPerRank, step, micro);
+  const int64_t rows = kGlobalRows / world;
+  return global.rows(rank * rows, (rank + 1) * rows);
+}
+
+std::unique_ptr<optim::Optimizer> inner_optimizer(nn::Module& model, bool sgd) {
+  if (sgd)
+    return std::make_unique<optim::SGD>(model.parameters(),
+                                        optim::SgdOptions{.lr = 0.05f, .momentum = 0.9f});
+  return std::make_unique<optim::AdamW>(model.parameters(),
+                                        optim::AdamWOptions{.lr = 1e-2f, .weight_decay = 0.1f});
+}
+
+// Steps [first, last) of training through ddp with `opt` (a ZeroOptimizer at stage > 0).
+void train_steps(DistributedDataParallel& ddp, optim::Optimizer& opt, const Setup& s, int first,
+                 int last) {
+  const int rank = ddp.comm()->rank(), world = ddp.comm()->size();
+  auto* zero = dynamic_cast<ZeroOptimizer*>(&opt);
+  for (int step = first; step < last; ++step) {
+    opt.zero_grad(true);
+    for (int m = 0; m < s.micro_batches; ++m) {
+      const Batch b = shard_of(world, rank, step, m);
+      auto loss = [&] {
+        return functional::scale(cross_entropy(ddp(b.x), b.labels), 1.0f / float(s.micro_batches));
+      };
+      if (m + 1 < s.micro_batches) {
+        auto guard = ddp.no_sync();
+        ddp.backward(loss());
+      } else {
+        ddp.backward(loss());
+      }
+    }
+    if (s.clip > 0) {
+      const double norm = zero != nullptr
+                              ? zero->clip_grad_norm(s.clip)
+                              : optim::clip_grad_norm_(ddp.module().parameters(), s.clip);
+      require(norm > s.clip,
+              fmt::format("step {}: norm {} does not clip at {}", step, norm, s.clip));
+    }
+    opt.step();
+  }
+}
+
+struct Trained {
+  std::shared_ptr<nn::Sequential> model;
+  std::unique_ptr<DistributedDataParallel> ddp;
+  std::unique_ptr<optim::Optimizer> opt;
+};
+
+Trained make_run(const std::shared_ptr<Communicator>& comm, const Setup& s) {
+  Trained t;
+  t.model = tiny_mlp(1 + static_cast<uint64_t>(comm->rank()), kHidden);  // DDP broadcasts rank 0's
+  DdpOptions options{.bucket_cap_mb = s.cap_mb, .first_bucket_mb = std::min(1.0, s.cap_mb)};
+  options.zero_stage = s.stage;
+  t.ddp = std::make_unique<DistributedDataParallel>(t.model, comm, options);
+  t.opt = inner_optimizer(*t.model, s.sgd);
+  if (s.stage > 0) {
+    t.opt = std::make_unique<ZeroOptimizer>(
+        std::move(t.opt), comm,
+        ZeroOptions{.stage = s.stage, .bucket_cap_mb = s.cap_mb, .by_parameters = s.by_parameters});
+  }
+  return t;
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  const std::vector<float> x = a.to_vector<float>(), y = b.to_vector<float>();
+  double d = 0;
+  for (size_t i = 0; i < x.size(); ++i) d = std::max(d, std::abs(double(x[i]) - double(y[i])));
+  return d;
+}
+
+void expect_equal_params(const nn::Module& got, const nn::Module& want, const std::string& what) {
+  const nn::NamedTensors g = got.named_parameters(), w = want.named_parameters();
+  for (size_t k = 0; k < g.size(); ++k) {
+    const double d = max_abs_diff(g[k].second, w[k].second);
+    require(d <= kAbsTol, fmt::format("{}: parameter '{}' differs from DDP's by {} (tolerance {})",
+                                      what, g[k].first, d, kAbsTol));
+  }
+}
+
+// The state of `want` (a plain optimizer's, or a file's) in `got` (a gathered
+// one): the same names, and the order of want's optimizer (the file: by name).
+void expect_equal_state(nn::NamedTensors got, nn::NamedTensors want, const std::string& what,
+                        bool by_name = false) {
+  auto by_key = [](const auto& a, const auto& b) { return a.first < b.first; };
+  if (by_name) {
+    std::sort(got.begin(), got.end(), by_key);
+    std::sort(want.begin(), want.end(), by_key);
+  }
+  require(got.size() == want.size(), fmt::format("{}: {} state tensors, DDP's optimizer has {}",
+                                                 what, got.size(), want.size()));
+  for (size_t k = 0; k < want.size(); ++k) {
+    require(got[k].first == want[k].first, fmt::format("{}: state {} is '{}', expected '{}'", what,
+                                                       k, got[k].first, want[k].first));
+    const double d =
+        want[k].second.dtype() == DType::i64
+            ? std::abs(double(got[k].second.item<int64_t>() - want[k].second.item<int64_t>()))
+            : max_abs_diff(got[k].second, want[k].second);
+    require(d <= kAbsTol, fmt::format("{}: state '{}' differs by {}", what, want[k].first, d));
+  }
+}
+
+// What a rank may hold: its shard (Note [zero layout]) of the state, and at stage 2
+// of the gradient, and no full .grad.
+void expect_sharded_memory(const ZeroOptimizer& zero, nn::Module& model, const Setup& s) {
+  const int64_t n = zero.numel();
+  const ShardRange shard = zero.shard();
+  const int64_t buffers = s.sgd ? 1 : 2;
+  require(zero.state_bytes() == buffers * 4 * shard.size,
+          fmt::format("optimizer state of {} bytes for a shard of {} of {} elements",
+                      zero.state_bytes(), shard.size, n));
+  if (zero.stage() != 2) return;
+  require(zero.grad_shard_bytes() == 4 * shard.size,
+          fmt::format("gradient shard of {} bytes for {} elements", zero.grad_shard_bytes(),
+                      shard.size));
+  for (const auto& [name, p] : model.named_parameters()) {
+    require(!grad(p).defined(), fmt::format("stage 2 kept the full .grad of '{}'", name));
+  }
+}
+
+void check_zero_parity(const std::shared_ptr<Communicator>& comm, Setup s) {
+  const int world = comm->size();
+  Setup ddp_setup = s;
+  ddp_setup.stage = 0;
+  Trained ref = make_run(comm, ddp_setup);
+  train_steps(*ref.ddp, *ref.opt, ddp_setup, 0, kZeroSteps);
+  for (int stage : {1, 2}) {
+    s.stage = stage;
+    Trained run = make_run(comm, s);
+    auto& zero = dynamic_cast<ZeroOptimizer&>(*run.opt);
+    require(zero.numel() % world != 0 || world == 1,
+            fmt::format("{} parameters divide evenly over {} ranks", zero.numel(), world));
+    train_steps(*run.ddp, zero, s, 0, kZeroSteps);
+    const std::string what = fmt::format("rank {} of {}, ZeRO-{}", comm->rank(), world, stage);
+    expect_equal_params(*run.model, *ref.model, what);
+    expect_sharded_memory(zero, *run.model, s);
+    if (s.by_parameters) {  // this rank's shard starts and ends between parameters
+      std::vector<int64_t> bounds{0};
+      for (const Tensor& p : run.model->parameters()) bounds.push_back(bounds.back() + p.numel());
+      const ShardRange own = zero.shard();
+      for (int64_t edge : {own.begin, own.begin + own.size}) {
+        require(std::count(bounds.begin(), bounds.end(), edge) == 1,
+                fmt::format("{}: by_parameters shard [{}, {}) cuts a parameter", what, own.begin,
+                            own.begin + own.size));
+      }
+    }
+    zero.gather_state();
+    expect_equal_state(zero.state(), ref.opt->state(), what);
+  }
+}
+
+void run_zero(const std::string& backend, int world, const Setup& s = {}) {
+  const auto results = spawn_ranks(world, [&](int rank, int size) {
+    check_zero_parity(make_backend(backend, rank, size, {.timeout = 30s}), s);
+    return 0;
+  });
+  for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
+}
+
+TEST(ZeroShard, BalancedWithinOneElementAndCoversEverything) {
+  for (int64_t n : {0, 1, 5, 4805, 4806}) {
+    for (int w : {1, 2, 3, 4, 7}) {
+      int64_t next = 0, most = 0, least = n;
+      for (int r = 0; r < w; ++r) {
+        const ShardRange s = zero_shard(n, w, r);
+        EXPECT_EQ(s.begin, next) << n << " over " << w << ", rank " << r;
+        next += s.size;
+        most = std::max(most, s.size);
+        least = std::min(least, s.size);
+      }
+      EXPECT_EQ(next, n) << n << " over " << w;
+      EXPECT_LE(most - least, 1) << n << " over " << w;
+    }
+  }
+}
+
+// What cannot be sharded is a ValueError naming the value and the choices.
+TEST(ZeroErrors, BadStagesAndJoinAtStageTwo) {
+  auto comm = make_local_communicator();
+  auto model = tiny_mlp(1, kHidden);
+  auto expect_error = [](const std::function<void()>& f, const std::string& text) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected one saying: " << text;
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  expect_error(
+      [&] {
+        DdpOptions options;
+        options.zero_stage = 3;
+        DistributedDataParallel ddp(model, comm, options);
+      },
+      "zero_stage 3 is not a ZeRO stage; valid: 0 (DDP), 1");
+  expect_error([&] { ZeroOptimizer zero(inner_optimizer(*model, false), comm, {.stage = 0}); },
+               "stage 0 is not sharded; valid: 1");
+  DdpOptions options;
+  options.zero_stage = 2;
+  DistributedDataParallel ddp(model, comm, options);
+  EXPECT_TRUE(ddp.buckets().empty()) << "stage 2 allocates no gradient buckets";
+  expect_error([&] { Join join(ddp); }, "has zero_stage 2");
+  expect_error([&] { ddp.register_comm_hook(allreduce_hook); }, "zero_stage 2");
+}
+
+TEST(ZeroShard, ByParametersKeepsParametersWhole) {
+  const std::vector<int64_t> numels = {4704, 6, 30, 5, 50, 10};  // the test model's
+  std::vector<int64_t> bounds{0};
+  for (int64_t n : numels) bounds.push_back(bounds.back() + n);
+  for (int w : {1, 2, 3, 4, 8}) {
+    const std::vector<ShardRange> shards = zero_shards_by_parameters(numels, w);
+    ASSERT_EQ(shards.size(), static_cast<size_t>(w));
+    int64_t next = 0;
+    for (const ShardRange& s : shards) {
+      EXPECT_EQ(s.begin, next) << "over " << w;
+      next += s.size;
+      EXPECT_TRUE(std::count(bounds.begin(), bounds.end(), next) == 1)
+          << "over " << w << ": a shard ends at " << next << ", inside a parameter";
+    }
+    EXPECT_EQ(next, bounds.back()) << "over " << w;
+  }
+  // Nearest boundaries: 2 ranks of {10, 10, 10, 10} split 20 / 20.
+  const std::vector<ShardRange> even = zero_shards_by_parameters({10, 10, 10, 10}, 2);
+  EXPECT_EQ(even[0].size, 20);
+  EXPECT_EQ(even[1].size, 20);
+}
+
+TEST(ZeroParity, OneRankLocal) {
+  check_zero_parity(make_local_communicator(), {});
+}
+TEST(ZeroParity, TwoRanksShm) {
+  run_zero("shm", 2);
+}
+TEST(ZeroParity, ThreeRanksShm) {
+  run_zero("shm", 3);
+}
+TEST(ZeroParity, FourRanksShm) {
+  run_zero("shm", 4);
+}
+TEST(ZeroParity, ManyRoundsThreeRanksShm) {
+  run_zero("shm", 3, {.cap_mb = 0.002});  // ~170 elements per rank and round
+}
+TEST(ZeroParity, AccumulationAndClippingThreeRanksShm) {
+  run_zero("shm", 3, {.cap_mb = 0.002, .micro_batches = 2, .clip = 0.5});
+}
+// Whole parameters: rank 0 owns none of this model (its first weight holds 98%).
+TEST(ZeroParity, ByParametersThreeRanksShm) {
+  run_zero("shm", 3, {.cap_mb = 0.002, .by_parameters = true});
+}
+TEST(ZeroParity, SgdMomentumFourRanksShm) {
+  run_zero("shm", 4, {.sgd = true});
+}
+TEST(ZeroParity, TwoRanksGloo) {
+  run_zero("gloo", 2);
+}
+TEST(ZeroParity, ThreeRanksGloo) {
+  run_zero("gloo", 3);
+}
+TEST(ZeroParity, FourRanksGloo) {
+  run_zero("gloo", 4);
+}
+
+// Resharding: ZeRO-2 at 4 ranks for half the steps; rank 0 saves the parameters
+// and the gathered state; ZeRO-1 at 2 ranks and at 1 resumes from the file and
+// equals the DDP run that never stopped (at 4 ranks, the same global batches).
+std::string save_half_run(const std::string& dir) {
+  const std::string path = dir + "/zero.safetensors";
+  const auto results = spawn_ranks(4, [&](int rank, int size) {
+    auto comm = make_backend("shm", rank, size, {.timeout = 30s});
+    Trained run = make_run(comm, {.stage = 2});
+    train_steps(*run.ddp, *run.opt, {.stage = 2}, 0, kZeroSteps / 2);
+    auto& zero = dynamic_cast<ZeroOptimizer&>(*run.opt);
+    zero.gather_state();  // collective
+    if (rank != 0) return 0;
+    nn::NamedTensors all = run.model->named_parameters();
+    for (const auto& [name, t] : zero.state()) all.emplace_back("optimizer." + name, t);
+    save_safetensors(path, all);
+    return 0;
+  });
+  for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
+  return path;
+}
+
+void resume_and_compare(const std::shared_ptr<Communicator>& comm, const std::string& path,
+                        const std::string& reference) {
+  const SafetensorsFile file = load_safetensors(path);
+  Trained run = make_run(comm, {.stage = 1});
+  nn::NamedTensors state;
+  for (const auto& [name, t] : file.tensors) {
+    if (name.starts_with("optimizer.")) state.emplace_back(name.substr(10), t);
+  }
+  {
+    NoGradGuard no_grad;
+    for (auto& [name, p] : run.model->named_parameters()) copy_(p, file.at(name));
+  }
+  run.opt->load_state(state, kZeroSteps / 2);
+  auto& zero = dynamic_cast<ZeroOptimizer&>(*run.opt);
+  zero.gather_state();  // the resharded state, gathered again, is the saved one
+  expect_equal_state(zero.state(), state, fmt::format("resumed at {} ranks", comm->size()), true);
+  train_steps(*run.ddp, zero, {.stage = 1}, kZeroSteps / 2, kZeroSteps);
+  const SafetensorsFile want = load_safetensors(reference);
+  for (const auto& [name, p] : run.model->named_parameters()) {
+    const double d = max_abs_diff(p, want.at(name));
+    require(d <= 1e-5, fmt::format("resumed at {} ranks: '{}' differs from the run that never "
+                                   "stopped by {}",
+                                   comm->size(), name, d));
+  }
+}
+
+TEST(ZeroCheckpoint, SavedAtFourRanksResumesAtTwoAndOne) {
+  const std::string dir = testing::TempDir() + "/" + unique_run_id();
+  std::filesystem::create_directories(dir);
+  const std::string reference = dir + "/ddp.safetensors";
+  auto results = spawn_ranks(4, [&](int rank, int size) {
+    Trained run = make_run(make_backend("shm", rank, size, {.timeout = 30s}), {});
+    train_steps(*run.ddp, *run.opt, {}, 0, kZeroSteps);
+    if (rank == 0) save_safetensors(reference, run.model->named_parameters());
+    return 0;
+  });
+  for (const RankResult& r : results) ASSERT_TRUE(r.ok()) << r.describe();
+  const std::string path = save_half_run(dir);
+  results = spawn_ranks(2, [&](int rank, int size) {
+    resume_and_compare(make_backend("shm", rank, size, {.timeout = 30s}), path, reference);
+    return 0;
+  });
+  for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
+  resume_and_compare(make_local_communicator(), path, reference);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace ddp::test
