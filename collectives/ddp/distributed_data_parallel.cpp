@@ -160,6 +160,7 @@ void DistributedDataParallel::broadcast_from(int root, std::vector<Tensor>& tens
 
 Tensor DistributedDataParallel::forward(const Tensor& x) {
   if (reducer_ != nullptr) reducer_->prepare(!no_sync_);
+  if (zero_.on_forward && grad_mode_enabled()) zero_.on_forward(!no_sync_);
   if (join_ != nullptr) {
     join_->on_forward(!no_sync_ && grad_mode_enabled());  // Note [join] in join.cpp
   } else if (options_.broadcast_buffers) {
@@ -176,7 +177,10 @@ void DistributedDataParallel::backward(const Tensor& loss) {
 }
 
 void DistributedDataParallel::finish_backward() {
-  if (reducer_ == nullptr) return;  // zero_stage 2: the ZeroOptimizer reduces
+  if (reducer_ == nullptr) {  // zero_stage 2: the ZeroOptimizer reduces
+    if (zero_.on_finish) zero_.on_finish();
+    return;
+  }
   // The scale is asked for once every bucket is launched (Reducer::finish).
   reducer_->finish([this] { return join_ != nullptr ? join_->grad_scale() : 1.0; });
 }
@@ -200,6 +204,14 @@ void DistributedDataParallel::register_comm_hook(CommHookFn hook) {
 const std::vector<Bucket>& DistributedDataParallel::buckets() const {
   static const std::vector<Bucket> none;
   return reducer_ != nullptr ? reducer_->buckets() : none;
+}
+
+void DistributedDataParallel::set_zero_callbacks(ZeroCallbacks callbacks) {
+  DDP_CHECK(options_.zero_stage == 2,
+            "DistributedDataParallel: a ZeroOptimizer attaches to a DDP of zero_stage 2, not "
+            "{}; create the DDP with DdpOptions::zero_stage = 2",
+            options_.zero_stage);
+  zero_ = std::move(callbacks);
 }
 
 bool DistributedDataParallel::buckets_rebuilt() const {

@@ -30,6 +30,7 @@
 #include "runtime/nn/module.h"
 
 #include <concepts>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,9 +52,10 @@ struct DdpOptions {
   // allreduce_hook. register_comm_hook() takes any other.
   CommHook comm_hook = CommHook::none;
   // Note [zero stages] in collectives/ddp/zero.h: 0 and 1 reduce gradients as
-  // above (1: with a ZeroOptimizer updating this rank's shard); 2: DDP reduces
-  // nothing (no buckets, every backward is local, like no_sync()) and the
-  // ZeroOptimizer reduce-scatters the gradients in step().
+  // above (1: with a ZeroOptimizer updating this rank's shard); 2: DDP has no
+  // buckets; the ZeroOptimizer attached to it reduce-scatters the gradients of
+  // every synchronized backward in rounds during the backward (without one
+  // attached, every backward is local and its step() reduces them).
   int zero_stage = 0;
 };
 
@@ -117,6 +119,15 @@ class DistributedDataParallel {
   // The names of the parameters that Bucket::params index.
   const std::vector<std::string>& bucket_parameters() const { return bucket_names_; }
   bool buckets_rebuilt() const;
+
+  // zero_stage 2 (ZeroOptimizer::attach): on_forward(sync) before every forward
+  // that records a graph (sync: its backward is synchronized, not under
+  // no_sync()); on_finish() from finish_backward(). Replaces earlier ones.
+  struct ZeroCallbacks {
+    std::function<void(bool sync)> on_forward;
+    std::function<void()> on_finish;
+  };
+  void set_zero_callbacks(ZeroCallbacks callbacks);
   // Timing and bytes of the last synchronized backward.
   const CommStats& comm_stats() const;
 
@@ -135,6 +146,7 @@ class DistributedDataParallel {
   bool no_sync_ = false;
   bool hook_registered_ = false;
   Join* join_ = nullptr;  // attached by a Join (Note [join] in join.cpp)
+  ZeroCallbacks zero_;
 };
 
 }  // namespace ddp

@@ -2,6 +2,7 @@
 
 #include "collectives/collective_events.h"
 #include "collectives/ddp/distributed_data_parallel.h"
+#include "collectives/ddp/zero_grads.h"
 #include "runtime/autograd/autograd.h"
 #include "runtime/ops/nn_ops.h"
 #include "runtime/ops/ops.h"
@@ -97,35 +98,63 @@ ZeroOptimizer::ZeroOptimizer(std::unique_ptr<optim::Optimizer> inner,
                                std::max<int64_t>(1, max_shard_));
   if (!params_.empty()) device_ = params_.front().device();
   param_steps_.assign(params_.size(), 0);
+  if (options_.stage == 2) {
+    grads_ = std::make_shared<ZeroGradReducer>(ZeroGradLayout{.params = params_,
+                                                              .starts = starts_,
+                                                              .shards = shards_,
+                                                              .max_shard = max_shard_,
+                                                              .chunk = chunk_,
+                                                              .device = device_},
+                                               comm_);
+  }
 }
 
-ZeroOptimizer::ZeroOptimizer(std::unique_ptr<optim::Optimizer> inner,
-                             const DistributedDataParallel& ddp)
+ZeroOptimizer::ZeroOptimizer(std::unique_ptr<optim::Optimizer> inner, DistributedDataParallel& ddp)
     : ZeroOptimizer(
           std::move(inner), ddp.comm(),
-          {.stage = ddp.options().zero_stage, .bucket_cap_mb = ddp.options().bucket_cap_mb}) {}
+          {.stage = ddp.options().zero_stage, .bucket_cap_mb = ddp.options().bucket_cap_mb}) {
+  if (options_.stage == 2) attach(ddp);
+}
+
+ZeroOptimizer::~ZeroOptimizer() = default;
+
+void ZeroOptimizer::attach(DistributedDataParallel& ddp) {
+  DDP_CHECK(options_.stage == 2 && ddp.options().zero_stage == 2,
+            "ZeroOptimizer::attach: the optimizer has stage {} and the DDP zero_stage {}; only "
+            "stage 2 reduces gradients during the backward (both must be 2); at stage 1 DDP "
+            "all-reduces them, so do not attach",
+            options_.stage, ddp.options().zero_stage);
+  DDP_CHECK(ddp.comm() == comm_,
+            "ZeroOptimizer::attach: the DDP uses another communicator than the optimizer; "
+            "create the ZeroOptimizer with ddp.comm()");
+  const std::weak_ptr<ZeroGradReducer> weak = grads_;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    register_post_accumulate_grad_hook(params_[i], [weak, i](Tensor&) {
+      if (auto grads = weak.lock()) grads->on_gradient(i);
+    });
+  }
+  ddp.set_zero_callbacks({.on_forward =
+                              [weak](bool sync) {
+                                if (auto grads = weak.lock()) grads->arm(sync);
+                              },
+                          .on_finish =
+                              [weak] {
+                                if (auto grads = weak.lock()) grads->end_backward();
+                              }});
+}
 
 // Calls fn(i, offset in parameter i, length, offset from `begin`) for every
 // parameter piece of the flat range [begin, begin + len).
 template <typename F>
 void ZeroOptimizer::for_each_piece(int64_t begin, int64_t len, F&& fn) const {
-  if (len <= 0) return;
-  auto it = std::upper_bound(starts_.begin(), starts_.end(), begin);
-  auto i = static_cast<size_t>(it - starts_.begin()) - 1;
-  const int64_t end = begin + len;
-  for (int64_t pos = begin; pos < end;) {
-    while (starts_[i + 1] <= pos) ++i;  // parameters without elements
-    const int64_t take = std::min(end, starts_[i + 1]) - pos;
-    fn(i, pos - starts_[i], take, pos - begin);
-    pos += take;
-  }
+  for_each_flat_piece(starts_, begin, len, std::forward<F>(fn));
 }
 
 // The averaged gradient of a piece of this rank's shard: stage 1 a view of DDP's
 // .grad (undefined where the parameter has none), stage 2 of the gradient shard.
 Tensor ZeroOptimizer::grad_piece(size_t i, int64_t param_offset, int64_t len,
                                  int64_t shard_offset) const {
-  if (options_.stage == 2) return grad_shard_.flat_view(shard_offset, {len});
+  if (options_.stage == 2) return grads_->shard().flat_view(shard_offset, {len});
   const Tensor g = grad(params_[i]);
   return g.defined() ? g.flat_view(param_offset, {len}) : Tensor();
 }
@@ -141,33 +170,7 @@ void ZeroOptimizer::allocate_state() {
 }
 
 void ZeroOptimizer::reduce_gradients() {
-  if (options_.stage != 2 || reduced_) return;
-  NoGradGuard no_grad;
-  const int world = comm_->size();
-  if (!grad_shard_.defined()) grad_shard_ = zeros({shard().size}, {.device = device_});
-  Tensor input = empty({chunk_ * world}, {.device = device_});
-  Tensor output = empty({chunk_}, {.device = device_});
-  const CollectiveLabel labelled("zero reduce_scatter");
-  for (int64_t k = 0; k * chunk_ < max_shard_; ++k) {
-    fill_(input, 0.0);  // padding, and parameters without a local gradient
-    for (int q = 0; q < world; ++q) {
-      const ShardRange& s = shards_[static_cast<size_t>(q)];
-      const int64_t len = std::clamp<int64_t>(s.size - k * chunk_, 0, chunk_);
-      for_each_piece(s.begin + k * chunk_, len, [&](size_t i, int64_t off, int64_t n, int64_t at) {
-        const Tensor g = grad(params_[i]);
-        Tensor dst = input.flat_view(q * chunk_ + at, {n});
-        if (g.defined()) copy_(dst, g.flat_view(off, {n}));
-      });
-    }
-    comm_->reduce_scatter(input, output, ReduceOp::avg)->wait();
-    const int64_t mine = std::clamp<int64_t>(shard().size - k * chunk_, 0, chunk_);
-    if (mine > 0) {
-      Tensor dst = grad_shard_.flat_view(k * chunk_, {mine});
-      copy_(dst, output.flat_view(0, {mine}));
-    }
-  }
-  for (Tensor& p : params_) set_grad(p, Tensor());  // only the shard is kept
-  reduced_ = true;
+  if (grads_ != nullptr) grads_->finish();
 }
 
 double ZeroOptimizer::clip_grad_norm(double max_norm) {
@@ -296,7 +299,7 @@ void ZeroOptimizer::step() {
     };
     all_gather_rounds(read, write, update);
   }
-  reduced_ = false;
+  if (grads_ != nullptr) grads_->consumed();
   gathered_ = false;
   ++steps_;
 }
@@ -415,7 +418,19 @@ int64_t ZeroOptimizer::state_bytes() const {
 }
 
 int64_t ZeroOptimizer::grad_shard_bytes() const {
-  return bytes_of(grad_shard_);
+  return grads_ != nullptr ? bytes_of(grads_->shard()) : 0;
+}
+
+Tensor ZeroOptimizer::grad_shard() const {
+  return grads_ != nullptr ? grads_->shard() : Tensor();
+}
+
+int64_t ZeroOptimizer::grad_rounds() const {
+  return grads_ != nullptr ? grads_->rounds() : 0;
+}
+
+int64_t ZeroOptimizer::grad_rounds_overlapped() const {
+  return grads_ != nullptr ? grads_->launched_early() : 0;
 }
 
 }  // namespace ddp

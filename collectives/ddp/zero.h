@@ -10,14 +10,20 @@
 //   1  gradients all-reduced exactly as DDP (bucketed, overlapped with
 //      backward); step() runs AdamW/SGD only on this rank's shard, whose state
 //      alone is allocated (1/W of DDP's), then all-gathers the parameters.
-//   2  DDP reduces nothing (no buckets: every backward accumulates locally, as
-//      under no_sync()); step() reduce-scatters the local gradients (avg), so
-//      each rank keeps only its averaged gradient shard and the full .grad
-//      tensors are released; then as stage 1. The reduce-scatter is not
-//      overlapped with backward (our autograd has produced the full local
-//      gradient by then anyway): stage 2 trades that overlap for memory.
-// Gradient accumulation works as with DDP: micro-batches under ddp.no_sync()
-// (stage 2: every backward is local), step() after the last. Clipping:
+//   2  DDP has no buckets; the ZeroOptimizer attached to it (attach(), or the
+//      constructor from the DDP) reduce-scatters (avg) the gradients of every
+//      synchronized backward during that backward, in the rounds of Note [zero
+//      layout], each launched as soon as its gradients are in and in one order
+//      on every rank (Note [zero stage 2 rounds] in zero_grads.h); when
+//      ddp.backward(loss) (or finish_backward()) returns, each rank holds only
+//      its averaged gradient shard and every full .grad is released. Then as
+//      stage 1. A backward under no_sync() stays local. Without attach() every
+//      backward is local and step() (or clip_grad_norm(), reduce_gradients())
+//      reduce-scatters the accumulated gradients before updating.
+// Gradient accumulation works as with DDP: micro-batches under ddp.no_sync(),
+// the last one synchronized, step() after it. At stage 2 one synchronized
+// backward per step: a second one before step() replaces the shard (DDP would
+// add both averages). Clipping:
 // clip_grad_norm() takes the global norm from the shards (sums of squares
 // all-reduced) and scales this rank's shard.
 //
@@ -53,6 +59,7 @@
 namespace ddp {
 
 class DistributedDataParallel;
+class ZeroGradReducer;
 
 struct ZeroOptions {
   int stage = 1;  // 1 or 2 (Note [zero stages])
@@ -87,15 +94,26 @@ class ZeroOptimizer : public optim::Optimizer {
   // the constructor below takes it from the DDP.
   ZeroOptimizer(std::unique_ptr<optim::Optimizer> inner, std::shared_ptr<Communicator> comm,
                 ZeroOptions options = {});
-  // The stage is ddp.options().zero_stage, the round size its bucket_cap_mb.
-  ZeroOptimizer(std::unique_ptr<optim::Optimizer> inner, const DistributedDataParallel& ddp);
+  // The stage is ddp.options().zero_stage, the round size its bucket_cap_mb;
+  // stage 2 attaches to the DDP (attach()).
+  ZeroOptimizer(std::unique_ptr<optim::Optimizer> inner, DistributedDataParallel& ddp);
+  ~ZeroOptimizer() override;
+
+  // Stage 2: from now on, every synchronized backward of `ddp` (a DDP with
+  // zero_stage 2 over the same parameters and communicator) reduce-scatters the
+  // gradients in rounds during the backward, so that after it (after
+  // ddp.finish_backward()) this rank holds its averaged gradient shard and no
+  // full .grad (Note [zero stage 2 rounds] in zero_grads.h). Without it, step()
+  // reduces them. Once, on every rank; a ValueError at stage 1.
+  void attach(DistributedDataParallel& ddp);
 
   // Collective. Stage 2 reduce-scatters the gradients first (unless
   // reduce_gradients() or clip_grad_norm() did); then updates this rank's shard
   // and all-gathers the parameters.
   void step() override;
-  // Collective. Stage 2: the averaged gradient shard, the full .grad released;
-  // stage 1: nothing (DDP averaged them). Once per step.
+  // Collective. Stage 2: the averaged gradient shard, the full .grad released
+  // (nothing if an attached DDP's finish_backward() did it); stage 1: nothing
+  // (DDP averaged them). Once per step.
   void reduce_gradients();
   // Collective: the L2 norm of the whole averaged gradient (sums of squares of
   // the shards all-reduced), returned before clipping; this rank's shard is
@@ -125,6 +143,14 @@ class ZeroOptimizer : public optim::Optimizer {
   // Stage 2: bytes of this rank's averaged gradient shard; stage 1: 0 (the full
   // .grad tensors belong to DDP).
   int64_t grad_shard_bytes() const;
+  // Stage 2 after reduce_gradients() (or an attached DDP's synchronized
+  // backward): this rank's averaged gradient shard, shard().size elements.
+  Tensor grad_shard() const;
+  // Stage 2: the collective rounds of a gradient reduction, and how many of the
+  // last synchronized backward's (attached) were launched while gradients were
+  // still to come, overlapping the rest of the backward (Note [zero stage 2 rounds]).
+  int64_t grad_rounds() const;
+  int64_t grad_rounds_overlapped() const;
 
  private:
   template <typename F>
@@ -153,8 +179,8 @@ class ZeroOptimizer : public optim::Optimizer {
   // This rank's shard of the state (undefined until the first step or a load).
   Tensor exp_avg_, exp_avg_sq_, momentum_;
   std::vector<int64_t> param_steps_;
-  Tensor grad_shard_;     // stage 2
-  bool reduced_ = false;  // stage 2: grad_shard_ holds this step's average
+  // Stage 2's gradient reduction; DDP's and the parameters' hooks hold it weakly.
+  std::shared_ptr<ZeroGradReducer> grads_;
   nn::NamedTensors full_state_;
   bool gathered_ = false;
 };

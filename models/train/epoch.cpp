@@ -92,11 +92,23 @@ Tensor micro_batch_loss(Run& r, const Batch& batch, bool sync, int64_t step) {
   return loss;
 }
 
+// The step's gradients: the .grad tensors, or ZeRO-2's averaged shard (the full
+// .grad tensors are released; Note [zero stages]). Collective at stage 2.
+std::vector<Tensor> step_gradients(Run& r) {
+  if (r.zero != nullptr && r.zero->stage() == 2) {
+    r.zero->reduce_gradients();  // nothing if the synchronized backward did it
+    return {r.zero->grad_shard()};
+  }
+  std::vector<Tensor> grads;
+  for (const Tensor& p : r.model->parameters()) grads.push_back(grad(p));
+  return grads;
+}
+
 // The end of a step on every rank, shadowing or not: the non-finite check, then
 // clipping and the optimizer's update unless the check skips it.
 void update(Run& r, int64_t step, int64_t epoch, const Tensor& step_loss, StepTiming& timing) {
   timing.phase.next("optimizer");
-  if (!r.nonfinite->after_backward(step, epoch + 1, step_loss, r.model->parameters())) {
+  if (!r.nonfinite->after_backward(step, epoch + 1, step_loss, step_gradients(r))) {
     // After DDP's all_reduce has been waited for: every rank clips the same
     // averaged gradients by the same norm.
     if (r.o.clip_grad_norm > 0) {

@@ -46,22 +46,21 @@ NonfiniteCheck::NonfiniteCheck(const std::string& action, const Device& device, 
   }
 }
 
-Tensor NonfiniteCheck::squared_grad_norm(const std::vector<Tensor>& params) const {
+Tensor NonfiniteCheck::squared_grad_norm(const std::vector<Tensor>& grads) const {
   NoGradGuard no_grad;
   Tensor total = zeros({}, {.device = device_});
-  for (const Tensor& p : params) {
-    const Tensor g = grad(p);
-    if (!g.defined()) continue;
+  for (const Tensor& g : grads) {
+    if (!g.defined() || g.numel() == 0) continue;
     axpy_(1.0f, sum(mul(g, g)), total);
   }
   return total;
 }
 
 bool NonfiniteCheck::after_backward(int64_t step, int64_t epoch, const Tensor& loss,
-                                    const std::vector<Tensor>& params) {
+                                    const std::vector<Tensor>& grads) {
   NoGradGuard no_grad;
   if (skip_) {
-    const Tensor norm2 = squared_grad_norm(params);
+    const Tensor norm2 = squared_grad_norm(grads);
     // [loss * 0, norm2]: loss * 0 is NaN exactly when the loss is not finite, and
     // stays NaN through the sum over ranks.
     Tensor values = zeros({2}, {.device = device_});

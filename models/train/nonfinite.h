@@ -20,11 +20,11 @@ class NonfiniteCheck {
                  int64_t skipped = 0);
   // After the step's backward, with the gradients final (averaged over ranks under
   // DDP). stop: records `loss` (this rank's, a scalar) for check() and returns
-  // false. skip: reads the loss and the squared L2 norm of the gradients of
-  // `params` now and returns true when the update must be left out (the same
-  // answer on every rank).
+  // false. skip: reads the loss and the squared L2 norm of `grads` (the .grad
+  // tensors, or ZeRO-2's gradient shard; undefined ones are skipped) now and
+  // returns true when the update must be left out (the same answer on every rank).
   bool after_backward(int64_t step, int64_t epoch, const Tensor& loss,
-                      const std::vector<Tensor>& params);
+                      const std::vector<Tensor>& grads);
   // stop: reads the recorded values and throws ValueError naming the first
   // non-finite step and the rank whose loss it was. Every rank must call it at the
   // same steps (it all-reduces which ranks saw a non-finite loss): where the loop
@@ -39,7 +39,7 @@ class NonfiniteCheck {
   int64_t skipped() const { return skipped_; }
 
  private:
-  Tensor squared_grad_norm(const std::vector<Tensor>& params) const;
+  Tensor squared_grad_norm(const std::vector<Tensor>& grads) const;
   // culprit: the rank whose loss is not finite.
   [[noreturn]] void fail(int64_t step, int culprit, float loss) const;
   int64_t epoch_of(int64_t step) const;

@@ -222,6 +222,8 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
     const CommHook hook = ddp_options.comm_hook;
     if (r.faults.skip_allreduce_step > 0) ddp_options.comm_hook = CommHook::none;
     r.ddp = std::make_unique<DistributedDataParallel>(r.model, pg->comm, ddp_options);
+    // ZeRO-2: gradients reduce-scattered during the backward (Note [zero stages]).
+    if (r.zero != nullptr && o.zero == 2) r.zero->attach(*r.ddp);
     if (r.faults.skip_allreduce_step > 0)
       r.ddp->register_comm_hook(skip_allreduce_hook(r.faults.skip_allreduce_step, hook));
   }

@@ -3,8 +3,11 @@
 // ranks over shm and gloo, with a parameter count no world size divides (uneven
 // shards), in one collective round or many; with gradient accumulation and
 // clipping; SGD with momentum. The optimizer state (and at stage 2 the
-// gradient) a rank holds is its shard alone. A state gathered at 4 ranks and
-// saved resumes at 2 ranks and at 1 (resharding) to the run that never stopped.
+// gradient) a rank holds is its shard alone. ZeRO-2 attached to the DDP: right
+// after a synchronized backward no parameter keeps a .grad and the shard is
+// DDP's average's; under no_sync() the backward stays local. A state gathered at
+// 4 ranks and saved resumes at 2 ranks and at 1 (resharding) to the run that
+// never stopped.
 //
 // Runtime: the model has 4805 parameters; a shm case takes ~0.1 s, gloo ~1 s.
 #include "collectives/ddp/zero.h"
@@ -43,6 +46,8 @@ struct Setup {
   int micro_batches = 1;
   double clip = 0;             // > 0: clip the global gradient norm to this
   bool by_parameters = false;  // ZeroOptions::by_parameters
+  bool attach = true;          // stage 2: ZeroOptimizer::attach(ddp), else step() reduces
+  std::vector<int64_t> hidden = kHidden;
 };
 
 // Rows [rank, rank + 1) * kGlobalRows / world of the global batch of (step, micro):
@@ -99,15 +104,17 @@ struct Trained {
 
 Trained make_run(const std::shared_ptr<Communicator>& comm, const Setup& s) {
   Trained t;
-  t.model = tiny_mlp(1 + static_cast<uint64_t>(comm->rank()), kHidden);  // DDP broadcasts rank 0's
+  t.model = tiny_mlp(1 + static_cast<uint64_t>(comm->rank()), s.hidden);  // DDP broadcasts rank 0's
   DdpOptions options{.bucket_cap_mb = s.cap_mb, .first_bucket_mb = std::min(1.0, s.cap_mb)};
   options.zero_stage = s.stage;
   t.ddp = std::make_unique<DistributedDataParallel>(t.model, comm, options);
   t.opt = inner_optimizer(*t.model, s.sgd);
   if (s.stage > 0) {
-    t.opt = std::make_unique<ZeroOptimizer>(
+    auto zero = std::make_unique<ZeroOptimizer>(
         std::move(t.opt), comm,
         ZeroOptions{.stage = s.stage, .bucket_cap_mb = s.cap_mb, .by_parameters = s.by_parameters});
+    if (s.stage == 2 && s.attach) zero->attach(*t.ddp);
+    t.opt = std::move(zero);
   }
   return t;
 }
@@ -251,6 +258,20 @@ TEST(ZeroErrors, BadStagesAndJoinAtStageTwo) {
   EXPECT_TRUE(ddp.buckets().empty()) << "stage 2 allocates no gradient buckets";
   expect_error([&] { Join join(ddp); }, "has zero_stage 2");
   expect_error([&] { ddp.register_comm_hook(allreduce_hook); }, "zero_stage 2");
+  expect_error(
+      [&] {
+        ZeroOptimizer zero(inner_optimizer(*model, false), comm, {.stage = 1});
+        zero.attach(ddp);
+      },
+      "only stage 2 reduces gradients during the backward");
+  // A synchronized backward left unfinished (ddp::backward without finish_backward):
+  // its round is in flight, so the next forward says what to call.
+  ZeroOptimizer zero(inner_optimizer(*model, false), ddp);
+  const Batch b = shard_of(1, 0, 0, 0);
+  ddp::backward(cross_entropy(ddp(b.x), b.labels));
+  expect_error([&] { ddp(b.x); }, "call ddp.finish_backward() after ddp::backward(loss)");
+  ddp.finish_backward();
+  EXPECT_TRUE(zero.grad_shard().defined()) << "finish_backward() left no gradient shard";
 }
 
 TEST(ZeroShard, ByParametersKeepsParametersWhole) {
@@ -297,6 +318,10 @@ TEST(ZeroParity, AccumulationAndClippingThreeRanksShm) {
 TEST(ZeroParity, ByParametersThreeRanksShm) {
   run_zero("shm", 3, {.cap_mb = 0.002, .by_parameters = true});
 }
+// Stage 2 without attach(): every backward local, step() reduce-scatters.
+TEST(ZeroParity, ReducedInStepAccumulationThreeRanksShm) {
+  run_zero("shm", 3, {.cap_mb = 0.002, .micro_batches = 2, .clip = 0.5, .attach = false});
+}
 TEST(ZeroParity, SgdMomentumFourRanksShm) {
   run_zero("shm", 4, {.sgd = true});
 }
@@ -308,6 +333,127 @@ TEST(ZeroParity, ThreeRanksGloo) {
 }
 TEST(ZeroParity, FourRanksGloo) {
   run_zero("gloo", 4);
+}
+
+// The averaged gradient DDP leaves in .grad, flattened in the optimizer's order,
+// at [begin, begin + size).
+std::vector<float> ddp_gradient_range(nn::Module& model, const ShardRange& range) {
+  std::vector<float> flat;
+  for (const Tensor& p : model.parameters()) {
+    const Tensor g = grad(p);
+    require(g.defined(), "DDP left a parameter without .grad");
+    const std::vector<float> v = g.to_vector<float>();
+    flat.insert(flat.end(), v.begin(), v.end());
+  }
+  return {flat.begin() + range.begin, flat.begin() + range.begin + range.size};
+}
+
+// Stage 2 attached: right after ddp.backward(loss) of a synchronized step, before
+// step(), no parameter has a .grad and the gradient shard is DDP's averaged
+// gradient's shard; at two steps (the second after an update).
+void check_synchronized_backward(const std::shared_ptr<Communicator>& comm, Setup s,
+                                 bool expect_overlap) {
+  const int world = comm->size(), rank = comm->rank();
+  Setup ddp_setup = s;
+  ddp_setup.stage = 0;
+  Trained ref = make_run(comm, ddp_setup);
+  s.stage = 2;
+  Trained run = make_run(comm, s);
+  auto& zero = dynamic_cast<ZeroOptimizer&>(*run.opt);
+  for (int step = 0; step < 2; ++step) {
+    const std::string what = fmt::format("rank {} of {}, step {}", rank, world, step);
+    const Batch b = shard_of(world, rank, step, 0);
+    ref.opt->zero_grad(true);
+    zero.zero_grad(true);
+    ref.ddp->backward(cross_entropy((*ref.ddp)(b.x), b.labels));
+    run.ddp->backward(cross_entropy((*run.ddp)(b.x), b.labels));
+    for (const auto& [name, p] : run.model->named_parameters()) {
+      require(
+          !grad(p).defined(),
+          fmt::format("{}: '{}' kept its full .grad after the synchronized backward", what, name));
+    }
+    const Tensor shard = zero.grad_shard();
+    require(shard.defined() && shard.numel() == zero.shard().size,
+            fmt::format("{}: no gradient shard of {} elements after the backward", what,
+                        zero.shard().size));
+    const std::vector<float> got = shard.to_vector<float>();
+    const std::vector<float> want = ddp_gradient_range(*ref.model, zero.shard());
+    for (size_t j = 0; j < want.size(); ++j) {
+      require(std::abs(double(got[j]) - double(want[j])) <= kAbsTol,
+              fmt::format("{}: gradient shard element {} is {}, DDP's average {}", what, j, got[j],
+                          want[j]));
+    }
+    const int64_t early = zero.grad_rounds_overlapped();
+    require(!expect_overlap || (early > 0 && early < zero.grad_rounds()),
+            fmt::format("{}: {} of {} rounds overlapped the backward", what, early,
+                        zero.grad_rounds()));
+    ref.opt->step();
+    zero.step();
+  }
+  expect_equal_params(*run.model, *ref.model, fmt::format("rank {} of {}", rank, world));
+}
+
+// Stage 2 attached, under no_sync(): the backward stays local, every .grad full
+// and equal to DDP's local one; nothing is reduced.
+void check_local_backward(const std::shared_ptr<Communicator>& comm, const Setup& s) {
+  const int world = comm->size(), rank = comm->rank();
+  Setup ddp_setup = s;
+  ddp_setup.stage = 0;
+  Trained ref = make_run(comm, ddp_setup);
+  Trained run = make_run(comm, {.stage = 2, .cap_mb = s.cap_mb, .hidden = s.hidden});
+  auto& zero = dynamic_cast<ZeroOptimizer&>(*run.opt);
+  const Batch b = shard_of(world, rank, 0, 0);
+  {
+    auto guard = ref.ddp->no_sync();
+    ref.ddp->backward(cross_entropy((*ref.ddp)(b.x), b.labels));
+  }
+  {
+    auto guard = run.ddp->no_sync();
+    run.ddp->backward(cross_entropy((*run.ddp)(b.x), b.labels));
+  }
+  const nn::NamedTensors got = run.model->named_parameters(), want = ref.model->named_parameters();
+  for (size_t k = 0; k < got.size(); ++k) {
+    const Tensor g = grad(got[k].second);
+    require(g.defined() && g.shape() == got[k].second.shape(),
+            fmt::format("rank {}: '{}' has no full .grad after a backward under no_sync()", rank,
+                        got[k].first));
+    const double d = max_abs_diff(g, grad(want[k].second));
+    require(d <= kAbsTol, fmt::format("rank {}: '{}' .grad differs from the local gradient by {}",
+                                      rank, got[k].first, d));
+  }
+  require(!zero.grad_shard().defined(),
+          fmt::format("rank {}: a gradient shard after a local backward", rank));
+}
+
+// The wide model's last weight (20000 of 27580 elements) fills the upper rounds,
+// which launch before the first layers' gradients exist.
+const std::vector<int64_t> kWideHidden = {2, 2000};
+
+TEST(ZeroBackward, ShardAfterSynchronizedBackwardThreeRanksShm) {
+  const auto results = spawn_ranks(3, [&](int rank, int size) {
+    check_synchronized_backward(make_backend("shm", rank, size, {.timeout = 30s}),
+                                {.cap_mb = 0.002}, false);
+    return 0;
+  });
+  for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
+}
+TEST(ZeroBackward, RoundsOverlapBackwardTwoRanksGloo) {
+  const auto results = spawn_ranks(2, [&](int rank, int size) {
+    check_synchronized_backward(make_backend("gloo", rank, size, {.timeout = 30s}),
+                                {.cap_mb = 0.01, .hidden = kWideHidden}, true);
+    return 0;
+  });
+  for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
+}
+TEST(ZeroBackward, ShardOneRankLocal) {
+  check_synchronized_backward(make_local_communicator(), {}, false);
+}
+TEST(ZeroBackward, NoSyncStaysLocalThreeRanksShm) {
+  const auto results = spawn_ranks(3, [&](int rank, int size) {
+    check_local_backward(make_backend("shm", rank, size, {.timeout = 30s}), {.cap_mb = 0.002});
+    return 0;
+  });
+  for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
 }
 
 // Resharding: ZeRO-2 at 4 ranks for half the steps; rank 0 saves the parameters
