@@ -39,6 +39,9 @@ Steps (each under `timeout`, sized so that the run fits --budget on an H100):
   ddp_shm_w2    ddprun -n 2 train, both ranks on cuda:0, DDP_BACKEND=shm, batch 32
                 per rank: checkpoint = reference (one process on the 2x batch)
   dp_2replicas  train --mode dp --devices cuda:0,cuda:0: checkpoint = reference
+  zero2_nccl_w1 ddprun -n 1 train --zero 2, nccl (its reduce_scatter): checkpoint = reference
+  zero1_shm_w2  ddprun -n 2 train --zero 1 / --zero 2, both ranks on cuda:0, shm, batch 32
+  zero2_shm_w2  per rank (shard all_gather / reduce_scatter of device tensors): = reference
   parity_gpt    gpt-tiny, 30 steps on cpu and cuda:0 (synthetic tokens): losses within 1e-3
   ddp_gpt_nccl_w1  the same under ddprun -n 1, nccl, several buckets: = the cuda:0 losses
   bench_device  bench device: rand on the device vs host + copy, pinned vs pageable
@@ -110,7 +113,7 @@ while [[ $# -gt 0 ]]; do
     *) die_usage "unknown option '$1'; valid: --prebuilt, --build-dir, --arch, --prefix, --no-tests, --jobs, --data, --out, --only, --allow-no-gpu, --device, --budget, --help" ;;
   esac
 done
-readonly kSteps=",gpu_tests,train_mlp,train_cnn,parity_mlp,parity_cnn,reference,ddp_nccl_w1,ddp_shm_w2,dp_2replicas,parity_gpt,ddp_gpt_nccl_w1,bench_device,bench_gemm,torch_mlp,torch_cnn,gpt_mini,gpt2,"
+readonly kSteps=",gpu_tests,train_mlp,train_cnn,parity_mlp,parity_cnn,reference,ddp_nccl_w1,ddp_shm_w2,dp_2replicas,zero2_nccl_w1,zero1_shm_w2,zero2_shm_w2,parity_gpt,ddp_gpt_nccl_w1,bench_device,bench_gemm,torch_mlp,torch_cnn,gpt_mini,gpt2,"
 for name in ${only//,/ }; do
   [[ $kSteps == *",$name,"* ]] || die_usage "--only: unknown step '$name'; valid: ${kSteps:1:-1}"
 done

@@ -276,7 +276,8 @@ run_steps() {
   train_step train_cnn cnn 1 "$kCnnCpuAcc"
   parity_step parity_mlp mlp 50
   parity_step parity_cnn cnn 15
-  if selected reference || selected ddp_nccl_w1 || selected ddp_shm_w2 || selected dp_2replicas; then
+  if selected reference || selected ddp_nccl_w1 || selected ddp_shm_w2 || selected dp_2replicas ||
+    selected zero2_nccl_w1 || selected zero1_shm_w2 || selected zero2_shm_w2; then
     step_reference
   fi
   if [[ $dev == cpu ]] && selected ddp_nccl_w1; then
@@ -291,6 +292,21 @@ run_steps() {
     --data "$data" --device "$dev" --batch-size 32
   compare_step dp_2replicas "dp over 2 replicas" "= reference (one device)" \
     "$bin/train" "${same_args[@]}" --mode dp --devices "$dev,$dev" --data "$data" --batch-size 64
+  # ZeRO (issue 19): the nccl reduce_scatter at one rank, and the shard all_gather /
+  # reduce_scatter of device tensors through shm's host staging at two ranks.
+  if [[ $dev == cpu ]] && selected zero2_nccl_w1; then
+    record zero2_nccl_w1 "skipped: nccl needs CUDA (--device cpu)"
+  else
+    compare_step zero2_nccl_w1 "ddp over 1 ranks \(nccl backend" "= reference (one process)" \
+      env DDP_BACKEND=nccl "$bin/ddprun" --standalone -n 1 "$bin/train" "${same_args[@]}" --mode ddp --zero 2 \
+      --data "$data" --device "$dev" --batch-size 64
+  fi
+  compare_step zero1_shm_w2 "ddp over 2 ranks \(shm backend" "= reference (one process, 2x batch)" \
+    env DDP_BACKEND=shm "$bin/ddprun" --standalone -n 2 "$bin/train" "${same_args[@]}" --zero 1 \
+    --data "$data" --device "$dev" --batch-size 32
+  compare_step zero2_shm_w2 "ddp over 2 ranks \(shm backend" "= reference (one process, 2x batch)" \
+    env DDP_BACKEND=shm "$bin/ddprun" --standalone -n 2 "$bin/train" "${same_args[@]}" --zero 2 \
+    --data "$data" --device "$dev" --batch-size 32
   step_parity_gpt
   step_ddp_gpt
   step_bench device
