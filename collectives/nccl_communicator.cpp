@@ -304,7 +304,17 @@ ncclDataType_t nccl_type(DType dtype) {
   DDP_ASSERT(false, "nccl: no NCCL type for dtype {}", dtype_name(dtype));
 }
 
-ncclRedOp_t nccl_op(ReduceOp op) {
+// Note [nccl avg at one rank]
+// At world size 1, NCCL 2.28 (the pip wheel's, on an H100) runs an out-of-place
+// reduce_scatter with ncclAvg through its one-rank pre-multiplied-sum kernel, and
+// that kernel leaves the last count % 16 elements of the output unwritten: ZeRO-2's
+// gradient shard lost the last layer's bias (10 elements of 203,530), found by
+// bench/gpu's zero2_nccl_w1 and pinned by
+// NcclCommunicator.ReduceScatterIsTheIdentityForEveryOpAndDtype. Averaging over one
+// rank divides by 1, so avg is sent as ncclSum there: the same values, through
+// NCCL's plain copy. Other world sizes keep ncclAvg (not checked here: one GPU).
+ncclRedOp_t nccl_op(ReduceOp op, int world_size) {
+  if (op == ReduceOp::avg && world_size == 1) return ncclSum;
   switch (op) {
     case ReduceOp::sum:
       return ncclSum;
@@ -571,7 +581,7 @@ void NcclCommunicator::launch(const Collective& c, ncclComm_t comm) {
   const ncclDataType_t type = nccl_type(c.dtype());
   switch (c.kind) {
     case CollectiveKind::all_reduce:
-      NCCL_CHECK(nccl.all_reduce(in, in, n, type, nccl_op(c.op), comm, stream));
+      NCCL_CHECK(nccl.all_reduce(in, in, n, type, nccl_op(c.op, size()), comm, stream));
       break;
     case CollectiveKind::broadcast:
       NCCL_CHECK(nccl.broadcast(in, in, n, type, c.root, comm, stream));
@@ -581,10 +591,10 @@ void NcclCommunicator::launch(const Collective& c, ncclComm_t comm) {
       break;
     case CollectiveKind::reduce_scatter:
       NCCL_CHECK(nccl.reduce_scatter(in, out, static_cast<size_t>(c.output.numel()), type,
-                                     nccl_op(c.op), comm, stream));
+                                     nccl_op(c.op, size()), comm, stream));
       break;
     case CollectiveKind::reduce:
-      NCCL_CHECK(nccl.reduce(in, in, n, type, nccl_op(c.op), c.root, comm, stream));
+      NCCL_CHECK(nccl.reduce(in, in, n, type, nccl_op(c.op, size()), c.root, comm, stream));
       break;
     case CollectiveKind::barrier:
       break;

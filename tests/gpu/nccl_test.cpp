@@ -69,6 +69,29 @@ TEST(NcclCommunicator, AllReduceIsTheIdentityForEveryOpAndDtype) {
   }
 }
 
+// Out of place, so NCCL cannot skip the work at one rank. Counts that are not a
+// multiple of 16: at one rank NCCL 2.28's avg (a pre-multiplied sum) dropped the
+// last count % 16 elements (found by bench/gpu's zero2_nccl_w1 on an H100,
+// 2026-11-26; Note [nccl avg at one rank]).
+TEST(NcclCommunicator, ReduceScatterIsTheIdentityForEveryOpAndDtype) {
+  DDP_REQUIRE_NCCL();
+  auto comm = make_single_rank();
+  const Stream side = Stream::create(kGpu);
+  StreamGuard guard(side);
+  for (DType dtype : kReducible) {
+    for (ReduceOp op : kOps) {
+      if (op == ReduceOp::avg && !is_floating(dtype)) continue;
+      for (int64_t count : {int64_t{1}, int64_t{10}, int64_t{17}, int64_t{203'530}}) {
+        const Tensor in = gpu_values(dtype, count);
+        Tensor out = zeros({count}, {.dtype = dtype, .device = kGpu});
+        comm->reduce_scatter(in, out, op)->wait();
+        EXPECT_EQ(host_values(out), host_values(in))
+            << dtype_name(dtype) << " " << reduce_op_name(op) << " of " << count;
+      }
+    }
+  }
+}
+
 TEST(NcclCommunicator, BroadcastGatherScatterReduceAndBarrier) {
   DDP_REQUIRE_NCCL();
   auto comm = make_single_rank();
