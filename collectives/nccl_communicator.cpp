@@ -305,14 +305,15 @@ ncclDataType_t nccl_type(DType dtype) {
 }
 
 // Note [nccl avg at one rank]
-// At world size 1, NCCL 2.28 (the pip wheel's, on an H100) runs an out-of-place
-// reduce_scatter with ncclAvg through its one-rank pre-multiplied-sum kernel, and
-// that kernel leaves the last count % 16 elements of the output unwritten: ZeRO-2's
-// gradient shard lost the last layer's bias (10 elements of 203,530), found by
-// bench/gpu's zero2_nccl_w1 and pinned by
-// NcclCommunicator.ReduceScatterIsTheIdentityForEveryOpAndDtype. Averaging over one
-// rank divides by 1, so avg is sent as ncclSum there: the same values, through
-// NCCL's plain copy. Other world sizes keep ncclAvg (not checked here: one GPU).
+// At world size 1, the machine's NCCL 2.28 on an H100 (2026-11-26) left the last
+// count % 16 elements of an out-of-place reduce_scatter with ncclAvg unwritten
+// (its one-rank path for a pre-multiplied sum; sum and in-place all_reduce were
+// right): ZeRO-2's gradient shard lost the last layer's bias, 10 of 203,530
+// elements, and each 13,107-element round its last 3. Found by bench/gpu's
+// zero2_nccl_w1, pinned by NcclCommunicator.ReduceScatterIsTheIdentityForEveryOpAndDtype
+// and ZeroGpu.*. Averaging over one rank divides by 1, so avg goes as ncclSum
+// there: the same values, through NCCL's plain copy. Other world sizes keep
+// ncclAvg (not checked: one GPU; a multi-GPU run of those tests would say).
 ncclRedOp_t nccl_op(ReduceOp op, int world_size) {
   if (op == ReduceOp::avg && world_size == 1) return ncclSum;
   switch (op) {
