@@ -1,10 +1,12 @@
 // CPU elementwise kernels: plain loops the compiler vectorizes.
+#include "runtime/ops/cpu/clones.h"
 #include "runtime/ops/kernels.h"
 
 #include <algorithm>
 
 namespace ddp::kernels::cpu {
 
+DDP_CPU_CLONES
 void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
   const float* x = a.data<float>();
   const float* y = b.data<float>();
@@ -23,6 +25,7 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
   }
 }
 
+DDP_CPU_CLONES
 void scale(const Tensor& a, float s, Tensor& out) {
   const float* x = a.data<float>();
   float* z = out.data<float>();
@@ -34,12 +37,14 @@ void broadcast_scalar(const Tensor& scalar, Tensor& out) {
   std::fill(z, z + out.numel(), *scalar.data<float>());
 }
 
+DDP_CPU_CLONES
 void axpy(float alpha, const Tensor& x, Tensor& y) {
   const float* p = x.data<float>();
   float* q = y.data<float>();
   for (int64_t i = 0, n = x.numel(); i < n; ++i) q[i] += alpha * p[i];
 }
 
+DDP_CPU_CLONES
 void add_bias_rows(const Tensor& x, const Tensor& bias, Tensor& out) {
   const int64_t rows = x.size(0), cols = x.size(1);
   const float* p = x.data<float>();
@@ -50,6 +55,7 @@ void add_bias_rows(const Tensor& x, const Tensor& bias, Tensor& out) {
   }
 }
 
+DDP_CPU_CLONES
 void relu(const Tensor& x, Tensor& out) {
   const float* p = x.data<float>();
   float* z = out.data<float>();
@@ -57,6 +63,7 @@ void relu(const Tensor& x, Tensor& out) {
   for (int64_t i = 0, n = x.numel(); i < n; ++i) z[i] = std::max(p[i], 0.0f);
 }
 
+DDP_CPU_CLONES
 void relu_backward(const Tensor& grad, const Tensor& x, Tensor& out) {
   const float* g = grad.data<float>();
   const float* p = x.data<float>();

@@ -1,6 +1,7 @@
 // CPU kernels of the model zoo's layers and fused optimizer steps. A CNN trains
 // on the CPU through im2col / col2im, so those walk the column matrix row by row
 // (contiguous in cols), clipping each kernel row against the image once.
+#include "runtime/ops/cpu/clones.h"
 #include "runtime/ops/kernels.h"
 #include "runtime/rng/philox.h"
 
@@ -263,6 +264,7 @@ void sgd_momentum_loop(float* p, const float* g, float* buf, int64_t n, const Sg
 
 }  // namespace
 
+DDP_CPU_CLONES
 void im2col(const Tensor& x, const Conv2dGeometry& g, Tensor& cols) {
   const float* in = x.data<float>();
   float* row = cols.data<float>();
@@ -280,6 +282,7 @@ void im2col(const Tensor& x, const Conv2dGeometry& g, Tensor& cols) {
 }
 
 // Each pixel sums its entries in row order (n, oh, ow), as the CUDA gather does.
+DDP_CPU_CLONES
 void col2im(const Tensor& cols, const Conv2dGeometry& g, Tensor& grad_x) {
   const float* row = cols.data<float>();
   float* out = grad_x.data<float>();
@@ -315,6 +318,7 @@ void permute4(const Tensor& x, const std::array<int, 4>& perm, Tensor& out) {
   DDP_ASSERT(false, "permute4: no kernel for elements of {} bytes", element_size(x.dtype()));
 }
 
+DDP_CPU_CLONES
 void max_pool2d(const Tensor& x, const Conv2dGeometry& g, Tensor& out, Tensor& indices) {
   const float* in = x.data<float>();
   float* best_out = out.data<float>();
@@ -341,6 +345,7 @@ void max_pool2d(const Tensor& x, const Conv2dGeometry& g, Tensor& out, Tensor& i
 }
 
 // Each pixel sums its gradients in output order (oh, ow), as the CUDA gather does.
+DDP_CPU_CLONES
 void max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Conv2dGeometry& g,
                          Tensor& grad_x) {
   const float* grad = grad_out.data<float>();
@@ -374,6 +379,7 @@ void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, float p) {
   }
 }
 
+DDP_CPU_CLONES
 void sgd_update(Tensor& param, const Tensor& grad, Tensor& buf, const SgdStep& s) {
   float* p = param.data<float>();
   const float* g = grad.data<float>();
@@ -392,6 +398,7 @@ void sgd_update(Tensor& param, const Tensor& grad, Tensor& buf, const SgdStep& s
 }
 
 // The constants in double, rounded once, so that the CUDA kernel uses the same floats.
+DDP_CPU_CLONES
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s) {
   const double t = static_cast<double>(s.step);
   const auto decay = static_cast<float>(1.0 - static_cast<double>(s.lr) * s.weight_decay);

@@ -1,4 +1,5 @@
 // CPU reductions, accumulated in double so they also serve as references.
+#include "runtime/ops/cpu/clones.h"
 #include "runtime/ops/kernels.h"
 
 #include <cmath>
@@ -14,6 +15,7 @@ void sum_all(const Tensor& x, Tensor& out) {
   *out.data<float>() = static_cast<float>(acc);
 }
 
+DDP_CPU_CLONES
 void sum_dim(const Tensor& x, int64_t outer, int64_t n, int64_t inner, Tensor& out) {
   const float* p = x.data<float>();
   float* z = out.data<float>();
@@ -48,6 +50,7 @@ void argmax_dim(const Tensor& x, int64_t outer, int64_t n, int64_t inner, Tensor
   }
 }
 
+DDP_CPU_CLONES
 void softmax_xent_forward(const Tensor& logits, const Tensor& labels, Tensor& loss, Tensor& probs) {
   const int64_t rows = logits.size(0), classes = logits.size(1);
   const float* x = logits.data<float>();
@@ -74,6 +77,7 @@ void softmax_xent_forward(const Tensor& logits, const Tensor& labels, Tensor& lo
   *loss.data<float>() = static_cast<float>(total / static_cast<double>(rows));
 }
 
+DDP_CPU_CLONES
 void softmax_xent_backward(const Tensor& probs, const Tensor& labels, const Tensor& grad_loss,
                            Tensor& grad_logits) {
   const int64_t rows = probs.size(0), classes = probs.size(1);

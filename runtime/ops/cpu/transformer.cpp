@@ -4,6 +4,7 @@
 // Row statistics accumulate in double: rows are up to a few thousand
 // wide (d_model, vocabulary) and f32 sums of that length lose digits the finite
 // difference tests and the PyTorch parity tests would see.
+#include "runtime/ops/cpu/clones.h"
 #include "runtime/ops/kernels.h"
 
 #include <cblas.h>
@@ -71,6 +72,7 @@ inline TanhParts tanh_parts(float u) {
 
 }  // namespace
 
+DDP_CPU_CLONES
 void gelu(const Tensor& x, Tensor& out) {
   const float* p = x.data<float>();
   float* z = out.data<float>();
@@ -81,6 +83,7 @@ void gelu(const Tensor& x, Tensor& out) {
 }
 
 // d/dx of 0.5 x (1 + tanh(u)), u = k (x + c x^3): 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 c x^2).
+DDP_CPU_CLONES
 void gelu_backward(const Tensor& grad, const Tensor& x, Tensor& out) {
   const float* g = grad.data<float>();
   const float* p = x.data<float>();
@@ -93,6 +96,7 @@ void gelu_backward(const Tensor& grad, const Tensor& x, Tensor& out) {
   }
 }
 
+DDP_CPU_CLONES
 void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out,
                 Tensor& mean, Tensor& rstd) {
   const auto [rows, d] = rows_of(x);
@@ -119,6 +123,7 @@ void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float
 // With xhat = (x - mean) rstd and dxhat = grad * weight:
 // grad_x = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)),
 // grad_weight = sum over rows of grad xhat, grad_bias = sum over rows of grad.
+DDP_CPU_CLONES
 void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& mean,
                          const Tensor& rstd, const Tensor& weight, Tensor& grad_x,
                          Tensor& grad_weight, Tensor& grad_bias) {
@@ -200,6 +205,7 @@ void softmax_row(const float* src, int64_t d, bool log, float* dst) {
 
 }  // namespace
 
+DDP_CPU_CLONES
 void softmax(const Tensor& x, bool log, Tensor& out) {
   const auto [rows, d] = rows_of(x);
   for (int64_t r = 0; r < rows; ++r) {
@@ -209,6 +215,7 @@ void softmax(const Tensor& x, bool log, Tensor& out) {
 
 // Row r is row i = r % T of its matrix: the softmax of columns 0..i, exact zeros
 // after (not exp(-inf) of a -inf mask, so no 0 * inf can reach the backward).
+DDP_CPU_CLONES
 void causal_softmax(const Tensor& x, Tensor& out) {
   const auto [rows, t] = rows_of(x);
   for (int64_t r = 0; r < rows; ++r) {
@@ -239,6 +246,7 @@ void bmm(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool trans
   }
 }
 
+DDP_CPU_CLONES
 void softmax_backward(const Tensor& grad, const Tensor& y, bool log, Tensor& grad_x) {
   const auto [rows, d] = rows_of(y);
   for (int64_t r = 0; r < rows; ++r) {
