@@ -41,8 +41,11 @@ TEST(CpuClones, SgdAndAxpyEqualTheScalarOrderBitForBit) {
   const Tensor p0 = randn({kN}, 1), g = randn({kN}, 2), b0 = randn({kN}, 3);
   const std::vector<float> pv = p0.to_vector<float>(), gv = g.to_vector<float>(),
                            bv = b0.to_vector<float>();
-  const kernels::SgdStep s{
-      .lr = 0.037f, .momentum = 0.9f, .weight_decay = 0.013f, .nesterov = true, .first_step = false};
+  const kernels::SgdStep s{.lr = 0.037f,
+                           .momentum = 0.9f,
+                           .weight_decay = 0.013f,
+                           .nesterov = true,
+                           .first_step = false};
   Tensor p = p0.clone(), buf = b0.clone();
   sgd_update_(p, g, buf, s);
   std::vector<float> want_p = pv, want_b = bv;
@@ -65,8 +68,8 @@ TEST(CpuClones, SgdAndAxpyEqualTheScalarOrderBitForBit) {
 TEST(CpuClones, AdamWEqualsTheScalarOrderBitForBit) {
   const Tensor p0 = randn({kN}, 4), g = randn({kN}, 5), m0 = randn({kN}, 6);
   const Tensor v0 = mul(randn({kN}, 7), randn({kN}, 7));  // squares: v >= 0
-  const kernels::AdamWStep s{.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                             .weight_decay = 0.1f, .step = 3};
+  const kernels::AdamWStep s{
+      .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .step = 3};
   Tensor p = p0.clone(), m = m0.clone(), v = v0.clone();
   adamw_update_(p, g, m, v, s);
   std::vector<float> pv = p0.to_vector<float>(), mv = m0.to_vector<float>(),
