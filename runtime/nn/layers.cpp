@@ -101,9 +101,30 @@ Sequential& Sequential::add(std::shared_ptr<Module> layer) {
   return *this;
 }
 
+// Note [relu before max pooling]
+// ReLU followed by MaxPool2d (every CNN block: conv, ReLU, pool) runs as the pool
+// then the ReLU, on the CPU. ReLU is non-decreasing and keeps NaN, so the maximum
+// of the ReLUs is the ReLU of the maximum, and the gradient reaches the same input
+// element (the window's first maximum when it is positive, none otherwise): the
+// same values and gradients, with ReLU and its backward over a quarter of the
+// elements (2x2 pooling). The only difference: a window whose maximum is -0.0
+// gives -0.0 rather than +0.0 (equal values; a CNN's conv output is never exactly
+// -0.0 in practice), and where a window holds no positive value the pool may keep
+// another (zero-gradient) element. CPU only: the CUDA ReLU maps NaN to 0, for
+// which the two orders differ.
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
-  for (const auto& [name, layer] : children()) h = layer->forward(h);
+  const auto& layers = children();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    Module& layer = *layers[i].second;
+    if (i + 1 < layers.size() && h.device().is_cpu() && dynamic_cast<ReLU*>(&layer) != nullptr &&
+        dynamic_cast<MaxPool2d*>(layers[i + 1].second.get()) != nullptr) {
+      h = layer.forward(layers[i + 1].second->forward(h));
+      ++i;
+      continue;
+    }
+    h = layer.forward(h);
+  }
   return h;
 }
 

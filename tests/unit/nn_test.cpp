@@ -3,7 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <memory>
+#include <vector>
 
 namespace ddp {
 namespace {
@@ -106,6 +110,60 @@ TEST(Module, ConvNetShapes) {
   EXPECT_EQ(y.shape(), (Shape{2, 10}));
   EXPECT_EQ(net.state_dict()[0].first, "0.weight");
   EXPECT_EQ(net.state_dict()[0].second.shape(), (Shape{4, 1, 3, 3}));
+}
+
+// Note [relu before max pooling]: Sequential runs ReLU then MaxPool2d as the pool
+// then the ReLU. Output, input gradient and weight gradients equal the layers run
+// one by one in the written order, bit for bit, also with NaNs and ties (integer
+// values) in the input; odd image sizes leave a row and column out of every window.
+TEST(Module, ReluBeforeMaxPoolRunsReorderedWithTheSameResults) {
+  for (const bool special : {false, true}) {
+    SCOPED_TRACE(special ? "NaNs and ties" : "random");
+    Generator gen(5);
+    const std::vector<std::shared_ptr<nn::Module>> layers = {
+        std::make_shared<nn::Conv2d>(2, 3, 3, gen, functional::Conv2dOptions{1, 1}),
+        std::make_shared<nn::ReLU>(), std::make_shared<nn::MaxPool2d>(2),
+        std::make_shared<nn::Flatten>()};
+    nn::Sequential net;
+    for (const auto& layer : layers) net.add(layer);
+    std::vector<float> xv = randn({2, 2, 9, 7}, 6).to_vector<float>();
+    if (special) {
+      for (float& v : xv) v = std::round(2.0f * v);  // ties in most windows
+      xv[5] = NAN;
+      xv[40] = NAN;
+    }
+    const auto run = [&](bool written_order) {
+      net.zero_grad(true);
+      Tensor x = from_vector(xv, {2, 2, 9, 7});
+      set_requires_grad(x, true);
+      Tensor y;
+      if (written_order) {
+        Tensor h = x;
+        for (const auto& layer : layers) h = layer->forward(h);
+        y = h;
+      } else {
+        y = net(x);
+      }
+      const Tensor upstream = randn(y.shape(), 7);
+      backward(functional::sum(functional::mul(y, upstream)));
+      std::vector<std::vector<float>> out = {y.to_vector<float>(), grad(x).to_vector<float>()};
+      for (const Tensor& p : net.parameters()) out.push_back(grad(p).to_vector<float>());
+      return out;
+    };
+    const auto want = run(true), got = run(false);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t k = 0; k < want.size(); ++k) {
+      ASSERT_EQ(got[k].size(), want[k].size());
+      for (size_t j = 0; j < want[k].size(); ++j) {
+        // NaN equals NaN here; every other value bit for bit (std::memcmp-like).
+        const bool both_nan = std::isnan(got[k][j]) && std::isnan(want[k][j]);
+        ASSERT_TRUE(both_nan ||
+                    std::bit_cast<uint32_t>(got[k][j]) == std::bit_cast<uint32_t>(want[k][j]))
+            << "result " << k << " (0 output, 1 input gradient, then parameters) element " << j
+            << ": " << got[k][j] << " vs " << want[k][j];
+      }
+    }
+  }
 }
 
 }  // namespace
