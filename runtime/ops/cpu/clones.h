@@ -27,3 +27,7 @@
 #else
 #define DDP_CPU_CLONES
 #endif
+
+// A helper of a DDP_CPU_CLONES function, inlined into each copy so that it is
+// compiled for that copy's ISA too (a call would reach the plain x86-64 code).
+#define DDP_CPU_INLINE [[gnu::always_inline]] inline

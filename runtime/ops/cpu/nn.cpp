@@ -172,6 +172,9 @@ inline void window_max(const float* src, int64_t w, Taps rows, Taps columns, flo
 // max_pool2d with a 2x2 kernel, stride 2, no padding (every CNN's pooling): the
 // windows are never clipped, so the four taps are compared in (h, w) order with
 // the same rule as window_max and no bounds arithmetic.
+// Not in the AVX2 / AVX-512 copies of max_pool2d (Note [cpu kernel clones]): GCC's
+// AVX-512 code for these rows took twice the plain x86-64 code's time (20.8% against
+// 10% of the CNN's step on a Zen 4), so they stay out-of-line, plain x86-64.
 constexpr int64_t kMaxPoolRow = 256;  // output columns per pass (a stack buffer)
 
 // True when x[0, n) holds a NaN. An integer count, so that GCC vectorizes it.
@@ -233,8 +236,8 @@ void max_pool_2x2_row_exact(const float* top, const float* bottom, int64_t out_w
   }
 }
 
-void max_pool_2x2(const float* in, int64_t planes, int64_t h, int64_t w, float* best_out,
-                  int64_t* index_out) {
+[[gnu::noinline]] void max_pool_2x2(const float* in, int64_t planes, int64_t h, int64_t w,
+                                    float* best_out, int64_t* index_out) {
   const int64_t out_h = h / 2, out_w = w / 2;
   for (int64_t plane = 0; plane < planes; ++plane) {
     const float* src = in + plane * h * w;

@@ -190,7 +190,7 @@ namespace {
 
 // Softmax (or log-softmax) of src[0, d) into dst[0, d); d >= 1.
 // Subtracting the row maximum keeps exp() <= 1: logits of 1e4 stay finite.
-void softmax_row(const float* src, int64_t d, bool log, float* dst) {
+DDP_CPU_INLINE void softmax_row(const float* src, int64_t d, bool log, float* dst) {
   const float max = *std::max_element(src, src + d);
   double sum = 0.0;
   for (int64_t j = 0; j < d; ++j) sum += std::exp(static_cast<double>(src[j] - max));
