@@ -278,6 +278,35 @@ TEST(NnOps, MaxPool2dPropagatesNaN) {
   EXPECT_EQ(out[1], 1.0f);
 }
 
+// NaNs in rows longer than one vector (40 columns: windows 0-15 and 16-19 of the
+// AVX-512 row, Note [avx-512 pooling]): the rows holding one take the exact path;
+// a NaN wins its window like +inf would, and every other window is unchanged.
+TEST(NnOps, MaxPool2dNaNInLongRowsMatchesNaive) {
+  const Shape shape{1, 2, 6, 40};
+  std::vector<float> v = rand(shape, 51).to_vector<float>();
+  for (const int64_t i : {int64_t{35}, int64_t{3 * 40 + 2}, int64_t{240 + 5 * 40 + 39}}) {
+    v[at(i)] = NAN;
+  }
+  const Tensor x = from_vector(v, shape);
+  const Conv2dGeometry g = conv_geometry(x, 2, 2, 0);
+  const MaxPoolResult r = max_pool2d(x, g);
+  std::vector<double> as_inf = as_double(x);
+  for (double& e : as_inf) e = std::isnan(e) ? INFINITY : e;
+  const PoolRef ref = naive_pool(as_inf, g);
+  const std::vector<float> out = r.out.to_vector<float>();
+  EXPECT_EQ(r.indices.to_vector<int64_t>(), ref.indices);
+  int nans = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (std::isinf(ref.out[i])) {
+      EXPECT_TRUE(std::isnan(out[i])) << "window " << i;
+      ++nans;
+    } else {
+      EXPECT_EQ(static_cast<double>(out[i]), ref.out[i]) << "window " << i;
+    }
+  }
+  EXPECT_EQ(nans, 3);
+}
+
 // Distinct values 0.01 apart in a scrambled order: a 1e-3 nudge never changes a maximum.
 Tensor distinct_values(const Shape& shape) {
   const int64_t n = shape_numel(shape);

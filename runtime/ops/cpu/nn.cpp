@@ -8,6 +8,11 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace ddp::kernels::cpu {
 namespace {
@@ -236,15 +241,102 @@ void max_pool_2x2_row_exact(const float* top, const float* bottom, int64_t out_w
   }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DDP_POOL_AVX512 1
+#define DDP_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
+
+// Note [avx-512 pooling]
+// max_pool_2x2_row for AVX-512, 16 windows per vector: the two input rows are
+// loaded 32 floats at a time under a mask (a CNN's rows are short, 14 and 7
+// windows: one masked iteration, no scalar tail), split into even and odd columns
+// with two permutes, and reduced in max_pool_2x2_row's order: m = max(t1, m) is
+// "t1 > m ? t1 : m" (MAXPS returns its second operand unless the first is larger),
+// the tap is the first of t0, t1, t2 equal to m, else t3; the flat indices are
+// built in two 8-lane int64 halves. So values and indices are those of the plain
+// row, bit for bit (NnOps.MaxPool2d* compare both with the naive pooling). A NaN
+// in the row returns false (the windows before it may be written already): the
+// caller then writes the whole row with the exact rule. Its own function with a target attribute,
+// chosen at run time by cpu_has_avx512(), as GCC's vectorization of the plain row for AVX-512 was
+// twice as slow (Note [cpu kernel clones]).
+DDP_AVX512_TARGET bool max_pool_2x2_row_avx512(const float* top, const float* bottom, int64_t out_w,
+                                               int64_t base, int64_t w, float* best_out,
+                                               int64_t* index_out) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  const __m512i lane2 = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
+  const __m512i one = _mm512_set1_epi64(1), wide = _mm512_set1_epi64(w);
+  for (int64_t ow0 = 0; ow0 < out_w; ow0 += 16) {
+    const int64_t n = std::min<int64_t>(16, out_w - ow0);
+    const auto mask = static_cast<__mmask16>((1u << n) - 1u);
+    const auto lo = static_cast<__mmask16>(n >= 8 ? 0xffffu : (1u << (2 * n)) - 1u);
+    const auto hi = static_cast<__mmask16>(n > 8 ? (1u << (2 * n - 16)) - 1u : 0u);
+    const __m512 ta = _mm512_maskz_loadu_ps(lo, top + 2 * ow0);
+    const __m512 tb = _mm512_maskz_loadu_ps(hi, top + 2 * ow0 + 16);
+    const __m512 ba = _mm512_maskz_loadu_ps(lo, bottom + 2 * ow0);
+    const __m512 bb = _mm512_maskz_loadu_ps(hi, bottom + 2 * ow0 + 16);
+    const __m512 t0 = _mm512_permutex2var_ps(ta, even, tb);
+    const __m512 t1 = _mm512_permutex2var_ps(ta, odd, tb);
+    const __m512 t2 = _mm512_permutex2var_ps(ba, even, bb);
+    const __m512 t3 = _mm512_permutex2var_ps(ba, odd, bb);
+    // A NaN anywhere in the row: the caller redoes the whole row with the exact rule.
+    if ((_mm512_cmp_ps_mask(t0, t1, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(t2, t3, _CMP_UNORD_Q)) !=
+        0) {
+      return false;
+    }
+    // maskz with every lane: the same VMAXPS; GCC 12 warns that _mm512_max_ps's
+    // undefined pass-through "may be used uninitialized".
+    __m512 m = _mm512_maskz_max_ps(0xffff, t1, t0);
+    m = _mm512_maskz_max_ps(0xffff, t2, m);
+    m = _mm512_maskz_max_ps(0xffff, t3, m);
+    _mm512_mask_storeu_ps(best_out + ow0, mask, m);
+    const __mmask16 eq0 = _mm512_cmp_ps_mask(t0, m, _CMP_EQ_OQ);
+    const __mmask16 eq1 = _mm512_cmp_ps_mask(t1, m, _CMP_EQ_OQ);
+    const __mmask16 eq2 = _mm512_cmp_ps_mask(t2, m, _CMP_EQ_OQ);
+    const auto right = static_cast<__mmask16>((~eq0 & eq1) | (~eq0 & ~eq1 & ~eq2));  // tap 1, 3
+    const auto below = static_cast<__mmask16>(~eq0 & ~eq1);                          // tap 2, 3
+    for (int half = 0; half < 2; ++half) {
+      const auto lanes = static_cast<__mmask8>(mask >> (8 * half));
+      if (lanes == 0) break;
+      __m512i at = _mm512_add_epi64(_mm512_set1_epi64(base + 2 * (ow0 + 8 * half)), lane2);
+      at = _mm512_mask_add_epi64(at, static_cast<__mmask8>(right >> (8 * half)), at, one);
+      at = _mm512_mask_add_epi64(at, static_cast<__mmask8>(below >> (8 * half)), at, wide);
+      _mm512_mask_storeu_epi64(index_out + ow0 + 8 * half, lanes, at);
+    }
+  }
+  return true;
+}
+
+bool cpu_has_avx512() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+           std::getenv("DDP_NO_AVX512_POOL") == nullptr;
+  }();
+  return has;
+}
+#endif
+
 [[gnu::noinline]] void max_pool_2x2(const float* in, int64_t planes, int64_t h, int64_t w,
                                     float* best_out, int64_t* index_out) {
   const int64_t out_h = h / 2, out_w = w / 2;
+#ifdef DDP_POOL_AVX512
+  const bool avx512 = cpu_has_avx512();
+#endif
   for (int64_t plane = 0; plane < planes; ++plane) {
     const float* src = in + plane * h * w;
     for (int64_t oh = 0; oh < out_h; ++oh, best_out += out_w, index_out += out_w) {
       const float* top = src + 2 * oh * w;
       const float* bottom = top + w;
       const int64_t base = 2 * oh * w;
+#ifdef DDP_POOL_AVX512
+      if (avx512) {
+        if (!max_pool_2x2_row_avx512(top, bottom, out_w, base, w, best_out, index_out)) {
+          max_pool_2x2_row_exact(top, bottom, out_w, base, w, best_out, index_out);
+        }
+        continue;
+      }
+#endif
       if (has_nan(top, 2 * out_w) || has_nan(bottom, 2 * out_w)) {
         max_pool_2x2_row_exact(top, bottom, out_w, base, w, best_out, index_out);
       } else {
