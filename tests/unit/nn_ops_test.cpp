@@ -8,7 +8,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -305,6 +308,34 @@ TEST(NnOps, MaxPool2dNaNInLongRowsMatchesNaive) {
     }
   }
   EXPECT_EQ(nans, 3);
+}
+
+// Note [avx-512 pooling]: the AVX-512 rows (where the CPU has them) and the plain
+// rows (DDP_NO_AVX512_POOL) give the same values and indices, bit for bit, with
+// ties, -0.0 next to +0.0, NaNs, and rows of 1 to 37 windows.
+TEST(NnOps, MaxPool2x2RowsAgreeOnEveryPath) {
+  for (const int64_t w : {int64_t{2}, int64_t{15}, int64_t{28}, int64_t{33}, int64_t{74}}) {
+    SCOPED_TRACE("width " + std::to_string(w));
+    const Shape shape{2, 3, 6, w};
+    std::vector<float> v = rand(shape, 52 + static_cast<uint64_t>(w)).to_vector<float>();
+    for (size_t i = 0; i < v.size(); ++i) {
+      v[i] = std::floor(3.0f * v[i]) - 1.0f;  // -1, 0, 1: ties everywhere
+      if (v[i] == 0.0f && i % 2 == 0) v[i] = -0.0f;
+    }
+    v[at(w + 1)] = NAN;
+    const Tensor x = from_vector(v, shape);
+    const Conv2dGeometry g = conv_geometry(x, 2, 2, 0);
+    const MaxPoolResult fast = max_pool2d(x, g);
+    ASSERT_EQ(setenv("DDP_NO_AVX512_POOL", "1", 1), 0);
+    const MaxPoolResult plain = max_pool2d(x, g);
+    unsetenv("DDP_NO_AVX512_POOL");
+    const std::vector<float> a = fast.out.to_vector<float>(), b = plain.out.to_vector<float>();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(a[i]), std::bit_cast<uint32_t>(b[i])) << "window " << i;
+    }
+    EXPECT_EQ(fast.indices.to_vector<int64_t>(), plain.indices.to_vector<int64_t>());
+  }
 }
 
 // Distinct values 0.01 apart in a scrambled order: a 1e-3 nudge never changes a maximum.

@@ -253,11 +253,14 @@ void max_pool_2x2_row_exact(const float* top, const float* bottom, int64_t out_w
 // "t1 > m ? t1 : m" (MAXPS returns its second operand unless the first is larger),
 // the tap is the first of t0, t1, t2 equal to m, else t3; the flat indices are
 // built in two 8-lane int64 halves. So values and indices are those of the plain
-// row, bit for bit (NnOps.MaxPool2d* compare both with the naive pooling). A NaN
-// in the row returns false (the windows before it may be written already): the
-// caller then writes the whole row with the exact rule. Its own function with a target attribute,
-// chosen at run time by cpu_has_avx512(), as GCC's vectorization of the plain row for AVX-512 was
-// twice as slow (Note [cpu kernel clones]).
+// row, bit for bit (NnOps.MaxPool2d* compare both with the naive pooling, and
+// NnOps.MaxPool2x2RowsAgreeOnEveryPath with the plain rows). A NaN in the row
+// returns false (the windows before it may be written already): the caller then
+// writes the whole row with the exact rule. Its own function with a target
+// attribute, chosen at run time by use_avx512_pool(), as GCC's vectorization of
+// the plain row for AVX-512 was twice as slow (Note [cpu kernel clones]). On an
+// AVX2-only CPU the plain row runs (no AVX2 version yet). DDP_NO_AVX512_POOL=1 in
+// the environment takes the plain rows on any CPU.
 DDP_AVX512_TARGET bool max_pool_2x2_row_avx512(const float* top, const float* bottom, int64_t out_w,
                                                int64_t base, int64_t w, float* best_out,
                                                int64_t* index_out) {
@@ -306,14 +309,15 @@ DDP_AVX512_TARGET bool max_pool_2x2_row_avx512(const float* top, const float* bo
   return true;
 }
 
-bool cpu_has_avx512() {
+// The AVX-512 rows where the CPU has them, unless DDP_NO_AVX512_POOL is set (read
+// per call, so that a test can compare both paths in one process).
+bool use_avx512_pool() {
   static const bool has = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-           std::getenv("DDP_NO_AVX512_POOL") == nullptr;
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   }();
-  return has;
+  return has && std::getenv("DDP_NO_AVX512_POOL") == nullptr;
 }
 #endif
 
@@ -321,7 +325,7 @@ bool cpu_has_avx512() {
                                     float* best_out, int64_t* index_out) {
   const int64_t out_h = h / 2, out_w = w / 2;
 #ifdef DDP_POOL_AVX512
-  const bool avx512 = cpu_has_avx512();
+  const bool avx512 = use_avx512_pool();
 #endif
   for (int64_t plane = 0; plane < planes; ++plane) {
     const float* src = in + plane * h * w;
