@@ -9,7 +9,6 @@
 #include <bit>
 #include <cmath>
 #include <cstdlib>
-#include <string_view>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -258,10 +257,10 @@ void max_pool_2x2_row_exact(const float* top, const float* bottom, int64_t out_w
 // NnOps.MaxPool2x2RowsAgreeOnEveryPath with the plain rows). A NaN in the row
 // returns false (the windows before it may be written already): the caller then
 // writes the whole row with the exact rule. Its own function with a target
-// attribute, chosen at run time by pool_rows(), as GCC's vectorization of the
-// plain row for AVX-512 was twice as slow (Note [cpu kernel clones]); an AVX2
-// version below serves CPUs without AVX-512. DDP_CPU_POOL=plain|avx2 in the
-// environment caps the choice (tests, measurements).
+// attribute, chosen at run time by use_avx512_pool(), as GCC's vectorization of
+// the plain row for AVX-512 was twice as slow (Note [cpu kernel clones]). On an
+// AVX2-only CPU the plain row runs (no AVX2 version yet). DDP_NO_AVX512_POOL=1 in
+// the environment takes the plain rows on any CPU.
 DDP_AVX512_TARGET bool max_pool_2x2_row_avx512(const float* top, const float* bottom, int64_t out_w,
                                                int64_t base, int64_t w, float* best_out,
                                                int64_t* index_out) {
@@ -310,91 +309,15 @@ DDP_AVX512_TARGET bool max_pool_2x2_row_avx512(const float* top, const float* bo
   return true;
 }
 
-#define DDP_AVX2_TARGET __attribute__((target("avx2")))
-
-// The even / odd elements of a[0..8) b[0..8) in order: in-lane shuffles, then the
-// 64-bit quarters in order.
-DDP_AVX2_TARGET inline __m256 even_columns(__m256 a, __m256 b) {
-  const __m256 x = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
-  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(x), _MM_SHUFFLE(3, 1, 2, 0)));
-}
-DDP_AVX2_TARGET inline __m256 odd_columns(__m256 a, __m256 b) {
-  const __m256 x = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
-  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(x), _MM_SHUFFLE(3, 1, 2, 0)));
-}
-
-// max_pool_2x2_row_avx512 for AVX2 (Note [avx-512 pooling]), 8 windows per vector:
-// no mask registers, so a tail of fewer than 8 windows loads and stores under
-// vector masks (VMASKMOV), and the two unpacked halves of the 0/-1 compare
-// results select the index offsets. The same values and indices bit for bit.
-DDP_AVX2_TARGET bool max_pool_2x2_row_avx2(const float* top, const float* bottom, int64_t out_w,
-                                           int64_t base, int64_t w, float* best_out,
-                                           int64_t* index_out) {
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256i lane2 = _mm256_setr_epi64x(0, 2, 4, 6);
-  const __m256i wide = _mm256_set1_epi64x(w);
-  for (int64_t ow0 = 0; ow0 < out_w; ow0 += 8) {
-    const int64_t n = std::min<int64_t>(8, out_w - ow0);
-    // Load masks for the 16 inputs (2 per window) and the 8 outputs.
-    const __m256i in_lo = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(2 * n)), lane);
-    const __m256i in_hi = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(2 * n - 8)), lane);
-    const __m256i out_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), lane);
-    const __m256 ta = _mm256_maskload_ps(top + 2 * ow0, in_lo);
-    const __m256 tb = _mm256_maskload_ps(top + 2 * ow0 + 8, in_hi);
-    const __m256 ba = _mm256_maskload_ps(bottom + 2 * ow0, in_lo);
-    const __m256 bb = _mm256_maskload_ps(bottom + 2 * ow0 + 8, in_hi);
-    const __m256 t0 = even_columns(ta, tb), t1 = odd_columns(ta, tb);
-    const __m256 t2 = even_columns(ba, bb), t3 = odd_columns(ba, bb);
-    const __m256 nan =
-        _mm256_or_ps(_mm256_cmp_ps(t0, t1, _CMP_UNORD_Q), _mm256_cmp_ps(t2, t3, _CMP_UNORD_Q));
-    if (_mm256_movemask_ps(nan) != 0) return false;
-    __m256 m = _mm256_max_ps(t1, t0);  // "t1 > t0 ? t1 : t0", as VMAXPS in AVX-512
-    m = _mm256_max_ps(t2, m);
-    m = _mm256_max_ps(t3, m);
-    _mm256_maskstore_ps(best_out + ow0, out_mask, m);
-    const __m256 eq0 = _mm256_cmp_ps(t0, m, _CMP_EQ_OQ);
-    const __m256 eq1 = _mm256_cmp_ps(t1, m, _CMP_EQ_OQ);
-    const __m256 eq2 = _mm256_cmp_ps(t2, m, _CMP_EQ_OQ);
-    // right: tap 1 or 3; below: tap 2 or 3 (as 0 / -1 per window).
-    const __m256 not0 = _mm256_andnot_ps(eq0, _mm256_castsi256_ps(_mm256_set1_epi32(-1)));
-    const __m256 right =
-        _mm256_and_ps(not0, _mm256_or_ps(eq1, _mm256_andnot_ps(eq2, _mm256_andnot_ps(eq1, not0))));
-    const __m256 below = _mm256_andnot_ps(eq1, not0);
-    const __m256i r = _mm256_castps_si256(right), b = _mm256_castps_si256(below);
-    for (int half = 0; half < 2; ++half) {
-      if (4 * half >= n) break;
-      const __m128i r4 = half == 0 ? _mm256_castsi256_si128(r) : _mm256_extracti128_si256(r, 1);
-      const __m128i b4 = half == 0 ? _mm256_castsi256_si128(b) : _mm256_extracti128_si256(b, 1);
-      const __m128i o4 =
-          half == 0 ? _mm256_castsi256_si128(out_mask) : _mm256_extracti128_si256(out_mask, 1);
-      __m256i at = _mm256_add_epi64(_mm256_set1_epi64x(base + 2 * (ow0 + 4 * half)), lane2);
-      at = _mm256_sub_epi64(at, _mm256_cvtepi32_epi64(r4));  // -(-1): + 1
-      at = _mm256_add_epi64(at, _mm256_and_si256(_mm256_cvtepi32_epi64(b4), wide));
-      _mm256_maskstore_epi64(reinterpret_cast<long long*>(index_out + ow0 + 4 * half),
-                             _mm256_cvtepi32_epi64(o4), at);
-    }
-  }
-  return true;
-}
-
-enum class PoolRows { plain, avx2, avx512 };
-
-// The widest rows the CPU runs, capped by DDP_CPU_POOL=plain|avx2|avx512 (read per
-// call, so that a test can compare the paths in one process).
-PoolRows pool_rows() {
-  static const PoolRows widest = [] {
+// The AVX-512 rows where the CPU has them, unless DDP_NO_AVX512_POOL is set (read
+// per call, so that a test can compare both paths in one process).
+bool use_avx512_pool() {
+  static const bool has = [] {
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
-      return PoolRows::avx512;
-    }
-    return __builtin_cpu_supports("avx2") ? PoolRows::avx2 : PoolRows::plain;
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   }();
-  const char* cap = std::getenv("DDP_CPU_POOL");
-  if (cap == nullptr) return widest;
-  const std::string_view c(cap);
-  const PoolRows want = c == "plain" ? PoolRows::plain : c == "avx2" ? PoolRows::avx2 : widest;
-  return std::min(want, widest);
+  return has && std::getenv("DDP_NO_AVX512_POOL") == nullptr;
 }
 #endif
 
@@ -402,7 +325,7 @@ PoolRows pool_rows() {
                                     float* best_out, int64_t* index_out) {
   const int64_t out_h = h / 2, out_w = w / 2;
 #ifdef DDP_POOL_AVX512
-  const PoolRows rows = pool_rows();
+  const bool avx512 = use_avx512_pool();
 #endif
   for (int64_t plane = 0; plane < planes; ++plane) {
     const float* src = in + plane * h * w;
@@ -411,12 +334,10 @@ PoolRows pool_rows() {
       const float* bottom = top + w;
       const int64_t base = 2 * oh * w;
 #ifdef DDP_POOL_AVX512
-      if (rows != PoolRows::plain) {
-        const bool done =
-            rows == PoolRows::avx512
-                ? max_pool_2x2_row_avx512(top, bottom, out_w, base, w, best_out, index_out)
-                : max_pool_2x2_row_avx2(top, bottom, out_w, base, w, best_out, index_out);
-        if (!done) max_pool_2x2_row_exact(top, bottom, out_w, base, w, best_out, index_out);
+      if (avx512) {
+        if (!max_pool_2x2_row_avx512(top, bottom, out_w, base, w, best_out, index_out)) {
+          max_pool_2x2_row_exact(top, bottom, out_w, base, w, best_out, index_out);
+        }
         continue;
       }
 #endif
