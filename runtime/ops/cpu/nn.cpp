@@ -259,8 +259,12 @@ void max_pool_2x2_row_exact(const float* top, const float* bottom, int64_t out_w
 // writes the whole row with the exact rule. Its own function with a target
 // attribute, chosen at run time by use_avx512_pool(), as GCC's vectorization of
 // the plain row for AVX-512 was twice as slow (Note [cpu kernel clones]). On an
-// AVX2-only CPU the plain row runs (no AVX2 version yet). DDP_NO_AVX512_POOL=1 in
-// the environment takes the plain rows on any CPU.
+// AVX2-only CPU the plain row runs: an AVX2 row was tried (2026-11-26, measured on
+// the Zen 4 with the AVX-512 row switched off) and dropped. With VMASKMOV for the
+// short rows' tails it took 12.1% of the CNN's step against the plain row's
+// 10.5% (AMD runs masked stores slowly); with whole vectors and the plain row for
+// the tails (a CNN's 14- and 7-window rows are mostly tail) 10.3%: no gain.
+// DDP_NO_AVX512_POOL=1 in the environment takes the plain rows on any CPU.
 DDP_AVX512_TARGET bool max_pool_2x2_row_avx512(const float* top, const float* bottom, int64_t out_w,
                                                int64_t base, int64_t w, float* best_out,
                                                int64_t* index_out) {
