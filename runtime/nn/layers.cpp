@@ -110,8 +110,9 @@ Sequential& Sequential::add(std::shared_ptr<Module> layer) {
 // elements (2x2 pooling). The only difference: a window whose maximum is -0.0
 // gives -0.0 rather than +0.0 (equal values; a CNN's conv output is never exactly
 // -0.0 in practice), and where a window holds no positive value the pool may keep
-// another (zero-gradient) element. CPU only: the CUDA ReLU maps NaN to 0, for
-// which the two orders differ.
+// another (zero-gradient) element. CPU only for now: the CUDA ReLU mapped NaN to
+// 0 (for which the two orders differ) until 2026-11-26, and the reorder has not
+// been run on a GPU since.
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
   const auto& layers = children();

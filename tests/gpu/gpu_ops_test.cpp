@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -138,6 +139,24 @@ TEST(GpuOps, ScaleAxpyBiasReluMatchCpu) {
   expect_close(add_bias_rows(x, bias), add_bias_rows(x.cpu(), bias.cpu()), 1e-5);
   expect_close(relu(x), relu(x.cpu()), 1e-5);
   expect_close(relu_backward(y, x), relu_backward(hy, x.cpu()), 1e-5);
+}
+
+// ReLU of NaN is NaN on both devices (as torch.relu), and -0.0, infinities and
+// the rest agree bit for bit.
+TEST(GpuOps, ReluKeepsNanAsTheCpu) {
+  DDP_REQUIRE_CUDA();
+  const std::vector<float> v = {NAN, -0.0f, 0.0f, -1.5f, 2.5f, INFINITY, -INFINITY, 1e-30f};
+  const Tensor x = from_vector(v, {static_cast<int64_t>(v.size())});
+  const std::vector<float> gpu = relu(x.to(kGpu)).cpu().to_vector<float>();
+  const std::vector<float> cpu = relu(x).to_vector<float>();
+  ASSERT_TRUE(std::isnan(gpu[0])) << "relu(NaN) on " << kGpu.str() << " is " << gpu[0];
+  for (size_t i = 0; i < v.size(); ++i) {
+    uint32_t a = 0, b = 0;
+    std::memcpy(&a, &gpu[i], sizeof a);
+    std::memcpy(&b, &cpu[i], sizeof b);
+    EXPECT_EQ(a, b) << "relu(" << v[i] << "): " << gpu[i] << " on the GPU, " << cpu[i]
+                    << " on the CPU";
+  }
 }
 
 TEST(GpuOps, FillEveryDtypeMatchesCpu) {

@@ -71,7 +71,9 @@ struct AddBiasRowsFn {
 struct ReluFn {
   const float* x;
   float* out;
-  __device__ void operator()(int64_t i) const { out[i] = x[i] > 0.0f ? x[i] : 0.0f; }
+  // As the CPU's std::max(x, 0) and torch.relu: NaN stays NaN (x > 0 ? x : 0 made
+  // it 0, hiding a NaN from every check after it), -0.0 stays -0.0.
+  __device__ void operator()(int64_t i) const { out[i] = x[i] < 0.0f ? 0.0f : x[i]; }
 };
 
 struct ReluBackwardFn {
