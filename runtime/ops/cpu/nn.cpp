@@ -177,9 +177,6 @@ inline void window_max(const float* src, int64_t w, Taps rows, Taps columns, flo
 // max_pool2d with a 2x2 kernel, stride 2, no padding (every CNN's pooling): the
 // windows are never clipped, so the four taps are compared in (h, w) order with
 // the same rule as window_max and no bounds arithmetic.
-// Not in the AVX2 / AVX-512 copies of max_pool2d (Note [cpu kernel clones]): GCC's
-// AVX-512 code for these rows took twice the plain x86-64 code's time (20.8% against
-// 10% of the CNN's step on a Zen 4), so they stay out-of-line, plain x86-64.
 constexpr int64_t kMaxPoolRow = 256;  // output columns per pass (a stack buffer)
 
 // True when x[0, n) holds a NaN. An integer count, so that GCC vectorizes it.
@@ -257,8 +254,10 @@ void max_pool_2x2_row_exact(const float* top, const float* bottom, int64_t out_w
 // NnOps.MaxPool2x2RowsAgreeOnEveryPath with the plain rows). A NaN in the row
 // returns false (the windows before it may be written already): the caller then
 // writes the whole row with the exact rule. Its own function with a target
-// attribute, chosen at run time by use_avx512_pool(), as GCC's vectorization of
-// the plain row for AVX-512 was twice as slow (Note [cpu kernel clones]). On an
+// attribute, chosen at run time by use_avx512_pool(): GCC's own AVX-512 code for
+// the plain row (max_pool2d under DDP_CPU_CLONES, Note [cpu kernel clones]) took
+// 20.8% of the CNN's step on a Zen 4 against the plain x86-64 code's 10%, so
+// max_pool2d is not cloned and the 2x2 rows are AVX-512 here or plain. On an
 // AVX2-only CPU the plain row runs: an AVX2 row was tried (2026-11-26, measured on
 // the Zen 4 with the AVX-512 row switched off) and dropped. With VMASKMOV for the
 // short rows' tails it took 12.1% of the CNN's step against the plain row's
@@ -325,8 +324,8 @@ bool use_avx512_pool() {
 }
 #endif
 
-[[gnu::noinline]] void max_pool_2x2(const float* in, int64_t planes, int64_t h, int64_t w,
-                                    float* best_out, int64_t* index_out) {
+void max_pool_2x2(const float* in, int64_t planes, int64_t h, int64_t w, float* best_out,
+                  int64_t* index_out) {
   const int64_t out_h = h / 2, out_w = w / 2;
 #ifdef DDP_POOL_AVX512
   const bool avx512 = use_avx512_pool();
@@ -367,7 +366,6 @@ void sgd_momentum_loop(float* p, const float* g, float* buf, int64_t n, const Sg
 
 }  // namespace
 
-DDP_CPU_CLONES
 void im2col(const Tensor& x, const Conv2dGeometry& g, Tensor& cols) {
   const float* in = x.data<float>();
   float* row = cols.data<float>();
@@ -385,7 +383,6 @@ void im2col(const Tensor& x, const Conv2dGeometry& g, Tensor& cols) {
 }
 
 // Each pixel sums its entries in row order (n, oh, ow), as the CUDA gather does.
-DDP_CPU_CLONES
 void col2im(const Tensor& cols, const Conv2dGeometry& g, Tensor& grad_x) {
   const float* row = cols.data<float>();
   float* out = grad_x.data<float>();
@@ -421,7 +418,6 @@ void permute4(const Tensor& x, const std::array<int, 4>& perm, Tensor& out) {
   DDP_ASSERT(false, "permute4: no kernel for elements of {} bytes", element_size(x.dtype()));
 }
 
-DDP_CPU_CLONES
 void max_pool2d(const Tensor& x, const Conv2dGeometry& g, Tensor& out, Tensor& indices) {
   const float* in = x.data<float>();
   float* best_out = out.data<float>();
