@@ -1,5 +1,7 @@
 #include "collectives/reduce_kernels.h"
 
+#include "runtime/ops/cpu/clones.h"
+
 #include <algorithm>
 #include <cstring>
 
@@ -36,30 +38,71 @@ struct Acc<Half> {  // Note [f16 conversion] in runtime/dtype.h
   }
 };
 
+// Note [one-pass reduction]: a block of the result is made in one pass over the
+// sources, acc[i] = s0[i] op s1[i] (op s2[i] ...), with the avg scale applied in
+// the pass that reads the last source, then copied to dst (which may alias a
+// source). Every element is combined in source order and scaled last, as a
+// loop over the sources one after the other would, so the bits do not depend on
+// the block size or the vector width; and with -ffp-contract=off (Note [cpu
+// kernel clones]) the AVX-512 and AVX2 copies give the plain copy's bits. It
+// was four passes (copy, add, scale, copy), at SSE2's width: the shm backend's
+// 0.8 MB all_reduce spent 14 us of its 37 us chunk there (docs/backends.md).
 template <typename V>
-void combine(V* acc, const V* src, int64_t len, ReduceOp op) {
+DDP_CPU_INLINE V combine_one(V a, V b, ReduceOp op) {
   switch (op) {
     case ReduceOp::sum:
     case ReduceOp::avg:
-      for (int64_t i = 0; i < len; ++i) acc[i] += src[i];
-      break;
+      return a + b;
     case ReduceOp::max:
-      for (int64_t i = 0; i < len; ++i) acc[i] = std::max(acc[i], src[i]);
-      break;
+      return std::max(a, b);
     case ReduceOp::min:
-      for (int64_t i = 0; i < len; ++i) acc[i] = std::min(acc[i], src[i]);
-      break;
+      return std::min(a, b);
+  }
+  return a;
+}
+
+// acc[i] = a[i] op b[i] for i < len (a == nullptr: acc[i] op b[i]), times
+// `scale` when `scaled`. acc is the block's own buffer, never a source.
+template <typename V, ReduceOp Op>
+DDP_CPU_INLINE void combine_block(V* __restrict acc, const V* a, const V* b, int64_t len,
+                                  bool scaled, V scale) {
+  if (a == nullptr) {
+    if (scaled) {
+      for (int64_t i = 0; i < len; ++i) acc[i] = static_cast<V>(combine_one(acc[i], b[i], Op) * scale);
+    } else {
+      for (int64_t i = 0; i < len; ++i) acc[i] = combine_one(acc[i], b[i], Op);
+    }
+  } else if (scaled) {
+    for (int64_t i = 0; i < len; ++i) acc[i] = static_cast<V>(combine_one(a[i], b[i], Op) * scale);
+  } else {
+    for (int64_t i = 0; i < len; ++i) acc[i] = combine_one(a[i], b[i], Op);
+  }
+}
+
+template <typename V>
+DDP_CPU_INLINE void combine_block(V* __restrict acc, const V* a, const V* b, int64_t len,
+                                  ReduceOp op, bool scaled, V scale) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg:
+      return combine_block<V, ReduceOp::sum>(acc, a, b, len, scaled, scale);
+    case ReduceOp::max:
+      return combine_block<V, ReduceOp::max>(acc, a, b, len, scaled, scale);
+    case ReduceOp::min:
+      return combine_block<V, ReduceOp::min>(acc, a, b, len, scaled, scale);
   }
 }
 
 template <typename T>
-void reduce_typed(T* dst, const void* const* srcs, int n, int64_t count, ReduceOp op,
-                  double scale) {
+DDP_CPU_INLINE void reduce_typed(T* dst, const void* const* srcs, int n, int64_t count,
+                                 ReduceOp op, double scale) {
   using A = Acc<T>;
   using V = typename A::type;
   constexpr int64_t kBlock = 1024;
-  V acc[kBlock];
-  [[maybe_unused]] V converted[A::direct ? 1 : kBlock];
+  alignas(64) V acc[kBlock];
+  [[maybe_unused]] alignas(64) V converted[A::direct ? 1 : kBlock];
+  const bool avg = op == ReduceOp::avg;
+  const auto factor = static_cast<V>(scale);
   for (int64_t base = 0; base < count; base += kBlock) {
     const int64_t len = std::min(kBlock, count - base);
     auto source = [&](int k) -> const V* {
@@ -71,11 +114,26 @@ void reduce_typed(T* dst, const void* const* srcs, int n, int64_t count, ReduceO
         return converted;
       }
     };
-    const V* first = source(0);
-    std::copy(first, first + len, acc);
-    for (int k = 1; k < n; ++k) combine(acc, source(k), len, op);
-    if (op == ReduceOp::avg) {
-      for (int64_t i = 0; i < len; ++i) acc[i] = static_cast<V>(acc[i] * static_cast<V>(scale));
+    if (n == 1) {
+      const V* only = source(0);
+      if (avg) {
+        for (int64_t i = 0; i < len; ++i) acc[i] = static_cast<V>(only[i] * factor);
+      } else {
+        std::copy(only, only + len, acc);
+      }
+    } else {
+      // The first pass reads sources 0 and 1 (source(0) is copied first where
+      // it is converted: source(1) reuses the conversion buffer).
+      if constexpr (A::direct) {
+        combine_block(acc, source(0), source(1), len, op, avg && n == 2, factor);
+      } else {
+        const V* first = source(0);
+        std::copy(first, first + len, acc);
+        combine_block(acc, static_cast<const V*>(nullptr), source(1), len, op, avg && n == 2, factor);
+      }
+      for (int k = 2; k < n; ++k) {
+        combine_block(acc, static_cast<const V*>(nullptr), source(k), len, op, avg && k == n - 1, factor);
+      }
     }
     if constexpr (A::direct) {
       std::copy(acc, acc + len, dst + base);
@@ -83,6 +141,31 @@ void reduce_typed(T* dst, const void* const* srcs, int n, int64_t count, ReduceO
       A::store(acc, dst + base, len);
     }
   }
+}
+
+// One copy per ISA of each element type (Note [cpu kernel clones]).
+DDP_CPU_CLONES
+void reduce_f32(float* dst, const void* const* srcs, int n, int64_t count, ReduceOp op,
+                double scale) {
+  reduce_typed(dst, srcs, n, count, op, scale);
+}
+
+DDP_CPU_CLONES
+void reduce_bf16(BFloat16* dst, const void* const* srcs, int n, int64_t count, ReduceOp op,
+                 double scale) {
+  reduce_typed(dst, srcs, n, count, op, scale);
+}
+
+DDP_CPU_CLONES
+void reduce_i32(int32_t* dst, const void* const* srcs, int n, int64_t count, ReduceOp op,
+                double scale) {
+  reduce_typed(dst, srcs, n, count, op, scale);
+}
+
+DDP_CPU_CLONES
+void reduce_i64(int64_t* dst, const void* const* srcs, int n, int64_t count, ReduceOp op,
+                double scale) {
+  reduce_typed(dst, srcs, n, count, op, scale);
 }
 
 }  // namespace
@@ -99,15 +182,15 @@ void reduce_buffers(void* dst, const void* const* srcs, int n, int64_t count, DT
                     ReduceOp op, double scale) {
   switch (dtype) {
     case DType::f32:
-      return reduce_typed(static_cast<float*>(dst), srcs, n, count, op, scale);
+      return reduce_f32(static_cast<float*>(dst), srcs, n, count, op, scale);
     case DType::bf16:
-      return reduce_typed(static_cast<BFloat16*>(dst), srcs, n, count, op, scale);
+      return reduce_bf16(static_cast<BFloat16*>(dst), srcs, n, count, op, scale);
     case DType::f16:
       return reduce_typed(static_cast<Half*>(dst), srcs, n, count, op, scale);
     case DType::i32:
-      return reduce_typed(static_cast<int32_t*>(dst), srcs, n, count, op, scale);
+      return reduce_i32(static_cast<int32_t*>(dst), srcs, n, count, op, scale);
     case DType::i64:
-      return reduce_typed(static_cast<int64_t*>(dst), srcs, n, count, op, scale);
+      return reduce_i64(static_cast<int64_t*>(dst), srcs, n, count, op, scale);
     case DType::u8:
       break;
   }
