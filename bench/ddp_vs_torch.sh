@@ -14,11 +14,14 @@ For each model and world size W, alternating for --rounds rounds:
   torch  W processes of torch_train.py with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT
          (gloo DDP; W = 1: plain torch), OMP/OPENBLAS threads = cores / W like ddprun
 and, once per round, our single process (bench train --mode single) with the
-default threads and with one thread. Then the bucket sweep: ddprun -n 2 bench train
+default threads and with one thread, and two such one-thread processes at once
+that do not communicate (the pair: the ceiling of 2 ranks on this machine, since
+they share its cores, caches and memory as DDP's ranks do). Then the bucket sweep: ddprun -n 2 bench train
 with --bucket-cap-mb 1, 5, 25, 100 (ours) and torch DDP with the same caps.
 Prints medians: samples/s, ms per step, the phase split (forward, backward, exposed
 communication, optimizer), comm time, overlap, and the ratios the DDP issue asks
-for (ours W=2 over our single process; ours over torch DDP at the same W).
+for (ours W=2 over our single process; ours over torch DDP at the same W; ours
+W=2 over the pair).
 
 options:
   --models LIST    comma-separated: mlp,cnn (default mlp,cnn)
@@ -100,6 +103,25 @@ torch_ddp() {
 r["world"]=r["world_size"]; print(json.dumps(r))' "$tmp/torch_0.out" "$kind" >>"$results"
 }
 
+# pair MODEL STEPS: two one-thread single processes at once; one row, kind "pair",
+# world 2, with their summed samples/s and mean step time.
+pair() {
+  local model=$1 s=$2 r pids=()
+  for r in 0 1; do
+    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "$BENCH" train --json --model "$model" --mode single \
+      --batch-size "$batch" --steps "$s" --data "$data" >"$tmp/pair_$r.out" 2>"$tmp/pair_$r.err" &
+    pids+=($!)
+  done
+  for r in 0 1; do
+    wait "${pids[$r]}" || { cat "$tmp/pair_$r.err" >&2; die "pair $model (process $r) failed"; }
+  done
+  "$PYTHON" -c 'import json,sys
+a,b=(json.loads(open(f).read().strip().splitlines()[-1]) for f in sys.argv[1:3])
+r=dict(a); r["kind"]="pair"; r["impl"]="ours"; r["world"]=2
+r["samples_per_s"]=a["samples_per_s"]+b["samples_per_s"]; r["step_ms"]=(a["step_ms"]+b["step_ms"])/2
+print(json.dumps(r))' "$tmp/pair_0.out" "$tmp/pair_1.out" >>"$results"
+}
+
 IFS=, read -ra model_list <<<"$models"
 IFS=, read -ra world_list <<<"$worlds"
 IFS=, read -ra bucket_list <<<"$buckets"
@@ -111,6 +133,8 @@ for ((round = 1; round <= rounds; round++)); do
     progress "round $round/$rounds $model: single process"
     ours single "$model" "$s" 1 --mode single
     OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ours single_1thread "$model" "$s" 1 --mode single
+    progress "round $round/$rounds $model: two one-thread processes at once (the pair)"
+    pair "$model" "$s"
     for w in "${world_list[@]}"; do
       progress "round $round/$rounds $model: W=$w ours, torch"
       ours ddp "$model" "$s" "$w" --mode ddp
@@ -160,4 +184,9 @@ for model in sorted({r["model"] for r in rows}):
         torch_w = med([r for r in pick(model=model, kind="ddp", impl="torch") if r["world"] == w], "samples_per_s")
         print(f"{model} W={w}: ours/torch DDP {ours_w / torch_w:.2f}x; ours/our single process "
               f"{ours_w / single:.2f}x (default threads), {ours_w / single1:.2f}x (1 thread)")
+    pair = med(pick(model=model, kind="pair", impl="ours"), "samples_per_s")
+    ours_2 = med([r for r in pick(model=model, kind="ddp", impl="ours") if r["world"] == 2], "samples_per_s")
+    if pair == pair and ours_2 == ours_2:
+        print(f"{model} pair of independent one-thread processes: {pair / single1:.2f}x our single "
+              f"process (the ceiling of 2 ranks here); ours W=2 reaches {ours_2 / pair:.1%} of it")
 EOF
