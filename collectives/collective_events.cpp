@@ -140,4 +140,20 @@ std::string_view current_collective_label() {
   return t_label;
 }
 
+namespace {
+thread_local bool t_caller_runs = false;  // Note [caller runs it]
+}  // namespace
+
+CallerRuns::CallerRuns() : previous_(t_caller_runs) {
+  t_caller_runs = true;
+}
+
+CallerRuns::~CallerRuns() {
+  t_caller_runs = previous_;
+}
+
+bool caller_runs() {
+  return t_caller_runs;
+}
+
 }  // namespace ddp

@@ -112,4 +112,30 @@ class CollectiveLabel {
 // The innermost label of this thread, or empty.
 std::string_view current_collective_label();
 
+// Note [caller runs it]: while a CallerRuns lives on a thread, the collectives
+// that thread issues on a backend with a communication thread (shm, gloo, mpi)
+// are queued without waking that thread, for a caller that waits for them at
+// once: its wait runs them itself (Note [waiter runs it] in
+// communicator_base.h). That saves two thread hand-offs, each a futex wake-up
+// that, with as many ranks as cores, lands on a core where another rank's
+// training thread runs (a communication thread that is awake anyway may still
+// take them first; the waiter then waits). The caller must wait before it does anything that
+// depends on another rank; a collective it never waits for runs when the
+// communication thread next wakes (the next collective issued without the
+// scope). DDP issues its last bucket so (Note [last bucket on the caller] in
+// reducer.cpp). Other backends ignore it.
+class CallerRuns {
+ public:
+  CallerRuns();
+  ~CallerRuns();
+  CallerRuns(const CallerRuns&) = delete;
+  CallerRuns& operator=(const CallerRuns&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// Whether a CallerRuns lives on this thread.
+bool caller_runs();
+
 }  // namespace ddp

@@ -261,7 +261,7 @@ std::shared_ptr<Work> ThreadedCommunicator::submit(Collective c) {
     }
     q.tasks.push_back({std::move(c), work});
   }
-  q.cv.notify_all();
+  if (!caller_runs()) q.cv.notify_all();  // Note [caller runs it]
   return work;
 }
 

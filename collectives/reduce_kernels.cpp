@@ -68,7 +68,8 @@ DDP_CPU_INLINE void combine_block(V* __restrict acc, const V* a, const V* b, int
                                   bool scaled, V scale) {
   if (a == nullptr) {
     if (scaled) {
-      for (int64_t i = 0; i < len; ++i) acc[i] = static_cast<V>(combine_one(acc[i], b[i], Op) * scale);
+      for (int64_t i = 0; i < len; ++i)
+        acc[i] = static_cast<V>(combine_one(acc[i], b[i], Op) * scale);
     } else {
       for (int64_t i = 0; i < len; ++i) acc[i] = combine_one(acc[i], b[i], Op);
     }
@@ -94,8 +95,8 @@ DDP_CPU_INLINE void combine_block(V* __restrict acc, const V* a, const V* b, int
 }
 
 template <typename T>
-DDP_CPU_INLINE void reduce_typed(T* dst, const void* const* srcs, int n, int64_t count,
-                                 ReduceOp op, double scale) {
+DDP_CPU_INLINE void reduce_typed(T* dst, const void* const* srcs, int n, int64_t count, ReduceOp op,
+                                 double scale) {
   using A = Acc<T>;
   using V = typename A::type;
   constexpr int64_t kBlock = 1024;
@@ -129,10 +130,12 @@ DDP_CPU_INLINE void reduce_typed(T* dst, const void* const* srcs, int n, int64_t
       } else {
         const V* first = source(0);
         std::copy(first, first + len, acc);
-        combine_block(acc, static_cast<const V*>(nullptr), source(1), len, op, avg && n == 2, factor);
+        combine_block(acc, static_cast<const V*>(nullptr), source(1), len, op, avg && n == 2,
+                      factor);
       }
       for (int k = 2; k < n; ++k) {
-        combine_block(acc, static_cast<const V*>(nullptr), source(k), len, op, avg && k == n - 1, factor);
+        combine_block(acc, static_cast<const V*>(nullptr), source(k), len, op, avg && k == n - 1,
+                      factor);
       }
     }
     if constexpr (A::direct) {

@@ -35,6 +35,15 @@ Tensor BucketFuture::wait() {
   return s.value;
 }
 
+void BucketFuture::wait_collective() noexcept {
+  if (state_ == nullptr || state_->resolved || state_->work == nullptr) return;
+  try {
+    state_->work->wait();
+  } catch (...) {
+    // A Work throws its error again on every wait: wait() reports it.
+  }
+}
+
 BucketFuture allreduce_hook(Communicator& comm, GradBucket& bucket) {
   Tensor buffer = bucket.buffer;
   return BucketFuture::after(comm.all_reduce(buffer, ReduceOp::avg), [buffer] { return buffer; });

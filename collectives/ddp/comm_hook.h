@@ -53,6 +53,9 @@ class BucketFuture {
   // Waits (once; later calls return the same tensor) and returns the result, or
   // throws the collective's CommError or what `then` threw.
   Tensor wait();
+  // Waits for the collective only: `then` still runs in wait(), which also throws
+  // what the collective threw (Note [last bucket on the caller] in reducer.cpp).
+  void wait_collective() noexcept;
   bool valid() const { return state_ != nullptr; }
 
  private:

@@ -33,9 +33,12 @@ inline CommHook parse_comm_hook(const std::string& text) {
 
 // Timing of the last synchronized backward, for benchmarks (bench train).
 struct CommStats {
-  double comm_s = 0;     // the backend's time running the buckets' all_reduces
-                         // (Work::duration; 0 where the backend does not measure)
-  double exposed_s = 0;  // time finish_backward() waited for them: not hidden by backward
+  double comm_s = 0;         // the backend's time running the buckets' all_reduces
+                             // (Work::duration; 0 where the backend does not measure)
+  double exposed_s = 0;      // time waited for them, not hidden by backward: in finish_backward(),
+                             // plus in_backward_s
+  double in_backward_s = 0;  // of exposed_s, the wait for the last bucket at its launch, inside
+                             // the backward (Note [last bucket on the caller] in reducer.cpp)
   int64_t buckets = 0;
   int64_t bytes = 0;  // bytes this rank passed to the comm hook's collectives
                       // (after compression; all_gather: its input)

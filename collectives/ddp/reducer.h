@@ -109,6 +109,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::vector<Tensor> orphaned_flats_;
   std::vector<BucketFuture> orphaned_futures_;
   std::function<void()> before_first_bucket_;
+  double last_wait_s_ = 0;  // Note [last bucket on the caller]
 };
 
 }  // namespace ddp

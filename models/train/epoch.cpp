@@ -150,7 +150,12 @@ int64_t train_step(Run& r, Tensor& step_loss, Tensor& last_loss, PhaseTotals& t,
       timing.phase.next("grad sync (exposed)");
       r.ddp->finish_backward();  // every .grad now holds the average over ranks
       t.exposed += timing.clock.lap();
-      t.comm += r.ddp->comm_stats().comm_s;
+      const CommStats& stats = r.ddp->comm_stats();
+      t.comm += stats.comm_s;
+      // The backward waited for the last bucket (Note [last bucket on the
+      // caller] in reducer.cpp): communication, not backward.
+      t.backward -= stats.in_backward_s;
+      t.exposed += stats.in_backward_s;
     }
     {
       NoGradGuard no_grad;

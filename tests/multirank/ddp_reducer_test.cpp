@@ -128,5 +128,46 @@ TEST(DdpReducer, RebuildsBucketsInTheObservedOrderWithViews) {
   expect_all_ok(spawn_ranks(2, [](int r, int w) { return rebuild_body(true, r, w); }));
 }
 
+// Note [last bucket on the caller]: the backward waits for the last bucket's
+// all_reduce (in_backward_s, counted in exposed_s), the result is the average.
+TEST(DdpReducer, TheBackwardWaitsForTheLastBucket) {
+  expect_all_ok(spawn_ranks(2, [](int rank, int world) {
+    DistributedDataParallel ddp(tiny_mlp(1 + static_cast<uint64_t>(rank)), shm(rank, world), {});
+    optim::SGD sgd(ddp.module().parameters(),
+                   {.lr = 0.1f, .momentum = 0.9f});  // as train_reference
+    for (int step = 0; step < kSteps; ++step) {
+      sgd.zero_grad(true);
+      const Batch b = rank_batch(world, rank, step, 0);
+      ddp.backward(cross_entropy(ddp(b.x), b.labels));
+      const CommStats& stats = ddp.comm_stats();
+      require(stats.in_backward_s > 0 && stats.in_backward_s <= stats.exposed_s,
+              fmt::format("step {}: the backward's wait for the last bucket {} s, exposed {} s",
+                          step, stats.in_backward_s, stats.exposed_s));
+      sgd.step();
+    }
+    expect_close(ddp.module(), *train_reference(world, 1), rank);
+    return 0;
+  }));
+}
+
+// The last bucket's collective fails inside the backward (rank 1 is gone): the
+// error is thrown by finish_backward(), as for every bucket, not by backward().
+TEST(DdpReducer, ALastBucketErrorIsThrownByFinishBackward) {
+  expect_all_ok(spawn_ranks(2, [](int rank, int world) {
+    DistributedDataParallel ddp(tiny_mlp(1), shm(rank, world), {});
+    if (rank == 1) return 0;  // exits: rank 0's all_reduce fails, naming it
+    const Batch b = rank_batch(world, rank, 0, 0);
+    backward(cross_entropy(ddp(b.x), b.labels));
+    try {
+      ddp.finish_backward();
+    } catch (const CommError& e) {
+      require(std::string(e.what()).find("rank 1") != std::string::npos,
+              std::string("the error does not name rank 1: ") + e.what());
+      return 0;
+    }
+    throw std::runtime_error("finish_backward() did not throw with rank 1 gone");
+  }));
+}
+
 }  // namespace
 }  // namespace ddp::test

@@ -2,6 +2,7 @@
 // /dev/shm (Note [shm cleanup]) and its attach errors. The collectives themselves
 // are tested by the conformance suite.
 #include "collectives/backends.h"
+#include "collectives/collective_events.h"
 #include "collectives/ddp/hook_communicator.h"
 #include "collectives/shm_segment.h"
 #include "tests/multirank/conformance.h"
@@ -178,6 +179,49 @@ TEST(ShmCommunicator, RankThatNeverAttachesIsNamed) {
       spawn);
   for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
   EXPECT_FALSE(segment_exists(spawn.run_id));
+}
+
+// Note [caller runs it]: a collective issued under CallerRuns is left to its
+// waiter (the sleeping communication thread is not woken: it has not run 300 ms
+// later, though rank 1 waits for it), and one never waited for runs when a later
+// collective wakes the communication thread.
+TEST(ShmCommunicator, CallerRunsLeavesTheCollectiveToItsWaiter) {
+  const auto results = spawn_ranks(2, [](int rank, int size) {
+    auto c = make_backend("shm", rank, size, {.timeout = 20s});
+    Tensor t = make_input(DType::f32, 1000, rank);
+    Tensor u = make_input(DType::f32, 1000, rank);
+    // Let the communication thread go to sleep: one that is awake (starting, or
+    // back from a collective) takes what is queued without being woken.
+    c->barrier()->wait();
+    std::this_thread::sleep_for(200ms);
+    if (rank == 1) {
+      c->all_reduce(t)->wait();
+      c->all_reduce(u)->wait();
+      c->all_reduce(t)->wait();
+    } else {
+      std::shared_ptr<Work> first;
+      {
+        const CallerRuns caller_runs;
+        first = c->all_reduce(t);
+      }
+      std::this_thread::sleep_for(300ms);
+      require(!first->done(), "the communication thread ran a collective issued under CallerRuns");
+      first->wait();
+      std::shared_ptr<Work> never_waited;
+      {
+        const CallerRuns caller_runs;
+        never_waited = c->all_reduce(u);
+      }
+      std::this_thread::sleep_for(100ms);
+      c->all_reduce(t)->wait();  // wakes the communication thread: it runs both, in order
+      require(never_waited->done(), "the collective issued under CallerRuns never ran");
+      never_waited->wait();
+    }
+    expect_values(
+        u, [&](int64_t i) { return reduced_value(ReduceOp::sum, size, i); }, "sum");
+    return 0;
+  });
+  for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
 }
 
 // More ranks than cores: waiting must yield the CPU, or this takes seconds.

@@ -70,7 +70,8 @@ std::vector<T> reference(const std::vector<std::vector<T>>& srcs, ReduceOp op, d
         acc = acc + v;
       }
     }
-    if (op == ReduceOp::avg) acc = static_cast<decltype(acc)>(acc * static_cast<decltype(acc)>(scale));
+    if (op == ReduceOp::avg)
+      acc = static_cast<decltype(acc)>(acc * static_cast<decltype(acc)>(scale));
     out[i] = narrow<T>(acc);
   }
   return out;
@@ -84,7 +85,8 @@ void check_dtype(DType dtype) {
   for (ReduceOp op : ops) {
     for (int n = 1; n <= 5; ++n) {
       for (int64_t count : {0, 1, 15, 17, 1023, 1024, 1025, 5003}) {
-        std::vector<std::vector<T>> srcs(static_cast<size_t>(n), std::vector<T>(static_cast<size_t>(count)));
+        std::vector<std::vector<T>> srcs(static_cast<size_t>(n),
+                                         std::vector<T>(static_cast<size_t>(count)));
         for (auto& s : srcs) {
           for (int64_t i = 0; i < count; ++i) s[static_cast<size_t>(i)] = sample<T>(rng, i);
         }
@@ -98,7 +100,8 @@ void check_dtype(DType dtype) {
           for (const auto& s : work) ptrs.push_back(s.data());
           T* dst = into < 0 ? apart.data() : work[static_cast<size_t>(into)].data();
           reduce_buffers(dst, ptrs.data(), n, count, dtype, op, scale);
-          const bool same = count == 0 || std::memcmp(dst, want.data(), sizeof(T) * want.size()) == 0;
+          const bool same =
+              count == 0 || std::memcmp(dst, want.data(), sizeof(T) * want.size()) == 0;
           EXPECT_TRUE(same) << dtype_name(dtype) << " " << reduce_op_name(op) << " of " << n
                             << " sources, " << count << " elements, dst aliasing source " << into;
         }
