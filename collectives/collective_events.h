@@ -118,12 +118,12 @@ std::string_view current_collective_label();
 // once: its wait runs them itself (Note [waiter runs it] in
 // communicator_base.h). That saves two thread hand-offs, each a futex wake-up
 // that, with as many ranks as cores, lands on a core where another rank's
-// training thread runs (a communication thread that is awake anyway may still
-// take them first; the waiter then waits). The caller must wait before it does anything that
-// depends on another rank; a collective it never waits for runs when the
-// communication thread next wakes (the next collective issued without the
-// scope). DDP issues its last bucket so (Note [last bucket on the caller] in
-// reducer.cpp). Other backends ignore it.
+// training thread runs. (A communication thread that is awake anyway may still
+// take them first; the waiter then waits.) The caller must wait before it does
+// anything that depends on another rank; a collective it never waits for runs
+// when the communication thread next wakes (the next collective issued without
+// the scope). DDP issues its last bucket so (Note [last bucket on the caller]
+// in reducer.cpp). Other backends ignore it.
 class CallerRuns {
  public:
   CallerRuns();

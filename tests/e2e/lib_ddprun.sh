@@ -20,8 +20,22 @@ now() { date +%s.%N; }
 elapsed_since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
 # at_most VALUE LIMIT: VALUE <= LIMIT (decimals)
 at_most() { awk -v v="$1" -v l="$2" 'BEGIN { exit !(v + 0 <= l + 0) }'; }
+# A port P with P + 1 free too: ddprun's agents' store listens on --master-port + 1
+# (--rdzv-port's default), and a P + 1 taken by another test's connection made
+# e2e.ddprun_torch fail once ("cannot listen on 127.0.0.1:P+1: Address already in use").
 free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+  python3 -c '
+import socket
+for _ in range(100):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]
+    t = socket.socket()
+    try:
+        t.bind(("127.0.0.1", p + 1))
+    except OSError:
+        continue
+    print(p); break
+else:
+    raise SystemExit("no free pair of ports")'
 }
 # wait_for_lines FILE PATTERN COUNT [SECONDS]: until FILE has COUNT lines matching PATTERN.
 wait_for_lines() {
