@@ -123,13 +123,12 @@ DDP_CPU_INLINE void reduce_typed(T* dst, const void* const* srcs, int n, int64_t
         std::copy(only, only + len, acc);
       }
     } else {
-      // The first pass reads sources 0 and 1 (source(0) is copied first where
-      // it is converted: source(1) reuses the conversion buffer).
+      // The first pass reads sources 0 and 1; a converted source 0 is converted
+      // straight into acc (source(1) reuses the conversion buffer).
       if constexpr (A::direct) {
         combine_block(acc, source(0), source(1), len, op, avg && n == 2, factor);
       } else {
-        const V* first = source(0);
-        std::copy(first, first + len, acc);
+        A::load(static_cast<const T*>(srcs[0]) + base, acc, len);
         combine_block(acc, static_cast<const V*>(nullptr), source(1), len, op, avg && n == 2,
                       factor);
       }
@@ -188,7 +187,7 @@ void reduce_buffers(void* dst, const void* const* srcs, int n, int64_t count, DT
       return reduce_f32(static_cast<float*>(dst), srcs, n, count, op, scale);
     case DType::bf16:
       return reduce_bf16(static_cast<BFloat16*>(dst), srcs, n, count, op, scale);
-    case DType::f16:
+    case DType::f16:  // no ISA copies: its conversions are calls (Note [f16 conversion])
       return reduce_typed(static_cast<Half*>(dst), srcs, n, count, op, scale);
     case DType::i32:
       return reduce_i32(static_cast<int32_t*>(dst), srcs, n, count, op, scale);

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 namespace ddp {
 namespace {
@@ -144,12 +145,9 @@ void Reducer::launch_bucket(size_t b) {
   const trace::Span span(label, "ddp", {{"bucket", static_cast<int64_t>(b)}});
   try {
     if (b == 0 && before_first_bucket_) before_first_bucket_();
-    if (bucket.is_last) {
-      const CallerRuns caller_runs;
-      futures_.push_back(options_.comm_hook(*hook_comm_, bucket));
-    } else {
-      futures_.push_back(options_.comm_hook(*hook_comm_, bucket));
-    }
+    std::optional<CallerRuns> caller_runs;
+    if (bucket.is_last) caller_runs.emplace();
+    futures_.push_back(options_.comm_hook(*hook_comm_, bucket));
   } catch (...) {
     abandon_buckets();  // the next forward starts a fresh backward
     throw;
