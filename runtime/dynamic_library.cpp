@@ -5,8 +5,10 @@
 #include <fmt/ranges.h>
 
 #include <dlfcn.h>
+#include <glob.h>
 #include <link.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 namespace ddp {
@@ -27,7 +29,50 @@ std::string loaded_path(void* handle, const std::string& fallback) {
   return fallback;
 }
 
+// The paths matching a glob(3) pattern, sorted (none when nothing matches).
+std::vector<std::string> glob_paths(const std::string& pattern) {
+  std::vector<std::string> out;
+  glob_t g{};
+  if (glob(pattern.c_str(), GLOB_ONLYDIR, nullptr, &g) == 0) {
+    for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
+  }
+  globfree(&g);
+  return out;
+}
+
 }  // namespace
+
+std::vector<std::string> python_wheel_library_dirs(const std::string& package,
+                                                   std::vector<std::string> first) {
+  std::vector<std::string> prefixes;
+  for (const char* var : {"VIRTUAL_ENV", "CONDA_PREFIX"}) {
+    const char* v = std::getenv(var);
+    if (v != nullptr && v[0] != '\0') prefixes.emplace_back(v);
+  }
+  if (const char* home = std::getenv("HOME"); home != nullptr && home[0] != '\0') {
+    prefixes.push_back(std::string(home) + "/.local");
+  }
+  for (const char* p : {"/usr/local", "/usr", "/opt/conda"}) prefixes.emplace_back(p);
+  std::vector<std::string> dirs = std::move(first);
+  const auto add = [&dirs](const std::string& dir) {
+    if (std::find(dirs.begin(), dirs.end(), dir) == dirs.end()) dirs.push_back(dir);
+  };
+  for (const std::string& prefix : prefixes) {
+    for (const char* site : {"site-packages", "dist-packages"}) {
+      for (const std::string& pkg : {package, std::string("cu[0-9]*")}) {
+        for (const std::string& dir :
+             glob_paths(prefix + "/lib/python3*/" + site + "/nvidia/" + pkg + "/lib")) {
+          add(dir);
+        }
+      }
+    }
+  }
+  for (const std::string& dir :
+       glob_paths("/usr/lib/python3/dist-packages/nvidia/" + package + "/lib")) {
+    add(dir);
+  }
+  return dirs;
+}
 
 DynamicLibrary::DynamicLibrary(LibrarySpec spec) : spec_(std::move(spec)) {
   std::vector<std::string> tried;

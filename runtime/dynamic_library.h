@@ -25,6 +25,14 @@ struct LibrarySpec {
   std::string fix;  // the last sentence of the error: how to get the library
 };
 
+// `first` followed by the lib folders of the NVIDIA Python wheels that may hold a
+// library (PyTorch's pip wheels bring cuBLAS, cuDNN and NCCL as nvidia-<package>-cuXX):
+// nvidia/<package>/lib and nvidia/cu<N>/lib under the site-packages and dist-packages
+// of $VIRTUAL_ENV, $CONDA_PREFIX, ~/.local, /usr/local, /usr and /opt/conda, the ones
+// that exist, in that order.
+std::vector<std::string> python_wheel_library_dirs(const std::string& package,
+                                                   std::vector<std::string> first = {});
+
 class DynamicLibrary {
  public:
   // Opens the library; throws DeviceError naming it, every place tried, the

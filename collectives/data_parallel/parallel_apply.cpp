@@ -1,5 +1,6 @@
 #include "collectives/data_parallel/parallel_apply.h"
 
+#include "runtime/autograd/autocast.h"
 #include "runtime/autograd/autograd.h"
 #include "runtime/cuda/cuda_api.h"
 
@@ -122,6 +123,7 @@ std::vector<Tensor> parallel_apply(const std::vector<std::shared_ptr<nn::Module>
   DDP_ASSERT(inputs.size() == n && streams.size() >= n, "{} replicas, {} inputs, {} streams", n,
              inputs.size(), streams.size());
   const bool grad_mode = grad_mode_enabled();
+  const AutocastState autocast = autocast_state();
   std::vector<Device> devices;
   std::vector<Event> queued, finished;  // on the CPU both are no-ops
   queued.reserve(n);
@@ -139,9 +141,11 @@ std::vector<Tensor> parallel_apply(const std::vector<std::shared_ptr<nn::Module>
   std::vector<std::function<void()>> jobs;
   for (size_t i = 0; i < n; ++i) {
     jobs.emplace_back([&, i] {
-      // Note [autograd and threads]: a worker starts with grad mode on.
+      // Note [autograd and threads]: a worker starts with grad mode on and outside
+      // any autocast region (Note [autocast]): it takes the caller's.
       std::optional<NoGradGuard> no_grad;
       if (!grad_mode) no_grad.emplace();
+      const AutocastGuard mixed_precision(autocast);
       StreamGuard stream(streams[i]);
       queued[i].block(streams[i]);
       outputs[i] = replicas[i]->forward(inputs[i]);

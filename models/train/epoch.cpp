@@ -71,6 +71,7 @@ struct StepTiming {
 // The forward of one micro-batch and its loss, scaled by 1 / grad_accum; under
 // DDP all but the step's last (sync) run under no_sync().
 Tensor micro_batch_loss(Run& r, const Batch& batch, bool sync, int64_t step) {
+  const AutocastGuard mixed_precision(r.autocast);  // the forward and the loss
   Tensor logits;
   if (r.ddp) {
     std::optional<DistributedDataParallel::NoSyncGuard> no_sync;
@@ -282,6 +283,7 @@ EpochMetrics measure(Run& r, EpochState& e) {
   Evaluation ev;
   {
     const trace::Span span("evaluation", "train", {{"step", r.step}});
+    const AutocastGuard mixed_precision(r.autocast);
     ev = r.task->evaluate(*r.model, r.pg ? r.pg->comm.get() : nullptr);
   }
   e.eval_s += seconds_since(eval_start);

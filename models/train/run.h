@@ -14,6 +14,7 @@
 #include "models/train/run_log.h"
 #include "models/train/task.h"
 #include "models/train/trainer.h"
+#include "runtime/autograd/autocast.h"
 
 #include <limits>
 #include <memory>
@@ -26,6 +27,9 @@ struct Run {
   const TrainOptions& o;
   std::ostream& out;
   Device device;
+  // --precision bf16 on CUDA: each forward (training and evaluation) runs under an
+  // AutocastGuard of this state (Note [autocast]); disabled otherwise.
+  AutocastState autocast{};
   std::unique_ptr<Task> task{};
   std::shared_ptr<nn::Module> model{};
   std::unique_ptr<optim::Optimizer> optimizer{};

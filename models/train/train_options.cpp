@@ -88,11 +88,14 @@ device and files:
                            overrides auto). Under a launcher, cuda (or cpu with
                            DDP_VIRTUAL_CPU_DEVICES) without an index is each
                            rank's own: cuda:(LOCAL_RANK mod GPUs)
-  --precision fp32|bf16    bf16: the CPU's matmuls and convolutions multiply in
-                           bf16 (oneDNN, f32 accumulation; weights, optimizer
-                           and gradients stay f32), as torch.autocast on the
-                           CPU; needs oneDNN and a CPU with AVX512_BF16
-                           (default fp32)
+  --precision fp32|bf16    bf16 on CUDA: mixed precision as torch.autocast
+                           (matmuls, attention and activations in bf16 on
+                           tensor cores, LayerNorm/softmax/loss statistics in
+                           f32; weights, gradients and optimizer state f32);
+                           needs compute capability 8.0+. bf16 on the CPU: the
+                           matmuls and convolutions multiply in bf16 (oneDNN,
+                           f32 accumulation, everything else f32); needs
+                           oneDNN and a CPU with AVX512_BF16 (default fp32)
   --save PATH              write a safetensors checkpoint after every epoch (never
                            over a checkpoint of a later step); the directory
                            must exist

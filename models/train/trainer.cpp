@@ -5,6 +5,7 @@
 #include "collectives/trace_collectives.h"
 #include "models/train/run.h"
 #include "models/train/uneven.h"
+#include "runtime/cuda/cuda_api.h"
 #include "runtime/env.h"
 #include "runtime/ops/nn_ops.h"
 #include "runtime/ops/ops.h"
@@ -170,17 +171,28 @@ std::string schedule_summary(const TrainOptions& o, const optim::LrSchedule& s) 
   return text;
 }
 
-// --precision bf16 (Note [cpu bf16]): the CPU only; DDP_TEST_BF16_EMULATE=1 lets tests
-// run it on a CPU without AVX512_BF16 (oneDNN emulates it there, slowly).
-void apply_precision(const TrainOptions& o, const Device& device) {
-  if (o.precision != "bf16") {
-    set_cpu_precision(CpuPrecision::f32);
-    return;
+// --precision bf16. On CUDA: the forwards run under autocast (Note [autocast] in
+// runtime/autograd/autocast.h), on GPUs with bf16 tensor cores. On the CPU: oneDNN's
+// bf16 matmuls (Note [cpu bf16]); DDP_TEST_BF16_EMULATE=1 lets tests run it on a
+// CPU without AVX512_BF16 (oneDNN emulates it there, slowly). Returns the autocast
+// state of the run's forwards.
+AutocastState apply_precision(const TrainOptions& o, const std::vector<Device>& devices) {
+  set_cpu_precision(CpuPrecision::f32);
+  if (o.precision != "bf16") return {};
+  const Device& device = devices.front();
+  if (device.is_cuda()) {
+    for (const Device& d : devices) {
+      const cuda_api::Properties p = cuda_api::properties(d.index);
+      check_bf16_gpu(d.str(), p.name, p.major, p.minor);
+    }
+    return {.enabled = true, .dtype = DType::bf16};
   }
   DDP_CHECK(device.is_cpu(),
-            "--precision bf16 is implemented for the CPU (oneDNN); on {} use --precision fp32",
+            "--precision bf16 is implemented for CUDA (autocast) and the CPU (oneDNN); on {} use "
+            "--precision fp32",
             device.str());
   set_cpu_precision(CpuPrecision::bf16, env::get(env::kTestBf16Emulate).value_or("") == "1");
+  return {};
 }
 
 // pg: null for a single process.
@@ -196,7 +208,7 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
         .device = pg   ? pg->device
                   : dp ? dp_devices.front()
                        : resolve_device(o.device)};
-  apply_precision(o, r.device);
+  r.autocast = apply_precision(o, dp ? dp_devices : std::vector<Device>{r.device});
   r.pg = pg;
   r.world_size = pg ? pg->env.world_size : 1;
   r.mode = pg ? "ddp" : dp ? "dp" : "single";
@@ -232,7 +244,10 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
   if (!o.quiet) {
     out << fmt::format(
         "train: {} ({} parameters) on {}{}, {}, batch {}{}, {} lr {}{}{}\n", r.task->model_spec(),
-        result.num_parameters, r.device.str(), o.precision == "bf16" ? " (bf16 matmuls)" : "",
+        result.num_parameters, r.device.str(),
+        o.precision != "bf16" ? ""
+        : r.autocast.enabled  ? " (bf16 autocast)"
+                              : " (bf16 matmuls)",
         r.task->data_summary(), o.batch_size,
         o.grad_accum > 1 ? fmt::format(" x {} accumulated", o.grad_accum) : "", o.optimizer, o.lr,
         r.task->is_language_model() ? schedule_summary(o, r.schedule) : "",

@@ -218,6 +218,8 @@ void backward(const Tensor& root, const Tensor& grad_root) {
       const auto& child = node->next[i].node;
       if (!child) continue;
       if (i < outs.size() && outs[i].defined()) {
+        // Note [gradient dtypes]
+        if (outs[i].dtype() != node->next[i].dtype) outs[i] = cast(outs[i], node->next[i].dtype);
         Tensor& buf = buffers[child.get()];
         buf = buf.defined() ? add(buf, outs[i]) : outs[i];
       }
@@ -253,7 +255,13 @@ bool any_needs_grad(const Inputs& inputs) {
 template <typename Inputs>
 void record_edges(Tensor& output, std::shared_ptr<Node> node, const Inputs& inputs) {
   node->next.clear();
-  for (const Tensor* t : inputs) node->next.push_back({t->defined() ? node_of(*t) : nullptr});
+  for (const Tensor* t : inputs) {
+    if (t->defined()) {
+      node->next.push_back({node_of(*t), t->dtype()});
+    } else {
+      node->next.push_back({});
+    }
+  }
   AutogradMeta& m = meta(output);
   m.requires_grad = true;
   m.grad_fn = std::move(node);

@@ -23,8 +23,16 @@ namespace ddp {
 
 struct Node;
 
+// Note [gradient dtypes]: an edge remembers the dtype its input had when the op
+// ran, and the engine casts every gradient sent along it to that dtype (as
+// PyTorch's engine does with its input metadata). So an op may compute a
+// gradient in whatever dtype is natural to it (a bf16 matmul under autocast
+// gives bf16, an f32 add gives f32) and the input still receives its own: an
+// f32 tensor cast to bf16 inside an op gets an f32 gradient, a bf16 one added
+// to an f32 residual gets bf16.
 struct Edge {
   std::shared_ptr<Node> node;  // null: this input needs no gradient
+  DType dtype = DType::f32;    // the input's dtype when the op ran
 };
 
 // A recorded backward function with one output gradient in and one gradient out

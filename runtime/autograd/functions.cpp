@@ -1,5 +1,6 @@
 #include "runtime/autograd/functions.h"
 
+#include "runtime/autograd/autocast.h"
 #include "runtime/ops/nn_ops.h"
 #include "runtime/ops/ops.h"
 #include "runtime/ops/transformer_ops.h"
@@ -42,6 +43,23 @@ Tensor recorded(Tensor out, const char* name, std::initializer_list<const Tensor
   return out;
 }
 
+// op(a) op(b) for the gradient of an input whose dtype was `dtype`: straight into
+// f32 when the operands are 16-bit and the input was f32 (a parameter's gradient
+// under autocast is never rounded to bf16 on the way; Note [autocast]).
+Tensor matmul_into(DType dtype, const Tensor& a, const Tensor& b, const MatmulOptions& o,
+                   Tensor out = Tensor()) {
+  if (out.defined()) {
+    ddp::matmul_out(a, b, out, o);
+    return out;
+  }
+  if (dtype == a.dtype()) return ddp::matmul(a, b, o);
+  const int64_t m = o.trans_a ? a.size(1) : a.size(0);
+  const int64_t n = o.trans_b ? b.size(0) : b.size(1);
+  out = empty({m, n}, {.dtype = dtype, .device = a.device()});
+  ddp::matmul_out(a, b, out, o);
+  return out;
+}
+
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
@@ -68,10 +86,19 @@ Tensor scale(const Tensor& a, float s) {
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
-  return recorded(ddp::matmul(a, b), "MatmulBackward", {&a, &b}, [a, b](const Tensor& g) {
-    return std::vector<Tensor>{ddp::matmul(g, b, {.trans_b = true}),
-                               ddp::matmul(a, g, {.trans_a = true})};
-  });
+  const Tensor al = autocast::lower(a), bl = autocast::lower(b);  // Note [autocast]
+  return recorded(ddp::matmul(al, bl), "MatmulBackward", {&a, &b},
+                  [al, bl, da = a.dtype(), db = b.dtype()](const Tensor& g) {
+                    return std::vector<Tensor>{matmul_into(da, g, bl, {.trans_b = true}),
+                                               matmul_into(db, al, g, {.trans_a = true})};
+                  });
+}
+
+Tensor cast(const Tensor& x, DType dtype) {
+  if (x.dtype() == dtype) return x;
+  // The engine casts the gradient back to x's dtype (Note [gradient dtypes]).
+  return recorded(ddp::cast(x, dtype), "CastBackward", {&x},
+                  [](const Tensor& g) { return std::vector<Tensor>{g}; });
 }
 
 Tensor sum(const Tensor& x) {
@@ -105,29 +132,32 @@ Tensor relu(const Tensor& x) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  check_same_device({&x, &weight});
-  DDP_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1),
-            "linear: input {} does not match weight {} (expected input [N, {}])",
-            shape_str(x.shape()), shape_str(weight.shape()),
-            weight.dim() == 2 ? weight.size(1) : 0);
-  Tensor y = ddp::matmul(x, weight, {.trans_b = true});
-  if (bias.defined()) y = ddp::add_bias_rows(y, bias);
-  return recorded(y, "LinearBackward", {&x, &weight, &bias}, [x, weight, bias](const Tensor& g) {
-    std::vector<Tensor> grads(3);
-    if (requires_grad(x)) grads[0] = ddp::matmul(g, weight);
-    grads[1] = gradient_destination(weight);  // Note [gradient destinations]
-    if (grads[1].defined()) {
-      ddp::matmul_out(g, x, grads[1], {.trans_a = true});
-    } else {
-      grads[1] = ddp::matmul(g, x, {.trans_a = true});
-    }
-    if (bias.defined()) grads[2] = ddp::sum(g, 0);
-    return grads;
-  });
+  // Note [autocast]: the bias in the region's dtype too (cuBLASLt's bias epilogue
+  // takes the output's type), added before the one rounding.
+  const Tensor xl = autocast::lower(x), wl = autocast::lower(weight), bl = autocast::lower(bias);
+  Tensor y = ddp::linear(xl, wl, bl);
+  return recorded(y, "LinearBackward", {&x, &weight, &bias},
+                  [weight, xl, wl, x_dtype = x.dtype(), x_needs = requires_grad(x),
+                   has_bias = bias.defined()](const Tensor& g) {
+                    std::vector<Tensor> grads(3);
+                    if (x_needs) grads[0] = matmul_into(x_dtype, g, wl, {});
+                    // Note [gradient destinations]
+                    grads[1] = matmul_into(weight.dtype(), g, xl, {.trans_a = true},
+                                           gradient_destination(weight));
+                    if (has_bias) grads[2] = ddp::sum(g, 0);
+                    return grads;
+                  });
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
   auto r = softmax_cross_entropy(logits, labels);
+  if (r.lse.defined()) {  // 16-bit logits: Note [fused classifier] in ops/ops.h
+    return recorded(r.loss, "CrossEntropyBackward", {&logits},
+                    [logits, lse = r.lse, labels](const Tensor& g) {
+                      return std::vector<Tensor>{
+                          softmax_cross_entropy_backward_from_logits(logits, lse, labels, g)};
+                    });
+  }
   return recorded(r.loss, "CrossEntropyBackward", {&logits},
                   [probs = r.probs, labels](const Tensor& g) {
                     return std::vector<Tensor>{softmax_cross_entropy_backward(probs, labels, g)};
@@ -218,7 +248,14 @@ Tensor conv2d_onednn_recorded(const Tensor& x, const Tensor& weight, const Tenso
 
 }  // namespace
 
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dOptions& o) {
+Tensor conv2d(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
+              const Conv2dOptions& o) {
+  // Note [autocast]: convolutions stay f32 (a 16-bit input is widened, and its
+  // gradient cast back by the engine).
+  if (autocast_enabled() && x_in.dtype() != DType::f32) {
+    return conv2d(functional::cast(x_in, DType::f32), weight, bias, o);
+  }
+  const Tensor& x = x_in;
   check_same_device({&x, &weight});
   DDP_CHECK(
       weight.dim() == 4 && x.dim() == 4 && weight.size(1) == x.size(1),
@@ -263,7 +300,11 @@ Tensor dropout(const Tensor& x, float p, bool training, Generator& gen) {
   DDP_CHECK(p >= 0.0f && p < 1.0f, "dropout: probability {} is outside [0, 1)", p);
   if (!training || p == 0.0f) return x;
   Tensor mask = dropout_mask(x.shape(), gen.seed(), gen.take(x.numel()), p, x.device());
-  return recorded(ddp::mul(x, mask), "DropoutBackward", {&x},
+  // A 16-bit x keeps its dtype (the product is rounded once; its gradient, f32 from
+  // the f32 mask, is cast back by the engine).
+  Tensor y = ddp::mul(x, mask);
+  if (y.dtype() != x.dtype()) y = ddp::cast(y, x.dtype());
+  return recorded(y, "DropoutBackward", {&x},
                   [mask](const Tensor& g) { return std::vector<Tensor>{ddp::mul(g, mask)}; });
 }
 
@@ -273,7 +314,9 @@ Tensor gelu(const Tensor& x) {
 }
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
-  auto r = ddp::layer_norm(x, weight, bias, eps);
+  // Note [autocast]: f32 statistics, the output stored in the region's dtype.
+  const AutocastState ac = autocast_state();
+  auto r = ddp::layer_norm(x, weight, bias, eps, ac.enabled ? ac.dtype : DType::f32);
   // Only the statistics are kept: the node holding its own output would be a cycle.
   LayerNormResult saved{Tensor(), r.mean, r.rstd};
   return recorded(r.out, "LayerNormBackward", {&x, &weight, &bias},
@@ -290,7 +333,15 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
                   });
 }
 
-Tensor softmax(const Tensor& x) {
+namespace {
+// Note [autocast]: softmaxes run in f32; a 16-bit input is cast (differentiably).
+Tensor in_f32(const Tensor& x) {
+  return autocast_enabled() && x.dtype() != DType::f32 ? functional::cast(x, DType::f32) : x;
+}
+}  // namespace
+
+Tensor softmax(const Tensor& x_in) {
+  const Tensor x = in_f32(x_in);
   Tensor y = ddp::softmax(x);
   // The backward keeps a view of y, not y itself: y's node holding y would be a cycle.
   return recorded(y, "SoftmaxBackward", {&x}, [saved = y.reshape(y.shape())](const Tensor& g) {
@@ -298,7 +349,8 @@ Tensor softmax(const Tensor& x) {
   });
 }
 
-Tensor log_softmax(const Tensor& x) {
+Tensor log_softmax(const Tensor& x_in) {
+  const Tensor x = in_f32(x_in);
   Tensor y = ddp::log_softmax(x);
   // The backward keeps a view of y, not y itself: y's node holding y would be a cycle.
   return recorded(y, "LogSoftmaxBackward", {&x}, [saved = y.reshape(y.shape())](const Tensor& g) {
@@ -310,24 +362,30 @@ Tensor log_softmax(const Tensor& x) {
 //   dA = alpha g op(B)^T   (A used as is)     dA = alpha op(B) g^T   (A transposed)
 //   dB = alpha op(A)^T g   (B used as is)     dB = alpha g^T op(A)   (B transposed)
 // and op(X)^T is X itself when X was transposed, so each is one bmm with flags.
-Tensor bmm(const Tensor& a, const Tensor& b, const BmmOptions& o) {
-  return recorded(ddp::bmm(a, b, o), "BmmBackward", {&a, &b}, [a, b, o](const Tensor& g) {
-    std::vector<Tensor> grads(2);
-    if (requires_grad(a)) {
-      grads[0] = o.trans_a
-                     ? ddp::bmm(b, g, {.trans_a = o.trans_b, .trans_b = true, .alpha = o.alpha})
-                     : ddp::bmm(g, b, {.trans_b = !o.trans_b, .alpha = o.alpha});
-    }
-    if (requires_grad(b)) {
-      grads[1] = o.trans_b
-                     ? ddp::bmm(g, a, {.trans_a = true, .trans_b = o.trans_a, .alpha = o.alpha})
-                     : ddp::bmm(a, g, {.trans_a = !o.trans_a, .alpha = o.alpha});
-    }
-    return grads;
-  });
+Tensor bmm(const Tensor& a_in, const Tensor& b_in, const BmmOptions& o) {
+  // Note [autocast]: the operands in the region's dtype; the engine casts each
+  // gradient back to its input's dtype.
+  const Tensor a = autocast::lower(a_in), b = autocast::lower(b_in);
+  return recorded(
+      ddp::bmm(a, b, o), "BmmBackward", {&a_in, &b_in},
+      [a, b, o, a_needs = requires_grad(a_in), b_needs = requires_grad(b_in)](const Tensor& g) {
+        std::vector<Tensor> grads(2);
+        if (a_needs) {
+          grads[0] = o.trans_a
+                         ? ddp::bmm(b, g, {.trans_a = o.trans_b, .trans_b = true, .alpha = o.alpha})
+                         : ddp::bmm(g, b, {.trans_b = !o.trans_b, .alpha = o.alpha});
+        }
+        if (b_needs) {
+          grads[1] = o.trans_b
+                         ? ddp::bmm(g, a, {.trans_a = true, .trans_b = o.trans_a, .alpha = o.alpha})
+                         : ddp::bmm(a, g, {.trans_a = !o.trans_a, .alpha = o.alpha});
+        }
+        return grads;
+      });
 }
 
-Tensor causal_softmax(const Tensor& x) {
+Tensor causal_softmax(const Tensor& x_in) {
+  const Tensor x = in_f32(x_in);
   Tensor y = ddp::causal_softmax(x);
   // The masked probabilities are exactly 0, so softmax's backward gives them zero
   // gradient. A view of y, not y itself: y's node holding y would be a cycle.
@@ -353,11 +411,13 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
   return functional::reshape(functional::bmm(probs, functional::reshape(v, flat)), q.shape());
 }
 
-Tensor causal_self_attention(const Tensor& qkv, int64_t heads) {
+Tensor causal_self_attention(const Tensor& qkv_in, int64_t heads) {
+  const Tensor qkv = autocast::lower(qkv_in);  // Note [autocast]
   auto r = ddp::causal_self_attention(qkv, heads);
   // probs is not the recorded output, so keeping it is no cycle.
   return recorded(
-      r.y, "CausalSelfAttentionBackward", {&qkv}, [qkv, probs = r.probs, heads](const Tensor& g) {
+      r.y, "CausalSelfAttentionBackward", {&qkv_in},
+      [qkv, probs = r.probs, heads](const Tensor& g) {
         return std::vector<Tensor>{ddp::causal_self_attention_backward(g, qkv, probs, heads)};
       });
 }

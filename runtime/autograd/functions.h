@@ -1,6 +1,8 @@
 // Differentiable ops (the torch.nn.functional of ddp). Each computes its output
 // with the ops of ops/ and, when autograd::needs_grad, records a Node whose
 // backward is written with the same ops, so it runs on the inputs' device.
+// Inside an AutocastGuard each op computes in the dtype Note [autocast]
+// (autograd/autocast.h) gives it.
 #pragma once
 
 #include "runtime/autograd/autograd.h"
@@ -16,6 +18,8 @@ Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor scale(const Tensor& a, float s);
 Tensor matmul(const Tensor& a, const Tensor& b);
+// x in `dtype` (x itself when it has it); the gradient comes back in x's dtype.
+Tensor cast(const Tensor& x, DType dtype);
 Tensor sum(const Tensor& x);
 Tensor mean(const Tensor& x);
 Tensor reshape(const Tensor& x, const Shape& shape);

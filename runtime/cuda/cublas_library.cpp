@@ -13,7 +13,8 @@ CublasLibrary load() {
   static const DynamicLibrary lib(LibrarySpec{
       .soname = fmt::format("libcublas.so.{}", CUBLAS_VER_MAJOR),
       .what = "cuBLAS, which matmul on CUDA devices needs",
-      .fallback_dirs = {DDP_CUDA_LIBRARY_DIR, "/usr/local/cuda/lib64"},
+      .fallback_dirs =
+          python_wheel_library_dirs("cublas", {DDP_CUDA_LIBRARY_DIR, "/usr/local/cuda/lib64"}),
       .fix = fmt::format(
           "cuBLAS {} comes with the CUDA {} toolkit (or pip install nvidia-cublas): put its lib "
           "folder on LD_LIBRARY_PATH, or build ddp with the CUDA toolkit installed here "

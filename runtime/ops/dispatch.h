@@ -4,6 +4,7 @@
 
 #include "runtime/ops/kernels.h"
 
+#include <initializer_list>
 #include <string_view>
 
 // Calls kernels::cpu::NAME or kernels::cuda::NAME for `device`.
@@ -23,6 +24,20 @@
   } while (0)
 
 namespace ddp::ops_detail {
+
+inline bool is_16bit(DType d) {
+  return d == DType::bf16 || d == DType::f16;
+}
+// ValueError unless t is f32, bf16 or f16 (naming op, the role `what`, dtype and shape).
+void check_float(std::string_view op, const Tensor& t, const char* what = "input");
+// PyTorch's promotion among the float dtypes: equal dtypes stay, others give f32.
+DType promote(DType a, DType b);
+// Note [16-bit on the cpu] (ops.cpp): widened(t) is t as f32 (a copy for 16-bit t),
+// narrowed(t, d) is t rounded to d (t itself when it has d already), and
+// widen_on_cpu says whether any of the tensors is a 16-bit CPU tensor.
+Tensor widened(const Tensor& t);
+Tensor narrowed(const Tensor& t, DType dtype);
+bool widen_on_cpu(std::initializer_list<const Tensor*> tensors);
 
 // ValueError naming the op, the tensor's role, the dtypes and its shape.
 void check_dtype(std::string_view op, const Tensor& t, DType expected, const char* what);

@@ -3,12 +3,43 @@
 #include "runtime/ops/ops.h"
 
 #include "runtime/memory/allocator.h"
+#include "runtime/ops/cuda/linear_lt.h"
 #include "runtime/ops/dispatch.h"
 #include "runtime/ops/kernels.h"
 
 namespace ddp {
 
 namespace ops_detail {
+// f32, bf16 or f16: the dtypes the elementwise and reduction ops compute on.
+void check_float(std::string_view op, const Tensor& t, const char* what) {
+  DDP_CHECK(t.dtype() == DType::f32 || is_16bit(t.dtype()),
+            "{}: {} must be f32, bf16 or f16, got {} (shape {}); convert with cast()", op, what,
+            dtype_name(t.dtype()), shape_str(t.shape()));
+}
+
+// PyTorch's promotion among the float dtypes: equal dtypes stay, bf16 with f16 or
+// either with f32 gives f32.
+DType promote(DType a, DType b) {
+  return a == b ? a : DType::f32;
+}
+
+// Note [16-bit on the cpu]: the CPU kernels compute in f32 only. A CPU op on bf16 or
+// f16 tensors widens them to f32 (exact), runs the f32 kernel, and rounds the result
+// once to the output's dtype: the reference that the CUDA 16-bit kernels, which
+// also compute each element in f32 and round once, are tested against.
+Tensor widened(const Tensor& t) {
+  return is_16bit(t.dtype()) ? cast(t, DType::f32) : t;
+}
+bool widen_on_cpu(std::initializer_list<const Tensor*> tensors) {
+  for (const Tensor* t : tensors) {
+    if (t->defined() && t->device().is_cpu() && is_16bit(t->dtype())) return true;
+  }
+  return false;
+}
+Tensor narrowed(const Tensor& t, DType dtype) {
+  return t.dtype() == dtype ? t : cast(t, dtype);
+}
+
 void check_dtype(std::string_view op, const Tensor& t, DType expected, const char* what) {
   DDP_CHECK(t.dtype() == expected,
             "{}: {} must have dtype {}, got {} (shape {}); convert with cast()", op, what,
@@ -19,6 +50,12 @@ void check_dtype(std::string_view op, const Tensor& t, DType expected, const cha
 namespace {
 
 using ops_detail::check_dtype;
+using ops_detail::check_float;
+using ops_detail::is_16bit;
+using ops_detail::narrowed;
+using ops_detail::promote;
+using ops_detail::widen_on_cpu;
+using ops_detail::widened;
 
 void check_f32(std::string_view op, const Tensor& t) {
   check_dtype(op, t, DType::f32, "input");
@@ -57,9 +94,13 @@ DimView view_along(const Tensor& x, int64_t dim, bool keepdim) {
 Tensor binary_op(std::string_view op, kernels::BinaryOp kind, const Tensor& a, const Tensor& b) {
   check_same_device({&a, &b});
   check_same_shape(op, a, b);
-  check_f32(op, a);
-  check_f32(op, b);
-  Tensor out = like(a);
+  check_float(op, a, "a");
+  check_float(op, b, "b");
+  const DType out_dtype = promote(a.dtype(), b.dtype());
+  if (widen_on_cpu({&a, &b})) {
+    return narrowed(binary_op(op, kind, widened(a), widened(b)), out_dtype);
+  }
+  Tensor out = empty(a.shape(), {.dtype = out_dtype, .device = a.device()});
   DDP_DISPATCH(a.device(), binary, kind, a, b, out);
   return out;
 }
@@ -88,9 +129,9 @@ void matmul_out(const Tensor& a, const Tensor& b, Tensor& out, const MatmulOptio
   check_same_device({&a, &b, &out});
   DDP_CHECK(a.dim() == 2 && b.dim() == 2, "matmul: both operands must be 2-D, got shapes {} and {}",
             shape_str(a.shape()), shape_str(b.shape()));
-  DDP_CHECK(a.dtype() == b.dtype() && a.dtype() == out.dtype(),
-            "matmul: dtypes must match, got {}, {} and out {}", dtype_name(a.dtype()),
-            dtype_name(b.dtype()), dtype_name(out.dtype()));
+  DDP_CHECK(a.dtype() == b.dtype() && (a.dtype() == out.dtype() || out.dtype() == DType::f32),
+            "matmul: a and b must share a dtype, and out have it or f32, got {}, {} and out {}",
+            dtype_name(a.dtype()), dtype_name(b.dtype()), dtype_name(out.dtype()));
   DDP_CHECK(is_floating(a.dtype()), "matmul: dtype {} not supported (f32, bf16, f16)",
             dtype_name(a.dtype()));
   const int64_t m = o.trans_a ? a.size(1) : a.size(0), ka = o.trans_a ? a.size(0) : a.size(1);
@@ -116,6 +157,40 @@ Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& options) {
   return out;
 }
 
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_same_device({&x, &weight});
+  DDP_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1),
+            "linear: input {} does not match weight {} (expected input [N, {}])",
+            shape_str(x.shape()), shape_str(weight.shape()),
+            weight.dim() == 2 ? weight.size(1) : 0);
+  if (x.device().is_cuda() && is_16bit(x.dtype()) && weight.dtype() == x.dtype()) {
+    if (bias.defined()) check_same_device({&x, &bias});
+    Tensor out = empty({x.size(0), weight.size(0)}, {.dtype = x.dtype(), .device = x.device()});
+    if (bias.defined()) {
+      DDP_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0),
+                "linear: bias has shape {}, expected [{}] (the weight's rows)",
+                shape_str(bias.shape()), weight.size(0));
+    }
+    if (kernels::cuda::linear_lt(x, weight, bias, out)) return out;  // Note [cublasLt linear]
+  }
+  if (!bias.defined()) return matmul(x, weight, {.trans_b = true});
+  if (!is_16bit(x.dtype())) return add_bias_rows(matmul(x, weight, {.trans_b = true}), bias);
+  // 16-bit: the product in f32, then the bias and the one rounding in one kernel.
+  check_same_device({&x, &bias});
+  Tensor acc = empty({x.size(0), weight.size(0)}, {.dtype = DType::f32, .device = x.device()});
+  matmul_out(x, weight, acc, {.trans_b = true});
+  if (widen_on_cpu({&x})) return narrowed(add_bias_rows(acc, widened(bias)), x.dtype());
+  DDP_CHECK(bias.dtype() == x.dtype() || bias.dtype() == DType::f32,
+            "linear: bias must have the input's dtype {} or f32, got {}", dtype_name(x.dtype()),
+            dtype_name(bias.dtype()));
+  DDP_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0),
+            "linear: bias has shape {}, expected [{}] (the weight's rows)", shape_str(bias.shape()),
+            weight.size(0));
+  Tensor out = empty(acc.shape(), {.dtype = x.dtype(), .device = x.device()});
+  DDP_DISPATCH(x.device(), add_bias_rows, acc, bias, out);
+  return out;
+}
+
 Tensor add(const Tensor& a, const Tensor& b) {
   return binary_op("add", kernels::BinaryOp::add, a, b);
 }
@@ -127,7 +202,8 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor scale(const Tensor& a, float s) {
-  check_f32("scale", a);
+  check_float("scale", a);
+  if (widen_on_cpu({&a})) return narrowed(scale(widened(a), s), a.dtype());
   Tensor out = like(a);
   DDP_DISPATCH(a.device(), scale, a, s, out);
   return out;
@@ -152,18 +228,24 @@ void axpy_(float alpha, const Tensor& x, Tensor& y) {
 
 Tensor add_bias_rows(const Tensor& x, const Tensor& bias) {
   check_same_device({&x, &bias});
-  check_f32("add_bias_rows", x);
-  check_f32("add_bias_rows", bias);
+  check_float("add_bias_rows", x);
+  DDP_CHECK(bias.dtype() == x.dtype() || bias.dtype() == DType::f32,
+            "add_bias_rows: bias must have x's dtype {} or f32, got {}", dtype_name(x.dtype()),
+            dtype_name(bias.dtype()));
   DDP_CHECK(x.dim() == 2 && bias.dim() == 1 && bias.size(0) == x.size(1),
             "add_bias_rows: expected x [rows, cols] and bias [cols], got {} and {}",
             shape_str(x.shape()), shape_str(bias.shape()));
+  if (widen_on_cpu({&x, &bias})) {
+    return narrowed(add_bias_rows(widened(x), widened(bias)), x.dtype());
+  }
   Tensor out = like(x);
   DDP_DISPATCH(x.device(), add_bias_rows, x, bias, out);
   return out;
 }
 
 Tensor relu(const Tensor& x) {
-  check_f32("relu", x);
+  check_float("relu", x);
+  if (widen_on_cpu({&x})) return narrowed(relu(widened(x)), x.dtype());
   Tensor out = like(x);
   DDP_DISPATCH(x.device(), relu, x, out);
   return out;
@@ -172,22 +254,27 @@ Tensor relu(const Tensor& x) {
 Tensor relu_backward(const Tensor& grad, const Tensor& x) {
   check_same_device({&grad, &x});
   check_same_shape("relu_backward", grad, x);
-  check_f32("relu_backward", grad);
-  check_f32("relu_backward", x);
+  check_float("relu_backward", grad, "grad");
+  check_float("relu_backward", x);
+  DDP_CHECK(grad.dtype() == x.dtype(), "relu_backward: grad {} and input {} must share a dtype",
+            dtype_name(grad.dtype()), dtype_name(x.dtype()));
+  if (widen_on_cpu({&x})) return narrowed(relu_backward(widened(grad), widened(x)), x.dtype());
   Tensor out = like(x);
   DDP_DISPATCH(x.device(), relu_backward, grad, x, out);
   return out;
 }
 
 Tensor sum(const Tensor& x) {
-  check_f32("sum", x);
+  check_float("sum", x);
+  if (widen_on_cpu({&x})) return sum(widened(x));
   Tensor out = empty({}, {.dtype = DType::f32, .device = x.device()});
   DDP_DISPATCH(x.device(), sum_all, x, out);
   return out;
 }
 
 Tensor sum(const Tensor& x, int64_t dim, bool keepdim) {
-  check_f32("sum", x);
+  check_float("sum", x);
+  if (widen_on_cpu({&x})) return sum(widened(x), dim, keepdim);
   const DimView v = view_along(x, wrap_dim("sum", x, dim), keepdim);
   Tensor out = empty(v.out_shape, {.dtype = DType::f32, .device = x.device()});
   DDP_DISPATCH(x.device(), sum_dim, x, v.outer, v.n, v.inner, out);
@@ -207,7 +294,10 @@ Tensor mean(const Tensor& x, int64_t dim, bool keepdim) {
 }
 
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
-  check_f32("argmax", x);
+  check_float("argmax", x);
+  // Widening is exact and keeps the order: 16-bit logits (an evaluation under
+  // autocast) get the f32 kernel's answer on every device.
+  if (is_16bit(x.dtype())) return argmax(widened(x), dim, keepdim);
   const int64_t d = wrap_dim("argmax", x, dim);
   DDP_CHECK(x.size(d) > 0, "argmax along dim {} of size 0 (shape {})", dim, shape_str(x.shape()));
   const DimView v = view_along(x, d, keepdim);
@@ -216,16 +306,33 @@ Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
   return out;
 }
 
+namespace {
+void check_xent_inputs(std::string_view op, const Tensor& logits, const Tensor& labels) {
+  check_dtype(op, labels, DType::i64, "labels");
+  DDP_CHECK(logits.dim() == 2 && labels.dim() == 1 && labels.size(0) == logits.size(0),
+            "{}: expected logits [N, C] and labels [N], got {} and {}", op,
+            shape_str(logits.shape()), shape_str(labels.shape()));
+}
+void check_grad_loss(std::string_view op, const Tensor& grad_loss) {
+  check_dtype(op, grad_loss, DType::f32, "grad_loss");
+  DDP_CHECK(grad_loss.numel() == 1, "{}: grad_loss must be a scalar, got shape {}", op,
+            shape_str(grad_loss.shape()));
+}
+}  // namespace
+
 CrossEntropyResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels) {
   check_same_device({&logits, &labels});
-  check_dtype("cross_entropy", logits, DType::f32, "logits");
-  check_dtype("cross_entropy", labels, DType::i64, "labels");
-  DDP_CHECK(logits.dim() == 2 && labels.dim() == 1 && labels.size(0) == logits.size(0),
-            "cross_entropy: expected logits [N, C] and labels [N], got {} and {}",
-            shape_str(logits.shape()), shape_str(labels.shape()));
+  check_float("cross_entropy", logits, "logits");
+  check_xent_inputs("cross_entropy", logits, labels);
   DDP_CHECK(logits.size(0) > 0 && logits.size(1) > 0, "cross_entropy: empty logits {}",
             shape_str(logits.shape()));
-  CrossEntropyResult r{empty({}, {.device = logits.device()}), like(logits)};
+  CrossEntropyResult r{empty({}, {.device = logits.device()}), Tensor(), Tensor()};
+  if (is_16bit(logits.dtype())) {  // Note [fused classifier]
+    r.lse = empty({logits.size(0)}, {.device = logits.device()});
+    DDP_DISPATCH(logits.device(), softmax_xent_lse_forward, logits, labels, r.loss, r.lse);
+    return r;
+  }
+  r.probs = like(logits);
   DDP_DISPATCH(logits.device(), softmax_xent_forward, logits, labels, r.loss, r.probs);
   return r;
 }
@@ -234,16 +341,28 @@ Tensor softmax_cross_entropy_backward(const Tensor& probs, const Tensor& labels,
                                       const Tensor& grad_loss) {
   check_same_device({&probs, &labels, &grad_loss});
   check_dtype("cross_entropy_backward", probs, DType::f32, "probs");
-  check_dtype("cross_entropy_backward", labels, DType::i64, "labels");
-  check_dtype("cross_entropy_backward", grad_loss, DType::f32, "grad_loss");
-  DDP_CHECK(
-      probs.dim() == 2 && labels.dim() == 1 && labels.size(0) == probs.size(0) &&
-          grad_loss.numel() == 1,
-      "cross_entropy_backward: expected probs [N, C], labels [N] and a scalar grad, got {}, {} "
-      "and {}",
-      shape_str(probs.shape()), shape_str(labels.shape()), shape_str(grad_loss.shape()));
+  check_xent_inputs("cross_entropy_backward", probs, labels);
+  check_grad_loss("cross_entropy_backward", grad_loss);
   Tensor out = like(probs);
   DDP_DISPATCH(probs.device(), softmax_xent_backward, probs, labels, grad_loss, out);
+  return out;
+}
+
+Tensor softmax_cross_entropy_backward_from_logits(const Tensor& logits, const Tensor& lse,
+                                                  const Tensor& labels, const Tensor& grad_loss) {
+  constexpr std::string_view op = "cross_entropy_backward";
+  check_same_device({&logits, &lse, &labels, &grad_loss});
+  check_float(op, logits, "logits");
+  check_xent_inputs(op, logits, labels);
+  check_grad_loss(op, grad_loss);
+  check_dtype(op, lse, DType::f32, "lse");
+  DDP_CHECK(lse.shape() == Shape{logits.size(0)},
+            "{}: lse has shape {}, expected [{}]; pass the forward's CrossEntropyResult", op,
+            shape_str(lse.shape()), logits.size(0));
+  Tensor out = like(logits);
+  if (out.numel() > 0) {
+    DDP_DISPATCH(logits.device(), softmax_xent_lse_backward, logits, lse, labels, grad_loss, out);
+  }
   return out;
 }
 

@@ -2,8 +2,11 @@
 // (PyTorch's message), checks shapes and dtypes (naming the op and the shapes),
 // allocates its output on that device, and dispatches to the CPU kernels
 // (ops/cpu, OpenBLAS for GEMM) or the CUDA kernels (ops/cuda, cuBLAS for GEMM).
-// Arithmetic is f32 unless stated; matmul also takes bf16 and f16.
-// All CUDA ops run on the device's current stream and do not synchronize.
+// Arithmetic is f32 unless stated. add, sub, mul, scale, add_bias_rows, relu,
+// sum and matmul also take bf16 and f16, computing each element in f32 and
+// rounding once (Note [16-bit on the cpu] in ops.cpp; the mixed precision of
+// Note [autocast] in autograd/autocast.h). All CUDA ops run on the device's
+// current stream and do not synchronize.
 #pragma once
 
 #include "runtime/tensor.h"
@@ -25,10 +28,20 @@ struct MatmulOptions {
   float alpha = 1.0f;
   float beta = 0.0f;  // for gemm_out: out = alpha * op(a) op(b) + beta * out
 };
-// op(a) [m, k] times op(b) [k, n] -> [m, n]; a and b 2-D and of one dtype.
+// op(a) [m, k] times op(b) [k, n] -> [m, n]; a and b 2-D and of one dtype (f32, bf16
+// or f16), accumulated in f32. matmul's output has their dtype; matmul_out's `out`
+// may also be f32 for 16-bit operands (a weight's f32 gradient from bf16 activations).
 Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& options = {});
 void matmul_out(const Tensor& a, const Tensor& b, Tensor& out, const MatmulOptions& options = {});
 
+// x [N, in] times weight [out, in]^T plus bias [out] (or undefined) broadcast over
+// the rows: nn.Linear's product, in x's dtype. x and weight share a dtype; bias has
+// it or is f32. 16-bit operands accumulate in f32 and the bias is added before the
+// one rounding to the output (cuBLASLt's bias epilogue on CUDA where it is loaded).
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+
+// Elementwise on one shape. Equal dtypes give that dtype; mixed ones (bf16 with f32)
+// give f32, PyTorch's promotion.
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
@@ -38,12 +51,13 @@ Tensor scale(const Tensor& a, float s);
 // so this never waits for the kernel that computes `scalar` (unlike fill_ with item()).
 Tensor expand_scalar(const Tensor& scalar, const Shape& shape);
 void axpy_(float alpha, const Tensor& x, Tensor& y);  // y += alpha * x, in place
-// x [rows, cols] + bias [cols] broadcast along rows.
+// x [rows, cols] + bias [cols] broadcast along rows, in x's dtype (bias: x's or f32).
 Tensor add_bias_rows(const Tensor& x, const Tensor& bias);
 Tensor relu(const Tensor& x);
 // grad * (x > 0)
 Tensor relu_backward(const Tensor& grad, const Tensor& x);
 
+// Sums are f32 for every float input (autocast's rule for sum); accumulated in double.
 Tensor sum(const Tensor& x);  // scalar (shape [])
 Tensor sum(const Tensor& x, int64_t dim, bool keepdim = false);
 Tensor mean(const Tensor& x);
@@ -51,16 +65,26 @@ Tensor mean(const Tensor& x, int64_t dim, bool keepdim = false);
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);  // i64
 
 // Softmax + cross-entropy, mean over the batch, numerically stable.
-// logits [N, C] f32, labels [N] i64 in [0, C). Out-of-range labels throw on the CPU
-// and give a NaN loss on CUDA (checking there would need a host sync).
+// logits [N, C] f32, bf16 or f16, labels [N] i64 in [0, C). Out-of-range labels throw
+// on the CPU and give a NaN loss on CUDA (checking there would need a host sync).
+// Note [fused classifier]: f32 logits keep their softmax [N, C] for the backward;
+// 16-bit logits (a bf16 LM head under autocast) keep only each row's log-sum-exp,
+// computed in f32 from the logits as read, and the backward recomputes the
+// probabilities from the logits: no f32 [N, C] tensor is ever made, which for
+// GPT-2's vocabulary is the largest activation of the step.
 struct CrossEntropyResult {
-  Tensor loss;   // scalar
-  Tensor probs;  // [N, C] softmax, kept for the backward
+  Tensor loss;   // scalar f32
+  Tensor probs;  // f32 logits: [N, C] softmax, kept for the backward
+  Tensor lse;    // 16-bit logits: [N] f32 log(sum(exp(row)))
 };
 CrossEntropyResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels);
 // d(loss)/d(logits) = grad_loss * (probs - onehot(labels)) / N; grad_loss a scalar tensor.
 Tensor softmax_cross_entropy_backward(const Tensor& probs, const Tensor& labels,
                                       const Tensor& grad_loss);
+// The same from 16-bit logits and the forward's lse: probs = exp(logits - lse), the
+// gradient in the logits' dtype (each element computed in f32, rounded once).
+Tensor softmax_cross_entropy_backward_from_logits(const Tensor& logits, const Tensor& lse,
+                                                  const Tensor& labels, const Tensor& grad_loss);
 
 void fill_(Tensor& t, double value);  // any dtype
 // dst <- src: same shape and dtype, any two devices. Never blocks the host between

@@ -13,6 +13,11 @@ namespace ddp {
 namespace {
 
 using ops_detail::check_dtype;
+using ops_detail::check_float;
+using ops_detail::is_16bit;
+using ops_detail::narrowed;
+using ops_detail::widen_on_cpu;
+using ops_detail::widened;
 
 void check_f32(std::string_view op, const Tensor& t, const char* what) {
   check_dtype(op, t, DType::f32, what);
@@ -62,7 +67,8 @@ Tensor softmax_backward_any(const Tensor& grad, const Tensor& y, bool log) {
 
 Tensor gelu(const Tensor& x) {
   check_same_device({&x});
-  check_f32("gelu", x, "input");
+  check_float("gelu", x);
+  if (widen_on_cpu({&x})) return narrowed(gelu(widened(x)), x.dtype());
   Tensor out = like(x);
   if (out.numel() > 0) DDP_DISPATCH(x.device(), gelu, x, out);
   return out;
@@ -70,25 +76,40 @@ Tensor gelu(const Tensor& x) {
 
 Tensor gelu_backward(const Tensor& grad, const Tensor& x) {
   check_same_device({&grad, &x});
-  check_f32("gelu_backward", grad, "grad");
-  check_f32("gelu_backward", x, "input");
+  check_float("gelu_backward", grad, "grad");
+  check_float("gelu_backward", x);
   check_same_shape("gelu_backward", grad, x);
+  DDP_CHECK(grad.dtype() == x.dtype(), "gelu_backward: grad {} and input {} must share a dtype",
+            dtype_name(grad.dtype()), dtype_name(x.dtype()));
+  if (widen_on_cpu({&x})) return narrowed(gelu_backward(widened(grad), widened(x)), x.dtype());
   Tensor out = like(x);
   if (out.numel() > 0) DDP_DISPATCH(x.device(), gelu_backward, grad, x, out);
   return out;
 }
 
-LayerNormResult layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
+LayerNormResult layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+                           DType out_dtype) {
   check_same_device({&x, &weight, &bias});
-  check_f32("layer_norm", x, "input");
+  check_float("layer_norm", x);
+  DDP_CHECK(out_dtype == DType::f32 || is_16bit(out_dtype),
+            "layer_norm: out_dtype must be f32, bf16 or f16, got {}", dtype_name(out_dtype));
+  if (is_16bit(x.dtype())) {  // statistics in f32, as autocast computes layer_norm
+    LayerNormResult r = layer_norm(widened(x), weight, bias, eps, out_dtype);
+    return r;
+  }
   check_last_dim("layer_norm", x);
   check_row_param(weight, x, "weight");
   check_row_param(bias, x, "bias");
   DDP_CHECK(eps > 0.0f, "layer_norm: eps must be > 0 (it keeps 1 / sqrt(var + eps) finite), got {}",
             eps);
   const int64_t rows = x.numel() / x.size(-1);
-  LayerNormResult r{like(x), empty({rows}, {.device = x.device()}),
-                    empty({rows}, {.device = x.device()})};
+  if (x.device().is_cpu() && out_dtype != DType::f32) {  // Note [16-bit on the cpu]
+    LayerNormResult r = layer_norm(x, weight, bias, eps);
+    r.out = narrowed(r.out, out_dtype);
+    return r;
+  }
+  LayerNormResult r{empty(x.shape(), {.dtype = out_dtype, .device = x.device()}),
+                    empty({rows}, {.device = x.device()}), empty({rows}, {.device = x.device()})};
   if (rows > 0) DDP_DISPATCH(x.device(), layer_norm, x, weight, bias, eps, r.out, r.mean, r.rstd);
   return r;
 }
@@ -96,8 +117,14 @@ LayerNormResult layer_norm(const Tensor& x, const Tensor& weight, const Tensor& 
 LayerNormGrads layer_norm_backward(const Tensor& grad, const Tensor& x,
                                    const LayerNormResult& saved, const Tensor& weight) {
   check_same_device({&grad, &x, &saved.mean, &saved.rstd, &weight});
-  check_f32("layer_norm_backward", grad, "grad");
+  check_float("layer_norm_backward", grad, "grad");
+  if (is_16bit(x.dtype())) {  // the forward widened it: so does the backward
+    LayerNormGrads g = layer_norm_backward(grad, widened(x), saved, weight);
+    g.x = narrowed(g.x, x.dtype());
+    return g;
+  }
   check_f32("layer_norm_backward", x, "input");
+  if (widen_on_cpu({&grad})) return layer_norm_backward(widened(grad), x, saved, weight);
   check_same_shape("layer_norm_backward", grad, x);
   check_last_dim("layer_norm_backward", x);
   check_row_param(weight, x, "weight");
@@ -171,8 +198,15 @@ Tensor log_softmax_backward(const Tensor& grad, const Tensor& y) {
 
 Tensor bmm(const Tensor& a, const Tensor& b, const BmmOptions& o) {
   check_same_device({&a, &b});
-  check_f32("bmm", a, "a");
-  check_f32("bmm", b, "b");
+  check_float("bmm", a, "a");
+  check_float("bmm", b, "b");
+  DDP_CHECK(a.dtype() == b.dtype(), "bmm: a {} and b {} must share a dtype", dtype_name(a.dtype()),
+            dtype_name(b.dtype()));
+  if (is_16bit(a.dtype())) {
+    // Not on GPT's path (its attention is the packed kernel): computed in f32 on
+    // every device and rounded once.
+    return narrowed(bmm(widened(a), widened(b), o), a.dtype());
+  }
   DDP_CHECK(a.dim() == 3 && b.dim() == 3,
             "bmm: expects 3-D batches [B, M, K] and [B, K, N], got a {} and b {}",
             shape_str(a.shape()), shape_str(b.shape()));
@@ -203,7 +237,7 @@ Tensor causal_softmax(const Tensor& x) {
 namespace {
 // Checks qkv [B, T, 3C] with C = heads * D, D >= 1; returns C.
 int64_t attention_width(const Tensor& qkv, int64_t heads) {
-  check_f32("causal_self_attention", qkv, "qkv");
+  check_float("causal_self_attention", qkv, "qkv");
   DDP_CHECK(heads >= 1, "causal_self_attention: heads must be >= 1, got {}", heads);
   DDP_CHECK(qkv.dim() == 3 && qkv.size(2) % (3 * heads) == 0 && qkv.size(2) > 0,
             "causal_self_attention: expects packed projections qkv [B, T, 3C] with C divisible "
@@ -216,6 +250,11 @@ int64_t attention_width(const Tensor& qkv, int64_t heads) {
 AttentionResult causal_self_attention(const Tensor& qkv, int64_t heads) {
   check_same_device({&qkv});
   const int64_t c = attention_width(qkv, heads), b = qkv.size(0), t = qkv.size(1);
+  if (is_16bit(qkv.dtype())) {  // Note [16-bit attention]
+    AttentionResult r = causal_self_attention(widened(qkv), heads);
+    r.y = narrowed(r.y, qkv.dtype());
+    return r;
+  }
   AttentionResult r{empty({b, t, c}, {.device = qkv.device()}),
                     empty({b, heads, t, t}, {.device = qkv.device()})};
   if (r.y.numel() > 0) DDP_DISPATCH(qkv.device(), attention_forward, qkv, heads, r.y, r.probs);
@@ -231,6 +270,11 @@ Tensor causal_self_attention_backward(const Tensor& grad_y, const Tensor& qkv, c
             "and probs [{}, {}, {}, {}], got {} and {}",
             shape_str(qkv.shape()), heads, b, t, c, b, heads, t, t, shape_str(grad_y.shape()),
             shape_str(probs.shape()));
+  if (is_16bit(qkv.dtype())) {  // Note [16-bit attention]
+    const Tensor grad_qkv =
+        causal_self_attention_backward(widened(grad_y), widened(qkv), probs, heads);
+    return narrowed(grad_qkv, qkv.dtype());
+  }
   Tensor grad_qkv = like(qkv);
   if (grad_qkv.numel() > 0)
     DDP_DISPATCH(qkv.device(), attention_backward, grad_y, qkv, probs, heads, grad_qkv);

@@ -2,29 +2,32 @@
 // last dim, embedding lookup, softmax / log-softmax along the last dim, batched
 // matmul, causal softmax, each with its backward. Like ops.h, every op checks that its tensors
 // share one device, checks shapes and dtypes (naming the op and the shapes) and allocates its
-// output there. f32 only. CPU kernels in ops/cpu/transformer.cpp and ops/cpu/attention.cpp,
-// CUDA kernels in ops/cuda/transformer.cu, embedding.cu and attention.cu (deterministic
-// reductions; docs/runtime.md, "Transformer ops").
+// output there. f32 unless stated (16-bit inputs: Note [16-bit on the cpu] in ops.cpp). CPU kernels
+// in ops/cpu/transformer.cpp and ops/cpu/attention.cpp, CUDA kernels in ops/cuda/transformer.cu,
+// embedding.cu and attention.cu (deterministic reductions; docs/runtime.md, "Transformer ops").
 #pragma once
 
 #include "runtime/tensor.h"
 
 namespace ddp {
 
-// torch.nn.functional.gelu(x, approximate='tanh').
+// torch.nn.functional.gelu(x, approximate='tanh'); f32, bf16 or f16, out like x.
 Tensor gelu(const Tensor& x);
-// grad * d gelu(x) / dx; grad and x of one shape.
+// grad * d gelu(x) / dx; grad and x of one shape and dtype.
 Tensor gelu_backward(const Tensor& grad, const Tensor& x);
 
 struct LayerNormResult {
-  Tensor out;   // like x
-  Tensor mean;  // [rows], rows = x.numel() / d: kept for the backward
-  Tensor rstd;  // [rows], 1 / sqrt(biased var + eps)
+  Tensor out;   // x's shape, out_dtype
+  Tensor mean;  // [rows] f32, rows = x.numel() / d: kept for the backward
+  Tensor rstd;  // [rows] f32, 1 / sqrt(biased var + eps)
 };
 // torch.nn.functional.layer_norm(x, [d], weight, bias, eps) over the last dim d of x
-// (x at least 1-D with d >= 1); weight and bias [d].
+// (x at least 1-D with d >= 1); weight and bias [d] f32. Computed in f32 (a 16-bit x
+// is widened first); the output rounded to out_dtype (f32, bf16 or f16; Note
+// [autocast] in autograd/autocast.h stores it in bf16).
 LayerNormResult layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                           float eps = 1e-5f);
+                           float eps = 1e-5f, DType out_dtype = DType::f32);
+// grad f32 or 16-bit; the gradients have the dtypes of x, weight and bias.
 struct LayerNormGrads {
   Tensor x, weight, bias;
 };
@@ -52,7 +55,8 @@ struct BmmOptions {
   float alpha = 1.0f;    // out = alpha * op(a) op(b) (attention's 1 / sqrt(d) comes free)
 };
 // torch.bmm: out[i] = alpha * op(a[i]) op(b[i]) for i < B; op(a[i]) [M, K] times
-// op(b[i]) [K, N] -> out [B, M, N]. a and b 3-D, f32, with the same B.
+// op(b[i]) [K, N] -> out [B, M, N]. a and b 3-D, with the same B, both f32 or both
+// bf16 (computed in f32 on every device and rounded: it is not on GPT's path).
 Tensor bmm(const Tensor& a, const Tensor& b, const BmmOptions& options = {});
 
 // Softmax along the last dim of x [..., T, T] where row i of every [T, T] matrix
@@ -78,7 +82,9 @@ struct AttentionResult {
   Tensor y;      // [B, T, C]
   Tensor probs;  // [B, H, T, T], exact zeros above each diagonal
 };
-// qkv f32 [B, T, 3C] with C divisible by heads; throws ValueError naming the shape.
+// qkv [B, T, 3C] with C divisible by heads; throws ValueError naming the shape.
+// Note [16-bit attention]: for bf16 or f16 qkv, y has qkv's dtype; the packed kernels
+// compute in f32 (qkv widened, probs f32), and so does the backward.
 AttentionResult causal_self_attention(const Tensor& qkv, int64_t heads);
 // grad_qkv [B, T, 3C] from grad_y [B, T, C] and the forward's qkv and probs.
 Tensor causal_self_attention_backward(const Tensor& grad_y, const Tensor& qkv, const Tensor& probs,

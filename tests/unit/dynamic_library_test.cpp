@@ -9,6 +9,7 @@
 
 #if DDP_HAVE_CUDA
 #include "runtime/cuda/cublas_library.h"
+#include "runtime/cuda/cublaslt_library.h"
 #endif
 #if DDP_HAVE_NCCL
 #include "collectives/nccl_library.h"
@@ -16,7 +17,11 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 
 namespace ddp {
@@ -81,6 +86,45 @@ TEST(VendorLibraries, CublasHasEveryFunctionDdpCalls) {
 #else
   GTEST_SKIP() << "this build has no CUDA";
 #endif
+}
+
+TEST(VendorLibraries, CublasLtHasEveryFunctionDdpCalls) {
+#if DDP_HAVE_CUDA
+  const cuda_api::CublasLtLibrary& lt = cuda_api::cublaslt();  // throws if one is missing
+  EXPECT_NE(lt.matmul, nullptr);
+  EXPECT_NE(lt.heuristic, nullptr);
+  EXPECT_STREQ(lt.status_name(CUBLAS_STATUS_NOT_SUPPORTED), "CUBLAS_STATUS_NOT_SUPPORTED");
+#else
+  GTEST_SKIP() << "this build has no CUDA";
+#endif
+}
+
+// PyTorch's pip wheels bring the NVIDIA libraries under site-packages/nvidia/*/lib:
+// the ones of an active virtual environment are searched, the package's own folder
+// before the shared cu<N> one, after the caller's folders, each once.
+TEST(DynamicLibrary, PythonWheelFoldersOfTheVirtualEnvironmentAreSearched) {
+  namespace fs = std::filesystem;
+  const fs::path venv = fs::temp_directory_path() / ("ddp_venv_" + std::to_string(getpid()));
+  const fs::path site = venv / "lib" / "python3.11" / "site-packages" / "nvidia";
+  fs::create_directories(site / "cudnn" / "lib");
+  fs::create_directories(site / "cu13" / "lib");
+  fs::create_directories(site / "nccl" / "lib");
+  const char* old = std::getenv("VIRTUAL_ENV");
+  const std::string saved = old != nullptr ? old : "";
+  setenv("VIRTUAL_ENV", venv.c_str(), 1);
+  const std::vector<std::string> dirs = python_wheel_library_dirs("cudnn", {"/first", "/first"});
+  if (old != nullptr) {
+    setenv("VIRTUAL_ENV", saved.c_str(), 1);
+  } else {
+    unsetenv("VIRTUAL_ENV");
+  }
+  fs::remove_all(venv);
+  ASSERT_GE(dirs.size(), 3u);
+  EXPECT_EQ(dirs[0], "/first");
+  EXPECT_EQ(dirs[1], "/first");  // the caller's list is kept as given
+  EXPECT_EQ(dirs[2], (site / "cudnn" / "lib").string());
+  EXPECT_EQ(dirs[3], (site / "cu13" / "lib").string());
+  for (const std::string& d : dirs) EXPECT_FALSE(contains(d, "nccl")) << d;
 }
 
 TEST(VendorLibraries, NcclHasEveryFunctionDdpCalls) {

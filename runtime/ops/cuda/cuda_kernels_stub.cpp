@@ -48,6 +48,13 @@ void softmax_xent_forward(const Tensor&, const Tensor&, Tensor&, Tensor&) {
 void softmax_xent_backward(const Tensor&, const Tensor&, const Tensor&, Tensor&) {
   DDP_NO_CUDA_KERNEL("softmax_xent_backward");
 }
+void softmax_xent_lse_forward(const Tensor&, const Tensor&, Tensor&, Tensor&) {
+  DDP_NO_CUDA_KERNEL("softmax_xent_lse_forward");
+}
+void softmax_xent_lse_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                               Tensor&) {
+  DDP_NO_CUDA_KERNEL("softmax_xent_lse_backward");
+}
 void fill(Tensor&, double) {
   DDP_NO_CUDA_KERNEL("fill");
 }

@@ -1,6 +1,9 @@
-// Elementwise CUDA kernels: arithmetic (f32), casts, fill and arange (any dtype).
+// Elementwise CUDA kernels: arithmetic (f32, bf16, f16), casts, fill and arange (any
+// dtype).
 // One grid-stride kernel template (launch.cuh) runs a small functor per element.
-#include "runtime/ops/cuda/launch.cuh"
+#include "runtime/ops/cuda/launch.cuh"  // first (see its top)
+
+#include "runtime/ops/cuda/float_types.cuh"
 #include "runtime/ops/kernels.h"
 
 #include <cuda_bf16.h>
@@ -14,35 +17,52 @@ namespace {
 using detail::for_each_index;
 using detail::ptr;
 
-// ---- arithmetic (f32) --------------------------------------------------------
+// ---- arithmetic: f32, bf16 and f16, each element in f32 and rounded once ------
 
-template <BinaryOp Op>
+using detail::dispatch_float;
+using detail::from_float;
+using detail::to_float;
+
+template <BinaryOp Op, typename A, typename B, typename Out>
 struct BinaryFn {
-  const float* a;
-  const float* b;
-  float* out;
+  const A* a;
+  const B* b;
+  Out* out;
   __device__ void operator()(int64_t i) const {
+    const float x = to_float(a[i]), y = to_float(b[i]);
     if constexpr (Op == BinaryOp::add) {
-      out[i] = a[i] + b[i];
+      out[i] = from_float<Out>(x + y);
     } else if constexpr (Op == BinaryOp::sub) {
-      out[i] = a[i] - b[i];
+      out[i] = from_float<Out>(x - y);
     } else {
-      out[i] = a[i] * b[i];
+      out[i] = from_float<Out>(x * y);
     }
   }
 };
 
+// out's dtype is a's and b's when they agree, else f32 (ops.cpp's promote).
 template <BinaryOp Op>
 void launch_binary(const Tensor& a, const Tensor& b, Tensor& out) {
-  const BinaryFn<Op> fn{ptr<const float>(a), ptr<const float>(b), ptr<float>(out)};
-  for_each_index(out, out.numel(), fn, "binary");
+  dispatch_float(a.dtype(), [&](auto a_tag) {
+    using A = typename decltype(a_tag)::type;
+    dispatch_float(b.dtype(), [&](auto b_tag) {
+      using B = typename decltype(b_tag)::type;
+      using Out = std::conditional_t<std::is_same_v<A, B>, A, float>;
+      DDP_ASSERT(out.dtype() == (std::is_same_v<A, B> ? a.dtype() : DType::f32),
+                 "binary: out dtype {} for inputs {} and {}", dtype_name(out.dtype()),
+                 dtype_name(a.dtype()), dtype_name(b.dtype()));
+      const BinaryFn<Op, A, B, Out> fn{ptr<const A>(a), ptr<const B>(b), ptr<Out>(out)};
+      for_each_index(out, out.numel(), fn, "binary");
+    });
+  });
 }
 
+template <typename T>
 struct ScaleFn {
-  const float* a;
+  const T* a;
   float s;
-  float* out;
-  __device__ void operator()(int64_t i) const { out[i] = a[i] * s; }
+  T* out;
+  __device__ void operator()(int64_t i) const { out[i] = from_float<T>(to_float(a[i]) * s); }
 };
 
 // Reads the value on the device: no host round trip (and no sync) for a scalar
@@ -60,35 +80,44 @@ struct AxpyFn {
   __device__ void operator()(int64_t i) const { y[i] += alpha * x[i]; }
 };
 
+// x, bias and out each f32 or 16-bit: linear's bias epilogue (ops.cpp) adds an f32
+// or bf16 bias to the f32 product and rounds once into a bf16 out.
+template <typename X, typename Bias, typename Out>
 struct AddBiasRowsFn {
-  const float* x;
-  const float* bias;
+  const X* x;
+  const Bias* bias;
   int64_t cols;
-  float* out;
-  __device__ void operator()(int64_t i) const { out[i] = x[i] + bias[i % cols]; }
+  Out* out;
+  __device__ void operator()(int64_t i) const {
+    out[i] = from_float<Out>(to_float(x[i]) + to_float(bias[i % cols]));
+  }
 };
 
+template <typename T>
 struct ReluFn {
-  const float* x;
-  float* out;
+  const T* x;
+  T* out;
   // As the CPU's std::max(x, 0) and torch.relu: NaN stays NaN (x > 0 ? x : 0 made
   // it 0, hiding a NaN from every check after it), -0.0 stays -0.0.
-  __device__ void operator()(int64_t i) const { out[i] = x[i] < 0.0f ? 0.0f : x[i]; }
+  __device__ void operator()(int64_t i) const {
+    const float v = to_float(x[i]);
+    out[i] = v < 0.0f ? from_float<T>(0.0f) : x[i];
+  }
 };
 
+template <typename T>
 struct ReluBackwardFn {
-  const float* grad;
-  const float* x;
-  float* out;
-  __device__ void operator()(int64_t i) const { out[i] = x[i] > 0.0f ? grad[i] : 0.0f; }
+  const T* grad;
+  const T* x;
+  T* out;
+  __device__ void operator()(int64_t i) const {
+    out[i] = to_float(x[i]) > 0.0f ? grad[i] : from_float<T>(0.0f);
+  }
 };
 
 // ---- dtype dispatch and conversion -------------------------------------------
 
-template <typename T>
-struct Tag {
-  using type = T;
-};
+using detail::Tag;
 
 // Calls fn(Tag<T>{}) with T the device type of `dtype`.
 template <typename Fn>
@@ -173,7 +202,10 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
 }
 
 void scale(const Tensor& a, float s, Tensor& out) {
-  for_each_index(out, out.numel(), ScaleFn{ptr<const float>(a), s, ptr<float>(out)}, "scale");
+  dispatch_float(a.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for_each_index(out, out.numel(), ScaleFn<T>{ptr<const T>(a), s, ptr<T>(out)}, "scale");
+  });
 }
 
 void broadcast_scalar(const Tensor& scalar, Tensor& out) {
@@ -188,17 +220,33 @@ void axpy(float alpha, const Tensor& x, Tensor& y) {
 void add_bias_rows(const Tensor& x, const Tensor& bias, Tensor& out) {
   const int64_t cols = bias.numel();
   if (cols == 0) return;  // then out is empty too
-  const AddBiasRowsFn fn{ptr<const float>(x), ptr<const float>(bias), cols, ptr<float>(out)};
-  for_each_index(out, out.numel(), fn, "add_bias_rows");
+  dispatch_float(x.dtype(), [&](auto x_tag) {
+    using X = typename decltype(x_tag)::type;
+    dispatch_float(bias.dtype(), [&](auto bias_tag) {
+      using Bias = typename decltype(bias_tag)::type;
+      dispatch_float(out.dtype(), [&](auto out_tag) {
+        using Out = typename decltype(out_tag)::type;
+        const AddBiasRowsFn<X, Bias, Out> fn{ptr<const X>(x), ptr<const Bias>(bias), cols,
+                                             ptr<Out>(out)};
+        for_each_index(out, out.numel(), fn, "add_bias_rows");
+      });
+    });
+  });
 }
 
 void relu(const Tensor& x, Tensor& out) {
-  for_each_index(out, out.numel(), ReluFn{ptr<const float>(x), ptr<float>(out)}, "relu");
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for_each_index(out, out.numel(), ReluFn<T>{ptr<const T>(x), ptr<T>(out)}, "relu");
+  });
 }
 
 void relu_backward(const Tensor& grad, const Tensor& x, Tensor& out) {
-  const ReluBackwardFn fn{ptr<const float>(grad), ptr<const float>(x), ptr<float>(out)};
-  for_each_index(out, out.numel(), fn, "relu_backward");
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const ReluBackwardFn<T> fn{ptr<const T>(grad), ptr<const T>(x), ptr<T>(out)};
+    for_each_index(out, out.numel(), fn, "relu_backward");
+  });
 }
 
 void cast(const Tensor& src, Tensor& dst) {

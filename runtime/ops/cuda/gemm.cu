@@ -96,17 +96,20 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool tran
   cuda_api::DeviceGuard guard(out.device().index);
   const cublasHandle_t handle = detail::cublas_handle_for(out);
   // Note [row-major gemm]: B first, then A; C^T is [n, m] with leading dimension n.
-  if (out.dtype() == DType::f32) {
+  if (a.dtype() == DType::f32) {
     // The default math mode keeps full f32 (no TF32) unless NVIDIA_TF32_OVERRIDE says so.
     DDP_CUBLAS_CHECK(cuda_api::cublas().sgemm(
         handle, op_b, op_a, ni, mi, ki, &alpha, detail::ptr<const float>(b), ldb,
         detail::ptr<const float>(a), lda, &beta, detail::ptr<float>(out), ni));
     return;
   }
-  const cudaDataType_t type = cublas_type(out.dtype());
-  DDP_CUBLAS_CHECK(cuda_api::cublas().gemm_ex(
-      handle, op_b, op_a, ni, mi, ki, &alpha, b.data_ptr(), type, ldb, a.data_ptr(), type, lda,
-      &beta, out.data_ptr(), type, ni, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  // 16-bit operands with f32 accumulation; out theirs or f32 (a weight's gradient
+  // under autocast), both in cublasGemmEx's table for CUBLAS_COMPUTE_32F.
+  const cudaDataType_t type = cublas_type(a.dtype());
+  DDP_CUBLAS_CHECK(cuda_api::cublas().gemm_ex(handle, op_b, op_a, ni, mi, ki, &alpha, b.data_ptr(),
+                                              type, ldb, a.data_ptr(), type, lda, &beta,
+                                              out.data_ptr(), cublas_type(out.dtype()), ni,
+                                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace ddp::kernels::cuda

@@ -10,6 +10,7 @@
 #include "runtime/ops/cuda/launch.cuh"  // first (see its top)
 
 #include "runtime/ops/cuda/dim_reduce.h"
+#include "runtime/ops/cuda/float_types.cuh"
 #include "runtime/ops/kernels.h"
 
 #include <math_constants.h>
@@ -146,8 +147,18 @@ void launch_dim_pass(const In* x, int64_t outer, int64_t n, int64_t inner,
   cuda_api::check_last_error(name);
 }
 
-// out[o, i] = R over x[o, :, i], in as many passes as Note [dim reduce] needs.
-template <typename R, typename Out>
+// Sum over 16-bit elements too (read as f32, added in double).
+struct SumAny : dim_reduce::Sum {
+  using dim_reduce::Sum::load;
+  template <typename T>
+  __host__ __device__ static Acc load(const T* x, int64_t index, int64_t) {
+    return detail::to_float(x[index]);
+  }
+};
+
+// out[o, i] = R over x[o, :, i] (x's elements of type In), in as many passes as Note
+// [dim reduce] needs.
+template <typename R, typename Out, typename In = float>
 void reduce_dim(const Tensor& x, int64_t outer, int64_t n, int64_t inner, Tensor& out,
                 const char* name) {
   using Acc = typename R::Acc;
@@ -155,7 +166,7 @@ void reduce_dim(const Tensor& x, int64_t outer, int64_t n, int64_t inner, Tensor
   if (outer == 0 || inner == 0) return;
   cuda_api::DeviceGuard guard(out.device().index);
   const cudaStream_t stream = stream_of(out);
-  const float* first = ptr<const float>(x);
+  const In* first = ptr<const In>(x);
   Tensor partials;  // the previous pass's output; see reduce_sum on freeing it early
   for (;;) {
     const dim_reduce::Plan plan = dim_reduce::make_plan(n, inner);
@@ -225,11 +236,21 @@ struct SoftmaxXentBackwardFn {
 }  // namespace
 
 void sum_all(const Tensor& x, Tensor& out) {
+  if (x.dtype() != DType::f32) {  // not on a hot path: widened first
+    const Tensor wide = empty(x.shape(), {.dtype = DType::f32, .device = x.device()});
+    Tensor w = wide;
+    cast(x, w);
+    reduce_sum(out, ptr<const float>(w), w.numel(), 1.0f, ptr<float>(out));
+    return;
+  }
   reduce_sum(out, ptr<const float>(x), x.numel(), 1.0f, ptr<float>(out));
 }
 
 void sum_dim(const Tensor& x, int64_t outer, int64_t n, int64_t inner, Tensor& out) {
-  reduce_dim<dim_reduce::Sum, float>(x, outer, n, inner, out, "sum_dim");
+  detail::dispatch_float(x.dtype(), [&](auto tag) {
+    using In = typename decltype(tag)::type;
+    reduce_dim<SumAny, float, In>(x, outer, n, inner, out, "sum_dim");
+  });
 }
 
 void argmax_dim(const Tensor& x, int64_t outer, int64_t n, int64_t inner, Tensor& out) {

@@ -9,6 +9,7 @@
 #include "runtime/ops/cuda/launch.cuh"  // first (see its top)
 
 #include "runtime/ops/cuda/column_sum.h"
+#include "runtime/ops/cuda/float_types.cuh"
 #include "runtime/ops/cuda/row_kernels.h"
 #include "runtime/ops/cuda/row_reduce.cuh"
 #include "runtime/ops/kernels.h"
@@ -20,10 +21,13 @@ namespace {
 
 using detail::block_all_max;
 using detail::block_all_sum;
+using detail::dispatch_float;
+using detail::from_float;
 using detail::kThreads;
 using detail::ptr;
 using detail::row_blocks;
 using detail::stream_of;
+using detail::to_float;
 
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluCubic = 0.044715f;
@@ -37,33 +41,39 @@ Rows rows_of(const Tensor& x) {
   return {d == 0 ? 0 : x.numel() / d, d};
 }
 
+// T: float, __nv_bfloat16 or __half; computed in f32, rounded once.
+template <typename T>
 struct GeluFn {
-  const float* x;
-  float* out;
+  const T* x;
+  T* out;
   __device__ void operator()(int64_t i) const {
-    const float v = x[i];
-    out[i] = 0.5f * v * (1.0f + tanhf(kSqrt2OverPi * (v + kGeluCubic * v * v * v)));
+    const float v = to_float(x[i]);
+    out[i] = from_float<T>(0.5f * v * (1.0f + tanhf(kSqrt2OverPi * (v + kGeluCubic * v * v * v))));
   }
 };
 
+template <typename T>
 struct GeluBackwardFn {
-  const float* grad;
-  const float* x;
-  float* out;
+  const T* grad;
+  const T* x;
+  T* out;
   __device__ void operator()(int64_t i) const {
-    const float v = x[i];
+    const float v = to_float(x[i]);
     const float t = tanhf(kSqrt2OverPi * (v + kGeluCubic * v * v * v));
     const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
-    out[i] = grad[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+    out[i] =
+        from_float<T>(to_float(grad[i]) * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du));
   }
 };
 
-// Two passes over the row, as the CPU: var = E[(x - mu)^2] does not cancel.
+// Two passes over the row, as the CPU: var = E[(x - mu)^2] does not cancel. Out: the
+// output's type (bf16 under autocast: Note [autocast]), each element rounded once.
+template <typename Out>
 __global__ void layer_norm_kernel(const float* x, const float* w, const float* b, float eps,
-                                  int64_t rows, int64_t d, float* out, float* mean, float* rstd) {
+                                  int64_t rows, int64_t d, Out* out, float* mean, float* rstd) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* src = x + r * d;
-    float* dst = out + r * d;
+    Out* dst = out + r * d;
     double sum = 0.0;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) sum += src[j];
     const double mu = block_all_sum(sum) / static_cast<double>(d);
@@ -75,7 +85,9 @@ __global__ void layer_norm_kernel(const float* x, const float* w, const float* b
     sq = block_all_sum(sq);
     const auto inv = static_cast<float>(1.0 / sqrt(sq / static_cast<double>(d) + eps));
     const auto m = static_cast<float>(mu);
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) dst[j] = (src[j] - m) * inv * w[j] + b[j];
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+      dst[j] = from_float<Out>((src[j] - m) * inv * w[j] + b[j]);
+    }
     if (threadIdx.x == 0) {
       mean[r] = m;
       rstd[r] = inv;
@@ -84,18 +96,20 @@ __global__ void layer_norm_kernel(const float* x, const float* w, const float* b
 }
 
 // grad_x = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = grad * weight.
-__global__ void layer_norm_grad_x_kernel(const float* grad, const float* x, const float* mean,
+// G: the incoming gradient's type (bf16 under autocast), read as f32.
+template <typename G>
+__global__ void layer_norm_grad_x_kernel(const G* grad, const float* x, const float* mean,
                                          const float* rstd, const float* w, int64_t rows, int64_t d,
                                          float* grad_x) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float* g = grad + r * d;
+    const G* g = grad + r * d;
     const float* src = x + r * d;
     const float mu = mean[r], inv = rstd[r];
     double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
       const float xhat = (src[j] - mu) * inv;
-      const float dxhat = __fmul_rn(g[j], w[j]);  // never fused: the sums and the
-      sum_dxhat += dxhat;                         // second loop use the same product
+      const float dxhat = __fmul_rn(to_float(g[j]), w[j]);  // never fused: the sums and the
+      sum_dxhat += dxhat;                                   // second loop use the same product
       sum_dxhat_xhat += static_cast<double>(dxhat) * xhat;
     }
     const auto mean_dxhat = static_cast<float>(block_all_sum(sum_dxhat) / static_cast<double>(d));
@@ -103,16 +117,18 @@ __global__ void layer_norm_grad_x_kernel(const float* grad, const float* x, cons
         static_cast<float>(block_all_sum(sum_dxhat_xhat) / static_cast<double>(d));
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
       const float xhat = (src[j] - mu) * inv;
-      grad_x[r * d + j] = inv * (__fmul_rn(g[j], w[j]) - mean_dxhat - xhat * mean_dxhat_xhat);
+      grad_x[r * d + j] =
+          inv * (__fmul_rn(to_float(g[j]), w[j]) - mean_dxhat - xhat * mean_dxhat_xhat);
     }
   }
 }
 
 // Pass 1 of Note [column sums]: partials [chunks, d] of sum(grad xhat) and sum(grad).
-__global__ void layer_norm_column_partials_kernel(const float* grad, const float* x,
-                                                  const float* mean, const float* rstd,
-                                                  int64_t rows, int64_t d, column_sum::Plan plan,
-                                                  double* partial_w, double* partial_b) {
+template <typename G>
+__global__ void layer_norm_column_partials_kernel(const G* grad, const float* x, const float* mean,
+                                                  const float* rstd, int64_t rows, int64_t d,
+                                                  column_sum::Plan plan, double* partial_w,
+                                                  double* partial_b) {
   __shared__ double sum_w[column_sum::kBlockThreads], sum_b[column_sum::kBlockThreads];
   const int t = static_cast<int>(threadIdx.x);
   const int tx = t % column_sum::kColThreads, ty = t / column_sum::kColThreads;
@@ -124,7 +140,7 @@ __global__ void layer_norm_column_partials_kernel(const float* grad, const float
     if (col < d) {
       const column_sum::RowSpan span = column_sum::thread_rows(at, ty, rows);
       for (int64_t r = span.first; r < span.end; r += span.step) {
-        const float g = grad[r * d + col];
+        const float g = to_float(grad[r * d + col]);
         const float xhat = (x[r * d + col] - mean[r]) * rstd[r];
         acc_w += static_cast<double>(g) * xhat;
         acc_b += g;
@@ -248,37 +264,17 @@ Tensor double_scratch(int64_t count, const Tensor& on) {
   return empty({count}, {.dtype = DType::i64, .device = on.device()});
 }
 
-}  // namespace
-
-void gelu(const Tensor& x, Tensor& out) {
-  detail::for_each_index(out, out.numel(), GeluFn{ptr<const float>(x), ptr<float>(out)}, "gelu");
-}
-
-void gelu_backward(const Tensor& grad, const Tensor& x, Tensor& out) {
-  const GeluBackwardFn fn{ptr<const float>(grad), ptr<const float>(x), ptr<float>(out)};
-  detail::for_each_index(out, out.numel(), fn, "gelu_backward");
-}
-
-void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out,
-                Tensor& mean, Tensor& rstd) {
-  const auto [rows, d] = rows_of(x);
-  if (rows == 0) return;
-  cuda_api::DeviceGuard guard(out.device().index);
-  layer_norm_kernel<<<row_blocks(rows), kThreads, 0, stream_of(out)>>>(
-      ptr<const float>(x), ptr<const float>(weight), ptr<const float>(bias), eps, rows, d,
-      ptr<float>(out), ptr<float>(mean), ptr<float>(rstd));
-  cuda_api::check_last_error("layer_norm_kernel");
-}
-
-void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& mean,
-                         const Tensor& rstd, const Tensor& weight, Tensor& grad_x,
-                         Tensor& grad_weight, Tensor& grad_bias) {
+// G: the incoming gradient's element type.
+template <typename G>
+void layer_norm_backward_typed(const Tensor& grad, const Tensor& x, const Tensor& mean,
+                               const Tensor& rstd, const Tensor& weight, Tensor& grad_x,
+                               Tensor& grad_weight, Tensor& grad_bias) {
   const auto [rows, d] = rows_of(x);
   cuda_api::DeviceGuard guard(grad_x.device().index);
   const cudaStream_t stream = stream_of(grad_x);
   if (rows > 0) {
-    layer_norm_grad_x_kernel<<<row_blocks(rows), kThreads, 0, stream>>>(
-        ptr<const float>(grad), ptr<const float>(x), ptr<const float>(mean), ptr<const float>(rstd),
+    layer_norm_grad_x_kernel<G><<<row_blocks(rows), kThreads, 0, stream>>>(
+        ptr<const G>(grad), ptr<const float>(x), ptr<const float>(mean), ptr<const float>(rstd),
         ptr<const float>(weight), rows, d, ptr<float>(grad_x));
     cuda_api::check_last_error("layer_norm_grad_x_kernel");
   }
@@ -286,14 +282,54 @@ void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& mean
   const Tensor partial_w = double_scratch(plan.chunks * d, grad_x);
   const Tensor partial_b = double_scratch(plan.chunks * d, grad_x);
   const int blocks = static_cast<int>(std::min(plan.tiles(), detail::kMaxBlocks));
-  layer_norm_column_partials_kernel<<<blocks, column_sum::kBlockThreads, 0, stream>>>(
-      ptr<const float>(grad), ptr<const float>(x), ptr<const float>(mean), ptr<const float>(rstd),
-      rows, d, plan, ptr<double>(partial_w), ptr<double>(partial_b));
+  layer_norm_column_partials_kernel<G><<<blocks, column_sum::kBlockThreads, 0, stream>>>(
+      ptr<const G>(grad), ptr<const float>(x), ptr<const float>(mean), ptr<const float>(rstd), rows,
+      d, plan, ptr<double>(partial_w), ptr<double>(partial_b));
   cuda_api::check_last_error("layer_norm_column_partials_kernel");
   const ColumnFinishFn finish{
       ptr<const double>(partial_w), ptr<const double>(partial_b), plan.chunks, d,
       ptr<float>(grad_weight),      ptr<float>(grad_bias)};
   detail::for_each_index(grad_weight, d, finish, "layer_norm_backward (weight and bias)");
+}
+
+}  // namespace
+
+void gelu(const Tensor& x, Tensor& out) {
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    detail::for_each_index(out, out.numel(), GeluFn<T>{ptr<const T>(x), ptr<T>(out)}, "gelu");
+  });
+}
+
+void gelu_backward(const Tensor& grad, const Tensor& x, Tensor& out) {
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const GeluBackwardFn<T> fn{ptr<const T>(grad), ptr<const T>(x), ptr<T>(out)};
+    detail::for_each_index(out, out.numel(), fn, "gelu_backward");
+  });
+}
+
+void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out,
+                Tensor& mean, Tensor& rstd) {
+  const auto [rows, d] = rows_of(x);
+  if (rows == 0) return;
+  cuda_api::DeviceGuard guard(out.device().index);
+  dispatch_float(out.dtype(), [&](auto tag) {
+    using Out = typename decltype(tag)::type;
+    layer_norm_kernel<Out><<<row_blocks(rows), kThreads, 0, stream_of(out)>>>(
+        ptr<const float>(x), ptr<const float>(weight), ptr<const float>(bias), eps, rows, d,
+        ptr<Out>(out), ptr<float>(mean), ptr<float>(rstd));
+  });
+  cuda_api::check_last_error("layer_norm_kernel");
+}
+
+void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& mean,
+                         const Tensor& rstd, const Tensor& weight, Tensor& grad_x,
+                         Tensor& grad_weight, Tensor& grad_bias) {
+  dispatch_float(grad.dtype(), [&](auto tag) {
+    using G = typename decltype(tag)::type;
+    layer_norm_backward_typed<G>(grad, x, mean, rstd, weight, grad_x, grad_weight, grad_bias);
+  });
 }
 
 void softmax(const Tensor& x, bool log, Tensor& out) {

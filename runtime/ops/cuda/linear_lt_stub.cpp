@@ -1,0 +1,11 @@
+// linear_lt of a build without CUDA: ops.cpp reaches it only for CUDA tensors, which
+// such a build cannot create.
+#include "runtime/ops/cuda/linear_lt.h"
+
+namespace ddp::kernels::cuda {
+
+bool linear_lt(const Tensor&, const Tensor&, const Tensor&, Tensor&) {
+  return false;
+}
+
+}  // namespace ddp::kernels::cuda

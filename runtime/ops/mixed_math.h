@@ -1,0 +1,42 @@
+// Per-element maths of the mixed-precision kernels, shared by the CPU kernels
+// (ops/cpu) and the CUDA kernels (ops/cuda), so that a CPU test checks the very
+// function a kernel runs. Plain C++ with __host__ __device__ under nvcc.
+#pragma once
+
+#include <cmath>
+
+#ifndef DDP_MIXED_HD
+#ifdef __CUDACC__
+#define DDP_MIXED_HD __host__ __device__ __forceinline__
+#else
+#define DDP_MIXED_HD inline
+#endif
+#endif
+
+namespace ddp::kernels::math {
+
+// d(mean cross-entropy)/d(logit) for one element: scale * (softmax - onehot), with the
+// softmax recomputed from the row's log-sum-exp (Note [fused classifier] in ops.h);
+// scale = grad_loss / rows.
+DDP_MIXED_HD float xent_grad(float logit, float lse, bool is_label, float scale) {
+  return scale * (expf(logit - lse) - (is_label ? 1.0f : 0.0f));
+}
+
+// Online softmax statistics of a row (max m and sum s of exp(x - m)), merged in any
+// grouping: the classifier's one pass over 16-bit logits.
+struct SoftmaxStats {
+  float max;
+  float sum;
+};
+DDP_MIXED_HD SoftmaxStats softmax_stats_add(SoftmaxStats a, float x) {
+  if (x > a.max) return {x, a.sum * expf(a.max - x) + 1.0f};
+  return {a.max, a.sum + expf(x - a.max)};
+}
+DDP_MIXED_HD SoftmaxStats softmax_stats_merge(SoftmaxStats a, SoftmaxStats b) {
+  if (b.sum == 0.0f) return a;  // b saw nothing (its max is -inf)
+  if (a.sum == 0.0f) return b;
+  if (a.max >= b.max) return {a.max, a.sum + b.sum * expf(b.max - a.max)};
+  return {b.max, b.sum + a.sum * expf(a.max - b.max)};
+}
+
+}  // namespace ddp::kernels::math

@@ -1,0 +1,197 @@
+// The 16-bit CUDA kernels of mixed precision (Note [autocast]) against the CPU
+// (tests/unit/autocast_test.cpp checks the CPU against the f32 ops on the same rounded
+// values). Elementwise kernels compute each element in f32 and round once, as the CPU
+// does, so they agree to one bf16 rounding (relative 2^-8: an f32 result a few ulps
+// apart may round the other way); sums and products in another order agree within
+// the stated tolerances. Without a GPU every test skips and says why.
+#include "models/gpt.h"
+#include "runtime/autograd/autocast.h"
+#include "runtime/autograd/functions.h"
+#include "runtime/ops/ops.h"
+#include "runtime/ops/transformer_ops.h"
+#include "tests/gpu/require_gpu.h"
+
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace ddp {
+namespace {
+
+namespace F = functional;
+
+const Device kGpu = Device::cuda(0);
+constexpr double kBf16Rounding = 1.0 / 256;  // one bf16 rounding, relative
+
+Tensor bf16(const Tensor& t) {
+  return cast(t, DType::bf16);
+}
+
+// |a - e| <= rtol * |e| + atol elementwise, a on the GPU, e on the CPU, same dtype.
+void expect_close(const Tensor& actual, const Tensor& expected, double rtol, double atol,
+                  const std::string& what) {
+  ASSERT_TRUE(actual.device().is_cuda()) << what;
+  ASSERT_EQ(actual.dtype(), expected.dtype()) << what;
+  ASSERT_EQ(actual.shape(), expected.shape()) << what;
+  const auto a = cast(actual.cpu(), DType::f32).to_vector<float>();
+  const auto e = cast(expected, DType::f32).to_vector<float>();
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(e[i])) {
+      ASSERT_TRUE(std::isnan(a[i])) << what << ": element " << i << " should be NaN";
+      continue;
+    }
+    ASSERT_NEAR(a[i], e[i], rtol * std::fabs(e[i]) + atol)
+        << what << ": element " << i << " of " << a.size();
+  }
+}
+
+TEST(MixedPrecisionGpu, ElementwiseKernelsRoundOnceAsTheCpu) {
+  DDP_REQUIRE_CUDA();
+  const Tensor a = bf16(randn({1000, 37}, 1)), b = bf16(randn({1000, 37}, 2));
+  const Tensor c = randn({1000, 37}, 3), bias = randn({37}, 4);
+  const Tensor ga = a.to(kGpu), gb = b.to(kGpu), gc = c.to(kGpu), gbias = bias.to(kGpu);
+  const double r = kBf16Rounding;
+  expect_close(add(ga, gb), add(a, b), r, 0, "bf16 + bf16");
+  expect_close(sub(ga, gb), sub(a, b), r, 0, "bf16 - bf16");
+  expect_close(mul(ga, gb), mul(a, b), r, 0, "bf16 * bf16");
+  expect_close(add(gc, ga), add(c, a), 1e-7, 0, "f32 + bf16 = f32");
+  expect_close(mul(ga, gc), mul(a, c), 1e-7, 0, "bf16 * f32 = f32");
+  expect_close(scale(ga, -0.7f), scale(a, -0.7f), r, 0, "scale");
+  expect_close(relu(ga), relu(a), 0, 0, "relu");
+  expect_close(relu_backward(gb, ga), relu_backward(b, a), 0, 0, "relu_backward");
+  expect_close(gelu(ga), gelu(a), r, 1e-6, "gelu");
+  expect_close(gelu_backward(gb, ga), gelu_backward(b, a), r, 1e-6, "gelu_backward");
+  const Tensor rows = a.reshape({1000, 37}), grows = ga.reshape({1000, 37});
+  expect_close(add_bias_rows(grows, gbias), add_bias_rows(rows, bias), r, 0, "bias rows");
+  expect_close(sum(grows, 0), sum(rows, 0), 1e-6, 1e-6, "sum along rows (f32)");
+  expect_close(sum(grows, 1), sum(rows, 1), 1e-6, 1e-6, "sum along columns (f32)");
+  expect_close(sum(grows), sum(rows), 1e-6, 1e-5, "sum (f32)");
+  expect_close(argmax(grows, 1), argmax(rows, 1), 0, 0, "argmax");
+}
+
+// linear's bias epilogue and the mixed GEMMs at GPT-2-like shapes (cuBLAS adds in its
+// own order: the tolerance is relative to the row's scale).
+TEST(MixedPrecisionGpu, LinearAndMixedGemmsMatchTheCpu) {
+  DDP_REQUIRE_CUDA();
+  for (const auto& [n, in, out] : std::vector<std::array<int64_t, 3>>{
+           {7, 5, 3}, {256, 768, 2304}, {512, 3072, 768}, {33, 64, 50257}}) {
+    const Tensor x = bf16(randn({n, in}, 5)), w = bf16(scale(randn({out, in}, 6), 0.02f));
+    const Tensor bias = randn({out}, 7);
+    const std::string shape = fmt::format("[{}, {}] x [{}, {}]^T", n, in, out, in);
+    const double atol = 1e-3 * std::sqrt(static_cast<double>(in)) * 0.02;
+    expect_close(linear(x.to(kGpu), w.to(kGpu), bias.to(kGpu)), linear(x, w, bias), kBf16Rounding,
+                 atol, "linear " + shape);
+    expect_close(linear(x.to(kGpu), w.to(kGpu), Tensor()), linear(x, w, Tensor()), kBf16Rounding,
+                 atol, "linear without bias " + shape);
+    Tensor want = empty({out, in}), got = empty({out, in}, {.device = kGpu});
+    const Tensor g = bf16(randn({n, out}, 8));
+    matmul_out(g, x, want, {.trans_a = true});
+    matmul_out(g.to(kGpu), x.to(kGpu), got, {.trans_a = true});
+    expect_close(got, want, 1e-5, 1e-3 * std::sqrt(static_cast<double>(n)),
+                 "weight gradient into f32 " + shape);
+  }
+}
+
+TEST(MixedPrecisionGpu, LayerNormWritesBf16AndTakesBf16Gradients) {
+  DDP_REQUIRE_CUDA();
+  for (const auto& [rows, d] : std::vector<std::array<int64_t, 2>>{{3, 5}, {1024, 768}}) {
+    const Tensor x = randn({rows, d}, 9), w = randn({d}, 10), b = randn({d}, 11);
+    const LayerNormResult want = layer_norm(x, w, b, 1e-5f, DType::bf16);
+    const LayerNormResult got = layer_norm(x.to(kGpu), w.to(kGpu), b.to(kGpu), 1e-5f, DType::bf16);
+    expect_close(got.out, want.out, kBf16Rounding, 1e-6, "out");
+    expect_close(got.rstd, want.rstd, 1e-6, 0, "rstd");
+    const Tensor g = bf16(randn({rows, d}, 12));
+    const LayerNormGrads gw = layer_norm_backward(g, x, want, w);
+    const LayerNormGrads gg = layer_norm_backward(g.to(kGpu), x.to(kGpu), got, w.to(kGpu));
+    expect_close(gg.x, gw.x, 1e-5, 1e-5, "grad x");
+    expect_close(gg.weight, gw.weight, 1e-5, 1e-4, "grad weight");
+    expect_close(gg.bias, gw.bias, 1e-5, 1e-4, "grad bias");
+  }
+}
+
+// Note [fused classifier] at a small shape and GPT-2's vocabulary: the loss and lse
+// from bf16 logits, the gradient in bf16, a label out of range as a NaN loss.
+TEST(MixedPrecisionGpu, FusedClassifierMatchesTheCpu) {
+  DDP_REQUIRE_CUDA();
+  for (const auto& [rows, classes] : std::vector<std::array<int64_t, 2>>{{5, 3}, {64, 50257}}) {
+    const Tensor logits = bf16(scale(randn({rows, classes}, 13), 3.0f));
+    std::vector<int64_t> y(static_cast<size_t>(rows));
+    for (size_t i = 0; i < y.size(); ++i) y[i] = static_cast<int64_t>((i * 7919) % classes);
+    const Tensor labels = from_vector(y, {rows});
+    const CrossEntropyResult want = softmax_cross_entropy(logits, labels);
+    const CrossEntropyResult got = softmax_cross_entropy(logits.to(kGpu), labels.to(kGpu));
+    EXPECT_FALSE(got.probs.defined());
+    expect_close(got.loss, want.loss, 1e-5, 0, "loss");
+    expect_close(got.lse, want.lse, 1e-6, 1e-5, "lse");
+    const Tensor g = full({}, 0.75);
+    expect_close(softmax_cross_entropy_backward_from_logits(logits.to(kGpu), got.lse,
+                                                            labels.to(kGpu), g.to(kGpu)),
+                 softmax_cross_entropy_backward_from_logits(logits, want.lse, labels, g),
+                 kBf16Rounding, 1e-9, "grad logits");
+  }
+  const Tensor logits = bf16(randn({2, 4}, 14)).to(kGpu);
+  const Tensor bad = from_vector<int64_t>({1, 4}, {2}).to(kGpu);
+  EXPECT_TRUE(std::isnan(softmax_cross_entropy(logits, bad).loss.item<float>()));
+}
+
+TEST(MixedPrecisionGpu, AttentionOfBf16QkvMatchesTheCpu) {
+  DDP_REQUIRE_CUDA();
+  const Tensor qkv = bf16(randn({2, 64, 3 * 96}, 15));
+  const AttentionResult want = causal_self_attention(qkv, 4);
+  const AttentionResult got = causal_self_attention(qkv.to(kGpu), 4);
+  expect_close(got.y, want.y, kBf16Rounding, 1e-3, "y");
+  const Tensor gy = bf16(randn({2, 64, 96}, 16));
+  expect_close(causal_self_attention_backward(gy.to(kGpu), qkv.to(kGpu), got.probs, 4),
+               causal_self_attention_backward(gy, qkv, want.probs, 4), kBf16Rounding, 1e-3,
+               "grad qkv");
+}
+
+// A GPT step under autocast on the GPU and on the CPU from the same weights: the
+// same loss and parameter gradients to within bf16's noise.
+TEST(MixedPrecisionGpu, GptStepUnderAutocastMatchesTheCpu) {
+  DDP_REQUIRE_CUDA();
+  const models::GptConfig config = models::gpt_config("gpt:layers=2,d=64,heads=4,ctx=32,vocab=97");
+  std::vector<int64_t> ids(4 * 32);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 31 + 5) % 97);
+  const Tensor tokens = from_vector(ids, {4, 32});
+  std::rotate(ids.begin(), ids.begin() + 1, ids.end());
+  const Tensor targets = from_vector(ids, {128});
+  const auto step = [&](const Device& device) {
+    Generator gen(3);
+    auto model = models::make_gpt(config, gen);
+    model->to(device);
+    Tensor loss;
+    {
+      AutocastGuard guard;
+      const Tensor logits = model->forward(tokens.to(device));
+      EXPECT_EQ(logits.dtype(), DType::bf16);
+      loss = F::cross_entropy(F::reshape(logits, {128, 97}), targets.to(device));
+    }
+    backward(loss);
+    std::vector<Tensor> grads;
+    for (const Tensor& p : model->parameters()) grads.push_back(grad(p).cpu());
+    return std::make_pair(loss.item<float>(), grads);
+  };
+  const auto [cpu_loss, cpu_grads] = step(Device::cpu());
+  const auto [gpu_loss, gpu_grads] = step(kGpu);
+  EXPECT_NEAR(gpu_loss, cpu_loss, 2e-3 * cpu_loss);
+  for (size_t i = 0; i < cpu_grads.size(); ++i) {
+    ASSERT_EQ(gpu_grads[i].dtype(), DType::f32);
+    const auto a = cpu_grads[i].to_vector<float>(), b = gpu_grads[i].to_vector<float>();
+    double diff = 0.0, norm = 0.0;
+    for (size_t j = 0; j < a.size(); ++j) {
+      diff += (a[j] - b[j]) * (a[j] - b[j]);
+      norm += static_cast<double>(a[j]) * a[j];
+    }
+    EXPECT_LT(std::sqrt(diff), 0.03 * std::sqrt(norm) + 1e-7) << "parameter " << i;
+  }
+}
+
+}  // namespace
+}  // namespace ddp
