@@ -4,7 +4,9 @@
 #include "bench/subcommands.h"
 
 #include "models/gpt.h"
+#include "runtime/autograd/autocast.h"
 #include "runtime/autograd/functions.h"
+#include "runtime/memory/allocator.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/rng/generator.h"
 #include "runtime/stream.h"
@@ -36,6 +38,14 @@ double step_gemm_flops(const models::GptConfig& c, int64_t batch) {
   return 3.0 * per_token * static_cast<double>(batch) * t;
 }
 
+// llm.c's count of a training step's FLOPs per token (its MFU): 6 N for the
+// parameters' forward and backward products plus 6 L C T for attention's, N being
+// every parameter (the tied embedding once, the position embedding included).
+double model_flops_per_token(const models::GptConfig& c, int64_t parameters) {
+  return 6.0 * static_cast<double>(parameters) +
+         6.0 * static_cast<double>(c.layers * c.d_model * c.context);
+}
+
 double peak_rss_mib() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
@@ -48,6 +58,23 @@ int64_t parse_batch(const BenchOptions& o) {
   auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   DDP_CHECK(ec == std::errc() && ptr == text.data() + text.size() && v >= 1,
             "--batch-size expects an integer >= 1, got '{}'", text);
+  return v;
+}
+
+bool parse_bf16(const BenchOptions& o) {
+  const std::string p = o.flag("--precision", "fp32");
+  DDP_CHECK(p == "fp32" || p == "bf16", "--precision expects fp32 or bf16, got '{}'", p);
+  return p == "bf16";
+}
+
+double parse_peak_tflops(const BenchOptions& o) {
+  const std::string text = o.flag("--peak-tflops", "0");
+  double v = -1;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  DDP_CHECK(ec == std::errc() && ptr == text.data() + text.size() && v >= 0,
+            "--peak-tflops expects a number >= 0 (the device's dense peak in TFLOP/s, e.g. 989 "
+            "for an H100's bf16), got '{}'",
+            text);
   return v;
 }
 
@@ -67,6 +94,8 @@ double ms_since(Clock::time_point start, const Device& device) {
 int run_gpt_bench(const BenchOptions& o, const Reporter& reporter) {
   const models::GptConfig config = models::gpt_config(o.flag("--model", "gpt-mini"));
   const int64_t batch = parse_batch(o);
+  const bool bf16 = parse_bf16(o);
+  const double peak_tflops = parse_peak_tflops(o);
   const TimingOptions timing = o.timing(2, 10);
   Generator gen(1234);
   auto model = models::make_gpt(config, gen);
@@ -82,17 +111,21 @@ int run_gpt_bench(const BenchOptions& o, const Reporter& reporter) {
   std::rotate(ids.begin(), ids.begin() + 1, ids.end());
   const Tensor targets = from_vector(ids, {batch * config.context}).to(o.device);
   reporter.progress(
-      fmt::format("bench gpt: {} ({} parameters), batch {} x {} tokens, {} + {} steps",
+      fmt::format("bench gpt: {} ({} parameters), batch {} x {} tokens, {}, {} + {} steps",
                   models::describe(config), model->num_parameters(), batch, config.context,
-                  timing.warmup, timing.repeats));
+                  bf16 ? "bf16 autocast" : "fp32", timing.warmup, timing.repeats));
+  if (o.device.is_cuda()) reset_peak_memory_stats(o.device);
   std::vector<Phases> steps;
   for (int s = 0; s < timing.warmup + timing.repeats; ++s) {
     Phases p;
     auto start = Clock::now();
     optimizer.zero_grad();
-    const Tensor logits = (*model)(inputs);
-    const Tensor loss =
-        functional::cross_entropy(functional::reshape(logits, {-1, config.vocab}), targets);
+    Tensor loss;
+    {
+      const AutocastGuard mixed_precision(DType::bf16, bf16);  // Note [autocast]
+      const Tensor logits = (*model)(inputs);
+      loss = functional::cross_entropy(functional::reshape(logits, {-1, config.vocab}), targets);
+    }
     p.forward = ms_since(start, o.device);
     start = Clock::now();
     backward(loss);
@@ -109,11 +142,15 @@ int run_gpt_bench(const BenchOptions& o, const Reporter& reporter) {
             [](const Phases& a, const Phases& b) { return a.total() < b.total(); });
   const Phases& median = steps[steps.size() / 2];
   const double flops = step_gemm_flops(config, batch);
+  const double tokens_per_s = static_cast<double>(batch * config.context) / median.total() * 1e3;
+  const double model_tflops =
+      model_flops_per_token(config, model->num_parameters()) * tokens_per_s / 1e12;
   Row row;
   row.add("model", models::describe(config))
       .add("parameters", model->num_parameters())
       .add("batch", batch)
-      .add("tokens_per_s", static_cast<double>(batch * config.context) / median.total() * 1e3, 0)
+      .add("precision", bf16 ? "bf16" : "fp32")
+      .add("tokens_per_s", tokens_per_s, 0)
       .add("step_ms", median.total(), 1)
       .add("forward_ms", median.forward, 1)
       .add("backward_ms", median.backward, 1)
@@ -121,8 +158,14 @@ int run_gpt_bench(const BenchOptions& o, const Reporter& reporter) {
       .add("optimizer_ms", median.optimizer, 1)
       .add("gemm_gflop", flops / 1e9, 2)
       .add("gflops", flops / (median.total() * 1e6), 1)
-      .add("peak_rss_mib", peak_rss_mib(), 0)
-      .add("device", o.device.str());
+      .add("model_tflops", model_tflops, 1);
+  if (peak_tflops > 0) row.add("mfu", model_tflops / peak_tflops, 4);
+  row.add("peak_rss_mib", peak_rss_mib(), 0);
+  if (o.device.is_cuda()) {
+    row.add("peak_device_mib",
+            static_cast<double>(max_memory_allocated(o.device)) / (1024.0 * 1024.0), 0);
+  }
+  row.add("device", o.device.str());
   reporter.section("gpt training step (median of the timed steps)", {row});
   return 0;
 }

@@ -105,13 +105,20 @@ constexpr std::array kSubcommands = {
         "decay groups). Reports the median step: tokens/s, ms per phase, the step's GEMM\n"
         "GFLOP (three times the forward's projections, attention products and tied head)\n"
         "and GFLOP/s, and the process's peak resident memory (getrusage), model, gradients,\n"
-        "AdamW state and activations included. Threads: OPENBLAS_NUM_THREADS.\n"
-        "  --model M        gpt-tiny, gpt-mini, gpt2 or gpt:layers=..,d=..,heads=..,ctx=..\n"
-        "                   (default gpt-mini)\n"
-        "  --batch-size N   sequences of the model's context per step (default 8)\n"
-        "JSON rows: model, parameters, batch, tokens_per_s, step_ms, forward_ms,\n"
-        "backward_ms, clip_ms, optimizer_ms, gemm_gflop, gflops, peak_rss_mib, device.",
-        run_gpt_bench, "--model --batch-size"},
+        "AdamW state and activations included; on CUDA also the device's peak allocated\n"
+        "memory. Threads: OPENBLAS_NUM_THREADS.\n"
+        "  --model M          gpt-tiny, gpt-mini, gpt2 or gpt:layers=..,d=..,heads=..,ctx=..\n"
+        "                     (default gpt-mini)\n"
+        "  --batch-size N     sequences of the model's context per step (default 8)\n"
+        "  --precision P      fp32 (default) or bf16: the forward and loss under autocast\n"
+        "                     (CUDA: mixed precision as `train --precision bf16`; the CPU\n"
+        "                     runs the same rules through f32 kernels, a reference only)\n"
+        "  --peak-tflops X    the device's dense peak: adds mfu, llm.c's count (6 N + 6 L C T\n"
+        "                     FLOPs per token, N every parameter) over X (default 0: none)\n"
+        "JSON rows: model, parameters, batch, precision, tokens_per_s, step_ms, forward_ms,\n"
+        "backward_ms, clip_ms, optimizer_ms, gemm_gflop, gflops, model_tflops, mfu (with\n"
+        "--peak-tflops), peak_rss_mib, peak_device_mib (CUDA), device.",
+        run_gpt_bench, "--model --batch-size --precision --peak-tflops"},
     Subcommand{"join", "what a Join adds to a DDP step when no rank has run out (its count)",
                "Run it under a launcher: `ddprun -n 2 bench join`. Trains the mlp 784-256-10\n"
                "(batch 64 per rank, SGD, gradient_as_bucket_view as train) in rounds of --steps\n"

@@ -8,7 +8,11 @@ dropout (0 by default). Its state_dict holds exactly the tensors of ddp's gpt_te
 in the same order and shapes: GPT-2's names, Linear weights [out, in] as torch.nn.Linear
 stores them (Note [gpt weight layout] in models/gpt_config.h), and no lm_head.weight (the
 head multiplies by transformer.wte.weight). The causal mask is an explicit buffer, not
-part of the state_dict: torch 1.13 has no scaled_dot_product_attention.
+part of the state_dict: torch 1.13 has no scaled_dot_product_attention. Gpt(config,
+sdpa=True) (PyTorch >= 2.0; bench/peer/torch_gpt_train.py --sdpa) computes attention with
+F.scaled_dot_product_attention(is_causal=True) instead; the mask buffer stays, unused, so
+the module tree and the state_dict are the same. The default, sdpa=False, is the explicit
+mask and softmax the parity tests compare with.
 
 GPT-2's initialisation: every Linear and Embedding weight ~ N(0, 0.02), biases 0,
 LayerNorm weight 1 and bias 0, and the two residual projections of each block
@@ -127,11 +131,21 @@ def describe(config):
     return text
 
 
+def has_sdpa():
+    """Whether this torch has F.scaled_dot_product_attention (PyTorch >= 2.0)."""
+    return hasattr(F, "scaled_dot_product_attention")
+
+
 class CausalSelfAttention(nn.Module):
-    def __init__(self, config, device=None):
+    def __init__(self, config, device=None, sdpa=False):
         super().__init__()
+        if sdpa and not has_sdpa():
+            raise RuntimeError(f"sdpa=True needs F.scaled_dot_product_attention (PyTorch >= 2.0); "
+                               f"this is torch {torch.__version__}: use sdpa=False (the "
+                               "explicit causal mask) or a PyTorch 2 install")
         d = config.d_model
         self.heads = config.heads
+        self.sdpa = sdpa
         self.c_attn = nn.Linear(d, 3 * d, device=device)
         self.c_proj = nn.Linear(d, d, device=device)
         self.attn_dropout = nn.Dropout(config.dropout)
@@ -147,6 +161,14 @@ class CausalSelfAttention(nn.Module):
         # [B, T, d] -> [B, heads, T, head_dim]
         q, k, v = (t.view(batch, time, self.heads, d // self.heads).transpose(1, 2)
                    for t in (q, k, v))
+        if self.sdpa:
+            # The same maths as below (scale 1/sqrt(head_dim), causal, dropout on the
+            # weights) in one fused kernel (flash or memory-efficient attention on CUDA).
+            y = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=self.attn_dropout.p if self.training else 0.0,
+                is_causal=True)
+            y = y.transpose(1, 2).contiguous().view(batch, time, d)
+            return self.resid_dropout(self.c_proj(y))
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d // self.heads))
         scores = scores.masked_fill(~self.mask[:time, :time], float("-inf"))
         weights = self.attn_dropout(F.softmax(scores, dim=-1))
@@ -167,10 +189,10 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config, device=None):
+    def __init__(self, config, device=None, sdpa=False):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.d_model, device=device)
-        self.attn = CausalSelfAttention(config, device)
+        self.attn = CausalSelfAttention(config, device, sdpa)
         self.ln_2 = nn.LayerNorm(config.d_model, device=device)
         self.mlp = Mlp(config, device)
 
@@ -180,14 +202,16 @@ class Block(nn.Module):
 
 
 class Gpt(nn.Module):
-    def __init__(self, config, device=None):
+    def __init__(self, config, device=None, sdpa=False):
+        """sdpa: attention through F.scaled_dot_product_attention (PyTorch >= 2.0;
+        RuntimeError on an older torch) instead of the explicit mask and softmax."""
         super().__init__()
         self.config = config
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab, config.d_model, device=device),
             wpe=nn.Embedding(config.context, config.d_model, device=device),
             drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config, device) for _ in range(config.layers)]),
+            h=nn.ModuleList([Block(config, device, sdpa) for _ in range(config.layers)]),
             ln_f=nn.LayerNorm(config.d_model, device=device),
         ))
 

@@ -11,6 +11,9 @@ usage: results.py COMMAND ARGS...
   losses A B TOL             compares two `train --loss-log` files step by step: prints
                              "max abs difference X over N steps"; exit 1 when the steps differ or
                              X > TOL.
+  loss-gap A B LAST TOL      the mean loss of the last LAST steps of two loss logs (A the
+                             fp32 run, B the bf16 one) and their relative gap; exit 1 when
+                             the gap exceeds TOL or the steps differ.
   summary-acc LOG            the final test accuracy of `train`'s summary line.
   metric FILE KEY            KEY of the last line of a `train --metrics` file.
   json-key FILE KEY          KEY of the first JSON line of FILE that has it.
@@ -92,6 +95,22 @@ def cmd_losses(a, b, tol):
     print(f"max abs difference {worst:.2g} over {len(ra)} steps (largest at step {where[1]}: "
           f"{ra[where]:.6f} vs {rb[where]:.6f})")
     return 0 if worst <= float(tol) else 1
+
+
+def cmd_loss_gap(a, b, last, tol):
+    """The mean loss of the last LAST steps of A (reference) and B, and their relative gap."""
+    ra, rb = read_losses(a), read_losses(b)
+    last = int(last)
+    if len(ra) < last or ra.keys() != rb.keys():
+        print(f"steps differ or fewer than {last}: {len(ra)} in {a}, {len(rb)} in {b}")
+        return 1
+    keys = sorted(ra)[-last:]
+    ma = sum(ra[k] for k in keys) / last
+    mb = sum(rb[k] for k in keys) / last
+    gap = abs(mb - ma) / abs(ma) if math.isfinite(ma + mb) and ma != 0 else math.inf
+    print(f"mean loss of the last {last} steps {ma:.4f} (fp32) vs {mb:.4f} (bf16), gap "
+          f"{100 * gap:.2f}%")
+    return 0 if gap <= float(tol) else 1
 
 
 def cmd_summary_acc(path):
@@ -199,6 +218,7 @@ COMMANDS = {
     "gtest": (cmd_gtest, 1),
     "no-cuda-skips": (cmd_no_cuda_skips, 1),
     "losses": (cmd_losses, 3),
+    "loss-gap": (cmd_loss_gap, 4),
     "summary-acc": (cmd_summary_acc, 1),
     "metric": (cmd_metric, 2),
     "json-key": (cmd_json_key, 2),

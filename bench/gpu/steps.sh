@@ -107,16 +107,19 @@ loss_parity() {
 same_args=(--model mlp --epochs 1 --max-steps 100 --lr-schedule constant --seed 5)
 readonly kCheckpointRtol=1e-4
 
+# step_reference [NAME [TRAIN_ARGS...]]: the one-process run the compare steps reproduce
+# (NAME reference: fp32; reference_bf16: --precision bf16).
 step_reference() {
-  local rc
-  have_data reference || return
-  skip_cuda reference && return
-  rm -f "$logs/reference.safetensors"  # a rerun's: train never replaces a later checkpoint
-  run_logged reference 180 "$bin/train" "${same_args[@]}" --data "$data" --device "$dev" --batch-size 64 \
-    --save "$logs/reference.safetensors"
+  local name=${1:-reference} rc
+  shift || true
+  have_data "$name" || return
+  skip_cuda "$name" && return
+  rm -f "$logs/$name.safetensors"  # a rerun's: train never replaces a later checkpoint
+  run_logged "$name" 180 "$bin/train" "${same_args[@]}" "$@" --data "$data" --device "$dev" --batch-size 64 \
+    --save "$logs/$name.safetensors"
   rc=$?
-  if [[ $rc -ne 0 ]]; then record reference "FAILED: $(why_failed reference "$rc")"; return; fi
-  record reference "ok" "test_acc $(results summary-acc "$logs/reference.log") (mlp, batch 64, 100 steps)" "-"
+  if [[ $rc -ne 0 ]]; then record "$name" "FAILED: $(why_failed "$name" "$rc")"; return; fi
+  record "$name" "ok" "test_acc $(results summary-acc "$logs/$name.log") (mlp, batch 64, 100 steps${1:+ $*})" "-"
 }
 
 # compare_step STEP BACKEND_PATTERN REFERENCE_TEXT CMD...: runs CMD (which saves
@@ -127,8 +130,9 @@ compare_step() {
   selected "$step" || return
   have_data "$step" || return
   skip_cuda "$step" "$what" && return
-  if [[ ! -f "$logs/reference.safetensors" ]]; then
-    record "$step" "FAILED: no reference checkpoint (see the reference step)" "-" "$what"
+  local ref="${compare_ref:-reference}"
+  if [[ ! -f "$logs/$ref.safetensors" ]]; then
+    record "$step" "FAILED: no reference checkpoint (see the $ref step)" "-" "$what"
     return
   fi
   rm -f "$logs/$step.safetensors"
@@ -139,16 +143,17 @@ compare_step() {
     record "$step" "FAILED: the log does not show /$pattern/" "-" "$what"
     return
   fi
-  "$python" "$repo_root/tests/e2e/compare_checkpoints.py" "$logs/reference.safetensors" \
-    "$logs/$step.safetensors" --rtol "$kCheckpointRtol" >"$logs/$step.compare.log" 2>&1
+  local rtol="${compare_rtol:-$kCheckpointRtol}"
+  "$python" "$repo_root/tests/e2e/compare_checkpoints.py" "$logs/$ref.safetensors" \
+    "$logs/$step.safetensors" --rtol "$rtol" >"$logs/$step.compare.log" 2>&1
   rc=$?
   line=$(grep -oE 'max difference [^ ]+' "$logs/$step.compare.log" | sort -k3 -g | tail -1)
   line="${line:-identical}; test_acc $(results summary-acc "$logs/$step.log" 2>/dev/null || echo '?')"
   if [[ $rc -eq 0 ]]; then
-    record "$step" "ok" "checkpoint $line" "$what (rtol $kCheckpointRtol)"
+    record "$step" "ok" "checkpoint $line" "$what (rtol $rtol)"
   else
-    record "$step" "FAILED: the checkpoint differs from the reference (logs/$step.compare.log)" \
-      "checkpoint $line" "$what (rtol $kCheckpointRtol)"
+    record "$step" "FAILED: the checkpoint differs from the $ref (logs/$step.compare.log)" \
+      "checkpoint $line" "$what (rtol $rtol)"
   fi
 }
 
@@ -269,9 +274,127 @@ gpt_speed_step() {
     "PyTorch $theirs tokens/s (ours/PyTorch $(awk -v a="$ours" -v b="$theirs" 'BEGIN { printf "%.2f", a / b }'))"
 }
 
+# ---- bf16 mixed precision (issue 29; Note [autocast]) ----------------------------
+
+# The dense bf16 peak of the GPU (TFLOP/s) for MFU, from nvidia-smi's name; 0 unknown.
+bf16_peak_tflops() {
+  case "$gpu_name" in
+    *H100* | *H200* | *H800*) echo 989 ;;
+    *A100* | *A800*) echo 312 ;;
+    *L40S*) echo 362 ;;
+    *) echo 0 ;;
+  esac
+}
+
+# gpt_bf16_step STEP MODEL BATCH: tokens/s, MFU and peak device memory of `bench gpt
+# --precision bf16` against PyTorch at its strictest (torch.compile, bf16 autocast,
+# flash SDPA, fused AdamW, TF32: torch_gpt_train.py --strict) and its eager bf16 form,
+# same model, batch and optimizer, on the same GPU.
+gpt_bf16_step() {
+  local step=$1 model=$2 batch=$3 rc peak ours ms mfu mem figure
+  selected "$step" || return
+  skip_cuda "$step" && return
+  [[ $dev == cpu ]] && { record "$step" "skipped: bf16 autocast is for CUDA (--device cpu)"; return; }
+  peak=$(bf16_peak_tflops)
+  # shellcheck disable=SC2016  # the positional parameters of the inner shell
+  run_logged "$step.ours" 180 sh -c '"$1" gpt --device "$2" --model "$3" --batch-size "$4" --precision bf16 \
+    --peak-tflops "$6" --warmup 3 --repeats 10 --json >"$5"' sh "$bin/bench" "$dev" "$model" "$batch" \
+    "$logs/$step.ours.jsonl" "$peak"
+  rc=$?
+  if [[ $rc -ne 0 ]]; then record "$step" "FAILED: ours: $(why_failed "$step.ours" "$rc")"; return; fi
+  ours=$(results json-key "$logs/$step.ours.jsonl" tokens_per_s)
+  ms=$(results json-key "$logs/$step.ours.jsonl" step_ms)
+  mem=$(results json-key "$logs/$step.ours.jsonl" peak_device_mib 2>/dev/null || echo "?")
+  mfu=$(results json-key "$logs/$step.ours.jsonl" mfu 2>/dev/null || echo "")
+  figure="ours $ours tokens/s ($ms ms/step, batch $batch${mfu:+, MFU $mfu}, peak $mem MiB)"
+  if ! torch_can_run; then record "$step" "ok" "$figure" "no CUDA PyTorch for $python"; return; fi
+  local form reference="" theirs tmem
+  for form in strict eager; do
+    local flags=(--strict)
+    [[ $form == eager ]] && flags=(--precision bf16 --sdpa --fused-adamw --tf32)
+    run_logged "$step.torch_$form" 240 "$python" "$repo_root/bench/peer/torch_gpt_train.py" --model "$model" \
+      --device "$dev" --batch "$batch" --steps 10 --warmup 3 --peak-tflops "$peak" "${flags[@]}"
+    rc=$?
+    if [[ $rc -ne 0 ]]; then
+      reference+="${reference:+; }PyTorch $form FAILED: $(why_failed "$step.torch_$form" "$rc")"
+      continue
+    fi
+    theirs=$(results json-key "$logs/$step.torch_$form.log" tokens_per_s)
+    tmem=$(results json-key "$logs/$step.torch_$form.log" peak_memory_mib 2>/dev/null || echo "?")
+    reference+="${reference:+; }PyTorch $form $theirs tokens/s, peak $tmem MiB (ours/PyTorch $(awk -v a="$ours" \
+      -v b="$theirs" 'BEGIN { printf "%.2f", a / b }'))"
+  done
+  record "$step" "ok" "$figure" "$reference"
+}
+
+# bf16_loss: gpt-mini from the same seed for 300 steps on the synthetic Markov text,
+# fp32 and bf16 on the device: the mean loss of the last 50 steps within 2%.
+readonly kBf16LossGap=0.02
+step_bf16_loss() {
+  local step=bf16_loss rc line
+  selected "$step" || return
+  skip_cuda "$step" && return
+  [[ $dev == cpu ]] && { record "$step" "skipped: bf16 autocast is for CUDA (--device cpu)"; return; }
+  local args=(--model gpt-mini --data synthetic --epochs 1 --max-steps 300 --batch-size 16 --seed 3 --quiet
+    --device "$dev")
+  rm -f "$logs/$step.fp32.loss" "$logs/$step.bf16.loss"
+  run_logged "$step.fp32" 150 "$bin/train" "${args[@]}" --loss-log "$logs/$step.fp32.loss"
+  rc=$?
+  if [[ $rc -ne 0 ]]; then record "$step" "FAILED: fp32: $(why_failed "$step.fp32" "$rc")"; return; fi
+  run_logged "$step.bf16" 150 "$bin/train" "${args[@]}" --precision bf16 --loss-log "$logs/$step.bf16.loss"
+  rc=$?
+  if [[ $rc -ne 0 ]]; then record "$step" "FAILED: bf16: $(why_failed "$step.bf16" "$rc")"; return; fi
+  line=$(results loss-gap "$logs/$step.fp32.loss" "$logs/$step.bf16.loss" 50 "$kBf16LossGap")
+  rc=$?
+  if [[ $rc -eq 0 ]]; then record "$step" "ok" "$line" "bf16 within $kBf16LossGap of fp32"; else
+    record "$step" "FAILED: bf16's loss is off fp32's" "$line" "bf16 within $kBf16LossGap of fp32"; fi
+}
+
+# The bf16 forms of the DDP, ZeRO and DataParallel checks: each equals the one-process
+# bf16 run. At one rank (nccl) the same computation; at two ranks each GEMM sees half
+# the batch, whose bf16 activations may round apart: a bf16 tolerance.
+readonly kBf16CheckpointRtol=2e-2
+bf16_compare_steps() {
+  local compare_ref=reference_bf16 compare_rtol=$kCheckpointRtol
+  if [[ $dev == cpu ]]; then
+    selected ddp_bf16_nccl_w1 && record ddp_bf16_nccl_w1 "skipped: bf16 autocast is for CUDA (--device cpu)"
+    return
+  fi
+  compare_step ddp_bf16_nccl_w1 "ddp over 1 ranks \(nccl backend" "= reference_bf16 (one process)" \
+    env DDP_BACKEND=nccl "$bin/ddprun" --standalone -n 1 "$bin/train" "${same_args[@]}" --precision bf16 \
+    --mode ddp --data "$data" --device "$dev" --batch-size 64
+  compare_step zero2_bf16_nccl_w1 "ddp over 1 ranks \(nccl backend" "= reference_bf16 (one process)" \
+    env DDP_BACKEND=nccl "$bin/ddprun" --standalone -n 1 "$bin/train" "${same_args[@]}" --precision bf16 \
+    --mode ddp --zero 2 --data "$data" --device "$dev" --batch-size 64
+  compare_rtol=$kBf16CheckpointRtol
+  compare_step ddp_bf16_shm_w2 "ddp over 2 ranks \(shm backend" "= reference_bf16 (one process, 2x batch)" \
+    env DDP_BACKEND=shm "$bin/ddprun" --standalone -n 2 "$bin/train" "${same_args[@]}" --precision bf16 \
+    --data "$data" --device "$dev" --batch-size 32
+  compare_step dp_bf16_2replicas "dp over 2 replicas" "= reference_bf16 (one device)" \
+    "$bin/train" "${same_args[@]}" --precision bf16 --mode dp --devices "$dev,$dev" --data "$data" \
+    --batch-size 64
+}
+
+run_bf16_steps() {
+  gpt_bf16_step gpt2_bf16 gpt2 16
+  gpt_bf16_step gpt_mini_bf16 gpt-mini 16
+  step_bf16_loss
+  if selected reference_bf16 || selected ddp_bf16_nccl_w1 || selected zero2_bf16_nccl_w1 ||
+    selected ddp_bf16_shm_w2 || selected dp_bf16_2replicas; then
+    if [[ $dev == cpu ]]; then
+      record reference_bf16 "skipped: bf16 autocast is for CUDA (--device cpu)"
+    else
+      step_reference reference_bf16 --precision bf16
+    fi
+  fi
+  bf16_compare_steps
+}
+
 # run_steps: every step after the preflight, in order (--only picks some).
 run_steps() {
   selected gpu_tests && step_gpu_tests
+  # bf16 first (issue 29): they are what a lent GPU is for now; --budget cuts the tail.
+  run_bf16_steps
   train_step train_mlp mlp 3 "$kMlpCpuAcc"
   train_step train_cnn cnn 1 "$kCnnCpuAcc"
   parity_step parity_mlp mlp 50

@@ -1,12 +1,12 @@
 #!/usr/bin/python3
 """The PyTorch peer of `train --model gpt-*`: the same GPT, batch and optimizer, timed.
 
-Trains models/torch_gpt.py's Gpt (the reference of ddp's models/gpt.h, eager PyTorch
-1.13: explicit causal mask and softmax, as nanoGPT without flash attention) on random
-contiguous windows of a byte stream, with AdamW over nanoGPT's two parameter groups
-(weight decay on the 2-D weights only), global gradient-norm clipping and a constant
-learning rate. After --warmup untimed steps it times --steps steps and prints one
-JSON line:
+Trains models/torch_gpt.py's Gpt (the reference of ddp's models/gpt.h; by default eager
+fp32 with an explicit causal mask and softmax, as nanoGPT without flash attention, which
+PyTorch 1.13 runs) on random contiguous windows of a byte stream, with AdamW over
+nanoGPT's two parameter groups (weight decay on the 2-D weights only), global
+gradient-norm clipping and a constant learning rate. After --warmup untimed steps it
+times --steps steps and prints one JSON line:
 
   {"impl": "torch", "model": "gpt-mini", "batch": 8, "context": 256, "threads": 1,
    "tokens_per_s": ..., "step_ms": ..., ...}
@@ -22,8 +22,48 @@ optimizer step and one loss.item() per step. It excludes building the model, the
 stream and the warmup steps.
 
 On a GPU (--device cuda): the model, the stream and the windows live on the device,
-matmuls run in fp32 (TF32 off, PyTorch's default and what ddp's cuBLAS sgemm does),
-and loss.item() ends every step, so the timer measures finished work.
+matmuls run in fp32 (TF32 off, PyTorch's default and what ddp's cuBLAS sgemm does;
+--tf32 turns it on), and loss.item() ends every step, so the timer measures finished work.
+
+PyTorch at its strictest (the peer of our GPU benchmarks), each part a flag:
+
+  --precision bf16  forward and loss under torch.autocast(device, torch.bfloat16); the
+                    weights, gradients and AdamW state stay fp32 (no GradScaler: bf16
+                    has fp32's exponent range). Runs on the CPU too (PyTorch >= 1.10).
+  --sdpa            attention through F.scaled_dot_product_attention(is_causal=True)
+                    (a fused kernel; flash attention in bf16 on CUDA), dropout_p = the
+                    model's dropout while training. PyTorch >= 2.0.
+  --compile         model = torch.compile(model) (under DDP the wrapped model, whose
+                    DDPOptimizer splits the graph at the buckets). PyTorch >= 2.0.
+                    Compilation happens
+                    in the first warmup step, so --compile needs --warmup >= 2; the
+                    default 3 leaves it and the first run of the compiled graphs untimed.
+  --fused-adamw     torch.optim.AdamW(fused=True): one kernel for all parameters. CUDA
+                    and PyTorch >= 2.0.
+  --tf32            torch.backends.cuda.matmul.allow_tf32 = cudnn.allow_tf32 = True
+                    (fp32 matmuls on the tensor cores). CUDA only.
+  --strict          all of the above: --precision bf16 --sdpa --compile --fused-adamw
+                    --tf32; CUDA and PyTorch >= 2.0. The eager bf16 form is
+                    --precision bf16 --sdpa --fused-adamw --tf32 (no --compile).
+
+A flag this torch or device cannot run is a usage error (exit 2) that names the
+installed torch version and what the flag needs; nothing falls back silently.
+
+When any of these flags or --peak-tflops is on the command line (even --precision fp32),
+the JSON row also carries "precision", "sdpa", "compile", "fused_adamw" and "tf32", and
+on CUDA "peak_memory_mib": torch.cuda.max_memory_allocated of rank 0's device after the
+timed steps, with the peak reset before the first warmup step, so it covers compilation,
+warmup and the timed steps (the peak is what must fit). Without them the row keeps its
+keys (impl, model, spec, batch, context, threads, device, tokens_per_s, step_ms, steps,
+warmup, world_size, bucket_cap_mb, last_loss, torch), as bench/gpu/steps.sh and
+bench/gpt_vs_torch.py read them.
+
+--peak-tflops X (one device's dense peak for the precision run, e.g. 989 for an H200's
+bf16) adds "parameters" (N) and "mfu", model FLOPs utilisation as llm.c's
+gpt2_estimate_mfu counts it: FLOPs per token = 6 * N + 6 * L * C * T, with N every
+parameter of the model (the tied token embedding once, the position embedding included,
+as llm.c's num_parameters), L layers, C = d_model and T = the context; mfu = FLOPs per
+token * tokens_per_s (all ranks) / (world_size * X * 1e12).
 
 Distributed: if WORLD_SIZE > 1 in the environment (set RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT yourself, or launch it with ddprun), torch.distributed is initialized with
@@ -33,6 +73,8 @@ counts all ranks' tokens.
 """
 
 import argparse
+import contextlib
+import inspect
 import json
 import os
 import sys
@@ -65,6 +107,68 @@ def positive_int(text):
     return value
 
 
+# The flags that need PyTorch >= 2.0, and whether this torch has what each calls.
+TORCH2 = "PyTorch >= 2.0"
+TORCH2_FEATURES = {
+    "--sdpa": ("F.scaled_dot_product_attention", torch_gpt.has_sdpa),
+    "--compile": ("torch.compile", lambda: hasattr(torch, "compile")),
+    "--fused-adamw": ("torch.optim.AdamW(fused=True)",
+                      lambda: "fused" in inspect.signature(torch.optim.AdamW).parameters),
+}
+COMPILE_MIN_WARMUP = 2  # the step that compiles, then one run of the compiled graphs
+
+
+def torch_version_text():
+    return f"this is torch {torch.__version__} ({os.path.dirname(torch.__file__)})"
+
+
+def new_flags_given(args):
+    """Whether the command line names a flag of the strict forms (the row then says them)."""
+    return (args.precision is not None or args.sdpa or args.compile or args.fused_adamw
+            or args.tf32 or args.strict or args.peak_tflops > 0)
+
+
+def check_strict_flags(parser, args):
+    """Expands --strict and refuses what this device or torch cannot run (exit 2)."""
+    cuda = args.device.startswith("cuda")
+    if args.strict:
+        if not cuda:
+            missing = [f for f in ("--sdpa", "--compile") if not TORCH2_FEATURES[f][1]()]
+            torch2 = (f"; {' and '.join(missing)} need {TORCH2}, {torch_version_text()}"
+                      if missing else "")
+            parser.error(f"--strict needs --device cuda (given --device {args.device}): fused "
+                         f"AdamW and TF32 exist only on CUDA. On the CPU give the parts that "
+                         f"apply: --precision bf16 --sdpa --compile{torch2}")
+        if args.precision not in (None, "bf16"):
+            parser.error(f"--strict runs --precision bf16, not {args.precision}: give one or "
+                         "the other (the fp32 form is --sdpa --compile --fused-adamw --tf32)")
+        args.precision, args.sdpa, args.compile = "bf16", True, True
+        args.fused_adamw, args.tf32 = True, True
+    args.report_modes = new_flags_given(args)
+    args.precision = args.precision or "fp32"
+    if not cuda:
+        for flag, on, what in (("--fused-adamw", args.fused_adamw, "fused AdamW is CUDA-only"),
+                               ("--tf32", args.tf32, "TF32 is a CUDA matmul mode")):
+            if on:
+                parser.error(f"{flag} needs --device cuda (given --device {args.device}): "
+                             f"{what}; leave {flag} out on the CPU")
+    wanted = {"--sdpa": args.sdpa, "--compile": args.compile, "--fused-adamw": args.fused_adamw}
+    missing = [f"{flag} ({TORCH2_FEATURES[flag][0]})" for flag, on in wanted.items()
+               if on and not TORCH2_FEATURES[flag][1]()]
+    if missing:
+        one = len(missing) == 1
+        parser.error(f"{', '.join(missing)} need{'s' if one else ''} {TORCH2}; "
+                     f"{torch_version_text()}. Run it with a python whose torch is >= 2.0 "
+                     f"(PYTHON=...), or leave {'the flag' if one else 'those flags'} out")
+    if args.compile and args.warmup < COMPILE_MIN_WARMUP:
+        parser.error(f"--warmup {args.warmup} with --compile: the first step compiles the "
+                     f"model (seconds to minutes), which the timer must not count; give "
+                     f"--warmup >= {COMPILE_MIN_WARMUP} (default 3)")
+    if args.peak_tflops < 0:
+        parser.error(f"--peak-tflops {args.peak_tflops:g}: must be > 0 (the device's dense "
+                     "peak in TFLOP/s), or 0 for no mfu")
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(
         description="Time PyTorch training steps of ddp's GPT (the peer of `train --model gpt-*`).",
@@ -89,9 +193,31 @@ def parse_args(argv):
                         help="bytes of the random stream (default: the Brown train split's)")
     parser.add_argument("--device", default="cpu",
                         help="cpu or cuda[:N]; on CUDA the timer waits for the device "
-                             "(fp32 matmuls, TF32 off as PyTorch's default) (default %(default)s)")
+                             "(fp32 matmuls, TF32 off unless --tf32) (default %(default)s)")
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0,
                         help="DistributedDataParallel bucket_cap_mb (default %(default)s)")
+    strict = parser.add_argument_group(
+        "PyTorch at its strictest", "each part alone, or all with --strict; a part this torch "
+        "or device cannot run is an error, never a silent fallback")
+    strict.add_argument("--precision", choices=("fp32", "bf16"), default=None,
+                        help="bf16: forward and loss under torch.autocast(bfloat16), weights "
+                             "and AdamW state fp32 (default fp32)")
+    strict.add_argument("--sdpa", action="store_true",
+                        help="attention through F.scaled_dot_product_attention(is_causal=True) "
+                             "instead of the explicit mask (PyTorch >= 2.0)")
+    strict.add_argument("--compile", action="store_true",
+                        help="torch.compile the model; compiles during warmup, needs "
+                             f"--warmup >= {COMPILE_MIN_WARMUP} (PyTorch >= 2.0)")
+    strict.add_argument("--fused-adamw", action="store_true",
+                        help="torch.optim.AdamW(fused=True) (CUDA, PyTorch >= 2.0)")
+    strict.add_argument("--tf32", action="store_true",
+                        help="TF32 matmuls and convolutions (CUDA)")
+    strict.add_argument("--strict", action="store_true",
+                        help="--precision bf16 --sdpa --compile --fused-adamw --tf32 "
+                             "(CUDA, PyTorch >= 2.0)")
+    strict.add_argument("--peak-tflops", type=float, default=0.0,
+                        help="the device's dense peak TFLOP/s for the precision run; adds "
+                             "\"mfu\" (llm.c's count) to the row (default 0: no mfu)")
     args = parser.parse_args(argv)
     if args.warmup < 0:
         parser.error("--warmup must be >= 0")
@@ -104,6 +230,7 @@ def parse_args(argv):
     if args.stream_bytes <= args.config.context + 1:
         parser.error(f"--stream-bytes {args.stream_bytes}: must exceed context + 1 = "
                      f"{args.config.context + 1}")
+    check_strict_flags(parser, args)
     return args
 
 
@@ -128,19 +255,24 @@ def decay_groups(model, weight_decay):
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    rank, world_size = init_distributed()
-    config = args.config
-    device = torch.device(args.device)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            sys.exit(f"torch_gpt_train: --device {args.device}: this PyTorch sees no CUDA device")
-        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 as ddp's cuBLAS sgemm
-        if device.index is not None:
-            torch.cuda.set_device(device)
-    model = torch_gpt.Gpt(config).init_weights(args.seed).to(device)
+def setup_cuda(args, device):
+    """Checks the device and sets the matmul modes: fp32 as ddp's cuBLAS sgemm, or TF32."""
+    if not torch.cuda.is_available():
+        sys.exit(f"torch_gpt_train: --device {args.device}: this PyTorch sees no CUDA device")
+    if device.index is not None:
+        torch.cuda.set_device(device)
+    if args.precision == "bf16" and not torch.cuda.is_bf16_supported():
+        sys.exit(f"torch_gpt_train: --precision bf16: {torch.cuda.get_device_name(device)} "
+                 "has no bf16 support (it needs compute capability >= 8.0); use --precision fp32")
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    if args.tf32:
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def build_model(args, device, world_size):
+    """(the module to train, its parameter count): Gpt, wrapped in DDP, then compiled."""
+    model = torch_gpt.Gpt(args.config, sdpa=args.sdpa).init_weights(args.seed).to(device)
+    parameters = sum(p.numel() for p in model.parameters())  # the tied wte once
     if world_size > 1:
         # The causal masks are bool buffers, equal on every rank; gloo cannot broadcast
         # bool ("Invalid scalar type"), so DDP is told to leave the buffers alone.
@@ -148,12 +280,29 @@ def main(argv=None):
             model, [name for name, _ in model.named_buffers()])
         model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
     model.train()
-    optimizer = torch.optim.AdamW(decay_groups(model, args.weight_decay), lr=args.lr,
-                                  betas=(0.9, 0.95))
+    if args.compile:
+        model = torch.compile(model)
+    return model, parameters
+
+
+def mfu(args, parameters, tokens_per_s, world_size):
+    """llm.c's model FLOPs utilisation (the module docstring): 6N + 6LCT FLOPs a token."""
+    config = args.config
+    flops_per_token = 6 * parameters + 6 * config.layers * config.d_model * config.context
+    return flops_per_token * tokens_per_s / (args.peak_tflops * 1e12 * world_size)
+
+
+def make_step(args, model, optimizer, device, rank):
+    """One training step on fresh windows of the rank's stream; returns the loss."""
+    ctx = args.config.context
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
-    stream = torch.randint(0, config.vocab, (args.stream_bytes,), generator=gen).to(device)
-    ctx = config.context
+    stream = torch.randint(0, args.config.vocab, (args.stream_bytes,), generator=gen).to(device)
     offsets = torch.arange(ctx + 1, device=device)
+
+    def autocast():
+        if args.precision == "bf16":
+            return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     def step():
         starts = torch.randint(0, args.stream_bytes - ctx - 1, (args.batch, 1),
@@ -161,14 +310,67 @@ def main(argv=None):
         windows = stream[starts + offsets]  # [batch, ctx + 1]
         x, y = windows[:, :-1], windows[:, 1:]
         optimizer.zero_grad(set_to_none=False)
-        logits, _ = model(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
+        with autocast():
+            logits, _ = model(x)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
         loss.backward()
         if args.clip_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
         optimizer.step()
         return loss.item()
 
+    return step
+
+
+def result_row(args, device, world_size, elapsed, loss):
+    """The JSON row's keys of every run (the module docstring)."""
+    ctx = args.config.context
+    tokens = args.steps * args.batch * ctx * world_size
+    return {
+        "impl": "torch",
+        "model": args.model,
+        "spec": torch_gpt.describe(args.config),
+        "batch": args.batch,
+        "context": ctx,
+        "threads": args.threads,
+        "device": str(device),
+        "tokens_per_s": round(tokens / elapsed, 1),
+        "step_ms": round(1e3 * elapsed / args.steps, 3),
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "world_size": world_size,
+        "bucket_cap_mb": args.bucket_cap_mb,
+        "last_loss": round(loss, 4),
+        "torch": torch.__version__,
+    }
+
+
+def modes_row(args, device, world_size, parameters, tokens_per_s):
+    """The keys the strict flags add to the row (the module docstring)."""
+    row = {"precision": args.precision, "sdpa": args.sdpa, "compile": args.compile,
+           "fused_adamw": args.fused_adamw, "tf32": args.tf32}
+    if device.type == "cuda":
+        row["peak_memory_mib"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    if args.peak_tflops > 0:
+        row["parameters"] = parameters
+        row["mfu"] = round(mfu(args, parameters, tokens_per_s, world_size), 4)
+    return row
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rank, world_size = init_distributed()
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        setup_cuda(args, device)
+    model, parameters = build_model(args, device, world_size)
+    fused = {"fused": True} if args.fused_adamw else {}
+    optimizer = torch.optim.AdamW(decay_groups(model, args.weight_decay), lr=args.lr,
+                                  betas=(0.9, 0.95), **fused)
+    step = make_step(args, model, optimizer, device, rank)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     for _ in range(args.warmup):
         step()
     if world_size > 1:
@@ -180,24 +382,10 @@ def main(argv=None):
     elapsed = time.perf_counter() - start
 
     if rank == 0:
-        tokens = args.steps * args.batch * ctx * world_size
-        print(json.dumps({
-            "impl": "torch",
-            "model": args.model,
-            "spec": torch_gpt.describe(config),
-            "batch": args.batch,
-            "context": ctx,
-            "threads": args.threads,
-            "device": str(device),
-            "tokens_per_s": round(tokens / elapsed, 1),
-            "step_ms": round(1e3 * elapsed / args.steps, 3),
-            "steps": args.steps,
-            "warmup": args.warmup,
-            "world_size": world_size,
-            "bucket_cap_mb": args.bucket_cap_mb,
-            "last_loss": round(loss, 4),
-            "torch": torch.__version__,
-        }), flush=True)
+        row = result_row(args, device, world_size, elapsed, loss)
+        if args.report_modes:
+            row.update(modes_row(args, device, world_size, parameters, row["tokens_per_s"]))
+        print(json.dumps(row), flush=True)
     if world_size > 1:
         torch.distributed.destroy_process_group()
     return 0
