@@ -131,7 +131,13 @@ int run_gpt_bench(const BenchOptions& o, const Reporter& reporter) {
     backward(loss);
     p.backward = ms_since(start, o.device);
     start = Clock::now();
-    optim::clip_grad_norm_(model->parameters(), 1.0);
+    // As train: on CUDA the norm never comes back to the host (Note [clipping on the
+    // device]).
+    if (o.device.is_cuda()) {
+      optim::clip_grad_norm_on_device(model->parameters(), 1.0);
+    } else {
+      optim::clip_grad_norm_(model->parameters(), 1.0);
+    }
     p.clip = ms_since(start, o.device);
     start = Clock::now();
     optimizer.step();

@@ -113,10 +113,16 @@ void update(Run& r, int64_t step, int64_t epoch, const Tensor& step_loss, StepTi
     // After DDP's all_reduce has been waited for: every rank clips the same
     // averaged gradients by the same norm.
     if (r.o.clip_grad_norm > 0) {
-      // ZeRO: the norm from the shards (sums of squares all-reduced).
-      r.grad_norm = r.zero != nullptr
-                        ? r.zero->clip_grad_norm(r.o.clip_grad_norm)
-                        : optim::clip_grad_norm_(r.model->parameters(), r.o.clip_grad_norm);
+      // ZeRO: the norm from the shards (sums of squares all-reduced). CUDA: the
+      // norm stays on the device until it is reported (Note [clipping on the device]).
+      if (r.zero != nullptr) {
+        r.grad_norm = r.zero->clip_grad_norm(r.o.clip_grad_norm);
+      } else if (r.device.is_cuda()) {
+        r.grad_norm_on_device =
+            optim::clip_grad_norm_on_device(r.model->parameters(), r.o.clip_grad_norm);
+      } else {
+        r.grad_norm = optim::clip_grad_norm_(r.model->parameters(), r.o.clip_grad_norm);
+      }
     }
     r.optimizer->set_lr(r.schedule.lr_at(r.optimizer->steps()));
     r.optimizer->step();
@@ -291,6 +297,9 @@ EpochMetrics measure(Run& r, EpochState& e) {
   m.language = r.task->is_language_model();
   m.val_loss = ev.loss;
   m.val_bpb = ev.loss / std::log(2.0);
+  if (r.grad_norm_on_device.defined()) {
+    r.grad_norm = r.grad_norm_on_device.cpu().item<float>();
+  }
   m.grad_norm = r.grad_norm;
   const CorpusEntropy entropy = r.task->corpus_entropy();
   m.unigram_bits = entropy.unigram_bits;

@@ -54,6 +54,9 @@ struct Run {
   TestFaults faults{};
   // --clip-grad-norm: the last update's gradient norm before clipping (NaN: none yet).
   double grad_norm = std::numeric_limits<double>::quiet_NaN();
+  // CUDA without ZeRO: the same norm as a device scalar, read into grad_norm when a
+  // report needs it (Note [clipping on the device] in runtime/ops/multi_tensor.h).
+  Tensor grad_norm_on_device{};
   // --drop-last false with uneven step counts: the epoch's Join (Note [uneven epochs]).
   std::unique_ptr<Join> join{};
 };

@@ -5,6 +5,7 @@
 #include "runtime/tensor.h"
 
 #include <array>
+#include <vector>
 
 namespace ddp::kernels {
 

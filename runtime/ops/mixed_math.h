@@ -1,6 +1,6 @@
-// Per-element maths of the mixed-precision kernels, shared by the CPU kernels
-// (ops/cpu) and the CUDA kernels (ops/cuda), so that a CPU test checks the very
-// function a kernel runs. Plain C++ with __host__ __device__ under nvcc.
+// Per-element maths of the mixed-precision and multi-tensor kernels, shared by the CPU
+// kernels (ops/cpu) and the CUDA kernels (ops/cuda), so that a CPU test checks the
+// very function a kernel runs. Plain C++ with __host__ __device__ under nvcc.
 #pragma once
 
 #include <cmath>
@@ -37,6 +37,23 @@ DDP_MIXED_HD SoftmaxStats softmax_stats_merge(SoftmaxStats a, SoftmaxStats b) {
   if (a.sum == 0.0f) return b;
   if (a.max >= b.max) return {a.max, a.sum + b.sum * expf(b.max - a.max)};
   return {b.max, b.sum + a.sum * expf(a.max - b.max)};
+}
+
+// One element of torch.optim.AdamW's update (kernels::AdamWStep): decay = 1 - lr wd,
+// step_size = lr / (1 - b1^t), bc2_sqrt = sqrt(1 - b2^t), c1 = 1 - b1, c2 = 1 - b2.
+// The per-tensor and the multi-tensor CUDA kernels both run this function, so they
+// give the same bits.
+struct AdamWConstants {
+  float decay, step_size, bc2_sqrt, b1, b2, c1, c2, eps;
+};
+DDP_MIXED_HD void adamw_element(const AdamWConstants& k, float g, float& param, float& m,
+                                float& v) {
+  const float p = param * k.decay;
+  const float m1 = k.b1 * m + k.c1 * g;
+  const float m2 = k.b2 * v + k.c2 * g * g;
+  m = m1;
+  v = m2;
+  param = p - k.step_size * m1 / (sqrtf(m2) / k.bc2_sqrt + k.eps);
 }
 
 }  // namespace ddp::kernels::math

@@ -1,5 +1,6 @@
 #include "runtime/optim/optimizer.h"
 
+#include "runtime/ops/multi_tensor.h"
 #include "runtime/ops/nn_ops.h"
 #include "runtime/ops/ops.h"
 #include "runtime/ops/transformer_ops.h"
@@ -150,8 +151,12 @@ AdamW::AdamW(const std::vector<ParamGroup>& groups, AdamWOptions options)
   DDP_CHECK(options.eps > 0.0f, "AdamW: eps {} must be > 0", options.eps);
 }
 
+// All parameters that have a gradient in one adamw_update_all_: on CUDA one launch
+// per list of tensors, on the CPU a kernel per tensor (ops/multi_tensor.h).
 void AdamW::step() {
   NoGradGuard no_grad;
+  std::vector<Tensor> params, grads, m, v;
+  std::vector<kernels::AdamWStep> steps;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor g = grad(params_[i]);
     if (!g.defined()) continue;
@@ -159,14 +164,27 @@ void AdamW::step() {
       exp_avg_[i] = zeros_like(params_[i]);
       exp_avg_sq_[i] = zeros_like(params_[i]);
     }
-    const kernels::AdamWStep s{.lr = lr_,
-                               .beta1 = options_.beta1,
-                               .beta2 = options_.beta2,
-                               .eps = options_.eps,
-                               .weight_decay = weight_decay_[i],
-                               .step = ++param_steps_[i]};
-    adamw_update_(params_[i], g, exp_avg_[i], exp_avg_sq_[i], s);
+    // Parameters on another device than the first go in their own call.
+    if (!params.empty() && params.front().device() != params_[i].device()) {
+      adamw_update_all_(params, grads, m, v, steps);
+      params.clear();
+      grads.clear();
+      m.clear();
+      v.clear();
+      steps.clear();
+    }
+    params.push_back(params_[i]);
+    grads.push_back(g);
+    m.push_back(exp_avg_[i]);
+    v.push_back(exp_avg_sq_[i]);
+    steps.push_back({.lr = lr_,
+                     .beta1 = options_.beta1,
+                     .beta2 = options_.beta2,
+                     .eps = options_.eps,
+                     .weight_decay = weight_decay_[i],
+                     .step = ++param_steps_[i]});
   }
+  adamw_update_all_(params, grads, m, v, steps);
   ++steps_;
 }
 
@@ -246,6 +264,22 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
     if (g.defined()) axpy_(factor - 1.0f, Tensor(g), g);  // g += (factor - 1) g, in place
   }
   return norm;
+}
+
+Tensor clip_grad_norm_on_device(const std::vector<Tensor>& params, double max_norm) {
+  DDP_CHECK(std::isfinite(max_norm) && max_norm > 0,
+            "clip_grad_norm_: max_norm {} must be finite and > 0 (to not clip, do not call it)",
+            max_norm);
+  std::vector<Tensor> grads;
+  for (const Tensor& p : params) {
+    Tensor g = grad(p);
+    if (g.defined()) grads.push_back(g);
+  }
+  if (grads.empty()) return Tensor();
+  NoGradGuard no_grad;
+  const ClipResult clip = clip_factor(sum_squares_all(grads), max_norm);
+  scale_by_(grads, clip.factor);  // Note [clipping on the device]
+  return clip.norm;
 }
 
 float LrSchedule::lr_at(int64_t step) const {

@@ -102,6 +102,13 @@ class AdamW : public Optimizer {
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
 // The same norm, without clipping.
 double grad_norm(const std::vector<Tensor>& params);
+// clip_grad_norm_ without reading the device (Note [clipping on the device] in
+// ops/multi_tensor.h): the norm is computed, the factor min(1, max_norm / (norm +
+// 1e-6)) applied (not for a non-finite norm) and the norm returned, all as device work
+// on the gradients' device (one device; a scalar f32 tensor, undefined when no
+// parameter has a gradient). Each gradient is multiplied by the factor (torch's
+// g.mul_(factor)). Throws ValueError unless max_norm > 0 and finite.
+Tensor clip_grad_norm_on_device(const std::vector<Tensor>& params, double max_norm);
 
 // Learning rate as a function of the optimizer step (0-based).
 struct LrSchedule {

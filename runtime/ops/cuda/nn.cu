@@ -3,8 +3,10 @@
 // adjoints (col2im, max_pool2d_backward) run one thread per input pixel that gathers
 // from the windows covering it, so there are no atomics, results are deterministic
 // and each pixel sums in the order the CPU kernels use (windows by (oh, ow)).
+#include "runtime/ops/cuda/adamw_constants.h"
 #include "runtime/ops/cuda/launch.cuh"
 #include "runtime/ops/kernels.h"
+#include "runtime/ops/mixed_math.h"
 #include "runtime/rng/philox.h"
 
 #include <cmath>
@@ -204,15 +206,9 @@ struct AdamWFn {
   const float* grad;
   float* m;
   float* v;
-  float decay, step_size, bc2_sqrt, b1, b2, c1, c2, eps;
+  math::AdamWConstants k;
   __device__ void operator()(int64_t i) const {
-    const float g = grad[i];
-    const float p = param[i] * decay;
-    const float m1 = b1 * m[i] + c1 * g;
-    const float m2 = b2 * v[i] + c2 * g * g;
-    m[i] = m1;
-    v[i] = m2;
-    param[i] = p - step_size * m1 / (sqrtf(m2) / bc2_sqrt + eps);
+    math::adamw_element(k, grad[i], param[i], m[i], v[i]);
   }
 };
 
@@ -268,20 +264,23 @@ void sgd_update(Tensor& param, const Tensor& grad, Tensor& buf, const SgdStep& s
   for_each_index(param, param.numel(), fn, "sgd_update");
 }
 
-void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s) {
+namespace detail {
+math::AdamWConstants adamw_constants(const AdamWStep& s) {
   const double t = static_cast<double>(s.step);
-  const AdamWFn fn{ptr<float>(param),
-                   ptr<const float>(grad),
-                   ptr<float>(m),
-                   ptr<float>(v),
-                   static_cast<float>(1.0 - static_cast<double>(s.lr) * s.weight_decay),
-                   static_cast<float>(s.lr / (1.0 - std::pow(double{s.beta1}, t))),
-                   static_cast<float>(std::sqrt(1.0 - std::pow(double{s.beta2}, t))),
-                   s.beta1,
-                   s.beta2,
-                   static_cast<float>(1.0 - s.beta1),
-                   static_cast<float>(1.0 - s.beta2),
-                   s.eps};
+  return {static_cast<float>(1.0 - static_cast<double>(s.lr) * s.weight_decay),
+          static_cast<float>(s.lr / (1.0 - std::pow(double{s.beta1}, t))),
+          static_cast<float>(std::sqrt(1.0 - std::pow(double{s.beta2}, t))),
+          s.beta1,
+          s.beta2,
+          static_cast<float>(1.0 - s.beta1),
+          static_cast<float>(1.0 - s.beta2),
+          s.eps};
+}
+}  // namespace detail
+
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s) {
+  const AdamWFn fn{ptr<float>(param), ptr<const float>(grad), ptr<float>(m), ptr<float>(v),
+                   detail::adamw_constants(s)};
   for_each_index(param, param.numel(), fn, "adamw_update");
 }
 

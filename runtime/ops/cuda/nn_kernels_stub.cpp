@@ -34,5 +34,18 @@ void sgd_update(Tensor&, const Tensor&, Tensor&, const SgdStep&) {
 void adamw_update(Tensor&, const Tensor&, Tensor&, Tensor&, const AdamWStep&) {
   DDP_NO_CUDA_NN_KERNEL("adamw_update");
 }
+void sum_squares_multi(const std::vector<Tensor>&, Tensor&) {
+  DDP_NO_CUDA_NN_KERNEL("sum_squares_multi");
+}
+void clip_factor(const Tensor&, double, Tensor&) {
+  DDP_NO_CUDA_NN_KERNEL("clip_factor");
+}
+void scale_by_multi(const std::vector<Tensor>&, const Tensor&) {
+  DDP_NO_CUDA_NN_KERNEL("scale_by_multi");
+}
+void adamw_update_multi(std::vector<Tensor>&, const std::vector<Tensor>&, std::vector<Tensor>&,
+                        std::vector<Tensor>&, const std::vector<AdamWStep>&) {
+  DDP_NO_CUDA_NN_KERNEL("adamw_update_multi");
+}
 
 }  // namespace ddp::kernels::cuda

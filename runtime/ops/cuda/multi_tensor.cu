@@ -1,0 +1,196 @@
+// Multi-tensor CUDA kernels (ops/multi_tensor.h, Note [clipping on the device]): the
+// sum of squares of a list of tensors, the clip factor, the in-place scale and the
+// AdamW step, each one launch per kListMax tensors instead of one per tensor.
+//
+// A launch takes its tensors as a kernel parameter (TensorList, under CUDA's 4 KiB
+// parameter limit) and runs one block of kThreads per chunk of kChunk elements of a
+// tensor: block b finds its tensor by the prefix of the tensors' chunk counts. Bytes
+// moved: the sum of squares reads every element once (4 B), the scale reads and
+// writes it (8 B), AdamW reads param, grad, m, v and writes param, m, v (28 B). The
+// sum of squares writes one double per chunk; one block then adds the chunks in order,
+// so the bits depend only on the tensors' sizes.
+#include "runtime/ops/cuda/launch.cuh"  // first (see its top)
+
+#include "runtime/ops/cuda/adamw_constants.h"
+#include "runtime/ops/cuda/row_reduce.cuh"
+#include "runtime/ops/kernels.h"
+#include "runtime/ops/mixed_math.h"
+
+#include <cmath>
+
+namespace ddp::kernels::cuda {
+namespace {
+
+using detail::kThreads;
+using detail::ptr;
+using detail::stream_of;
+
+constexpr int kListMax = 40;      // tensors per launch
+constexpr int64_t kChunk = 8192;  // elements per block
+constexpr int kPointers = 4;      // param, grad, m, v (AdamW); one for the others
+
+// The tensors of one launch. chunk_end[t] = the chunks of tensors 0..t.
+struct TensorList {
+  float* p[kPointers][kListMax];
+  int64_t n[kListMax];
+  int64_t chunk_end[kListMax];
+  math::AdamWConstants adamw[kListMax];  // AdamW only
+  int count;
+};
+static_assert(sizeof(TensorList) <= 4000, "kernel parameters are limited to 4 KiB");
+
+struct ChunkOf {
+  int tensor;
+  int64_t begin, end;  // elements of that tensor
+};
+__device__ ChunkOf chunk_of(const TensorList& l, int64_t block) {
+  int t = 0;
+  while (block >= l.chunk_end[t]) ++t;
+  const int64_t first = t == 0 ? 0 : l.chunk_end[t - 1];
+  const int64_t begin = (block - first) * kChunk;
+  return {t, begin, begin + kChunk < l.n[t] ? begin + kChunk : l.n[t]};
+}
+
+__global__ void sum_squares_kernel(TensorList l, double* partials) {
+  const ChunkOf c = chunk_of(l, blockIdx.x);
+  const float* x = l.p[0][c.tensor];
+  double acc = 0.0;
+  for (int64_t i = c.begin + threadIdx.x; i < c.end; i += blockDim.x) {
+    acc += static_cast<double>(x[i]) * x[i];
+  }
+  acc = detail::block_all_sum(acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+// out[0] = the partials [0, count) added by one block in a fixed order.
+__global__ void sum_partials_kernel(const double* partials, int64_t count, float* out) {
+  double acc = 0.0;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) acc += partials[i];
+  acc = detail::block_all_sum(acc);
+  if (threadIdx.x == 0) out[0] = static_cast<float>(acc);
+}
+
+__global__ void clip_factor_kernel(const float* sum_squares, double max_norm, float* out) {
+  const double norm = sqrt(static_cast<double>(sum_squares[0]));
+  const double factor = isfinite(norm) ? fmin(1.0, max_norm / (norm + 1e-6)) : 1.0;
+  out[0] = static_cast<float>(norm);
+  out[1] = static_cast<float>(factor);
+}
+
+__global__ void scale_kernel(TensorList l, const float* scalar) {
+  const ChunkOf c = chunk_of(l, blockIdx.x);
+  float* x = l.p[0][c.tensor];
+  const float factor = *scalar;
+  for (int64_t i = c.begin + threadIdx.x; i < c.end; i += blockDim.x) x[i] *= factor;
+}
+
+__global__ void adamw_kernel(TensorList l) {
+  const ChunkOf c = chunk_of(l, blockIdx.x);
+  float* param = l.p[0][c.tensor];
+  const float* grad = l.p[1][c.tensor];
+  float* m = l.p[2][c.tensor];
+  float* v = l.p[3][c.tensor];
+  const math::AdamWConstants k = l.adamw[c.tensor];
+  for (int64_t i = c.begin + threadIdx.x; i < c.end; i += blockDim.x) {
+    math::adamw_element(k, grad[i], param[i], m[i], v[i]);
+  }
+}
+
+int64_t chunks_of(int64_t n) {
+  return (n + kChunk - 1) / kChunk;
+}
+
+// Calls launch(list, chunks) for consecutive groups of at most kListMax non-empty
+// tensors; fill(list, slot, i) puts tensor i's pointers (and constants) in the slot.
+template <typename Fill, typename Launch>
+void for_each_list(size_t count, const std::vector<int64_t>& sizes, Fill fill, Launch launch) {
+  TensorList l{};
+  for (size_t i = 0; i < count; ++i) {
+    if (sizes[i] == 0) continue;
+    const int slot = l.count++;
+    fill(l, slot, i);
+    l.n[slot] = sizes[i];
+    l.chunk_end[slot] = (slot == 0 ? 0 : l.chunk_end[slot - 1]) + chunks_of(sizes[i]);
+    if (l.count == kListMax) {
+      launch(l, l.chunk_end[slot]);
+      l = TensorList{};
+    }
+  }
+  if (l.count > 0) launch(l, l.chunk_end[l.count - 1]);
+}
+
+std::vector<int64_t> sizes_of(const std::vector<Tensor>& xs) {
+  std::vector<int64_t> n;
+  n.reserve(xs.size());
+  for (const Tensor& x : xs) n.push_back(x.numel());
+  return n;
+}
+
+}  // namespace
+
+void sum_squares_multi(const std::vector<Tensor>& xs, Tensor& out) {
+  const std::vector<int64_t> sizes = sizes_of(xs);
+  int64_t total = 0;
+  for (int64_t n : sizes) total += chunks_of(n);
+  cuda_api::DeviceGuard guard(out.device().index);
+  const cudaStream_t stream = stream_of(out);
+  // Doubles from the caching allocator (i64 has their size); freed while the kernels
+  // may run: the next user is ordered after them on the stream.
+  const Tensor partials =
+      empty({std::max<int64_t>(total, 1)}, {.dtype = DType::i64, .device = out.device()});
+  auto* base = static_cast<double*>(partials.data_ptr());
+  int64_t offset = 0;
+  for_each_list(
+      xs.size(), sizes,
+      [&](TensorList& l, int slot, size_t i) { l.p[0][slot] = ptr<float>(xs[i]); },
+      [&](const TensorList& l, int64_t chunks) {
+        sum_squares_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(l,
+                                                                                   base + offset);
+        cuda_api::check_last_error("sum_squares_kernel");
+        offset += chunks;
+      });
+  sum_partials_kernel<<<1, kThreads, 0, stream>>>(base, total, ptr<float>(out));
+  cuda_api::check_last_error("sum_partials_kernel (multi-tensor)");
+}
+
+void clip_factor(const Tensor& sum_squares, double max_norm, Tensor& out) {
+  cuda_api::DeviceGuard guard(out.device().index);
+  clip_factor_kernel<<<1, 1, 0, stream_of(out)>>>(ptr<const float>(sum_squares), max_norm,
+                                                  ptr<float>(out));
+  cuda_api::check_last_error("clip_factor_kernel");
+}
+
+void scale_by_multi(const std::vector<Tensor>& xs, const Tensor& scalar) {
+  cuda_api::DeviceGuard guard(scalar.device().index);
+  const cudaStream_t stream = stream_of(scalar);
+  for_each_list(
+      xs.size(), sizes_of(xs),
+      [&](TensorList& l, int slot, size_t i) { l.p[0][slot] = ptr<float>(xs[i]); },
+      [&](const TensorList& l, int64_t chunks) {
+        scale_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(
+            l, ptr<const float>(scalar));
+        cuda_api::check_last_error("scale_kernel (multi-tensor)");
+      });
+}
+
+void adamw_update_multi(std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                        std::vector<Tensor>& m, std::vector<Tensor>& v,
+                        const std::vector<AdamWStep>& steps) {
+  cuda_api::DeviceGuard guard(params.front().device().index);
+  const cudaStream_t stream = stream_of(params.front());
+  for_each_list(
+      params.size(), sizes_of(params),
+      [&](TensorList& l, int slot, size_t i) {
+        l.p[0][slot] = ptr<float>(params[i]);
+        l.p[1][slot] = const_cast<float*>(ptr<const float>(grads[i]));  // read only
+        l.p[2][slot] = ptr<float>(m[i]);
+        l.p[3][slot] = ptr<float>(v[i]);
+        l.adamw[slot] = detail::adamw_constants(steps[i]);
+      },
+      [&](const TensorList& l, int64_t chunks) {
+        adamw_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(l);
+        cuda_api::check_last_error("adamw_kernel (multi-tensor)");
+      });
+}
+
+}  // namespace ddp::kernels::cuda

@@ -1,0 +1,105 @@
+// The multi-tensor CUDA kernels (runtime/ops/multi_tensor.h) against the CPU and the
+// per-tensor kernels, on lists longer than one launch takes (kListMax) with sizes
+// around a chunk (8192 elements) and empty tensors: the sum of squares (the same bits
+// twice), clipping without a host synchronization, and AdamW bit for bit with one
+// update per tensor. Without a GPU every test skips and says why.
+#include "runtime/autograd/autograd.h"
+#include "runtime/cuda/cuda_api.h"
+#include "runtime/ops/multi_tensor.h"
+#include "runtime/ops/nn_ops.h"
+#include "runtime/ops/ops.h"
+#include "runtime/optim/optimizer.h"
+#include "tests/gpu/require_gpu.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+namespace ddp {
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+std::vector<int64_t> sizes() {
+  std::vector<int64_t> n;
+  for (int i = 0; i < 100; ++i) {
+    const int64_t pick[] = {0, 1, 7, 8191, 8192, 8193, 30000, 100001};
+    n.push_back(pick[(i * 5) % 8]);
+  }
+  return n;
+}
+
+std::vector<Tensor> tensors_on(const Device& device, uint64_t seed) {
+  std::vector<Tensor> xs;
+  for (int64_t n : sizes()) xs.push_back(randn({n}, seed++, {.device = device}));
+  return xs;
+}
+
+TEST(MultiTensorGpu, SumOfSquaresMatchesTheCpuAndRepeatsItsBits) {
+  DDP_REQUIRE_CUDA();
+  const std::vector<Tensor> cpu = tensors_on(Device::cpu(), 1), gpu = tensors_on(kGpu, 1);
+  const float want = sum_squares_all(cpu).item<float>();
+  const float a = sum_squares_all(gpu).cpu().item<float>();
+  const float b = sum_squares_all(gpu).cpu().item<float>();
+  EXPECT_NEAR(a, want, 1e-6 * want);
+  EXPECT_EQ(a, b);
+}
+
+TEST(MultiTensorGpu, ClipOnTheDeviceMatchesTheCpuWithoutAHostSync) {
+  DDP_REQUIRE_CUDA();
+  const auto params_with_grads = [](const Device& device) {
+    std::vector<Tensor> ps;
+    for (const Tensor& g : tensors_on(device, 40)) {
+      Tensor p = zeros(g.shape(), {.device = device});
+      set_requires_grad(p, true);
+      set_grad(p, g);
+      ps.push_back(p);
+    }
+    return ps;
+  };
+  const std::vector<Tensor> cpu = params_with_grads(Device::cpu());
+  const std::vector<Tensor> gpu = params_with_grads(kGpu);
+  const float want = optim::clip_grad_norm_on_device(cpu, 3.0).item<float>();
+  cuda_api::device_synchronize(0);
+  const uint64_t syncs = cuda_api::host_sync_count();
+  const Tensor norm = optim::clip_grad_norm_on_device(gpu, 3.0);
+  EXPECT_EQ(cuda_api::host_sync_count() - syncs, 0u) << "clipping waited for the device";
+  EXPECT_NEAR(norm.cpu().item<float>(), want, 1e-6 * want);
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const auto a = grad(cpu[i]).to_vector<float>(), b = grad(gpu[i]).cpu().to_vector<float>();
+    for (size_t j = 0; j < a.size(); ++j) {
+      ASSERT_NEAR(b[j], a[j], 1e-6 * std::fabs(a[j]) + 1e-12) << "tensor " << i << " element " << j;
+    }
+  }
+}
+
+TEST(MultiTensorGpu, AdamWOverAListEqualsOneUpdatePerTensorBitForBit) {
+  DDP_REQUIRE_CUDA();
+  std::vector<Tensor> p1 = tensors_on(kGpu, 100), p2, g = tensors_on(kGpu, 300);
+  std::vector<Tensor> m1 = tensors_on(kGpu, 500), m2, v1, v2;
+  std::vector<kernels::AdamWStep> steps;
+  uint64_t seed = 700;
+  for (size_t i = 0; i < p1.size(); ++i) {
+    p2.push_back(p1[i].clone());
+    m2.push_back(m1[i].clone());
+    v1.push_back(rand(p1[i].shape(), seed++, {.device = kGpu}));
+    v2.push_back(v1[i].clone());
+    steps.push_back({.lr = 3e-4f,
+                     .beta1 = 0.9f,
+                     .beta2 = 0.95f,
+                     .eps = 1e-8f,
+                     .weight_decay = i % 2 == 0 ? 0.1f : 0.0f,
+                     .step = static_cast<int64_t>(i % 3) + 1});
+  }
+  adamw_update_all_(p2, g, m2, v2, steps);
+  for (size_t i = 0; i < p1.size(); ++i) {
+    adamw_update_(p1[i], g[i], m1[i], v1[i], steps[i]);
+    ASSERT_EQ(p1[i].cpu().to_vector<float>(), p2[i].cpu().to_vector<float>()) << "param " << i;
+    ASSERT_EQ(m1[i].cpu().to_vector<float>(), m2[i].cpu().to_vector<float>()) << "m " << i;
+    ASSERT_EQ(v1[i].cpu().to_vector<float>(), v2[i].cpu().to_vector<float>()) << "v " << i;
+  }
+}
+
+}  // namespace
+}  // namespace ddp
