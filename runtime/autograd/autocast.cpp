@@ -61,7 +61,10 @@ void check_bf16_gpu(const std::string& device, const std::string& gpu_name, int 
 namespace autocast {
 
 Tensor lower(const Tensor& x) {
-  if (!t_state.enabled || !x.defined() || x.dtype() != DType::f32) return x;
+  // Any other float dtype is cast, as torch.autocast casts every floating input.
+  if (!t_state.enabled || !x.defined() || !is_floating(x.dtype()) || x.dtype() == t_state.dtype) {
+    return x;
+  }
   const bool cacheable = is_leaf(x) && requires_grad(x);
   if (!cacheable) return cast(x, t_state.dtype);
   auto it = t_cache.entries.find(x.impl_ptr().get());

@@ -6,9 +6,11 @@
 // (autograd/functions.h) choose their compute dtype as torch.autocast does for
 // bf16 on CUDA:
 //   - lower precision (the guard's dtype): matmul, linear (its bias too), bmm
-//     and attention. Their f32 operands are cast on the way in (parameters once
-//     per guard, see below); they multiply on tensor cores with f32 accumulation
-//     and give a bf16 output, the bias added before the one rounding. A parameter's gradient is
+//     and attention. Their other float operands are cast on the way in
+//     (parameters once per guard, see below); matmul, linear and attention
+//     multiply on tensor cores on CUDA with f32 accumulation (bmm, not on our
+//     models' path, widens to f32 for now) and give a bf16 output, the bias
+//     added before the one rounding. A parameter's gradient is
 //     computed straight into f32 (its own dtype), never rounded to bf16 on the way.
 //   - f32: layer_norm's statistics, softmax, log_softmax, cross_entropy and sum
 //     read 16-bit inputs as f32 and compute in f32. cross_entropy on bf16
@@ -67,8 +69,8 @@ class AutocastGuard {
 void check_bf16_gpu(const std::string& device, const std::string& gpu_name, int major, int minor);
 
 namespace autocast {
-// For op implementations. x in the region's lower-precision dtype: f32 tensors
-// are cast (parameters through the cache), other dtypes returned as they are.
+// For op implementations. x in the region's lower-precision dtype: other float
+// tensors are cast (parameters through the cache), integer ones returned as they are.
 // Outside a region, x itself.
 Tensor lower(const Tensor& x);
 // x as f32 when it is bf16 or f16 (any region or none), else x itself.

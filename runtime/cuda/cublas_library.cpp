@@ -29,6 +29,8 @@ CublasLibrary load() {
   api.sgemm_strided_batched =
       lib.function<decltype(api.sgemm_strided_batched)>("cublasSgemmStridedBatched");
   api.gemm_ex = lib.function<decltype(api.gemm_ex)>("cublasGemmEx");
+  api.gemm_strided_batched_ex =
+      lib.function<decltype(api.gemm_strided_batched_ex)>("cublasGemmStridedBatchedEx");
   api.status_name = lib.function<decltype(api.status_name)>("cublasGetStatusName");
   api.status_string = lib.function<decltype(api.status_string)>("cublasGetStatusString");
   return api;

@@ -17,6 +17,12 @@ using CublasGemmEx = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cubla
                                         const void*, cudaDataType, int, const void*, void*,
                                         cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
 
+// Likewise cublasGemmStridedBatchedEx.
+using CublasGemmStridedBatchedEx = cublasStatus_t (*)(
+    cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*, const void*,
+    cudaDataType, int, long long int, const void*, cudaDataType, int, long long int, const void*,
+    void*, cudaDataType, int, long long int, int, cublasComputeType_t, cublasGemmAlgo_t);
+
 struct CublasLibrary {
   decltype(&cublasCreate_v2) create;
   decltype(&cublasDestroy_v2) destroy;
@@ -24,6 +30,7 @@ struct CublasLibrary {
   decltype(&cublasSgemm_v2) sgemm;
   decltype(&cublasSgemmStridedBatched) sgemm_strided_batched;
   CublasGemmEx gemm_ex;
+  CublasGemmStridedBatchedEx gemm_strided_batched_ex;
   decltype(&cublasGetStatusName) status_name;
   decltype(&cublasGetStatusString) status_string;
 };

@@ -29,6 +29,9 @@ struct SoftmaxStats {
   float sum;
 };
 DDP_MIXED_HD SoftmaxStats softmax_stats_add(SoftmaxStats a, float x) {
+  // exp(-inf) is 0: a masked logit adds nothing (and exp(-inf - -inf) would be NaN),
+  // so sum == 0 keeps meaning "saw nothing" for the merge.
+  if (x == -INFINITY) return a;
   if (x > a.max) return {x, a.sum * expf(a.max - x) + 1.0f};
   return {a.max, a.sum + expf(x - a.max)};
 }

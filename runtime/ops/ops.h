@@ -66,7 +66,8 @@ Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);  // i64
 
 // Softmax + cross-entropy, mean over the batch, numerically stable.
 // logits [N, C] f32, bf16 or f16, labels [N] i64 in [0, C). Out-of-range labels throw
-// on the CPU and give a NaN loss on CUDA (checking there would need a host sync).
+// on the CPU and give a NaN loss on CUDA (checking there would need a host sync); the
+// CUDA backward then gives that row softmax(row) / N, with no one-hot term.
 // Note [fused classifier]: f32 logits keep their softmax [N, C] for the backward;
 // 16-bit logits (a bf16 LM head under autocast) keep only each row's log-sum-exp,
 // computed in f32 from the logits as read, and the backward recomputes the

@@ -250,13 +250,14 @@ int64_t attention_width(const Tensor& qkv, int64_t heads) {
 AttentionResult causal_self_attention(const Tensor& qkv, int64_t heads) {
   check_same_device({&qkv});
   const int64_t c = attention_width(qkv, heads), b = qkv.size(0), t = qkv.size(1);
-  if (is_16bit(qkv.dtype())) {  // Note [16-bit attention]
+  if (is_16bit(qkv.dtype()) && qkv.device().is_cpu()) {  // Note [16-bit attention]
     AttentionResult r = causal_self_attention(widened(qkv), heads);
     r.y = narrowed(r.y, qkv.dtype());
     return r;
   }
-  AttentionResult r{empty({b, t, c}, {.device = qkv.device()}),
-                    empty({b, heads, t, t}, {.device = qkv.device()})};
+  // CUDA keeps 16-bit probabilities for 16-bit qkv (Note [16-bit attention on cuda]).
+  AttentionResult r{empty({b, t, c}, {.dtype = qkv.dtype(), .device = qkv.device()}),
+                    empty({b, heads, t, t}, {.dtype = qkv.dtype(), .device = qkv.device()})};
   if (r.y.numel() > 0) DDP_DISPATCH(qkv.device(), attention_forward, qkv, heads, r.y, r.probs);
   return r;
 }
@@ -270,7 +271,13 @@ Tensor causal_self_attention_backward(const Tensor& grad_y, const Tensor& qkv, c
             "and probs [{}, {}, {}, {}], got {} and {}",
             shape_str(qkv.shape()), heads, b, t, c, b, heads, t, t, shape_str(grad_y.shape()),
             shape_str(probs.shape()));
-  if (is_16bit(qkv.dtype())) {  // Note [16-bit attention]
+  DDP_CHECK(probs.dtype() == DType::f32 || probs.dtype() == qkv.dtype(),
+            "causal_self_attention_backward: probs {} for qkv {}; pass the forward's result",
+            dtype_name(probs.dtype()), dtype_name(qkv.dtype()));
+  DDP_CHECK(grad_y.dtype() == qkv.dtype(),
+            "causal_self_attention_backward: grad_y {} must have qkv's dtype {}",
+            dtype_name(grad_y.dtype()), dtype_name(qkv.dtype()));
+  if (is_16bit(qkv.dtype()) && probs.dtype() == DType::f32) {  // Note [16-bit attention]
     const Tensor grad_qkv =
         causal_self_attention_backward(widened(grad_y), widened(qkv), probs, heads);
     return narrowed(grad_qkv, qkv.dtype());

@@ -79,12 +79,14 @@ Tensor causal_softmax(const Tensor& x);
 // (attention dropout, when the model has dropout, is not applied to it: see
 // models/gpt.h).
 struct AttentionResult {
-  Tensor y;      // [B, T, C]
-  Tensor probs;  // [B, H, T, T], exact zeros above each diagonal
+  Tensor y;      // [B, T, C], qkv's dtype
+  Tensor probs;  // [B, H, T, T], exact zeros above each diagonal; f32, or 16-bit on CUDA
 };
 // qkv [B, T, 3C] with C divisible by heads; throws ValueError naming the shape.
-// Note [16-bit attention]: for bf16 or f16 qkv, y has qkv's dtype; the packed kernels
-// compute in f32 (qkv widened, probs f32), and so does the backward.
+// Note [16-bit attention]: for bf16 or f16 qkv, y has qkv's dtype. On the CPU the
+// packed kernels compute in f32 (qkv widened, probs f32), and so does the backward;
+// on CUDA the products run on tensor cores and probs is kept in qkv's dtype (Note
+// [16-bit attention on cuda] in ops/cuda/attention_plan.h).
 AttentionResult causal_self_attention(const Tensor& qkv, int64_t heads);
 // grad_qkv [B, T, 3C] from grad_y [B, T, C] and the forward's qkv and probs.
 Tensor causal_self_attention_backward(const Tensor& grad_y, const Tensor& qkv, const Tensor& probs,

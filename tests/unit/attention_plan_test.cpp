@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -93,6 +94,19 @@ struct ReplayOps {
   }
 };
 
+// The Ops of forward16 / backward16 (Note [16-bit attention on cuda]) with float
+// standing in for the 16-bit type: the same products and softmaxes, out of place.
+struct ReplayOps16 : ReplayOps {
+  void causal_softmax(const float* scores, int64_t rows, int64_t t, float* probs) const {
+    std::copy(scores, scores + rows * t, probs);
+    ReplayOps::causal_softmax(probs, rows, t);
+  }
+  void softmax_backward(const float* dp, const float* p, int64_t rows, int64_t d, float* ds) const {
+    std::copy(dp, dp + rows * d, ds);
+    ReplayOps::softmax_backward(ds, p, rows, d);
+  }
+};
+
 Buffer buffer_of(const std::vector<float>& v) {
   return {v.data(), static_cast<int64_t>(v.size())};
 }
@@ -156,6 +170,39 @@ TEST(AttentionPlan, PackedAttentionMatchesTheCpuKernelsForwardAndBackward) {
     ReplayOps back{
         {buffer_of(gy), buffer_of(x), buffer_of(probs), buffer_of(ds), buffer_of(grad_qkv)}};
     backward(g, gy.data(), x.data(), probs.data(), ds.data(), grad_qkv.data(), back);
+    expect_close(grad_qkv, want_grad, 1e-5, "grad_qkv");
+  }
+}
+
+// The 16-bit sequence (forward16 / backward16) replayed with floats: the same values
+// as the CPU attention, so its geometry (heads, scratch, which buffer each product
+// reads) is the f32 plan's.
+TEST(AttentionPlan, SixteenBitSequenceMatchesTheCpuKernels) {
+  uint64_t seed = 40;
+  for (const auto& [b, t, c, heads] :
+       std::vector<std::array<int64_t, 4>>{{2, 5, 12, 3}, {1, 9, 16, 1}, {2, 17, 24, 4}}) {
+    SCOPED_TRACE(::testing::Message() << "B=" << b << " T=" << t << " C=" << c);
+    const Tensor qkv = randn({b, t, 3 * c}, ++seed), grad_y = randn({b, t, c}, ++seed);
+    const AttentionResult want = causal_self_attention(qkv, heads);
+    const Tensor want_grad = causal_self_attention_backward(grad_y, qkv, want.probs, heads);
+    const Packed g(b, t, 3 * c, heads);
+    const std::vector<float> x = qkv.to_vector<float>(), gy = grad_y.to_vector<float>();
+    std::vector<float> y(static_cast<size_t>(b * t * c), std::nanf(""));
+    std::vector<float> probs(static_cast<size_t>(b * heads * t * t), std::nanf(""));
+    std::vector<float> scratch(static_cast<size_t>(heads * t * t), std::nanf(""));
+    std::vector<float> ds(scratch.size(), std::nanf("")), grad_qkv(x.size(), std::nanf(""));
+    ReplayOps16 ops;
+    ops.buffers = {buffer_of(x), buffer_of(y), buffer_of(probs), buffer_of(scratch)};
+    forward16(g, x.data(), y.data(), probs.data(), scratch.data(), ops);
+    EXPECT_EQ(ops.gemms, 2 * b);
+    expect_close(y, want.y, 1e-5, "y");
+    expect_close(probs, want.probs, 1e-5, "probs");
+    ReplayOps16 back;
+    back.buffers = {buffer_of(gy),      buffer_of(x),  buffer_of(probs),
+                    buffer_of(scratch), buffer_of(ds), buffer_of(grad_qkv)};
+    backward16(g, gy.data(), x.data(), probs.data(), scratch.data(), ds.data(), grad_qkv.data(),
+               back);
+    EXPECT_EQ(back.gemms, 4 * b);
     expect_close(grad_qkv, want_grad, 1e-5, "grad_qkv");
   }
 }

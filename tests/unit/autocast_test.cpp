@@ -271,6 +271,17 @@ TEST(FusedClassifier, MathMatchesTheDirectFormulas) {
     EXPECT_FLOAT_EQ(s.max, static_cast<float>(max));
     EXPECT_NEAR(s.sum, sum, 1e-5 * sum);
   }
+  // -inf (a masked logit) adds nothing, first or later, alone or merged.
+  const float inf = std::numeric_limits<float>::infinity();
+  math::SoftmaxStats masked = math::softmax_stats_add({-inf, 0.0f}, -inf);
+  EXPECT_EQ(masked.sum, 0.0f);
+  masked = math::softmax_stats_add(masked, 2.0f);
+  masked = math::softmax_stats_add(masked, -inf);
+  EXPECT_EQ(masked.max, 2.0f);
+  EXPECT_EQ(masked.sum, 1.0f);
+  const math::SoftmaxStats none = math::softmax_stats_add({-inf, 0.0f}, -inf);
+  EXPECT_EQ(math::softmax_stats_merge(none, masked).sum, 1.0f);
+  EXPECT_EQ(math::softmax_stats_merge(masked, none).sum, 1.0f);
   const float lse = static_cast<float>(max + std::log(sum));
   EXPECT_NEAR(math::xent_grad(row[3], lse, true, 0.5f), 0.5 * (std::exp(row[3] - max) / sum - 1.0),
               1e-6);

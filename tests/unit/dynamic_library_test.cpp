@@ -82,6 +82,7 @@ TEST(VendorLibraries, CublasHasEveryFunctionDdpCalls) {
   EXPECT_NE(cublas.sgemm, nullptr);
   EXPECT_NE(cublas.gemm_ex, nullptr);
   EXPECT_NE(cublas.sgemm_strided_batched, nullptr);
+  EXPECT_NE(cublas.gemm_strided_batched_ex, nullptr);
   EXPECT_STREQ(cublas.status_name(CUBLAS_STATUS_NOT_INITIALIZED), "CUBLAS_STATUS_NOT_INITIALIZED");
 #else
   GTEST_SKIP() << "this build has no CUDA";

@@ -82,10 +82,11 @@ struct Key {
   int64_t m, n, k;
   DType dtype;
   bool bias;
-  int align_a, align_b, align_d;
+  int align_a, align_b, align_d, align_bias;
   bool operator==(const Key& o) const {
-    return std::tie(device, m, n, k, dtype, bias, align_a, align_b, align_d) ==
-           std::tie(o.device, o.m, o.n, o.k, o.dtype, o.bias, o.align_a, o.align_b, o.align_d);
+    return std::tie(device, m, n, k, dtype, bias, align_a, align_b, align_d, align_bias) ==
+           std::tie(o.device, o.m, o.n, o.k, o.dtype, o.bias, o.align_a, o.align_b, o.align_d,
+                    o.align_bias);
   }
 };
 struct KeyHash {
@@ -93,7 +94,8 @@ struct KeyHash {
     size_t h = std::hash<int64_t>()(k.m);
     for (int64_t v : {k.n, k.k, static_cast<int64_t>(k.dtype), static_cast<int64_t>(k.bias),
                       static_cast<int64_t>(k.device), static_cast<int64_t>(k.align_a),
-                      static_cast<int64_t>(k.align_b), static_cast<int64_t>(k.align_d)}) {
+                      static_cast<int64_t>(k.align_b), static_cast<int64_t>(k.align_d),
+                      static_cast<int64_t>(k.align_bias)}) {
       h = h * 1000003u ^ std::hash<int64_t>()(v);
     }
     return h;
@@ -127,8 +129,11 @@ void set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, co
 }
 
 // Builds the descriptors of `plan` and asks the heuristic for an algorithm.
+// bias: the call's bias pointer (or null): the heuristic reads its alignment
+// (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER), and every later call of this entry
+// has a bias of the same alignment (Key::align_bias).
 std::unique_ptr<Entry> make_entry(cublasLtHandle_t handle, const lt_plan::Plan& plan,
-                                  const Key& key) {
+                                  const Key& key, const void* bias) {
   const cuda_api::CublasLtLibrary& lt = *library();
   auto e = std::make_unique<Entry>();
   const cudaDataType_t type = lt_type(key.dtype);
@@ -142,6 +147,7 @@ std::unique_ptr<Entry> make_entry(cublasLtHandle_t handle, const lt_plan::Plan& 
     set_desc(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue, "set EPILOGUE");
     const int32_t bias_type = type;  // the output's type (cublasLt.h)
     set_desc(e->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type, "set BIAS_DATA_TYPE");
+    set_desc(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, "set BIAS_POINTER");
   }
   const auto layout = [&](cublasLtMatrixLayout_t* l, const lt_plan::Layout& s) {
     check(lt.layout_create(l, type, static_cast<uint64_t>(s.rows), static_cast<uint64_t>(s.cols),
@@ -194,7 +200,8 @@ uintptr_t address(const Tensor& t) {
 }  // namespace
 
 bool linear_lt(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out) {
-  if (bias.defined() && bias.dtype() != out.dtype()) return false;  // the epilogue's rule
+  if (x.size(0) == 0 || x.size(1) == 0 || weight.size(0) == 0) return false;  // no layouts
+  if (bias.defined() && bias.dtype() != out.dtype()) return false;            // the epilogue's rule
   if (bias.defined() && address(bias) % 16 != 0) return false;
   const cuda_api::CublasLtLibrary* lt = library();
   if (lt == nullptr) return false;
@@ -215,9 +222,13 @@ bool linear_lt(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor
                 bias.defined(),
                 lt_plan::alignment_of(address(weight)),
                 lt_plan::alignment_of(address(x)),
-                lt_plan::alignment_of(address(out))};
+                lt_plan::alignment_of(address(out)),
+                bias.defined() ? lt_plan::alignment_of(address(bias)) : 0};
   auto it = entries.find(key);
-  if (it == entries.end()) it = entries.emplace(key, make_entry(h->second.get(), plan, key)).first;
+  if (it == entries.end()) {
+    const void* bias_ptr = bias.defined() ? bias.data_ptr() : nullptr;
+    it = entries.emplace(key, make_entry(h->second.get(), plan, key, bias_ptr)).first;
+  }
   Entry& e = *it->second;
   if (!e.usable) return false;
   if (bias.defined()) {

@@ -43,7 +43,7 @@ struct ChunkOf {
   int tensor;
   int64_t begin, end;  // elements of that tensor
 };
-__device__ ChunkOf chunk_of(const TensorList& l, int64_t block) {
+__device__ __forceinline__ ChunkOf chunk_of(const TensorList& l, int64_t block) {
   int t = 0;
   while (block >= l.chunk_end[t]) ++t;
   const int64_t first = t == 0 ? 0 : l.chunk_end[t - 1];
