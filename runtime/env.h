@@ -84,6 +84,10 @@ inline constexpr const char* kTraceMaxEvents = "DDP_TRACE_MAX_EVENTS";
 inline constexpr const char* kTraceTestSkewNs = "DDP_TRACE_TEST_SKEW_NS";
 inline constexpr const char* kOneDnn = "DDP_ONEDNN";
 inline constexpr const char* kTestBf16Emulate = "DDP_TEST_BF16_EMULATE";
+// Testing aid: "1" makes `train --precision bf16` on the CPU run CUDA's autocast rules
+// (Note [autocast]; the CPU widens 16-bit tensors, so it is slow) instead of oneDNN's bf16
+// matmuls, so DDP, ZeRO and DataParallel under autocast are tested on CPU ranks.
+inline constexpr const char* kTestCpuAutocast = "DDP_TEST_CPU_AUTOCAST";
 
 // The value of a variable, or nullopt when unset or empty.
 std::optional<std::string> get(const char* name);

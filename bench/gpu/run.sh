@@ -35,8 +35,9 @@ Steps (each under `timeout`, sized so that the run fits --budget on an H100):
   bf16_loss     gpt-mini, 300 steps from one seed in fp32 and bf16 on the device: the
                 mean loss of the last 50 steps within 2%
   reference_bf16  the reference below with --precision bf16, which the next four reproduce:
-  ddp_bf16_nccl_w1, zero2_bf16_nccl_w1 (= reference_bf16), ddp_bf16_shm_w2,
-  dp_bf16_2replicas (within a bf16 tolerance: half batches round apart)
+  ddp_bf16_nccl_w1, zero2_bf16_nccl_w1 (= reference_bf16, rtol 1e-4), ddp_bf16_shm_w2,
+  dp_bf16_2replicas (half batches round their bf16 apart: no further from
+                reference_bf16 than twice the fp32 reference is, checkpoint_distance.py)
   train_mlp     train --model mlp --epochs 3 on cuda:0; test accuracy vs the CPU's
   train_cnn     train --model cnn --epochs 1 on cuda:0; likewise
   parity_mlp    the same 50 (mlp) or 15 (cnn: max pooling's near-ties part the runs

@@ -191,6 +191,9 @@ AutocastState apply_precision(const TrainOptions& o, const std::vector<Device>& 
             "--precision bf16 is implemented for CUDA (autocast) and the CPU (oneDNN); on {} use "
             "--precision fp32",
             device.str());
+  if (env::get(env::kTestCpuAutocast).value_or("") == "1") {
+    return {.enabled = true, .dtype = DType::bf16};  // a testing aid (runtime/env.h)
+  }
   set_cpu_precision(CpuPrecision::bf16, env::get(env::kTestBf16Emulate).value_or("") == "1");
   return {};
 }
