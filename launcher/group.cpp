@@ -519,6 +519,9 @@ void Watcher::print_summary() const {
   const RankProcess& f = ranks_[blame_->index];
   if (blame_->reason != BlameReason::failed) say(fmt::format("to blame: {}", blame_->what));
   const auto& tail = f.err->tail();
+  // The error line first: its last lines may be a usage text or a traceback's end.
+  const std::string& error_line = f.err->last_error_line();
+  if (!error_line.empty()) say(fmt::format("rank {}'s error: {}", f.rec.rank, error_line));
   if (tail.empty()) {
     say(fmt::format("rank {} wrote nothing to stderr", f.rec.rank));
   } else {

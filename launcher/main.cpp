@@ -58,13 +58,18 @@ int main(int argc, char** argv) {
     std::cout << "ddprun (ddp) " << DDP_VERSION << "\n";
     return 0;
   }
-  const auto& options = parsed.options;
+  auto options = parsed.options;
   const char* path_env = std::getenv("PATH");
   const auto program = ddp::launcher::find_program(options.program, ddp::launcher::self_exe_dir(),
                                                    path_env != nullptr ? path_env : "");
   if (program.path.empty()) {
     std::cerr << "ddprun: error: " << program.error << "\n";
     return program.exit_code;
+  }
+  if (!program.interpreter_args.empty()) {  // a .py: python3 -u SCRIPT ARGS (as torchrun)
+    options.program_args.insert(options.program_args.begin(), program.interpreter_args.begin(),
+                                program.interpreter_args.end());
+    options.program = "python3";
   }
   try {
     return ddp::launcher::run_agent(options, program.path);

@@ -64,7 +64,16 @@ void RankStream::emit_line(std::string_view line) {
   if (sink_.tail_lines > 0) {
     tail_.emplace_back(line);
     if (tail_.size() > sink_.tail_lines) tail_.pop_front();
+    if (reads_as_error(line)) last_error_.assign(line.substr(0, 1000));
   }
+}
+
+bool reads_as_error(std::string_view line) {
+  for (std::string_view word :
+       {"error", "Error", "ERROR", "what():", "Traceback", "Exception", "FAIL"}) {
+    if (line.find(word) != std::string_view::npos) return true;
+  }
+  return false;
 }
 
 void RankStream::finish() {

@@ -40,6 +40,11 @@ class RankStream {
   // pipe may be held open by an escaped grandchild).
   void close();
   const std::deque<std::string>& tail() const { return tail_; }
+  // The last line that reads as an error ("error", "Error", "ERROR", "what():",
+  // "Traceback", "Exception", "FAIL"), kept however many lines came after it (a
+  // usage text printed after the error would push it out of the tail); "" if none.
+  // Only kept when tail_lines > 0.
+  const std::string& last_error_line() const { return last_error_; }
 
  private:
   void consume(std::string_view bytes);
@@ -51,6 +56,10 @@ class RankStream {
   std::string partial_;
   std::string line_;  // reused for "prefix + line + \n"
   std::deque<std::string> tail_;
+  std::string last_error_;
 };
+
+// Whether a line of a rank's stderr reads as an error (RankStream::last_error_line).
+bool reads_as_error(std::string_view line);
 
 }  // namespace ddp::launcher

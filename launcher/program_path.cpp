@@ -32,10 +32,30 @@ ProgramLookup not_found(int exit_code, std::string error) {
   return out;
 }
 
+// The first executable `name` in the directories of path_env, or "".
+std::string on_path(const std::string& name, const std::string& path_env) {
+  std::stringstream dirs(path_env);
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    const std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+    if (is_executable(candidate)) return candidate;
+  }
+  return "";
+}
+
 }  // namespace
 
 ProgramLookup find_program(const std::string& program, const std::string& self_dir,
                            const std::string& path_env) {
+  if (program.ends_with(".py") && is_regular(program)) {
+    const std::string python = on_path("python3", path_env);
+    if (python.empty()) {
+      return not_found(127, fmt::format("'{}' is a Python script, and python3 is not on PATH ({})",
+                                        program, path_env));
+    }
+    ProgramLookup out = found(python);
+    out.interpreter_args = {"-u", program};
+    return out;
+  }
   if (program.find('/') != std::string::npos) {
     if (is_executable(program)) return found(program);
     if (is_regular(program)) {
@@ -46,15 +66,14 @@ ProgramLookup find_program(const std::string& program, const std::string& self_d
   if (!self_dir.empty() && is_executable(self_dir + "/" + program)) {
     return found(self_dir + "/" + program);
   }
-  std::stringstream dirs(path_env);
-  for (std::string dir; std::getline(dirs, dir, ':');) {
-    const std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
-    if (is_executable(candidate)) return found(candidate);
+  if (std::string candidate = on_path(program, path_env); !candidate.empty()) {
+    return found(candidate);
   }
   return not_found(
       127,
-      fmt::format("program '{}' not found: not next to ddprun ({}) and not on PATH; pass a "
-                  "path (./{}) or build it (ninja -C build {})",
+      fmt::format("program '{}' not found: not next to ddprun ({}) and not on PATH; pass its "
+                  "path (./{}) or put its folder on PATH (in a source checkout: cmake "
+                  "--build build --target {})",
                   program, self_dir.empty() ? "unknown directory" : self_dir, program, program));
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace ddp::launcher {
 
@@ -9,11 +10,16 @@ struct ProgramLookup {
   std::string path;   // what to exec; empty when not found
   std::string error;  // why not, with what was tried (when path is empty)
   int exit_code = 0;  // 127 not found, 126 found but not executable (as a shell)
+  // A Python script: path is python3, and these come before the program's own
+  // arguments ("-u", the script), as torchrun runs a .py (unbuffered output).
+  std::vector<std::string> interpreter_args;
 };
 
-// PROGRAM containing '/' is a path, used as is. Otherwise, in order: a file
-// next to ddprun (in `self_dir`), then the directories of `path_env` (PATH).
-// Only regular files that this user may execute count.
+// PROGRAM ending in ".py" that is a file (a path, or relative to the current
+// directory) runs under python3 from `path_env` (torchrun's behaviour). Otherwise
+// PROGRAM containing '/' is a path, used as is; else, in order: a file next to
+// ddprun (in `self_dir`), then the directories of `path_env` (PATH). Only regular
+// files that this user may execute count.
 ProgramLookup find_program(const std::string& program, const std::string& self_dir,
                            const std::string& path_env);
 

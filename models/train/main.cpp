@@ -16,7 +16,9 @@ int main(int argc, char** argv) {
   try {
     options = ddp::train::parse_train_args(argc, argv);
   } catch (const ddp::Error& e) {
-    std::cerr << "train: " << e.what() << "\n\n" << ddp::train::kTrainUsage;
+    // One line naming the flag, the value and the rule; the usage is one command away
+    // (115 lines after the error buried it, under ddprun above all).
+    std::cerr << "train: " << e.what() << "\ntrain: run 'train --help' for every option\n";
     return 2;
   }
   if (!options) {
@@ -43,19 +45,19 @@ int main(int argc, char** argv) {
     const std::string checkpoint = options->save.empty() ? "" : "; checkpoint " + options->save;
     if (last.language) {
       std::cout << fmt::format(
-          "summary: {} epoch(s), {} steps on {} in {:.1f} s; final val_loss {:.4f} nats "
+          "summary: {} epoch{}, {} steps on {} in {:.1f} s; final val_loss {:.4f} nats "
           "(val_bpb {:.4f}; the validation bytes' bigram entropy is {:.4f}, unigram {:.4f} "
           "bits/byte), best val_loss {:.4f}; train_loss {:.4f}; {:.0f} tokens/s{}\n",
-          result.epochs.size(), result.steps, result.device.str(), result.total_s, last.val_loss,
-          last.val_bpb, last.bigram_bits, last.unigram_bits, best_loss, last.train_loss, token_rate,
-          checkpoint);
+          result.epochs.size(), result.epochs.size() == 1 ? "" : "s", result.steps,
+          result.device.str(), result.total_s, last.val_loss, last.val_bpb, last.bigram_bits,
+          last.unigram_bits, best_loss, last.train_loss, token_rate, checkpoint);
       return 0;
     }
     std::cout << fmt::format(
-        "summary: {} epochs on {} in {:.1f} s; final test_acc {:.4f} (best {:.4f}); "
+        "summary: {} epoch{} on {} in {:.1f} s; final test_acc {:.4f} (best {:.4f}); "
         "train_loss {:.4f}; {:.0f} samples/s{}\n",
-        result.epochs.size(), result.device.str(), result.total_s, last.test_acc, best,
-        last.train_loss, rate, checkpoint);
+        result.epochs.size(), result.epochs.size() == 1 ? "" : "s", result.device.str(),
+        result.total_s, last.test_acc, best, last.train_loss, rate, checkpoint);
     return 0;
   } catch (const ddp::Error& e) {
     std::cerr << "train: error: " << e.what() << "\n";

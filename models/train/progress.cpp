@@ -9,13 +9,15 @@
 namespace ddp::train {
 namespace {
 
-// The step breakdown in milliseconds, for the report lines.
+// The step breakdown in milliseconds, for the report lines. Under DDP "comm X (step
+// waited Y)": X the collectives' own time, Y the time the step waited for them,
+// which includes waiting for a slower rank and so may exceed X.
 std::string phases(const EpochMetrics& m, const std::string& mode) {
   return fmt::format(" (ms: data {:.3f} forward {:.3f} backward {:.3f}{} optimizer {:.3f})",
                      m.data_ms, m.forward_ms, m.backward_ms,
                      mode == "single" ? ""
-                                      : fmt::format(" comm exposed {:.3f} of {:.3f}",
-                                                    m.comm_exposed_ms, m.comm_ms),
+                                      : fmt::format(" comm {:.3f} (step waited {:.3f})", m.comm_ms,
+                                                    m.comm_exposed_ms),
                      m.optimizer_ms);
 }
 
@@ -63,9 +65,9 @@ std::string report_line(const EpochMetrics& m, const TrainOptions& o, int64_t st
       m.epoch, o.epochs, m.train_loss, m.test_acc, m.samples_per_s, m.step_ms, m.time_s,
       mode == "single"
           ? ""
-          : fmt::format(" (ms: forward {:.3f} backward {:.3f} comm exposed {:.3f} of "
-                        "{:.3f} optimizer {:.3f})",
-                        m.forward_ms, m.backward_ms, m.comm_exposed_ms, m.comm_ms, m.optimizer_ms));
+          : fmt::format(" (ms: forward {:.3f} backward {:.3f} comm {:.3f} (step waited {:.3f}) "
+                        "optimizer {:.3f})",
+                        m.forward_ms, m.backward_ms, m.comm_ms, m.comm_exposed_ms, m.optimizer_ms));
 }
 
 }  // namespace ddp::train

@@ -5,6 +5,7 @@
 #include "runtime/device.h"
 #include "runtime/error.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -322,8 +323,10 @@ void validate(const TrainOptions& o) {
   DDP_CHECK(!o.nesterov || (o.optimizer == "sgd" && o.momentum > 0),
             "--nesterov needs --optimizer sgd with --momentum > 0");
   DDP_CHECK(o.synthetic_size >= 10, "--synthetic-size {}: must be at least 10", o.synthetic_size);
-  DDP_CHECK(o.log_every >= 0 && o.max_steps >= 0 && o.warmup_steps >= 0,
-            "--log-every, --max-steps and --warmup-steps must be >= 0");
+  DDP_CHECK(o.log_every >= 0, "--log-every {}: must be >= 0 (0: a progress bar)", o.log_every);
+  DDP_CHECK(o.max_steps >= 0, "--max-steps {}: must be >= 0 (0: every step of the epochs)",
+            o.max_steps);
+  DDP_CHECK(o.warmup_steps >= 0, "--warmup-steps {}: must be >= 0", o.warmup_steps);
   DDP_CHECK(o.bucket_cap_mb > 0, "--bucket-cap-mb {}: must be positive (MiB, e.g. 25)",
             o.bucket_cap_mb);
   DDP_CHECK(o.clip_grad_norm >= 0, "--clip-grad-norm {}: must be >= 0 (0: off)", o.clip_grad_norm);
@@ -384,6 +387,40 @@ void validate(const TrainOptions& o) {
             "--mode dp needs --devices, e.g. --devices cpu,cpu or --devices cuda:0,cuda:1");
 }
 
+// Levenshtein distance, for "did you mean".
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// "unknown option '--epoch'; did you mean --epochs?": the nearest flag within two
+// edits (or the one the text starts, for an abbreviation), else nothing to suggest.
+std::string unknown_option(const std::string& arg) {
+  std::vector<std::string> flags = {"--help", "--quiet", "--nesterov", "--save-sharded"};
+  for (const auto& [flag, setter] : setters()) flags.push_back(flag);
+  std::string best;
+  size_t best_distance = 3;
+  for (const std::string& flag : flags) {
+    const size_t d = edit_distance(arg, flag);
+    if (d < best_distance || (best.empty() && arg.size() > 3 && flag.starts_with(arg))) {
+      best = flag;
+      best_distance = std::min(d, best_distance);
+    }
+  }
+  return fmt::format("unknown option '{}'{}", arg,
+                     best.empty() ? "" : fmt::format("; did you mean {}?", best));
+}
+
 }  // namespace
 
 std::optional<TrainOptions> parse_train_args(int argc, const char* const* argv) {
@@ -404,7 +441,7 @@ std::optional<TrainOptions> parse_train_args(int argc, const char* const* argv) 
       continue;
     }
     auto it = setters().find(arg);
-    DDP_CHECK(it != setters().end(), "unknown option '{}'", arg);
+    if (it == setters().end()) throw ValueError(unknown_option(arg));
     if (!has_value) {
       DDP_CHECK(i + 1 < argc, "{} needs a value", arg);
       value = argv[++i];

@@ -2,6 +2,7 @@
 // and the program lookup. The processes themselves: tests/e2e/ddprun_*.sh.
 #include "launcher/node_address.h"
 #include "launcher/options.h"
+#include "launcher/output.h"
 #include "launcher/program_path.h"
 #include "launcher/rank_env.h"
 #include "runtime/error.h"
@@ -353,6 +354,32 @@ TEST_F(DdprunProgramLookup, NextToDdprunThenPath) {
   EXPECT_EQ(missing.exit_code, 127);
   EXPECT_NE(missing.error.find("not found"), std::string::npos);
   EXPECT_EQ(find_program("data", self, path).exit_code, 127);  // not executable: skipped on PATH
+}
+
+// torchrun runs a .py with Python; so does ddprun (python3 -u SCRIPT, from PATH).
+TEST_F(DdprunProgramLookup, PythonScriptsRunUnderPython3) {
+  make_file(dir_ / "path" / "python3", 0755);
+  make_file(dir_ / "train.py", 0644);  // a script need not be executable
+  const std::string script = (dir_ / "train.py").string();
+  const auto lookup = find_program(script, "", (dir_ / "path").string());
+  EXPECT_EQ(lookup.path, (dir_ / "path" / "python3").string());
+  EXPECT_EQ(lookup.interpreter_args, (std::vector<std::string>{"-u", script}));
+  const auto no_python = find_program(script, "", "/nonexistent");
+  EXPECT_EQ(no_python.exit_code, 127);
+  EXPECT_NE(no_python.error.find("python3 is not on PATH"), std::string::npos) << no_python.error;
+  EXPECT_TRUE(find_program("nosuch.py", "", (dir_ / "path").string()).path.empty());
+  EXPECT_NE(find_program("nosuch", "", "").error.find("cmake --build build --target nosuch"),
+            std::string::npos);
+}
+
+// The line ddprun's failure summary quotes first (launcher/output.h).
+TEST(DdprunSummary, ErrorLinesAreRecognized) {
+  EXPECT_TRUE(reads_as_error("train: error: device cuda:3 is not available"));
+  EXPECT_TRUE(reads_as_error("terminate called after ... what():  boom"));
+  EXPECT_TRUE(reads_as_error("Traceback (most recent call last):"));
+  EXPECT_TRUE(reads_as_error("RuntimeError: CUDA out of memory"));
+  EXPECT_FALSE(reads_as_error("usage: train [options]"));
+  EXPECT_FALSE(reads_as_error("  --epochs N   epochs to train"));
 }
 
 TEST_F(DdprunProgramLookup, PathsAreTakenAsIs) {
