@@ -17,7 +17,7 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 fail() { echo "train_autocast.sh: FAIL: $*" >&2; exit 1; }
 export DDP_TEST_CPU_AUTOCAST=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-mlp=(--model mlp --data synthetic --synthetic-size 6400 --epochs 1 --max-steps 60
+mlp=(--model mlp --data synthetic --synthetic-size 3200 --epochs 1 --max-steps 30
   --lr-schedule constant --seed 5 --device cpu)
 
 run() { # NAME CMD...: runs CMD into NAME.log, failing the test when it fails
@@ -60,7 +60,7 @@ check zero2_shm_w2 "ddp over 2 ranks \(shm backend" env DDP_BACKEND=shm "$ddprun
 check dp_2devices "dp over 2 replicas" env DDP_VIRTUAL_CPU_DEVICES=2 "$train" "${mlp[@]}" \
   --batch-size 64 --precision bf16 --mode dp --devices cpu:0,cpu:1
 
-gpt=(--model gpt-tiny --data synthetic --epochs 1 --max-steps 40 --seed 3 --device cpu)
+gpt=(--model gpt-tiny --data synthetic --epochs 1 --max-steps 20 --seed 3 --device cpu)
 run gpt_fp32 "$train" "${gpt[@]}" --metrics "$dir/gpt_fp32.json"
 run gpt_bf16 "$train" "${gpt[@]}" --precision bf16 --metrics "$dir/gpt_bf16.json"
 close "$(last_loss "$dir/gpt_fp32.json")" "$(last_loss "$dir/gpt_bf16.json")" 0.02 \
