@@ -47,39 +47,13 @@ Tensor unrows(const Tensor& x, int64_t b, int64_t t) {
   return F::reshape(x, {b, t, x.size(1)});
 }
 
-class Embedding : public nn::Cloneable<Embedding> {
- public:
-  Embedding(int64_t rows, int64_t dim) {
-    weight = register_parameter("weight", empty({rows, dim}));
-  }
-  Tensor forward(const Tensor& indices) override { return F::embedding(weight, indices); }
-  std::string name() const override { return "Embedding"; }
-  std::string extra_repr() const override {
-    return fmt::format("{}, {}", weight.size(0), weight.size(1));
-  }
-  Tensor weight;
-
- protected:
-  void rebind_members() override { weight = own_parameter("weight"); }
-};
-
-class LayerNorm : public nn::Cloneable<LayerNorm> {
- public:
-  explicit LayerNorm(int64_t dim) {
-    weight = register_parameter("weight", ones({dim}));
-    bias = register_parameter("bias", zeros({dim}));
-  }
-  Tensor forward(const Tensor& x) override { return F::layer_norm(x, weight, bias); }
-  std::string name() const override { return "LayerNorm"; }
-  std::string extra_repr() const override { return fmt::format("({},)", weight.size(0)); }
-  Tensor weight, bias;
-
- protected:
-  void rebind_members() override {
-    weight = own_parameter("weight");
-    bias = own_parameter("bias");
-  }
-};
+// The library's Embedding draws N(0, 1) from `scratch` at construction, and LayerNorm
+// starts at 1 and 0; Gpt's constructor then sets every parameter to GPT-2's init, so
+// the model's Generator only feeds GPT-2's draws (as for linear() below).
+std::shared_ptr<nn::Embedding> embedding(int64_t rows, int64_t dim) {
+  Generator scratch;
+  return std::make_shared<nn::Embedding>(rows, dim, scratch);
+}
 
 // nn::Linear draws PyTorch's default init from `scratch`; Gpt's constructor then
 // overwrites every weight with GPT-2's, so the model's Generator only feeds GPT-2's draws.
@@ -129,9 +103,9 @@ class Mlp : public nn::Cloneable<Mlp> {
 class Block : public nn::Cloneable<Block> {
  public:
   Block(const GptConfig& c, Generator& gen, uint64_t index) {
-    register_module("ln_1", std::make_shared<LayerNorm>(c.d_model));
+    register_module("ln_1", std::make_shared<nn::LayerNorm>(c.d_model));
     register_module("attn", std::make_shared<SelfAttention>(c, dropout_seed(gen, 2 * index + 1)));
-    register_module("ln_2", std::make_shared<LayerNorm>(c.d_model));
+    register_module("ln_2", std::make_shared<nn::LayerNorm>(c.d_model));
     register_module("mlp", std::make_shared<Mlp>(c, dropout_seed(gen, 2 * index + 2)));
   }
   Tensor forward(const Tensor& x) override {
@@ -147,15 +121,15 @@ class Block : public nn::Cloneable<Block> {
 class Transformer : public nn::Cloneable<Transformer> {
  public:
   Transformer(const GptConfig& c, Generator& gen) {
-    register_module("wte", std::make_shared<Embedding>(c.vocab, c.d_model));
-    register_module("wpe", std::make_shared<Embedding>(c.context, c.d_model));
+    register_module("wte", embedding(c.vocab, c.d_model));
+    register_module("wpe", embedding(c.context, c.d_model));
     register_module(
         "drop", std::make_shared<nn::Dropout>(static_cast<float>(c.dropout), dropout_seed(gen, 0)));
     auto h = std::make_shared<nn::Sequential>();
     for (int64_t i = 0; i < c.layers; ++i)
       h->add(std::make_shared<Block>(c, gen, static_cast<uint64_t>(i)));
     register_module("h", h);
-    register_module("ln_f", std::make_shared<LayerNorm>(c.d_model));
+    register_module("ln_f", std::make_shared<nn::LayerNorm>(c.d_model));
   }
   Tensor forward(const Tensor& tokens) override {
     const Tensor& pos = positions(tokens.size(0), tokens.size(1), tokens.device());
@@ -180,7 +154,7 @@ class Transformer : public nn::Cloneable<Transformer> {
   Tensor positions_;
 
  public:
-  Tensor token_embedding() const { return typed<Embedding>(own_child("wte"))->weight; }
+  Tensor token_embedding() const { return typed<nn::Embedding>(own_child("wte"))->weight; }
 };
 
 // GPT-2's init (models/gpt.h) over named_parameters(), which is gpt_tensors() order.

@@ -349,6 +349,65 @@ Tensor softmax(const Tensor& x_in) {
   });
 }
 
+namespace {
+Tensor unary_fn(kernels::UnaryOp op, const char* name, const Tensor& x) {
+  return recorded(ddp::unary(op, x), name, {&x}, [x, op](const Tensor& g) {
+    return std::vector<Tensor>{ddp::unary_backward(op, g, x)};
+  });
+}
+
+void check_loss_shapes(const char* op, const Tensor& input, const Tensor& target) {
+  check_same_device({&input, &target});
+  DDP_CHECK(input.shape() == target.shape(),
+            "{}: input {} and target {} must have one shape (reshape the target, e.g. [N] to "
+            "[N, 1])",
+            op, shape_str(input.shape()), shape_str(target.shape()));
+  DDP_CHECK(input.numel() > 0, "{}: the mean over an empty input {} is undefined", op,
+            shape_str(input.shape()));
+}
+}  // namespace
+
+Tensor tanh(const Tensor& x) {
+  return unary_fn(kernels::UnaryOp::tanh, "TanhBackward", x);
+}
+Tensor sigmoid(const Tensor& x) {
+  return unary_fn(kernels::UnaryOp::sigmoid, "SigmoidBackward", x);
+}
+Tensor silu(const Tensor& x) {
+  return unary_fn(kernels::UnaryOp::silu, "SiluBackward", x);
+}
+Tensor abs(const Tensor& x) {
+  return unary_fn(kernels::UnaryOp::abs, "AbsBackward", x);
+}
+
+// The losses compute in f32 (Note [autocast]: torch.autocast lists them as f32 ops).
+Tensor mse_loss(const Tensor& input, const Tensor& target) {
+  check_loss_shapes("mse_loss", input, target);
+  const Tensor d = functional::sub(in_f32(input), in_f32(target));
+  return functional::mean(functional::mul(d, d));
+}
+
+Tensor l1_loss(const Tensor& input, const Tensor& target) {
+  check_loss_shapes("l1_loss", input, target);
+  return functional::mean(functional::abs(functional::sub(in_f32(input), in_f32(target))));
+}
+
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targets) {
+  check_loss_shapes("binary_cross_entropy_with_logits", logits, targets);
+  const Tensor x = in_f32(logits), y = in_f32(targets);
+  const float inv_n = 1.0f / static_cast<float>(x.numel());
+  const Tensor loss = ddp::scale(ddp::sum(ddp::bce_with_logits(x, y)), inv_n);
+  // d/dx = (sigmoid(x) - y) / N, d/dy = -x / N, times the upstream scalar (on the device).
+  return recorded(loss, "BinaryCrossEntropyWithLogitsBackward", {&x, &y},
+                  [x, y, inv_n, y_needs = requires_grad(y)](const Tensor& g) {
+                    const Tensor gn = ddp::expand_scalar(ddp::scale(g, inv_n), x.shape());
+                    std::vector<Tensor> grads(2);
+                    grads[0] = ddp::mul(gn, ddp::bce_with_logits_grad(x, y));
+                    if (y_needs) grads[1] = ddp::mul(gn, ddp::scale(x, -1.0f));
+                    return grads;
+                  });
+}
+
 Tensor log_softmax(const Tensor& x_in) {
   const Tensor x = in_f32(x_in);
   Tensor y = ddp::log_softmax(x);

@@ -30,6 +30,18 @@ Tensor relu(const Tensor& x);
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // Mean softmax cross-entropy of logits [N, C] against i64 labels [N].
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels);
+// Activations, elementwise in the input's dtype (torch.tanh, torch.sigmoid, F.silu, abs).
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor silu(const Tensor& x);
+Tensor abs(const Tensor& x);
+// Losses, the mean over every element (torch's reduction='mean'), computed in f32; input
+// and target of one shape (targets of any float dtype, e.g. [N, k] for k outputs).
+Tensor mse_loss(const Tensor& input, const Tensor& target);
+Tensor l1_loss(const Tensor& input, const Tensor& target);
+// max(x, 0) - x y + log(1 + exp(-|x|)) per element, as
+// torch.nn.functional.binary_cross_entropy_with_logits (targets in [0, 1]).
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targets);
 
 struct Conv2dOptions {
   int64_t stride = 1;

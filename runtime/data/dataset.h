@@ -15,7 +15,9 @@ namespace ddp {
 
 struct Dataset {
   Tensor inputs;  // f32 [N, C, H, W] or [N, D], on the CPU
-  Tensor labels;  // i64 [N], each in [0, num_classes)
+  // i64 class ids [N] in [0, num_classes) for classification, or targets of any
+  // shape [N, ...] and dtype (f32 [N, k] for a k-output regression; num_classes 0).
+  Tensor labels;
   int64_t num_classes = 0;
   std::string name;  // "fashion-mnist/train", "synthetic/test", ...
 

@@ -18,9 +18,10 @@ DataLoader::DataLoader(const Dataset& dataset, LoaderOptions options, Distribute
   DDP_CHECK(dataset.inputs.device().is_cpu() && dataset.labels.device().is_cpu(),
             "DataLoader: dataset '{}' must be on the cpu (batches move to {}), found inputs on {}",
             dataset.name, options.device.str(), dataset.inputs.device().str());
-  DDP_CHECK(dataset.inputs.dim() >= 1 && dataset.labels.dim() == 1 &&
+  DDP_CHECK(dataset.inputs.dim() >= 1 && dataset.labels.dim() >= 1 &&
                 dataset.inputs.size(0) == dataset.labels.size(0),
-            "DataLoader: dataset '{}' has inputs {} and labels {}; expected [N, ...] and [N]",
+            "DataLoader: dataset '{}' has inputs {} and labels {}; expected [N, ...] and [N, ...] "
+            "with the same N (one row of each per sample)",
             dataset.name, shape_str(dataset.inputs.shape()), shape_str(dataset.labels.shape()));
   DDP_CHECK(sampler.dataset_size() == dataset.size(),
             "DataLoader: the sampler was built for {} samples, dataset '{}' has {}",

@@ -37,7 +37,7 @@ struct LoaderOptions {
 
 struct Batch {
   Tensor inputs;  // [B, ...] as dataset.inputs, on options.device
-  Tensor labels;  // [B], on options.device
+  Tensor labels;  // [B, ...] as dataset.labels, on options.device
 };
 
 class DataLoader {

@@ -41,6 +41,43 @@ std::string Linear::extra_repr() const {
                      bias.defined() ? "True" : "False");
 }
 
+LayerNorm::LayerNorm(int64_t dim, float eps) : eps_(eps) {
+  DDP_CHECK(dim > 0, "LayerNorm: dim {} must be positive", dim);
+  DDP_CHECK(eps > 0, "LayerNorm: eps {} must be positive", eps);
+  weight = register_parameter("weight", ones({dim}));
+  bias = register_parameter("bias", zeros({dim}));
+}
+
+Tensor LayerNorm::forward(const Tensor& x) {
+  return functional::layer_norm(x, weight, bias, eps_);
+}
+
+void LayerNorm::rebind_members() {
+  weight = own_parameter("weight");
+  bias = own_parameter("bias");
+}
+
+std::string LayerNorm::extra_repr() const {
+  return fmt::format("({},), eps={}", weight.size(0), eps_);
+}
+
+Embedding::Embedding(int64_t rows, int64_t dim, Generator& gen) {
+  DDP_CHECK(rows > 0 && dim > 0, "Embedding: rows {} and dim {} must be positive", rows, dim);
+  weight = register_parameter("weight", randn({rows, dim}, gen.seed(), {}, gen.take(rows * dim)));
+}
+
+Tensor Embedding::forward(const Tensor& indices) {
+  return functional::embedding(weight, indices);
+}
+
+void Embedding::rebind_members() {
+  weight = own_parameter("weight");
+}
+
+std::string Embedding::extra_repr() const {
+  return fmt::format("{}, {}", weight.size(0), weight.size(1));
+}
+
 Conv2d::Conv2d(int64_t in, int64_t out, int64_t k, Generator& gen,
                functional::Conv2dOptions options, bool with_bias)
     : options_(options) {

@@ -1,4 +1,4 @@
-// Layers of the model zoo, initialised as PyTorch initialises them by default:
+// Layers and losses, initialised as PyTorch initialises them by default:
 // weights kaiming-uniform with a = sqrt(5), i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
 // biases U(-1/sqrt(fan_in), 1/sqrt(fan_in)), drawn from a Generator (Philox), so a
 // seed gives the same model on every device.
@@ -41,6 +41,54 @@ class ReLU : public Cloneable<ReLU> {
  public:
   Tensor forward(const Tensor& x) override { return functional::relu(x); }
   std::string name() const override { return "ReLU"; }
+};
+
+class Tanh : public Cloneable<Tanh> {
+ public:
+  Tensor forward(const Tensor& x) override { return functional::tanh(x); }
+  std::string name() const override { return "Tanh"; }
+};
+
+class Sigmoid : public Cloneable<Sigmoid> {
+ public:
+  Tensor forward(const Tensor& x) override { return functional::sigmoid(x); }
+  std::string name() const override { return "Sigmoid"; }
+};
+
+class SiLU : public Cloneable<SiLU> {
+ public:
+  Tensor forward(const Tensor& x) override { return functional::silu(x); }
+  std::string name() const override { return "SiLU"; }
+};
+
+// torch.nn.LayerNorm(dim): over the last dim, weight 1 and bias 0, eps 1e-5.
+class LayerNorm : public Cloneable<LayerNorm> {
+ public:
+  explicit LayerNorm(int64_t dim, float eps = 1e-5f);
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override { return "LayerNorm"; }
+  std::string extra_repr() const override;
+  Tensor weight, bias;  // [dim], [dim]
+
+ protected:
+  void rebind_members() override;
+
+ private:
+  float eps_;
+};
+
+// torch.nn.Embedding(rows, dim): a table [rows, dim] drawn N(0, 1) from gen (torch's
+// default), indexed by i64 ids of any shape -> ids.shape + [dim].
+class Embedding : public Cloneable<Embedding> {
+ public:
+  Embedding(int64_t rows, int64_t dim, Generator& gen);
+  Tensor forward(const Tensor& indices) override;
+  std::string name() const override { return "Embedding"; }
+  std::string extra_repr() const override;
+  Tensor weight;  // [rows, dim]
+
+ protected:
+  void rebind_members() override;
 };
 
 class Flatten : public Cloneable<Flatten> {
@@ -93,6 +141,27 @@ class CrossEntropyLoss {
  public:
   Tensor operator()(const Tensor& logits, const Tensor& labels) const {
     return functional::cross_entropy(logits, labels);
+  }
+};
+
+// Mean squared error, mean absolute error and binary cross-entropy on logits over
+// every element (reduction='mean'); input and target of one shape.
+class MSELoss {
+ public:
+  Tensor operator()(const Tensor& input, const Tensor& target) const {
+    return functional::mse_loss(input, target);
+  }
+};
+class L1Loss {
+ public:
+  Tensor operator()(const Tensor& input, const Tensor& target) const {
+    return functional::l1_loss(input, target);
+  }
+};
+class BCEWithLogitsLoss {
+ public:
+  Tensor operator()(const Tensor& logits, const Tensor& targets) const {
+    return functional::binary_cross_entropy_with_logits(logits, targets);
   }
 };
 

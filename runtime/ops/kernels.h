@@ -9,7 +9,13 @@
 
 namespace ddp::kernels {
 
-enum class BinaryOp { add, sub, mul };
+// bce_logits: the elementwise binary cross-entropy of logit a and target b,
+// max(a, 0) - a b + log(1 + exp(-|a|)); bce_logits_grad its derivative in a,
+// sigmoid(a) - b (math::bce_logits_* in ops/mixed_math.h).
+enum class BinaryOp { add, sub, mul, bce_logits, bce_logits_grad };
+// Activations with their derivative from the input (math::unary_value /
+// unary_derivative in ops/mixed_math.h); abs' is sign(x), 0 at 0 as torch's.
+enum class UnaryOp { tanh, sigmoid, silu, abs };
 
 struct Conv2dGeometry {
   int64_t n = 0, c = 0, h = 0, w = 0;  // input [N, C, H, W]

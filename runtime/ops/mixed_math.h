@@ -42,6 +42,54 @@ DDP_MIXED_HD SoftmaxStats softmax_stats_merge(SoftmaxStats a, SoftmaxStats b) {
   return {b.max, b.sum + a.sum * expf(a.max - b.max)};
 }
 
+// Logistic sigmoid, stable for large |x| (never exp of a large positive number).
+DDP_MIXED_HD float sigmoid(float x) {
+  if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
+  const float e = expf(x);
+  return e / (1.0f + e);
+}
+
+// torch.nn.functional.binary_cross_entropy_with_logits per element (its stable form).
+DDP_MIXED_HD float bce_logits_value(float logit, float target) {
+  return fmaxf(logit, 0.0f) - logit * target + log1pf(expf(-fabsf(logit)));
+}
+DDP_MIXED_HD float bce_logits_grad(float logit, float target) {
+  return sigmoid(logit) - target;
+}
+
+// The activations of kernels::UnaryOp (op as its int value: tanh 0, sigmoid 1, silu
+// 2, abs 3) and their derivatives in x.
+DDP_MIXED_HD float unary_value(int op, float x) {
+  switch (op) {
+    case 0:
+      return tanhf(x);
+    case 1:
+      return sigmoid(x);
+    case 2:
+      return x * sigmoid(x);
+    default:
+      return fabsf(x);
+  }
+}
+DDP_MIXED_HD float unary_derivative(int op, float x) {
+  switch (op) {
+    case 0: {
+      const float t = tanhf(x);
+      return 1.0f - t * t;
+    }
+    case 1: {
+      const float s = sigmoid(x);
+      return s * (1.0f - s);
+    }
+    case 2: {
+      const float s = sigmoid(x);
+      return s * (1.0f + x * (1.0f - s));
+    }
+    default:
+      return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f);
+  }
+}
+
 // One element of torch.optim.AdamW's update (kernels::AdamWStep): decay = 1 - lr wd,
 // step_size = lr / (1 - b1^t), bc2_sqrt = sqrt(1 - b2^t), c1 = 1 - b1, c2 = 1 - b2.
 // The per-tensor and the multi-tensor CUDA kernels both run this function, so they

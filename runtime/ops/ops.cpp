@@ -264,6 +264,38 @@ Tensor relu_backward(const Tensor& grad, const Tensor& x) {
   return out;
 }
 
+Tensor unary(kernels::UnaryOp op, const Tensor& x) {
+  check_float("unary", x);
+  if (widen_on_cpu({&x})) return narrowed(unary(op, widened(x)), x.dtype());
+  Tensor out = like(x);
+  if (out.numel() > 0) DDP_DISPATCH(x.device(), unary, op, x, out);
+  return out;
+}
+
+Tensor unary_backward(kernels::UnaryOp op, const Tensor& grad, const Tensor& x) {
+  check_same_device({&grad, &x});
+  check_same_shape("unary_backward", grad, x);
+  check_float("unary_backward", x);
+  DDP_CHECK(grad.dtype() == x.dtype(), "unary_backward: grad {} and input {} must share a dtype",
+            dtype_name(grad.dtype()), dtype_name(x.dtype()));
+  if (widen_on_cpu({&x})) {
+    return narrowed(unary_backward(op, widened(grad), widened(x)), x.dtype());
+  }
+  Tensor out = like(x);
+  if (out.numel() > 0) DDP_DISPATCH(x.device(), unary_backward, op, grad, x, out);
+  return out;
+}
+
+Tensor bce_with_logits(const Tensor& logits, const Tensor& targets) {
+  return binary_op("binary_cross_entropy_with_logits", kernels::BinaryOp::bce_logits, logits,
+                   targets);
+}
+
+Tensor bce_with_logits_grad(const Tensor& logits, const Tensor& targets) {
+  return binary_op("binary_cross_entropy_with_logits_backward", kernels::BinaryOp::bce_logits_grad,
+                   logits, targets);
+}
+
 Tensor sum(const Tensor& x) {
   check_float("sum", x);
   if (widen_on_cpu({&x})) return sum(widened(x));

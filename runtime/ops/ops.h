@@ -9,6 +9,7 @@
 // current stream and do not synchronize.
 #pragma once
 
+#include "runtime/ops/kernels.h"
 #include "runtime/tensor.h"
 
 #include <initializer_list>
@@ -56,6 +57,15 @@ Tensor add_bias_rows(const Tensor& x, const Tensor& bias);
 Tensor relu(const Tensor& x);
 // grad * (x > 0)
 Tensor relu_backward(const Tensor& grad, const Tensor& x);
+// tanh, sigmoid, SiLU (x sigmoid(x)) or |x| of each element (f32, bf16, f16; out like x),
+// and grad * op'(x) (grad like x; abs' is sign(x), 0 at 0, as torch).
+Tensor unary(kernels::UnaryOp op, const Tensor& x);
+Tensor unary_backward(kernels::UnaryOp op, const Tensor& grad, const Tensor& x);
+// Per element, logits and targets of one shape (float dtypes, promoted as add):
+// binary cross-entropy with logits, max(x, 0) - x y + log(1 + exp(-|x|)), and its
+// derivative in the logit, sigmoid(x) - y.
+Tensor bce_with_logits(const Tensor& logits, const Tensor& targets);
+Tensor bce_with_logits_grad(const Tensor& logits, const Tensor& targets);
 
 // Sums are f32 for every float input (autocast's rule for sum); accumulated in double.
 Tensor sum(const Tensor& x);  // scalar (shape [])

@@ -67,6 +67,17 @@ TEST(MixedPrecisionGpu, ElementwiseKernelsRoundOnceAsTheCpu) {
   expect_close(scale(ga, -0.7f), scale(a, -0.7f), r, 0, "scale");
   expect_close(relu(ga), relu(a), 0, 0, "relu");
   expect_close(relu_backward(gb, ga), relu_backward(b, a), 0, 0, "relu_backward");
+  for (const auto op : {kernels::UnaryOp::tanh, kernels::UnaryOp::sigmoid, kernels::UnaryOp::silu,
+                        kernels::UnaryOp::abs}) {
+    const std::string name = "unary " + std::to_string(static_cast<int>(op));
+    expect_close(unary(op, ga), unary(op, a), r, 1e-6, name);
+    expect_close(unary(op, gc), unary(op, c), 1e-6, 1e-7, name + " (f32)");
+    expect_close(unary_backward(op, gb, ga), unary_backward(op, b, a), r, 1e-6, name + "'");
+  }
+  expect_close(bce_with_logits(gc, cast(gb, DType::f32)), bce_with_logits(c, cast(b, DType::f32)),
+               1e-6, 1e-7, "bce with logits");
+  expect_close(bce_with_logits_grad(gc, cast(gb, DType::f32)),
+               bce_with_logits_grad(c, cast(b, DType::f32)), 1e-6, 1e-7, "its gradient");
   expect_close(gelu(ga), gelu(a), r, 1e-6, "gelu");
   expect_close(gelu_backward(gb, ga), gelu_backward(b, a), r, 1e-6, "gelu_backward");
   const Tensor rows = a.reshape({1000, 37}), grows = ga.reshape({1000, 37});

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <set>
+#include <string>
 
 namespace ddp {
 namespace {
@@ -62,6 +63,43 @@ TEST(Loader, BatchesCoverTheEpochWithAShortLastBatch) {
   EXPECT_EQ(all, DistributedSampler(10, 0, 1, {.seed = 1}).indices()) << "in the sampler's order";
   std::sort(all.begin(), all.end());
   EXPECT_EQ(all, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+}
+
+// Regression targets: labels of any shape and dtype travel with their samples' rows.
+TEST(Loader, MultiOutputTargetsTravelWithTheirRows) {
+  const int64_t n = 9;
+  std::vector<float> x(static_cast<size_t>(n * 2)), y(static_cast<size_t>(n * 3));
+  for (int64_t i = 0; i < n; ++i) {
+    x[static_cast<size_t>(2 * i)] = x[static_cast<size_t>(2 * i + 1)] = static_cast<float>(i);
+    for (int64_t j = 0; j < 3; ++j)
+      y[static_cast<size_t>(3 * i + j)] = static_cast<float>(10 * i + j);
+  }
+  const Dataset ds{from_vector(x, {n, 2}), from_vector(y, {n, 3}), 0, "regression"};
+  DataLoader loader(ds, {.batch_size = 4}, DistributedSampler(n, 0, 1, {.seed = 3}));
+  loader.start_epoch(0);
+  int64_t seen = 0;
+  for (Batch b; loader.next(b);) {
+    ASSERT_EQ(b.labels.dim(), 2);
+    ASSERT_EQ(b.labels.size(1), 3);
+    const auto in = b.inputs.to_vector<float>(), out = b.labels.to_vector<float>();
+    for (int64_t r = 0; r < b.inputs.size(0); ++r, ++seen) {
+      const float id = in[static_cast<size_t>(2 * r)];
+      for (int64_t j = 0; j < 3; ++j) {
+        EXPECT_EQ(out[static_cast<size_t>(3 * r + j)], 10 * id + static_cast<float>(j));
+      }
+    }
+  }
+  EXPECT_EQ(seen, n);
+  const Dataset bad{from_vector(x, {n, 2}), zeros({n - 1, 3}), 0, "short"};
+  try {
+    DataLoader l(bad, {.batch_size = 4}, DistributedSampler(n, 0, 1, {}));
+    FAIL() << "no error";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("labels [8, 3]; expected [N, ...] and [N, ...] with the "
+                                         "same N"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Loader, DropLastDropsTheShortBatch) {

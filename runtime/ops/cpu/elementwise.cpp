@@ -1,6 +1,7 @@
 // CPU elementwise kernels: plain loops the compiler vectorizes.
 #include "runtime/ops/cpu/clones.h"
 #include "runtime/ops/kernels.h"
+#include "runtime/ops/mixed_math.h"
 
 #include <algorithm>
 
@@ -22,7 +23,28 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
     case BinaryOp::mul:
       for (int64_t i = 0; i < n; ++i) z[i] = x[i] * y[i];
       break;
+    case BinaryOp::bce_logits:
+      for (int64_t i = 0; i < n; ++i) z[i] = math::bce_logits_value(x[i], y[i]);
+      break;
+    case BinaryOp::bce_logits_grad:
+      for (int64_t i = 0; i < n; ++i) z[i] = math::bce_logits_grad(x[i], y[i]);
+      break;
   }
+}
+
+void unary(UnaryOp op, const Tensor& x, Tensor& out) {
+  const float* p = x.data<float>();
+  float* z = out.data<float>();
+  const int k = static_cast<int>(op);
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) z[i] = math::unary_value(k, p[i]);
+}
+
+void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, Tensor& out) {
+  const float* g = grad.data<float>();
+  const float* p = x.data<float>();
+  float* z = out.data<float>();
+  const int k = static_cast<int>(op);
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) z[i] = g[i] * math::unary_derivative(k, p[i]);
 }
 
 DDP_CPU_CLONES

@@ -27,6 +27,12 @@ void axpy(float, const Tensor&, Tensor&) {
 void add_bias_rows(const Tensor&, const Tensor&, Tensor&) {
   DDP_NO_CUDA_KERNEL("add_bias_rows");
 }
+void unary(UnaryOp, const Tensor&, Tensor&) {
+  DDP_NO_CUDA_KERNEL("unary");
+}
+void unary_backward(UnaryOp, const Tensor&, const Tensor&, Tensor&) {
+  DDP_NO_CUDA_KERNEL("unary_backward");
+}
 void relu(const Tensor&, Tensor&) {
   DDP_NO_CUDA_KERNEL("relu");
 }

@@ -5,6 +5,7 @@
 
 #include "runtime/ops/cuda/float_types.cuh"
 #include "runtime/ops/kernels.h"
+#include "runtime/ops/mixed_math.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -34,8 +35,12 @@ struct BinaryFn {
       out[i] = from_float<Out>(x + y);
     } else if constexpr (Op == BinaryOp::sub) {
       out[i] = from_float<Out>(x - y);
-    } else {
+    } else if constexpr (Op == BinaryOp::mul) {
       out[i] = from_float<Out>(x * y);
+    } else if constexpr (Op == BinaryOp::bce_logits) {
+      out[i] = from_float<Out>(math::bce_logits_value(x, y));
+    } else {
+      out[i] = from_float<Out>(math::bce_logits_grad(x, y));
     }
   }
 };
@@ -56,6 +61,27 @@ void launch_binary(const Tensor& a, const Tensor& b, Tensor& out) {
     });
   });
 }
+
+template <typename T>
+struct UnaryFn {
+  const T* x;
+  T* out;
+  int op;
+  __device__ void operator()(int64_t i) const {
+    out[i] = from_float<T>(math::unary_value(op, to_float(x[i])));
+  }
+};
+
+template <typename T>
+struct UnaryBackwardFn {
+  const T* grad;
+  const T* x;
+  T* out;
+  int op;
+  __device__ void operator()(int64_t i) const {
+    out[i] = from_float<T>(to_float(grad[i]) * math::unary_derivative(op, to_float(x[i])));
+  }
+};
 
 template <typename T>
 struct ScaleFn {
@@ -197,6 +223,10 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
       return launch_binary<BinaryOp::sub>(a, b, out);
     case BinaryOp::mul:
       return launch_binary<BinaryOp::mul>(a, b, out);
+    case BinaryOp::bce_logits:
+      return launch_binary<BinaryOp::bce_logits>(a, b, out);
+    case BinaryOp::bce_logits_grad:
+      return launch_binary<BinaryOp::bce_logits_grad>(a, b, out);
   }
   DDP_ASSERT(false, "unknown BinaryOp {}", static_cast<int>(op));
 }
@@ -231,6 +261,23 @@ void add_bias_rows(const Tensor& x, const Tensor& bias, Tensor& out) {
         for_each_index(out, out.numel(), fn, "add_bias_rows");
       });
     });
+  });
+}
+
+void unary(UnaryOp op, const Tensor& x, Tensor& out) {
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const UnaryFn<T> fn{ptr<const T>(x), ptr<T>(out), static_cast<int>(op)};
+    for_each_index(out, out.numel(), fn, "unary");
+  });
+}
+
+void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, Tensor& out) {
+  dispatch_float(x.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const UnaryBackwardFn<T> fn{ptr<const T>(grad), ptr<const T>(x), ptr<T>(out),
+                                static_cast<int>(op)};
+    for_each_index(out, out.numel(), fn, "unary_backward");
   });
 }
 
