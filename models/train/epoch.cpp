@@ -294,6 +294,8 @@ EpochMetrics measure(Run& r, EpochState& e) {
   }
   e.eval_s += seconds_since(eval_start);
   m.test_acc = ev.accuracy;
+  m.regression = r.task->is_regression();
+  m.test_loss = m.regression ? ev.loss : 0.0;
   m.language = r.task->is_language_model();
   m.val_loss = ev.loss;
   m.val_bpb = ev.loss / std::log(2.0);

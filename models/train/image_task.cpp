@@ -1,10 +1,13 @@
 // The image-classification task: the zoo's mlp and cnn on Fashion-MNIST or the
-// synthetic set, evaluated by test accuracy.
+// synthetic set, evaluated by test accuracy; and on data files of one's own
+// (runtime/data/file_dataset.h), classification as those, or regression (MSE,
+// evaluated by the test set's mean squared error).
 #include "collectives/collective_events.h"
 #include "collectives/communicator.h"
 #include "models/gpt_config.h"
 #include "models/train/task.h"
 #include "runtime/autograd/functions.h"
+#include "runtime/data/file_dataset.h"
 #include "runtime/ops/ops.h"
 
 namespace ddp::train {
@@ -12,18 +15,26 @@ namespace {
 
 struct Data {
   Dataset train, test;
+  std::string test_source;  // data files: where the test set came from
 };
 
 Data load_data(const TrainOptions& o) {
   if (o.data == "synthetic") {
     SyntheticOptions s{.n = o.synthetic_size, .seed = 1234, .noise = 6.0f, .split = Split::train};
-    Data d{make_synthetic(s), {}};
+    Data d{make_synthetic(s), {}, ""};
     s.n = std::max<int64_t>(o.synthetic_size / 5, 10);
     s.split = Split::test;
     d.test = make_synthetic(s);
     return d;
   }
-  return {load_fashion_mnist(o.data, Split::train), load_fashion_mnist(o.data, Split::test)};
+  if (is_file_data(o.data)) {
+    auto files = load_file_data(o.data, {.input_columns = o.input_columns,
+                                         .target_columns = o.target_columns,
+                                         .kind = parse_target_kind(o.task),
+                                         .test_path = o.test_data});
+    return {std::move(files.train), std::move(files.test), files.test_source};
+  }
+  return {load_fashion_mnist(o.data, Split::train), load_fashion_mnist(o.data, Split::test), ""};
 }
 
 class ImageTask : public Task {
@@ -51,7 +62,8 @@ class ImageTask : public Task {
     config_.in_channels = in.size() == 4 ? in[1] : 1;
     config_.height = in.size() == 4 ? in[2] : in[1];
     config_.width = in.size() == 4 ? in[3] : 1;
-    config_.num_classes = data_.train.num_classes;
+    // A regression has one output per target column.
+    config_.num_classes = regression() ? data_.train.labels.size(1) : data_.train.num_classes;
     Generator gen(o.seed);
     model_ = models::make_model(config_, gen);
     model_->to(device);
@@ -60,9 +72,10 @@ class ImageTask : public Task {
   std::string model_spec() const override { return models::describe(config_); }
   std::shared_ptr<nn::Module> model() const override { return model_; }
   bool is_language_model() const override { return false; }
+  bool is_regression() const override { return regression(); }
   std::string data_summary() const override {
-    return fmt::format("{} ({} train / {} test)", data_.train.name, data_.train.size(),
-                       data_.test.size());
+    return fmt::format("{} ({} train / {} test{}{})", data_.train.name, data_.train.size(),
+                       data_.test.size(), data_.test_source.empty() ? "" : ": ", data_.test_source);
   }
 
   std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& o) const override {
@@ -85,6 +98,7 @@ class ImageTask : public Task {
   void start_epoch(int64_t epoch) override { loader_.start_epoch(epoch); }
   bool next(Batch& batch) override { return loader_.next(batch); }
   Tensor loss(const Tensor& output, const Batch& batch) const override {
+    if (regression()) return functional::mse_loss(output, batch.labels);
     return functional::cross_entropy(output, batch.labels);
   }
   int64_t tokens_per_sample() const override { return 1; }
@@ -94,6 +108,7 @@ class ImageTask : public Task {
     NoGradGuard no_grad;
     model.eval();
     test_loader_.start_epoch(0);
+    if (regression()) return evaluate_regression(model, comm);
     int64_t correct = 0, total = 0;
     Batch batch;
     while (test_loader_.next(batch)) {
@@ -118,6 +133,36 @@ class ImageTask : public Task {
   }
 
  private:
+  bool regression() const { return data_.train.num_classes == 0; }
+
+  // The mean squared error over every element of every rank's test shard.
+  Evaluation evaluate_regression(nn::Module& model, Communicator* comm) {
+    double squared = 0, count = 0;
+    Batch batch;
+    while (test_loader_.next(batch)) {
+      const auto predicted = model(batch.inputs).to(DType::f32).to_vector<float>();
+      const auto targets = batch.labels.to_vector<float>();
+      for (size_t i = 0; i < targets.size(); ++i) {
+        const double d = static_cast<double>(predicted[i]) - targets[i];
+        squared += d * d;
+      }
+      count += static_cast<double>(targets.size());
+    }
+    model.train();
+    if (comm != nullptr) {
+      Tensor sums = from_vector<float>({static_cast<float>(squared), static_cast<float>(count)},
+                                       {2}, {.dtype = DType::f32, .device = comm->device()});
+      const CollectiveLabel labelled("eval sums");
+      comm->all_reduce(sums)->wait();
+      const auto summed = sums.to_vector<float>();
+      squared = summed[0];
+      count = summed[1];
+    }
+    Evaluation e;
+    e.loss = count == 0 ? 0.0 : squared / count;
+    return e;
+  }
+
   Data data_;
   models::ModelConfig config_;
   DataLoader loader_, test_loader_;

@@ -53,6 +53,16 @@ int main(int argc, char** argv) {
           last.unigram_bits, best_loss, last.train_loss, token_rate, checkpoint);
       return 0;
     }
+    if (last.regression) {
+      double best_test_loss = last.test_loss;
+      for (const auto& m : result.epochs) best_test_loss = std::min(best_test_loss, m.test_loss);
+      std::cout << fmt::format(
+          "summary: {} epoch{} on {} in {:.1f} s; final test_loss {:.4f} (best {:.4f}); "
+          "train_loss {:.4f}; {:.0f} samples/s{}\n",
+          result.epochs.size(), result.epochs.size() == 1 ? "" : "s", result.device.str(),
+          result.total_s, last.test_loss, best_test_loss, last.train_loss, rate, checkpoint);
+      return 0;
+    }
     std::cout << fmt::format(
         "summary: {} epoch{} on {} in {:.1f} s; final test_acc {:.4f} (best {:.4f}); "
         "train_loss {:.4f}; {:.0f} samples/s{}\n",

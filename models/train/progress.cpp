@@ -60,9 +60,12 @@ std::string report_line(const EpochMetrics& m, const TrainOptions& o, int64_t st
         m.lr, m.tokens_per_s, m.step_ms, m.time_s, phases(m, mode));
   }
   return fmt::format(
-      "epoch {}/{}: train_loss {:.4f} test_acc {:.4f} {:.0f} samples/s {:.3f} ms/step "
+      "epoch {}/{}: train_loss {:.4f} {} {:.0f} samples/s {:.3f} ms/step "
       "{:.1f} s{}\n",
-      m.epoch, o.epochs, m.train_loss, m.test_acc, m.samples_per_s, m.step_ms, m.time_s,
+      m.epoch, o.epochs, m.train_loss,
+      m.regression ? fmt::format("test_loss {:.4f}", m.test_loss)
+                   : fmt::format("test_acc {:.4f}", m.test_acc),
+      m.samples_per_s, m.step_ms, m.time_s,
       mode == "single"
           ? ""
           : fmt::format(" (ms: forward {:.3f} backward {:.3f} comm {:.3f} (step waited {:.3f}) "

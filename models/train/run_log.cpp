@@ -124,14 +124,16 @@ MetricsLog::MetricsLog(const std::string& path, const std::optional<RunPosition>
 void MetricsLog::write(const EpochMetrics& m, int64_t step, int world_size,
                        const std::string& mode) {
   if (!file_.is_open()) return;
-  // Language models: their evaluation in place of test_acc (docs/train.md).
+  // Language models: their evaluation in place of test_acc (docs/train.md);
+  // regressions: test_loss.
   const std::string evaluation =
       m.language ? fmt::format(
                        "\"val_loss\": {:.6f}, \"val_bpb\": {:.6f}, \"tokens_per_s\": {:.1f}, "
                        "\"unigram_bits\": {:.4f}, \"bigram_bits\": {:.4f}, \"grad_norm\": {}",
                        m.val_loss, m.val_bpb, m.tokens_per_s, m.unigram_bits, m.bigram_bits,
                        std::isfinite(m.grad_norm) ? fmt::format("{:.6g}", m.grad_norm) : "null")
-                 : fmt::format("\"test_acc\": {:.6f}", m.test_acc);
+      : m.regression ? fmt::format("\"test_loss\": {:.6f}", m.test_loss)
+                     : fmt::format("\"test_acc\": {:.6f}", m.test_acc);
   file_ << fmt::format(
       "{{\"epoch\": {}, \"step\": {}, \"train_loss\": {:.6f}, {}, "
       "\"samples_per_s\": {:.1f}, \"step_ms\": {:.4f}, \"time_s\": {:.3f}, \"lr\": {}, "

@@ -27,6 +27,7 @@ namespace ddp::train {
 
 struct Evaluation {
   double accuracy = 0;  // image: correct / total over every rank's test shard
+  // regression: the mean squared error over every element of every rank's test shard.
   // language: mean cross-entropy per token in nats over the evaluated validation
   // windows of every rank (NaN for image tasks).
   double loss = std::numeric_limits<double>::quiet_NaN();
@@ -47,6 +48,9 @@ class Task {
   virtual std::string model_spec() const = 0;
   virtual std::shared_ptr<nn::Module> model() const = 0;
   virtual bool is_language_model() const = 0;
+  // Targets are values (MSE), evaluated by Evaluation::loss, the test set's mean
+  // squared error, in place of accuracy (data files, file_dataset.h).
+  virtual bool is_regression() const { return false; }
   // "fashion-mnist (60000 train / 10000 test)" or "brown (... bytes)", for the header.
   virtual std::string data_summary() const = 0;
   // The optimizer the options ask for, over the model's parameters.

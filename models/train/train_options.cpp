@@ -1,6 +1,7 @@
 #include "models/train/train_options.h"
 
 #include "models/gpt_config.h"
+#include "runtime/data/file_dataset.h"
 #include "runtime/data/text_corpus.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
@@ -47,6 +48,18 @@ model and data:
                            folder (default $DDP_BROWN_DIR, else
                            /usr/share/datasets/brown), or a synthetic stream
   --synthetic-size N       training samples of --data synthetic (default 10000)
+  --data FILE.npz|FILE.csv|DIR
+                           [mlp, cnn] data of one's own: an .npz with arrays x
+                           and y (x_test, y_test: the test set), a directory of
+                           x.npy and y.npy, or a CSV with a header (docs/train.md)
+  --test-data FILE         the test set, in the form of --data (default: x_test
+                           and y_test, else every 10th row held out)
+  --target-columns A[,B..] CSV: the target columns (default the last)
+  --input-columns A[,B..]  CSV: the input columns (default the others)
+  --task auto|classify|regress
+                           targets as class ids (cross-entropy, test_acc) or
+                           values (MSE, test_loss); auto: one column of integers
+                           >= 0 is classes (default auto)
 optimisation:
   --epochs N               passes over the training data (default 10; [gpt] 1)
   --batch-size N           samples per step and rank (default 64; [gpt] 16
@@ -179,6 +192,21 @@ void check_choice(const std::string& flag, const std::string& value,
   throw ValueError(fmt::format("{} '{}': valid values are {}", flag, value, list));
 }
 
+// "a,b,c" -> {a, b, c}; an empty name (",," or a trailing comma) is an error.
+std::vector<std::string> parse_column_list(const std::string& flag, const std::string& value) {
+  std::vector<std::string> names;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = value.find(',', start);
+    names.push_back(value.substr(start, comma == std::string::npos ? comma : comma - start));
+    DDP_CHECK(!names.back().empty(), "{} '{}': expected column names separated by commas", flag,
+              value);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return names;
+}
+
 using Setter = std::function<void(TrainOptions&, const std::string&)>;
 
 const std::map<std::string, Setter>& setters() {
@@ -196,6 +224,16 @@ const std::map<std::string, Setter>& setters() {
       {"--data", [](auto& o, auto& v) { o.data = v; }},
       {"--synthetic-size",
        [](auto& o, auto& v) { o.synthetic_size = parse_number<int64_t>("--synthetic-size", v); }},
+      {"--test-data", [](auto& o, auto& v) { o.test_data = v; }},
+      {"--target-columns",
+       [](auto& o, auto& v) { o.target_columns = parse_column_list("--target-columns", v); }},
+      {"--input-columns",
+       [](auto& o, auto& v) { o.input_columns = parse_column_list("--input-columns", v); }},
+      {"--task",
+       [](auto& o, auto& v) {
+         check_choice("--task", v, {"auto", "classify", "regress"});
+         o.task = v;
+       }},
       {"--epochs", [](auto& o, auto& v) { o.epochs = parse_number<int64_t>("--epochs", v); }},
       {"--batch-size",
        [](auto& o, auto& v) { o.batch_size = parse_number<int64_t>("--batch-size", v); }},
@@ -348,6 +386,17 @@ void validate(const TrainOptions& o) {
             "--join-divide {} applies with --drop-last false (ranks with different step "
             "counts); this run has --drop-last {}",
             join_divide_name(o.join_divide), drop_last_name(o.drop_last));
+  const bool file_flags = o.given.count("--test-data") + o.given.count("--target-columns") +
+                              o.given.count("--input-columns") + o.given.count("--task") >
+                          0;
+  DDP_CHECK(!gpt || !file_flags,
+            "--test-data, --target-columns, --input-columns and --task are for the mlp and cnn "
+            "on data files (--data FILE.npz|FILE.csv|DIR); --model {} reads text",
+            o.model.name);
+  DDP_CHECK(!file_flags || is_file_data(o.data),
+            "--test-data, --target-columns, --input-columns and --task need --data FILE.npz, "
+            "FILE.csv or a directory with x.npy and y.npy; this run has --data {}",
+            o.data);
   DDP_CHECK(!gpt || o.given.count("--hidden") == 0,
             "--hidden sets the mlp's layers; a gpt model's size is its spec, e.g. --model "
             "gpt:layers=4,d=128,heads=4,ctx=128");

@@ -24,6 +24,11 @@ struct TrainOptions {
   // mlp | cnn: Fashion-MNIST's folder; gpt: the Brown corpus's; or "synthetic".
   std::string data = "/usr/share/datasets/fashion-mnist";
   int64_t synthetic_size = 10000;  // training samples of --data synthetic (test: a fifth)
+  // mlp | cnn on data files (runtime/data/file_dataset.h): --data FILE.npz|FILE.csv|DIR,
+  // its test set (else every 10th row held out), CSV columns and the target kind.
+  std::string test_data;
+  std::vector<std::string> input_columns, target_columns;
+  std::string task = "auto";  // auto | classify | regress
   int64_t epochs = 10;
   int64_t batch_size = 64;
   float lr = 0.02f;

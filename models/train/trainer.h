@@ -17,6 +17,10 @@ struct EpochMetrics {
   int64_t epoch = 0;  // 1-based (a row of an evaluation inside an epoch: that epoch)
   double train_loss = 0;
   double test_acc = 0;
+  // Regression on data files (regression): the test set's mean squared error in
+  // place of test_acc.
+  bool regression = false;
+  double test_loss = 0;
   double samples_per_s = 0;  // training samples / training time (evaluation excluded)
   // Language models (language): the validation loss in nats per token, val_bpb =
   // val_loss / ln 2 (a token is a byte), training tokens / training time, and the

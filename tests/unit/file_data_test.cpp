@@ -1,0 +1,386 @@
+// Data files of one's own: .npy/.npz (npy.h), CSV (csv.h) and the Datasets made
+// from them (file_dataset.h). The files are built byte by byte here, so every
+// expected value is independent of the reader; tests/e2e/file_data.sh reads
+// what NumPy itself writes.
+#include "runtime/data/csv.h"
+#include "runtime/data/file_dataset.h"
+#include "runtime/data/npy.h"
+
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+namespace ddp {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string error_text(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const ValueError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+using Bytes = std::vector<uint8_t>;
+
+// An .npy of version 1.0 with the given header dict and body, padded as np.save pads.
+Bytes npy_bytes(const std::string& dict, const Bytes& body) {
+  std::string header = dict;
+  const size_t total = 10 + header.size() + 1;
+  header.append((64 - total % 64) % 64, ' ');
+  header += '\n';
+  Bytes b = {0x93,
+             'N',
+             'U',
+             'M',
+             'P',
+             'Y',
+             1,
+             0,
+             static_cast<uint8_t>(header.size() & 0xFF),
+             static_cast<uint8_t>(header.size() >> 8)};
+  b.insert(b.end(), header.begin(), header.end());
+  b.insert(b.end(), body.begin(), body.end());
+  return b;
+}
+
+template <typename T>
+Bytes le_bytes(const std::vector<T>& values) {
+  Bytes b(values.size() * sizeof(T));
+  std::memcpy(b.data(), values.data(), b.size());
+  return b;
+}
+
+void put16(Bytes& b, uint32_t v) {
+  b.push_back(static_cast<uint8_t>(v));
+  b.push_back(static_cast<uint8_t>(v >> 8));
+}
+void put32(Bytes& b, uint32_t v) {
+  put16(b, v & 0xFFFF);
+  put16(b, v >> 16);
+}
+
+Bytes deflated(const Bytes& data) {
+  z_stream z{};
+  EXPECT_EQ(deflateInit2(&z, 6, Z_DEFLATED, -MAX_WBITS, 8, Z_DEFAULT_STRATEGY), Z_OK);
+  Bytes out(deflateBound(&z, data.size()));
+  z.next_in = const_cast<Bytef*>(data.data());
+  z.avail_in = static_cast<uInt>(data.size());
+  z.next_out = out.data();
+  z.avail_out = static_cast<uInt>(out.size());
+  EXPECT_EQ(deflate(&z, Z_FINISH), Z_STREAM_END);
+  out.resize(z.total_out);
+  deflateEnd(&z);
+  return out;
+}
+
+// A ZIP archive of (name, content) members, stored (method 0) or deflated (8).
+Bytes zip_bytes(const std::vector<std::pair<std::string, Bytes>>& members, bool deflate) {
+  Bytes out, directory;
+  for (const auto& [name, content] : members) {
+    const Bytes packed = deflate ? deflated(content) : content;
+    const auto crc =
+        static_cast<uint32_t>(crc32(0L, content.data(), static_cast<uInt>(content.size())));
+    const auto offset = static_cast<uint32_t>(out.size());
+    for (Bytes* b : {&out, &directory}) {
+      const bool central = b == &directory;
+      put32(*b, central ? 0x02014b50 : 0x04034b50);
+      if (central) put16(*b, 20);  // version made by
+      put16(*b, 20);               // version needed
+      put16(*b, 0);                // flags
+      put16(*b, deflate ? 8 : 0);
+      put32(*b, 0);  // time, date
+      put32(*b, crc);
+      put32(*b, static_cast<uint32_t>(packed.size()));
+      put32(*b, static_cast<uint32_t>(content.size()));
+      put16(*b, static_cast<uint32_t>(name.size()));
+      put16(*b, 0);  // extra
+      if (central) {
+        put16(*b, 0);  // comment
+        put16(*b, 0);  // disk
+        put16(*b, 0);  // internal attributes
+        put32(*b, 0);  // external attributes
+        put32(*b, offset);
+      }
+      b->insert(b->end(), name.begin(), name.end());
+    }
+    out.insert(out.end(), packed.begin(), packed.end());
+  }
+  const auto dir_offset = static_cast<uint32_t>(out.size());
+  out.insert(out.end(), directory.begin(), directory.end());
+  put32(out, 0x06054b50);
+  put16(out, 0);
+  put16(out, 0);
+  put16(out, static_cast<uint32_t>(members.size()));
+  put16(out, static_cast<uint32_t>(members.size()));
+  put32(out, static_cast<uint32_t>(directory.size()));
+  put32(out, dir_offset);
+  put16(out, 0);
+  return out;
+}
+
+class DataFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("ddp_file_data_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string write(const std::string& name, const Bytes& bytes) {
+    const auto path = (dir_ / name).string();
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()),
+               static_cast<std::streamsize>(bytes.size()));
+    return path;
+  }
+  std::string write(const std::string& name, const std::string& text) {
+    return write(name, Bytes(text.begin(), text.end()));
+  }
+  fs::path dir_;
+};
+
+TEST_F(DataFiles, NpyReadsTheRuntimeDtypesAsTheyAre) {
+  const Tensor f =
+      parse_npy(npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }",
+                          le_bytes<float>({1, 2, 3, 4, 5, -6.5f})),
+                "f.npy");
+  EXPECT_EQ(f.dtype(), DType::f32);
+  EXPECT_EQ(f.shape(), (Shape{2, 3}));
+  EXPECT_EQ(f.to_vector<float>(), (std::vector<float>{1, 2, 3, 4, 5, -6.5f}));
+  const Tensor i = parse_npy(npy_bytes("{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }",
+                                       le_bytes<int64_t>({-1, 0, int64_t{1} << 40})),
+                             "i.npy");
+  EXPECT_EQ(i.dtype(), DType::i64);
+  EXPECT_EQ(i.to_vector<int64_t>(), (std::vector<int64_t>{-1, 0, int64_t{1} << 40}));
+  const Tensor scalar = parse_npy(
+      npy_bytes("{'descr': '<i4', 'fortran_order': False, 'shape': (), }", le_bytes<int32_t>({7})),
+      "s.npy");
+  EXPECT_EQ(scalar.dim(), 0);
+  EXPECT_EQ(scalar.to_vector<int32_t>(), (std::vector<int32_t>{7}));
+}
+
+TEST_F(DataFiles, NpyConvertsTheOtherDtypesKeepingTheValue) {
+  // Big-endian float64: 1.5 and -0.25 with their bytes reversed.
+  Bytes be;
+  for (double v : {1.5, -0.25}) {
+    uint64_t bits;
+    std::memcpy(&bits, &v, 8);
+    for (int b = 7; b >= 0; --b) be.push_back(static_cast<uint8_t>(bits >> (8 * b)));
+  }
+  const Tensor d = parse_npy(
+      npy_bytes("{'descr': '>f8', 'fortran_order': False, 'shape': (2,), }", be), "d.npy");
+  EXPECT_EQ(d.dtype(), DType::f32);
+  EXPECT_EQ(d.to_vector<float>(), (std::vector<float>{1.5f, -0.25f}));
+  const Tensor i1 = parse_npy(
+      npy_bytes("{'descr': '|i1', 'fortran_order': False, 'shape': (2,), }", Bytes{0xFF, 0x05}),
+      "i1.npy");
+  EXPECT_EQ(i1.to_vector<int64_t>(), (std::vector<int64_t>{-1, 5}));
+  const Tensor u2 = parse_npy(
+      npy_bytes("{'descr': '<u2', 'fortran_order': False, 'shape': (1,), }", Bytes{0xFF, 0xFF}),
+      "u2.npy");
+  EXPECT_EQ(u2.to_vector<int64_t>(), (std::vector<int64_t>{65535}));
+  const Tensor b1 = parse_npy(
+      npy_bytes("{'descr': '|b1', 'fortran_order': False, 'shape': (3,), }", Bytes{0, 1, 2}),
+      "b.npy");
+  EXPECT_EQ(b1.dtype(), DType::u8);
+  EXPECT_EQ(b1.to_vector<uint8_t>(), (std::vector<uint8_t>{0, 1, 1}));
+}
+
+TEST_F(DataFiles, NpyRefusesWhatItCannotReadAndNamesTheFileAndOffset) {
+  const auto parse = [](const Bytes& b) { return error_text([&] { parse_npy(b, "bad.npy"); }); };
+  EXPECT_NE(parse(Bytes{'P', 'K', 3, 4, 0, 0, 0, 0, 0, 0, 0}).find("bad.npy: not a .npy file"),
+            std::string::npos);
+  const std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }";
+  const Bytes short_body = npy_bytes(dict, le_bytes<float>({1, 2, 3}));
+  const std::string truncated = parse(short_body);
+  EXPECT_NE(truncated.find("truncated at byte 140"), std::string::npos) << truncated;
+  EXPECT_NE(truncated.find("needs 16 bytes"), std::string::npos) << truncated;
+  EXPECT_NE(parse(npy_bytes(dict, le_bytes<float>({1, 2, 3, 4, 5}))).find("trailing bytes"),
+            std::string::npos);
+  EXPECT_NE(parse(npy_bytes("{'descr': '<f4', 'fortran_order': True, 'shape': (1,), }",
+                            le_bytes<float>({1})))
+                .find("np.ascontiguousarray"),
+            std::string::npos);
+  EXPECT_NE(parse(npy_bytes("{'descr': '<u8', 'fortran_order': False, 'shape': (1,), }",
+                            le_bytes<uint64_t>({1})))
+                .find("astype(np.int64)"),
+            std::string::npos);
+  EXPECT_NE(parse(npy_bytes("{'descr': '<c8', 'fortran_order': False, 'shape': (1,), }",
+                            le_bytes<uint64_t>({1})))
+                .find("complex"),
+            std::string::npos);
+  const std::string header =
+      parse(npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, x), }", Bytes{}));
+  EXPECT_NE(header.find("malformed .npy header at byte 64"), std::string::npos) << header;
+  EXPECT_NE(parse(npy_bytes("{'descr': '<f4', 'shape': (1,), }", le_bytes<float>({1})))
+                .find("'fortran_order' is missing"),
+            std::string::npos);
+}
+
+TEST_F(DataFiles, WriteNpyRoundTripsEveryDtype) {
+  const Tensor f = from_vector<float>({1, -2, 3.5f, 4, 5, 6}, {3, 2});
+  const auto path = (dir_ / "f.npy").string();
+  write_npy(path, f);
+  const Tensor back = read_npy(path);
+  EXPECT_EQ(back.shape(), f.shape());
+  EXPECT_EQ(back.to_vector<float>(), f.to_vector<float>());
+  // The header is np.save's form: a multiple of 64 bytes in all.
+  EXPECT_EQ(fs::file_size(path) % 64, 24u);  // 64 + 6 floats = 24 bytes past a multiple of 64
+  const Tensor i = from_vector<int64_t>({5, -7}, {2}, {.dtype = DType::i64});
+  write_npy(path, i);
+  EXPECT_EQ(read_npy(path).to_vector<int64_t>(), (std::vector<int64_t>{5, -7}));
+  EXPECT_NE(error_text([&] { write_npy(path, f.to(DType::bf16)); }).find("no bfloat16"),
+            std::string::npos);
+}
+
+TEST_F(DataFiles, NpzReadsStoredAndDeflatedMembersAndChecksTheirCrc) {
+  const Bytes x = npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }",
+                            le_bytes<float>({0.5f, 1.5f}));
+  const Bytes y = npy_bytes("{'descr': '<i8', 'fortran_order': False, 'shape': (2,), }",
+                            le_bytes<int64_t>({3, 4}));
+  for (bool deflate : {false, true}) {
+    const auto path =
+        write(deflate ? "c.npz" : "s.npz", zip_bytes({{"x.npy", x}, {"y.npy", y}}, deflate));
+    const auto arrays = read_npz(path);
+    ASSERT_EQ(arrays.size(), 2u);
+    EXPECT_EQ(arrays.at("x").to_vector<float>(), (std::vector<float>{0.5f, 1.5f}));
+    EXPECT_EQ(arrays.at("y").to_vector<int64_t>(), (std::vector<int64_t>{3, 4}));
+  }
+  // One flipped byte inside the stored x: its CRC names the member.
+  Bytes corrupt = zip_bytes({{"x.npy", x}}, false);
+  corrupt[30 + 5 + x.size() - 1] ^= 0x40;
+  const std::string crc = error_text([&] { read_npz(write("bad.npz", corrupt)); });
+  EXPECT_NE(crc.find("member 'x.npy': CRC-32 mismatch"), std::string::npos) << crc;
+  const std::string zip = error_text([&] { read_npz(write("not.npz", x)); });
+  EXPECT_NE(zip.find("not a ZIP archive"), std::string::npos) << zip;
+}
+
+TEST_F(DataFiles, CsvReadsNumbersUnderAHeader) {
+  const CsvTable t = parse_csv("a, \"b,c\" ,y\r\n1, 2.5 ,0\n\n-3,1e-3,\"2\"\r\n", "t.csv");
+  EXPECT_EQ(t.columns, (std::vector<std::string>{"a", "b,c", "y"}));
+  EXPECT_EQ(t.rows, 2);
+  EXPECT_EQ(t.values, (std::vector<double>{1, 2.5, 0, -3, 1e-3, 2}));
+  EXPECT_TRUE(t.all_integers({"y"}, "t.csv"));
+  EXPECT_FALSE(t.all_integers({"b,c"}, "t.csv"));
+  const Tensor ids = t.take({"y"}, DType::i64, "t.csv");
+  EXPECT_EQ(ids.to_vector<int64_t>(), (std::vector<int64_t>{0, 2}));
+  const Tensor x = t.take({"b,c", "a"}, DType::f32, "t.csv");
+  EXPECT_EQ(x.to_vector<float>(), (std::vector<float>{2.5f, 1, 1e-3f, -3}));
+}
+
+TEST_F(DataFiles, CsvErrorsNameTheLineAndColumn) {
+  const auto parse = [](const std::string& text) {
+    return error_text([&] { parse_csv(text, "t.csv"); });
+  };
+  EXPECT_NE(parse("a,b\n1,\n").find("t.csv:2: column 'b' is empty"), std::string::npos);
+  EXPECT_NE(parse("a,b\n1,2\n3,red\n").find("t.csv:3: column 'b' holds 'red'"), std::string::npos);
+  EXPECT_NE(parse("a,b\n1,2,3\n").find("t.csv:2: 3 fields where the header names 2 columns"),
+            std::string::npos);
+  EXPECT_NE(parse("1,2\n3,4\n").find("needs a header line"), std::string::npos);
+  EXPECT_NE(parse("a,b\n").find("no rows"), std::string::npos);
+  EXPECT_NE(parse("a,a\n1,2\n").find("'a' appears twice"), std::string::npos);
+  const CsvTable t = parse_csv("a,b\n1,2\n", "t.csv");
+  EXPECT_NE(
+      error_text([&] { t.index_of("c", "t.csv"); }).find("no column 'c'; its columns are a, b"),
+      std::string::npos);
+}
+
+TEST_F(DataFiles, IntegerTargetsAreClassesAndFloatsAreValues) {
+  const Tensor x = from_vector<float>({1, 2, 3, 4, 5, 6}, {3, 2});
+  const Dataset c =
+      make_dataset(x, from_vector<int64_t>({0, 4, 2}, {3}, {.dtype = DType::i64}), "c");
+  EXPECT_EQ(c.num_classes, 5);
+  EXPECT_EQ(c.labels.dtype(), DType::i64);
+  const Dataset r = make_dataset(x, from_vector<float>({0.5f, 1, 2}, {3}), "r");
+  EXPECT_EQ(r.num_classes, 0);
+  EXPECT_EQ(r.labels.shape(), (Shape{3, 1}));
+  // Negative integers cannot be class ids: values; and kind regress keeps ids as values.
+  EXPECT_EQ(make_dataset(x, from_vector<int64_t>({0, -1, 2}, {3}, {.dtype = DType::i64}), "n")
+                .num_classes,
+            0);
+  EXPECT_EQ(make_dataset(x, from_vector<int64_t>({0, 1, 2}, {3}, {.dtype = DType::i64}), "k",
+                         TargetKind::regress)
+                .num_classes,
+            0);
+  EXPECT_NE(error_text([&] {
+              make_dataset(x, from_vector<float>({0.5f, 1, 2}, {3}), "f", TargetKind::classify);
+            }).find("target 0.5 at row 0 is not a class id"),
+            std::string::npos);
+  EXPECT_NE(error_text([&] {
+              make_dataset(x, from_vector<float>({1, 2}, {2}), "m");
+            }).find("3 rows of inputs [3, 2] but 2 of targets [2]"),
+            std::string::npos);
+  // [N, H, W] images get their channel.
+  EXPECT_EQ(
+      make_dataset(empty({3, 4, 5}), from_vector<float>({1, 2, 3}, {3}), "img").inputs.shape(),
+      (Shape{3, 1, 4, 5}));
+}
+
+TEST_F(DataFiles, EveryTenthRowIsHeldOutWithoutATestSet) {
+  std::string text = "u,v,label\n";
+  for (int i = 0; i < 25; ++i) text += std::to_string(i) + ",0.5," + std::to_string(i % 3) + "\n";
+  const auto path = write("t.csv", text);
+  const FileData d = load_file_data(path);
+  EXPECT_EQ(d.train.size(), 23);
+  EXPECT_EQ(d.test.size(), 2);
+  EXPECT_EQ(d.test_source, "every 10th row held out");
+  EXPECT_EQ(d.train.num_classes, 3);
+  EXPECT_EQ(d.test.inputs.to_vector<float>(), (std::vector<float>{9, 0.5f, 19, 0.5f}));
+  EXPECT_EQ(d.test.labels.to_vector<int64_t>(), (std::vector<int64_t>{0, 1}));
+  // Columns chosen by name: targets u and v (values), input label.
+  const FileData r =
+      load_file_data(path, {.input_columns = {"label"}, .target_columns = {"u", "v"}});
+  EXPECT_EQ(r.train.num_classes, 0);
+  EXPECT_EQ(r.train.inputs.shape(), (Shape{23, 1}));
+  EXPECT_EQ(r.train.labels.shape(), (Shape{23, 2}));
+  EXPECT_NE(error_text([&] {
+              load_file_data(path, {.target_columns = {"w"}});
+            }).find("no column 'w'; its columns are u, v, label"),
+            std::string::npos);
+  // A test file of the same form replaces the held-out rows.
+  const auto test = write("test.csv", "u,v,label\n1,2,1\n");
+  const FileData t = load_file_data(path, {.test_path = test});
+  EXPECT_EQ(t.train.size(), 25);
+  EXPECT_EQ(t.test.size(), 1);
+}
+
+TEST_F(DataFiles, ADirectoryOfNpyFilesAndAnNpzAreTheSameData) {
+  const Bytes x = npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 1), }",
+                            le_bytes<float>({1, 2}));
+  const Bytes y =
+      npy_bytes("{'descr': '|u1', 'fortran_order': False, 'shape': (2,), }", Bytes{1, 0});
+  fs::create_directories(dir_ / "arrays");
+  write("arrays/x.npy", x);
+  write("arrays/y.npy", y);
+  write("arrays/x_test.npy", x);
+  write("arrays/y_test.npy", y);
+  const auto npz = write(
+      "d.npz", zip_bytes({{"x.npy", x}, {"y.npy", y}, {"x_test.npy", x}, {"y_test.npy", y}}, true));
+  EXPECT_TRUE(is_file_data((dir_ / "arrays").string()));
+  EXPECT_FALSE(is_file_data(dir_.string()));
+  for (const auto& path : {(dir_ / "arrays").string(), npz}) {
+    const FileData d = load_file_data(path);
+    EXPECT_EQ(d.test_source, "x_test/y_test");
+    EXPECT_EQ(d.train.num_classes, 2);
+    EXPECT_EQ(d.train.labels.to_vector<int64_t>(), (std::vector<int64_t>{1, 0}));
+    EXPECT_EQ(d.test.inputs.to_vector<float>(), (std::vector<float>{1, 2}));
+  }
+  const auto only_x = write("x.npz", zip_bytes({{"x.npy", x}}, false));
+  EXPECT_NE(error_text([&] { load_file_data(only_x); }).find("no array 'y'; it holds x"),
+            std::string::npos);
+  const auto single = write("one.npy", x);
+  EXPECT_NE(error_text([&] { load_file_data(single); }).find("one .npy holds one array"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace ddp
