@@ -103,6 +103,12 @@ install(FILES ${PROJECT_SOURCE_DIR}/bench/peer/torch_train.py
         DESTINATION ${CMAKE_INSTALL_DATADIR}/ddp/bench/peer COMPONENT runtime)
 install(FILES ${PROJECT_SOURCE_DIR}/models/torch_models.py
         DESTINATION ${CMAKE_INSTALL_DATADIR}/ddp/models COMPONENT runtime)
+# The checkpoint reader for PyTorch users (no safetensors package needed): an
+# importable module, and the same file as the program ddp-load (docs/checkpoints.md).
+install(FILES ${PROJECT_SOURCE_DIR}/python/ddp_checkpoint.py
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/ddp/python COMPONENT runtime)
+install(PROGRAMS ${PROJECT_SOURCE_DIR}/python/ddp_checkpoint.py
+        DESTINATION ${CMAKE_INSTALL_BINDIR} RENAME ddp-load COMPONENT runtime)
 
 install(EXPORT ddpTargets NAMESPACE ddp:: DESTINATION ${DDP_INSTALL_CMAKEDIR} COMPONENT dev)
 # ddp::ddprun, ddp::train, ddp::bench; ddpConfig.cmake loads them only where bin/ddprun is installed.

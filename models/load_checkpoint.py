@@ -1,9 +1,8 @@
 #!/usr/bin/python3
 """Load a checkpoint written by ddp's `train --save` into PyTorch and evaluate it.
 
-The safetensors file is parsed with plain Python (no safetensors package):
-8-byte little-endian header length N, N bytes of JSON header, then the raw
-little-endian tensor data. The model is rebuilt from the metadata's "model"
+The safetensors file is parsed with plain Python (no safetensors package) by
+python/ddp_checkpoint.py, which the package installs (`ddp-load`). The model is rebuilt from the metadata's "model"
 ("mlp 784-256-10", "cnn"), the non-"optimizer." tensors are loaded with
 load_state_dict(strict=True), and the test accuracy on Fashion-MNIST's test
 split is printed:
@@ -15,99 +14,20 @@ Exit codes: 0 ok, 1 accuracy differs from --expect by more than --tolerance,
 """
 
 import argparse
-import json
 import os
-import struct
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import ddp_checkpoint  # noqa: E402
 import torch_models  # noqa: E402
 
-# safetensors dtype -> (torch dtype, bytes per element); ddp's six.
-DTYPES = {
-    "F32": (torch.float32, 4),
-    "BF16": (torch.bfloat16, 2),
-    "F16": (torch.float16, 2),
-    "I32": (torch.int32, 4),
-    "I64": (torch.int64, 8),
-    "U8": (torch.uint8, 1),
-}
-MAX_HEADER_BYTES = 100 * 1000 * 1000
-OPTIMIZER_PREFIX = "optimizer."
-
-
-class CheckpointError(Exception):
-    pass
-
-
-def read_safetensors(path):
-    """(tensors: dict name -> CPU tensor in file order, metadata: dict str -> str)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    if len(data) < 8:
-        raise CheckpointError(f"{path}: the file has {len(data)} bytes, too short for a header")
-    (header_len,) = struct.unpack("<Q", data[:8])
-    if header_len > MAX_HEADER_BYTES:
-        raise CheckpointError(f"{path}: header length {header_len} is over 100 MB")
-    if 8 + header_len > len(data):
-        raise CheckpointError(
-            f"{path}: header length {header_len} is beyond the end of the file "
-            f"({len(data)} bytes)")
-    try:
-        header = json.loads(data[8:8 + header_len].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: the header is not valid JSON: {e}") from None
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{path}: the header is not a JSON object")
-    metadata = header.pop("__metadata__", {}) or {}
-    body = memoryview(data)[8 + header_len:]
-
-    entries = []
-    for name, spec in header.items():
-        dtype_name = spec.get("dtype")
-        if dtype_name not in DTYPES:
-            raise CheckpointError(
-                f"{path}: tensor '{name}' has dtype '{dtype_name}', which is unknown or not "
-                f"supported (valid: {', '.join(DTYPES)})")
-        dtype, itemsize = DTYPES[dtype_name]
-        shape = [int(d) for d in spec["shape"]]
-        begin, end = (int(o) for o in spec["data_offsets"])
-        numel = 1
-        for d in shape:
-            numel *= d
-        if end - begin != numel * itemsize or begin > end:
-            raise CheckpointError(
-                f"{path}: tensor '{name}': data_offsets [{begin}, {end}] do not match its "
-                f"shape: {dtype_name} {shape} needs {numel * itemsize} bytes")
-        if end > len(body):
-            raise CheckpointError(
-                f"{path}: tensor '{name}': data_offsets [{begin}, {end}] are out of range: "
-                f"the data section has {len(body)} bytes")
-        entries.append((begin, end, name, dtype, shape))
-
-    # The tensors must tile the data section exactly, as the reference reader requires.
-    entries.sort(key=lambda e: (e[0], e[1]))
-    position = 0
-    for begin, end, name, _, _ in entries:
-        if begin != position:
-            kind = "overlaps the previous tensor" if begin < position else "leaves a gap"
-            raise CheckpointError(f"{path}: tensor '{name}' at [{begin}, {end}] {kind}")
-        position = end
-    if position != len(body):
-        raise CheckpointError(
-            f"{path}: {len(body) - position} trailing bytes after the last tensor")
-
-    tensors = {}
-    for begin, end, name, dtype, shape in entries:
-        if begin == end:
-            tensors[name] = torch.empty(shape, dtype=dtype)
-        else:
-            # bytearray: a writable copy, so torch.frombuffer does not warn.
-            raw = bytearray(body[begin:end])
-            tensors[name] = torch.frombuffer(raw, dtype=dtype).reshape(shape)
-    return tensors, metadata
+# The reader itself is the installed module python/ddp_checkpoint.py.
+CheckpointError = ddp_checkpoint.CheckpointError
+OPTIMIZER_PREFIX = ddp_checkpoint.OPTIMIZER_PREFIX
+read_safetensors = ddp_checkpoint.load
 
 
 def evaluate(model, inputs, labels, batch_size=1000):

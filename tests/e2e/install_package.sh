@@ -36,6 +36,47 @@ if [ -x "$prefix/bin/scale" ]; then
   [ -e "$prefix/share/ddp/models/torch_models.py" ] || fail "the install lacks torch_models.py"
 fi
 
+# The checkpoint reader PyTorch users get with the package (python/ddp_checkpoint.py,
+# as the module and as bin/ddp-load): it lists a checkpoint of the installed train
+# with no package beyond Python's, and with PyTorch (the test command installs it)
+# loads it strictly into the matching torch.nn.Sequential, directly and through
+# --to-torch's torch.save file, and refuses a cut file naming it.
+[ -x "$prefix/bin/ddp-load" ] && [ -e "$prefix/share/ddp/python/ddp_checkpoint.py" ] ||
+  fail "the install lacks bin/ddp-load or share/ddp/python/ddp_checkpoint.py"
+run ckpt_train.log "$prefix/bin/train" --data synthetic --synthetic-size 200 --hidden 32 --epochs 1 \
+  --max-steps 3 --device cpu --save "$work/ckpt.st"
+py=${PYTHON:-/usr/bin/python3}
+listing=$("$py" "$prefix/bin/ddp-load" "$work/ckpt.st" 2>&1) || fail "ddp-load listing: $listing"
+grep -qF "model: mlp 784-32-10" <<<"$listing" && grep -qF "  1.weight float32 [32, 784]" <<<"$listing" ||
+  fail "ddp-load does not list the checkpoint's model and tensors: $listing"
+head -c 1000 "$work/ckpt.st" >"$work/cut.st"
+cut=$("$py" "$prefix/bin/ddp-load" "$work/cut.st" 2>&1)
+[ $? -eq 3 ] && grep -qF "cut.st: header length" <<<"$cut" || fail "a cut checkpoint: $cut"
+if "$py" -c 'import torch' 2>/dev/null; then
+  run ckpt_to_torch.log "$py" "$prefix/bin/ddp-load" "$work/ckpt.st" --to-torch "$work/ckpt.pt"
+  PYTHONPATH="$prefix/share/ddp/python" run ckpt_torch.log "$py" - "$work" <<'PY'
+import sys
+import torch
+import ddp_checkpoint
+work = sys.argv[1]
+model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 32), torch.nn.ReLU(),
+                            torch.nn.Linear(32, 10))
+state = ddp_checkpoint.load_state_dict(f"{work}/ckpt.st")
+model.load_state_dict(state, strict=True)
+saved = torch.load(f"{work}/ckpt.pt")
+assert saved.keys() == state.keys(), (saved.keys(), state.keys())
+assert all(torch.equal(saved[k], state[k]) for k in state)
+tensors, metadata = ddp_checkpoint.load(f"{work}/ckpt.st")
+assert any(k.startswith("optimizer.") for k in tensors), list(tensors)
+assert metadata["model"] == "mlp 784-32-10", metadata
+PY
+  echo "ddp-load: listed, loaded strictly into torch (directly and via --to-torch), cut file refused"
+elif [ "${DDP_REQUIRE_DATA:-0}" = 1 ]; then
+  fail "$py cannot import torch, which the test command installs (python3-torch)"
+else
+  echo "ddp-load: listed and cut file refused; $py has no torch, so the torch load is not checked"
+fi
+
 # Every installed header compiles on its own, from the install alone: one
 # translation unit per header (so a header that misses an include fails) and
 # one that includes them all, linked against ddp::ddp. The list comes from the
