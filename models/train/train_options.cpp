@@ -70,11 +70,14 @@ optimisation:
   --momentum X             SGD momentum (default 0.9)
   --nesterov               SGD with Nesterov momentum
   --weight-decay X         (default 0; [gpt] 0.1; AdamW applies it decoupled)
-  --lr-schedule constant|step|cosine
-                           step: x0.1 every 3 epochs; cosine: to 0 ([gpt] to
-                           lr/10) over the run's steps (default cosine)
-  --warmup-steps N         linear warmup steps for cosine (default 0; [gpt] a
-                           tenth of the run, at most 100)
+  --lr-schedule constant|step|cosine|linear|onecycle
+                           step: x0.1 every 3 epochs; cosine, linear: to 0
+                           ([gpt] to lr/10) over the run's steps; onecycle:
+                           torch's OneCycleLR (lr/25 up to lr, down to lr/25e4)
+                           (default cosine)
+  --warmup-steps N         linear warmup steps for cosine and linear, the rise
+                           of onecycle (default 0, onecycle 30%; [gpt] a tenth
+                           of the run, at most 100)
   --clip-grad-norm X       scale the gradients down to a global L2 norm of at
                            most X before each update (default 0: off; [gpt] 1)
   --seed N                 model initialisation and shuffling (default 0)
@@ -248,7 +251,7 @@ const std::map<std::string, Setter>& setters() {
        [](auto& o, auto& v) { o.weight_decay = parse_number<float>("--weight-decay", v); }},
       {"--lr-schedule",
        [](auto& o, auto& v) {
-         check_choice("--lr-schedule", v, {"constant", "step", "cosine"});
+         check_choice("--lr-schedule", v, {"constant", "step", "cosine", "linear", "onecycle"});
          o.lr_schedule = v;
        }},
       {"--warmup-steps",

@@ -39,7 +39,10 @@ optim::LrSchedule make_schedule(const TrainOptions& o, int64_t micro_batches) {
   s.step_size = 3 * steps_per_epoch;
   s.gamma = 0.1f;
   s.total_steps = o.epochs * steps_per_epoch;
-  s.warmup_steps = o.auto_warmup ? std::min<int64_t>(100, s.total_steps / 10) : o.warmup_steps;
+  // onecycle without --warmup-steps rises over torch's 30%, not the gpt's automatic warmup.
+  s.warmup_steps = o.auto_warmup && s.kind != optim::LrSchedule::Kind::onecycle
+                       ? std::min<int64_t>(100, s.total_steps / 10)
+                       : o.warmup_steps;
   s.min_lr = o.lr * o.min_lr_fraction;
   return s;
 }
@@ -159,10 +162,15 @@ void open_logs(Run& r) {
 
 // ", warmup 100, cosine to 0.0001 over 5000 steps, clip 1" for the header line.
 std::string schedule_summary(const TrainOptions& o, const optim::LrSchedule& s) {
-  std::string text = s.kind == optim::LrSchedule::Kind::cosine
-                         ? fmt::format(" (warmup {}, cosine to {:.3g} over {} steps)",
-                                       s.warmup_steps, s.min_lr, s.total_steps)
-                         : fmt::format(" ({})", o.lr_schedule);
+  using Kind = optim::LrSchedule::Kind;
+  std::string text =
+      s.kind == Kind::cosine || s.kind == Kind::linear
+          ? fmt::format(" (warmup {}, {} to {:.3g} over {} steps)", s.warmup_steps, o.lr_schedule,
+                        s.min_lr, s.total_steps)
+      : s.kind == Kind::onecycle
+          ? fmt::format(" (onecycle over {} steps, from {:.3g} up to {:.3g} down to {:.3g})",
+                        s.total_steps, s.base_lr / 25, s.base_lr, s.base_lr / 25e4)
+          : fmt::format(" ({})", o.lr_schedule);
   if (o.optimizer == "adamw") {
     text += fmt::format(", betas {} {}, weight decay {} (2-D weights)", o.beta1, o.beta2,
                         o.weight_decay);

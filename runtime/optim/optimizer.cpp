@@ -288,14 +288,32 @@ float LrSchedule::lr_at(int64_t step) const {
       return base_lr;
     case Kind::step:
       return base_lr * std::pow(gamma, static_cast<float>(step / std::max<int64_t>(step_size, 1)));
-    case Kind::cosine: {
+    case Kind::cosine:
+    case Kind::linear: {
       if (step < warmup_steps) {
         return base_lr * static_cast<float>(step + 1) / static_cast<float>(warmup_steps);
       }
       const int64_t span = std::max<int64_t>(total_steps - warmup_steps, 1);
       const double progress = std::min(1.0, static_cast<double>(step - warmup_steps) / span);
-      return min_lr +
-             (base_lr - min_lr) * static_cast<float>(0.5 * (1.0 + std::cos(M_PI * progress)));
+      const double shape =
+          kind == Kind::cosine ? 0.5 * (1.0 + std::cos(M_PI * progress)) : 1.0 - progress;
+      return min_lr + (base_lr - min_lr) * static_cast<float>(shape);
+    }
+    case Kind::onecycle: {
+      // OneCycleLR's arithmetic (double, as Python's floats): phase ends at float
+      // step numbers, the rise ends at pct_start * total - 1.
+      const double initial = static_cast<double>(base_lr) / 25.0;
+      const double last = initial / 1e4;
+      const double rise_end = warmup_steps > 0 ? static_cast<double>(warmup_steps) - 1.0
+                                               : 0.3 * static_cast<double>(total_steps) - 1.0;
+      const double fall_end = static_cast<double>(total_steps) - 1.0;
+      const auto anneal = [](double from, double to, double pct) {
+        return to + (from - to) / 2.0 * (std::cos(M_PI * pct) + 1.0);
+      };
+      const auto s = static_cast<double>(step);
+      if (s <= rise_end) return static_cast<float>(anneal(initial, base_lr, s / rise_end));
+      const double pct = std::min(1.0, (s - rise_end) / std::max(fall_end - rise_end, 1e-12));
+      return static_cast<float>(anneal(base_lr, last, pct));
     }
   }
   return base_lr;
@@ -305,8 +323,11 @@ LrSchedule::Kind LrSchedule::parse_kind(const std::string& text) {
   if (text == "constant") return Kind::constant;
   if (text == "step") return Kind::step;
   if (text == "cosine") return Kind::cosine;
-  throw ValueError(
-      fmt::format("unknown learning-rate schedule '{}'; valid: constant, step, cosine", text));
+  if (text == "linear") return Kind::linear;
+  if (text == "onecycle") return Kind::onecycle;
+  throw ValueError(fmt::format(
+      "unknown learning-rate schedule '{}'; valid: constant, step, cosine, linear, onecycle",
+      text));
 }
 
 }  // namespace ddp::optim

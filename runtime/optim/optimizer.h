@@ -111,17 +111,27 @@ double grad_norm(const std::vector<Tensor>& params);
 Tensor clip_grad_norm_on_device(const std::vector<Tensor>& params, double max_norm);
 
 // Learning rate as a function of the optimizer step (0-based).
+//   constant  base_lr
+//   step      base_lr x gamma^(step / step_size)
+//   cosine    a linear warmup to base_lr over warmup_steps, then a half cosine
+//             to min_lr at total_steps
+//   linear    the same warmup, then a straight line to min_lr at total_steps
+//             (Hugging Face's get_linear_schedule_with_warmup, which ends at 0)
+//   onecycle  torch.optim.lr_scheduler.OneCycleLR with its defaults and
+//             cycle_momentum=False: a cosine rise from base_lr / 25 to base_lr over
+//             30% of total_steps (warmup_steps instead, when > 0), then a cosine
+//             fall to base_lr / 25 / 1e4 at the last step; min_lr is not used
 struct LrSchedule {
-  enum class Kind { constant, step, cosine };
+  enum class Kind { constant, step, cosine, linear, onecycle };
   Kind kind = Kind::constant;
   float base_lr = 0.01f;
   int64_t step_size = 1;  // step: multiply by gamma every step_size steps
   float gamma = 0.1f;
-  int64_t warmup_steps = 0;  // cosine: linear warmup from 0 to base_lr
-  int64_t total_steps = 1;   // cosine: decays to min_lr at total_steps
+  int64_t warmup_steps = 0;  // cosine, linear: linear warmup from 0 to base_lr
+  int64_t total_steps = 1;   // cosine, linear: reaches min_lr at total_steps
   float min_lr = 0.0f;
   float lr_at(int64_t step) const;
-  // "constant", "step", "cosine"; ValueError lists them otherwise.
+  // "constant", "step", "cosine", "linear", "onecycle"; ValueError lists them otherwise.
   static Kind parse_kind(const std::string& text);
 };
 

@@ -225,7 +225,35 @@ TEST(Optim, LrSchedules) {
   EXPECT_NEAR(cosine.lr_at(60), 0.5f, 1e-6);
   EXPECT_NEAR(cosine.lr_at(110), 0.0f, 1e-6);
   EXPECT_NEAR(cosine.lr_at(500), 0.0f, 1e-6);
-  EXPECT_THROW(optim::LrSchedule::parse_kind("linear"), ValueError);
+  EXPECT_THROW(optim::LrSchedule::parse_kind("exponential"), ValueError);
+  optim::LrSchedule linear = cosine;
+  linear.kind = optim::LrSchedule::parse_kind("linear");
+  linear.min_lr = 0.2f;
+  EXPECT_FLOAT_EQ(linear.lr_at(4), 0.5f);     // the warmup is cosine's
+  EXPECT_NEAR(linear.lr_at(35), 0.8f, 1e-6);  // a quarter of the way: 1 - 0.8 x 0.25
+  EXPECT_NEAR(linear.lr_at(110), 0.2f, 1e-6);
+  EXPECT_NEAR(linear.lr_at(999), 0.2f, 1e-6);
+}
+
+// Parity with PyTorch 1.13: torch.optim.lr_scheduler.OneCycleLR(SGD(lr=0.1),
+// max_lr=0.1, total_steps=T, cycle_momentum=False), the lr of each optimizer step
+// (param_groups[0]["lr"] before step i), printed with 9 significant digits.
+TEST(Optim, OneCycleMatchesPyTorch) {
+  const std::vector<std::pair<int64_t, std::vector<double>>> torch_lrs = {
+      {20, {0.004,        0.0131671843, 0.0371671843, 0.0668328157,  0.0908328157,
+            0.1,          0.0987464006, 0.0950484632, 0.0890916178,  0.0811745654,
+            0.0716943002, 0.0611262022, 0.0500002,    0.0388741978,  0.0283060998,
+            0.0188258346, 0.0109087822, 0.0049519368, 0.00125399938, 4e-07}},
+      {7, {0.004, 0.0980556627, 0.0919044376, 0.0672683836, 0.0357738776, 0.00992967919, 4e-07}},
+  };
+  for (const auto& [total, lrs] : torch_lrs) {
+    const optim::LrSchedule s{
+        .kind = optim::LrSchedule::Kind::onecycle, .base_lr = 0.1f, .total_steps = total};
+    for (size_t i = 0; i < lrs.size(); ++i) {
+      EXPECT_NEAR(s.lr_at(static_cast<int64_t>(i)), lrs[i], 1e-7 + 1e-6 * lrs[i])
+          << "total " << total << " step " << i;
+    }
+  }
 }
 
 TEST(Optim, TrainingAnMlpLowersTheLoss) {
