@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -116,10 +117,10 @@ std::optional<CheckpointHeader> read_checkpoint_header(const std::string& path) 
 
 void save_checkpoint(const std::string& path, const nn::Module& model,
                      const optim::Optimizer& optimizer, const CheckpointInfo& info,
-                     std::vector<std::string>* removed) {
+                     std::vector<std::string>* removed, bool never_older) {
   // Note [never older]: a restarted run that did not resume, or resumed from an
   // older file, must not overwrite later progress; equal steps hold the same state.
-  if (const auto existing = read_checkpoint_header(path)) {
+  if (const auto existing = never_older ? read_checkpoint_header(path) : std::nullopt) {
     DDP_CHECK(existing->step <= info.step,
               "refusing to replace {} (step {}, epoch {}) with an older checkpoint (step {}): "
               "resume from it with --resume auto, or remove it to start over",
@@ -146,6 +147,10 @@ void save_checkpoint(const std::string& path, const nn::Module& model,
       {"skipped_steps", std::to_string(info.skipped_steps)}};
   if (info.optimizer_shards > 0)
     metadata["optimizer_shards"] = std::to_string(info.optimizer_shards);
+  if (std::isfinite(info.best_metric)) {
+    metadata["best_metric"] = fmt::format("{}", info.best_metric);  // shortest round trip
+    metadata["evals_since_best"] = std::to_string(info.evals_since_best);
+  }
   save_safetensors(path, tensors, metadata);
 }
 
@@ -190,6 +195,9 @@ CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model,
   info.epoch_loss_count = meta_number<int64_t>(m, path, "epoch_loss_count", 0);
   info.global_batch = meta_number<int64_t>(m, path, "global_batch", 0);
   info.skipped_steps = meta_number<int64_t>(m, path, "skipped_steps", 0);
+  info.best_metric =
+      meta_number<double>(m, path, "best_metric", std::numeric_limits<double>::quiet_NaN());
+  info.evals_since_best = meta_number<int64_t>(m, path, "evals_since_best", 0);
   DDP_CHECK(info.model == expected_model,
             "{}: the checkpoint holds model '{}', but this run builds '{}'; pass the same --model "
             "and --hidden",

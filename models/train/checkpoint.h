@@ -8,6 +8,7 @@
 #include "runtime/nn/module.h"
 #include "runtime/optim/optimizer.h"
 
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -34,6 +35,10 @@ struct CheckpointInfo {
   // --save-sharded: the optimizer state is in this many shard files next to the
   // checkpoint, not in it (models/train/sharded_checkpoint.h); 0: in it.
   int64_t optimizer_shards = 0;
+  // --save-best / --early-stop (Note [best so far] in epoch.cpp): the best value of
+  // the monitored metric so far (NaN: no evaluation yet) and the evaluations since.
+  double best_metric = std::numeric_limits<double>::quiet_NaN();
+  int64_t evals_since_best = 0;
 };
 
 // What the metadata of an existing checkpoint says, read from its header alone.
@@ -48,9 +53,10 @@ std::optional<CheckpointHeader> read_checkpoint_header(const std::string& path);
 // Throws ValueError, before writing anything, when `path` holds a checkpoint of a
 // later step (Note [never older]). Removes stale `<path>.tmp.<pid>` files of dead
 // processes first (Note [stale temporary files]); `removed` gets their names.
+// never_older false (--save-best: the best is not the latest) replaces any file.
 void save_checkpoint(const std::string& path, const nn::Module& model,
                      const optim::Optimizer& optimizer, const CheckpointInfo& info,
-                     std::vector<std::string>* removed = nullptr);
+                     std::vector<std::string>* removed = nullptr, bool never_older = true);
 // The "model" of a train checkpoint's metadata (models::describe or a gpt spec),
 // read from its header; ValueError naming the path when it is not one.
 std::string read_checkpoint_model(const std::string& path);

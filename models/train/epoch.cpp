@@ -193,6 +193,25 @@ void shadow_step(Run& r, Tensor& step_loss, Tensor& last_loss, PhaseTotals& t, i
   update(r, step, epoch, step_loss, timing);
 }
 
+// Where the run stands, for a checkpoint: `completed` epochs done and `epoch_step`
+// steps into the next one.
+CheckpointInfo position(const Run& r, int64_t completed, int64_t epoch_step, const Tensor& loss_sum,
+                        int64_t loss_count) {
+  CheckpointInfo info{r.task->model_spec(),
+                      r.optimizer->name(),
+                      completed,
+                      r.step,
+                      r.o.seed,
+                      epoch_step,
+                      epoch_step > 0 ? loss_sum.item<float>() : 0.0f,
+                      epoch_step > 0 ? loss_count : 0,
+                      r.o.batch_size * r.o.grad_accum * r.world_size,
+                      r.nonfinite->skipped()};
+  info.best_metric = r.best_metric;
+  info.evals_since_best = r.evals_since_best;
+  return info;
+}
+
 // Writes --save (rank 0; the others have no --save) for the run as it stands:
 // `completed` epochs done and `epoch_step` steps into the next one. Every rank
 // has checked the weights just before (NonfiniteCheck::check_weights).
@@ -209,16 +228,7 @@ void save(Run& r, int64_t completed, int64_t epoch_step, const Tensor& loss_sum,
   if (r.o.save.empty()) return;
   const trace::Span span("checkpoint", "train", {{"step", r.step}});
   r.loss_log->flush();  // Note [rows cut back] in run_log.cpp
-  CheckpointInfo info{r.task->model_spec(),
-                      r.optimizer->name(),
-                      completed,
-                      r.step,
-                      r.o.seed,
-                      epoch_step,
-                      epoch_step > 0 ? loss_sum.item<float>() : 0.0f,
-                      epoch_step > 0 ? loss_count : 0,
-                      r.o.batch_size * r.o.grad_accum * r.world_size,
-                      r.nonfinite->skipped()};
+  CheckpointInfo info = position(r, completed, epoch_step, loss_sum, loss_count);
   info.optimizer_shards = r.o.save_sharded ? r.world_size : 0;
   std::vector<std::string> removed;
   save_checkpoint(r.o.save, *r.model, *r.optimizer, info, &removed);
@@ -345,7 +355,7 @@ void after_step(Run& r, EpochState& e, Progress& progress, int64_t step, int64_t
   }
   if (r.o.eval_every > 0 && r.step % r.o.eval_every == 0 && step < steps) {
     r.nonfinite->check();
-    report(r, measure(r, e), /*epoch_end=*/false);
+    report(r, measure(r, e), /*epoch_end=*/false, step, e.loss_sum, e.micro_batches);
   }
   if (r.o.save_every > 0 && r.step % r.o.save_every == 0 && step < steps) {
     // On every rank (--save-every is kept where --save is not), so no checkpoint
@@ -391,6 +401,7 @@ EpochMetrics train_epoch(Run& r, int64_t epoch) {
     const int64_t global = step_samples(plan, e.step, r.o.grad_accum, rows);
     const int64_t step = count_step(r, e, used, global, skipped_before, step_loss, last_loss);
     after_step(r, e, progress, step, plan.steps, last_loss);
+    if (r.stop_early) break;  // --early-stop, decided alike on every rank
   }
   if (r.join) {
     r.join->finish();  // every rank is out of data: the last joiner's model everywhere
@@ -404,12 +415,80 @@ EpochMetrics train_epoch(Run& r, int64_t epoch) {
   return measure(r, e);
 }
 
+namespace {
+
+// Note [best so far]: --save-best and --early-stop watch one metric, the one each
+// report line leads with: test_acc (higher is better) for classification,
+// test_loss for a regression, val_loss for a language model (lower is better). An
+// evaluation improves on the best only when strictly better (ties and NaN do not:
+// Keras' EarlyStopping and Lightning's ModelCheckpoint with min_delta 0). Every rank
+// evaluates the same all-reduced value, so every rank decides alike: the gather for
+// a ZeRO checkpoint and the early stop happen on all of them at one step. The best
+// value and the count since travel in --save's checkpoints, so a resumed run keeps
+// its patience. The best checkpoint is a whole --save-form checkpoint (resumable);
+// it replaces the previous best whatever its step (the best is not the latest).
+struct Monitored {
+  double value;
+  bool higher_is_better;
+  const char* name;
+};
+Monitored monitored(const EpochMetrics& m) {
+  if (m.language) return {m.val_loss, false, "val_loss"};
+  if (m.regression) return {m.test_loss, false, "test_loss"};
+  return {m.test_acc, true, "test_acc"};
+}
+
+bool track_best(Run& r, const Monitored& now) {
+  const bool improved =
+      std::isfinite(now.value) &&
+      (std::isnan(r.best_metric) ||
+       (now.higher_is_better ? now.value > r.best_metric : now.value < r.best_metric));
+  if (improved) {
+    r.best_metric = now.value;
+    r.evals_since_best = 0;
+  } else {
+    ++r.evals_since_best;
+  }
+  return improved;
+}
+
+void save_best(Run& r, int64_t completed, int64_t epoch_step, const Tensor& loss_sum,
+               int64_t loss_count) {
+  if (r.zero != nullptr) r.zero->gather_state();  // collective: rank 0 writes it
+  if (r.pg != nullptr && r.pg->env.rank != 0) return;
+  const trace::Span span("checkpoint", "train", {{"step", r.step}, {"best", 1}});
+  const CheckpointInfo info = position(r, completed, epoch_step, loss_sum, loss_count);
+  save_checkpoint(r.o.save_best, *r.model, *r.optimizer, info, nullptr, /*never_older=*/false);
+}
+
+}  // namespace
+
 // The metrics row first, so the checkpoint never covers a row not on disk.
-void report(Run& r, const EpochMetrics& m, bool epoch_end) {
+void report(Run& r, const EpochMetrics& m, bool epoch_end, int64_t epoch_step,
+            const Tensor& loss_sum, int64_t loss_count) {
   const TrainOptions& o = r.o;
   r.metrics->write(m, r.step, r.world_size, r.mode);
+  const Monitored now = monitored(m);
+  const bool improved = track_best(r, now);
+  // At an epoch's end the position is the next epoch's start.
+  const int64_t completed = epoch_end ? m.epoch : m.epoch - 1;
+  if (improved && !o.save_best.empty()) {
+    save_best(r, completed, epoch_end ? 0 : epoch_step, loss_sum, loss_count);
+  }
   if (epoch_end) save(r, m.epoch, 0, Tensor(), 0);
   if (!o.quiet) r.out << report_line(m, o, r.step, r.mode);
+  if (!o.quiet && improved && !o.save_best.empty()) {
+    r.out << fmt::format("best {} so far ({:.4f}): saved {}\n", now.name, now.value, o.save_best);
+  }
+  if (o.early_stop > 0 && r.evals_since_best >= o.early_stop && !r.stop_early) {
+    r.stop_early = true;
+    if (!o.quiet) {
+      r.out << fmt::format(
+          "early stop: {} has not improved on its best {:.4f} in {} evaluation{}; stopping at "
+          "step {}\n",
+          now.name, r.best_metric, r.evals_since_best, r.evals_since_best == 1 ? "" : "s", r.step);
+    }
+  }
 }
 
 }  // namespace ddp::train

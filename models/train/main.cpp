@@ -42,7 +42,9 @@ int main(int argc, char** argv) {
       rate += m.samples_per_s / static_cast<double>(result.epochs.size());
       token_rate += m.tokens_per_s / static_cast<double>(result.epochs.size());
     }
-    const std::string checkpoint = options->save.empty() ? "" : "; checkpoint " + options->save;
+    std::string checkpoint = options->save.empty() ? "" : "; checkpoint " + options->save;
+    if (!options->save_best.empty()) checkpoint += "; best " + options->save_best;
+    if (result.stopped_early) checkpoint += "; stopped early (--early-stop)";
     if (last.language) {
       std::cout << fmt::format(
           "summary: {} epoch{}, {} steps on {} in {:.1f} s; final val_loss {:.4f} nats "

@@ -59,6 +59,11 @@ struct Run {
   Tensor grad_norm_on_device{};
   // --drop-last false with uneven step counts: the epoch's Join (Note [uneven epochs]).
   std::unique_ptr<Join> join{};
+  // Note [best so far] in epoch.cpp: the monitored metric's best value (NaN: none
+  // yet), the evaluations since it, and whether --early-stop ends the run now.
+  double best_metric = std::numeric_limits<double>::quiet_NaN();
+  int64_t evals_since_best = 0;
+  bool stop_early = false;
 };
 
 // One epoch of the run (epoch.cpp): its steps, under a Join when the ranks' step
@@ -68,6 +73,9 @@ EpochMetrics train_epoch(Run& r, int64_t epoch);
 // Metrics, checkpoint (epoch_end) and the report line (each only where the options
 // ask for it). The metrics row goes first, so the checkpoint never covers a row not
 // on disk (Note [rows cut back] in run_log.cpp).
-void report(Run& r, const EpochMetrics& m, bool epoch_end);
+// Inside an epoch (--eval-every), the position for --save-best: the steps taken in
+// the epoch and their loss sum and count.
+void report(Run& r, const EpochMetrics& m, bool epoch_end, int64_t epoch_step = 0,
+            const Tensor& loss_sum = Tensor(), int64_t loss_count = 0);
 
 }  // namespace ddp::train

@@ -118,6 +118,10 @@ device and files:
                            must exist
   --save-every N           also save every N steps, mid-epoch (default 0: at
                            epoch ends only)
+  --save-best PATH         also save at each evaluation that improves test_acc
+                           (test_loss, [gpt] val_loss): the best model so far
+  --early-stop N           stop after N evaluations in a row without improving
+                           it (default 0: never)
   --resume PATH|auto       continue from a checkpoint written by --save, mid-epoch
                            included; auto: from --save's file if it exists, else
                            start fresh (for ddprun --max-restarts); cuts
@@ -228,6 +232,9 @@ const std::map<std::string, Setter>& setters() {
       {"--synthetic-size",
        [](auto& o, auto& v) { o.synthetic_size = parse_number<int64_t>("--synthetic-size", v); }},
       {"--test-data", [](auto& o, auto& v) { o.test_data = v; }},
+      {"--save-best", [](auto& o, auto& v) { o.save_best = v; }},
+      {"--early-stop",
+       [](auto& o, auto& v) { o.early_stop = parse_number<int64_t>("--early-stop", v); }},
       {"--target-columns",
        [](auto& o, auto& v) { o.target_columns = parse_column_list("--target-columns", v); }},
       {"--input-columns",
@@ -419,6 +426,13 @@ void validate(const TrainOptions& o) {
             "it needs --zero 1 or 2 and --save PATH (this run: --zero {}, {})",
             o.zero, o.save.empty() ? "no --save" : "--save " + o.save);
   DDP_CHECK(o.grad_accum >= 1, "--grad-accum {}: must be at least 1", o.grad_accum);
+  DDP_CHECK(o.early_stop >= 0,
+            "--early-stop {}: must be >= 0 (evaluations without improvement; 0: never)",
+            o.early_stop);
+  DDP_CHECK(o.save_best.empty() || o.save_best != o.save,
+            "--save-best {0} and --save {0} are one file: the best checkpoint and the latest "
+            "must be two paths",
+            o.save_best);
   DDP_CHECK(o.save_every >= 0, "--save-every {}: must be >= 0 (steps; 0: at epoch ends only)",
             o.save_every);
   DDP_CHECK(o.save_every == 0 || !o.save.empty(),

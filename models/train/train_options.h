@@ -80,6 +80,12 @@ struct TrainOptions {
   // Not a flag: --save as given, on every rank (rank 0 writes it; the others'
   // --save is cleared, but they gather or write their ZeRO shard for it).
   std::string save_everywhere;
+  // --save-best PATH: a checkpoint (the --save form) at each evaluation that improves
+  // the monitored metric (test_acc up; test_loss, val_loss down). Kept on every rank
+  // (rank 0 writes it; under ZeRO every rank gathers the state for it).
+  std::string save_best;
+  // --early-stop N: stop after N evaluations in a row without an improvement (0: never).
+  int64_t early_stop = 0;
   int64_t grad_accum = 1;       // micro-batches per optimizer step (ddp: all but the last
                                 // under no_sync()); --batch-size is the micro-batch
   bool sync_timing = false;     // not a flag: bench train sets it to time CUDA phases

@@ -107,6 +107,8 @@ void resume(Run& r, const std::string& path) {
     r.did_resume = true;
     r.first_epoch = r.resumed.epoch;
     r.step = r.resumed.step;
+    r.best_metric = r.resumed.best_metric;  // Note [best so far] in epoch.cpp
+    r.evals_since_best = r.resumed.evals_since_best;
     const int64_t global_batch = o.batch_size * o.grad_accum * r.world_size;
     DDP_CHECK(r.resumed.epoch_step == 0 ||
                   (r.resumed.seed == o.seed && r.resumed.global_batch == global_batch),
@@ -272,7 +274,9 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
   for (int64_t epoch = r.first_epoch; epoch < o.epochs; ++epoch) {
     result.epochs.push_back(train_epoch(r, epoch));
     report(r, result.epochs.back(), /*epoch_end=*/true);
+    if (r.stop_early) break;
   }
+  result.stopped_early = r.stop_early;
   result.total_s = seconds_since(start);
   result.steps = r.step;
   return result;
@@ -287,6 +291,7 @@ void report_trace(const std::string& merged, const TrainOptions& o, std::ostream
 // or --loss-log path fails before the data is loaded, not after the first epoch.
 void check_output_paths(const TrainOptions& o) {
   if (!o.save.empty()) check_can_create("--save", o.save);
+  if (!o.save_best.empty()) check_can_create("--save-best", o.save_best);
   if (!o.metrics.empty()) open_for_append("--metrics", o.metrics);
   if (!o.loss_log.empty()) open_for_append("--loss-log", o.loss_log);
 }

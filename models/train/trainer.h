@@ -66,8 +66,9 @@ struct TrainResult {
   double total_s = 0;
   int rank = 0;  // under a launcher with WORLD_SIZE > 1; only rank 0 reports
   int world_size = 1;
-  std::string mode;   // single | ddp | dp, as resolved from --mode
-  int64_t steps = 0;  // training steps of the whole run at its end (resumed ones included)
+  std::string mode;            // single | ddp | dp, as resolved from --mode
+  int64_t steps = 0;           // training steps of the whole run at its end (resumed ones included)
+  bool stopped_early = false;  // --early-stop ended the run before its epochs
 };
 
 // Resolves --device: "auto" is default_device(); others are parsed and checked.
