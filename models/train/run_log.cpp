@@ -60,26 +60,52 @@ int64_t json_int_field(const std::string& row, const std::string& key) {
   return std::strtoll(row.c_str() + at + needle.size(), nullptr, 10);
 }
 
+// A metrics row: (key, value as JSON writes it), in column order.
+using Fields = std::vector<std::pair<std::string, std::string>>;
+
 // Note [straggler report]: ddp rows with every rank's figures.
-std::string straggler_fields(const EpochMetrics& m) {
-  if (m.rank_compute_ms.empty()) return "";
+void straggler_fields(const EpochMetrics& m, Fields& f) {
+  if (m.rank_compute_ms.empty()) return;
   const auto list = [](const std::vector<double>& v) {
     std::string out;
     for (double x : v) out += fmt::format("{}{:.4f}", out.empty() ? "" : ", ", x);
     return "[" + out + "]";
   };
-  return fmt::format(", \"rank_compute_ms\": {}, \"rank_wait_ms\": {}, \"stragglers\": [{}]",
-                     list(m.rank_compute_ms), list(m.rank_wait_ms), fmt::join(m.stragglers, ", "));
+  f.emplace_back("rank_compute_ms", list(m.rank_compute_ms));
+  f.emplace_back("rank_wait_ms", list(m.rank_wait_ms));
+  f.emplace_back("stragglers", fmt::format("[{}]", fmt::join(m.stragglers, ", ")));
 }
 
 // Bytes per rank (models/train/memory_report.h).
-std::string memory_fields(const EpochMetrics& m) {
-  if (m.rank_peak_allocated.empty()) return "";
-  return fmt::format(
-      ", \"rank_peak_allocated\": [{}], \"rank_optimizer_state\": [{}], "
-      "\"rank_gradient_bytes\": [{}]",
-      fmt::join(m.rank_peak_allocated, ", "), fmt::join(m.rank_optimizer_state, ", "),
-      fmt::join(m.rank_gradient_bytes, ", "));
+void memory_fields(const EpochMetrics& m, Fields& f) {
+  if (m.rank_peak_allocated.empty()) return;
+  f.emplace_back("rank_peak_allocated",
+                 fmt::format("[{}]", fmt::join(m.rank_peak_allocated, ", ")));
+  f.emplace_back("rank_optimizer_state",
+                 fmt::format("[{}]", fmt::join(m.rank_optimizer_state, ", ")));
+  f.emplace_back("rank_gradient_bytes",
+                 fmt::format("[{}]", fmt::join(m.rank_gradient_bytes, ", ")));
+}
+
+bool is_csv(const std::string& path) {
+  return path.size() > 4 && path.compare(path.size() - 4, 4, ".csv") == 0;
+}
+
+// A CSV cell: strings lose their JSON quotes; lists ("[1, 2]") are quoted, as
+// their commas would split them.
+std::string csv_cell(const std::string& json) {
+  if (json.size() >= 2 && json.front() == '"') return json.substr(1, json.size() - 2);
+  if (json.find(',') != std::string::npos) return "\"" + json + "\"";
+  return json;
+}
+
+// The integer in the CSV row's second column (step); -1 when it is not one (the header).
+int64_t csv_step(const std::string& row) {
+  const auto comma = row.find(',');
+  if (comma == std::string::npos) return -1;
+  char* end = nullptr;
+  const long long v = std::strtoll(row.c_str() + comma + 1, &end, 10);
+  return end != row.c_str() + comma + 1 && *end == ',' ? v : -1;
 }
 
 }  // namespace
@@ -111,12 +137,17 @@ void check_can_create(const std::string& flag, const std::string& path) {
   ::unlink(probe.c_str());
 }
 
-MetricsLog::MetricsLog(const std::string& path, const std::optional<RunPosition>& start) {
+MetricsLog::MetricsLog(const std::string& path, const std::optional<RunPosition>& start)
+    : path_(path), csv_(is_csv(path)) {
   if (path.empty()) return;
   if (start) {
     cut_ = cut_back("--metrics", path, [&](const std::string& row) {
-      return json_int_field(row, "step") > start->step;
+      return (csv_ ? csv_step(row) : json_int_field(row, "step")) > start->step;
     });
+  }
+  if (csv_) {
+    std::ifstream in(path);
+    std::getline(in, header_);  // "" for a new or empty file
   }
   file_ = open_for_append("--metrics", path);
 }
@@ -124,26 +155,66 @@ MetricsLog::MetricsLog(const std::string& path, const std::optional<RunPosition>
 void MetricsLog::write(const EpochMetrics& m, int64_t step, int world_size,
                        const std::string& mode) {
   if (!file_.is_open()) return;
+  Fields f{{"epoch", fmt::format("{}", m.epoch)},
+           {"step", fmt::format("{}", step)},
+           {"train_loss", fmt::format("{:.6f}", m.train_loss)}};
   // Language models: their evaluation in place of test_acc (docs/train.md);
   // regressions: test_loss.
-  const std::string evaluation =
-      m.language ? fmt::format(
-                       "\"val_loss\": {:.6f}, \"val_bpb\": {:.6f}, \"tokens_per_s\": {:.1f}, "
-                       "\"unigram_bits\": {:.4f}, \"bigram_bits\": {:.4f}, \"grad_norm\": {}",
-                       m.val_loss, m.val_bpb, m.tokens_per_s, m.unigram_bits, m.bigram_bits,
-                       std::isfinite(m.grad_norm) ? fmt::format("{:.6g}", m.grad_norm) : "null")
-      : m.regression ? fmt::format("\"test_loss\": {:.6f}", m.test_loss)
-                     : fmt::format("\"test_acc\": {:.6f}", m.test_acc);
-  file_ << fmt::format(
-      "{{\"epoch\": {}, \"step\": {}, \"train_loss\": {:.6f}, {}, "
-      "\"samples_per_s\": {:.1f}, \"step_ms\": {:.4f}, \"time_s\": {:.3f}, \"lr\": {}, "
-      "\"steps\": {}, \"skipped_steps\": {}, \"world_size\": {}, \"mode\": \"{}\", "
-      "\"data_ms\": {:.4f}, \"forward_ms\": {:.4f}, \"backward_ms\": {:.4f}, "
-      "\"comm_exposed_ms\": {:.4f}, \"optimizer_ms\": {:.4f}, \"comm_ms\": {:.4f}, "
-      "\"overlap\": {:.4f}{}{}}}\n",
-      m.epoch, step, m.train_loss, evaluation, m.samples_per_s, m.step_ms, m.time_s, m.lr, m.steps,
-      m.skipped_steps, world_size, mode, m.data_ms, m.forward_ms, m.backward_ms, m.comm_exposed_ms,
-      m.optimizer_ms, m.comm_ms, m.overlap(), straggler_fields(m), memory_fields(m));
+  if (m.language) {
+    f.emplace_back("val_loss", fmt::format("{:.6f}", m.val_loss));
+    f.emplace_back("val_bpb", fmt::format("{:.6f}", m.val_bpb));
+    f.emplace_back("tokens_per_s", fmt::format("{:.1f}", m.tokens_per_s));
+    f.emplace_back("unigram_bits", fmt::format("{:.4f}", m.unigram_bits));
+    f.emplace_back("bigram_bits", fmt::format("{:.4f}", m.bigram_bits));
+    f.emplace_back("grad_norm",
+                   std::isfinite(m.grad_norm) ? fmt::format("{:.6g}", m.grad_norm) : "null");
+  } else if (m.regression) {
+    f.emplace_back("test_loss", fmt::format("{:.6f}", m.test_loss));
+  } else {
+    f.emplace_back("test_acc", fmt::format("{:.6f}", m.test_acc));
+  }
+  f.insert(f.end(), {{"samples_per_s", fmt::format("{:.1f}", m.samples_per_s)},
+                     {"step_ms", fmt::format("{:.4f}", m.step_ms)},
+                     {"time_s", fmt::format("{:.3f}", m.time_s)},
+                     {"lr", fmt::format("{}", m.lr)},
+                     {"steps", fmt::format("{}", m.steps)},
+                     {"skipped_steps", fmt::format("{}", m.skipped_steps)},
+                     {"world_size", fmt::format("{}", world_size)},
+                     {"mode", fmt::format("\"{}\"", mode)},
+                     {"data_ms", fmt::format("{:.4f}", m.data_ms)},
+                     {"forward_ms", fmt::format("{:.4f}", m.forward_ms)},
+                     {"backward_ms", fmt::format("{:.4f}", m.backward_ms)},
+                     {"comm_exposed_ms", fmt::format("{:.4f}", m.comm_exposed_ms)},
+                     {"optimizer_ms", fmt::format("{:.4f}", m.optimizer_ms)},
+                     {"comm_ms", fmt::format("{:.4f}", m.comm_ms)},
+                     {"overlap", fmt::format("{:.4f}", m.overlap())}});
+  straggler_fields(m, f);
+  memory_fields(m, f);
+  if (!csv_) {
+    std::string row;
+    for (const auto& [key, value] : f) {
+      row += fmt::format("{}\"{}\": {}", row.empty() ? "{" : ", ", key, value);
+    }
+    file_ << row << "}\n";
+    file_.flush();
+    return;
+  }
+  // Note [metrics csv]: one header line, the keys of the first row; a file that
+  // has one already (a resumed or repeated run) must have the same columns.
+  std::string header, cells;
+  for (const auto& [key, value] : f) {
+    header += (header.empty() ? "" : ",") + key;
+    cells += (cells.empty() ? "" : ",") + csv_cell(value);
+  }
+  if (header_.empty()) {
+    file_ << header << "\n";
+    header_ = header;
+  }
+  DDP_CHECK(header_ == header,
+            "--metrics {}: the file's header names the columns {}, this run's rows have {}; "
+            "write to another file (a different model, evaluation or world size changes them)",
+            path_, header_, header);
+  file_ << cells << "\n";
   file_.flush();
 }
 

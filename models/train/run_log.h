@@ -27,6 +27,9 @@ struct RunPosition {
   int64_t epoch_step = 0;  // steps taken in the next epoch
 };
 
+// --metrics: one row per evaluation (docs/train.md lists the keys). A path ending
+// in .csv gets CSV (Lightning's CSVLogger form: a header line of the keys, then one
+// line per row; lists quoted), any other JSON lines.
 class MetricsLog {
  public:
   // start: set when the run resumes (or was asked to): rows whose "step" is
@@ -37,6 +40,9 @@ class MetricsLog {
   int64_t rows_cut() const { return cut_; }
 
  private:
+  std::string path_;
+  bool csv_ = false;    // a path ending in .csv: CSV with a header, else JSON lines
+  std::string header_;  // csv: the file's header line ("" until written)
   std::ofstream file_;
   int64_t cut_ = 0;
 };
