@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <set>
 
 #ifndef DDP_SOURCE_DIR
 #define DDP_SOURCE_DIR "."
@@ -68,6 +69,12 @@ files:
 programs:
   --ddprun PATH          default: ddprun next to this program
   --train PATH           default: train next to this program
+  --program PATH -- ARGS sweep a program of one's own in place of train: run as
+                         ddprun -n W PATH ARGS --batch-size N --epochs 2
+                         --max-steps S --metrics FILE; it must take those flags
+                         and write samples_per_s rows (docs/scaling.md; a
+                         program built on train_main does); the CSV's model
+                         column is its file name
   --python PATH          for the torch peer (default /usr/bin/python3, which
                          needs python3-torch)
   --torch-script PATH    default: <prefix>/share/ddp/bench/peer/torch_train.py for an
@@ -171,6 +178,7 @@ const std::map<std::string, Setter>& setters() {
       {"--subtitle", [](Config& c, auto&, auto& v) { c.subtitle = v; }},
       {"--ddprun", [](Config& c, auto&, auto& v) { c.run.programs.ddprun = v; }},
       {"--train", [](Config& c, auto&, auto& v) { c.run.programs.train = v; }},
+      {"--program", [](Config& c, auto&, auto& v) { c.run.programs.program = v; }},
       {"--python", [](Config& c, auto&, auto& v) { c.run.programs.python = v; }},
       {"--torch-script", [](Config& c, auto&, auto& v) { c.run.programs.torch_script = v; }},
       {"--timeout", [](Config& c, auto& f,
@@ -212,7 +220,15 @@ std::string usage() {
 
 std::optional<Config> parse_cli(const std::vector<std::string>& args) {
   Config c;
+  std::set<std::string> given;
   for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--") {  // the rest is --program's
+      c.run.programs.program_args.assign(args.begin() + static_cast<std::ptrdiff_t>(i) + 1,
+                                         args.end());
+      DDP_CHECK(!c.run.programs.program.empty() || c.run.programs.program_args.empty(),
+                "arguments after -- are for --program PATH, which is not given");
+      break;
+    }
     std::string flag = args[i], value;
     bool has_value = false;
     if (const size_t eq = flag.find('='); flag.starts_with("--") && eq != std::string::npos) {
@@ -233,6 +249,17 @@ std::optional<Config> parse_cli(const std::vector<std::string>& args) {
       value = args[++i];
     }
     it->second(c, flag, value);
+    given.insert(flag);
+  }
+  if (!c.run.programs.program.empty()) {
+    for (const char* flag : {"--models", "--data", "--device", "--train"}) {
+      DDP_CHECK(given.count(flag) == 0,
+                "{} is train's; with --program pass your program's own flags after --, e.g. "
+                "scale --program {} -- --data mine.csv",
+                flag, c.run.programs.program);
+    }
+    c.sweep.program = fs::path(c.run.programs.program).filename().string();
+    c.sweep.models = {c.sweep.program};
   }
   fill_defaults(c);
   return c;
@@ -245,7 +272,9 @@ void check_programs(const Config& c) {
   const bool torch = std::find(impls.begin(), impls.end(), "torch") != impls.end();
   const Programs& p = c.run.programs;
   if (ours) {
-    for (const auto& [flag, path] : {std::pair{"--ddprun", p.ddprun}, {"--train", p.train}}) {
+    for (const auto& [flag, path] :
+         {std::pair{"--ddprun", p.ddprun},
+          p.program.empty() ? std::pair{"--train", p.train} : std::pair{"--program", p.program}}) {
       DDP_CHECK(::access(path.c_str(), X_OK) == 0,
                 "{} {}: not an executable file; build it (cmake --build BUILD --target ddprun "
                 "train) or pass {} PATH",

@@ -171,7 +171,7 @@ Measurement run_ours(const PointSpec& p, const RunOptions& o, Measurement m) {
   const std::string failure = wait_all({start(argv, env, log, log)}, Clock::now() + o.timeout);
   const std::string line = last_result_line(read_file(metrics));
   DDP_CHECK_T(Error, failure.empty() && !line.empty(), "{}: {}\n  $ {}\n{}", p.describe(),
-              failure.empty() ? "no samples_per_s in train's --metrics" : failure,
+              failure.empty() ? "no samples_per_s in the program's --metrics" : failure,
               fmt::join(argv, " "), tail_lines(read_file(log), 15));
   m.samples_per_s = json_number(line, "samples_per_s").value_or(0.0);
   m.step_ms = json_number(line, "step_ms").value_or(0.0);
@@ -217,6 +217,13 @@ std::vector<std::string> ours_command(const PointSpec& p, const Programs& progra
   std::vector<std::string> argv = {
       programs.ddprun, "--standalone", "-n", std::to_string(p.world_size), "--grace-period", "5"};
   if (p.backend != "auto") argv.insert(argv.end(), {"--backend", p.backend});
+  if (!programs.program.empty()) {  // Note [program contract] in runner.h
+    argv.push_back(programs.program);
+    argv.insert(argv.end(), programs.program_args.begin(), programs.program_args.end());
+    argv.insert(argv.end(), {"--batch-size", std::to_string(p.batch_per_rank), "--epochs", "2",
+                             "--max-steps", std::to_string(p.steps), "--metrics", metrics_path});
+    return argv;
+  }
   argv.insert(argv.end(), {programs.train,
                            "--model",
                            p.model,

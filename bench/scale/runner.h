@@ -17,8 +17,18 @@
 
 namespace ddp::scale {
 
+// Note [program contract]: `scale --program PATH -- ARGS` sweeps a program of one's
+// own as it sweeps train: `ddprun --standalone -n W [--backend B] PATH ARGS
+// --batch-size N --epochs 2 --max-steps S --metrics FILE`. The program must take
+// those four flags (N samples per step and rank; stop each epoch after S steps;
+// append one JSON object per epoch to FILE) and write, in each row, "samples_per_s"
+// (all ranks' training samples per second of the epoch, evaluation left out) and,
+// optionally, "step_ms", "comm_exposed_ms" and "tokens_per_s". A program built on
+// train_main (models/train/train_main.h) keeps it without a line of its own.
 struct Programs {
-  std::string ddprun, train;  // ours
+  std::string ddprun, train;                   // ours
+  std::string program = {};                    // --program: run in place of train
+  std::vector<std::string> program_args = {};  // its arguments (after scale's --)
   std::string python = "/usr/bin/python3";
   std::string torch_script;        // bench/peer/torch_train.py
   std::string data = "synthetic";  // train's --data: synthetic or a Fashion-MNIST folder

@@ -45,7 +45,15 @@ void validate(const SweepOptions& o) {
   for (int w : o.world_sizes) {
     DDP_CHECK(w >= 1 && w <= 1024, "--world-sizes: {} is not a world size (1 to 1024)", w);
   }
-  for (const auto& model : o.models) {
+  if (!o.program.empty()) {
+    DDP_CHECK(o.impls == std::vector<std::string>{"ours"},
+              "--program runs your program under ddprun; --impls must be ours (the torch peer "
+              "runs train's models)");
+    DDP_CHECK(o.bucket_caps_mb == std::vector<double>{25.0},
+              "--bucket-caps sets train's --bucket-cap-mb; with --program pass the flag your "
+              "program takes after --");
+  }
+  for (const auto& model : o.program.empty() ? o.models : std::vector<std::string>{}) {
     if (models::is_gpt_model(model)) {
       models::gpt_config(model);  // names a bad spec now, not after the first runs
       DDP_CHECK(std::find(o.impls.begin(), o.impls.end(), "torch") == o.impls.end(),

@@ -24,6 +24,9 @@ struct SweepOptions {
   int steps = 100;         // timed steps per run
   int repeats = 1;         // measurements per point
   int threads = 1;         // BLAS/OpenMP threads per rank
+  // --program: the series' name (the program's file name), the only "model" of the
+  // sweep; empty: models are train's (Note [program contract] in runner.h).
+  std::string program = {};
 };
 
 // Throws ValueError naming the flag, the value and the valid values.

@@ -65,11 +65,25 @@ class ImageTask : public Task {
     // A regression has one output per target column.
     config_.num_classes = regression() ? data_.train.labels.size(1) : data_.train.num_classes;
     Generator gen(o.seed);
-    model_ = models::make_model(config_, gen);
+    if (o.user_model != nullptr) {
+      DDP_CHECK(static_cast<bool>(o.user_model->build), "UserModel '{}' has no build function",
+                o.user_model->name);
+      const Shape sample(in.begin() + 1, in.end());
+      model_ = o.user_model->build(sample, config_.num_classes, gen);
+      DDP_CHECK(model_ != nullptr, "UserModel '{}': build returned no module", o.user_model->name);
+      user_loss_ = o.user_model->loss;
+      // The checkpoint's "model": a resume must build the same thing.
+      user_spec_ =
+          fmt::format("{} {} -> {}", o.user_model->name, shape_str(sample), config_.num_classes);
+    } else {
+      model_ = models::make_model(config_, gen);
+    }
     model_->to(device);
   }
 
-  std::string model_spec() const override { return models::describe(config_); }
+  std::string model_spec() const override {
+    return user_spec_.empty() ? models::describe(config_) : user_spec_;
+  }
   std::shared_ptr<nn::Module> model() const override { return model_; }
   bool is_language_model() const override { return false; }
   bool is_regression() const override { return regression(); }
@@ -98,6 +112,7 @@ class ImageTask : public Task {
   void start_epoch(int64_t epoch) override { loader_.start_epoch(epoch); }
   bool next(Batch& batch) override { return loader_.next(batch); }
   Tensor loss(const Tensor& output, const Batch& batch) const override {
+    if (user_loss_) return user_loss_(output, batch.labels);
     if (regression()) return functional::mse_loss(output, batch.labels);
     return functional::cross_entropy(output, batch.labels);
   }
@@ -166,7 +181,9 @@ class ImageTask : public Task {
   Data data_;
   models::ModelConfig config_;
   DataLoader loader_, test_loader_;
-  std::shared_ptr<nn::Sequential> model_;
+  std::shared_ptr<nn::Module> model_;
+  std::function<Tensor(const Tensor&, const Tensor&)> user_loss_;  // UserModel::loss
+  std::string user_spec_;  // a UserModel's model_spec ("" for the zoo's)
 };
 
 }  // namespace

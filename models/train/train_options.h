@@ -3,13 +3,30 @@
 #pragma once
 
 #include "models/zoo.h"
+#include "runtime/nn/module.h"
+#include "runtime/rng/generator.h"
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
 
 namespace ddp::train {
+
+// A model of one's own in place of the zoo's (train_main.h, docs/api.md "Your own
+// model"): built for one sample's input shape ([D], or [C, H, W] for images) and
+// the outputs the data asks for (its classes, or a regression's target columns),
+// with the loss of an output and its targets (empty: cross-entropy for class ids,
+// MSE for values, as train's mlp). Everything else is train's: data (--data:
+// files, Fashion-MNIST, synthetic), DDP/ZeRO, resume, metrics, evaluation.
+struct UserModel {
+  std::string name = "custom";  // in logs and the checkpoint's metadata
+  std::function<std::shared_ptr<nn::Module>(const Shape& sample, int64_t outputs, Generator& gen)>
+      build = {};
+  std::function<Tensor(const Tensor& output, const Tensor& target)> loss = {};
+};
 
 // --drop-last (Note [uneven epochs] in uneven.h): pad | true | false.
 enum class DropLast { pad, drop, uneven };
@@ -90,6 +107,8 @@ struct TrainOptions {
                                 // under no_sync()); --batch-size is the micro-batch
   bool sync_timing = false;     // not a flag: bench train sets it to time CUDA phases
   std::set<std::string> given;  // the flags on the command line (model defaults skip them)
+  // Not a flag: a program's own model (train_main), trained in place of --model.
+  std::shared_ptr<const UserModel> user_model;
 };
 
 // Throws ValueError (the caller prints it with the usage and exits 2).

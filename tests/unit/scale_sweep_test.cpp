@@ -255,6 +255,41 @@ TEST(ScaleCli, ListsFlagsAndDefaults) {
   EXPECT_NE(usage().find("--plot-only"), std::string::npos);
 }
 
+// Note [program contract]: --program runs in train's place with its own arguments and
+// the four contract flags; train's flags are refused with it.
+TEST(ScaleCli, ProgramRunsInTrainsPlaceWithItsArguments) {
+  const auto c = parse_cli({"--program", "/home/u/own_model", "--world-sizes", "1,2", "--",
+                            "--data", "t.csv", "--lr", "0.1"});
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->sweep.models, (std::vector<std::string>{"own_model"}));
+  EXPECT_EQ(c->run.programs.program_args,
+            (std::vector<std::string>{"--data", "t.csv", "--lr", "0.1"}));
+  const auto plan = plan_sweep(c->sweep);
+  ASSERT_FALSE(plan.empty());
+  EXPECT_EQ(plan[0].model, "own_model");
+  const std::string text =
+      fmt::format("{}", fmt::join(ours_command(plan[0], c->run.programs, "/tmp/m.jsonl"), " "));
+  EXPECT_NE(text.find("-n 1 --grace-period 5 /home/u/own_model --data t.csv --lr 0.1 "
+                      "--batch-size 256 --epochs 2 --max-steps 100 --metrics /tmp/m.jsonl"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("/train"), std::string::npos) << text;
+  const auto error = [](const std::vector<std::string>& args) {
+    try {
+      parse_cli(args);
+    } catch (const ValueError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(error({"--program", "p", "--models", "cnn"}).find("--models is train's"),
+            std::string::npos);
+  EXPECT_NE(error({"--", "--data", "x"}).find("arguments after -- are for --program"),
+            std::string::npos);
+  auto torch = *parse_cli({"--program", "p", "--impls", "ours,torch"});
+  EXPECT_THROW(plan_sweep(torch.sweep), ValueError);
+}
+
 TEST(ScaleCli, GptSpecsKeepTheirCommas) {
   const auto c =
       parse_cli({"--models", "mlp,gpt:layers=1,d=32,heads=2,ctx=16,gpt-tiny", "--dry-run"});

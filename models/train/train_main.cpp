@@ -1,0 +1,105 @@
+// train_main: the `train` program as a library call (train_main.h).
+#include "models/train/train_main.h"
+
+#include "models/train/trainer.h"
+#include "runtime/error.h"
+#include "runtime/trace.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+
+namespace ddp::train {
+
+int train_main(int argc, const char* const* argv, const TrainProgram& program) {
+  // Line-buffered even into a pipe (ddprun's): a rank stopped by SIGTERM, whose
+  // default action ends the process without flushing stdio, loses no complete line.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  const std::string& name = program.name;
+  std::optional<TrainOptions> options;
+  try {
+    // The program's defaults first: the command line's flags come after and win.
+    std::vector<const char*> args{argc > 0 ? argv[0] : name.c_str()};
+    for (const auto& d : program.defaults) args.push_back(d.c_str());
+    for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+    options = parse_train_args(static_cast<int>(args.size()), args.data());
+    if (options && program.model != nullptr) {
+      for (const char* zoo_flag : {"--model", "--hidden"}) {
+        DDP_CHECK(options->given.count(zoo_flag) == 0,
+                  "{} chooses a model of the zoo; {} trains its own ({})", zoo_flag, name,
+                  program.model->name);
+      }
+      options->user_model = program.model;
+    }
+  } catch (const Error& e) {
+    // One line naming the flag, the value and the rule; the usage is one command away
+    // (115 lines after the error buried it, under ddprun above all).
+    std::cerr << name << ": " << e.what() << "\n"
+              << name << ": run '" << name << " --help' for every option\n";
+    return 2;
+  }
+  if (!options) {
+    if (program.model != nullptr) {
+      std::cout << fmt::format(
+          "{} trains its own model ({}) with train's options below; --model and --hidden do "
+          "not apply.\n\n",
+          name, program.model->name);
+    }
+    std::cout << kTrainUsage;
+    return 0;
+  }
+  trace::start_from_env();  // DDP_TRACE=DIR (docs/observability.md), also without ranks
+  try {
+    const auto result = run_training(*options, std::cout);
+    if (result.rank != 0) return 0;  // rank 0 reports for the group
+    if (result.epochs.empty()) {
+      std::cout << "nothing to do: the checkpoint already covers " << options->epochs
+                << " epochs\n";
+      return 0;
+    }
+    const auto& last = result.epochs.back();
+    double best = 0, best_loss = last.val_loss, rate = 0, token_rate = 0;
+    for (const auto& m : result.epochs) {
+      best = std::max(best, m.test_acc);
+      best_loss = std::min(best_loss, m.val_loss);
+      rate += m.samples_per_s / static_cast<double>(result.epochs.size());
+      token_rate += m.tokens_per_s / static_cast<double>(result.epochs.size());
+    }
+    std::string checkpoint = options->save.empty() ? "" : "; checkpoint " + options->save;
+    if (!options->save_best.empty()) checkpoint += "; best " + options->save_best;
+    if (result.stopped_early) checkpoint += "; stopped early (--early-stop)";
+    if (last.language) {
+      std::cout << fmt::format(
+          "summary: {} epoch{}, {} steps on {} in {:.1f} s; final val_loss {:.4f} nats "
+          "(val_bpb {:.4f}; the validation bytes' bigram entropy is {:.4f}, unigram {:.4f} "
+          "bits/byte), best val_loss {:.4f}; train_loss {:.4f}; {:.0f} tokens/s{}\n",
+          result.epochs.size(), result.epochs.size() == 1 ? "" : "s", result.steps,
+          result.device.str(), result.total_s, last.val_loss, last.val_bpb, last.bigram_bits,
+          last.unigram_bits, best_loss, last.train_loss, token_rate, checkpoint);
+      return 0;
+    }
+    if (last.regression) {
+      double best_test_loss = last.test_loss;
+      for (const auto& m : result.epochs) best_test_loss = std::min(best_test_loss, m.test_loss);
+      std::cout << fmt::format(
+          "summary: {} epoch{} on {} in {:.1f} s; final test_loss {:.4f} (best {:.4f}); "
+          "train_loss {:.4f}; {:.0f} samples/s{}\n",
+          result.epochs.size(), result.epochs.size() == 1 ? "" : "s", result.device.str(),
+          result.total_s, last.test_loss, best_test_loss, last.train_loss, rate, checkpoint);
+      return 0;
+    }
+    std::cout << fmt::format(
+        "summary: {} epoch{} on {} in {:.1f} s; final test_acc {:.4f} (best {:.4f}); "
+        "train_loss {:.4f}; {:.0f} samples/s{}\n",
+        result.epochs.size(), result.epochs.size() == 1 ? "" : "s", result.device.str(),
+        result.total_s, last.test_acc, best, last.train_loss, rate, checkpoint);
+    return 0;
+  } catch (const Error& e) {
+    std::cerr << name << ": error: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace ddp::train
