@@ -31,7 +31,7 @@
 // is CommunicatorBase's. started and completed are the GPU's: the watchdog
 // (NcclWatchdog::Backend::started/tell) sees the collective's start event pass,
 // then its end event, in stream order, and tells each with the event's time
-// mapped to the host's steady clock (Note [gpu clock] in runtime/trace_gpu.h), so
+// mapped to the host's steady clock (Note [gpu clock] in runtime/trace/gpu.h), so
 // they arrive a few milliseconds late but carry the moment the GPU reached them.
 // A collective found finished before it was seen starting is told both at once.
 // failed is told for every collective in flight when the communicator fails (at
@@ -52,7 +52,7 @@
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/logging.h"
 #include "runtime/stream.h"
-#include "runtime/trace_gpu.h"
+#include "runtime/trace/gpu.h"
 
 #include <unistd.h>
 

@@ -6,7 +6,7 @@
 #include "runtime/logging.h"
 #include "runtime/ops/ops.h"
 #include "runtime/trace.h"
-#include "runtime/trace_file.h"
+#include "runtime/trace/file.h"
 
 #include <fmt/format.h>
 

@@ -1,5 +1,5 @@
 // The collectives on the timeline (Note [timeline collectives]) and the clock
-// alignment of the ranks' timelines (Note [trace clocks] in runtime/trace_clock.h).
+// alignment of the ranks' timelines (Note [trace clocks] in runtime/trace/clock.h).
 //
 // Note [timeline collectives]
 // One CollectiveObserver (collectives/collective_events.h) turns every
@@ -25,7 +25,7 @@
 #pragma once
 
 #include "collectives/bootstrap.h"
-#include "runtime/trace_clock.h"
+#include "runtime/trace/clock.h"
 
 #include <string>
 

@@ -3,7 +3,7 @@
 #include "launcher/process.h"
 #include "runtime/env.h"
 #include "runtime/error.h"
-#include "runtime/trace_file.h"
+#include "runtime/trace/file.h"
 
 #include <charconv>
 #include <filesystem>

@@ -1,10 +1,10 @@
 // The recorder (Note [timeline]); the process's side of it (start from the
-// environment, exit, signals, fork, the file) is in runtime/trace_process.cpp.
+// environment, exit, signals, fork, the file) is in runtime/trace/process.cpp.
 #include "runtime/trace.h"
 
 #include "runtime/env.h"
 #include "runtime/error.h"
-#include "runtime/trace_internal.h"
+#include "runtime/trace/internal.h"
 
 #include <unistd.h>
 
@@ -290,7 +290,7 @@ void start(const StartOptions& options) {
     r.lost.store(0);
     r.generation.fetch_add(1, std::memory_order_acq_rel);
   }
-  detail::started(options);  // runtime/trace_process.cpp: exit, signals, fork
+  detail::started(options);  // runtime/trace/process.cpp: exit, signals, fork
   detail::g_on.store(true, std::memory_order_release);
 }
 

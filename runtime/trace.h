@@ -22,10 +22,10 @@
 // track that is no thread (a GPU stream: trace::stream_track()); the begin/end
 // records of one track must come from one thread. Times are steady_clock
 // nanoseconds; the file records the offsets of this clock to the reference clock
-// (Note [trace clocks] in runtime/trace_clock.h) and the merge aligns the ranks
+// (Note [trace clocks] in runtime/trace/clock.h) and the merge aligns the ranks
 // with them.
 //
-// The file, DIR/rank_<R>.json (runtime/trace_file.h; restarts of a ddprun group
+// The file, DIR/rank_<R>.json (runtime/trace/file.h; restarts of a ddprun group
 // get names of their own), is written at exit when anything was recorded, on
 // SIGTERM, SIGINT and SIGHUP (Note [trace on signals]), and when the program
 // calls write_file() (train does at the end of a run). Spans still open then end
@@ -70,7 +70,7 @@ inline constexpr size_t kMaxArgs = 4;
 
 class DeviceSpans;
 namespace detail {
-// Phases on a CUDA device (Note [device spans] in runtime/trace_gpu.h).
+// Phases on a CUDA device (Note [device spans] in runtime/trace/gpu.h).
 DeviceSpans* device_spans_for(const Device& device) noexcept;
 void device_boundary(DeviceSpans* spans, std::string_view name, Args args) noexcept;
 }  // namespace detail
@@ -130,7 +130,7 @@ class Span {
 // Consecutive spans on this thread, as the phases of a step: next() ends the
 // current one and begins the next at the same moment; the last one ends with
 // close() or the object. Given a CUDA device, the phases are also timed on the
-// device (Note [device spans] in runtime/trace_gpu.h).
+// device (Note [device spans] in runtime/trace/gpu.h).
 class Phases {
  public:
   explicit Phases(const char* category) noexcept : category_(category) {}
@@ -175,7 +175,7 @@ void set_rank_info(const RankInfo& info);
 RankInfo rank_info();
 
 // reference clock = local clock + offset_ns, measured around local_ns, within
-// +-error_ns (Note [trace clocks] in runtime/trace_clock.h).
+// +-error_ns (Note [trace clocks] in runtime/trace/clock.h).
 struct ClockSample {
   int64_t local_ns = 0;
   int64_t offset_ns = 0;
@@ -206,7 +206,7 @@ bool start_from_env() noexcept;
 bool requested();
 
 // Writes this rank's file in DIR now (atomically: a temporary file, then a
-// rename; rank_file_name() in runtime/trace_file.h) with everything recorded so
+// rename; rank_file_name() in runtime/trace/file.h) with everything recorded so
 // far; returns its path. Throws Error when it cannot (the temporary is removed).
 std::string write_file();
 

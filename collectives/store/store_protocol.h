@@ -17,7 +17,7 @@
 //   DELETE       key                            INT (1 if the key existed, else 0)
 //   CHECK        keys                           INT (1 if all keys exist, else 0)
 //   TIME         (none)                         INT (the server's steady clock, ns;
-//                                               Note [trace clocks] in runtime/trace_clock.h)
+//                                               Note [trace clocks] in runtime/trace/clock.h)
 //   any request                                 ERROR(text) on failure
 //
 // Every frame is at most kMaxMessageBytes after its length field. The parser

@@ -112,7 +112,7 @@ class TcpStore : public Store {
   bool check(const std::vector<std::string>& keys) override;
   std::chrono::milliseconds timeout() const override { return options_.timeout; }
   // The server's steady clock (TIME), for aligning the ranks' timelines (Note
-  // [trace clocks] in runtime/trace_clock.h).
+  // [trace clocks] in runtime/trace/clock.h).
   int64_t server_time_ns();
 
  private:

@@ -5,7 +5,7 @@
 // collective of world size 1 lands on "nccl stream (comm N)" with its flow arrow
 // from the enqueue. Without a GPU (or NCCL, for the last) each test skips and
 // says why.
-#include "runtime/trace_gpu.h"
+#include "runtime/trace/gpu.h"
 #include "collectives/backends.h"
 #include "collectives/collective_events.h"
 #include "ddp/config.h"

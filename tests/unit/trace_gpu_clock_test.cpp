@@ -1,10 +1,10 @@
-// The GPU clock and device spans (runtime/trace_gpu.h) on CPU events, which
+// The GPU clock and device spans (runtime/trace/gpu.h) on CPU events, which
 // record the host clock, with a fake host clock and fake "has it passed?"
 // answers (GpuClock::Hooks): anchors that keep every event mappable, a refresh
 // that never waits, pooled events, and spans per thread (Note [gpu clock], Note
 // [device spans]).
 #include "runtime/trace.h"
-#include "runtime/trace_gpu.h"
+#include "runtime/trace/gpu.h"
 
 #include <gtest/gtest.h>
 

@@ -1,10 +1,10 @@
-// The timeline's process side (runtime/trace_process.cpp): what a forked child
+// The timeline's process side (runtime/trace/process.cpp): what a forked child
 // inherits (Note [trace and fork]), the signals (Note [trace on signals]), the
 // file at exit, and recording without memory (Note [timeline]). Each case runs in
 // a process of its own (fork), since it installs handlers, raises signals or
 // fails allocations; the parent test only reads how that process ended.
 #include "runtime/trace.h"
-#include "runtime/trace_file.h"
+#include "runtime/trace/file.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>

@@ -7,9 +7,9 @@
 #include "collectives/collective_events.h"
 #include "collectives/store/tcp_store.h"
 #include "collectives/trace_collectives.h"
-#include "runtime/trace_clock.h"
-#include "runtime/trace_file.h"
-#include "runtime/trace_gpu.h"
+#include "runtime/trace/clock.h"
+#include "runtime/trace/file.h"
+#include "runtime/trace/gpu.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // Note [trace files]: the per-rank file, written and read back.
-#include "runtime/trace_file.h"
+#include "runtime/trace/file.h"
 
 #include "runtime/checkpoint/json.h"
 #include "runtime/error.h"

@@ -1,4 +1,4 @@
-#include "runtime/trace_gpu.h"
+#include "runtime/trace/gpu.h"
 
 #include <fmt/format.h>
 

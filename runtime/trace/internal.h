@@ -1,5 +1,5 @@
 // Between the recorder (runtime/trace.cpp) and the process's side of the
-// timeline (runtime/trace_process.cpp: the environment, exit, signals, fork, the
+// timeline (runtime/trace/process.cpp: the environment, exit, signals, fork, the
 // file). Not for other code.
 #pragma once
 

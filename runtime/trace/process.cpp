@@ -4,9 +4,9 @@
 #include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/trace.h"
-#include "runtime/trace_file.h"
-#include "runtime/trace_gpu.h"
-#include "runtime/trace_internal.h"
+#include "runtime/trace/file.h"
+#include "runtime/trace/gpu.h"
+#include "runtime/trace/internal.h"
 
 #include <fcntl.h>
 #include <pthread.h>

@@ -1,8 +1,8 @@
 // The merge of a run's rank files into one Chrome trace (Note [trace files]).
 #include "runtime/checkpoint/json.h"
 #include "runtime/error.h"
-#include "runtime/trace_clock.h"
-#include "runtime/trace_file.h"
+#include "runtime/trace/clock.h"
+#include "runtime/trace/file.h"
 
 #include <fmt/ranges.h>
 

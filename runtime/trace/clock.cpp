@@ -1,4 +1,4 @@
-#include "runtime/trace_clock.h"
+#include "runtime/trace/clock.h"
 
 #include "runtime/error.h"
 
