@@ -524,6 +524,8 @@ void Watcher::print_summary() const {
   if (!error_line.empty()) say(fmt::format("rank {}'s error: {}", f.rec.rank, error_line));
   if (tail.empty()) {
     say(fmt::format("rank {} wrote nothing to stderr", f.rec.rank));
+  } else if (tail.size() == 1 && tail.front() == error_line) {
+    // Its whole stderr is the error line just quoted: once is enough.
   } else {
     say(fmt::format("last {} line{} of rank {}'s stderr:", tail.size(), tail.size() == 1 ? "" : "s",
                     f.rec.rank));
