@@ -168,6 +168,7 @@ output:
   --log-every N            a progress line every N steps (default: a progress
                            bar on a terminal, one line per epoch otherwise)
   --quiet                  only the summary
+  --summary                print the model's layers and parameter counts first
   -h, --help               this text
 )";
 
@@ -501,9 +502,13 @@ std::optional<TrainOptions> parse_train_args(int argc, const char* const* argv) 
       has_value = true;
     }
     if (arg == "-h" || arg == "--help") return std::nullopt;
-    if (arg == "--quiet" || arg == "--nesterov" || arg == "--save-sharded") {
+    if (arg == "--quiet" || arg == "--nesterov" || arg == "--save-sharded" || arg == "--summary") {
       DDP_CHECK(!has_value, "{} takes no value", arg);
-      (arg == "--quiet" ? o.quiet : arg == "--nesterov" ? o.nesterov : o.save_sharded) = true;
+      (arg == "--quiet"      ? o.quiet
+       : arg == "--nesterov" ? o.nesterov
+       : arg == "--summary"  ? o.summary
+                             : o.save_sharded) = true;
+      o.given.insert(arg);
       continue;
     }
     auto it = setters().find(arg);

@@ -270,6 +270,7 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
         : r.dp ? fmt::format(", dp over {} replicas ({})", dp_devices.size(), o.devices)
                : "");
   }
+  if (!o.quiet && o.summary) out << r.task->model()->summary();
   if (!o.quiet) out << describe_uneven(*r.task, o, r.world_size);
   for (int64_t epoch = r.first_epoch; epoch < o.epochs; ++epoch) {
     result.epochs.push_back(train_epoch(r, epoch));

@@ -2,6 +2,10 @@
 
 #include "runtime/ops/ops.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <functional>
 #include <map>
 
 namespace ddp::nn {
@@ -207,6 +211,64 @@ std::shared_ptr<Module> Module::replicate_from(const std::vector<Tensor>& parame
   }
   copy->rebind_members();
   return copy;
+}
+
+namespace {
+
+std::string with_commas(int64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string Module::summary() const {
+  struct Row {
+    std::string name, type, count, shapes;
+  };
+  std::vector<Row> rows;
+  std::function<void(const Module&, const std::string&)> walk = [&](const Module& m,
+                                                                    const std::string& prefix) {
+    if (!m.params_.empty() || m.children_.empty()) {
+      int64_t count = 0;
+      std::string shapes;
+      for (const auto& [n, t] : m.params_) {
+        count += t.numel();
+        shapes += fmt::format("{}{} {}", shapes.empty() ? "" : ", ", n, shape_str(t.shape()));
+      }
+      rows.push_back({prefix.empty() ? "(model)" : prefix, m.name(), with_commas(count), shapes});
+    }
+    for (const auto& [n, child] : m.children_) walk(*child, prefix.empty() ? n : prefix + "." + n);
+  };
+  walk(*this, "");
+  size_t name_w = 5, type_w = 4, count_w = 10;
+  for (const auto& r : rows) {
+    name_w = std::max(name_w, r.name.size());
+    type_w = std::max(type_w, r.type.size());
+    count_w = std::max(count_w, r.count.size());
+  }
+  std::string out = fmt::format("{:<{}}  {:<{}}  {:>{}}  shapes\n", "layer", name_w, "type", type_w,
+                                "parameters", count_w);
+  for (const auto& r : rows) {
+    std::string line = fmt::format("{:<{}}  {:<{}}  {:>{}}  {}", r.name, name_w, r.type, type_w,
+                                   r.count, count_w, r.shapes);
+    line.erase(line.find_last_not_of(' ') + 1);
+    out += line + "\n";
+  }
+  size_t bytes = 0;
+  for (const auto& [n, t] : named_parameters()) bytes += t.nbytes();
+  const auto buffers = named_buffers();
+  size_t buffer_bytes = 0;
+  for (const auto& [n, t] : buffers) buffer_bytes += t.nbytes();
+  out += fmt::format("total: {} parameters ({:.1f} KiB), {} buffer{} ({:.1f} KiB)\n",
+                     with_commas(num_parameters()), static_cast<double>(bytes) / 1024.0,
+                     buffers.size(), buffers.size() == 1 ? "" : "s",
+                     static_cast<double>(buffer_bytes) / 1024.0);
+  return out;
 }
 
 std::string Module::str(int indent) const {

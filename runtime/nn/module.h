@@ -44,6 +44,11 @@ class Module {
   void zero_grad(bool set_to_none = false);
   // A description like PyTorch's repr.
   std::string str(int indent = 0) const;
+  // A table as Keras' model.summary() or torchinfo print it: one row per module
+  // that holds parameters or has no children (its dotted name, class, own
+  // parameter count and shapes), then the totals (parameters, their bytes,
+  // buffers). Counts with thousands separators: "total: 203,530 parameters ...".
+  std::string summary() const;
 
   // Note [module replicas]: a copy of this module for a DataParallel replica: the
   // same classes, names, training flag and children (replicated too), whose

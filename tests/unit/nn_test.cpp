@@ -34,6 +34,24 @@ TEST(Module, NamesFollowPyTorchStateDict) {
       "  (2): ReLU()\n  (3): Linear(in_features=5, out_features=3, bias=True)\n)");
 }
 
+// Keras' model.summary() form: a row per leaf (and per module with parameters of its
+// own), each row's count the closed form of its shapes, then the totals.
+TEST(Module, SummaryListsLayersCountsAndTotals) {
+  auto model = mlp(1);
+  const std::string s = model->summary();
+  EXPECT_NE(s.find("0      Flatten           0\n"), std::string::npos) << s;
+  EXPECT_NE(s.find("1      Linear           65  weight [5, 12], bias [5]\n"), std::string::npos)
+      << s;
+  EXPECT_NE(s.find("3      Linear           18  weight [3, 5], bias [3]\n"), std::string::npos)
+      << s;
+  EXPECT_NE(s.find("total: 83 parameters (0.3 KiB), 0 buffers"), std::string::npos) << s;
+  nn::Sequential big;
+  Generator gen(2);
+  big.add(std::make_shared<nn::Linear>(1000, 1000, gen));
+  EXPECT_NE(big.summary().find("total: 1,001,000 parameters (3910.2 KiB)"), std::string::npos)
+      << big.summary();
+}
+
 TEST(Module, DefaultInitBoundsAndSeeds) {
   auto a = mlp(7), b = mlp(7), c = mlp(8);
   const auto pa = a->parameters(), pb = b->parameters(), pc = c->parameters();
