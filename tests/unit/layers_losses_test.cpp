@@ -2,6 +2,7 @@
 // values against closed forms computed here in double (the formulas torch documents),
 // gradients against central finite differences, the modules against their functional
 // forms, and the errors for mismatched shapes.
+#include "runtime/autograd/autograd.h"
 #include "runtime/autograd/functions.h"
 #include "runtime/nn/layers.h"
 #include "runtime/ops/ops.h"
@@ -10,6 +11,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -141,6 +144,83 @@ TEST(Modules, LayerNormAndEmbeddingAreTheFunctionalOps) {
   net.add(std::make_shared<nn::Tanh>()).add(std::make_shared<nn::SiLU>());
   net.add(std::make_shared<nn::Sigmoid>());
   EXPECT_EQ(net.forward(x).to_vector<float>(), F::sigmoid(F::silu(F::tanh(x))).to_vector<float>());
+}
+
+// Parity with PyTorch 1.13 (Debian's python3-torch): on x = [[-2, -0.5, 0], [0.3, 1.7,
+// 3.1]] each op's value and the gradient of sum(op(x) * w) (losses: of the loss) as
+// torch computes them, printed with 9 significant digits by
+//   x.requires_grad_(); y = f(x); (y * w).sum().backward(); print(y, x.grad)
+// w = [[0.5, -1, 2], [1.5, -0.25, 0.75]], targets t = [[0.1, -1.2, 0.5], [2, 0, 1]],
+// BCE targets b = [[0, 1, 0.25], [0.5, 1, 0]]; LayerNorm(3) with weight [1, 0.5, -2]
+// and bias [0.1, 0, -0.3].
+struct TorchCase {
+  const char* name;
+  std::function<Tensor(const Tensor&)> op;
+  std::vector<double> value, grad;
+};
+
+TEST(PyTorchParity, ActivationsLossesAndLayerNorm) {
+  const Tensor w = from_vector<float>({0.5f, -1, 2, 1.5f, -0.25f, 0.75f}, {2, 3});
+  const Tensor t = from_vector<float>({0.1f, -1.2f, 0.5f, 2, 0, 1}, {2, 3});
+  const Tensor b = from_vector<float>({0, 1, 0.25f, 0.5f, 1, 0}, {2, 3});
+  auto ln = std::make_shared<nn::LayerNorm>(3);
+  copy_(ln->weight, from_vector<float>({1, 0.5f, -2}, {3}));
+  copy_(ln->bias, from_vector<float>({0.1f, 0, -0.3f}, {3}));
+  const std::vector<TorchCase> cases = {
+      {"tanh",
+       [](const Tensor& x) { return F::tanh(x); },
+       {-0.964027584, -0.462117165, 0.0, 0.291312635, 0.935409069, 0.995949388},
+       {0.035325408, -0.786447704, 2.0, 1.37270546, -0.0312524699, 0.00606361311}},
+      {"sigmoid",
+       [](const Tensor& x) { return F::sigmoid(x); },
+       {0.119202919, 0.377540678, 0.5, 0.574442506, 0.845534801, 0.956892729},
+       {0.0524967909, -0.23500371, 0.5, 0.366687477, -0.0326514244, 0.0309367757}},
+      {"silu",
+       [](const Tensor& x) { return F::silu(x); },
+       {-0.238405839, -0.188770339, 0.0, 0.172332764, 1.43740916, 2.96636748},
+       {-0.0453921258, -0.260038823, 1.0, 0.971670032, -0.266891122, 0.813573539}},
+      {"abs",
+       [](const Tensor& x) { return F::abs(x); },
+       {2.0, 0.5, 0.0, 0.300000012, 1.70000005, 3.0999999},
+       {-0.5, 1.0, 0.0, 1.5, -0.25, 0.75}},
+      {"mse_loss",
+       [&](const Tensor& x) { return F::mse_loss(x, t); },
+       {2.55666661},
+       {-0.699999988, 0.233333349, -0.166666672, -0.566666722, 0.566666722, 0.699999988}},
+      {"l1_loss",
+       [&](const Tensor& x) { return F::l1_loss(x, t); },
+       {1.46666658},
+       {-0.166666672, 0.166666672, -0.166666672, -0.166666672, 0.166666672, 0.166666672}},
+      {"binary_cross_entropy_with_logits",
+       [&](const Tensor& x) { return F::binary_cross_entropy_with_logits(x, b); },
+       {0.968392909},
+       {0.0198671538, -0.103743218, 0.0416666679, 0.012407084, -0.0257441998, 0.159482121}},
+      {"LayerNorm",
+       [&](const Tensor& x) { return (*ln)(x); },
+       {-1.27280343, 0.196114808, -2.26114798, -1.12474024, -1.78858173e-08, -2.74948001},
+       {-0.429908276, 1.71976566, -1.28985715, 0.0364607573, -0.0729012489, 0.0364403725}},
+  };
+  for (const auto& c : cases) {
+    Tensor x = from_vector<float>({-2, -0.5f, 0, 0.3f, 1.7f, 3.1f}, {2, 3});
+    set_requires_grad(x, true);
+    const Tensor y = c.op(x);
+    backward(y.dim() == 0 ? y : F::sum(F::mul(y, w)));
+    const auto value = y.to_vector<float>();
+    const auto g = grad(x).to_vector<float>();
+    ASSERT_EQ(value.size(), c.value.size()) << c.name;
+    for (size_t i = 0; i < value.size(); ++i) {
+      EXPECT_NEAR(value[i], c.value[i], 1e-6 * (1 + std::fabs(c.value[i]))) << c.name << " " << i;
+      EXPECT_NEAR(g[i], c.grad[i], 1e-6 * (1 + std::fabs(c.grad[i]))) << c.name << "' " << i;
+    }
+  }
+  // LayerNorm's parameter gradients, torch's weight.grad and bias.grad.
+  const auto wg = grad(ln->weight).to_vector<float>(), bg = grad(ln->bias).to_vector<float>();
+  const std::vector<double> torch_wg = {-2.52351213, -0.392229617, 2.87970304};
+  const std::vector<double> torch_bg = {2.0, -1.25, 2.75};
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_NEAR(wg[i], torch_wg[i], 1e-6 * (1 + std::fabs(torch_wg[i])));
+    EXPECT_NEAR(bg[i], torch_bg[i], 1e-6 * (1 + std::fabs(torch_bg[i])));
+  }
 }
 
 }  // namespace
