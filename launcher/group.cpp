@@ -110,6 +110,7 @@ class Watcher {
   std::optional<Blame> blame_;                    // the rank that ended the job (Note [blame])
   std::optional<GroupFailure> remote_;            // another node's failure
   FlightWatch flight_;                            // the ranks' flight recorders
+  ErrorEcho error_echo_;                          // Note [one error per job] in output.h
 };
 
 GroupResult Watcher::run() {
@@ -187,7 +188,9 @@ void Watcher::spawn_one(RankProcess& r) {
                                        StreamSink{.console_fd = console ? STDERR_FILENO : -1,
                                                   .file_fd = r.err_file.get(),
                                                   .prefix = prefix,
-                                                  .tail_lines = kTailLines});
+                                                  .tail_lines = kTailLines,
+                                                  .rank = r.rec.rank,
+                                                  .echo = &error_echo_});
   std::vector<std::string> env = spec_.envs[static_cast<size_t>(r.local_rank)];
   flight_.set_environment(env);  // Note [region directory]
   r.rec.start = Clock::now();

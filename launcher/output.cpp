@@ -54,10 +54,29 @@ void RankStream::consume(std::string_view bytes) {
   }
 }
 
+int ErrorEcho::earlier_rank(std::string_view line, int rank, Clock::time_point now) {
+  constexpr auto kWindow = std::chrono::seconds(10);
+  while (!recent_.empty() && now - recent_.front().at > kWindow) recent_.pop_front();
+  for (const Seen& s : recent_) {
+    if (s.rank != rank && s.line == line) return s.rank;
+  }
+  recent_.push_back({std::string(line), rank, now});
+  if (recent_.size() > 16) recent_.pop_front();
+  return -1;
+}
+
 void RankStream::emit_line(std::string_view line) {
   if (sink_.console_fd >= 0) {
     line_.assign(sink_.prefix);
-    line_.append(line);
+    const int earlier = sink_.echo != nullptr && reads_as_error(line)
+                            ? sink_.echo->earlier_rank(line, sink_.rank, ErrorEcho::Clock::now())
+                            : -1;
+    if (earlier >= 0) {
+      line_.append("the same error as rank " +
+                   std::to_string(earlier));  // Note [one error per job]
+    } else {
+      line_.append(line);
+    }
     line_.push_back('\n');
     write_all(sink_.console_fd, line_.data(), line_.size());
   }

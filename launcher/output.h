@@ -7,6 +7,7 @@
 
 #include "launcher/process.h"
 
+#include <chrono>
 #include <cstddef>
 #include <deque>
 #include <string>
@@ -14,11 +15,38 @@
 
 namespace ddp::launcher {
 
+// Note [one error per job]: when every rank fails alike at start-up (a missing
+// data file, no GPU, a bad flag that only the program checks), each prints the
+// same error line, and W copies of it bury what else was said. The agent's
+// streams share one ErrorEcho: an error line (reads_as_error) that another rank
+// of this node printed word for word within the last 10 s is shown as
+// "[rank 3] the same error as rank 1" instead. The rank's log file and its tail
+// (the failure summary's quote) keep the line itself; lines that differ (a
+// device index, a path with the rank in it) are all shown.
+class ErrorEcho {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // The rank that printed `line` first within the window, or -1 (and `line` is
+  // remembered as `rank`'s).
+  int earlier_rank(std::string_view line, int rank, Clock::time_point now);
+
+ private:
+  struct Seen {
+    std::string line;
+    int rank;
+    Clock::time_point at;
+  };
+  std::deque<Seen> recent_;  // the last few error lines, oldest first
+};
+
 struct StreamSink {
   int console_fd = -1;    // 1 or 2, or -1: not shown on the console
   int file_fd = -1;       // the rank's log file, or -1
   std::string prefix;     // "[rank 3] ", or "" (--no-prefix)
   size_t tail_lines = 0;  // last lines kept for the failure summary
+  int rank = -1;          // for ErrorEcho
+  ErrorEcho* echo =
+      nullptr;  // stderr: errors other ranks printed already (Note [one error per job])
 };
 
 // Lines longer than this are written in pieces of this size (a rank printing

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A rank whose whole stderr is one error line (train --device cuda where there is
 # none, or no CUDA in the build): ddprun's summary quotes it once ("rank 0's
-# error: ...") and adds no "last 1 line of rank 0's stderr" block repeating it.
+# error: ...") and adds no "last 1 line of rank 0's stderr" block repeating it;
+# ranks failing alike print the line once and echo it (Note [one error per job]).
 # usage: ddprun_error_once.sh DDPRUN TRAIN
 set -uo pipefail
 ddprun=$1 train=$2
@@ -13,4 +14,13 @@ grep -qE "^ddprun: rank 0's error: train: error: .*cuda" <<<"$out" || fail "no q
 grep -q "last 1 line of rank 0's stderr" <<<"$out" && fail "the error line is repeated: $out"
 [ "$(grep -c "train: error:" <<<"$out")" -eq 2 ] ||
   fail "the error should appear twice (the rank's line and the summary's quote): $out"
+
+# Note [one error per job]: three ranks failing alike print the error once; the others
+# (those that print before ddprun stops them) echo it.
+out=$("$ddprun" --standalone -n 3 "$train" --data missing.csv 2>&1)
+[ "$(grep -c "^\[rank [0-2]\] train: error: missing.csv: file not found" <<<"$out")" -eq 1 ] ||
+  fail "the error line should be printed by one rank: $out"
+# ddprun stops the others after the first failure, so a slow rank may not get to print.
+echoes=$(grep -cE "^\[rank [0-2]\] the same error as rank [0-2]$" <<<"$out")
+[ "$echoes" -le 2 ] || fail "more echoes than other ranks: $out"
 echo "ddprun_error_once.sh: ok"
