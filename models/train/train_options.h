@@ -106,7 +106,7 @@ struct TrainOptions {
   int64_t grad_accum = 1;       // micro-batches per optimizer step (ddp: all but the last
                                 // under no_sync()); --batch-size is the micro-batch
   bool sync_timing = false;     // not a flag: bench train sets it to time CUDA phases
-  bool summary = false;          // --summary: the model's table (nn::Module::summary) first
+  bool summary = false;         // --summary: the model's table (nn::Module::summary) first
   std::set<std::string> given;  // the flags on the command line (model defaults skip them)
   // Not a flag: a program's own model (train_main), trained in place of --model.
   std::shared_ptr<const UserModel> user_model;

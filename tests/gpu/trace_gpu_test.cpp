@@ -5,7 +5,6 @@
 // collective of world size 1 lands on "nccl stream (comm N)" with its flow arrow
 // from the enqueue. Without a GPU (or NCCL, for the last) each test skips and
 // says why.
-#include "runtime/trace/gpu.h"
 #include "collectives/backends.h"
 #include "collectives/collective_events.h"
 #include "ddp/config.h"
@@ -13,6 +12,7 @@
 #include "runtime/ops/ops.h"
 #include "runtime/stream.h"
 #include "runtime/trace.h"
+#include "runtime/trace/gpu.h"
 #include "tests/gpu/require_gpu.h"
 
 #include <gtest/gtest.h>

@@ -3,11 +3,11 @@
 // files are valid UTF-8 whatever the names, a failed write names its reason and
 // leaves no temporary, and collectives' flow arrows are distinct and land on
 // the right tracks.
-#include "runtime/trace/file.h"
 #include "collectives/collective_events.h"
 #include "collectives/trace_collectives.h"
 #include "runtime/trace.h"
 #include "runtime/trace/clock.h"
+#include "runtime/trace/file.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
