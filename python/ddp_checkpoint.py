@@ -185,4 +185,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # `ddp-load run.st | head`: the reader has what it wanted
+        sys.stderr.close()
+        sys.exit(0)

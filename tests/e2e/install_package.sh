@@ -41,17 +41,23 @@ fi
 # with no package beyond Python's, and with PyTorch (the test command installs it)
 # loads it strictly into the matching torch.nn.Sequential, directly and through
 # --to-torch's torch.save file, and refuses a cut file naming it.
-[ -x "$prefix/bin/ddp-load" ] && [ -e "$prefix/share/ddp/python/ddp_checkpoint.py" ] ||
+if [ ! -x "$prefix/bin/ddp-load" ] || [ ! -e "$prefix/share/ddp/python/ddp_checkpoint.py" ]; then
   fail "the install lacks bin/ddp-load or share/ddp/python/ddp_checkpoint.py"
+fi
 run ckpt_train.log "$prefix/bin/train" --data synthetic --synthetic-size 200 --hidden 32 --epochs 1 \
   --max-steps 3 --device cpu --save "$work/ckpt.st"
 py=${PYTHON:-/usr/bin/python3}
 listing=$("$py" "$prefix/bin/ddp-load" "$work/ckpt.st" 2>&1) || fail "ddp-load listing: $listing"
-grep -qF "model: mlp 784-32-10" <<<"$listing" && grep -qF "  1.weight float32 [32, 784]" <<<"$listing" ||
+if ! grep -qF "model: mlp 784-32-10" <<<"$listing" ||
+  ! grep -qF "  1.weight float32 [32, 784]" <<<"$listing"; then
   fail "ddp-load does not list the checkpoint's model and tensors: $listing"
+fi
 head -c 1000 "$work/ckpt.st" >"$work/cut.st"
 cut=$("$py" "$prefix/bin/ddp-load" "$work/cut.st" 2>&1)
-[ $? -eq 3 ] && grep -qF "cut.st: header length" <<<"$cut" || fail "a cut checkpoint: $cut"
+cut_status=$?
+if [ $cut_status -ne 3 ] || ! grep -qF "cut.st: header length" <<<"$cut"; then
+  fail "a cut checkpoint (exit $cut_status): $cut"
+fi
 if "$py" -c 'import torch' 2>/dev/null; then
   run ckpt_to_torch.log "$py" "$prefix/bin/ddp-load" "$work/ckpt.st" --to-torch "$work/ckpt.pt"
   PYTHONPATH="$prefix/share/ddp/python" run ckpt_torch.log "$py" - "$work" <<'PY'

@@ -63,6 +63,9 @@ rows=$(grep -c "^ours,own_model,weak," sweep.csv)
 echo "scale --program: $(grep -c . sweep.csv) lines in the CSV, 2 points of own_model"
 
 out=$("$own" --model cnn 2>&1)
-[ $? -eq 2 ] && grep -qF -- "--model chooses a model of the zoo; own_model trains its own (skipnet)" <<<"$out" ||
-  fail "--model was not refused by name: $out"
+status=$?
+if [ $status -ne 2 ] ||
+  ! grep -qF -- "--model chooses a model of the zoo; own_model trains its own (skipnet)" <<<"$out"; then
+  fail "--model was not refused by name (exit $status): $out"
+fi
 echo "own_model.sh: ok"

@@ -28,7 +28,9 @@ run() { # NAME CMD...: runs CMD into NAME.log, failing the test when it fails
   ((rc == 0)) || { tail -20 "$name.log" >&2; fail "$name: $* exited $rc"; }
 }
 meta() { # FILE KEY: a metadata value of a checkpoint, through the package's reader
-  "$python" "$source/python/ddp_checkpoint.py" "$1" | sed -nE "s/^$2: //p"
+  local listing
+  listing=$("$python" "$source/python/ddp_checkpoint.py" "$1") || fail "ddp_checkpoint.py $1: $listing"
+  sed -nE "s/^$2: //p" <<<"$listing"
 }
 
 run reference "$train" "${common[@]}" --epochs 12 --metrics ref.jsonl --save-best best.st
@@ -74,8 +76,10 @@ run resumed "$train" "${common[@]}" --epochs 12 --early-stop 2 --save part.st --
 echo "resume: the pending evaluation without improvement was kept; stopped at epoch $stop again"
 
 run ddp "$ddprun" --standalone -n 2 "$train" "${common[@]}" --epochs 2 --zero 1 --save-best ddp_best.st
-shapes=$("$python" "$source/python/ddp_checkpoint.py" ddp_best.st | grep -c "^  optimizer\..*momentum_buffer")
+# The listing whole first: grep -q would close the pipe on the lister mid-print.
+listing=$("$python" "$source/python/ddp_checkpoint.py" ddp_best.st) || fail "ddp_checkpoint.py: $listing"
+shapes=$(grep -c "^  optimizer\..*momentum_buffer" <<<"$listing")
 [ "$shapes" -eq 4 ] || fail "the ZeRO-1 best checkpoint has $shapes momentum buffers, expected 4"
-"$python" "$source/python/ddp_checkpoint.py" ddp_best.st | grep -qF "optimizer.0.momentum_buffer float32 [256, 784]" ||
+grep -qF "optimizer.0.momentum_buffer float32 [256, 784]" <<<"$listing" ||
   fail "the ZeRO-1 best checkpoint lacks the whole first momentum buffer"
 echo "ddprun -n 2 ZeRO-1: the best checkpoint holds the whole optimizer state"

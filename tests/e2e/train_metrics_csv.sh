@@ -46,7 +46,8 @@ same d.csv d.jsonl
 echo "CSV rows = JSON lines (one process, and ddprun -n 2 with quoted lists)"
 
 # A row beyond the checkpoint (as a killed run leaves) is cut on resume; the header stays.
-tail -1 m.csv | sed 's/^2,/3,/; s/^\(3\),\([0-9]*\),/\1,999,/' >>m.csv
+planted=$(tail -1 m.csv | sed 's/^2,/3,/; s/^\(3\),\([0-9]*\),/\1,999,/')
+echo "$planted" >>m.csv
 run resumed "$train" "${common[@]}" --epochs 3 --metrics m.csv --save m.st --resume auto
 grep -q "^cut 1 --metrics and 0 --loss-log rows" resumed.log ||
   fail "the resume did not report cutting the planted row: $(head -3 resumed.log)"
