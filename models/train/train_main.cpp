@@ -80,21 +80,19 @@ int train_main(int argc, const char* const* argv, const TrainProgram& program) {
           last.unigram_bits, best_loss, last.train_loss, token_rate, checkpoint);
       return 0;
     }
+    // The evaluation the report lines lead with: test_acc (higher is better), or a
+    // regression's test_loss (lower).
+    double final_value = last.test_acc, best_value = best;
     if (last.regression) {
-      double best_test_loss = last.test_loss;
-      for (const auto& m : result.epochs) best_test_loss = std::min(best_test_loss, m.test_loss);
-      std::cout << fmt::format(
-          "summary: {} epoch{} on {} in {:.1f} s; final test_loss {:.4f} (best {:.4f}); "
-          "train_loss {:.4f}; {:.0f} samples/s{}\n",
-          result.epochs.size(), result.epochs.size() == 1 ? "" : "s", result.device.str(),
-          result.total_s, last.test_loss, best_test_loss, last.train_loss, rate, checkpoint);
-      return 0;
+      final_value = best_value = last.test_loss;
+      for (const auto& m : result.epochs) best_value = std::min(best_value, m.test_loss);
     }
     std::cout << fmt::format(
-        "summary: {} epoch{} on {} in {:.1f} s; final test_acc {:.4f} (best {:.4f}); "
+        "summary: {} epoch{} on {} in {:.1f} s; final {} {:.4f} (best {:.4f}); "
         "train_loss {:.4f}; {:.0f} samples/s{}\n",
         result.epochs.size(), result.epochs.size() == 1 ? "" : "s", result.device.str(),
-        result.total_s, last.test_acc, best, last.train_loss, rate, checkpoint);
+        result.total_s, last.regression ? "test_loss" : "test_acc", final_value, best_value,
+        last.train_loss, rate, checkpoint);
     return 0;
   } catch (const Error& e) {
     std::cerr << name << ": error: " << e.what() << "\n";
