@@ -2,13 +2,15 @@
 # Installs what is missing, configures, builds and runs the test suite.
 #
 #   deploy/test.sh [--build-dir DIR] [--cpu-only] [--sanitize address|thread]
-#                  [--no-werror] [--label L] [--no-install] [--jobs N] [--no-rerun]
+#                  [--no-werror] [--label L] [--exclude-label L] [--no-install]
+#                  [--jobs N] [--no-rerun]
 #
 #   --build-dir DIR    build folder (default: build)
 #   --cpu-only         configure with -DDDP_CUDA=OFF (default: CUDA when nvcc is found)
 #   --sanitize KIND    sanitizer build: address (ASan + UBSan) or thread (TSan)
 #   --no-werror        let compiler warnings pass (default: they are errors, as in CI)
 #   --label L          run only ctest tests with label L (unit, gpu, ...)
+#   --exclude-label L  leave out tests with label L (CI's sanitizer phase: long)
 #   --no-install       skip deploy/install-deps.sh
 #   --jobs N           parallel build and test jobs (default: nproc)
 #   --no-rerun         a failed test fails the run at once (default: it runs once
@@ -24,6 +26,7 @@ cuda=AUTO
 sanitize=""
 werror=ON
 label=""
+exclude_label=""
 install=1
 jobs=$(nproc)
 rerun=1
@@ -35,10 +38,11 @@ while [ $# -gt 0 ]; do
     --werror) werror=ON; shift ;;
     --no-werror) werror=OFF; shift ;;
     --label) label=$2; shift 2 ;;
+    --exclude-label) exclude_label=$2; shift 2 ;;
     --no-install) install=0; shift ;;
     --jobs) jobs=$2; shift 2 ;;
     --no-rerun) rerun=0; shift ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "deploy/test.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -68,6 +72,7 @@ cmake --build "$build_dir" --parallel "$jobs"
 
 ctest_args=(--test-dir "$build_dir" --output-on-failure --parallel "$jobs" --timeout 600)
 [ -n "$label" ] && ctest_args+=(-L "$label")
+[ -n "$exclude_label" ] && ctest_args+=(-LE "^${exclude_label}\$")
 # Multi-rank fault tests race real processes against timeouts; on a loaded
 # machine one can lose a race. A failed test runs once more (docs/building.md):
 # a broken test still fails, and one that passed only on its second run is
