@@ -22,7 +22,7 @@ option(DDP_BUNDLE_CUDA_LIBS
        "Bundle cudart, cuBLAS and NCCL too (off: the target machine provides CUDA)" OFF)
 
 set(DDP_LIBRARY_TARGETS ddp_runtime ddp_collectives ddp_launcher ddp_models)
-set(DDP_PROGRAM_TARGETS ddprun train sample)
+set(DDP_PROGRAM_TARGETS ddprun train sample tokenize)
 foreach(program bench scale)  # scale: the sweep driver (docs/scaling.md), where it is built
   if(TARGET ${program})
     list(APPEND DDP_PROGRAM_TARGETS ${program})

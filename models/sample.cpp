@@ -1,9 +1,11 @@
-// sample: generates bytes from a gpt checkpoint written by `train --save`.
+// sample: generates text from a gpt checkpoint written by `train --save`, a
+// byte at a time, or a GPT-2 token at a time for models trained on token shards.
 // See --help and docs/sample.md.
 #include "models/gpt.h"
 #include "models/sampling.h"
 #include "models/train/checkpoint.h"
 #include "runtime/autograd/autograd.h"
+#include "runtime/data/bpe.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
 #include "runtime/tensor.h"
@@ -19,22 +21,27 @@ namespace {
 
 const char* const kUsage = R"(usage: sample --checkpoint FILE [options]
 
-Generates text, a byte at a time, from a gpt model checkpoint written by
-`train --model gpt-... --save FILE`; prints the prompt and what follows it.
+Generates text from a gpt model checkpoint written by `train --model gpt-...
+--save FILE`; prints the prompt and what follows it. A model trained on bytes
+writes a byte at a time; one trained on token shards (`tokenize`) a GPT-2 token.
 
   --checkpoint FILE   the checkpoint (its metadata names the model)
   --prompt TEXT       the text to continue (default: a newline, not printed)
-  --tokens N          bytes to generate (default 200)
+  --tokens N          bytes or tokens to generate (default 200)
   --temperature T     > 0: divides the logits; below 1 sharpens (default 1)
   --top-k K           sample among the K most likely bytes only; 1 is greedy
                       (the most likely byte each time); 0: all (default 0)
   --seed S            the random stream of the choices (default 0)
   --device D          cpu | cuda | cuda:N (default cpu)
+  --tokenizer T       auto | bytes | gpt2: how text maps to the model's tokens;
+                      auto: what the checkpoint was trained on (default auto)
+  --vocab DIR         GPT-2's encoder.json and vocab.bpe (default
+                      $DDP_GPT2_BPE_DIR, else /usr/share/datasets/gpt2-bpe)
   -h, --help          this text
 )";
 
 struct Options {
-  std::string checkpoint, prompt, device = "cpu";
+  std::string checkpoint, prompt, device = "cpu", tokenizer = "auto", vocab;
   int64_t tokens = 200;
   uint64_t seed = 0;
   ddp::models::SamplingOptions sampling;
@@ -71,6 +78,12 @@ std::optional<Options> parse(int argc, char** argv) {
       o.seed = number<uint64_t>(arg, value);
     } else if (arg == "--device") {
       o.device = value;
+    } else if (arg == "--tokenizer") {
+      DDP_CHECK(value == "auto" || value == "bytes" || value == "gpt2",
+                "--tokenizer '{}': expected auto, bytes or gpt2", value);
+      o.tokenizer = value;
+    } else if (arg == "--vocab") {
+      o.vocab = value;
     } else {
       throw ddp::ValueError(fmt::format("unknown option '{}'", arg));
     }
@@ -101,9 +114,27 @@ void generate(const Options& o) {
   model->to(device);
   model->eval();
   NoGradGuard no_grad;
-  std::vector<int64_t> tokens(o.prompt.begin(), o.prompt.end());
-  for (auto& t : tokens) t = static_cast<uint8_t>(t);
-  if (tokens.empty()) tokens.push_back('\n');
+  std::string unit = o.tokenizer;
+  if (unit == "auto")
+    unit = train::read_checkpoint_text_unit(o.checkpoint) == "token" ? "gpt2" : "bytes";
+  std::optional<Gpt2Tokenizer> bpe;
+  std::vector<int64_t> tokens;
+  if (unit == "gpt2") {
+    bpe = Gpt2Tokenizer::load(o.vocab.empty() ? gpt2_bpe_dir() : o.vocab);
+    DDP_CHECK(config.vocab >= bpe->vocab_size(),
+              "{}: the model's vocabulary is {}, smaller than GPT-2's {}; it was not trained on "
+              "GPT-2 tokens (use --tokenizer bytes)",
+              o.checkpoint, config.vocab, bpe->vocab_size());
+    const std::vector<int32_t> ids = bpe->encode(o.prompt);
+    tokens.assign(ids.begin(), ids.end());
+    if (tokens.empty()) tokens.push_back(bpe->end_of_text());  // a document's start
+  } else {
+    for (unsigned char c : o.prompt) tokens.push_back(c);
+    if (tokens.empty()) tokens.push_back('\n');
+  }
+  // Bytes sample among the first 256 (gpt2's vocabulary is larger); GPT-2 tokens
+  // among GPT-2's (a padded vocabulary's extra rows are never chosen).
+  const int64_t choices = bpe ? bpe->vocab_size() : std::min<int64_t>(config.vocab, 256);
   std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
   const std::vector<float> u =
       o.tokens == 0 ? std::vector<float>{} : rand({o.tokens}, o.seed).to_vector<float>();
@@ -113,12 +144,17 @@ void generate(const Options& o) {
     const Tensor input = from_vector<int64_t>(window, {1, n}, {.dtype = DType::i64}).to(device);
     const Tensor logits = model->forward(input);  // [1, n, vocab]
     const auto all = logits.to(Device::cpu()).to_vector<float>();
-    // The text is bytes: a vocabulary past 256 (gpt2's) samples among the first 256.
     const std::span<const float> last(all.data() + (n - 1) * config.vocab,
-                                      static_cast<size_t>(std::min<int64_t>(config.vocab, 256)));
+                                      static_cast<size_t>(choices));
     const int64_t next = models::pick_token(last, o.sampling, u[static_cast<size_t>(i)]);
     tokens.push_back(next);
-    std::fputc(static_cast<int>(next), stdout);
+    if (bpe) {
+      const int32_t id = static_cast<int32_t>(next);
+      const std::string text = bpe->decode(std::span<const int32_t>(&id, 1));
+      std::fwrite(text.data(), 1, text.size(), stdout);
+    } else {
+      std::fputc(static_cast<int>(next), stdout);
+    }
   }
   std::fputc('\n', stdout);
 }

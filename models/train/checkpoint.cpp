@@ -147,6 +147,7 @@ void save_checkpoint(const std::string& path, const nn::Module& model,
       {"skipped_steps", std::to_string(info.skipped_steps)}};
   if (info.optimizer_shards > 0)
     metadata["optimizer_shards"] = std::to_string(info.optimizer_shards);
+  if (!info.text_unit.empty()) metadata["text_unit"] = info.text_unit;
   if (std::isfinite(info.best_metric)) {
     metadata["best_metric"] = fmt::format("{}", info.best_metric);  // shortest round trip
     metadata["evals_since_best"] = std::to_string(info.evals_since_best);
@@ -162,6 +163,12 @@ std::string read_checkpoint_model(const std::string& path) {
             "{}: not a checkpoint written by train --save (no metadata format {})", path,
             kCheckpointFormat);
   return meta_str(meta, path, "model");
+}
+
+std::string read_checkpoint_text_unit(const std::string& path) {
+  read_checkpoint_model(path);  // the same checks
+  const auto meta = read_metadata(path);
+  return meta.count("text_unit") != 0 ? meta.at("text_unit") : "byte";
 }
 
 void load_model_weights(const std::string& path, nn::Module& model) {

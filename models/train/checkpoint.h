@@ -39,6 +39,10 @@ struct CheckpointInfo {
   // the monitored metric so far (NaN: no evaluation yet) and the evaluations since.
   double best_metric = std::numeric_limits<double>::quiet_NaN();
   int64_t evals_since_best = 0;
+  // Language models: what a token of the training data was, "byte" (text as
+  // bytes) or "token" (token shards: GPT-2's BPE when `tokenize` wrote them), so
+  // that `sample` decodes what it generates the same way; empty otherwise.
+  std::string text_unit{};
 };
 
 // What the metadata of an existing checkpoint says, read from its header alone.
@@ -60,6 +64,8 @@ void save_checkpoint(const std::string& path, const nn::Module& model,
 // The "model" of a train checkpoint's metadata (models::describe or a gpt spec),
 // read from its header; ValueError naming the path when it is not one.
 std::string read_checkpoint_model(const std::string& path);
+// The checkpoint's text_unit ("byte" for checkpoints written before it was recorded).
+std::string read_checkpoint_text_unit(const std::string& path);
 // Loads the model's tensors alone (the optimizer's are left out), strictly: every
 // tensor of the model present with its shape. ValueError naming the path otherwise.
 void load_model_weights(const std::string& path, nn::Module& model);

@@ -209,6 +209,7 @@ CheckpointInfo position(const Run& r, int64_t completed, int64_t epoch_step, con
                       r.nonfinite->skipped()};
   info.best_metric = r.best_metric;
   info.evals_since_best = r.evals_since_best;
+  if (r.task->is_language_model()) info.text_unit = r.task->corpus_entropy().unit;
   return info;
 }
 
@@ -316,6 +317,7 @@ EpochMetrics measure(Run& r, EpochState& e) {
   const CorpusEntropy entropy = r.task->corpus_entropy();
   m.unigram_bits = entropy.unigram_bits;
   m.bigram_bits = entropy.bigram_bits;
+  m.unit = entropy.unit;
   m.time_s = seconds_since(e.start);
   return m;
 }

@@ -1,5 +1,7 @@
-// The language-model task: the gpt models on the Brown corpus (or a synthetic
-// token stream), next-byte prediction, evaluated by the validation loss.
+// The language-model task: the gpt models on the Brown corpus's bytes (or a
+// synthetic byte stream) or on token shards (--data FILE.bin|DIR, Note [token
+// shards] in runtime/data/token_shards.h), next-token prediction, evaluated by
+// the validation loss.
 //
 // Note [language model batches]: a batch is --batch-size windows of the model's
 // context (runtime/data/text_windows.h) from this rank's TextWindowSampler
@@ -23,6 +25,7 @@
 #include "runtime/autograd/functions.h"
 #include "runtime/data/text_corpus.h"
 #include "runtime/data/text_windows.h"
+#include "runtime/data/token_shards.h"
 
 #include <algorithm>
 
@@ -52,19 +55,65 @@ TextCorpus load_corpus(const TrainOptions& o, int64_t context) {
   }
 }
 
+// The train and validation streams: token shards (Note [token shards]) or the
+// corpus's bytes.
+struct LanguageData {
+  TokenStream train, validation;
+  std::string summary;
+  CorpusEntropy entropy;
+};
+
+// Note [shard validation]: the validation shards are --test-data's, else the
+// "val" shards of --data DIR, else the last tenth of the train stream (a
+// contiguous tail, so no window of it overlaps a train window).
+LanguageData load_language_data(const TrainOptions& o, int64_t context) {
+  LanguageData d;
+  if (is_token_shard_data(o.data)) {
+    const ShardFiles files = find_token_shards(o.data);
+    d.train = TokenStream::open_shards(files.train);
+    std::string held_out;
+    if (!o.test_data.empty()) {
+      const ShardFiles test = find_token_shards(o.test_data);
+      std::vector<std::string> all = test.validation.empty() ? test.train : test.validation;
+      d.validation = TokenStream::open_shards(all);
+    } else if (!files.validation.empty()) {
+      d.validation = TokenStream::open_shards(files.validation);
+    } else {
+      const int64_t tail = d.train.size() / 10;
+      d.validation = TokenStream::slice(d.train, d.train.size() - tail, tail);
+      d.train = TokenStream::slice(d.train, 0, d.train.size() - tail);
+      held_out = ", the last tenth held out for validation";
+    }
+    const TokenEntropy e = token_entropies(d.validation);
+    d.entropy = {e.unigram_bits, e.bigram_bits, "token"};
+    d.summary = fmt::format("token shards {} ({} train / {} validation tokens{})", o.data,
+                            d.train.size(), d.validation.size(), held_out);
+    return d;
+  }
+  TextCorpus corpus = load_corpus(o, context);
+  const ByteEntropy e = byte_entropies(corpus.validation);
+  d.entropy = {e.unigram_bits, e.bigram_bits, "byte"};
+  d.summary = fmt::format("{} ({} train / {} validation bytes{})", corpus.name, corpus.train.size(),
+                          corpus.validation.size(),
+                          corpus.name == "synthetic" ? ": a synthetic token stream, not text" : "");
+  d.train = TokenStream::from_bytes(std::move(corpus.train));
+  d.validation = TokenStream::from_bytes(std::move(corpus.validation));
+  return d;
+}
+
 // Fixed-size batches of window starts, in the sampler's order.
 class WindowBatches {
  public:
-  WindowBatches(const std::string& split, const std::string& stream, int64_t context, int64_t batch,
+  WindowBatches(const std::string& split, const TokenStream& stream, int64_t context, int64_t batch,
                 int rank, int world_size, SamplerOptions options)
       : stream_(stream),
-        sampler_(static_cast<int64_t>(stream.size()), context, rank, world_size, options),
+        sampler_(stream.size(), context, rank, world_size, options),
         batch_(batch),
         rank_(rank) {
     DDP_CHECK(sampler_.uneven() || sampler_.num_windows() >= batch,
-              "the {} split has {} windows of context {} per rank ({} bytes, {} rank(s)), fewer "
+              "the {} split has {} windows of context {} per rank ({}, {} rank(s)), fewer "
               "than --batch-size {}; pass a smaller --batch-size or a model with a shorter context",
-              split, sampler_.num_windows(), context, stream.size(), world_size, batch);
+              split, sampler_.num_windows(), context, stream.describe(), world_size, batch);
   }
   int64_t num_batches() const { return num_batches_of(rank_); }
   // Uneven shares (--drop-last false) keep a partial last batch; else it is dropped.
@@ -93,7 +142,7 @@ class WindowBatches {
   }
 
  private:
-  const std::string& stream_;
+  const TokenStream& stream_;
   TextWindowSampler sampler_;
   int64_t batch_;
   int rank_ = 0;
@@ -105,37 +154,38 @@ class LanguageTask : public Task {
  public:
   LanguageTask(const TrainOptions& o, const Device& device, int rank, int world_size)
       : config_(models::gpt_config(o.model.name)),
-        corpus_(load_corpus(o, config_.context)),
+        data_(load_language_data(o, config_.context)),
         device_(device),
-        train_("train", corpus_.train, config_.context, o.batch_size, rank, world_size,
+        train_("train", data_.train, config_.context, o.batch_size, rank, world_size,
                {.shuffle = true, .seed = o.seed, .pad = o.drop_last != DropLast::uneven}),
-        validation_("validation", corpus_.validation, config_.context, o.batch_size, rank,
-                    world_size, {.shuffle = true, .seed = kValidationSeed}),
+        validation_("validation", data_.validation, config_.context, o.batch_size, rank, world_size,
+                    {.shuffle = true, .seed = kValidationSeed}),
         eval_batches_(o.eval_batches) {
-    DDP_CHECK(config_.vocab >= 256,
-              "--model {}: vocabulary {} is smaller than the 256 byte values of the text; use "
-              "vocab=256 or more",
-              o.model.name, config_.vocab);
-    const ByteEntropy e = byte_entropies(corpus_.validation);
-    entropy_ = {e.unigram_bits, e.bigram_bits};
+    const int64_t needed =
+        data_.entropy.unit == "byte"
+            ? 256
+            : std::max(data_.train.max_token(), data_.validation.max_token()) + 1;
+    DDP_CHECK(
+        config_.vocab >= needed,
+        "--model {}: vocabulary {} is smaller than the data's {} ({}); use a model with "
+        "vocab={} or more{}",
+        o.model.name, config_.vocab, needed,
+        data_.entropy.unit == "byte" ? "the 256 byte values of the text" : "its largest token + 1",
+        needed, needed > 256 ? " (GPT-2 tokens: --model gpt2, or gpt:...,vocab=50257)" : "");
     Generator gen(o.seed);
     model_ = models::make_gpt(config_, gen);
     model_->to(device);
   }
 
-  // The window batches refer to corpus_: not copied or moved.
+  // The window batches refer to data_: not copied or moved.
   LanguageTask(const LanguageTask&) = delete;
   LanguageTask& operator=(const LanguageTask&) = delete;
 
   std::string model_spec() const override { return models::describe(config_); }
   std::shared_ptr<nn::Module> model() const override { return model_; }
   bool is_language_model() const override { return true; }
-  std::string data_summary() const override {
-    return fmt::format("{} ({} train / {} validation bytes{})", corpus_.name, corpus_.train.size(),
-                       corpus_.validation.size(),
-                       corpus_.name == "synthetic" ? ": a synthetic token stream, not text" : "");
-  }
-  CorpusEntropy corpus_entropy() const override { return entropy_; }
+  std::string data_summary() const override { return data_.summary; }
+  CorpusEntropy corpus_entropy() const override { return data_.entropy; }
 
   // Note [gpt optimizer]: AdamW over nanoGPT's two groups, weight decay on the
   // 2-D weights (Linear weights and embeddings) only; biases and LayerNorm
@@ -195,11 +245,10 @@ class LanguageTask : public Task {
 
  private:
   models::GptConfig config_;
-  TextCorpus corpus_;
+  LanguageData data_;
   Device device_;
   WindowBatches train_, validation_;
   int64_t eval_batches_;
-  CorpusEntropy entropy_;
   std::shared_ptr<models::Gpt> model_;
 };
 

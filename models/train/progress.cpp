@@ -52,12 +52,15 @@ std::string report_line(const EpochMetrics& m, const TrainOptions& o, int64_t st
   if (m.language) {
     // The corpus's byte entropies next to val_bpb: the bars of counting bytes and
     // byte pairs (task.h).
+    // On token shards the same per token.
+    const bool bytes = m.unit == "byte";
     return fmt::format(
-        "epoch {}/{} step {}: train_loss {:.4f} val_loss {:.4f} val_bpb {:.4f} (validation "
-        "bytes: unigram {:.2f}, bigram {:.2f} bits/byte) lr {:.3g} {:.0f} tokens/s {:.3f} "
+        "epoch {}/{} step {}: train_loss {:.4f} val_loss {:.4f} {} {:.4f} (validation "
+        "{}s: unigram {:.2f}, bigram {:.2f} bits/{}) lr {:.3g} {:.0f} tokens/s {:.3f} "
         "ms/step {:.1f} s{}\n",
-        m.epoch, o.epochs, step, m.train_loss, m.val_loss, m.val_bpb, m.unigram_bits, m.bigram_bits,
-        m.lr, m.tokens_per_s, m.step_ms, m.time_s, phases(m, mode));
+        m.epoch, o.epochs, step, m.train_loss, m.val_loss, bytes ? "val_bpb" : "val_bits_per_token",
+        m.val_bpb, m.unit, m.unigram_bits, m.bigram_bits, m.unit, m.lr, m.tokens_per_s, m.step_ms,
+        m.time_s, phases(m, mode));
   }
   return fmt::format(
       "epoch {}/{}: train_loss {:.4f} {} {:.0f} samples/s {:.3f} ms/step "

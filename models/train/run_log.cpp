@@ -162,7 +162,8 @@ void MetricsLog::write(const EpochMetrics& m, int64_t step, int world_size,
   // regressions: test_loss.
   if (m.language) {
     f.emplace_back("val_loss", fmt::format("{:.6f}", m.val_loss));
-    f.emplace_back("val_bpb", fmt::format("{:.6f}", m.val_bpb));
+    f.emplace_back(m.unit == "byte" ? "val_bpb" : "val_bits_per_token",
+                   fmt::format("{:.6f}", m.val_bpb));
     f.emplace_back("tokens_per_s", fmt::format("{:.1f}", m.tokens_per_s));
     f.emplace_back("unigram_bits", fmt::format("{:.4f}", m.unigram_bits));
     f.emplace_back("bigram_bits", fmt::format("{:.4f}", m.bigram_bits));

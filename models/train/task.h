@@ -39,6 +39,7 @@ struct Evaluation {
 struct CorpusEntropy {
   double unigram_bits = 0;
   double bigram_bits = 0;
+  std::string unit = "byte";  // "byte" (text as bytes) or "token" (token shards)
 };
 
 class Task {

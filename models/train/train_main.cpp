@@ -73,11 +73,13 @@ int train_main(int argc, const char* const* argv, const TrainProgram& program) {
     if (last.language) {
       std::cout << fmt::format(
           "summary: {} epoch{}, {} steps on {} in {:.1f} s; final val_loss {:.4f} nats "
-          "(val_bpb {:.4f}; the validation bytes' bigram entropy is {:.4f}, unigram {:.4f} "
-          "bits/byte), best val_loss {:.4f}; train_loss {:.4f}; {:.0f} tokens/s{}\n",
+          "({} {:.4f}; the validation {}s' bigram entropy is {:.4f}, unigram {:.4f} "
+          "bits/{}), best val_loss {:.4f}; train_loss {:.4f}; {:.0f} tokens/s{}\n",
           result.epochs.size(), result.epochs.size() == 1 ? "" : "s", result.steps,
-          result.device.str(), result.total_s, last.val_loss, last.val_bpb, last.bigram_bits,
-          last.unigram_bits, best_loss, last.train_loss, token_rate, checkpoint);
+          result.device.str(), result.total_s, last.val_loss,
+          last.unit == "byte" ? "val_bpb" : "val_bits_per_token", last.val_bpb, last.unit,
+          last.bigram_bits, last.unigram_bits, last.unit, best_loss, last.train_loss, token_rate,
+          checkpoint);
       return 0;
     }
     // The evaluation the report lines lead with: test_acc (higher is better), or a

@@ -3,6 +3,7 @@
 #include "models/gpt_config.h"
 #include "runtime/data/file_dataset.h"
 #include "runtime/data/text_corpus.h"
+#include "runtime/data/token_shards.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
 
@@ -52,8 +53,13 @@ model and data:
                            [mlp, cnn] data of one's own: an .npz with arrays x
                            and y (x_test, y_test: the test set), a directory of
                            x.npy and y.npy, or a CSV with a header (docs/train.md)
+  --data FILE.bin|DIR      [gpt] token shards (llm.c's .bin form; `tokenize`
+                           writes them from text): FILE.bin, or DIR's .bin files,
+                           those named *val* for validation (docs/data.md)
   --test-data FILE         the test set, in the form of --data (default: x_test
-                           and y_test, else every 10th row held out)
+                           and y_test, else every 10th row held out); [gpt] the
+                           validation shards (default: DIR's *val* shards, else
+                           the last tenth of the tokens)
   --target-columns A[,B..] CSV: the target columns (default the last)
   --input-columns A[,B..]  CSV: the input columns (default the others)
   --task auto|classify|regress
@@ -400,11 +406,22 @@ void validate(const TrainOptions& o) {
   const bool file_flags = o.given.count("--test-data") + o.given.count("--target-columns") +
                               o.given.count("--input-columns") + o.given.count("--task") >
                           0;
-  DDP_CHECK(!gpt || !file_flags,
-            "--test-data, --target-columns, --input-columns and --task are for the mlp and cnn "
-            "on data files (--data FILE.npz|FILE.csv|DIR); --model {} reads text",
-            o.model.name);
-  DDP_CHECK(!file_flags || is_file_data(o.data),
+  const bool shards = is_token_shard_data(o.data);
+  DDP_CHECK(gpt || !shards,
+            "--data {} holds token shards (.bin), which the gpt models train on; use --model "
+            "gpt-tiny, gpt-mini, gpt2 or gpt:..., or give the mlp and cnn an .npz, .csv or "
+            "IDX folder",
+            o.data);
+  const bool shard_flags_only = shards && o.given.count("--target-columns") +
+                                                  o.given.count("--input-columns") +
+                                                  o.given.count("--task") ==
+                                              0;
+  DDP_CHECK(!gpt || !file_flags || shard_flags_only,
+            "--target-columns, --input-columns and --task are for the mlp and cnn on data files "
+            "(--data FILE.npz|FILE.csv|DIR), and --test-data for those or token shards (--data "
+            "FILE.bin|DIR); --model {} reads {}",
+            o.model.name, shards ? "token shards" : "text");
+  DDP_CHECK(!file_flags || is_file_data(o.data) || shards,
             "--test-data, --target-columns, --input-columns and --task need --data FILE.npz, "
             "FILE.csv or a directory with x.npy and y.npy; this run has --data {}",
             o.data);

@@ -25,7 +25,10 @@ struct EpochMetrics {
   // Language models (language): the validation loss in nats per token, val_bpb =
   // val_loss / ln 2 (a token is a byte), training tokens / training time, and the
   // validation text's byte entropies (bits per byte) to judge them by.
+  // On token shards (unit "token") the same figures are per token: val_bpb is
+  // then bits per token and is reported as val_bits_per_token.
   bool language = false;
+  std::string unit = "byte";
   double val_loss = 0, val_bpb = 0, tokens_per_s = 0;
   double unigram_bits = 0, bigram_bits = 0;
   // The last update's global gradient norm before clipping (--clip-grad-norm only;

@@ -34,5 +34,7 @@ Value parse(std::string_view text);
 std::string quote(std::string_view s);
 
 bool is_valid_utf8(std::string_view s);
+// Appends code point `cp` (at most 0x10FFFF) as 1 to 4 bytes of UTF-8.
+void append_utf8(std::string& out, uint32_t cp);
 
 }  // namespace ddp::json

@@ -109,6 +109,10 @@ TextCorpus split_documents(const std::vector<std::string>& documents, std::strin
 }
 
 TextCorpus load_brown_corpus(const std::string& dir) {
+  return split_documents(load_brown_documents(dir), "brown");
+}
+
+std::vector<std::string> load_brown_documents(const std::string& dir) {
   namespace fs = std::filesystem;
   const fs::path cats = fs::path(dir) / "cats.txt";
   std::error_code ec;
@@ -125,7 +129,7 @@ TextCorpus load_brown_corpus(const std::string& dir) {
   DDP_CHECK(documents.size() >= static_cast<size_t>(kValidationEvery),
             "Brown corpus: '{}' lists {} documents, expected Brown's 500 (at least {}). {}",
             cats.string(), documents.size(), kValidationEvery, install_hint(dir));
-  return split_documents(documents, "brown");
+  return documents;
 }
 
 TextCorpus make_synthetic_text(const SyntheticTextOptions& options) {

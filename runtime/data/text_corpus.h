@@ -44,6 +44,9 @@ TextCorpus split_documents(const std::vector<std::string>& documents, std::strin
 // their tags and splits them. Throws ValueError naming the path and how to
 // install the corpus when the folder, cats.txt or a listed document is missing.
 TextCorpus load_brown_corpus(const std::string& dir);
+// The same documents, tags stripped, in cats.txt's order (document i is a
+// validation document when is_validation_document(i)), not yet split.
+std::vector<std::string> load_brown_documents(const std::string& dir);
 
 // A learnable stream without files: a first-order Markov chain over 27 symbols
 // (a-z and space) in which each symbol has 3 equally likely successors, drawn

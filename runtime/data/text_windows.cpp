@@ -69,4 +69,25 @@ TokenBatch window_batch(std::string_view stream, std::span<const int64_t> starts
   return batch;
 }
 
+TokenBatch window_batch(const TokenStream& stream, std::span<const int64_t> starts,
+                        int64_t context) {
+  const auto rows = static_cast<int64_t>(starts.size());
+  TokenBatch batch{empty({rows, context}, {.dtype = DType::i64}),
+                   empty({rows, context}, {.dtype = DType::i64})};
+  int64_t* in = batch.inputs.data<int64_t>();
+  int64_t* tgt = batch.targets.data<int64_t>();
+  std::vector<int64_t> window(static_cast<size_t>(context + 1));
+  for (int64_t b = 0; b < rows; ++b) {
+    const int64_t s = starts[static_cast<size_t>(b)];
+    DDP_CHECK(s >= 0 && s + context + 1 <= stream.size(),
+              "window_batch: window {} starts at {}, but a window of context {} needs "
+              "start + {} <= {} (the stream's size)",
+              b, s, context, context + 1, stream.size());
+    stream.read(s, context + 1, window.data());
+    std::copy(window.begin(), window.end() - 1, in + b * context);
+    std::copy(window.begin() + 1, window.end(), tgt + b * context);
+  }
+  return batch;
+}
+
 }  // namespace ddp

@@ -20,6 +20,7 @@
 #pragma once
 
 #include "runtime/data/sampler.h"
+#include "runtime/data/token_shards.h"
 #include "runtime/tensor.h"
 
 #include <cstdint>
@@ -61,5 +62,8 @@ struct TokenBatch {
   Tensor targets;
 };
 TokenBatch window_batch(std::string_view stream, std::span<const int64_t> starts, int64_t context);
+// The same from a token stream (bytes or token shards): tokens as they are.
+TokenBatch window_batch(const TokenStream& stream, std::span<const int64_t> starts,
+                        int64_t context);
 
 }  // namespace ddp

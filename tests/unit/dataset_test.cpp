@@ -1,6 +1,7 @@
 #include "runtime/data/dataset.h"
 
 #include "runtime/data/idx.h"
+#include "tests/unit/error_text.h"
 
 #include <gtest/gtest.h>
 #include <zlib.h>
@@ -14,14 +15,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string error_text(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const ValueError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test_util::error_text;
 
 // Index of the row of `centers` [C, D] nearest to x (squared Euclidean distance).
 int64_t nearest(const float* x, const std::vector<float>& centers, int64_t classes, int64_t d) {

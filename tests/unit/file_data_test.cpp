@@ -5,6 +5,7 @@
 #include "runtime/data/csv.h"
 #include "runtime/data/file_dataset.h"
 #include "runtime/data/npy.h"
+#include "tests/unit/error_text.h"
 
 #include <gtest/gtest.h>
 #include <zlib.h>
@@ -19,14 +20,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string error_text(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const ValueError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test_util::error_text;
 
 using Bytes = std::vector<uint8_t>;
 
