@@ -2,7 +2,7 @@
 // in one process, alternating every few steps, so that the load of a shared
 // machine falls on both alike (docs/observability.md, "Overhead").
 //
-// The step is train's (models/train/trainer.cpp) with the same records: a `step`
+// The step is train's (trainer/trainer.cpp) with the same records: a `step`
 // span, the phases data wait, forward, backward, grad sync, optimizer, and what
 // DDP and the collectives record by themselves (bucket ready, bucket launch,
 // enqueue, run, wait). Under ddprun every rank toggles at the same steps.

@@ -1,10 +1,11 @@
-// bench train: the training step of models/train, split into phases, under any
+// bench train: the training step of trainer/, split into phases, under any
 // launcher (Note [bench train] in the help text of main.cpp).
 #include "bench/subcommands.h"
 #include "collectives/bootstrap.h"
 #include "models/gpt_config.h"
-#include "models/train/trainer.h"
+#include "models/train/zoo_catalog.h"
 #include "runtime/error.h"
+#include "trainer/trainer.h"
 
 #include <fmt/format.h>
 
@@ -68,7 +69,8 @@ int run_train_bench(const BenchOptions& o, const Reporter& reporter) {
   for (const std::string& a : args) argv.push_back(a.c_str());
   std::optional<train::TrainOptions> options;
   try {
-    options = train::parse_train_args(static_cast<int>(argv.size()), argv.data());
+    options =
+        train::parse_train_args(static_cast<int>(argv.size()), argv.data(), models::zoo_catalog());
   } catch (const ValueError& e) {
     // A usage error, as main's own flag errors (exit code 2).
     std::cerr << "bench: " << e.what() << "\n(run `bench train --help` for usage)\n";

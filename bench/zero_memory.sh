@@ -2,7 +2,7 @@
 # ZeRO-1/2 next to DDP (docs/benchmarks.md, "ZeRO"): the same GPT trained for a
 # few steps at W = 1, 2, 4 with --zero 0, 1 and 2, one run after another in this
 # script; prints a markdown table of each rank's memory from --metrics
-# (models/train/memory_report.h: optimizer state, gradients held after the step,
+# (trainer/memory_report.h: optimizer state, gradients held after the step,
 # allocator peak) as ratios to DDP's at the same W, and tokens/s.
 # usage: bench/zero_memory.sh TRAIN DDPRUN [MODEL] [STEPS]
 set -euo pipefail

@@ -21,7 +21,7 @@ set(DDP_INSTALL_INCLUDE_ROOT ${CMAKE_INSTALL_INCLUDEDIR}/ddp)
 option(DDP_BUNDLE_CUDA_LIBS
        "Bundle cudart, cuBLAS and NCCL too (off: the target machine provides CUDA)" OFF)
 
-set(DDP_LIBRARY_TARGETS ddp_runtime ddp_collectives ddp_launcher ddp_models)
+set(DDP_LIBRARY_TARGETS ddp_runtime ddp_collectives ddp_launcher ddp_trainer ddp_models)
 set(DDP_PROGRAM_TARGETS ddprun train sample tokenize)
 foreach(program bench scale)  # scale: the sweep driver (docs/scaling.md), where it is built
   if(TARGET ${program})
@@ -33,6 +33,7 @@ endforeach()
 set_target_properties(ddp_runtime PROPERTIES EXPORT_NAME runtime)
 set_target_properties(ddp_collectives PROPERTIES EXPORT_NAME collectives)
 set_target_properties(ddp_launcher PROPERTIES EXPORT_NAME launcher)
+set_target_properties(ddp_trainer PROPERTIES EXPORT_NAME trainer)
 set_target_properties(ddp_models PROPERTIES EXPORT_NAME models)
 # The static libraries list ddp_warnings as a link-only dependency; CMake needs it
 # exported with them. It contributes nothing to a user's link (no link options).
@@ -51,7 +52,7 @@ endif()
 add_library(ddp_all INTERFACE)
 add_library(ddp::ddp ALIAS ddp_all)
 set_target_properties(ddp_all PROPERTIES EXPORT_NAME ddp)
-target_link_libraries(ddp_all INTERFACE ddp_runtime ddp_collectives ddp_launcher ddp_models)
+target_link_libraries(ddp_all INTERFACE ddp_runtime ddp_collectives ddp_launcher ddp_trainer ddp_models)
 
 # ---- Programs: RUNPATH $ORIGIN/../lib (the bundle's libraries, or the prefix's) ---
 file(RELATIVE_PATH _ddp_bin_to_lib /${CMAKE_INSTALL_BINDIR} /${CMAKE_INSTALL_LIBDIR})
@@ -88,7 +89,7 @@ install(TARGETS ${DDP_LIBRARY_TARGETS} ddp_all ddp_warnings EXPORT ddpTargets
 # own headers (cuda_runtime.h, cublas_v2.h, cublasLt.h, nccl.h; also cublas_handle.h, which
 # includes cublas_library.h) that the package does not
 # promise; only the implementation includes them.
-foreach(layer runtime collectives launcher models)
+foreach(layer runtime collectives launcher trainer models)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer} DESTINATION ${DDP_INSTALL_INCLUDE_ROOT}
           COMPONENT dev FILES_MATCHING PATTERN "*.h" PATTERN "*.inc"
           PATTERN "cuda_check.h" EXCLUDE PATTERN "cublas_library.h" EXCLUDE

@@ -3,12 +3,12 @@
 // See --help and docs/sample.md.
 #include "models/gpt.h"
 #include "models/sampling.h"
-#include "models/train/checkpoint.h"
 #include "runtime/autograd/autograd.h"
 #include "runtime/data/bpe.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
 #include "runtime/tensor.h"
+#include "trainer/checkpoint.h"
 
 #include <charconv>
 #include <cmath>

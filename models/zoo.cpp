@@ -46,21 +46,4 @@ std::string describe(const ModelConfig& c) {
   return c.name;
 }
 
-std::vector<int64_t> parse_hidden(const std::string& text) {
-  std::vector<int64_t> out;
-  std::stringstream in(text);
-  std::string part;
-  while (std::getline(in, part, ',')) {
-    int64_t v = 0;
-    auto [ptr, ec] = std::from_chars(part.data(), part.data() + part.size(), v);
-    DDP_CHECK(
-        ec == std::errc() && ptr == part.data() + part.size() && v > 0,
-        "--hidden '{}': expected positive layer sizes separated by commas, like 256 or 512,256",
-        text);
-    out.push_back(v);
-  }
-  DDP_CHECK(!out.empty(), "--hidden '{}': expected at least one layer size", text);
-  return out;
-}
-
 }  // namespace ddp::models

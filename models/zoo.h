@@ -27,7 +27,5 @@ struct ModelConfig {
 std::shared_ptr<nn::Sequential> make_model(const ModelConfig& config, Generator& gen);
 // "784-256-10" style description for logs and checkpoint metadata.
 std::string describe(const ModelConfig& config);
-// Parses "256" or "256,128"; throws ValueError naming the text.
-std::vector<int64_t> parse_hidden(const std::string& text);
 
 }  // namespace ddp::models

@@ -24,7 +24,7 @@ namespace ddp::scale {
 // append one JSON object per epoch to FILE) and write, in each row, "samples_per_s"
 // (all ranks' training samples per second of the epoch, evaluation left out) and,
 // optionally, "step_ms", "comm_exposed_ms" and "tokens_per_s". A program built on
-// train_main (models/train/train_main.h) keeps it without a line of its own.
+// train_main (trainer/train_main.h) keeps it without a line of its own.
 struct Programs {
   std::string ddprun, train;                   // ours
   std::string program = {};                    // --program: run in place of train

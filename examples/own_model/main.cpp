@@ -2,9 +2,9 @@
 // L1 loss for a regression) trained by train_main, so it gets train's flags:
 // data files, ddprun with DDP or ZeRO, --resume, --metrics, --save-best, and
 // `scale --program` sweeps. The model and the loss are all this program writes.
-#include "models/train/train_main.h"
 #include "runtime/autograd/functions.h"
 #include "runtime/nn/layers.h"
+#include "trainer/train_main.h"
 
 #include <memory>
 

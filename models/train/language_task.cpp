@@ -21,7 +21,7 @@
 #include "collectives/collective_events.h"
 #include "collectives/communicator.h"
 #include "models/gpt.h"
-#include "models/train/task.h"
+#include "models/train/zoo_catalog.h"
 #include "runtime/autograd/functions.h"
 #include "runtime/data/text_corpus.h"
 #include "runtime/data/text_windows.h"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# train --save-best and --early-stop (Note [best so far] in models/train/epoch.cpp):
+# train --save-best and --early-stop (Note [best so far] in trainer/epoch.cpp):
 #   - a 12-epoch reference run writes its metrics; --save-best's checkpoint is the
 #     step of the first row with the highest test_acc, with that value in its metadata;
 #   - --early-stop 2 ends the run at the first epoch with 2 evaluations in a row

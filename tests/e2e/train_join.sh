@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# train --drop-last false (Note [uneven epochs] in models/train/uneven.h): ranks with
+# train --drop-last false (Note [uneven epochs] in trainer/uneven.h): ranks with
 # different batch counts finish, no hang, under ddprun on shm and gloo and under
 # mpirun, with the same weights on every backend; the metrics count every rank's
 # real samples; a shadowed step is no step for the flight recorder's marks (the

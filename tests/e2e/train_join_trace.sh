@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The timeline of an uneven run (docs/observability.md, Note [uneven epochs] in
-# models/train/uneven.h): `ddprun --trace DIR train --drop-last false` leaves a
+# trainer/uneven.h): `ddprun --trace DIR train --drop-last false` leaves a
 # merged trace that check_trace.py accepts with --buckets. Ranks 1 and 2 shadow
 # the third step of each epoch, and their shadowed buckets must become "ready"
 # before their all-reduces as in a backward (Reducer::shadow), so every rank

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# train --metrics FILE.csv (Note [metrics csv] in models/train/run_log.cpp):
+# train --metrics FILE.csv (Note [metrics csv] in trainer/run_log.cpp):
 #   - the CSV's header and cells hold the JSON lines' keys and values of the same
 #     run (two identical single-process runs; then ddprun -n 2, whose list
 #     columns are quoted), read back by Python's csv module;

@@ -68,7 +68,7 @@ TEST(Sampler, ShardsAreEvenDisjointAndCovering) {
   }
 }
 
-// Note [uneven epochs] in models/train/uneven.h: drop_last=false with pad=false
+// Note [uneven epochs] in trainer/uneven.h: drop_last=false with pad=false
 // neither pads nor cuts: every index exactly once, rank r gets ceil((n - r) / W).
 TEST(Sampler, UnevenSharesCoverEveryIndexOnce) {
   EXPECT_EQ(shards(10, 3, {.shuffle = false, .pad = false}),

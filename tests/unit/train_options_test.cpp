@@ -1,9 +1,11 @@
 // train's options for the gpt models (defaults and overrides) and the learning-rate
-// schedule's span (Note [schedule span] in models/train/trainer.cpp).
-#include "models/train/train_options.h"
-#include "models/train/trainer.h"
+// schedule's span (Note [schedule span] in trainer/trainer.cpp).
+#include "trainer/train_options.h"
+
+#include "models/train/zoo_catalog.h"
 #include "runtime/data/text_corpus.h"
 #include "runtime/error.h"
+#include "trainer/trainer.h"
 
 #include <gtest/gtest.h>
 
@@ -16,7 +18,7 @@ namespace {
 
 TrainOptions parse(std::vector<const char*> args) {
   args.insert(args.begin(), "train");
-  auto o = parse_train_args(static_cast<int>(args.size()), args.data());
+  auto o = parse_train_args(static_cast<int>(args.size()), args.data(), models::zoo_catalog());
   EXPECT_TRUE(o.has_value());
   return *o;
 }
@@ -60,7 +62,7 @@ TEST(TrainOptions, ExplicitFlagsBeatGptDefaults) {
   EXPECT_EQ(o.epochs, 3);
 }
 
-// --drop-last (Note [uneven epochs] in models/train/uneven.h): pad for the mlp, true
+// --drop-last (Note [uneven epochs] in trainer/uneven.h): pad for the mlp, true
 // for gpt (its windows are never padded, so pad is a usage error); --join-divide
 // only with --drop-last false.
 TEST(TrainOptions, DropLastDefaultsAndErrors) {
@@ -76,7 +78,7 @@ TEST(TrainOptions, DropLastDefaultsAndErrors) {
   auto error = [](std::vector<const char*> args) {
     args.insert(args.begin(), "train");
     try {
-      parse_train_args(static_cast<int>(args.size()), args.data());
+      parse_train_args(static_cast<int>(args.size()), args.data(), models::zoo_catalog());
     } catch (const ValueError& e) {
       return std::string(e.what());
     }
@@ -99,7 +101,8 @@ TEST(TrainOptions, DropLastDefaultsAndErrors) {
 
 TEST(TrainOptions, BadGptSpecIsAUsageError) {
   EXPECT_THROW(
-      parse_train_args(3, std::vector<const char*>{"train", "--model", "gpt:layers=0"}.data()),
+      parse_train_args(3, std::vector<const char*>{"train", "--model", "gpt:layers=0"}.data(),
+                       models::zoo_catalog()),
       ValueError);
 }
 

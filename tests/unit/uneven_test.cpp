@@ -1,8 +1,8 @@
-// train's uneven epochs (Note [uneven epochs] in models/train/uneven.h): every
+// train's uneven epochs (Note [uneven epochs] in trainer/uneven.h): every
 // rank's step count from every rank's batches, and the samples a step trains on
 // over all ranks -- those of the ranks that train it, not of those that shadow
 // it with micro-batches left over.
-#include "models/train/uneven.h"
+#include "trainer/uneven.h"
 #include "runtime/error.h"
 
 #include <gtest/gtest.h>

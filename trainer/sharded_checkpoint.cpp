@@ -1,4 +1,4 @@
-#include "models/train/sharded_checkpoint.h"
+#include "trainer/sharded_checkpoint.h"
 
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/ops/ops.h"

@@ -2,9 +2,9 @@
 // evaluation, metrics and checkpoints on one device.
 #pragma once
 
-#include "models/train/train_options.h"
 #include "runtime/device.h"
 #include "runtime/optim/optimizer.h"
+#include "trainer/train_options.h"
 
 #include <algorithm>
 #include <ostream>
@@ -52,7 +52,7 @@ struct EpochMetrics {
   // without a flight recorder.
   std::vector<double> rank_compute_ms, rank_wait_ms;
   std::vector<int> stragglers;
-  // By rank (models/train/memory_report.h): the allocator's peak of the run so
+  // By rank (trainer/memory_report.h): the allocator's peak of the run so
   // far, the optimizer state and the gradients held after the epoch's last step.
   std::vector<int64_t> rank_peak_allocated, rank_optimizer_state, rank_gradient_bytes;
   // Share of the communication time hidden behind backward: 1 - exposed / comm

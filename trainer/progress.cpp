@@ -1,4 +1,4 @@
-#include "models/train/progress.h"
+#include "trainer/progress.h"
 
 #include <unistd.h>
 

@@ -1,20 +1,27 @@
-// What `train` learns, behind one seam: a task owns the model, its data (the
+// What a program trains, behind one seam: a task owns the model, its data (the
 // batches of an epoch on this rank), the loss of a batch, the evaluation and the
 // optimizer that suits the model. The training loop (epoch.cpp) is the same
 // for every task: steps, DDP, schedule, progress, metrics, checkpoints.
 //
-//   image classification  mlp | cnn on Fashion-MNIST or the synthetic set;
-//                         evaluated by test accuracy (image_task.cpp)
-//   language model        gpt-* on the Brown corpus or a synthetic token stream;
-//                         evaluated by validation loss (language_task.cpp)
+// The trainer knows no model of its own: a ModelCatalog (the zoo's is
+// models/train/zoo_catalog.h, train's) names the models --model may choose and
+// builds them, and a program of one's own gives a UserModel (train_main.h).
+//
+//   supervised     a catalog's or the user's model on a Dataset: Fashion-MNIST,
+//                  data files (runtime/data/file_dataset.h), the synthetic set;
+//                  classification (test accuracy) or regression (test MSE)
+//                  (supervised_task.cpp)
+//   language model a catalog's language task (the zoo's gpt models on text or
+//                  token shards, models/train/language_task.cpp)
 #pragma once
 
-#include "models/train/train_options.h"
 #include "runtime/data/loader.h"
 #include "runtime/nn/module.h"
 #include "runtime/optim/optimizer.h"
+#include "trainer/train_options.h"
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -77,13 +84,33 @@ class Task {
   virtual CorpusEntropy corpus_entropy() const { return {}; }
 };
 
-// The task for o.model on `device`, data sharded for `rank` of `world_size`.
-// ValueError for data that cannot be loaded or a batch larger than the data.
+// The models a program's --model chooses from (not a flag: train passes the zoo's,
+// models::zoo_catalog()).
+struct ModelCatalog {
+  // For --help and errors: "mlp|cnn|gpt-tiny|gpt-mini|gpt2|gpt:layers=L,d=D,heads=H,ctx=T".
+  std::string names;
+  // Throws ValueError naming `name` and the valid names when the catalog has no such model.
+  std::function<void(const std::string& name)> check;
+  // Language models take the language defaults (Note [gpt defaults] in
+  // train_options.cpp) and make_language_task; the others are supervised.
+  std::function<bool(const std::string& name)> is_language_model;
+  // A supervised model for one sample's shape ([D], or [C, H, W]) and the outputs
+  // the data asks for (classes, or a regression's targets), and its spec for logs
+  // and the checkpoint's metadata (a resume must build the same).
+  std::function<BuiltModel(const ModelChoice& choice, const Shape& sample, int64_t outputs,
+                           Generator& gen)>
+      build;
+  std::function<std::unique_ptr<Task>(const TrainOptions& o, const Device& device, int rank,
+                                      int world_size)>
+      make_language_task;
+};
+
+// The task for o.model (or o.user_model) on `device`, data sharded for `rank` of
+// `world_size`: the catalog's language task, else the supervised task. ValueError
+// for data that cannot be loaded or a batch larger than the data.
 std::unique_ptr<Task> make_task(const TrainOptions& o, const Device& device, int rank,
                                 int world_size);
-std::unique_ptr<Task> make_image_task(const TrainOptions& o, const Device& device, int rank,
-                                      int world_size);
-std::unique_ptr<Task> make_language_task(const TrainOptions& o, const Device& device, int rank,
-                                         int world_size);
+std::unique_ptr<Task> make_supervised_task(const TrainOptions& o, const Device& device, int rank,
+                                           int world_size);
 
 }  // namespace ddp::train

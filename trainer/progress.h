@@ -2,8 +2,8 @@
 // the report line of each evaluation (epoch ends, and --eval-every for gpt).
 #pragma once
 
-#include "models/train/train_options.h"
-#include "models/train/trainer.h"
+#include "trainer/train_options.h"
+#include "trainer/trainer.h"
 
 #include <ostream>
 #include <string>

@@ -1,7 +1,7 @@
 // The `train` program as one library call, for programs of one's own: parse
 // train's flags (docs/train.md), train, print the report lines and the summary,
 // return the exit code (0; 1 a failure while running; 2 a usage error). With a
-// UserModel the program trains it in place of the zoo's and gets everything else
+// UserModel the program trains it in place of a catalog's and gets everything else
 // train has: --data (NumPy, CSV, Fashion-MNIST, synthetic), DDP and ZeRO under
 // ddprun, --resume, --metrics, --save-best, --early-stop, traces, and `scale
 // --program` sweeps (docs/scaling.md). docs/api.md "Your own model" shows a
@@ -15,7 +15,8 @@
 //   }
 #pragma once
 
-#include "models/train/train_options.h"
+#include "trainer/task.h"
+#include "trainer/train_options.h"
 
 #include <memory>
 #include <string>
@@ -29,6 +30,11 @@ struct TrainProgram {
   // Flags applied before the command line's (which win): a program's own
   // defaults, e.g. {"--data", "mine.csv", "--epochs", "5"}.
   std::vector<std::string> defaults = {};
+  // Data of its own (train_options.h) in place of --data; null: --data's.
+  std::shared_ptr<const UserData> data = nullptr;
+  // The models --model chooses from: train's is the zoo's (models::zoo_catalog());
+  // null for a program that trains its own model.
+  std::shared_ptr<const ModelCatalog> catalog = nullptr;
 };
 
 int train_main(int argc, const char* const* argv, const TrainProgram& program = {});

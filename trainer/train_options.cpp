@@ -1,6 +1,7 @@
-#include "models/train/train_options.h"
+#include "trainer/train_options.h"
 
-#include "models/gpt_config.h"
+#include "trainer/task.h"
+
 #include "runtime/data/file_dataset.h"
 #include "runtime/data/text_corpus.h"
 #include "runtime/data/token_shards.h"
@@ -14,6 +15,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <sstream>
 
 namespace ddp::train {
 
@@ -221,20 +223,36 @@ std::vector<std::string> parse_column_list(const std::string& flag, const std::s
   return names;
 }
 
+// --hidden: "256" or "256,128"; throws ValueError naming the text.
+std::vector<int64_t> parse_hidden(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream in(text);
+  std::string part;
+  while (std::getline(in, part, ',')) {
+    int64_t v = 0;
+    auto [ptr, ec] = std::from_chars(part.data(), part.data() + part.size(), v);
+    DDP_CHECK(
+        ec == std::errc() && ptr == part.data() + part.size() && v > 0,
+        "--hidden '{}': expected positive layer sizes separated by commas, like 256 or 512,256",
+        text);
+    out.push_back(v);
+  }
+  DDP_CHECK(!out.empty(), "--hidden '{}': expected at least one layer size", text);
+  return out;
+}
+
 using Setter = std::function<void(TrainOptions&, const std::string&)>;
 
 const std::map<std::string, Setter>& setters() {
   static const std::map<std::string, Setter> table = {
       {"--model",
        [](auto& o, auto& v) {
-         if (models::is_gpt_model(v)) {
-           models::gpt_config(v);  // a bad spec is a usage error, named now
-         } else {
-           check_choice("--model", v, {"mlp", "cnn", "gpt-tiny", "gpt-mini", "gpt2", "gpt:..."});
-         }
+         // A bad name or spec is a usage error, named now. Without a catalog the
+         // program trains its own model, and train_main refuses --model.
+         if (o.catalog != nullptr && o.catalog->check) o.catalog->check(v);
          o.model.name = v;
        }},
-      {"--hidden", [](auto& o, auto& v) { o.model.hidden = models::parse_hidden(v); }},
+      {"--hidden", [](auto& o, auto& v) { o.model.hidden = parse_hidden(v); }},
       {"--data", [](auto& o, auto& v) { o.data = v; }},
       {"--synthetic-size",
        [](auto& o, auto& v) { o.synthetic_size = parse_number<int64_t>("--synthetic-size", v); }},
@@ -347,7 +365,7 @@ const std::map<std::string, Setter>& setters() {
 // step near a second here. A flag given on the command line always wins.
 void apply_model_defaults(TrainOptions& o) {
   const auto unset = [&](const char* flag) { return o.given.count(flag) == 0; };
-  if (!models::is_gpt_model(o.model.name)) {
+  if (!is_language_model(o)) {
     if (unset("--eval-every")) o.eval_every = 0;
     if (unset("--drop-last")) o.drop_last = DropLast::pad;
     return;
@@ -387,7 +405,7 @@ void validate(const TrainOptions& o) {
   DDP_CHECK(o.clip_grad_norm >= 0, "--clip-grad-norm {}: must be >= 0 (0: off)", o.clip_grad_norm);
   DDP_CHECK(o.eval_every >= 0 && o.eval_batches >= 0,
             "--eval-every {} and --eval-batches {}: must be >= 0", o.eval_every, o.eval_batches);
-  const bool gpt = models::is_gpt_model(o.model.name);
+  const bool gpt = is_language_model(o);
   DDP_CHECK(gpt || (o.given.count("--eval-every") == 0 && o.given.count("--eval-batches") == 0),
             "--eval-every and --eval-batches are for the gpt models (--model {} is evaluated by "
             "test accuracy at each epoch's end)",
@@ -507,8 +525,15 @@ std::string unknown_option(const std::string& arg) {
 
 }  // namespace
 
-std::optional<TrainOptions> parse_train_args(int argc, const char* const* argv) {
+bool is_language_model(const TrainOptions& o) {
+  return o.user_model == nullptr && o.catalog != nullptr && o.catalog->is_language_model &&
+         o.catalog->is_language_model(o.model.name);
+}
+
+std::optional<TrainOptions> parse_train_args(int argc, const char* const* argv,
+                                             std::shared_ptr<const ModelCatalog> catalog) {
   TrainOptions o;
+  o.catalog = std::move(catalog);
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     std::string value;

@@ -1,6 +1,6 @@
-#include "models/train/checkpoint.h"
+#include "trainer/checkpoint.h"
 
-#include "models/train/sharded_checkpoint.h"
+#include "trainer/sharded_checkpoint.h"
 
 #include "runtime/checkpoint/json.h"
 #include "runtime/checkpoint/safetensors.h"

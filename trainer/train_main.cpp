@@ -1,9 +1,9 @@
 // train_main: the `train` program as a library call (train_main.h).
-#include "models/train/train_main.h"
+#include "trainer/train_main.h"
 
-#include "models/train/trainer.h"
 #include "runtime/error.h"
 #include "runtime/trace.h"
+#include "trainer/trainer.h"
 
 #include <fmt/format.h>
 
@@ -24,7 +24,7 @@ int train_main(int argc, const char* const* argv, const TrainProgram& program) {
     std::vector<const char*> args{argc > 0 ? argv[0] : name.c_str()};
     for (const auto& d : program.defaults) args.push_back(d.c_str());
     for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
-    options = parse_train_args(static_cast<int>(args.size()), args.data());
+    options = parse_train_args(static_cast<int>(args.size()), args.data(), program.catalog);
     if (options && program.model != nullptr) {
       for (const char* zoo_flag : {"--model", "--hidden"}) {
         DDP_CHECK(options->given.count(zoo_flag) == 0,
@@ -32,6 +32,15 @@ int train_main(int argc, const char* const* argv, const TrainProgram& program) {
                   program.model->name);
       }
       options->user_model = program.model;
+    }
+    if (options && program.data != nullptr) {
+      for (const char* data_flag :
+           {"--data", "--test-data", "--target-columns", "--input-columns", "--task"}) {
+        DDP_CHECK(options->given.count(data_flag) == 0,
+                  "{} names data to read; {} reads its own ({})", data_flag, name,
+                  program.data->name);
+      }
+      options->user_data = program.data;
     }
   } catch (const Error& e) {
     // One line naming the flag, the value and the rule; the usage is one command away

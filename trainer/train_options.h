@@ -2,7 +2,7 @@
 // (printed by --help) and docs/train.md.
 #pragma once
 
-#include "models/zoo.h"
+#include "runtime/data/dataset.h"
 #include "runtime/nn/module.h"
 #include "runtime/rng/generator.h"
 
@@ -12,6 +12,8 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace ddp::train {
 
@@ -28,6 +30,34 @@ struct UserModel {
   std::function<Tensor(const Tensor& output, const Tensor& target)> loss = {};
 };
 
+// --model and --hidden as given: the name a ModelCatalog (task.h) builds, and the
+// hidden layer sizes of an mlp-like model of it.
+struct ModelChoice {
+  std::string name = "mlp";
+  std::vector<int64_t> hidden = {256};
+};
+
+// A module a catalog or a UserModel built, and its spec ("784-256-10", "gpt:...")
+// for logs and the checkpoint's metadata.
+struct BuiltModel {
+  std::shared_ptr<nn::Module> module;
+  std::string spec;
+};
+
+struct ModelCatalog;
+
+// Data of one's own in place of --data (train_main.h, docs/api.md "Your own
+// model"): the train and test Datasets (runtime/data/dataset.h; make_dataset in
+// runtime/data/file_dataset.h builds one from tensors: class ids [N] for a
+// classification, values [N, K] for a regression), made on every rank from the
+// options (--seed, --synthetic-size...); the trainer shards them over the ranks
+// as it shards --data's.
+struct TrainOptions;
+struct UserData {
+  std::string name = "custom";  // in messages
+  std::function<std::pair<Dataset, Dataset>(const TrainOptions& options)> load = {};
+};
+
 // --drop-last (Note [uneven epochs] in uneven.h): pad | true | false.
 enum class DropLast { pad, drop, uneven };
 // --join-divide: a step's gradient under a Join is the sum over the ranks that
@@ -37,7 +67,7 @@ const char* drop_last_name(DropLast d);      // "pad", "true", "false": the flag
 const char* join_divide_name(JoinDivide d);  // "world", "active"
 
 struct TrainOptions {
-  models::ModelConfig model;
+  ModelChoice model;
   // mlp | cnn: Fashion-MNIST's folder; gpt: the Brown corpus's; or "synthetic".
   std::string data = "/usr/share/datasets/fashion-mnist";
   int64_t synthetic_size = 10000;  // training samples of --data synthetic (test: a fifth)
@@ -92,7 +122,7 @@ struct TrainOptions {
   std::string comm_hook = "none";  // ddp: none | bf16 | fp16 (compress buckets for the all_reduce)
   int zero = 0;  // ddp: ZeRO stage (collectives/ddp/zero.h): 0 DDP, 1 state, 2 state + gradients
   // --save-sharded (with --zero 1|2): every rank writes its shard of the optimizer
-  // state next to --save (models/train/sharded_checkpoint.h).
+  // state next to --save (trainer/sharded_checkpoint.h).
   bool save_sharded = false;
   // Not a flag: --save as given, on every rank (rank 0 writes it; the others'
   // --save is cleared, but they gather or write their ZeRO shard for it).
@@ -110,11 +140,20 @@ struct TrainOptions {
   std::set<std::string> given;  // the flags on the command line (model defaults skip them)
   // Not a flag: a program's own model (train_main), trained in place of --model.
   std::shared_ptr<const UserModel> user_model;
+  // Not a flag: a program's own data (train_main), read in place of --data.
+  std::shared_ptr<const UserData> user_data;
+  // Not a flag: the models --model chooses from (train: the zoo's); null: none, the
+  // program trains its user_model.
+  std::shared_ptr<const ModelCatalog> catalog;
 };
 
 // Throws ValueError (the caller prints it with the usage and exits 2).
 // Returns nullopt when --help was asked for (the caller prints the usage, exit 0).
-std::optional<TrainOptions> parse_train_args(int argc, const char* const* argv);
+// `catalog` checks --model and tells language models (their defaults) from the others.
+std::optional<TrainOptions> parse_train_args(int argc, const char* const* argv,
+                                             std::shared_ptr<const ModelCatalog> catalog);
+// Whether o.model is one of the catalog's language models (false without a catalog).
+bool is_language_model(const TrainOptions& o);
 extern const char* const kTrainUsage;
 
 }  // namespace ddp::train

@@ -3,7 +3,7 @@
 // (collectives/ddp/zero.h) can be compared rank by rank.
 #pragma once
 
-#include "models/train/run.h"
+#include "trainer/run.h"
 
 namespace ddp::train {
 

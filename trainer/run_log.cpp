@@ -1,4 +1,4 @@
-#include "models/train/run_log.h"
+#include "trainer/run_log.h"
 
 #include "runtime/error.h"
 
@@ -76,7 +76,7 @@ void straggler_fields(const EpochMetrics& m, Fields& f) {
   f.emplace_back("stragglers", fmt::format("[{}]", fmt::join(m.stragglers, ", ")));
 }
 
-// Bytes per rank (models/train/memory_report.h).
+// Bytes per rank (trainer/memory_report.h).
 void memory_fields(const EpochMetrics& m, Fields& f) {
   if (m.rank_peak_allocated.empty()) return;
   f.emplace_back("rank_peak_allocated",

@@ -1,14 +1,13 @@
-// The image-classification task: the zoo's mlp and cnn on Fashion-MNIST or the
-// synthetic set, evaluated by test accuracy; and on data files of one's own
-// (runtime/data/file_dataset.h), classification as those, or regression (MSE,
-// evaluated by the test set's mean squared error).
+// The supervised task: a catalog's model (the zoo's mlp and cnn) or a program's
+// own (UserModel) on Fashion-MNIST, the synthetic set or data files of one's own
+// (runtime/data/file_dataset.h): classification, evaluated by test accuracy, or
+// regression (MSE, evaluated by the test set's mean squared error).
 #include "collectives/collective_events.h"
 #include "collectives/communicator.h"
-#include "models/gpt_config.h"
-#include "models/train/task.h"
 #include "runtime/autograd/functions.h"
 #include "runtime/data/file_dataset.h"
 #include "runtime/ops/ops.h"
+#include "trainer/task.h"
 
 namespace ddp::train {
 namespace {
@@ -19,6 +18,19 @@ struct Data {
 };
 
 Data load_data(const TrainOptions& o) {
+  if (o.user_data != nullptr) {
+    DDP_CHECK(static_cast<bool>(o.user_data->load), "UserData '{}' has no load function",
+              o.user_data->name);
+    auto [train, test] = o.user_data->load(o);
+    DDP_CHECK(train.size() > 0 && train.inputs.defined() && train.inputs.size(0) == train.size(),
+              "UserData '{}': the train Dataset needs inputs [N, ...] and labels [N, ...] with N "
+              ">= 1 (make_dataset in runtime/data/file_dataset.h builds one from tensors)",
+              o.user_data->name);
+    DDP_CHECK(test.size() > 0 && test.inputs.defined() && test.inputs.size(0) == test.size(),
+              "UserData '{}': the test Dataset needs inputs and labels with as many rows (N >= 1)",
+              o.user_data->name);
+    return {std::move(train), std::move(test), ""};
+  }
   if (o.data == "synthetic") {
     SyntheticOptions s{.n = o.synthetic_size, .seed = 1234, .noise = 6.0f, .split = Split::train};
     Data d{make_synthetic(s), {}, ""};
@@ -37,11 +49,10 @@ Data load_data(const TrainOptions& o) {
   return {load_fashion_mnist(o.data, Split::train), load_fashion_mnist(o.data, Split::test), ""};
 }
 
-class ImageTask : public Task {
+class SupervisedTask : public Task {
  public:
-  ImageTask(const TrainOptions& o, const Device& device, int rank, int world_size)
+  SupervisedTask(const TrainOptions& o, const Device& device, int rank, int world_size)
       : data_(load_data(o)),
-        config_(o.model),
         // --drop-last (Note [uneven epochs] in uneven.h): pad as PyTorch's sampler,
         // true cuts the set's tail and each rank's short last batch, false neither
         // pads nor cuts (uneven shares). The test set is cut never, padded unless false.
@@ -59,31 +70,31 @@ class ImageTask : public Task {
             DistributedSampler(data_.test.size(), rank, world_size,
                                {.shuffle = false, .pad = o.drop_last != DropLast::uneven})) {
     const auto& in = data_.train.inputs.shape();
-    config_.in_channels = in.size() == 4 ? in[1] : 1;
-    config_.height = in.size() == 4 ? in[2] : in[1];
-    config_.width = in.size() == 4 ? in[3] : 1;
+    const Shape sample(in.begin() + 1, in.end());
     // A regression has one output per target column.
-    config_.num_classes = regression() ? data_.train.labels.size(1) : data_.train.num_classes;
+    const int64_t outputs = regression() ? data_.train.labels.size(1) : data_.train.num_classes;
     Generator gen(o.seed);
     if (o.user_model != nullptr) {
       DDP_CHECK(static_cast<bool>(o.user_model->build), "UserModel '{}' has no build function",
                 o.user_model->name);
-      const Shape sample(in.begin() + 1, in.end());
-      model_ = o.user_model->build(sample, config_.num_classes, gen);
+      model_ = o.user_model->build(sample, outputs, gen);
       DDP_CHECK(model_ != nullptr, "UserModel '{}': build returned no module", o.user_model->name);
       user_loss_ = o.user_model->loss;
       // The checkpoint's "model": a resume must build the same thing.
-      user_spec_ =
-          fmt::format("{} {} -> {}", o.user_model->name, shape_str(sample), config_.num_classes);
+      spec_ = fmt::format("{} {} -> {}", o.user_model->name, shape_str(sample), outputs);
     } else {
-      model_ = models::make_model(config_, gen);
+      DDP_CHECK(o.catalog != nullptr && o.catalog->build,
+                "no model to train: --model {} needs a model catalog (train has the zoo's), or "
+                "give the program a UserModel (train_main.h)",
+                o.model.name);
+      BuiltModel built = o.catalog->build(o.model, sample, outputs, gen);
+      model_ = std::move(built.module);
+      spec_ = std::move(built.spec);
     }
     model_->to(device);
   }
 
-  std::string model_spec() const override {
-    return user_spec_.empty() ? models::describe(config_) : user_spec_;
-  }
+  std::string model_spec() const override { return spec_; }
   std::shared_ptr<nn::Module> model() const override { return model_; }
   bool is_language_model() const override { return false; }
   bool is_regression() const override { return regression(); }
@@ -179,24 +190,28 @@ class ImageTask : public Task {
   }
 
   Data data_;
-  models::ModelConfig config_;
   DataLoader loader_, test_loader_;
   std::shared_ptr<nn::Module> model_;
   std::function<Tensor(const Tensor&, const Tensor&)> user_loss_;  // UserModel::loss
-  std::string user_spec_;  // a UserModel's model_spec ("" for the zoo's)
+  std::string spec_;  // model_spec(): the catalog's, or the UserModel's name and shapes
 };
 
 }  // namespace
 
-std::unique_ptr<Task> make_image_task(const TrainOptions& o, const Device& device, int rank,
-                                      int world_size) {
-  return std::make_unique<ImageTask>(o, device, rank, world_size);
+std::unique_ptr<Task> make_supervised_task(const TrainOptions& o, const Device& device, int rank,
+                                           int world_size) {
+  return std::make_unique<SupervisedTask>(o, device, rank, world_size);
 }
 
 std::unique_ptr<Task> make_task(const TrainOptions& o, const Device& device, int rank,
                                 int world_size) {
-  if (models::is_gpt_model(o.model.name)) return make_language_task(o, device, rank, world_size);
-  return make_image_task(o, device, rank, world_size);
+  if (o.user_model == nullptr && is_language_model(o)) {
+    DDP_CHECK(static_cast<bool>(o.catalog->make_language_task),
+              "--model {}: the catalog names it a language model but has no language task",
+              o.model.name);
+    return o.catalog->make_language_task(o, device, rank, world_size);
+  }
+  return make_supervised_task(o, device, rank, world_size);
 }
 
 }  // namespace ddp::train

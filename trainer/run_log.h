@@ -3,8 +3,8 @@
 // cuts the files back to where it starts (Note [rows cut back] in run_log.cpp).
 #pragma once
 
-#include "models/train/trainer.h"
 #include "runtime/tensor.h"
+#include "trainer/trainer.h"
 
 #include <fstream>
 #include <optional>

@@ -1,4 +1,4 @@
-#include "models/train/nonfinite.h"
+#include "trainer/nonfinite.h"
 
 #include "collectives/collective_events.h"
 #include "runtime/autograd/autograd.h"

@@ -1,4 +1,4 @@
-#include "models/train/uneven.h"
+#include "trainer/uneven.h"
 
 #include "runtime/error.h"
 

@@ -1,14 +1,14 @@
-#include "models/train/trainer.h"
+#include "trainer/trainer.h"
 
 #include "collectives/bootstrap.h"
 #include "collectives/collective_events.h"
 #include "collectives/trace_collectives.h"
-#include "models/train/run.h"
-#include "models/train/uneven.h"
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/env.h"
 #include "runtime/ops/nn_ops.h"
 #include "runtime/ops/ops.h"
+#include "trainer/run.h"
+#include "trainer/uneven.h"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "models/train/memory_report.h"
+#include "trainer/memory_report.h"
 
 #include "collectives/collective_events.h"
 #include "runtime/autograd/autograd.h"

@@ -19,7 +19,7 @@ inline constexpr const char* kCheckpointFormat = "ddp-train-v1";
 inline constexpr const char* kOptimizerPrefix = "optimizer.";
 
 struct CheckpointInfo {
-  std::string model;      // models::describe()
+  std::string model;      // the task's model_spec()
   std::string optimizer;  // "sgd" | "adamw"
   int64_t epoch = 0;      // completed epochs
   int64_t step = 0;       // training steps taken, skipped ones (--on-nonfinite skip) included
@@ -33,7 +33,7 @@ struct CheckpointInfo {
   int64_t global_batch = 0;
   int64_t skipped_steps = 0;  // steps whose update --on-nonfinite skip left out
   // --save-sharded: the optimizer state is in this many shard files next to the
-  // checkpoint, not in it (models/train/sharded_checkpoint.h); 0: in it.
+  // checkpoint, not in it (trainer/sharded_checkpoint.h); 0: in it.
   int64_t optimizer_shards = 0;
   // --save-best / --early-stop (Note [best so far] in epoch.cpp): the best value of
   // the monitored metric so far (NaN: no evaluation yet) and the evaluations since.
@@ -61,7 +61,7 @@ std::optional<CheckpointHeader> read_checkpoint_header(const std::string& path);
 void save_checkpoint(const std::string& path, const nn::Module& model,
                      const optim::Optimizer& optimizer, const CheckpointInfo& info,
                      std::vector<std::string>* removed = nullptr, bool never_older = true);
-// The "model" of a train checkpoint's metadata (models::describe or a gpt spec),
+// The "model" of a train checkpoint's metadata (the task's model_spec: "784-256-10", a gpt spec),
 // read from its header; ValueError naming the path when it is not one.
 std::string read_checkpoint_model(const std::string& path);
 // The checkpoint's text_unit ("byte" for checkpoints written before it was recorded).

@@ -1,4 +1,4 @@
-#include "models/train/straggler_stats.h"
+#include "trainer/straggler_stats.h"
 
 #include "collectives/collective_events.h"
 #include "collectives/flight/flight_recorder.h"

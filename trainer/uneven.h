@@ -30,7 +30,7 @@
 // counts the samples the ranks trained on (step_samples), not rank 0's times W.
 #pragma once
 
-#include "models/train/task.h"
+#include "trainer/task.h"
 
 #include <cstdint>
 #include <functional>

@@ -3,16 +3,16 @@
 // metrics, progress, evaluations and checkpoints.
 #include "collectives/collective_events.h"
 #include "collectives/flight/flight_recorder.h"
-#include "models/train/memory_report.h"
-#include "models/train/progress.h"
-#include "models/train/run.h"
-#include "models/train/sharded_checkpoint.h"
-#include "models/train/straggler_stats.h"
-#include "models/train/uneven.h"
 #include "runtime/autograd/functions.h"
 #include "runtime/ops/ops.h"
 #include "runtime/stream.h"
 #include "runtime/trace.h"
+#include "trainer/memory_report.h"
+#include "trainer/progress.h"
+#include "trainer/run.h"
+#include "trainer/sharded_checkpoint.h"
+#include "trainer/straggler_stats.h"
+#include "trainer/uneven.h"
 
 #include <signal.h>
 

@@ -1,4 +1,4 @@
-#include "models/train/faults.h"
+#include "trainer/faults.h"
 
 #include "runtime/error.h"
 

@@ -8,13 +8,13 @@
 #include "collectives/ddp/distributed_data_parallel.h"
 #include "collectives/ddp/join.h"
 #include "collectives/ddp/zero.h"
-#include "models/train/checkpoint.h"
-#include "models/train/faults.h"
-#include "models/train/nonfinite.h"
-#include "models/train/run_log.h"
-#include "models/train/task.h"
-#include "models/train/trainer.h"
 #include "runtime/autograd/autocast.h"
+#include "trainer/checkpoint.h"
+#include "trainer/faults.h"
+#include "trainer/nonfinite.h"
+#include "trainer/run_log.h"
+#include "trainer/task.h"
+#include "trainer/trainer.h"
 
 #include <limits>
 #include <memory>
