@@ -323,6 +323,12 @@ TEST(FlightRecorder, SigusrOneInAForkedChildIsTheChildsOwn) {
     ::signal(SIGUSR1, SIG_DFL);
     ensure_recorder(0, 2);
     if (recorder() == nullptr) ::_exit(3);
+    // Let the recorder's signal thread finish starting before the fork: a fork while
+    // it starts copies the ASan allocator's lock held (GCC 12's ASan does not take
+    // it around fork), and the child then deadlocks in its first malloc (seen on
+    // CI's ASan run, and reproduced with gdb: both of the child's threads waiting
+    // in SizeClassAllocator64::GetFromAllocator).
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
     const pid_t child = ::fork();
     if (child == 0) {
       if (recorder() != nullptr) ::_exit(4);
