@@ -198,119 +198,27 @@ std::string read_text(const std::filesystem::path& path, const std::string& dir)
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-// encoder.json: one flat object of string -> integer. A reader of its own: the
-// checkpoint JSON parser checks duplicate keys by a linear search, quadratic
-// in the 50257 keys here.
-class EncoderJsonReader {
- public:
-  EncoderJsonReader(std::string_view text, std::string path)
-      : text_(text), path_(std::move(path)) {}
-
-  std::vector<std::pair<std::string, int32_t>> read() {
-    std::vector<std::pair<std::string, int32_t>> tokens;
-    expect('{', "'{' (an object of token -> id)");
-    if (eat('}')) return finish(tokens);
-    do {
-      std::string key = string();
-      expect(':', "':' after a token");
-      tokens.emplace_back(std::move(key), id());
-    } while (eat(','));
-    expect('}', "',' or '}'");
-    return finish(tokens);
+// encoder.json: one flat object of token string -> id.
+std::vector<std::pair<std::string, int32_t>> parse_encoder(std::string_view text,
+                                                           const std::string& path) {
+  json::Value v;
+  try {
+    v = json::parse(text);
+  } catch (const ValueError& e) {
+    throw ValueError(fmt::format("{}: {}", path, e.what()));
   }
-
- private:
-  [[noreturn]] void fail(std::string_view expected) const {
-    throw ValueError(
-        fmt::format("{}: malformed at byte {}: expected {}, found {}", path_, pos_, expected,
-                    pos_ < text_.size() ? fmt::format("'{}'", text_[pos_]) : "the end"));
+  DDP_CHECK(v.kind == json::Value::Kind::object, "{}: expected an object of token -> id, found {}",
+            path, json::kind_name(v.kind));
+  std::vector<std::pair<std::string, int32_t>> tokens;
+  tokens.reserve(v.object.size());
+  for (auto& [token, id] : v.object) {
+    DDP_CHECK(id.kind == json::Value::Kind::integer && id.integer >= 0 && id.integer <= INT32_MAX,
+              "{}: token {} has {}; expected an id from 0 to 2^31-1", path, json::quote(token),
+              id.kind == json::Value::Kind::integer ? std::to_string(id.integer)
+                                                    : std::string(json::kind_name(id.kind)));
+    tokens.emplace_back(std::move(token), static_cast<int32_t>(id.integer));
   }
-  std::vector<std::pair<std::string, int32_t>>& finish(
-      std::vector<std::pair<std::string, int32_t>>& tokens) {
-    skip_space();
-    if (pos_ != text_.size()) fail("the end after the object");
-    return tokens;
-  }
-  void skip_space() {
-    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' ||
-                                   text_[pos_] == '\n' || text_[pos_] == '\r')) {
-      ++pos_;
-    }
-  }
-  bool eat(char c) {
-    skip_space();
-    if (pos_ < text_.size() && text_[pos_] == c) return ++pos_, true;
-    return false;
-  }
-  void expect(char c, std::string_view what) {
-    if (!eat(c)) fail(what);
-  }
-  int32_t id() {
-    skip_space();
-    const size_t start = pos_;
-    int64_t v = 0;
-    while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9' && v <= INT32_MAX) {
-      v = v * 10 + (text_[pos_++] - '0');
-    }
-    if (pos_ == start || v > INT32_MAX) fail("a token id (an integer from 0 to 2^31-1)");
-    return static_cast<int32_t>(v);
-  }
-  uint32_t hex4() {
-    uint32_t v = 0;
-    for (int k = 0; k < 4; ++k, ++pos_) {
-      const char c = pos_ < text_.size() ? text_[pos_] : '\0';
-      const int d = c >= '0' && c <= '9'   ? c - '0'
-                    : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                    : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                           : -1;
-      if (d < 0) fail("4 hex digits after \\u");
-      v = v << 4 | static_cast<uint32_t>(d);
-    }
-    return v;
-  }
-  std::string string();
-
-  std::string_view text_;
-  std::string path_;
-  size_t pos_ = 0;
-};
-
-std::string EncoderJsonReader::string() {
-  skip_space();
-  if (pos_ >= text_.size() || text_[pos_] != '"') fail("a token string");
-  ++pos_;
-  std::string s;
-  while (true) {
-    if (pos_ >= text_.size()) fail("a closing '\"'");
-    const char c = text_[pos_++];
-    if (c == '"') return s;
-    if (c != '\\') {
-      s += c;
-      continue;
-    }
-    if (pos_ >= text_.size()) fail("an escape after '\\'");
-    const char e = text_[pos_++];
-    constexpr std::string_view kEscaped = "\"\\/bfnrt", kMeant = "\"\\/\b\f\n\r\t";
-    if (const size_t k = kEscaped.find(e); k != std::string_view::npos) {
-      s += kMeant[k];
-      continue;
-    }
-    if (e != 'u') {
-      --pos_;
-      fail("an escape (\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX)");
-    }
-    char32_t cp = hex4();
-    if (cp >= 0xD800 && cp <= 0xDBFF) {  // a surrogate pair
-      if (text_.substr(pos_, 2) != "\\u") fail("a low surrogate \\uDC00..\\uDFFF");
-      pos_ += 2;
-      const uint32_t low = hex4();
-      if (low < 0xDC00 || low > 0xDFFF) fail("a low surrogate \\uDC00..\\uDFFF");
-      cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
-    } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
-      fail("a high surrogate before a low one");
-    }
-    json::append_utf8(s, static_cast<uint32_t>(cp));
-  }
+  return tokens;
 }
 
 // vocab.bpe: "#version: 0.2", then "left right" a line; the newline after the
@@ -388,7 +296,7 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::string& dir) {
   const std::filesystem::path merges_path = std::filesystem::path(dir) / "vocab.bpe";
   const std::string encoder_text = read_text(encoder_path, dir);
   const std::string merges_text = read_text(merges_path, dir);
-  return build(EncoderJsonReader(encoder_text, encoder_path.string()).read(),
+  return build(parse_encoder(encoder_text, encoder_path.string()),
                parse_merges(merges_text, merges_path.string()),
                {.encoder = encoder_path.string(), .merges = merges_path.string(), .first_line = 2});
 }
