@@ -175,15 +175,9 @@ class SupervisedTask : public Task {
       count += static_cast<double>(targets.size());
     }
     model.train();
-    if (comm != nullptr) {
-      Tensor sums = from_vector<float>({static_cast<float>(squared), static_cast<float>(count)},
-                                       {2}, {.dtype = DType::f32, .device = comm->device()});
-      const CollectiveLabel labelled("eval sums");
-      comm->all_reduce(sums)->wait();
-      const auto summed = sums.to_vector<float>();
-      squared = summed[0];
-      count = summed[1];
-    }
+    const auto summed = sum_over_ranks(comm, {squared, count}, "eval sums");
+    squared = summed[0];
+    count = summed[1];
     Evaluation e;
     e.loss = count == 0 ? 0.0 : squared / count;
     return e;
@@ -197,6 +191,18 @@ class SupervisedTask : public Task {
 };
 
 }  // namespace
+
+std::vector<double> sum_over_ranks(Communicator* comm, std::vector<double> values,
+                                   const char* label) {
+  if (comm == nullptr) return values;
+  const std::vector<float> narrow(values.begin(), values.end());
+  Tensor sums = from_vector<float>(narrow, {static_cast<int64_t>(narrow.size())},
+                                   {.dtype = DType::f32, .device = comm->device()});
+  const CollectiveLabel labelled(label);
+  comm->all_reduce(sums)->wait();
+  const std::vector<float> summed = sums.to_vector<float>();
+  return {summed.begin(), summed.end()};
+}
 
 std::unique_ptr<Task> make_supervised_task(const TrainOptions& o, const Device& device, int rank,
                                            int world_size) {

@@ -25,6 +25,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace ddp {
 class Communicator;
@@ -83,6 +84,12 @@ class Task {
   virtual Evaluation evaluate(nn::Module& model, Communicator* comm) = 0;
   virtual CorpusEntropy corpus_entropy() const { return {}; }
 };
+
+// `values` summed over the ranks through one f32 all_reduce, labelled `label` for the
+// flight recorder and traces; comm null (one process): `values` as they are. For
+// evaluations that add up sums and counts on every rank.
+std::vector<double> sum_over_ranks(Communicator* comm, std::vector<double> values,
+                                   const char* label);
 
 // The models a program's --model chooses from (not a flag: train passes the zoo's,
 // models::zoo_catalog()).

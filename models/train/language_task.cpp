@@ -18,8 +18,6 @@
 // taking its disjoint share, at most --eval-batches batches of --batch-size
 // per rank (0: all of them). The loss sum and the token count are all-reduced,
 // so val_loss is the mean over every evaluated token of every rank.
-#include "collectives/collective_events.h"
-#include "collectives/communicator.h"
 #include "models/gpt.h"
 #include "models/train/zoo_catalog.h"
 #include "runtime/autograd/functions.h"
@@ -229,15 +227,9 @@ class LanguageTask : public Task {
       tokens += n;
     }
     model.train();
-    if (comm != nullptr) {
-      Tensor sums = from_vector<float>({static_cast<float>(loss_sum), static_cast<float>(tokens)},
-                                       {2}, {.device = comm->device()});
-      const CollectiveLabel labelled("eval loss");
-      comm->all_reduce(sums)->wait();
-      const auto summed = sums.to_vector<float>();
-      loss_sum = summed[0];
-      tokens = summed[1];
-    }
+    const auto summed = sum_over_ranks(comm, {loss_sum, tokens}, "eval loss");
+    loss_sum = summed[0];
+    tokens = summed[1];
     Evaluation e;
     e.loss = tokens == 0 ? 0.0 : loss_sum / tokens;
     return e;
