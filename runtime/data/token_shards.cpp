@@ -38,6 +38,10 @@ bool ends_with(std::string_view s, std::string_view suffix) {
 }  // namespace
 
 void write_token_shard(const std::string& path, std::span<const int32_t> tokens) {
+  DDP_CHECK(tokens.size() <= static_cast<size_t>(INT32_MAX),
+            "write_token_shard({}): {} tokens; a shard holds at most {} (its count is an int32): "
+            "write several shards",
+            path, tokens.size(), INT32_MAX);
   int32_t largest = 0;
   for (size_t i = 0; i < tokens.size(); ++i) {
     DDP_CHECK(tokens[i] >= 0, "write_token_shard({}): token {} at position {} is negative", path,
@@ -53,10 +57,6 @@ void write_token_shard(const std::string& path, std::span<const int32_t> tokens)
   store(0, kTokenShardMagic, 4);
   store(4, width == 2 ? 1 : 2, 4);
   store(8, static_cast<uint32_t>(tokens.size()), 4);
-  DDP_CHECK(tokens.size() <= static_cast<size_t>(INT32_MAX),
-            "write_token_shard({}): {} tokens; a shard holds at most {} (its count is an int32): "
-            "write several shards",
-            path, tokens.size(), INT32_MAX);
   for (size_t i = 0; i < tokens.size(); ++i) {
     store(kTokenShardHeaderBytes + i * width, static_cast<uint32_t>(tokens[i]), width);
   }
