@@ -31,10 +31,6 @@ int64_t token_at(const uint8_t* data, int width, int64_t i) {
   return static_cast<int64_t>(static_cast<uint32_t>(load_i32(p)));
 }
 
-bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
 }  // namespace
 
 void write_token_shard(const std::string& path, std::span<const int32_t> tokens) {
@@ -67,7 +63,7 @@ void write_token_shard(const std::string& path, std::span<const int32_t> tokens)
 }
 
 bool is_token_shard_data(const std::string& path) {
-  if (ends_with(path, ".bin")) return true;
+  if (path.ends_with(".bin")) return true;
   std::error_code ec;
   if (!std::filesystem::is_directory(path, ec)) return false;
   for (const auto& entry : std::filesystem::directory_iterator(path, ec)) {
