@@ -73,9 +73,9 @@ class SelfAttention : public nn::Cloneable<SelfAttention> {
   }
   Tensor forward(const Tensor& x) override {
     const int64_t b = x.size(0), t = x.size(1);
-    const Tensor qkv = unrows(own_child("c_attn")->forward(rows(x)), b, t);
+    const Tensor qkv = unrows((*own_child("c_attn"))(rows(x)), b, t);
     const Tensor y = F::causal_self_attention(qkv, heads_);
-    return own_child("resid_dropout")->forward(unrows(own_child("c_proj")->forward(rows(y)), b, t));
+    return (*own_child("resid_dropout"))(unrows((*own_child("c_proj"))(rows(y)), b, t));
   }
   std::string name() const override { return "CausalSelfAttention"; }
   std::string extra_repr() const override { return fmt::format("heads={}", heads_); }
@@ -93,8 +93,8 @@ class Mlp : public nn::Cloneable<Mlp> {
     register_module("dropout", std::make_shared<nn::Dropout>(static_cast<float>(c.dropout), seed));
   }
   Tensor forward(const Tensor& x) override {
-    const Tensor h = F::gelu(own_child("c_fc")->forward(x));
-    return own_child("dropout")->forward(own_child("c_proj")->forward(h));
+    const Tensor h = F::gelu((*own_child("c_fc"))(x));
+    return (*own_child("dropout"))((*own_child("c_proj"))(h));
   }
   std::string name() const override { return "MLP"; }
 };
@@ -110,8 +110,8 @@ class Block : public nn::Cloneable<Block> {
   }
   Tensor forward(const Tensor& x) override {
     const int64_t b = x.size(0), t = x.size(1);
-    const Tensor h = F::add(x, own_child("attn")->forward(own_child("ln_1")->forward(x)));
-    const Tensor m = own_child("mlp")->forward(rows(own_child("ln_2")->forward(h)));
+    const Tensor h = F::add(x, (*own_child("attn"))((*own_child("ln_1"))(x)));
+    const Tensor m = (*own_child("mlp"))(rows((*own_child("ln_2"))(h)));
     return F::add(h, unrows(m, b, t));
   }
   std::string name() const override { return "Block"; }
@@ -133,8 +133,8 @@ class Transformer : public nn::Cloneable<Transformer> {
   }
   Tensor forward(const Tensor& tokens) override {
     const Tensor& pos = positions(tokens.size(0), tokens.size(1), tokens.device());
-    const Tensor x = F::add(own_child("wte")->forward(tokens), own_child("wpe")->forward(pos));
-    return own_child("ln_f")->forward(own_child("h")->forward(own_child("drop")->forward(x)));
+    const Tensor x = F::add((*own_child("wte"))(tokens), (*own_child("wpe"))(pos));
+    return (*own_child("ln_f"))((*own_child("h"))((*own_child("drop"))(x)));
   }
   std::string name() const override { return "Transformer"; }
 
@@ -208,7 +208,7 @@ Tensor Gpt::forward(const Tensor& tokens) {
   check_tokens(tokens, config_);
   const int64_t b = tokens.size(0), t = tokens.size(1);
   auto transformer = typed<Transformer>(own_child("transformer"));
-  const Tensor x = transformer->forward(tokens);
+  const Tensor x = (*transformer)(tokens);
   // The LM head is wte itself: x wte^T, so wte's gradient gets this product's too.
   const Tensor logits = F::linear(rows(x), transformer->token_embedding(), Tensor());
   return F::reshape(logits, {b, t, config_.vocab});

@@ -21,6 +21,9 @@
 //                      reaches MASTER_ADDR, else the host name; Note [gloo address])
 //   DDP_CPU_CACHE_MB   MiB of freed large CPU blocks kept for reuse (default: 1024;
 //                      0: off; Note [cpu block cache] in memory/cpu_allocator.h)
+//   DDP_MEMORY_LIMIT   bytes ("512MiB", "2GB") each device allocator may hold
+//                      allocated; past it an allocation is an OutOfMemoryError
+//                      (default: none; Note [memory limit] in memory/allocator.cpp)
 //   DDP_VIRTUAL_CPU_DEVICES  N distinct CPU devices cpu:0..cpu:N-1 for testing
 //                      multi-device code without a GPU (default: 1; Note [virtual cpu devices])
 //   DDP_NCCL_ASYNC_ERROR_HANDLING  0: a failed or timed-out nccl collective is logged,
@@ -60,6 +63,7 @@ inline constexpr const char* kLogLevel = "DDP_LOG_LEVEL";
 inline constexpr const char* kBackend = "DDP_BACKEND";
 inline constexpr const char* kTimeoutS = "DDP_TIMEOUT_S";
 inline constexpr const char* kDebug = "DDP_DEBUG";
+inline constexpr const char* kMemoryLimit = "DDP_MEMORY_LIMIT";
 inline constexpr const char* kRank = "RANK";
 inline constexpr const char* kLocalRank = "LOCAL_RANK";
 inline constexpr const char* kWorldSize = "WORLD_SIZE";

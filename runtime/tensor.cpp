@@ -71,6 +71,21 @@ Storage::~Storage() {
   }
 }
 
+void Storage::release() {
+  DDP_CHECK(allocator_ != nullptr, "Storage::release: memory from from_blob is not ours to free");
+  if (released_) return;
+  allocator_->deallocate(data_);
+  data_ = nullptr;
+  released_ = true;
+}
+
+void Storage::reallocate() {
+  if (!released_) return;
+  DDP_CHECK(allocator_ != nullptr, "Storage::reallocate: memory from from_blob");
+  data_ = allocator_->allocate(bytes_);
+  released_ = false;
+}
+
 Tensor from_blob(void* data, const Shape& shape, const TensorOptions& options,
                  std::function<void(void*)> deleter) {
   DDP_CHECK(data != nullptr || shape_numel(shape) == 0, "from_blob: null data for shape {}",
@@ -99,7 +114,15 @@ int64_t Tensor::size(int64_t d) const {
 
 void* Tensor::data_ptr() const {
   const auto& s = impl();
-  if (s.storage->data() == nullptr) return nullptr;
+  if (s.storage->data() == nullptr) {
+    DDP_CHECK(!s.storage->released(),
+              "a tensor of shape {} is used while its memory is released: it is a parameter "
+              "of a ZeRO-3 unit outside that unit's forward and backward (Note [released "
+              "storage]). Call the module (module(x), not module.forward(x)) so its hooks "
+              "gather the parameters, or gather them first (ZeroOptimizer::gather_state)",
+              shape_str(s.shape));
+    return nullptr;
+  }
   return static_cast<char*>(s.storage->data()) +
          s.offset * static_cast<int64_t>(element_size(s.dtype));
 }

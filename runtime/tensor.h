@@ -43,6 +43,17 @@ class Storage {
   bool pinned() const { return pinned_; }
   Allocator* allocator() const { return allocator_; }  // null for wrapped memory
 
+  // Note [released storage]: ZeRO-3 (collectives/ddp/fully_shard.h) frees a unit's
+  // gathered parameters between their uses while every view of them (the
+  // module's parameters, tensors autograd saved) keeps this Storage, as PyTorch's
+  // FSDP resizes a storage to zero. release() gives the memory back (data() is
+  // null, bytes() unchanged); reallocate() takes bytes() again, contents
+  // undefined. A tensor over released storage is an error on use (data_ptr()).
+  // Allocator-owned storage only (ValueError for from_blob memory).
+  void release();
+  void reallocate();
+  bool released() const { return released_; }
+
  private:
   Device device_;
   size_t bytes_;
@@ -50,6 +61,7 @@ class Storage {
   Allocator* allocator_;  // null for wrapped memory
   void* data_;
   std::function<void(void*)> deleter_;
+  bool released_ = false;
 };
 
 struct AutogradMeta;  // defined by runtime/autograd (later); null for plain tensors

@@ -63,10 +63,15 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
             "DistributedDataParallel: bucket_cap_mb {} and first_bucket_mb {} must be positive "
             "(MiB; PyTorch's defaults are 25 and 1)",
             options_.bucket_cap_mb, options_.first_bucket_mb);
-  DDP_CHECK(options_.zero_stage >= 0 && options_.zero_stage <= 2,
+  DDP_CHECK(options_.zero_stage >= 0 && options_.zero_stage <= 3,
             "DistributedDataParallel: zero_stage {} is not a ZeRO stage; valid: 0 (DDP), 1 "
-            "(optimizer state sharded), 2 (optimizer state and gradients sharded)",
+            "(optimizer state sharded), 2 (optimizer state and gradients sharded), 3 (and the "
+            "parameters)",
             options_.zero_stage);
+  DDP_CHECK(options_.zero_stage < 2 || options_.comm_hook == CommHook::none,
+            "DistributedDataParallel: comm_hook {} compresses the all_reduce, which zero_stage "
+            "{} replaces by a reduce-scatter; use zero_stage 0 or 1, or comm_hook none",
+            comm_hook_name(options_.comm_hook), options_.zero_stage);
   check_devices();
   verify_same_model();
   std::vector<Tensor> state;
@@ -74,7 +79,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   for (auto& [name, t] : module_->named_buffers()) state.push_back(t);
   broadcast_from_rank0(state);
 
-  if (options_.zero_stage == 2) return;  // the ZeroOptimizer reduces (Note [zero stages])
+  if (options_.zero_stage >= 2) return;  // the ZeroOptimizer reduces (Note [zero stages])
   // Reverse registration order (Note [bucket order]).
   std::vector<Tensor> params;
   std::vector<std::string> names;
@@ -168,7 +173,7 @@ Tensor DistributedDataParallel::forward(const Tensor& x) {
     for (auto& [name, t] : module_->named_buffers()) buffers.push_back(t);
     if (!buffers.empty()) broadcast_from_rank0(buffers);
   }
-  return module_->forward(x);
+  return (*module_)(x);  // its hooks too (ZeRO-3 gathers in them)
 }
 
 void DistributedDataParallel::backward(const Tensor& loss) {
@@ -177,7 +182,7 @@ void DistributedDataParallel::backward(const Tensor& loss) {
 }
 
 void DistributedDataParallel::finish_backward() {
-  if (reducer_ == nullptr) {  // zero_stage 2: the ZeroOptimizer reduces
+  if (reducer_ == nullptr) {  // zero_stage 2 or 3: the ZeroOptimizer reduces
     if (zero_.on_finish) zero_.on_finish();
     return;
   }
@@ -195,8 +200,9 @@ void DistributedDataParallel::register_comm_hook(CommHookFn hook) {
             "bf16_compress_hook/fp16_compress_hook from it",
             comm_hook_name(options_.comm_hook));
   DDP_CHECK(reducer_ != nullptr,
-            "DistributedDataParallel: register_comm_hook with zero_stage 2: gradients are "
-            "reduce-scattered by the ZeroOptimizer, not by comm hooks; use zero_stage 0 or 1");
+            "DistributedDataParallel: register_comm_hook with zero_stage {}: gradients are "
+            "reduce-scattered by the ZeroOptimizer, not by comm hooks; use zero_stage 0 or 1",
+            options_.zero_stage);
   reducer_->set_comm_hook(std::move(hook));
   hook_registered_ = true;
 }
@@ -207,9 +213,9 @@ const std::vector<Bucket>& DistributedDataParallel::buckets() const {
 }
 
 void DistributedDataParallel::set_zero_callbacks(ZeroCallbacks callbacks) {
-  DDP_CHECK(options_.zero_stage == 2,
-            "DistributedDataParallel: a ZeroOptimizer attaches to a DDP of zero_stage 2, not "
-            "{}; create the DDP with DdpOptions::zero_stage = 2",
+  DDP_CHECK(options_.zero_stage >= 2,
+            "DistributedDataParallel: a ZeroOptimizer attaches to a DDP of zero_stage 2 or 3, "
+            "not {}; create the DDP with DdpOptions::zero_stage = 2 or 3",
             options_.zero_stage);
   zero_ = std::move(callbacks);
 }

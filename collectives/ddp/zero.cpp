@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <unordered_map>
 
 namespace ddp {
 namespace {
@@ -65,9 +66,10 @@ ZeroOptimizer::ZeroOptimizer(std::unique_ptr<optim::Optimizer> inner,
       options_(options) {
   DDP_CHECK(inner_ != nullptr && comm_ != nullptr,
             "ZeroOptimizer needs an optimizer to shard and a communicator");
-  DDP_CHECK(options_.stage == 1 || options_.stage == 2,
-            "ZeroOptimizer: stage {} is not sharded; valid: 1 (optimizer state) or 2 (optimizer "
-            "state and gradients). Stage 0 is plain DistributedDataParallel with its optimizer",
+  DDP_CHECK(options_.stage >= 1 && options_.stage <= 3,
+            "ZeroOptimizer: stage {} is not sharded; valid: 1 (optimizer state), 2 (optimizer "
+            "state and gradients) or 3 (and parameters). Stage 0 is plain "
+            "DistributedDataParallel with its optimizer",
             options_.stage);
   DDP_CHECK(options_.bucket_cap_mb > 0, "ZeroOptimizer: bucket_cap_mb {} must be positive (MiB)",
             options_.bucket_cap_mb);
@@ -110,23 +112,33 @@ ZeroOptimizer::ZeroOptimizer(std::unique_ptr<optim::Optimizer> inner,
 }
 
 ZeroOptimizer::ZeroOptimizer(std::unique_ptr<optim::Optimizer> inner, DistributedDataParallel& ddp)
-    : ZeroOptimizer(
-          std::move(inner), ddp.comm(),
-          {.stage = ddp.options().zero_stage, .bucket_cap_mb = ddp.options().bucket_cap_mb}) {
-  if (options_.stage == 2) attach(ddp);
+    : ZeroOptimizer(std::move(inner), ddp, ZeroOptions{}) {}
+
+ZeroOptimizer::ZeroOptimizer(std::unique_ptr<optim::Optimizer> inner, DistributedDataParallel& ddp,
+                             ZeroOptions options)
+    : ZeroOptimizer(std::move(inner), ddp.comm(), [&] {
+        options.stage = ddp.options().zero_stage;
+        options.bucket_cap_mb = ddp.options().bucket_cap_mb;
+        return options;
+      }()) {
+  if (options_.stage >= 2) attach(ddp);
 }
 
 ZeroOptimizer::~ZeroOptimizer() = default;
 
 void ZeroOptimizer::attach(DistributedDataParallel& ddp) {
-  DDP_CHECK(options_.stage == 2 && ddp.options().zero_stage == 2,
+  DDP_CHECK(options_.stage >= 2 && ddp.options().zero_stage == options_.stage,
             "ZeroOptimizer::attach: the optimizer has stage {} and the DDP zero_stage {}; only "
-            "stage 2 reduces gradients during the backward (both must be 2); at stage 1 DDP "
-            "all-reduces them, so do not attach",
+            "stages 2 and 3 reduce gradients during the backward (both must be the same); at "
+            "stage 1 DDP all-reduces them, so do not attach",
             options_.stage, ddp.options().zero_stage);
   DDP_CHECK(ddp.comm() == comm_,
             "ZeroOptimizer::attach: the DDP uses another communicator than the optimizer; "
             "create the ZeroOptimizer with ddp.comm()");
+  if (options_.stage == 3) {
+    attach_stage3(ddp);
+    return;
+  }
   const std::weak_ptr<ZeroGradReducer> weak = grads_;
   for (size_t i = 0; i < params_.size(); ++i) {
     register_post_accumulate_grad_hook(params_[i], [weak, i](Tensor&) {
@@ -160,7 +172,7 @@ Tensor ZeroOptimizer::grad_piece(size_t i, int64_t param_offset, int64_t len,
 }
 
 void ZeroOptimizer::allocate_state() {
-  const int64_t n = shard().size;
+  const int64_t n = options_.stage == 3 ? state_size_ : shard().size;
   if (adamw_) {
     exp_avg_ = zeros({n}, {.device = device_});
     exp_avg_sq_ = zeros({n}, {.device = device_});
@@ -180,11 +192,15 @@ double ZeroOptimizer::clip_grad_norm(double max_norm) {
   reduce_gradients();
   NoGradGuard no_grad;
   std::vector<Tensor> pieces;
-  const ShardRange s = shard();
-  for_each_piece(s.begin, s.size, [&](size_t i, int64_t off, int64_t n, int64_t at) {
-    Tensor g = grad_piece(i, off, n, at);
-    if (g.defined()) pieces.push_back(g);
-  });
+  if (options_.stage == 3) {
+    pieces = grad_shards();  // the padding is zero
+  } else {
+    const ShardRange s = shard();
+    for_each_piece(s.begin, s.size, [&](size_t i, int64_t off, int64_t n, int64_t at) {
+      Tensor g = grad_piece(i, off, n, at);
+      if (g.defined()) pieces.push_back(g);
+    });
+  }
   double local = 0;
   for (const Tensor& g : pieces) local += static_cast<double>(sum_squares(g).cpu().item<float>());
   Tensor total = from_vector<float>({static_cast<float>(local)}, {1},
@@ -200,32 +216,37 @@ double ZeroOptimizer::clip_grad_norm(double max_norm) {
   return norm;
 }
 
+void ZeroOptimizer::update_piece(size_t i, Tensor p, const Tensor& g, int64_t state_at,
+                                 bool first_step) {
+  const int64_t n = p.numel();
+  if (adamw_) {
+    Tensor m = exp_avg_.flat_view(state_at, {n});
+    Tensor v = exp_avg_sq_.flat_view(state_at, {n});
+    adamw_update_(p, g, m, v,
+                  {.lr = lr_,
+                   .beta1 = adamw_options_.beta1,
+                   .beta2 = adamw_options_.beta2,
+                   .eps = adamw_options_.eps,
+                   .weight_decay = weight_decay_[i],
+                   .step = param_steps_[i]});
+    return;
+  }
+  const kernels::SgdStep st{.lr = lr_,
+                            .momentum = sgd_options_.momentum,
+                            .weight_decay = sgd_options_.weight_decay,
+                            .nesterov = sgd_options_.nesterov,
+                            .first_step = first_step};
+  Tensor buf = momentum_.defined() ? momentum_.flat_view(state_at, {n}) : p;
+  sgd_update_(p, g, buf, st);
+}
+
 void ZeroOptimizer::update_chunk(int64_t shard_begin, int64_t len, bool first_step) {
   const ShardRange s = shard();
   for_each_piece(s.begin + shard_begin, len, [&](size_t i, int64_t off, int64_t n, int64_t at) {
     const int64_t so = shard_begin + at;
     const Tensor g = grad_piece(i, off, n, so);
     if (!g.defined()) return;  // as torch: a parameter without a gradient is skipped
-    Tensor p = params_[i].flat_view(off, {n});
-    if (adamw_) {
-      Tensor m = exp_avg_.flat_view(so, {n});
-      Tensor v = exp_avg_sq_.flat_view(so, {n});
-      adamw_update_(p, g, m, v,
-                    {.lr = lr_,
-                     .beta1 = adamw_options_.beta1,
-                     .beta2 = adamw_options_.beta2,
-                     .eps = adamw_options_.eps,
-                     .weight_decay = weight_decay_[i],
-                     .step = param_steps_[i]});
-      return;
-    }
-    const kernels::SgdStep st{.lr = lr_,
-                              .momentum = sgd_options_.momentum,
-                              .weight_decay = sgd_options_.weight_decay,
-                              .nesterov = sgd_options_.nesterov,
-                              .first_step = first_step};
-    Tensor buf = momentum_.defined() ? momentum_.flat_view(so, {n}) : p;
-    sgd_update_(p, g, buf, st);
+    update_piece(i, params_[i].flat_view(off, {n}), g, so, first_step);
   });
 }
 
@@ -265,6 +286,10 @@ void ZeroOptimizer::all_gather_rounds(Read&& read, Write&& write,
 }
 
 void ZeroOptimizer::step() {
+  if (options_.stage == 3) {
+    step_stage3();
+    return;
+  }
   reduce_gradients();
   NoGradGuard no_grad;
   const bool first_step = !exp_avg_.defined() && !momentum_.defined();
@@ -306,6 +331,10 @@ void ZeroOptimizer::step() {
 
 // The names and order of optim::AdamW::state() and optim::SGD::state().
 void ZeroOptimizer::gather_state() {
+  if (options_.stage == 3) {
+    gather_state_stage3();
+    return;
+  }
   NoGradGuard no_grad;
   full_state_.clear();
   gathered_ = true;
@@ -352,6 +381,10 @@ nn::NamedTensors ZeroOptimizer::state() const {
 }
 
 void ZeroOptimizer::load_state(const nn::NamedTensors& state, int64_t steps) {
+  if (options_.stage == 3 && fsdp_ == nullptr) {
+    pending_state_.emplace(state, steps);  // the layout comes with attach()
+    return;
+  }
   NoGradGuard no_grad;
   std::map<std::string, Tensor> entries(state.begin(), state.end());
   const std::vector<std::string> buffers = adamw_
@@ -362,7 +395,6 @@ void ZeroOptimizer::load_state(const nn::NamedTensors& state, int64_t steps) {
   if (!entries.empty()) allocate_state();
   std::vector<Tensor*> locals =
       adamw_ ? std::vector<Tensor*>{&exp_avg_, &exp_avg_sq_} : std::vector<Tensor*>{&momentum_};
-  const ShardRange s = shard();
   for (size_t b = 0; b < buffers.size() && !entries.empty(); ++b) {
     std::vector<Tensor> whole(params_.size());
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -379,7 +411,7 @@ void ZeroOptimizer::load_state(const nn::NamedTensors& state, int64_t steps) {
       whole[i] = it->second.to(device_);
       entries.erase(it);
     }
-    for_each_piece(s.begin, s.size, [&](size_t i, int64_t off, int64_t n, int64_t at) {
+    for_each_owned([&](size_t i, int64_t off, int64_t n, int64_t at) {
       Tensor d = locals[b]->flat_view(at, {n});
       copy_(d, whole[i].flat_view(off, {n}));
     });
@@ -418,6 +450,7 @@ int64_t ZeroOptimizer::state_bytes() const {
 }
 
 int64_t ZeroOptimizer::grad_shard_bytes() const {
+  if (fsdp_ != nullptr) return fsdp_->grad_shard_bytes();
   return grads_ != nullptr ? bytes_of(grads_->shard()) : 0;
 }
 
@@ -431,6 +464,165 @@ int64_t ZeroOptimizer::grad_rounds() const {
 
 int64_t ZeroOptimizer::grad_rounds_overlapped() const {
   return grads_ != nullptr ? grads_->launched_early() : 0;
+}
+
+template <typename F>
+void ZeroOptimizer::for_each_owned(F&& fn) const {
+  if (options_.stage != 3) {
+    const ShardRange s = shard();
+    for_each_piece(s.begin, s.size, std::forward<F>(fn));
+    return;
+  }
+  const auto& units = fsdp_->units();
+  for (size_t u = 0; u < units.size(); ++u) {
+    fsdp_->for_each_owned_piece(u, [&](size_t k, int64_t off, int64_t n, int64_t at) {
+      const size_t i = inner_index_[units[u].params[k]];
+      if (i < params_.size()) fn(i, off, n, state_offsets_[u] + at);
+    });
+  }
+}
+
+// Stage 3 (Note [zero stages]): shards the module, maps its parameters to the
+// inner optimizer's, and lays out this rank's state unit by unit.
+void ZeroOptimizer::attach_stage3(DistributedDataParallel& ddp) {
+  DDP_CHECK(fsdp_ == nullptr, "ZeroOptimizer::attach: already attached (once per optimizer)");
+  fsdp_ = FullyShardedParameters::create(ddp.module(), comm_, options_.fully_shard);
+  const auto& fparams = fsdp_->parameters();
+  std::unordered_map<const TensorImpl*, size_t> index;
+  for (size_t i = 0; i < params_.size(); ++i) index.emplace(&params_[i].impl(), i);
+  inner_index_.assign(fparams.size(), params_.size());
+  size_t found = 0;
+  for (size_t e = 0; e < fparams.size(); ++e) {
+    auto it = index.find(&fparams[e].impl());
+    if (it != index.end()) {
+      inner_index_[e] = it->second;
+      ++found;
+    }
+  }
+  DDP_CHECK(found == params_.size(),
+            "ZeroOptimizer (stage 3): {} of the optimizer's {} parameters are not parameters of "
+            "the module the DDP wraps; create the optimizer over that module's parameters()",
+            params_.size() - found, params_.size());
+  state_offsets_.clear();
+  state_size_ = 0;
+  for (const auto& u : fsdp_->units()) {
+    state_offsets_.push_back(state_size_);
+    state_size_ += u.block;
+  }
+  const std::weak_ptr<FullyShardedParameters> weak = fsdp_;
+  ddp.set_zero_callbacks({.on_forward =
+                              [weak](bool sync) {
+                                if (auto f = weak.lock()) f->arm(sync);
+                              },
+                          .on_finish =
+                              [weak] {
+                                if (auto f = weak.lock()) f->finish();
+                              }});
+  if (pending_state_) {
+    auto [state, steps] = std::move(*pending_state_);
+    pending_state_.reset();
+    load_state(state, steps);
+  }
+}
+
+void ZeroOptimizer::step_stage3() {
+  DDP_CHECK(fsdp_ != nullptr,
+            "ZeroOptimizer (stage 3): step() before attach(); create it from the DDP "
+            "(ZeroOptimizer(inner, ddp)) or call attach(ddp) before the first forward");
+  NoGradGuard no_grad;
+  const bool first_step = !exp_avg_.defined() && !momentum_.defined();
+  if (first_step) allocate_state();
+  const bool first_momentum = first_step && momentum_.defined();
+  const auto& units = fsdp_->units();
+  for (size_t e = 0; e < inner_index_.size(); ++e) {
+    const size_t i = inner_index_[e];
+    if (i < params_.size() && units[fsdp_->owner(e).first].grad_shard.defined()) {
+      ++param_steps_[i];
+    }
+  }
+  for (size_t u = 0; u < units.size(); ++u) {
+    const auto& unit = units[u];
+    if (!unit.grad_shard.defined()) continue;  // as torch: no gradient, no update
+    fsdp_->for_each_owned_piece(u, [&](size_t k, int64_t off, int64_t n, int64_t at) {
+      (void)off;
+      const size_t i = inner_index_[unit.params[k]];
+      if (i >= params_.size()) return;  // not the optimizer's
+      update_piece(i, unit.shard.flat_view(at, {n}), unit.grad_shard.flat_view(at, {n}),
+                   state_offsets_[u] + at, first_momentum);
+    });
+  }
+  gathered_ = false;
+  ++steps_;
+}
+
+// The module's parameters (every unit, held until the next training forward)
+// and the optimizer state, each unit's all-gathered.
+void ZeroOptimizer::gather_state_stage3() {
+  DDP_CHECK(fsdp_ != nullptr, "ZeroOptimizer (stage 3): gather_state() before attach()");
+  NoGradGuard no_grad;
+  fsdp_->gather_all();
+  full_state_.clear();
+  gathered_ = true;
+  std::vector<std::pair<std::string, Tensor>> shards;
+  if (exp_avg_.defined()) shards = {{"exp_avg", exp_avg_}, {"exp_avg_sq", exp_avg_sq_}};
+  if (momentum_.defined()) shards = {{"momentum_buffer", momentum_}};
+  if (shards.empty()) return;
+  const auto& units = fsdp_->units();
+  const int world = comm_->size();
+  // per buffer, per inner parameter: its full state
+  std::vector<std::vector<Tensor>> whole(shards.size(), std::vector<Tensor>(params_.size()));
+  for (size_t b = 0; b < shards.size(); ++b) {
+    for (size_t u = 0; u < units.size(); ++u) {
+      const auto& unit = units[u];
+      if (unit.params.empty()) continue;
+      Tensor all = empty({unit.block * world}, {.device = device_});
+      const CollectiveLabel labelled("zero3 state all_gather");
+      comm_->all_gather(shards[b].second.flat_view(state_offsets_[u], {unit.block}), all)->wait();
+      for (size_t k = 0; k < unit.params.size(); ++k) {
+        const size_t i = inner_index_[unit.params[k]];
+        if (i < params_.size()) whole[b][i] = all.flat_view(unit.starts[k], params_[i].shape());
+      }
+    }
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    for (size_t b = 0; b < shards.size(); ++b) {
+      full_state_.emplace_back(fmt::format("{}.{}", i, shards[b].first), whole[b][i]);
+    }
+    if (adamw_) {
+      full_state_.emplace_back(
+          fmt::format("{}.step", i),
+          full({1}, static_cast<double>(param_steps_[i]), {.dtype = DType::i64}));
+    }
+  }
+}
+
+void ZeroOptimizer::zero_grad(bool set_to_none) {
+  if (fsdp_ != nullptr) {
+    fsdp_->zero_grad();
+    return;
+  }
+  Optimizer::zero_grad(set_to_none);
+}
+
+std::vector<Tensor> ZeroOptimizer::grad_shards() const {
+  std::vector<Tensor> out;
+  if (fsdp_ != nullptr) {
+    for (const auto& u : fsdp_->units()) {
+      if (u.grad_shard.defined()) out.push_back(u.grad_shard);
+    }
+  } else if (grads_ != nullptr) {
+    out.push_back(grads_->shard());
+  }
+  return out;
+}
+
+std::vector<Tensor> ZeroOptimizer::weights() const {
+  if (fsdp_ == nullptr) return params_;
+  std::vector<Tensor> out;
+  for (const auto& u : fsdp_->units()) {
+    if (u.shard.defined()) out.push_back(u.shard);
+  }
+  return out;
 }
 
 }  // namespace ddp

@@ -20,6 +20,13 @@
 //      stage 1. A backward under no_sync() stays local. Without attach() every
 //      backward is local and step() (or clip_grad_norm(), reduce_gradients())
 //      reduce-scatters the accumulated gradients before updating.
+//   3  the parameters too (FSDP, collectives/ddp/fully_shard.h): attach() to a DDP
+//      of zero_stage 3 shards the module in units (Note [zero-3 units]); each
+//      rank keeps 1/W of every unit's parameters, gradients and optimizer state,
+//      a unit is gathered just before its forward and its backward and its
+//      gradients reduce-scattered as soon as its backward is done (Note [zero-3
+//      schedule]). step() updates the shards only: the next forward gathers.
+//      The layout is per unit (Note [zero-3 layout]), not Note [zero layout].
 // Gradient accumulation works as with DDP: micro-batches under ddp.no_sync(),
 // the last one synchronized, step() after it. At stage 2 one synchronized
 // backward per step: a second one before step() replaces the shard (DDP would
@@ -49,10 +56,12 @@
 #pragma once
 
 #include "collectives/communicator.h"
+#include "collectives/ddp/fully_shard.h"
 #include "runtime/optim/optimizer.h"
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,13 +71,15 @@ class DistributedDataParallel;
 class ZeroGradReducer;
 
 struct ZeroOptions {
-  int stage = 1;  // 1 or 2 (Note [zero stages])
+  int stage = 1;  // 1, 2 or 3 (Note [zero stages])
   // MiB moved by one collective round, every rank's block together (as DDP's buckets).
   double bucket_cap_mb = 25;
   // Shards of whole parameters (no parameter split between ranks; the shards
   // then differ by up to a parameter's size, the padding too) instead of
   // element-balanced ones (Note [zero layout]).
   bool by_parameters = false;
+  // Stage 3: the units and their schedule (collectives/ddp/fully_shard.h).
+  FullyShardOptions fully_shard{};
 };
 
 // Rank `rank`'s shard of a flat space of `numel` elements over `world` ranks
@@ -97,6 +108,9 @@ class ZeroOptimizer : public optim::Optimizer {
   // The stage is ddp.options().zero_stage, the round size its bucket_cap_mb;
   // stage 2 attaches to the DDP (attach()).
   ZeroOptimizer(std::unique_ptr<optim::Optimizer> inner, DistributedDataParallel& ddp);
+  // The same with options (the stage still the DDP's): stage 3's units.
+  ZeroOptimizer(std::unique_ptr<optim::Optimizer> inner, DistributedDataParallel& ddp,
+                ZeroOptions options);
   ~ZeroOptimizer() override;
 
   // Stage 2: from now on, every synchronized backward of `ddp` (a DDP with
@@ -105,6 +119,11 @@ class ZeroOptimizer : public optim::Optimizer {
   // ddp.finish_backward()) this rank holds its averaged gradient shard and no
   // full .grad (Note [zero stage 2 rounds] in zero_grads.h). Without it, step()
   // reduces them. Once, on every rank; a ValueError at stage 1.
+  // Stage 3 (collective, required before the first forward): shards ddp.module()'s
+  // parameters in units from the values they hold now (after DDP's constructor
+  // and any checkpoint load); from then on they are readable only inside a unit's
+  // forward and backward, or after gather_state(). Every parameter of the module
+  // must be one of the optimizer's.
   void attach(DistributedDataParallel& ddp);
 
   // Collective. Stage 2 reduce-scatters the gradients first (unless
@@ -120,7 +139,12 @@ class ZeroOptimizer : public optim::Optimizer {
   // scaled as optim::clip_grad_norm_ scales (a non-finite norm clips nothing).
   double clip_grad_norm(double max_norm);
   // Collective: gathers the full state that state() then returns (checkpoints).
+  // Stage 3: also every unit's parameters, readable (module.state_dict()) until
+  // the next training forward.
   void gather_state();
+  // Stage 3: the gradient shards dropped (set_to_none or not: the next
+  // synchronized backward writes them afresh); otherwise as optim::Optimizer.
+  void zero_grad(bool set_to_none = false) override;
   // The full state of the last gather_state() (ValueError without one).
   nn::NamedTensors state() const override;
   // A full state (as state() or an optim::AdamW/SGD saved it), from any world
@@ -151,6 +175,13 @@ class ZeroOptimizer : public optim::Optimizer {
   // still to come, overlapping the rest of the backward (Note [zero stage 2 rounds]).
   int64_t grad_rounds() const;
   int64_t grad_rounds_overlapped() const;
+  // Stage 3 after attach(): the sharded parameters (null before, and at stages 1, 2).
+  const FullyShardedParameters* fully_sharded() const { return fsdp_.get(); }
+  // The averaged gradient shards of the step: stage 2 one, stage 3 one per unit
+  // that has one; empty at stage 1.
+  std::vector<Tensor> grad_shards() const;
+  // This rank's parameter values: stage 3 the shards, else the full parameters.
+  std::vector<Tensor> weights() const;
 
  private:
   template <typename F>
@@ -158,6 +189,14 @@ class ZeroOptimizer : public optim::Optimizer {
   Tensor grad_piece(size_t i, int64_t param_offset, int64_t len, int64_t shard_offset) const;
   void allocate_state();
   void update_chunk(int64_t shard_begin, int64_t len, bool first_step);
+  void update_piece(size_t i, Tensor p, const Tensor& g, int64_t state_at, bool first_step);
+  // Calls fn(parameter, offset in it, length, offset in this rank's state) for every
+  // piece this rank owns, in either layout.
+  template <typename F>
+  void for_each_owned(F&& fn) const;
+  void step_stage3();
+  void gather_state_stage3();
+  void attach_stage3(DistributedDataParallel& ddp);
   void gather_params();
   // Round k of an all-gather over the shards: `read(shard_offset, dst)` fills this
   // rank's block, `write(rank, shard_offset, src)` takes every rank's.
@@ -183,6 +222,13 @@ class ZeroOptimizer : public optim::Optimizer {
   std::shared_ptr<ZeroGradReducer> grads_;
   nn::NamedTensors full_state_;
   bool gathered_ = false;
+  // Stage 3: the sharded parameters, the inner index of each of their
+  // parameters, each unit's offset in the state, and a state loaded before attach().
+  std::shared_ptr<FullyShardedParameters> fsdp_;
+  std::vector<size_t> inner_index_;
+  std::vector<int64_t> state_offsets_;
+  int64_t state_size_ = 0;
+  std::optional<std::pair<nn::NamedTensors, int64_t>> pending_state_;
 };
 
 }  // namespace ddp

@@ -8,14 +8,28 @@
 // them back. Pinned host memory is cached the same way, and a block freed while
 // an asynchronous copy still reads it is reused only after that copy finished.
 // Managed memory is never used.
+//
+// Note [memory limit]: each device allocator may be capped: an allocation that
+// would take its `allocated` bytes (live blocks, MemoryStats::allocated) past the
+// limit throws OutOfMemoryError naming the device, the request, the limit, the
+// bytes allocated now and their peak, so that "a model larger than one rank's
+// memory" can be shown on CPU ranks. DDP_MEMORY_LIMIT (read once, when the first
+// device allocator is created) sets the limit of every device allocator;
+// set_memory_limit() changes one. The limit counts rounded block sizes, as
+// `allocated` does; a cached block larger than the request is not handed out
+// when it would pass the limit. The virtual cpu devices share the one CPU
+// allocator, hence one limit. Pinned host memory (staging) is never capped.
+// Without a limit the check is one relaxed atomic load and a compare.
 #pragma once
 
 #include "runtime/device.h"
 #include "runtime/stream.h"
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace ddp {
 
@@ -33,8 +47,8 @@ struct MemoryStats {
 class Allocator {
  public:
   virtual ~Allocator() = default;
-  // Throws OutOfMemoryError naming the device, the requested bytes, allocated and reserved.
-  // Zero bytes give nullptr.
+  // Throws OutOfMemoryError naming the device, the requested bytes, allocated and reserved,
+  // or, past the memory limit, the limit and the peak. Zero bytes give nullptr.
   virtual void* allocate(size_t bytes) = 0;
   virtual void deallocate(void* ptr) = 0;
   // The block at `ptr` is used by `stream` too: when freed, it is reused only after
@@ -43,6 +57,25 @@ class Allocator {
   virtual MemoryStats stats() const = 0;
   virtual void reset_peak_stats() = 0;
   virtual void empty_cache() {}
+
+  // Note [memory limit]: the most bytes `allocated` may reach; 0: no limit. A limit
+  // below what is allocated now frees nothing: later allocations fail until enough is freed.
+  void set_memory_limit(uint64_t bytes) { memory_limit_.store(bytes, std::memory_order_relaxed); }
+  uint64_t memory_limit() const { return memory_limit_.load(std::memory_order_relaxed); }
+
+ protected:
+  // The bytes that may still be allocated on top of `allocated`: UINT64_MAX without a limit.
+  uint64_t room_under_limit(uint64_t allocated) const {
+    const uint64_t limit = memory_limit();
+    if (limit == 0) return UINT64_MAX;
+    return allocated < limit ? limit - allocated : 0;
+  }
+  // The OutOfMemoryError of an allocation of `bytes` past the limit, on `device` ("cpu").
+  [[noreturn]] void throw_past_limit(const std::string& device, size_t bytes,
+                                     const MemoryStats& stats) const;
+
+ private:
+  std::atomic<uint64_t> memory_limit_{0};
 };
 
 // The allocator of a device (checked to be available).
@@ -57,6 +90,19 @@ uint64_t memory_reserved(const Device& device);
 uint64_t max_memory_allocated(const Device& device);
 void reset_peak_memory_stats(const Device& device);
 void empty_cache(const Device& device);
+
+// Note [memory limit]: the limit of the device's allocator (0: none); the virtual cpu
+// devices share one. Thread-safe; allocations already made are not checked again.
+void set_memory_limit(const Device& device, uint64_t bytes);
+uint64_t memory_limit(const Device& device);
+
+// A memory size as DDP_MEMORY_LIMIT takes it: a byte count ("1073741824") or a number
+// with a unit ("512MiB", "2GiB", "1.5GB", "300M", "64k"; a space between the two is
+// allowed). Units, in any case: B; K, M, G, T and KiB, MiB, GiB, TiB are powers of 1024;
+// KB, MB, GB, TB powers of 1000. A fraction needs a unit other than B and is rounded to
+// the nearest byte. Throws ValueError naming `source` (the variable or flag), the text
+// and valid examples when the text is none of these or exceeds 2^64-1 bytes.
+uint64_t parse_memory_size(std::string_view text, std::string_view source = "DDP_MEMORY_LIMIT");
 
 // "1.50 GiB", "512 B": sizes in messages.
 std::string format_bytes(uint64_t bytes);

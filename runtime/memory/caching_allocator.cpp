@@ -44,13 +44,17 @@ CachingAllocator::~CachingAllocator() {
   }
 }
 
-CachingAllocator::Block* CachingAllocator::take_cached(const Stream& stream, size_t size) {
+CachingAllocator::Block* CachingAllocator::take_cached(const Stream& stream, size_t size,
+                                                       uint64_t room) {
   Block key;
   key.stream = stream;
   key.size = size;
   key.ptr = nullptr;
   auto it = free_.lower_bound(&key);
-  if (it == free_.end() || (*it)->stream != stream || (*it)->size / 2 > size) return nullptr;
+  if (it == free_.end() || (*it)->stream != stream || (*it)->size / 2 > size ||
+      (*it)->size > room) {
+    return nullptr;
+  }
   Block* block = *it;
   free_.erase(it);
   return block;
@@ -60,9 +64,11 @@ void* CachingAllocator::allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
   const size_t size = round_size(bytes);
   std::lock_guard<std::mutex> lock(mutex_);
+  const uint64_t room = room_under_limit(stats_.allocated);  // Note [memory limit]
+  if (size > room) throw_past_limit(backend_.name, bytes, stats_);
   process_pending();
   const Stream stream = backend_.current_stream ? backend_.current_stream() : Stream();
-  Block* block = take_cached(stream, size);
+  Block* block = take_cached(stream, size, room);
   if (block != nullptr) {
     ++stats_.num_cache_hits;
   } else {

@@ -20,6 +20,9 @@
 // - When the raw allocation fails, the cache is released and the allocation
 //   retried once; then OutOfMemoryError names the device, the request,
 //   allocated and reserved bytes.
+// - Under a memory limit (Note [memory limit] in memory/allocator.h) a request whose
+//   rounded size passes it throws before any block is taken, and a cached block
+//   that would pass it is not handed out (a new block of the rounded size is).
 #pragma once
 
 #include "runtime/memory/allocator.h"
@@ -73,7 +76,7 @@ class CachingAllocator : public Allocator {
     bool operator()(const Block* a, const Block* b) const;
   };
 
-  Block* take_cached(const Stream& stream, size_t size);
+  Block* take_cached(const Stream& stream, size_t size, uint64_t room);
   void process_pending();
   void release_cached();
   void update_peaks();

@@ -48,9 +48,9 @@ CpuCacheOptions CpuAllocator::from_environment() {
   return options;
 }
 
-void* CpuAllocator::take_cached(size_t size) {
+void* CpuAllocator::take_cached(size_t size, uint64_t room) {
   auto it = cached_.lower_bound(size);
-  if (it == cached_.end() || it->first > size + size / 8) return nullptr;
+  if (it == cached_.end() || it->first > size + size / 8 || it->first > room) return nullptr;
   void* ptr = it->second;
   cached_bytes_ -= it->first;
   sizes_[ptr] = it->first;
@@ -65,7 +65,9 @@ void* CpuAllocator::allocate(size_t bytes) {
   const bool cacheable = options_.cache_limit_bytes > 0 && bytes >= options_.min_cached_bytes;
   const size_t size = round_up(bytes, cacheable ? kPage : kCpuAlignment);
   std::lock_guard<std::mutex> lock(mutex_);
-  void* ptr = cacheable ? take_cached(size) : nullptr;
+  const uint64_t room = room_under_limit(stats_.allocated);  // Note [memory limit]
+  if (size > room) throw_past_limit("cpu", bytes, stats_);
+  void* ptr = cacheable ? take_cached(size, room) : nullptr;
   if (ptr == nullptr) {
     ptr = std::aligned_alloc(kCpuAlignment, size);
     if (ptr == nullptr && cached_bytes_ > 0) {

@@ -36,7 +36,8 @@ class CpuAllocator : public Allocator {
   CpuAllocator(const CpuAllocator&) = delete;
   CpuAllocator& operator=(const CpuAllocator&) = delete;
 
-  // Throws OutOfMemoryError naming the request and the bytes allocated. Zero bytes give nullptr.
+  // Throws OutOfMemoryError naming the request and the bytes allocated, or past the
+  // memory limit (Note [memory limit]) the limit and the peak. Zero bytes give nullptr.
   void* allocate(size_t bytes) override;
   void deallocate(void* ptr) override;
   MemoryStats stats() const override;
@@ -47,7 +48,8 @@ class CpuAllocator : public Allocator {
   static CpuCacheOptions from_environment();
 
  private:
-  void* take_cached(size_t size);  // a cached block for `size`, or nullptr; holds mutex_
+  // A cached block for `size` of at most `room` bytes, or nullptr; holds mutex_.
+  void* take_cached(size_t size, uint64_t room);
   void release_cache_locked();
 
   const CpuCacheOptions options_;

@@ -157,11 +157,11 @@ Tensor Sequential::forward(const Tensor& x) {
     Module& layer = *layers[i].second;
     if (i + 1 < layers.size() && h.device().is_cpu() && dynamic_cast<ReLU*>(&layer) != nullptr &&
         dynamic_cast<MaxPool2d*>(layers[i + 1].second.get()) != nullptr) {
-      h = layer.forward(layers[i + 1].second->forward(h));
+      h = layer((*layers[i + 1].second)(h));
       ++i;
       continue;
     }
-    h = layer.forward(h);
+    h = layer(h);  // its hooks too (Note [forward hooks])
   }
   return h;
 }

@@ -17,6 +17,38 @@ std::string join(const std::string& prefix, const std::string& name) {
 
 }  // namespace
 
+Tensor Module::operator()(const Tensor& x) {
+  if (hooks_.empty()) return forward(x);
+  // A copy: a hook may add or remove hooks.
+  const std::vector<Hooks> hooks = hooks_;
+  for (const Hooks& h : hooks) {
+    if (h.pre) h.pre(*this);
+  }
+  Tensor out = forward(x);
+  for (const Hooks& h : hooks) {
+    if (h.post) out = h.post(*this, out);
+  }
+  return out;
+}
+
+int Module::add_forward_hooks(ForwardPreHook pre, ForwardHook post) {
+  hooks_.push_back({next_hook_id_, std::move(pre), std::move(post)});
+  return next_hook_id_++;
+}
+
+void Module::remove_forward_hooks(int id) {
+  std::erase_if(hooks_, [id](const Hooks& h) { return h.id == id; });
+}
+
+std::vector<std::pair<std::string, Module*>> Module::named_modules(const std::string& prefix) {
+  std::vector<std::pair<std::string, Module*>> out{{prefix, this}};
+  for (auto& [name, child] : children_) {
+    auto below = child->named_modules(join(prefix, name));
+    out.insert(out.end(), below.begin(), below.end());
+  }
+  return out;
+}
+
 Tensor Module::register_parameter(std::string name, Tensor value, bool requires_grad) {
   set_requires_grad(value, requires_grad);
   params_.emplace_back(std::move(name), value);
@@ -209,6 +241,7 @@ std::shared_ptr<Module> Module::replicate_from(const std::vector<Tensor>& parame
   for (auto& [n, child] : copy->children_) {
     child = child->replicate_from(parameters, buffers, next_param, next_buffer);
   }
+  copy->hooks_.clear();  // Note [forward hooks]: a replica has none
   copy->rebind_members();
   return copy;
 }

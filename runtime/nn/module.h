@@ -6,6 +6,7 @@
 #include "runtime/autograd/autograd.h"
 #include "runtime/rng/generator.h"
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -19,7 +20,9 @@ class Module {
  public:
   virtual ~Module() = default;
   virtual Tensor forward(const Tensor& x) = 0;
-  Tensor operator()(const Tensor& x) { return forward(x); }
+  // forward(x) between this module's forward hooks, as calling a torch module
+  // runs its hooks and calling .forward() skips them.
+  Tensor operator()(const Tensor& x);
   virtual std::string name() const = 0;
 
   // Parameters of this module and its children, depth first in registration order.
@@ -49,6 +52,19 @@ class Module {
   // parameter count and shapes), then the totals (parameters, their bytes,
   // buffers). Counts with thousands separators: "total: 203,530 parameters ...".
   std::string summary() const;
+
+  // Note [forward hooks]: `pre` runs before every call through operator(), `post`
+  // after it with the output, which it may replace (PyTorch's
+  // register_forward_pre_hook and register_forward_hook). ZeRO-3 gathers a unit's
+  // parameters in them (collectives/ddp/fully_shard.h). Either may be empty.
+  // Returns an id for remove_forward_hooks(). replicate() does not copy hooks.
+  using ForwardPreHook = std::function<void(Module&)>;
+  using ForwardHook = std::function<Tensor(Module&, const Tensor& output)>;
+  int add_forward_hooks(ForwardPreHook pre, ForwardHook post);
+  void remove_forward_hooks(int id);
+  // This module and its descendants with their dotted names ("" for this one),
+  // depth first in registration order (torch's named_modules()).
+  std::vector<std::pair<std::string, Module*>> named_modules(const std::string& prefix = "");
 
   // Note [module replicas]: a copy of this module for a DataParallel replica: the
   // same classes, names, training flag and children (replicated too), whose
@@ -89,8 +105,15 @@ class Module {
                                          const std::vector<Tensor>& buffers, size_t& next_param,
                                          size_t& next_buffer) const;
 
+  struct Hooks {
+    int id;
+    ForwardPreHook pre;
+    ForwardHook post;
+  };
   NamedTensors params_;
   NamedTensors buffers_;
+  std::vector<Hooks> hooks_;
+  int next_hook_id_ = 0;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
 };

@@ -15,7 +15,7 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // One update of every parameter that has a gradient (others are skipped, as torch does).
   virtual void step() = 0;
-  void zero_grad(bool set_to_none = false);
+  virtual void zero_grad(bool set_to_none = false);
   float lr() const { return lr_; }
   void set_lr(float lr);
   int64_t steps() const { return steps_; }

@@ -246,10 +246,10 @@ TEST(ZeroErrors, BadStagesAndJoinAtStageTwo) {
   expect_error(
       [&] {
         DdpOptions options;
-        options.zero_stage = 3;
+        options.zero_stage = 4;
         DistributedDataParallel ddp(model, comm, options);
       },
-      "zero_stage 3 is not a ZeRO stage; valid: 0 (DDP), 1");
+      "zero_stage 4 is not a ZeRO stage; valid: 0 (DDP), 1");
   expect_error([&] { ZeroOptimizer zero(inner_optimizer(*model, false), comm, {.stage = 0}); },
                "stage 0 is not sharded; valid: 1");
   DdpOptions options;
@@ -263,7 +263,7 @@ TEST(ZeroErrors, BadStagesAndJoinAtStageTwo) {
         ZeroOptimizer zero(inner_optimizer(*model, false), comm, {.stage = 1});
         zero.attach(ddp);
       },
-      "only stage 2 reduces gradients during the backward");
+      "only stages 2 and 3 reduce gradients during the backward");
   // A synchronized backward left unfinished (ddp::backward without finish_backward):
   // its round is in flight, so the next forward says what to call.
   ZeroOptimizer zero(inner_optimizer(*model, false), ddp);
