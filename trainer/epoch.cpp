@@ -93,12 +93,17 @@ Tensor micro_batch_loss(Run& r, const Batch& batch, bool sync, int64_t step) {
   return loss;
 }
 
+// The weights this rank holds: ZeRO-3's shards, else the model's parameters.
+std::vector<Tensor> weights(const Run& r) {
+  return r.zero != nullptr ? r.zero->weights() : r.model->parameters();
+}
+
 // The step's gradients: the .grad tensors, or ZeRO-2's averaged shard (the full
 // .grad tensors are released; Note [zero stages]). Collective at stage 2.
 std::vector<Tensor> step_gradients(Run& r) {
-  if (r.zero != nullptr && r.zero->stage() == 2) {
-    r.zero->reduce_gradients();  // nothing if the synchronized backward did it
-    return {r.zero->grad_shard()};
+  if (r.zero != nullptr && r.zero->stage() >= 2) {
+    r.zero->reduce_gradients();    // nothing if the synchronized backward did it
+    return r.zero->grad_shards();  // stage 3: one per unit
   }
   std::vector<Tensor> grads;
   for (const Tensor& p : r.model->parameters()) grads.push_back(grad(p));
@@ -301,6 +306,9 @@ EpochMetrics measure(Run& r, EpochState& e) {
   {
     const trace::Span span("evaluation", "train", {{"step", r.step}});
     const AutocastGuard mixed_precision(r.autocast);
+    // ZeRO-3: every unit gathered first, on every rank, so the ranks' evaluation
+    // forwards need no collective (their batch counts may differ).
+    if (r.zero != nullptr) r.zero->gather_parameters();
     ev = r.task->evaluate(*r.model, r.pg ? r.pg->comm.get() : nullptr);
   }
   e.eval_s += seconds_since(eval_start);
@@ -363,7 +371,7 @@ void after_step(Run& r, EpochState& e, Progress& progress, int64_t step, int64_t
     // On every rank (--save-every is kept where --save is not), so no checkpoint
     // holds non-finite weights and every rank stops at the same step.
     r.nonfinite->check();
-    r.nonfinite->check_weights(r.step, r.model->parameters());
+    r.nonfinite->check_weights(r.step, weights(r));
     save(r, e.epoch, step, e.loss_sum, e.micro_batches);
   }
   if (r.step == r.faults.kill_step) ::raise(SIGKILL);
@@ -412,7 +420,7 @@ EpochMetrics train_epoch(Run& r, int64_t epoch) {
   r.nonfinite->check();
   // Before the epoch's checkpoint, and after the run's last step: a run without
   // --save does not end with exit 0 and non-finite weights either.
-  r.nonfinite->check_weights(r.step, r.model->parameters());
+  r.nonfinite->check_weights(r.step, weights(r));
   r.loss_log->flush();
   return measure(r, e);
 }

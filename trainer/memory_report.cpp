@@ -34,16 +34,29 @@ int64_t gradient_bytes(const Run& r) {
   return total;
 }
 
+// Bytes of parameters this rank keeps between steps: ZeRO-3's shards (the units
+// it gathers come and go), else every parameter.
+int64_t parameter_bytes(const Run& r) {
+  if (r.zero != nullptr && r.zero->fully_sharded() != nullptr) {
+    return r.zero->fully_sharded()->shard_bytes();
+  }
+  int64_t total = 0;
+  for (const Tensor& p : r.model->parameters()) total += static_cast<int64_t>(p.nbytes());
+  return total;
+}
+
 }  // namespace
 
 void measure_memory(Run& r, EpochMetrics& m) {
   const std::vector<int64_t> mine = {static_cast<int64_t>(max_memory_allocated(r.device)),
-                                     optimizer_state_bytes(r), gradient_bytes(r)};
+                                     optimizer_state_bytes(r), gradient_bytes(r),
+                                     parameter_bytes(r)};
   std::vector<int64_t> all = mine;
   if (r.pg != nullptr && r.world_size > 1) {
     Communicator& comm = *r.pg->comm;
-    Tensor input = from_vector<int64_t>(mine, {3}, {.dtype = DType::i64, .device = comm.device()});
-    Tensor output = empty({3 * comm.size()}, {.dtype = DType::i64, .device = comm.device()});
+    const auto n = static_cast<int64_t>(mine.size());
+    Tensor input = from_vector<int64_t>(mine, {n}, {.dtype = DType::i64, .device = comm.device()});
+    Tensor output = empty({n * comm.size()}, {.dtype = DType::i64, .device = comm.device()});
     const CollectiveLabel labelled("train memory report");
     comm.all_gather(input, output)->wait();
     all = output.to_vector<int64_t>();
@@ -51,10 +64,12 @@ void measure_memory(Run& r, EpochMetrics& m) {
   m.rank_peak_allocated.clear();
   m.rank_optimizer_state.clear();
   m.rank_gradient_bytes.clear();
-  for (size_t k = 0; k + 2 < all.size(); k += 3) {
+  m.rank_parameter_bytes.clear();
+  for (size_t k = 0; k + 3 < all.size(); k += 4) {
     m.rank_peak_allocated.push_back(all[k]);
     m.rank_optimizer_state.push_back(all[k + 1]);
     m.rank_gradient_bytes.push_back(all[k + 2]);
+    m.rank_parameter_bytes.push_back(all[k + 3]);
   }
 }
 

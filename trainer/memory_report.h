@@ -7,7 +7,8 @@
 
 namespace ddp::train {
 
-// Fills m.rank_peak_allocated, m.rank_optimizer_state and m.rank_gradient_bytes
+// Fills m.rank_peak_allocated, m.rank_optimizer_state, m.rank_gradient_bytes and
+// m.rank_parameter_bytes
 // (one entry per rank; under ddp an all_gather, so every rank calls it at the
 // same points). Measured between steps: after the step's update.
 void measure_memory(Run& r, EpochMetrics& m);

@@ -85,6 +85,8 @@ void memory_fields(const EpochMetrics& m, Fields& f) {
                  fmt::format("[{}]", fmt::join(m.rank_optimizer_state, ", ")));
   f.emplace_back("rank_gradient_bytes",
                  fmt::format("[{}]", fmt::join(m.rank_gradient_bytes, ", ")));
+  f.emplace_back("rank_parameter_bytes",
+                 fmt::format("[{}]", fmt::join(m.rank_parameter_bytes, ", ")));
 }
 
 bool is_csv(const std::string& path) {

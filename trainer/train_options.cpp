@@ -155,12 +155,22 @@ parallelism:
   --comm-hook none|bf16|fp16
                            ddp: compress each bucket for the all_reduce
                            (default none)
-  --zero 0|1|2             ddp: 0 DistributedDataParallel (default); 1 ZeRO-1:
+  --zero 0|1|2|3           ddp: 0 DistributedDataParallel (default); 1 ZeRO-1:
                            each rank keeps AdamW/SGD-momentum state for its
                            1/W shard of the parameters, updates it and
                            all-gathers the parameters; 2 ZeRO-2: the gradients
-                           are reduce-scattered too, each rank keeps its shard
+                           are reduce-scattered too, each rank keeps its shard;
+                           3 ZeRO-3 (FSDP): the parameters too, each unit
+                           gathered just before its forward and backward
                            (docs/ddp.md: when to pick which)
+  --zero3-units A,B,...    --zero 3: the modules gathered as one unit, by
+                           dotted name (transformer.h.0); default: each child
+                           of a Sequential (each gpt block, each mlp layer),
+                           the rest in the root unit
+  --zero3-reshard-after-forward true|false
+                           --zero 3: release a unit after its forward and
+                           gather it again for its backward (true, default),
+                           or keep it until its backward (faster, more memory)
   --save-sharded           with --zero 1|2 and --save PATH: every rank writes
                            its shard of the optimizer state to
                            PATH.shard<r>of<W>, PATH holds the model and names
@@ -344,8 +354,27 @@ const std::map<std::string, Setter>& setters() {
        }},
       {"--zero",
        [](auto& o, auto& v) {
-         check_choice("--zero", v, {"0", "1", "2"});
+         check_choice("--zero", v, {"0", "1", "2", "3"});
          o.zero = std::stoi(v);
+       }},
+      {"--zero3-units",
+       [](auto& o, auto& v) {
+         o.zero3_units.clear();
+         for (size_t start = 0; start <= v.size();) {
+           const size_t comma = std::min(v.find(',', start), v.size());
+           const std::string name = v.substr(start, comma - start);
+           DDP_CHECK(!name.empty(),
+                     "--zero3-units '{}': an empty module name; give dotted names separated by "
+                     "commas, e.g. transformer.h.0,transformer.h.1",
+                     v);
+           o.zero3_units.push_back(name);
+           start = comma + 1;
+         }
+       }},
+      {"--zero3-reshard-after-forward",
+       [](auto& o, auto& v) {
+         check_choice("--zero3-reshard-after-forward", v, {"true", "false"});
+         o.zero3_reshard_after_forward = v == "true";
        }},
       {"--grad-accum",
        [](auto& o, auto& v) { o.grad_accum = parse_number<int64_t>("--grad-accum", v); }},
@@ -450,17 +479,26 @@ void validate(const TrainOptions& o) {
             "--zero {} shards over the ranks of --mode ddp; this run has --mode {} (use --mode "
             "ddp or auto, or --zero 0)",
             o.zero, o.mode);
-  DDP_CHECK(o.zero != 2 || o.comm_hook == "none",
-            "--comm-hook {} compresses DDP's all_reduce, which --zero 2 replaces by a "
+  DDP_CHECK(o.zero < 2 || o.comm_hook == "none",
+            "--comm-hook {} compresses DDP's all_reduce, which --zero {} replaces by a "
             "reduce-scatter; use --zero 1 or --comm-hook none",
-            o.comm_hook);
-  DDP_CHECK(o.zero != 2 || o.drop_last != DropLast::uneven,
-            "--drop-last false (uneven shares under a Join) needs DDP's buckets, which --zero 2 "
-            "does without; use --zero 1 or --drop-last pad/true");
-  DDP_CHECK(!o.save_sharded || (o.zero > 0 && !o.save.empty()),
+            o.comm_hook, o.zero);
+  DDP_CHECK(o.zero < 2 || o.drop_last != DropLast::uneven,
+            "--drop-last false (uneven shares under a Join) needs DDP's buckets, which --zero {} "
+            "does without; use --zero 1 or --drop-last pad/true",
+            o.zero);
+  DDP_CHECK(!o.save_sharded || (o.zero > 0 && o.zero < 3 && !o.save.empty()),
             "--save-sharded writes each rank's ZeRO shard of the optimizer state next to --save; "
-            "it needs --zero 1 or 2 and --save PATH (this run: --zero {}, {})",
-            o.zero, o.save.empty() ? "no --save" : "--save " + o.save);
+            "it needs --zero 1 or 2 and --save PATH (this run: --zero {}, {}){}",
+            o.zero, o.save.empty() ? "no --save" : "--save " + o.save,
+            o.zero == 3 ? "; --zero 3 saves the full file (gathered), which resumes at any "
+                          "world size"
+                        : "");
+  DDP_CHECK(
+      o.zero == 3 || (o.zero3_units.empty() && o.given.count("--zero3-reshard-after-forward") == 0),
+      "--zero3-units and --zero3-reshard-after-forward shape --zero 3; this run has --zero "
+      "{} (pass --zero 3, or drop them)",
+      o.zero);
   DDP_CHECK(o.grad_accum >= 1, "--grad-accum {}: must be at least 1", o.grad_accum);
   DDP_CHECK(o.early_stop >= 0,
             "--early-stop {}: must be >= 0 (evaluations without improvement; 0: never)",

@@ -120,7 +120,12 @@ struct TrainOptions {
   std::string backend;        // ddp: auto|local|shm|gloo|mpi|nccl ("" = DDP_BACKEND, else auto)
   double bucket_cap_mb = 25;  // ddp: gradient bucket cap (the first bucket is min(1, cap))
   std::string comm_hook = "none";  // ddp: none | bf16 | fp16 (compress buckets for the all_reduce)
-  int zero = 0;  // ddp: ZeRO stage (collectives/ddp/zero.h): 0 DDP, 1 state, 2 state + gradients
+  int zero = 0;  // ddp: ZeRO stage (collectives/ddp/zero.h): 0 DDP, 1 state, 2 state + gradients,
+                 // 3 state + gradients + parameters
+  // --zero 3: the unit modules (empty: Note [zero-3 units]) and whether a unit is
+  // released after its forward (collectives/ddp/fully_shard.h).
+  std::vector<std::string> zero3_units{};
+  bool zero3_reshard_after_forward = true;
   // --save-sharded (with --zero 1|2): every rank writes its shard of the optimizer
   // state next to --save (trainer/sharded_checkpoint.h).
   bool save_sharded = false;

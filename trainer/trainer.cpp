@@ -88,14 +88,22 @@ void wrap_zero(Run& r) {
   const TrainOptions& o = r.o;
   auto zero = std::make_unique<ZeroOptimizer>(
       std::move(r.optimizer), r.pg->comm,
-      ZeroOptions{.stage = o.zero, .bucket_cap_mb = o.bucket_cap_mb});
+      ZeroOptions{.stage = o.zero,
+                  .bucket_cap_mb = o.bucket_cap_mb,
+                  .fully_shard = {.units = o.zero3_units,
+                                  .reshard_after_forward = o.zero3_reshard_after_forward}});
   r.zero = zero.get();
   r.optimizer = std::move(zero);
   if (o.quiet || o.optimizer != "sgd" || o.momentum != 0.0f) return;
-  r.out << (o.zero == 1 ? "note: --zero 1 with SGD without momentum: there is no optimizer "
-                          "state to shard, so it saves no memory over --zero 0\n"
-                        : "note: --zero 2 with SGD without momentum: there is no optimizer "
-                          "state to shard; only the gradients are sharded\n");
+  if (o.zero == 1) {
+    r.out << "note: --zero 1 with SGD without momentum: there is no optimizer state to shard, so "
+             "it saves no memory over --zero 0\n";
+    return;
+  }
+  r.out << fmt::format(
+      "note: --zero {} with SGD without momentum: there is no optimizer state to shard; only "
+      "the gradients{} are sharded\n",
+      o.zero, o.zero == 3 ? " and parameters" : "");
 }
 
 // Loads `path` ("" for none) into the run and checks a mid-epoch position fits
@@ -247,8 +255,9 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
     const CommHook hook = ddp_options.comm_hook;
     if (r.faults.skip_allreduce_step > 0) ddp_options.comm_hook = CommHook::none;
     r.ddp = std::make_unique<DistributedDataParallel>(r.model, pg->comm, ddp_options);
-    // ZeRO-2: gradients reduce-scattered during the backward (Note [zero stages]).
-    if (r.zero != nullptr && o.zero == 2) r.zero->attach(*r.ddp);
+    // ZeRO-2: gradients reduce-scattered during the backward; ZeRO-3: the model
+    // sharded, from the values a resume loaded and DDP made equal (Note [zero stages]).
+    if (r.zero != nullptr && o.zero >= 2) r.zero->attach(*r.ddp);
     if (r.faults.skip_allreduce_step > 0)
       r.ddp->register_comm_hook(skip_allreduce_hook(r.faults.skip_allreduce_step, hook));
   }

@@ -54,7 +54,8 @@ struct EpochMetrics {
   std::vector<int> stragglers;
   // By rank (trainer/memory_report.h): the allocator's peak of the run so
   // far, the optimizer state and the gradients held after the epoch's last step.
-  std::vector<int64_t> rank_peak_allocated, rank_optimizer_state, rank_gradient_bytes;
+  std::vector<int64_t> rank_peak_allocated, rank_optimizer_state, rank_gradient_bytes,
+      rank_parameter_bytes;
   // Share of the communication time hidden behind backward: 1 - exposed / comm
   // (0 when nothing was communicated).
   double overlap() const {

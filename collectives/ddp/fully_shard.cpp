@@ -2,6 +2,7 @@
 
 #include "collectives/collective_events.h"
 #include "runtime/autograd/autograd.h"
+#include "runtime/memory/allocator.h"
 #include "runtime/nn/layers.h"
 #include "runtime/ops/ops.h"
 
@@ -182,7 +183,16 @@ void FullyShardedParameters::install_hooks() {
 void FullyShardedParameters::gather(size_t u) {
   Unit& unit = units_[u];
   if (unit.params.empty() || unit.gathered || unit.gathering) return;
-  unit.full->reallocate();
+  try {
+    unit.full->reallocate();
+  } catch (const OutOfMemoryError& e) {
+    throw OutOfMemoryError(fmt::format(
+        "{}\nThis was the gather of ZeRO-3 unit '{}' ({} parameters, {}): a unit is whole on "
+        "every rank while it runs, so more ranks do not shrink it; name smaller units "
+        "(FullyShardOptions::units, train --zero3-units)",
+        e.what(), unit.name.empty() ? "(root)" : unit.name, unit.starts.back(),
+        format_bytes(unit.full->bytes())));
+  }
   note_gathered();
   const CollectiveLabel labelled("zero3 all_gather");
   unit.gathering = comm_->all_gather(unit.shard, unit.flat);
@@ -269,6 +279,18 @@ Tensor FullyShardedParameters::post_forward(size_t u, const Tensor& output) {
 void FullyShardedParameters::pre_backward(size_t u) {
   gather(u);
   wait(u);
+  Unit& unit = units_[u];
+  if (sync_ && unit.trainable > 0 && !unit.grad_flat.defined() && !unit.reduced) {
+    const Tensor& first = params_[unit.params.front()];
+    unit.grad_flat =
+        zeros({unit.block * comm_->size()}, {.dtype = first.dtype(), .device = first.device()});
+    for (size_t k = 0; k < unit.params.size(); ++k) {
+      Tensor& p = params_[unit.params[k]];
+      if (requires_grad(p)) {
+        set_gradient_destination(p, unit.grad_flat.flat_view(unit.starts[k], p.shape()));
+      }
+    }
+  }
   if (!options_.prefetch) return;
   // The unit that ran before u in this step's forward runs its backward next.
   auto it = std::find(seen_.begin(), seen_.end(), u);
@@ -294,13 +316,17 @@ void FullyShardedParameters::reduce(size_t u) {
   NoGradGuard no_grad;
   const Tensor& first = params_[unit.params.front()];
   const TensorOptions options{.dtype = first.dtype(), .device = first.device()};
-  Tensor input = zeros({unit.block * comm_->size()}, options);
+  // The gradients a backward op wrote into the buffer stay; others are copied.
+  Tensor input = unit.grad_flat.defined() ? std::move(unit.grad_flat)
+                                          : zeros({unit.block * comm_->size()}, options);
+  unit.grad_flat = Tensor();
   for (size_t k = 0; k < unit.params.size(); ++k) {
     Tensor& p = params_[unit.params[k]];
+    if (requires_grad(p)) set_gradient_destination(p, Tensor());
     const Tensor g = grad(p);
     if (!g.defined()) continue;
     Tensor d = input.flat_view(unit.starts[k], p.shape());
-    copy_(d, g);
+    if (g.storage() != input.storage() || g.storage_offset() != d.storage_offset()) copy_(d, g);
     set_grad(p, Tensor());
   }
   Tensor output = empty({unit.block}, options);

@@ -32,7 +32,11 @@
 //             an identity node on its output.
 //   backward  that node runs once the unit's output gradient is complete, before
 //             any of the unit's own backward: it gathers the unit again and
-//             prefetches the unit that ran before it in the forward. When every
+//             prefetches the unit that ran before it in the forward. In a
+//             synchronized backward it also allocates the unit's flat gradient
+//             buffer and makes each parameter's slice its gradient destination
+//             (Note [gradient destinations] in autograd.h), so a Linear's weight
+//             gradient is computed into the buffer, not copied there. When every
 //             trainable parameter of a unit has its gradient (post-accumulate-grad
 //             hooks), the gradients go into one flat buffer, the full .grad
 //             tensors are released, an asynchronous reduce_scatter(avg) starts and
@@ -85,6 +89,7 @@ class FullyShardedParameters : public std::enable_shared_from_this<FullyShardedP
     Tensor flat{};        // [W * B] over `full`
     Tensor shard{};       // this rank's [B] values
     Tensor grad_shard{};  // this rank's averaged [B] gradient (undefined: none yet)
+    Tensor grad_flat{};   // [W * B] the synchronized backward's gradients go to
     std::shared_ptr<Work> gathering{};
     bool gathered = false;
     bool held = false;  // gather_all(): kept until the next training forward

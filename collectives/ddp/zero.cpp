@@ -596,6 +596,10 @@ void ZeroOptimizer::gather_state_stage3() {
   }
 }
 
+void ZeroOptimizer::gather_parameters() {
+  if (fsdp_ != nullptr) fsdp_->gather_all();
+}
+
 void ZeroOptimizer::zero_grad(bool set_to_none) {
   if (fsdp_ != nullptr) {
     fsdp_->zero_grad();

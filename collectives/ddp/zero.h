@@ -142,6 +142,9 @@ class ZeroOptimizer : public optim::Optimizer {
   // Stage 3: also every unit's parameters, readable (module.state_dict()) until
   // the next training forward.
   void gather_state();
+  // Collective at stage 3: every unit's parameters gathered and readable until the
+  // next training forward (evaluation, checkpoints); nothing at stages 1 and 2.
+  void gather_parameters();
   // Stage 3: the gradient shards dropped (set_to_none or not: the next
   // synchronized backward writes them afresh); otherwise as optim::Optimizer.
   void zero_grad(bool set_to_none = false) override;

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# train --zero 3 (docs/ddp.md "ZeRO-3"): at 3 ranks the checkpoint equals DDP's
+# (parameters and the gathered AdamW state, tensor by tensor to 1e-6) on the mlp,
+# with clipping and with accumulation, and on a gpt with evaluations between the
+# steps (every unit gathered first) and --zero3-reshard-after-forward false;
+# --metrics shows parameters, gradients and optimizer state at 1/W of DDP's; a
+# ZeRO-3 checkpoint of 4 ranks resumes at 2 to DDP's uninterrupted 4-rank run;
+# under DDP_MEMORY_LIMIT a model DDP cannot hold (its run ends with the
+# out-of-memory message naming the cap) trains with --zero 3 at 4 ranks; bad
+# input is named. With an mpirun command after `--`: ZeRO-3 over mpi equals DDP.
+# usage: train_zero3.sh DDPRUN TRAIN [-- MPIRUN...]
+set -euo pipefail
+ddprun=$1 train=$2
+shift 2
+[ "${1:-}" = -- ] && shift
+mpirun=("$@")
+compare="$(dirname "$0")/compare_checkpoints.py"
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail() { echo "train_zero3.sh: FAIL: $*" >&2; exit 1; }
+common=(--data synthetic --synthetic-size 600 --max-steps 4 --optimizer adamw --lr 0.001
+        --lr-schedule constant --seed 3 --quiet --device cpu)
+# SGD: the attention's key bias gets a gradient of rounding noise (softmax ignores a
+# constant added to every key), which AdamW's m / sqrt(v) turns into full steps
+# whose sign follows the summation order; the mlp runs check AdamW.
+gpt=(--model gpt:layers=3,d=24,heads=2,ctx=16 --data synthetic --max-steps 6 --batch-size 4
+     --optimizer sgd --momentum 0.9 --lr 0.05 --lr-schedule constant --seed 3 --quiet --device cpu
+     --eval-every 2 --eval-batches 3)
+run() {  # run N OUT [train flags...]: ddprun -n N train, writing --save OUT
+  local n=$1 out=$2
+  shift 2
+  "$ddprun" --standalone -n "$n" "$train" --save "$dir/$out" "$@" >"$dir/log" 2>&1 ||
+    { cat "$dir/log" >&2; fail "ddprun -n $n train $* exited $?"; }
+}
+same() {  # same A B RTOL
+  python3 "$compare" "$dir/$1" "$dir/$2" --rtol "$3" >"$dir/cmp" ||
+    { cat "$dir/cmp" >&2; fail "$2 differs from $1"; }
+  echo "$2 = $1: $(tail -1 "$dir/cmp")"
+}
+
+run 3 ddp "${common[@]}" --batch-size 10 --epochs 2 --metrics "$dir/ddp.jsonl"
+run 3 zero3 "${common[@]}" --batch-size 10 --epochs 2 --zero 3 --metrics "$dir/zero3.jsonl"
+same ddp zero3 1e-6
+run 3 ddp_clip "${common[@]}" --batch-size 10 --epochs 1 --clip-grad-norm 0.1
+run 3 zero3_clip "${common[@]}" --batch-size 10 --epochs 1 --clip-grad-norm 0.1 --zero 3
+same ddp_clip zero3_clip 1e-6
+run 3 ddp_accum "${common[@]}" --batch-size 5 --epochs 1 --grad-accum 2
+run 3 zero3_accum "${common[@]}" --batch-size 5 --epochs 1 --grad-accum 2 --zero 3
+same ddp_accum zero3_accum 1e-6
+
+# A gpt: its blocks are the units; evaluations every 2 steps gather them all.
+run 3 gpt_ddp "${gpt[@]}"
+run 3 gpt_zero3 "${gpt[@]}" --zero 3
+same gpt_ddp gpt_zero3 1e-5
+run 3 gpt_kept "${gpt[@]}" --zero 3 --zero3-reshard-after-forward false \
+  --zero3-units transformer.h.0,transformer.h.1.mlp
+same gpt_ddp gpt_kept 1e-5
+
+python3 - "$dir" <<'PY' || fail "the memory fields of --metrics do not show ZeRO-3's sharding"
+import json, sys
+ddp, z3 = (json.loads(open(f"{sys.argv[1]}/{n}.jsonl").readline()) for n in ("ddp", "zero3"))
+for key in ("rank_optimizer_state", "rank_gradient_bytes", "rank_parameter_bytes"):
+    for s, full in zip(z3[key], ddp[key]):
+        # padding: under 3 elements a unit (the mlp has 4); DDP's AdamW step counts
+        assert abs(3 * s - full) <= 4 * 4 * 3 + 8 * 16, f"{key}: {s} per rank vs DDP's {full}"
+print("per rank, ZeRO-3 vs DDP:",
+      {k: (z3[k][0], ddp[k][0]) for k in ("rank_parameter_bytes", "rank_gradient_bytes",
+                                          "rank_optimizer_state", "rank_peak_allocated")})
+PY
+
+# Resharding: a ZeRO-3 checkpoint of 4 ranks resumes at 2 (the global batch kept).
+run 4 ddp4 "${common[@]}" --batch-size 8 --epochs 2
+run 4 half "${common[@]}" --batch-size 8 --epochs 1 --zero 3
+run 2 half "${common[@]}" --batch-size 16 --epochs 2 --zero 3 --resume "$dir/half"
+same ddp4 half 1e-5
+
+# A memory cap per rank: DDP cannot hold this mlp (parameters, gradients and
+# AdamW state of 1.06M parameters: a peak of 17.5 MiB), ZeRO-3 at 4 ranks
+# trains it (a peak of 13.2 MiB, set by building the whole model before sharding).
+big=(--data synthetic --synthetic-size 256 --hidden 1024,256 --batch-size 16 --max-steps 2
+     --epochs 1 --optimizer adamw --seed 3 --quiet --device cpu)
+if DDP_MEMORY_LIMIT=15MiB "$ddprun" --standalone -n 4 "$train" "${big[@]}" >"$dir/log" 2>&1; then
+  fail "DDP fit under DDP_MEMORY_LIMIT=15MiB; the demonstration needs a model that does not"
+fi
+grep -q "past the memory limit of 15.00 MiB" "$dir/log" ||
+  { cat "$dir/log" >&2; fail "DDP's out-of-memory error does not name the cap"; }
+DDP_MEMORY_LIMIT=15MiB "$ddprun" --standalone -n 4 "$train" "${big[@]}" --zero 3 >"$dir/log" 2>&1 ||
+  { cat "$dir/log" >&2; fail "--zero 3 did not train under DDP_MEMORY_LIMIT=15MiB"; }
+echo "DDP_MEMORY_LIMIT=15MiB: DDP out of memory, ZeRO-3 at 4 ranks trains"
+
+# Bad input.
+expect_error() {  # expect_error PATTERN train flags...
+  local pattern=$1
+  shift
+  if "$ddprun" --standalone -n 2 "$train" "$@" >"$dir/log" 2>&1; then fail "$* succeeded"; fi
+  grep -q -- "$pattern" "$dir/log" || { cat "$dir/log" >&2; fail "$* did not say: $pattern"; }
+}
+expect_error "ZeRO-3 unit 'transformer.h.9' is not a module of the model; its modules are: transformer" \
+  "${gpt[@]}" --zero 3 --zero3-units transformer.h.9
+expect_error "--comm-hook bf16 compresses DDP's all_reduce, which --zero 3 replaces" \
+  "${common[@]}" --zero 3 --comm-hook bf16
+expect_error "--zero3-units and --zero3-reshard-after-forward shape --zero 3; this run has --zero 2" \
+  "${common[@]}" --zero 2 --zero3-units 1
+
+if [ ${#mpirun[@]} -gt 0 ]; then
+  # Two ranks: a sum of two is the same in any order, so mpi's reduce_scatter
+  # and shm's all_reduce agree to the bit.
+  run 2 ddp2 "${common[@]}" --batch-size 10 --epochs 1
+  "${mpirun[@]}" -np 2 "$train" "${common[@]}" --batch-size 10 --epochs 1 --backend mpi --zero 3 \
+    --save "$dir/mpi2" >"$dir/log" 2>&1 || { cat "$dir/log" >&2; fail "mpirun train --zero 3 exited"; }
+  same ddp2 mpi2 1e-6
+fi
+echo "train_zero3.sh: ok"
