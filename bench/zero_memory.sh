@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# ZeRO-1/2 next to DDP (docs/benchmarks.md, "ZeRO"): the same GPT trained for a
-# few steps at W = 1, 2, 4 with --zero 0, 1 and 2, one run after another in this
-# script; prints a markdown table of each rank's memory from --metrics
-# (trainer/memory_report.h: optimizer state, gradients held after the step,
-# allocator peak) as ratios to DDP's at the same W, and tokens/s.
+# ZeRO-1/2/3 next to DDP (docs/benchmarks.md, "ZeRO"): the same GPT trained for a
+# few steps at W = 1, 2, 4 with --zero 0, 1, 2 and 3, one run after another in
+# this script; prints a markdown table of each rank's memory from --metrics
+# (trainer/memory_report.h: parameters kept between steps, optimizer state,
+# gradients held after the step, allocator peak) as ratios to DDP's at the same
+# W, and tokens/s.
 # usage: bench/zero_memory.sh TRAIN DDPRUN [MODEL] [STEPS]
 set -euo pipefail
 train=$1 ddprun=$2
@@ -14,7 +15,7 @@ trap 'rm -rf "$dir"' EXIT
 args=(--model "$model" --epochs 1 --max-steps "$steps" --batch-size 1 --eval-batches 1 --quiet
       --device cpu)
 for w in 1 2 4; do
-  for z in 0 1 2; do
+  for z in 0 1 2 3; do
     out=$dir/w${w}_z${z}.jsonl
     if [ "$w" = 1 ]; then
       "$train" "${args[@]}" --mode ddp --zero "$z" --metrics "$out" >/dev/null
@@ -28,15 +29,16 @@ python3 - "$dir" <<'PY'
 import json, sys
 d = sys.argv[1]
 mib = lambda b: b / 2**20
-print("| W | mode | optimizer state / rank (MiB) | vs DDP | gradients held / rank (MiB) | vs DDP | peak allocated / rank (MiB) | vs DDP | tokens/s (all ranks) | vs DDP |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print("| W | mode | parameters / rank (MiB) | vs DDP | optimizer state / rank (MiB) | vs DDP | gradients held / rank (MiB) | vs DDP | peak allocated / rank (MiB) | vs DDP | tokens/s (all ranks) | vs DDP |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for w in (1, 2, 4):
-    rows = [json.loads(open(f"{d}/w{w}_z{z}.jsonl").readline()) for z in (0, 1, 2)]
+    rows = [json.loads(open(f"{d}/w{w}_z{z}.jsonl").readline()) for z in (0, 1, 2, 3)]
     base = rows[0]
     for z, r in enumerate(rows):
-        s, g, p = (max(r[k]) for k in ("rank_optimizer_state", "rank_gradient_bytes", "rank_peak_allocated"))
-        s0, g0, p0 = (max(base[k]) for k in ("rank_optimizer_state", "rank_gradient_bytes", "rank_peak_allocated"))
-        mode = ["DDP", "ZeRO-1", "ZeRO-2"][z]
-        print(f"| {w} | {mode} | {mib(s):.1f} | {s / s0:.3f} | {mib(g):.1f} | {g / g0:.3f} | "
+        keys = ("rank_parameter_bytes", "rank_optimizer_state", "rank_gradient_bytes", "rank_peak_allocated")
+        q, s, g, p = (max(r[k]) for k in keys)
+        q0, s0, g0, p0 = (max(base[k]) for k in keys)
+        mode = ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"][z]
+        print(f"| {w} | {mode} | {mib(q):.1f} | {q / q0:.3f} | {mib(s):.1f} | {s / s0:.3f} | {mib(g):.1f} | {g / g0:.3f} | "
               f"{mib(p):.1f} | {p / p0:.3f} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / base['tokens_per_s']:.2f} |")
 PY

@@ -55,7 +55,9 @@ struct DdpOptions {
   // above (1: with a ZeroOptimizer updating this rank's shard); 2: DDP has no
   // buckets; the ZeroOptimizer attached to it reduce-scatters the gradients of
   // every synchronized backward in rounds during the backward (without one
-  // attached, every backward is local and its step() reduces them).
+  // attached, every backward is local and its step() reduces them); 3: as 2,
+  // and the attached ZeroOptimizer shards the module's parameters too
+  // (collectives/ddp/fully_shard.h).
   int zero_stage = 0;
 };
 
@@ -120,7 +122,7 @@ class DistributedDataParallel {
   const std::vector<std::string>& bucket_parameters() const { return bucket_names_; }
   bool buckets_rebuilt() const;
 
-  // zero_stage 2 (ZeroOptimizer::attach): on_forward(sync) before every forward
+  // zero_stage 2, 3 (ZeroOptimizer::attach): on_forward(sync) before every forward
   // that records a graph (sync: its backward is synchronized, not under
   // no_sync()); on_finish() from finish_backward(). Replaces earlier ones.
   struct ZeroCallbacks {

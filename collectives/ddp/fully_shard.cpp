@@ -334,6 +334,23 @@ void FullyShardedParameters::reduce(size_t u) {
   auto work = comm_->reduce_scatter(input, output, ReduceOp::avg);
   reductions_.push_back({u, std::move(input), std::move(output), std::move(work)});
   if (u != 0 && !unit.held) release(u);
+  // At most kMaxReductions full-size gradient buffers alive: the oldest is
+  // completed (waiting is safe: every rank launched it before this one).
+  while (reductions_.size() > kMaxReductions) complete_oldest();
+}
+
+void FullyShardedParameters::complete_oldest() {
+  Reduction r = std::move(reductions_.front());
+  reductions_.pop_front();
+  r.work->wait();
+  r.input = Tensor();  // the full-size buffer goes now
+  NoGradGuard no_grad;
+  Unit& unit = units_[r.unit];
+  if (unit.grad_shard.defined()) {
+    axpy_(1.0f, r.output, unit.grad_shard);
+  } else {
+    unit.grad_shard = std::move(r.output);
+  }
 }
 
 void FullyShardedParameters::finish() {
@@ -341,17 +358,7 @@ void FullyShardedParameters::finish() {
   for (size_t u = 0; u < units_.size(); ++u) {
     if (!units_[u].reduced) reduce(u);
   }
-  NoGradGuard no_grad;
-  for (Reduction& r : reductions_) {
-    r.work->wait();
-    Unit& unit = units_[r.unit];
-    if (unit.grad_shard.defined()) {
-      axpy_(1.0f, r.output, unit.grad_shard);
-    } else {
-      unit.grad_shard = r.output;
-    }
-  }
-  reductions_.clear();
+  while (!reductions_.empty()) complete_oldest();
   for (size_t u = 0; u < units_.size(); ++u) {
     if (!units_[u].held) release(u);
   }

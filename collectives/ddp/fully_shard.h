@@ -51,7 +51,9 @@
 // A backward under no_sync() reduces nothing: the full .grad tensors accumulate
 // (FSDP's no_sync) and the next synchronized backward reduces their sum.
 // At most a rank holds its shards, the root unit, two gathered units (the one
-// running and the one prefetched) and one unit's gradients in flight.
+// running and the one prefetched), the full gradients of the unit in backward
+// and two units' gradient buffers in reduce-scatters (kMaxReductions; a third
+// waits for the oldest).
 // Evaluation and checkpoints gather every unit at once (gather_all(), held until
 // the next training forward): ranks may evaluate different numbers of batches,
 // which per-unit gathers (collectives) could not survive.
@@ -60,6 +62,7 @@
 #include "collectives/communicator.h"
 #include "runtime/nn/module.h"
 
+#include <deque>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -127,8 +130,8 @@ class FullyShardedParameters : public std::enable_shared_from_this<FullyShardedP
   const std::vector<Unit>& units() const { return units_; }
   // The unit holding parameter i and its index in that unit's params.
   std::pair<size_t, size_t> owner(size_t i) const { return owner_[i]; }
-  // This rank's shard of the flat range of parameter i in unit u: calls
-  // fn(offset in the parameter, length, offset in the unit's shard).
+  // This rank's pieces of unit u's parameters: calls fn(k, offset in parameter
+  // units()[u].params[k], length, offset in the unit's shard) for each.
   template <typename F>
   void for_each_owned_piece(size_t u, F&& fn) const;
   int rank() const { return comm_->rank(); }
@@ -157,6 +160,8 @@ class FullyShardedParameters : public std::enable_shared_from_this<FullyShardedP
   void wait(size_t u);
   void release(size_t u);
   void reduce(size_t u);
+  void complete_oldest();
+  static constexpr size_t kMaxReductions = 2;
   void note_gathered();
 
   std::shared_ptr<Communicator> comm_;
@@ -173,7 +178,7 @@ class FullyShardedParameters : public std::enable_shared_from_this<FullyShardedP
     Tensor input, output;
     std::shared_ptr<Work> work;
   };
-  std::vector<Reduction> reductions_;
+  std::deque<Reduction> reductions_;  // in flight, oldest first
   int64_t peak_gathered_ = 0;
 };
 

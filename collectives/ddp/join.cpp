@@ -57,10 +57,10 @@ Join::Join(DistributedDataParallel& ddp, JoinOptions options)
             "Join: this DistributedDataParallel already has a Join attached; finish it (or let "
             "it go out of scope) before creating another");
   DDP_CHECK(ddp.reducer_ != nullptr,
-            "Join: rank {}'s DistributedDataParallel has zero_stage 2, whose gradients are "
+            "Join: rank {}'s DistributedDataParallel has zero_stage {}, whose gradients are "
             "reduce-scattered by the ZeroOptimizer, not by DDP's buckets; uneven inputs need "
             "zero_stage 0 or 1 (or even inputs: drop the last batches)",
-            comm_->rank());
+            comm_->rank(), ddp.options().zero_stage);
   DDP_CHECK(!ddp.reducer_->in_backward(),
             "Join: created on rank {} during a synchronized backward (gradients have arrived "
             "but finish_backward() has not run); create the Join before the step's forward or "

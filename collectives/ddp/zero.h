@@ -1,10 +1,11 @@
-// ZeroOptimizer: ZeRO-1 and ZeRO-2 next to DistributedDataParallel: each rank
-// keeps the optimizer state (and, at stage 2, the averaged gradient) only for its
-// shard of the flattened parameters, updates that shard and all-gathers the
-// parameters (PyTorch's ZeroRedundancyOptimizer, DeepSpeed ZeRO, llm.c's ZeRO-1).
+// ZeroOptimizer: ZeRO-1, 2 and 3 next to DistributedDataParallel: each rank
+// keeps the optimizer state (and, at stage 2, the averaged gradient; at stage 3
+// the parameters too) only for its shard, updates that shard and (stages 1, 2)
+// all-gathers the parameters (PyTorch's ZeroRedundancyOptimizer and FSDP,
+// DeepSpeed ZeRO, llm.c's ZeRO-1).
 //
 // Note [zero stages]: the user picks the mode with DdpOptions::zero_stage and,
-// for 1 and 2, wraps the optimizer in a ZeroOptimizer over the same communicator:
+// for 1 to 3, wraps the optimizer in a ZeroOptimizer over the same communicator:
 //   0  DDP: gradients all-reduced in buckets during backward; every rank keeps the
 //      full optimizer state and runs the full update (no ZeroOptimizer).
 //   1  gradients all-reduced exactly as DDP (bucketed, overlapped with
@@ -99,7 +100,7 @@ class ZeroOptimizer : public optim::Optimizer {
   // `inner`: an optim::AdamW or optim::SGD over the parameters; its
   // hyperparameters (and per-parameter weight decay) are used, it never steps
   // and never allocates state. Every rank passes the same parameters (those of
-  // the module DDP wraps). ValueError for another optimizer or a stage not 1, 2.
+  // the module DDP wraps). ValueError for another optimizer or a stage not 1, 2, 3.
   // The stage must be the DDP's DdpOptions::zero_stage: stage 1 steps on
   // gradients DDP averaged (under a DDP of stage 2 they would be local ones);
   // the constructor below takes it from the DDP.
@@ -122,8 +123,9 @@ class ZeroOptimizer : public optim::Optimizer {
   // Stage 3 (collective, required before the first forward): shards ddp.module()'s
   // parameters in units from the values they hold now (after DDP's constructor
   // and any checkpoint load); from then on they are readable only inside a unit's
-  // forward and backward, or after gather_state(). Every parameter of the module
-  // must be one of the optimizer's.
+  // forward and backward, or after gather_state(). Every optimizer parameter must
+  // be one of the module's (ValueError); a module parameter the optimizer lacks
+  // is sharded and gathered but never updated.
   void attach(DistributedDataParallel& ddp);
 
   // Collective. Stage 2 reduce-scatters the gradients first (unless
