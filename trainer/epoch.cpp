@@ -306,9 +306,6 @@ EpochMetrics measure(Run& r, EpochState& e) {
   {
     const trace::Span span("evaluation", "train", {{"step", r.step}});
     const AutocastGuard mixed_precision(r.autocast);
-    // ZeRO-3: every unit gathered first, on every rank, so the ranks' evaluation
-    // forwards need no collective (their batch counts may differ).
-    if (r.zero != nullptr) r.zero->gather_parameters();
     ev = r.task->evaluate(*r.model, r.pg ? r.pg->comm.get() : nullptr);
   }
   e.eval_s += seconds_since(eval_start);

@@ -39,7 +39,9 @@ struct Run {
   // the model wrapped in DistributedDataParallel.
   ProcessGroup* pg = nullptr;
   std::unique_ptr<DistributedDataParallel> ddp{};
-  ZeroOptimizer* zero = nullptr;  // --zero 1|2: `optimizer`, sharded
+  ZeroOptimizer* zero = nullptr;  // --zero 1|2|3: `optimizer`, sharded
+  // --zero 3: the task's evaluation in lockstep (Note [lockstep evaluation]).
+  EvalLockstep eval_lockstep{};
   int world_size = 1;
   std::string mode = "single";  // single | ddp | dp
   // --mode dp: the model wrapped in DataParallel over --devices (device = devices[0]).

@@ -136,13 +136,14 @@ class SupervisedTask : public Task {
     test_loader_.start_epoch(0);
     if (regression()) return evaluate_regression(model, comm);
     int64_t correct = 0, total = 0;
-    Batch batch;
-    while (test_loader_.next(batch)) {
-      const auto predicted = argmax(model(batch.inputs), 1).to_vector<int64_t>();
-      const auto labels = batch.labels.to_vector<int64_t>();
-      for (size_t i = 0; i < labels.size(); ++i) correct += predicted[i] == labels[i] ? 1 : 0;
-      total += static_cast<int64_t>(labels.size());
-    }
+    for_each_eval_batch(
+        eval_lockstep, [&](Batch& b) { return test_loader_.next(b); },
+        [&](const Batch& batch) {
+          const auto predicted = argmax(model(batch.inputs), 1).to_vector<int64_t>();
+          const auto labels = batch.labels.to_vector<int64_t>();
+          for (size_t i = 0; i < labels.size(); ++i) correct += predicted[i] == labels[i] ? 1 : 0;
+          total += static_cast<int64_t>(labels.size());
+        });
     model.train();
     if (comm != nullptr) {
       Tensor counts = from_vector<int64_t>({correct, total}, {2},
@@ -164,16 +165,17 @@ class SupervisedTask : public Task {
   // The mean squared error over every element of every rank's test shard.
   Evaluation evaluate_regression(nn::Module& model, Communicator* comm) {
     double squared = 0, count = 0;
-    Batch batch;
-    while (test_loader_.next(batch)) {
-      const auto predicted = model(batch.inputs).to(DType::f32).to_vector<float>();
-      const auto targets = batch.labels.to_vector<float>();
-      for (size_t i = 0; i < targets.size(); ++i) {
-        const double d = static_cast<double>(predicted[i]) - targets[i];
-        squared += d * d;
-      }
-      count += static_cast<double>(targets.size());
-    }
+    for_each_eval_batch(
+        eval_lockstep, [&](Batch& b) { return test_loader_.next(b); },
+        [&](const Batch& batch) {
+          const auto predicted = model(batch.inputs).to(DType::f32).to_vector<float>();
+          const auto targets = batch.labels.to_vector<float>();
+          for (size_t i = 0; i < targets.size(); ++i) {
+            const double d = static_cast<double>(predicted[i]) - targets[i];
+            squared += d * d;
+          }
+          count += static_cast<double>(targets.size());
+        });
     model.train();
     const auto summed = sum_over_ranks(comm, {squared, count}, "eval sums");
     squared = summed[0];
@@ -191,6 +193,25 @@ class SupervisedTask : public Task {
 };
 
 }  // namespace
+
+void for_each_eval_batch(const EvalLockstep* lockstep, const std::function<bool(Batch&)>& next,
+                         const std::function<void(const Batch&)>& body) {
+  Batch batch;
+  bool have = true;
+  while (true) {
+    have = have && next(batch);
+    if (lockstep == nullptr) {
+      if (!have) return;
+      body(batch);
+    } else if (lockstep->ranks_with_batch(have) == 0) {
+      return;  // every rank is out of batches
+    } else if (have) {
+      body(batch);
+    } else {
+      lockstep->shadow();
+    }
+  }
+}
 
 std::vector<double> sum_over_ranks(Communicator* comm, std::vector<double> values,
                                    const char* label) {

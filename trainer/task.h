@@ -50,6 +50,22 @@ struct CorpusEntropy {
   std::string unit = "byte";  // "byte" (text as bytes) or "token" (token shards)
 };
 
+// Note [lockstep evaluation]: under ZeRO-3 a forward is collective (each unit is
+// all-gathered just before it runs), but ranks may hold different numbers of
+// evaluation batches. So each round every rank says whether it has a batch (one
+// all_reduce), and a rank out of batches shadows the others' forward (the same
+// all-gathers, no compute) until no rank has one; only then do the ranks go on
+// to the evaluation's closing all_reduce. The trainer sets Task::eval_lockstep at
+// ZeRO-3; null: the plain loop.
+struct EvalLockstep {
+  std::function<int64_t(bool has_batch)> ranks_with_batch;  // collective
+  std::function<void()> shadow;  // the collectives of one forward, without it
+};
+// Calls body(batch) for every batch next(batch) gives, in lockstep with the other
+// ranks when `lockstep` is set.
+void for_each_eval_batch(const EvalLockstep* lockstep, const std::function<bool(Batch&)>& next,
+                         const std::function<void(const Batch&)>& body);
+
 class Task {
  public:
   virtual ~Task() = default;
@@ -81,8 +97,10 @@ class Task {
   virtual int64_t tokens_per_sample() const = 0;
   // In eval mode without gradients; comm (world size > 1): every rank evaluates its
   // shard and the result is all-reduced, so every rank returns the same values.
+  // Its batches go through for_each_eval_batch(eval_lockstep, ...).
   virtual Evaluation evaluate(nn::Module& model, Communicator* comm) = 0;
   virtual CorpusEntropy corpus_entropy() const { return {}; }
+  const EvalLockstep* eval_lockstep = nullptr;  // Note [lockstep evaluation]
 };
 
 // `values` summed over the ranks through one f32 all_reduce, labelled `label` for the

@@ -258,6 +258,11 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
     // ZeRO-2: gradients reduce-scattered during the backward; ZeRO-3: the model
     // sharded, from the values a resume loaded and DDP made equal (Note [zero stages]).
     if (r.zero != nullptr && o.zero >= 2) r.zero->attach(*r.ddp);
+    if (FullyShardedParameters* f = r.zero != nullptr ? r.zero->fully_sharded() : nullptr) {
+      r.eval_lockstep = {.ranks_with_batch = [f](bool has) { return f->ranks_with_batch(has); },
+                         .shadow = [f] { f->shadow_forward(); }};
+      r.task->eval_lockstep = &r.eval_lockstep;
+    }
     if (r.faults.skip_allreduce_step > 0)
       r.ddp->register_comm_hook(skip_allreduce_hook(r.faults.skip_allreduce_step, hook));
   }

@@ -240,7 +240,12 @@ void FullyShardedParameters::pre_forward(size_t u) {
     if (!seen_.empty()) last_order_ = seen_;
     seen_.clear();
   }
-  if (training) seen_.push_back(u);
+  if (training) {
+    seen_.push_back(u);
+  } else {
+    if (u == 0) eval_seen_.clear();
+    eval_seen_.push_back(u);
+  }
   gather(u);
   wait(u);
   if (!options_.prefetch || !training || u == 0) return;
@@ -253,6 +258,7 @@ Tensor FullyShardedParameters::post_forward(size_t u, const Tensor& output) {
   Unit& unit = units_[u];
   const bool training = grad_mode_enabled();
   if (u == 0) {
+    if (!training) eval_order_ = eval_seen_;
     if (!training && !unit.held) release(0);
     if (!training) {  // an evaluation forward: release any prefetch
       for (size_t v = 1; v < units_.size(); ++v) {
@@ -360,6 +366,25 @@ void FullyShardedParameters::finish() {
   }
   while (!reductions_.empty()) complete_oldest();
   for (size_t u = 0; u < units_.size(); ++u) {
+    if (!units_[u].held) release(u);
+  }
+}
+
+int64_t FullyShardedParameters::ranks_with_batch(bool has_batch) {
+  Tensor count = full({1}, has_batch ? 1.0 : 0.0, {.dtype = DType::i64, .device = comm_->device()});
+  const CollectiveLabel labelled("zero3 evaluation round");
+  comm_->all_reduce(count, ReduceOp::sum)->wait();
+  return count.item<int64_t>();
+}
+
+void FullyShardedParameters::shadow_forward() {
+  std::vector<size_t> order = !eval_order_.empty() ? eval_order_ : last_order_;
+  if (order.empty()) {
+    for (size_t u = 0; u < units_.size(); ++u) order.push_back(u);
+  }
+  for (size_t u : order) {
+    gather(u);
+    wait(u);
     if (!units_[u].held) release(u);
   }
 }

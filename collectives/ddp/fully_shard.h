@@ -54,9 +54,11 @@
 // running and the one prefetched), the full gradients of the unit in backward
 // and two units' gradient buffers in reduce-scatters (kMaxReductions; a third
 // waits for the oldest).
-// Evaluation and checkpoints gather every unit at once (gather_all(), held until
-// the next training forward): ranks may evaluate different numbers of batches,
-// which per-unit gathers (collectives) could not survive.
+// An evaluation (no-grad) forward gathers and releases unit by unit too, without
+// prefetch; ranks with different numbers of evaluation batches keep in step
+// through ranks_with_batch() and shadow_forward() (Note [lockstep evaluation] in
+// trainer/task.h). Checkpoints gather every unit at once (gather_all(), held
+// until the next training forward).
 #pragma once
 
 #include "collectives/communicator.h"
@@ -121,6 +123,13 @@ class FullyShardedParameters : public std::enable_shared_from_this<FullyShardedP
   // Collective: gathers every unit and keeps them until the next forward in grad
   // mode (checkpoints, evaluation). The module's parameters are readable then.
   void gather_all();
+  // Note [lockstep evaluation] in trainer/task.h. Collective: how many ranks have
+  // an evaluation batch this round.
+  int64_t ranks_with_batch(bool has_batch);
+  // The collectives of one evaluation forward without it: each unit gathered and
+  // released in the order of the last evaluation forward (else the last
+  // training forward's, else unit order), as pre_forward and post_forward would.
+  void shadow_forward();
   // Every unit's gradient shard dropped (zero_grad(set_to_none)), and any full
   // .grad a no_sync() backward accumulated.
   void zero_grad();
@@ -173,6 +182,8 @@ class FullyShardedParameters : public std::enable_shared_from_this<FullyShardedP
   bool sync_ = true;
   // Units in the order their forwards ran: this step's and the last complete one's.
   std::vector<size_t> seen_, last_order_;
+  // The same for evaluation (no-grad) forwards.
+  std::vector<size_t> eval_seen_, eval_order_;
   struct Reduction {
     size_t unit;
     Tensor input, output;

@@ -182,6 +182,7 @@ class ZeroOptimizer : public optim::Optimizer {
   int64_t grad_rounds_overlapped() const;
   // Stage 3 after attach(): the sharded parameters (null before, and at stages 1, 2).
   const FullyShardedParameters* fully_sharded() const { return fsdp_.get(); }
+  FullyShardedParameters* fully_sharded() { return fsdp_.get(); }
   // The averaged gradient shards of the step: stage 2 one, stage 3 one per unit
   // that has one; empty at stage 1.
   std::vector<Tensor> grad_shards() const;

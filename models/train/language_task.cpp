@@ -220,12 +220,14 @@ class LanguageTask : public Task {
     validation_.start_epoch(0);
     const int64_t limit = eval_batches_ > 0 ? eval_batches_ : validation_.num_batches();
     double loss_sum = 0, tokens = 0;
-    Batch batch;
-    for (int64_t b = 0; b < limit && validation_.next(batch, device_); ++b) {
-      const double n = static_cast<double>(batch.labels.numel());
-      loss_sum += static_cast<double>(loss(model(batch.inputs), batch).item<float>()) * n;
-      tokens += n;
-    }
+    int64_t taken = 0;
+    for_each_eval_batch(
+        eval_lockstep, [&](Batch& b) { return taken++ < limit && validation_.next(b, device_); },
+        [&](const Batch& batch) {
+          const double n = static_cast<double>(batch.labels.numel());
+          loss_sum += static_cast<double>(loss(model(batch.inputs), batch).item<float>()) * n;
+          tokens += n;
+        });
     model.train();
     const auto summed = sum_over_ranks(comm, {loss_sum, tokens}, "eval loss");
     loss_sum = summed[0];

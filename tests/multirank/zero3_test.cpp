@@ -23,6 +23,7 @@
 #include "tests/multirank/conformance.h"
 #include "tests/multirank/ddp_parity.h"
 #include "tests/multirank/spawn.h"
+#include "trainer/task.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -319,6 +320,57 @@ TEST(Zero3Units, DefaultPolicyAndBadNames) {
     EXPECT_NE(std::string(e.what()).find("while its memory is released"), std::string::npos)
         << e.what();
   }
+}
+
+// Note [lockstep evaluation]: rank r evaluates r + 1 batches (no-grad forwards,
+// each unit gathered on its own); the ranks out of batches shadow the others'
+// forwards, nobody hangs, every output equals DDP's model's, and afterwards a
+// training step still matches (the collectives stayed paired).
+void check_lockstep_evaluation(const std::shared_ptr<Communicator>& comm) {
+  const Zero3Setup s{.gpt = true};
+  const int rank = comm->rank(), world = comm->size();
+  ShardRun ref = make_run(comm, s, 0);
+  ShardRun run = make_run(comm, s, 3);
+  FullyShardedParameters& f = *run.zero->fully_sharded();
+  train(ref, s, 0, 2);
+  train(run, s, 0, 2);
+  const train::EvalLockstep lockstep{
+      .ranks_with_batch = [&](bool has) { return f.ranks_with_batch(has); },
+      .shadow = [&] { f.shadow_forward(); }};
+  int given = 0, seen = 0;
+  f.reset_peak();
+  {
+    NoGradGuard no_grad;
+    train::for_each_eval_batch(
+        &lockstep,
+        [&](ddp::Batch& b) {
+          if (given > rank) return false;
+          const Data d = shard_of(s, world, rank, 100 + given++, 0);
+          b.inputs = d.x;
+          return true;
+        },
+        [&](const ddp::Batch& b) {
+          ++seen;
+          const double diff = max_abs_diff((*run.model)(b.inputs), (*ref.model)(b.inputs));
+          require(diff <= kAbsTol, fmt::format("evaluation output differs by {}", diff));
+          require(f.gathered_bytes() == 0,
+                  fmt::format("{} bytes still gathered after an evaluation forward",
+                              f.gathered_bytes()));
+        });
+  }
+  require(seen == rank + 1, fmt::format("rank {} evaluated {} batches", rank, seen));
+  train(ref, s, 2, 4);
+  train(run, s, 2, 4);
+  run.zero->gather_state();
+  expect_equal(snapshot(*run.model), ref.model->named_parameters(), "after the evaluation");
+}
+
+TEST(Zero3Evaluation, UnevenBatchesInLockstepThreeRanksShm) {
+  const auto results = spawn_ranks(3, [&](int rank, int size) {
+    check_lockstep_evaluation(make_backend("shm", rank, size, {.timeout = 30s}));
+    return 0;
+  });
+  for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
 }
 
 // Saved at 4 ranks after 10 steps (the gathered parameters and optimizer state),
