@@ -4,12 +4,15 @@
 # this script; prints a markdown table of each rank's memory from --metrics
 # (trainer/memory_report.h: parameters kept between steps, optimizer state,
 # gradients held after the step, allocator peak) as ratios to DDP's at the same
-# W, and tokens/s.
-# usage: bench/zero_memory.sh TRAIN DDPRUN [MODEL] [STEPS]
+# W, and tokens/s. With CAP (a DDP_MEMORY_LIMIT size, e.g. 900MiB): then DDP and
+# ZeRO-3 at W = 4 under that cap per rank, each line saying whether it trained
+# or ran out of memory (our message, naming the cap).
+# usage: bench/zero_memory.sh TRAIN DDPRUN [MODEL] [STEPS] [CAP]
 set -euo pipefail
 train=$1 ddprun=$2
 model=${3:-gpt:layers=12,d=768,heads=12,ctx=128,vocab=50257}
 steps=${4:-3}
+cap=${5:-}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 args=(--model "$model" --epochs 1 --max-steps "$steps" --batch-size 1 --eval-batches 1 --quiet
@@ -42,3 +45,15 @@ for w in (1, 2, 4):
         print(f"| {w} | {mode} | {mib(q):.1f} | {q / q0:.3f} | {mib(s):.1f} | {s / s0:.3f} | {mib(g):.1f} | {g / g0:.3f} | "
               f"{mib(p):.1f} | {p / p0:.3f} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / base['tokens_per_s']:.2f} |")
 PY
+if [ -n "$cap" ]; then
+  echo
+  echo "Under DDP_MEMORY_LIMIT=$cap per rank, W = 4:"
+  for z in 0 3; do
+    if DDP_MEMORY_LIMIT=$cap "$ddprun" --standalone -n 4 "$train" "${args[@]}" --zero "$z" \
+         --metrics "$dir/cap_z$z.jsonl" >"$dir/out" 2>&1; then
+      python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readline()); print(f"- --zero {sys.argv[2]}: trained, peak {max(r[\"rank_peak_allocated\"]) / 2**20:.1f} MiB per rank, {r[\"tokens_per_s\"]:.0f} tokens/s")' "$dir/cap_z$z.jsonl" "$z"
+    else
+      echo "- --zero $z: $(grep -m1 -o 'out of memory.*' "$dir/out" | cut -c1-200)"
+    fi
+  done
+fi

@@ -1,8 +1,9 @@
 // ZeRO-2 on CUDA at world size 1 (the local backend and, where built, nccl): after
 // the synchronized backward the gradient shard is the whole gradient, and a step of
-// the ZeroOptimizer equals plain SGD's. bench/gpu's zero2_nccl_w1 found the nccl run
-// diverging from one process (2026-11-26, H100); this pins it to a test.
-// Without a GPU every test skips and says why.
+// the ZeroOptimizer equals plain SGD's. ZeRO-3 likewise: its parameters released
+// and gathered on the device (the caching allocator), 3 steps equal plain SGD's. bench/gpu's
+// zero2_nccl_w1 found the nccl run diverging from one process (2026-11-26, H100); this pins it to a
+// test. Without a GPU every test skips and says why.
 #include "collectives/backends.h"
 #include "collectives/ddp/distributed_data_parallel.h"
 #include "collectives/ddp/zero.h"
@@ -101,6 +102,46 @@ TEST_P(ZeroGpu, Stage2ShardIsTheGradientAndStepsEqualSgd) {
     for (size_t j = 0; j < va.size(); ++j) {
       ASSERT_NEAR(va[j], vb[j], 1e-5 * (1.0 + std::fabs(vb[j])))
           << a[i].first << " element " << j << " after 3 ZeRO-2 steps over " << backend;
+    }
+  }
+}
+
+TEST_P(ZeroGpu, Stage3StepsEqualSgd) {
+  DDP_REQUIRE_CUDA();
+  const auto& [backend, cap_mb] = GetParam();
+  if (backend == "nccl" && !DDP_HAVE_NCCL) {
+    GTEST_SKIP() << "this build has no NCCL (needs a CUDA build and NCCL found by CMake)";
+  }
+  if (cap_mb < 1) GTEST_SKIP() << "stage 3 has no rounds: one case per backend is enough";
+  auto plain = mlp(), wrapped = mlp();
+  const optim::SgdOptions sgd{.lr = 0.05f, .momentum = 0.9f};
+  optim::SGD opt_plain(plain->parameters(), sgd);
+  auto comm = make_comm(backend);
+  DdpOptions options;
+  options.zero_stage = 3;
+  DistributedDataParallel ddp(wrapped, comm, options);
+  ZeroOptimizer zero(std::make_unique<optim::SGD>(wrapped->parameters(), sgd), ddp);
+  ASSERT_NE(zero.fully_sharded(), nullptr);
+  for (int step = 0; step < 3; ++step) {
+    std::vector<int64_t> labels(kBatch);
+    for (int64_t i = 0; i < kBatch; ++i) labels[static_cast<size_t>(i)] = (i * 3 + step) % 10;
+    const Tensor x = randn({kBatch, 784}, 400 + static_cast<uint64_t>(step), {.device = kGpu});
+    const Tensor y = from_vector<int64_t>(labels, {kBatch}, {.dtype = DType::i64, .device = kGpu});
+    opt_plain.zero_grad(true);
+    backward(functional::cross_entropy((*plain)(x), y));
+    opt_plain.step();
+    zero.zero_grad(true);
+    ddp.backward(functional::cross_entropy(ddp.forward(x), y));
+    EXPECT_EQ(zero.fully_sharded()->gathered_bytes(), 0) << "units still gathered, " << backend;
+    zero.step();
+  }
+  zero.gather_state();  // the parameters, readable until the next training forward
+  const auto a = wrapped->named_parameters(), b = plain->named_parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    const auto va = a[i].second.cpu().to_vector<float>(), vb = b[i].second.cpu().to_vector<float>();
+    for (size_t j = 0; j < va.size(); ++j) {
+      ASSERT_NEAR(va[j], vb[j], 1e-5 * (1.0 + std::fabs(vb[j])))
+          << a[i].first << " element " << j << " after 3 ZeRO-3 steps over " << backend;
     }
   }
 }
