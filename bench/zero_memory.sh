@@ -51,7 +51,12 @@ if [ -n "$cap" ]; then
   for z in 0 3; do
     if DDP_MEMORY_LIMIT=$cap "$ddprun" --standalone -n 4 "$train" "${args[@]}" --zero "$z" \
          --metrics "$dir/cap_z$z.jsonl" >"$dir/out" 2>&1; then
-      python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readline()); print(f"- --zero {sys.argv[2]}: trained, peak {max(r[\"rank_peak_allocated\"]) / 2**20:.1f} MiB per rank, {r[\"tokens_per_s\"]:.0f} tokens/s")' "$dir/cap_z$z.jsonl" "$z"
+      python3 - "$dir/cap_z$z.jsonl" "$z" <<'PY'
+import json, sys
+r = json.loads(open(sys.argv[1]).readline())
+peak = max(r["rank_peak_allocated"]) / 2**20
+print(f"- --zero {sys.argv[2]}: trained, peak {peak:.1f} MiB per rank, {r['tokens_per_s']:.0f} tokens/s")
+PY
     else
       echo "- --zero $z: $(grep -m1 -o 'out of memory.*' "$dir/out" | cut -c1-200)"
     fi

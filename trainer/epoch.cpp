@@ -336,7 +336,7 @@ int64_t count_step(Run& r, EpochState& e, int64_t used, int64_t global, int64_t 
   ++r.step;
   if (r.step == r.faults.nan_weight_step) {
     NoGradGuard no_grad;
-    fill_(r.model->parameters().front(), std::numeric_limits<double>::quiet_NaN());
+    fill_(weights(r).front(), std::numeric_limits<double>::quiet_NaN());  // ZeRO-3: a shard
   }
   if (r.nonfinite->skipped() == skipped_before && used > 0) {
     NoGradGuard no_grad;

@@ -88,6 +88,22 @@ DDP_MEMORY_LIMIT=15MiB "$ddprun" --standalone -n 4 "$train" "${big[@]}" --zero 3
   { cat "$dir/log" >&2; fail "--zero 3 did not train under DDP_MEMORY_LIMIT=15MiB"; }
 echo "DDP_MEMORY_LIMIT=15MiB: DDP out of memory, ZeRO-3 at 4 ranks trains"
 
+# Non-finite values: a NaN loss on rank 1 at step 3 is skipped on every rank
+# (--on-nonfinite skip, the check over the gradient shards); NaN weights in rank
+# 1's shard after the last step (4) stop both ranks naming rank 1 (the check over
+# the shards; a gather would spread them to every rank's next forward).
+DDP_TEST_NAN_AT=1:3 "$ddprun" --standalone -n 2 "$train" "${common[@]}" --batch-size 10 --epochs 1 \
+  --zero 3 --on-nonfinite skip >"$dir/log" 2>&1 || { cat "$dir/log" >&2; fail "--on-nonfinite skip exited"; }
+grep -q "step 3 (epoch 1): non-finite loss; its update is skipped on every rank" "$dir/log" ||
+  { cat "$dir/log" >&2; fail "no skip message at --zero 3"; }
+if DDP_TEST_NAN_WEIGHT_AT=1:4 "$ddprun" --standalone -n 2 "$train" "${common[@]}" --batch-size 10 \
+     --epochs 1 --zero 3 >"$dir/log" 2>&1; then
+  fail "NaN weights in a shard did not stop the run"
+fi
+grep -q "non-finite weights after step 4 on rank 1" "$dir/log" ||
+  { cat "$dir/log" >&2; fail "NaN weights in rank 1's shard not named"; }
+echo "non-finite: a NaN loss skipped on every rank, NaN weights in a shard named"
+
 # Bad input.
 expect_error() {  # expect_error PATTERN train flags...
   local pattern=$1
