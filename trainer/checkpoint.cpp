@@ -128,7 +128,8 @@ void save_checkpoint(const std::string& path, const nn::Module& model,
   }
   auto stale = remove_stale_tmp_files(path);
   if (removed != nullptr) *removed = std::move(stale);
-  NamedTensors tensors = model.state_dict();
+  // Note [zero-3 shard files]: the parameters are in the shard files, sharded.
+  NamedTensors tensors = info.zero3_shards ? model.named_buffers() : model.state_dict();
   if (info.optimizer_shards == 0) {
     for (auto& [name, t] : optimizer.state()) tensors.emplace_back(kOptimizerPrefix + name, t);
   }
@@ -147,6 +148,7 @@ void save_checkpoint(const std::string& path, const nn::Module& model,
       {"skipped_steps", std::to_string(info.skipped_steps)}};
   if (info.optimizer_shards > 0)
     metadata["optimizer_shards"] = std::to_string(info.optimizer_shards);
+  if (info.zero3_shards) metadata["zero3_shards"] = "1";
   if (!info.text_unit.empty()) metadata["text_unit"] = info.text_unit;
   if (std::isfinite(info.best_metric)) {
     metadata["best_metric"] = fmt::format("{}", info.best_metric);  // shortest round trip
@@ -178,6 +180,12 @@ void load_model_weights(const std::string& path, nn::Module& model) {
     if (!name.starts_with(kOptimizerPrefix)) state.emplace_back(name, t);
   }
   try {
+    if (f.metadata.count("zero3_shards") != 0) {
+      const Zero3Checkpoint shards =
+          load_zero3_shards(path, meta_number<int64_t>(f.metadata, path, "optimizer_shards"),
+                            meta_number<int64_t>(f.metadata, path, "step"), model, {});
+      state.insert(state.end(), shards.parameters.begin(), shards.parameters.end());
+    }
     model.load_state_dict(state);
   } catch (const ValueError& e) {
     throw ValueError(fmt::format("{}: {}", path, e.what()));
@@ -221,9 +229,18 @@ CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model,
     }
   }
   info.optimizer_shards = meta_number<int64_t>(m, path, "optimizer_shards", 0);
+  info.zero3_shards = m.count("zero3_shards") != 0;
+  DDP_CHECK(!info.zero3_shards || info.optimizer_shards > 0,
+            "{}: metadata zero3_shards without optimizer_shards (the number of shard files)", path);
   try {
+    if (info.zero3_shards) {
+      Zero3Checkpoint shards =
+          load_zero3_shards(path, info.optimizer_shards, info.step, model, optimizer.params());
+      model_state.insert(model_state.end(), shards.parameters.begin(), shards.parameters.end());
+      optimizer_state = std::move(shards.optimizer);
+    }
     model.load_state_dict(model_state);
-    if (info.optimizer_shards > 0) {
+    if (info.optimizer_shards > 0 && !info.zero3_shards) {
       optimizer_state =
           load_sharded_state(path, info.optimizer_shards, info.step, optimizer.params());
     }

@@ -35,6 +35,9 @@ struct CheckpointInfo {
   // --save-sharded: the optimizer state is in this many shard files next to the
   // checkpoint, not in it (trainer/sharded_checkpoint.h); 0: in it.
   int64_t optimizer_shards = 0;
+  // --save-sharded at --zero 3: the parameters are in the shard files too, and the
+  // checkpoint holds none of them (Note [zero-3 shard files]); metadata zero3_shards.
+  bool zero3_shards = false;
   // --save-best / --early-stop (Note [best so far] in epoch.cpp): the best value of
   // the monitored metric so far (NaN: no evaluation yet) and the evaluations since.
   double best_metric = std::numeric_limits<double>::quiet_NaN();
@@ -67,12 +70,15 @@ std::string read_checkpoint_model(const std::string& path);
 // The checkpoint's text_unit ("byte" for checkpoints written before it was recorded).
 std::string read_checkpoint_text_unit(const std::string& path);
 // Loads the model's tensors alone (the optimizer's are left out), strictly: every
-// tensor of the model present with its shape. ValueError naming the path otherwise.
+// tensor of the model present with its shape (a --zero 3 sharded checkpoint's
+// parameters from its shard files). ValueError naming the path otherwise.
 void load_model_weights(const std::string& path, nn::Module& model);
 
 // Loads model and optimizer state in place; throws ValueError naming the file when it
 // was written for another model or optimizer, or tensors are missing or mis-shaped.
-// Files without the mid-epoch fields (older ones) load as epoch boundaries.
+// Files without the mid-epoch fields (older ones) load as epoch boundaries. A
+// sharded checkpoint (optimizer_shards) is read with its shard files, whatever
+// the world size, ZeRO stage or mode of this run (trainer/sharded_checkpoint.h).
 CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model,
                                optim::Optimizer& optimizer, const std::string& expected_model);
 

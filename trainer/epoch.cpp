@@ -224,7 +224,7 @@ CheckpointInfo position(const Run& r, int64_t completed, int64_t epoch_step, con
 void save(Run& r, int64_t completed, int64_t epoch_step, const Tensor& loss_sum,
           int64_t loss_count) {
   if (r.zero != nullptr && !r.o.save_everywhere.empty()) {
-    if (r.o.save_sharded) {
+    if (r.o.save_sharded) {  // stage 3: the parameters too (Note [zero-3 shard files])
       save_optimizer_shard(r.o.save_everywhere, *r.zero, r.step);
       r.pg->comm->barrier()->wait();  // every shard is written before the manifest names it
     } else {
@@ -236,6 +236,7 @@ void save(Run& r, int64_t completed, int64_t epoch_step, const Tensor& loss_sum,
   r.loss_log->flush();  // Note [rows cut back] in run_log.cpp
   CheckpointInfo info = position(r, completed, epoch_step, loss_sum, loss_count);
   info.optimizer_shards = r.o.save_sharded ? r.world_size : 0;
+  info.zero3_shards = r.o.save_sharded && r.o.zero == 3;  // no parameters: they stay sharded
   std::vector<std::string> removed;
   save_checkpoint(r.o.save, *r.model, *r.optimizer, info, &removed);
   for (const auto& f : removed) {

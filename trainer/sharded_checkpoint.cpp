@@ -4,9 +4,11 @@
 #include "runtime/ops/ops.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <filesystem>
 #include <map>
+#include <unordered_map>
 
 namespace ddp::train {
 namespace {
@@ -18,6 +20,216 @@ int64_t meta_int(const SafetensorsFile& f, const std::string& path, const char* 
   return std::stoll(it->second);
 }
 
+std::string meta_text(const SafetensorsFile& f, const std::string& path, const char* key) {
+  auto it = f.metadata.find(key);
+  DDP_CHECK(it != f.metadata.end(), "{}: not a shard written by train --save-sharded (no '{}')",
+            path, key);
+  return it->second;
+}
+
+std::vector<std::string> split_names(const std::string& joined) {
+  std::vector<std::string> names;
+  for (size_t begin = 0; !joined.empty() && begin <= joined.size();) {
+    const size_t end = std::min(joined.find(',', begin), joined.size());
+    names.push_back(joined.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  return names;
+}
+
+// Rank r's shard file of the checkpoint `path` of `world` shards, which must exist.
+SafetensorsFile open_shard(const std::string& path, int64_t world, int64_t r) {
+  const std::string file = shard_path(path, static_cast<int>(r), static_cast<int>(world));
+  std::error_code ec;
+  DDP_CHECK(std::filesystem::exists(file, ec),
+            "{}: the checkpoint names {} optimizer shards, but {} is missing; copy every "
+            "shard file next to it",
+            path, world, file);
+  return load_safetensors(file);
+}
+
+// The names of the sharded parameters in the optimizer's order (that of "step").
+std::vector<std::string> optimizer_param_names(const ZeroOptimizer& zero,
+                                               const FullyShardedParameters& fsdp) {
+  std::unordered_map<const TensorImpl*, size_t> index;
+  for (size_t e = 0; e < fsdp.parameters().size(); ++e) {
+    index.emplace(&fsdp.parameters()[e].impl(), e);
+  }
+  std::vector<std::string> names;
+  for (const Tensor& p : zero.params()) {
+    auto it = index.find(&p.impl());
+    DDP_ASSERT(it != index.end(), "an optimizer parameter is not sharded (attach() checks it)");
+    names.push_back(fsdp.parameter_names()[it->second]);
+  }
+  return names;
+}
+
+// Note [zero-3 shard files].
+void save_zero3_shard(const std::string& file, const ZeroOptimizer& zero, int64_t step) {
+  const FullyShardedParameters* fsdp = zero.fully_sharded();
+  DDP_CHECK(fsdp != nullptr,
+            "--save-sharded at --zero 3: the ZeroOptimizer is not attached to the DDP yet "
+            "(attach() shards the parameters)");
+  const auto& units = fsdp->units();
+  const std::vector<int64_t>& offsets = zero.unit_state_offsets();
+  const nn::NamedTensors state = zero.shard_state();
+  nn::NamedTensors tensors;
+  std::map<std::string, std::string> metadata{
+      {"format", kShardFormat},
+      {"layout", kZero3Layout},
+      {"rank", std::to_string(zero.rank())},
+      {"world_size", std::to_string(zero.world_size())},
+      {"step", std::to_string(step)},
+      {"optimizer_params", fmt::format("{}", fmt::join(optimizer_param_names(zero, *fsdp), ","))}};
+  for (size_t u = 0; u < units.size(); ++u) {
+    const auto& unit = units[u];
+    if (unit.params.empty()) continue;
+    std::vector<std::string> names;
+    for (size_t e : unit.params) names.push_back(fsdp->parameter_names()[e]);
+    metadata[fmt::format("unit{}", u)] = fmt::format("{}", fmt::join(names, ","));
+    tensors.emplace_back(fmt::format("unit{}.param", u), unit.shard.cpu());
+    for (const auto& [buffer, t] : state) {
+      if (buffer == "step") continue;
+      tensors.emplace_back(fmt::format("unit{}.{}", u, buffer),
+                           t.flat_view(offsets[u], {unit.block}).cpu());
+    }
+  }
+  for (const auto& [buffer, t] : state) {
+    if (buffer == "step") tensors.emplace_back(buffer, t.cpu());
+  }
+  save_safetensors(file, tensors, metadata);
+}
+
+// The W files of a --zero 3 checkpoint, read: per unit ("unit<u>") its parameter
+// names, and per tensor ("unit<u>.param", "unit<u>.exp_avg", ...) its W blocks
+// concatenated.
+struct Zero3Files {
+  std::vector<std::pair<std::string, std::vector<std::string>>> units;  // in unit order
+  std::map<std::string, Tensor> flats;
+  std::vector<std::string> buffers;  // the optimizer state's, as rank 0's first unit has them
+  Tensor steps;                      // AdamW's, one per optimizer parameter of the saving run
+  std::vector<std::string> step_names;
+};
+
+// The "unit<u>" metadata of a --zero 3 shard file, by u.
+std::map<int64_t, std::string> unit_entries(const SafetensorsFile& f) {
+  std::map<int64_t, std::string> units;
+  for (const auto& [key, value] : f.metadata) {
+    const std::string digits = key.starts_with("unit") ? key.substr(4) : "";
+    if (!digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos) {
+      units[std::stoll(digits)] = value;
+    }
+  }
+  return units;
+}
+
+void check_zero3_shard(const SafetensorsFile& f, const std::string& file, const std::string& path,
+                       int64_t world, int64_t step, int64_t r) {
+  auto layout = f.metadata.find("layout");
+  DDP_CHECK(layout != f.metadata.end() && layout->second == kZero3Layout,
+            "{}: not a --zero 3 shard (no metadata layout '{}'), but the checkpoint {} names "
+            "--zero 3 shard files (zero3_shards): files of another run",
+            file, kZero3Layout, path);
+  DDP_CHECK(meta_int(f, file, "step") == step && meta_int(f, file, "world_size") == world &&
+                meta_int(f, file, "rank") == r,
+            "{}: shard of step {}, rank {} of {}; the checkpoint {} is step {} of {} ranks, so "
+            "this file should be rank {}'s of step {} (a save that did not finish, or files of "
+            "another run)",
+            file, meta_int(f, file, "step"), meta_int(f, file, "rank"),
+            meta_int(f, file, "world_size"), path, step, world, r, step);
+}
+
+// Rank 0's file sets the units and the tensors' block sizes; every file's blocks
+// go to their place in the flats.
+Zero3Files read_zero3_files(const std::string& path, int64_t world, int64_t step) {
+  Zero3Files out;
+  const std::string first = shard_path(path, 0, static_cast<int>(world));
+  std::map<int64_t, std::string> units;
+  std::map<std::string, int64_t> blocks;  // tensor name -> elements per rank
+  for (int64_t r = 0; r < world; ++r) {
+    const std::string file = shard_path(path, static_cast<int>(r), static_cast<int>(world));
+    const SafetensorsFile f = open_shard(path, world, r);
+    check_zero3_shard(f, file, path, world, step, r);
+    if (r == 0) {
+      units = unit_entries(f);
+      for (const auto& [u, names] : units) {
+        out.units.emplace_back(fmt::format("unit{}", u), split_names(names));
+      }
+      out.step_names = split_names(meta_text(f, file, "optimizer_params"));
+      for (const auto& [name, t] : f.tensors) {
+        if (name == "step") {
+          out.steps = t.reshape({t.numel()});
+          continue;
+        }
+        blocks[name] = t.numel();
+        out.flats[name] = empty({world * t.numel()}, {.dtype = t.dtype()});
+        const std::string prefix = out.units.empty() ? "" : out.units.front().first + ".";
+        if (!prefix.empty() && name.starts_with(prefix) && name != prefix + "param") {
+          out.buffers.push_back(name.substr(prefix.size()));
+        }
+      }
+    }
+    DDP_CHECK(unit_entries(f) == units,
+              "{}: its units (metadata unit<u>) differ from those of {}: files of another run",
+              file, first);
+    size_t seen = 0;
+    for (const auto& [name, t] : f.tensors) {
+      if (name == "step") continue;
+      auto it = blocks.find(name);
+      DDP_CHECK(it != blocks.end() && it->second == t.numel(),
+                "{}: '{}' of {} elements, where {} has {}: files of another run", file, name,
+                t.numel(), first,
+                it == blocks.end() ? std::string("none") : std::to_string(it->second));
+      Tensor dst = out.flats[name].flat_view(r * t.numel(), {t.numel()});
+      copy_(dst, t.reshape({t.numel()}));
+      ++seen;
+    }
+    DDP_CHECK(seen == blocks.size(), "{}: {} of the {} unit tensors {} holds: files of another run",
+              file, seen, blocks.size(), first);
+  }
+  return out;
+}
+
+// Cuts each unit's flats by parameter name: name -> tensor ("param", buffers) -> values.
+std::map<std::string, std::map<std::string, Tensor>> cut_units(const Zero3Files& files,
+                                                               const std::string& path,
+                                                               int64_t world,
+                                                               const nn::Module& model) {
+  const std::string first = shard_path(path, 0, static_cast<int>(world));
+  std::map<std::string, Tensor> params;
+  for (const auto& [name, t] : model.named_parameters()) params.emplace(name, t);
+  std::vector<std::string> tensors{"param"};
+  tensors.insert(tensors.end(), files.buffers.begin(), files.buffers.end());
+  std::map<std::string, std::map<std::string, Tensor>> values;
+  for (const auto& [unit, names] : files.units) {
+    std::vector<int64_t> starts{0};
+    for (const std::string& name : names) {
+      auto it = params.find(name);
+      DDP_CHECK(it != params.end(),
+                "{}: {} holds parameter '{}', which this model does not have (a checkpoint of "
+                "another model?)",
+                first, unit, name);
+      DDP_CHECK(values.count(name) == 0, "{}: parameter '{}' is in two units", first, name);
+      values[name];
+      starts.push_back(starts.back() + it->second.numel());
+    }
+    for (const std::string& what : tensors) {
+      const std::string key = unit + "." + what;
+      auto flat = files.flats.find(key);
+      DDP_CHECK(flat != files.flats.end(), "{}: no '{}' (every unit has '{}' and its state)", first,
+                key, what);
+      DDP_CHECK(starts.back() <= flat->second.numel(),
+                "{}: the {} blocks of '{}' hold {} elements, but its parameters ({}) have {} in "
+                "this model; the blocks must cover them (files of another model or run)",
+                first, world, key, flat->second.numel(), fmt::join(names, ", "), starts.back());
+      for (size_t k = 0; k < names.size(); ++k) {
+        values[names[k]][what] = flat->second.flat_view(starts[k], params.at(names[k]).shape());
+      }
+    }
+  }
+  return values;
+}
+
 }  // namespace
 
 std::string shard_path(const std::string& path, int rank, int world) {
@@ -25,7 +237,6 @@ std::string shard_path(const std::string& path, int rank, int world) {
 }
 
 void save_optimizer_shard(const std::string& path, const ZeroOptimizer& zero, int64_t step) {
-  const ShardRange s = zero.shard();
   const std::string file = shard_path(path, zero.rank(), zero.world_size());
   std::error_code ec;
   if (std::filesystem::exists(file, ec)) {
@@ -36,6 +247,11 @@ void save_optimizer_shard(const std::string& path, const ZeroOptimizer& zero, in
               "checkpoint with --resume auto, or remove it to start over",
               file, old_step, step);
   }
+  if (zero.stage() == 3) {
+    save_zero3_shard(file, zero, step);
+    return;
+  }
+  const ShardRange s = zero.shard();
   nn::NamedTensors tensors;
   for (const auto& [name, t] : zero.shard_state()) tensors.emplace_back(name, t.cpu());
   save_safetensors(file, tensors,
@@ -58,12 +274,7 @@ nn::NamedTensors load_sharded_state(const std::string& path, int64_t world, int6
   Tensor steps;
   for (int64_t r = 0; r < world; ++r) {
     const std::string file = shard_path(path, static_cast<int>(r), static_cast<int>(world));
-    std::error_code ec;
-    DDP_CHECK(std::filesystem::exists(file, ec),
-              "{}: the checkpoint names {} optimizer shards, but {} is missing; copy every "
-              "shard file next to it",
-              path, world, file);
-    const SafetensorsFile f = load_safetensors(file);
+    const SafetensorsFile f = open_shard(path, world, r);
     DDP_CHECK(meta_int(f, file, "step") == step && meta_int(f, file, "world_size") == world &&
                   meta_int(f, file, "rank") == r && meta_int(f, file, "numel") == numel,
               "{}: shard of step {}, rank {} of {}, {} elements; the checkpoint {} is step {} of "
@@ -106,6 +317,50 @@ nn::NamedTensors load_sharded_state(const std::string& path, int64_t world, int6
     }
   }
   return state;
+}
+
+Zero3Checkpoint load_zero3_shards(const std::string& path, int64_t world, int64_t step,
+                                  const nn::Module& model,
+                                  const std::vector<Tensor>& optimizer_params) {
+  const Zero3Files files = read_zero3_files(path, world, step);
+  auto values = cut_units(files, path, world, model);
+  Zero3Checkpoint out;
+  std::unordered_map<const TensorImpl*, std::string> name_of;
+  for (const auto& [name, t] : model.named_parameters()) {
+    auto it = values.find(name);
+    DDP_CHECK(it != values.end(),
+              "the shard files of {} hold no parameter '{}' of the model (files of another "
+              "model?)",
+              path, name);
+    out.parameters.emplace_back(name, it->second.at("param"));
+    name_of.emplace(&t.impl(), name);
+  }
+  if (files.buffers.empty()) return out;  // saved before the first step
+  std::map<std::string, int64_t> step_of;
+  for (size_t j = 0; j < files.step_names.size(); ++j) {
+    step_of.emplace(files.step_names[j], static_cast<int64_t>(j));
+  }
+  DDP_CHECK(!files.steps.defined() ||
+                files.steps.numel() == static_cast<int64_t>(files.step_names.size()),
+            "{}: 'step' has {} counts for {} optimizer parameters: files of another run",
+            shard_path(path, 0, static_cast<int>(world)), files.steps.numel(),
+            files.step_names.size());
+  for (size_t i = 0; i < optimizer_params.size(); ++i) {
+    auto it = name_of.find(&optimizer_params[i].impl());
+    DDP_CHECK(it != name_of.end(),
+              "optimizer parameter {} is not a parameter of the model; a --zero 3 sharded "
+              "checkpoint restores the state of the model's parameters by name",
+              i);
+    for (const std::string& buffer : files.buffers) {
+      out.optimizer.emplace_back(fmt::format("{}.{}", i, buffer), values[it->second].at(buffer));
+    }
+    auto s = step_of.find(it->second);
+    if (files.steps.defined() && s != step_of.end()) {
+      out.optimizer.emplace_back(fmt::format("{}.step", i),
+                                 files.steps.flat_view(s->second, {1}).clone());
+    }
+  }
+  return out;
 }
 
 }  // namespace ddp::train

@@ -1,10 +1,24 @@
-// `train --save-sharded` (docs/train.md, "Checkpoints"): with --zero 1|2 every
+// `train --save-sharded` (docs/train.md, "Checkpoints"): with --zero 1|2|3 every
 // rank writes its shard of the optimizer state to shard_path(path, rank, W) and
 // rank 0 writes `path`, the manifest: the model's tensors and a train
 // checkpoint's metadata plus "optimizer_shards" = W, without optimizer tensors.
 // Nothing is gathered, so no rank ever holds the whole state. Loading assembles
 // the full state from the W files (load_checkpoint does it when the metadata
 // names shards), so a sharded checkpoint resumes at any world size, ZeRO or not.
+//
+// Note [zero-3 shard files]: at --zero 3 the parameters are sharded too, so they
+// go to the shard files and the manifest (metadata "zero3_shards" = "1") holds
+// none (only the model's buffers, which are not sharded). A rank's file (metadata
+// "layout" = "zero3", "rank", "world_size", "step") holds, for every unit u with
+// parameters (Note [zero-3 units] in collectives/ddp/fully_shard.h), this rank's
+// block of the unit's flat space (Note [zero-3 layout]: B_u elements, rank r's
+// [r B_u, (r + 1) B_u)): "unit<u>.param" and the state "unit<u>.exp_avg",
+// "unit<u>.exp_avg_sq" or "unit<u>.momentum_buffer" (none before the first step),
+// and AdamW's "step", one count per optimizer parameter. Metadata "unit<u>" lists
+// the unit's parameter names in its order and "optimizer_params" the optimizer's
+// (the order of "step"), so a loader needs neither the unit policy nor the saving
+// optimizer: it concatenates the W blocks of a unit, whose first N_u elements
+// (the sum of its parameters' sizes) it cuts by name.
 #pragma once
 
 #include "collectives/ddp/zero.h"
@@ -16,13 +30,16 @@
 namespace ddp::train {
 
 inline constexpr const char* kShardFormat = "ddp-train-shard-v1";
+inline constexpr const char* kZero3Layout = "zero3";  // Note [zero-3 shard files]
 
 // "<path>.shard<rank>of<world>", e.g. ck.safetensors.shard1of4.
 std::string shard_path(const std::string& path, int rank, int world);
 
 // Writes this rank's shard file atomically, with its range of the flat space
-// (Note [zero layout] in collectives/ddp/zero.h) and the training step; throws
-// ValueError rather than replace a shard of a later step (Note [never older]).
+// (Note [zero layout] in collectives/ddp/zero.h) and the training step; at stage
+// 3 (after attach()) its blocks of every unit's parameters and state (Note
+// [zero-3 shard files]). Throws ValueError rather than replace a shard of a later
+// step (Note [never older]).
 void save_optimizer_shard(const std::string& path, const ZeroOptimizer& zero, int64_t step);
 
 // The full optimizer state ("<i>.exp_avg", "<i>.exp_avg_sq", "<i>.step" or
@@ -32,5 +49,20 @@ void save_optimizer_shard(const std::string& path, const ZeroOptimizer& zero, in
 // ranges that do not tile the parameters.
 nn::NamedTensors load_sharded_state(const std::string& path, int64_t world, int64_t step,
                                     const std::vector<Tensor>& params);
+
+// A --zero 3 sharded checkpoint (Note [zero-3 shard files]) from its `world` shard
+// files next to `path`, for `model`: its parameters by name, and the full state
+// ("<i>.exp_avg", ... as load_sharded_state) for `optimizer_params`, i their
+// index there (each must be a parameter of `model`; empty: no state is built).
+// ValueError naming a missing shard file, one of another step, rank or world
+// size, a unit whose blocks do not cover its parameters, or a parameter name
+// missing from the model or the files.
+struct Zero3Checkpoint {
+  nn::NamedTensors parameters;
+  nn::NamedTensors optimizer;
+};
+Zero3Checkpoint load_zero3_shards(const std::string& path, int64_t world, int64_t step,
+                                  const nn::Module& model,
+                                  const std::vector<Tensor>& optimizer_params);
 
 }  // namespace ddp::train

@@ -171,11 +171,12 @@ parallelism:
                            --zero 3: release a unit after its forward and
                            gather it again for its backward (true, default),
                            or keep it until its backward (faster, more memory)
-  --save-sharded           with --zero 1|2 and --save PATH: every rank writes
-                           its shard of the optimizer state to
-                           PATH.shard<r>of<W>, PATH holds the model and names
-                           them (no rank gathers the whole state); resumes at
-                           any world size
+  --save-sharded           with --zero 1|2|3 and --save PATH: every rank writes
+                           its shard of the optimizer state (--zero 3: and of
+                           the parameters) to PATH.shard<r>of<W>, PATH holds
+                           the model (--zero 3: no parameters) and names them
+                           (no rank gathers the whole state or model); resumes
+                           at any world size
   --on-nonfinite stop|skip a NaN or infinite loss or gradient norm stops the
                            run naming the step and rank (stop, default) or its
                            update is left out on every rank (skip)
@@ -487,13 +488,11 @@ void validate(const TrainOptions& o) {
             "--drop-last false (uneven shares under a Join) needs DDP's buckets, which --zero {} "
             "does without; use --zero 1 or --drop-last pad/true",
             o.zero);
-  DDP_CHECK(!o.save_sharded || (o.zero > 0 && o.zero < 3 && !o.save.empty()),
-            "--save-sharded writes each rank's ZeRO shard of the optimizer state next to --save; "
-            "it needs --zero 1 or 2 and --save PATH (this run: --zero {}, {}){}",
-            o.zero, o.save.empty() ? "no --save" : "--save " + o.save,
-            o.zero == 3 ? "; --zero 3 saves the full file (gathered), which resumes at any "
-                          "world size"
-                        : "");
+  DDP_CHECK(!o.save_sharded || (o.zero > 0 && !o.save.empty()),
+            "--save-sharded writes each rank's ZeRO shard of the optimizer state (at --zero 3 "
+            "of the parameters too) next to --save; it needs --zero 1, 2 or 3 and --save PATH "
+            "(this run: --zero {}, {})",
+            o.zero, o.save.empty() ? "no --save" : "--save " + o.save);
   DDP_CHECK(
       o.zero == 3 || (o.zero3_units.empty() && o.given.count("--zero3-reshard-after-forward") == 0),
       "--zero3-units and --zero3-reshard-after-forward shape --zero 3; this run has --zero "

@@ -126,8 +126,8 @@ struct TrainOptions {
   // released after its forward (collectives/ddp/fully_shard.h).
   std::vector<std::string> zero3_units{};
   bool zero3_reshard_after_forward = true;
-  // --save-sharded (with --zero 1|2): every rank writes its shard of the optimizer
-  // state next to --save (trainer/sharded_checkpoint.h).
+  // --save-sharded (with --zero 1|2|3): every rank writes its shard of the optimizer
+  // state (at --zero 3 of the parameters too) next to --save (trainer/sharded_checkpoint.h).
   bool save_sharded = false;
   // Not a flag: --save as given, on every rank (rank 0 writes it; the others'
   // --save is cleared, but they gather or write their ZeRO shard for it).

@@ -158,9 +158,13 @@ class ZeroOptimizer : public optim::Optimizer {
   std::string name() const override { return inner_->name(); }
   // This rank's shard of the state, flat (no collective; `train --save-sharded`):
   // "exp_avg" and "exp_avg_sq" (AdamW) or "momentum_buffer" (SGD), each of
-  // shard().size elements, and AdamW's "step", one count per parameter (i64).
-  // Empty before the first step.
+  // shard().size elements (stage 3: every unit's block, at unit_state_offsets()),
+  // and AdamW's "step", one count per parameter (i64). Empty before the first step.
   nn::NamedTensors shard_state() const;
+  // Stage 3 after attach(): where unit u's slice of each shard_state() buffer
+  // starts (fully_sharded()->units()[u].block elements, Note [zero-3 layout]);
+  // empty before attach() and at stages 1, 2.
+  const std::vector<int64_t>& unit_state_offsets() const { return state_offsets_; }
 
   int stage() const { return options_.stage; }
   int rank() const { return comm_->rank(); }

@@ -2,9 +2,10 @@
 # train --zero 3 (docs/ddp.md "ZeRO-3"): at 3 ranks the checkpoint equals DDP's
 # (parameters and the gathered AdamW state, tensor by tensor to 1e-6) on the mlp,
 # with clipping and with accumulation, and on a gpt with evaluations between the
-# steps (every unit gathered first) and --zero3-reshard-after-forward false;
+# steps (unit by unit, in lockstep) and --zero3-reshard-after-forward false;
 # --metrics shows parameters, gradients and optimizer state at 1/W of DDP's; a
-# ZeRO-3 checkpoint of 4 ranks resumes at 2 to DDP's uninterrupted 4-rank run;
+# ZeRO-3 checkpoint of 4 ranks resumes at 2 and in one process to DDP's
+# uninterrupted 4-rank run; --on-nonfinite and NaN weights in a shard;
 # under DDP_MEMORY_LIMIT a model DDP cannot hold (its run ends with the
 # out-of-memory message naming the cap) trains with --zero 3 at 4 ranks; bad
 # input is named. With an mpirun command after `--`: ZeRO-3 over mpi equals DDP.
@@ -68,11 +69,16 @@ print("per rank, ZeRO-3 vs DDP:",
                                           "rank_optimizer_state", "rank_peak_allocated")})
 PY
 
-# Resharding: a ZeRO-3 checkpoint of 4 ranks resumes at 2 (the global batch kept).
+# Resharding: a ZeRO-3 checkpoint of 4 ranks resumes at 2 and in one process
+# (the global batch kept); both end at the 4-rank DDP run that never stopped.
 run 4 ddp4 "${common[@]}" --batch-size 8 --epochs 2
 run 4 half "${common[@]}" --batch-size 8 --epochs 1 --zero 3
+cp "$dir/half" "$dir/half1"
 run 2 half "${common[@]}" --batch-size 16 --epochs 2 --zero 3 --resume "$dir/half"
+"$train" "${common[@]}" --batch-size 32 --epochs 2 --zero 3 --resume "$dir/half1" \
+  --save "$dir/half1" >"$dir/log" 2>&1 || { cat "$dir/log" >&2; fail "train --zero 3 alone exited"; }
 same ddp4 half 1e-5
+same ddp4 half1 1e-5
 
 # A memory cap per rank: DDP cannot hold this mlp (parameters, gradients and
 # AdamW state of 1.06M parameters: a peak of 17.5 MiB), ZeRO-3 at 4 ranks
@@ -103,6 +109,37 @@ fi
 grep -q "non-finite weights after step 4 on rank 1" "$dir/log" ||
   { cat "$dir/log" >&2; fail "NaN weights in rank 1's shard not named"; }
 echo "non-finite: a NaN loss skipped on every rank, NaN weights in a shard named"
+
+# --save-sharded at stage 3 (Note [zero-3 shard files]): nothing is gathered, the
+# manifest holds no model tensors and each rank's file its blocks of every unit's
+# parameters and state; it resumes at 2 ranks (ZeRO-3) and in one process without
+# ZeRO, both ending at the 4-rank DDP run; a missing shard file is named.
+run 4 z3sharded "${common[@]}" --batch-size 8 --epochs 1 --zero 3 --save-sharded
+python3 - "$dir/z3sharded" <<'PY' || fail "the --zero 3 --save-sharded manifest"
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+meta = header.pop("__metadata__")
+assert meta["optimizer_shards"] == "4" and meta["zero3_shards"] == "1", meta
+assert not header, f"tensors in the manifest: {list(header)}"
+PY
+for r in 0 1 2 3; do
+  [ -f "$dir/z3sharded.shard${r}of4" ] || fail "--save-sharded wrote no z3sharded.shard${r}of4"
+  cp "$dir/z3sharded.shard${r}of4" "$dir/z3single.shard${r}of4"
+  [ $r = 3 ] || cp "$dir/z3sharded.shard${r}of4" "$dir/z3missing.shard${r}of4"
+done
+cp "$dir/z3sharded" "$dir/z3single"
+cp "$dir/z3sharded" "$dir/z3missing"
+run 2 z3sharded "${common[@]}" --batch-size 16 --epochs 2 --zero 3 --resume "$dir/z3sharded"
+"$train" "${common[@]}" --batch-size 32 --epochs 2 --resume "$dir/z3single" --save "$dir/z3single" \
+  >"$dir/log" 2>&1 || { cat "$dir/log" >&2; fail "train alone from a --zero 3 sharded checkpoint exited"; }
+same ddp4 z3sharded 1e-5
+same ddp4 z3single 1e-5
+if "$train" "${common[@]}" --batch-size 32 --epochs 2 --resume "$dir/z3missing" >"$dir/log" 2>&1; then
+  fail "resuming a --zero 3 sharded checkpoint without a shard file succeeded"
+fi
+grep -q "z3missing.shard3of4 is missing" "$dir/log" ||
+  { cat "$dir/log" >&2; fail "the missing --zero 3 shard is not named"; }
 
 # Bad input.
 expect_error() {  # expect_error PATTERN train flags...
