@@ -9,10 +9,15 @@
 # under DDP_MEMORY_LIMIT a model DDP cannot hold (its run ends with the
 # out-of-memory message naming the cap) trains with --zero 3 at 4 ranks; bad
 # input is named. With an mpirun command after `--`: ZeRO-3 over mpi equals DDP.
-# usage: train_zero3.sh DDPRUN TRAIN [-- MPIRUN...]
+# `quick` (e2e.train_zero3_quick, which CI's sanitizer phase runs in this test's
+# place): the mlp and gpt parity runs, then a 2-rank --save-sharded checkpoint
+# resumed in one process equal to DDP's run, and nothing else.
+# usage: train_zero3.sh DDPRUN TRAIN [quick] [-- MPIRUN...]
 set -euo pipefail
 ddprun=$1 train=$2
 shift 2
+quick=0
+[ "${1:-}" = quick ] && { quick=1; shift; }
 [ "${1:-}" = -- ] && shift
 mpirun=("$@")
 compare="$(dirname "$0")/compare_checkpoints.py"
@@ -42,6 +47,20 @@ same() {  # same A B RTOL
 run 3 ddp "${common[@]}" --batch-size 10 --epochs 2 --metrics "$dir/ddp.jsonl"
 run 3 zero3 "${common[@]}" --batch-size 10 --epochs 2 --zero 3 --metrics "$dir/zero3.jsonl"
 same ddp zero3 1e-6
+if [ "$quick" = 1 ]; then
+  # The gpt (evaluations unit by unit, in lockstep), and a --save-sharded
+  # checkpoint of 2 ranks resumed in one process (the global batch kept).
+  run 3 gpt_ddp "${gpt[@]}"
+  run 3 gpt_zero3 "${gpt[@]}" --zero 3
+  same gpt_ddp gpt_zero3 1e-5
+  run 2 ddp2 "${common[@]}" --batch-size 15 --epochs 2
+  run 2 z3s "${common[@]}" --batch-size 15 --epochs 1 --zero 3 --save-sharded
+  "$train" "${common[@]}" --batch-size 30 --epochs 2 --zero 3 --resume "$dir/z3s" --save "$dir/z3s" \
+    >"$dir/log" 2>&1 || { cat "$dir/log" >&2; fail "resuming a --save-sharded checkpoint exited"; }
+  same ddp2 z3s 1e-5
+  echo "train_zero3.sh quick: ok"
+  exit 0
+fi
 run 3 ddp_clip "${common[@]}" --batch-size 10 --epochs 1 --clip-grad-norm 0.1
 run 3 zero3_clip "${common[@]}" --batch-size 10 --epochs 1 --clip-grad-norm 0.1 --zero 3
 same ddp_clip zero3_clip 1e-6
