@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <set>
+#include <utility>
 
 namespace ddp {
 namespace {
@@ -155,7 +156,6 @@ void FullyShardedParameters::build(nn::Module& root) {
       p.impl().offset = u.starts[k];
     }
     u.shard = u.flat.flat_view(static_cast<int64_t>(rank) * u.block, {u.block}).clone();
-    u.gathered = true;
     release(static_cast<size_t>(&u - units_.data()));
   }
 }
@@ -182,7 +182,8 @@ void FullyShardedParameters::install_hooks() {
 
 void FullyShardedParameters::gather(size_t u) {
   Unit& unit = units_[u];
-  if (unit.params.empty() || unit.gathered || unit.gathering) return;
+  // Allocated: gathered, or its all_gather in flight.
+  if (unit.params.empty() || !unit.full->released()) return;
   try {
     unit.full->reallocate();
   } catch (const OutOfMemoryError& e) {
@@ -203,16 +204,13 @@ void FullyShardedParameters::wait(size_t u) {
   if (!unit.gathering) return;
   unit.gathering->wait();
   unit.gathering.reset();
-  unit.gathered = true;
 }
 
 void FullyShardedParameters::release(size_t u) {
   Unit& unit = units_[u];
   if (unit.params.empty()) return;
   wait(u);  // never free memory a collective still writes
-  if (!unit.gathered) return;
   unit.full->release();
-  unit.gathered = false;
 }
 
 void FullyShardedParameters::note_gathered() {
@@ -229,11 +227,7 @@ void FullyShardedParameters::pre_forward(size_t u) {
     // A new training step: held units go (the root stays: it is needed now),
     // and the backward's bookkeeping starts afresh.
     for (size_t v = 0; v < units_.size(); ++v) {
-      if (units_[v].held && v != 0) {
-        units_[v].held = false;
-        release(v);
-      }
-      units_[v].held = false;
+      if (std::exchange(units_[v].held, false) && v != 0) release(v);
       units_[v].pending = units_[v].trainable;
       units_[v].reduced = false;
     }
@@ -258,12 +252,10 @@ Tensor FullyShardedParameters::post_forward(size_t u, const Tensor& output) {
   Unit& unit = units_[u];
   const bool training = grad_mode_enabled();
   if (u == 0) {
-    if (!training) eval_order_ = eval_seen_;
-    if (!training && !unit.held) release(0);
-    if (!training) {  // an evaluation forward: release any prefetch
-      for (size_t v = 1; v < units_.size(); ++v) {
-        if (!units_[v].held) release(v);
-      }
+    if (training) return output;  // the root stays gathered for the backward
+    eval_order_ = eval_seen_;
+    for (size_t v = 0; v < units_.size(); ++v) {  // the root, and any unit still gathered
+      if (!units_[v].held) release(v);
     }
     return output;
   }

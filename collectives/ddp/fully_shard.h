@@ -91,15 +91,14 @@ class FullyShardedParameters : public std::enable_shared_from_this<FullyShardedP
     std::vector<int64_t> starts{};  // flat offset of each, then the unit's numel
     int64_t block = 0;              // B: elements per rank
     std::shared_ptr<Storage> full{};
-    Tensor flat{};        // [W * B] over `full`
-    Tensor shard{};       // this rank's [B] values
-    Tensor grad_shard{};  // this rank's averaged [B] gradient (undefined: none yet)
-    Tensor grad_flat{};   // [W * B] the synchronized backward's gradients go to
-    std::shared_ptr<Work> gathering{};
-    bool gathered = false;
-    bool held = false;  // gather_all(): kept until the next training forward
-    int trainable = 0;  // parameters requiring grad
-    int pending = 0;    // of those, without their gradient this backward
+    Tensor flat{};                      // [W * B] over `full`
+    Tensor shard{};                     // this rank's [B] values
+    Tensor grad_shard{};                // this rank's averaged [B] gradient (undefined: none yet)
+    Tensor grad_flat{};                 // [W * B] the synchronized backward's gradients go to
+    std::shared_ptr<Work> gathering{};  // in flight; `full` is allocated from gather() on
+    bool held = false;                  // gather_all(): kept until the next training forward
+    int trainable = 0;                  // parameters requiring grad
+    int pending = 0;                    // of those, without their gradient this backward
     bool reduced = false;
     int hook_id = -1;
   };

@@ -543,8 +543,7 @@ void ZeroOptimizer::step_stage3() {
   for (size_t u = 0; u < units.size(); ++u) {
     const auto& unit = units[u];
     if (!unit.grad_shard.defined()) continue;  // as torch: no gradient, no update
-    fsdp_->for_each_owned_piece(u, [&](size_t k, int64_t off, int64_t n, int64_t at) {
-      (void)off;
+    fsdp_->for_each_owned_piece(u, [&](size_t k, int64_t /*off*/, int64_t n, int64_t at) {
       const size_t i = inner_index_[unit.params[k]];
       if (i >= params_.size()) return;  // not the optimizer's
       update_piece(i, unit.shard.flat_view(at, {n}), unit.grad_shard.flat_view(at, {n}),
