@@ -48,9 +48,15 @@ int64_t DataLoader::batch_rows_of(int rank, int64_t batch) const {
   return std::min(options_.batch_size, sampler_.num_samples_of(rank) - batch * options_.batch_size);
 }
 
-void DataLoader::start_epoch(int64_t epoch) {
+void DataLoader::reshard(int rank, int world_size) {
+  if (pending_.valid()) pending_ = {};
+  sampler_ = DistributedSampler(sampler_.dataset_size(), rank, world_size, sampler_.options());
+  started_ = false;
+}
+
+void DataLoader::start_epoch(int64_t epoch, int64_t start) {
   if (pending_.valid()) pending_ = {};  // waits for the task; drops its batch or error
-  sampler_.set_epoch(epoch);
+  sampler_.set_epoch(epoch, start);
   epoch_indices_ = sampler_.indices();
   cursor_ = 0;
   started_ = true;

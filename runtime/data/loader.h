@@ -58,7 +58,12 @@ class DataLoader {
   int64_t batch_rows_of(int rank, int64_t batch) const;
   // Starts epoch `epoch`: sets the sampler's epoch and rewinds. Must be called
   // before the first next().
-  void start_epoch(int64_t epoch);
+  // start: the epoch's first sampler positions already taken by a group of another
+  // size (Note [elastic resharding] in sampler.h).
+  void start_epoch(int64_t epoch, int64_t start = 0);
+  // The same sampler for `rank` of `world_size` (an elastic regroup); call
+  // start_epoch before the next batch.
+  void reshard(int rank, int world_size);
   // The next batch of the epoch into `out`; false (out untouched) when the epoch is over.
   bool next(Batch& out);
 

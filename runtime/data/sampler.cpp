@@ -3,6 +3,7 @@
 #include "runtime/error.h"
 #include "runtime/rng/philox.h"
 
+#include <algorithm>
 #include <numeric>
 #include <utility>
 
@@ -17,9 +18,19 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int rank, int world
             rank, world_size, world_size - 1);
   DDP_CHECK(dataset_size >= 0, "DistributedSampler: dataset_size must be >= 0, got {}",
             dataset_size);
+  set_epoch(0);
+}
+
+void DistributedSampler::set_epoch(int64_t epoch, int64_t start) {
+  DDP_CHECK(start >= 0 && (start == 0 || !uneven()),
+            "DistributedSampler::set_epoch: start {} must be >= 0, and 0 when the shares are "
+            "uneven (drop_last=false, pad=false)",
+            start);
+  epoch_ = epoch;
+  start_ = std::min(start, dataset_size_);
   // PyTorch: drop_last and an uneven split -> floor(N / W); else ceil(N / W).
-  num_samples_ =
-      options.drop_last ? dataset_size / world_size : (dataset_size + world_size - 1) / world_size;
+  const int64_t n = remaining();
+  num_samples_ = options_.drop_last ? n / world_size_ : (n + world_size_ - 1) / world_size_;
 }
 
 int64_t DistributedSampler::num_samples_of(int rank) const {
@@ -55,6 +66,7 @@ std::vector<int64_t> DistributedSampler::indices() const {
     order.resize(static_cast<size_t>(dataset_size_));
     std::iota(order.begin(), order.end(), int64_t{0});
   }
+  order.erase(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(start_));
   const auto total = static_cast<size_t>(total_size());
   // Pad by repeating from the start (more than once when N < W), or cut the tail.
   for (size_t i = 0; order.size() < total; ++i) {

@@ -19,6 +19,13 @@
 // 64-bit number whose high half is word 2k and low half word 2k+1 of the stream
 // (word w = philox_block(key, w / 4).v[w % 4]). The modulo bias is below N / 2^64. The result is
 // the same on every platform and compiler (std::shuffle is not), but differs from torch.randperm's.
+//
+// Note [elastic resharding]: set_epoch(epoch, start) shares out only the
+// ordering's positions from `start` on: the first `start` were taken by the
+// group before it changed size (an elastic regroup, docs/elastic.md), so the
+// rest of the epoch goes to the new world -- evened as above (padded from the
+// start of the rest, or cut) -- and no sample is taken twice or skipped. With
+// start 0 it is the plain sampler; the uneven mode (pad=false) has no start.
 #pragma once
 
 #include <cstdint>
@@ -41,7 +48,10 @@ class DistributedSampler {
   DistributedSampler(int64_t dataset_size, int rank, int world_size, SamplerOptions options = {});
 
   // Call before each epoch (as PyTorch's set_epoch) so each epoch has a new order.
-  void set_epoch(int64_t epoch) { epoch_ = epoch; }
+  // start: the epoch's first positions already taken (Note [elastic resharding]);
+  // ValueError when negative, or positive with pad=false.
+  void set_epoch(int64_t epoch, int64_t start = 0);
+  int64_t start() const { return start_; }
   int64_t epoch() const { return epoch_; }
 
   // This rank's indices for the current epoch (num_samples() of them).
@@ -56,6 +66,8 @@ class DistributedSampler {
   bool uneven() const { return !options_.drop_last && !options_.pad; }
   // Positions of the evened ordering that are shared out: N when uneven.
   int64_t total_size() const { return uneven() ? dataset_size_ : num_samples_ * world_size_; }
+  // The positions shared out this epoch: those from start() on.
+  int64_t remaining() const { return dataset_size_ - start_; }
   int64_t dataset_size() const { return dataset_size_; }
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
@@ -68,6 +80,7 @@ class DistributedSampler {
   SamplerOptions options_;
   int64_t num_samples_;
   int64_t epoch_ = 0;
+  int64_t start_ = 0;  // Note [elastic resharding]
 };
 
 // The permutation of 0..n-1 of Note [sampler shuffle] for Philox key `key`.

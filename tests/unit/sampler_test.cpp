@@ -184,5 +184,66 @@ TEST(Sampler, NumSamplesOfAnInvalidRankNamesTheRange) {
   }
 }
 
+// Note [elastic resharding]: 4 ranks take 5 steps of 16 samples each, then the
+// 3 ranks left share out the rest of the epoch from position 320. Every sample of
+// the epoch is taken exactly once (padding aside: fewer than 3 repeats, or with
+// drop_last fewer than 3 left out).
+TEST(Sampler, ReshardedRestTakesEverySampleOnce) {
+  constexpr int64_t n = 1000, batch = 16, steps = 5;
+  for (const bool drop : {false, true}) {
+    SCOPED_TRACE(drop ? "drop_last" : "pad");
+    const SamplerOptions options{.seed = 7, .drop_last = drop};
+    std::map<int64_t, int> taken;
+    int64_t start = 0;
+    for (int r = 0; r < 4; ++r) {
+      DistributedSampler s(n, r, 4, options);
+      s.set_epoch(3);
+      const Indices mine = s.indices();
+      for (int64_t i = 0; i < steps * batch; ++i) ++taken[mine[static_cast<size_t>(i)]];
+      start += steps * batch;
+    }
+    int64_t rest = 0;
+    for (int r = 0; r < 3; ++r) {
+      DistributedSampler s(n, r, 3, options);
+      s.set_epoch(3, start);
+      EXPECT_EQ(s.start(), start);
+      EXPECT_EQ(s.remaining(), n - start);
+      for (const int64_t i : s.indices()) ++taken[i];
+      rest += s.num_samples();
+    }
+    EXPECT_EQ(rest, drop ? (n - start) / 3 * 3 : (n - start + 2) / 3 * 3);
+    int64_t once = 0, twice = 0;
+    for (const auto& [index, count] : taken) {
+      EXPECT_LE(count, 2) << "sample " << index;
+      once += count == 1;
+      twice += count == 2;
+    }
+    if (drop) {
+      EXPECT_EQ(twice, 0);
+      EXPECT_EQ(once, start + rest);
+      EXPECT_LT(n - once, 3);
+    } else {
+      EXPECT_EQ(once + twice, n);
+      EXPECT_LT(twice, 3);
+    }
+  }
+}
+
+TEST(Sampler, StartZeroIsThePlainSamplerAndPastTheEndIsEmpty) {
+  const SamplerOptions options{.seed = 3};
+  DistributedSampler plain(100, 1, 3, options), started(100, 1, 3, options);
+  plain.set_epoch(2);
+  started.set_epoch(2, 0);
+  EXPECT_EQ(plain.indices(), started.indices());
+  started.set_epoch(2, 250);
+  EXPECT_EQ(started.num_samples(), 0);
+  EXPECT_TRUE(started.indices().empty());
+  started.set_epoch(3);  // the next epoch starts at 0 again
+  EXPECT_EQ(started.num_samples(), 34);
+  DistributedSampler uneven(100, 0, 3, {.pad = false});
+  EXPECT_THROW(uneven.set_epoch(1, 10), ValueError);
+  EXPECT_THROW(plain.set_epoch(1, -1), ValueError);
+}
+
 }  // namespace
 }  // namespace ddp
