@@ -135,6 +135,7 @@ LaunchEnv read_launch_env() {
             "MASTER_PORT={} is not a TCP port. Seen: {}", e.master_port, seen_variables());
   e.run_id = env::get(env::kRunId).value_or("");
   e.agent_store = env::get(env::kStore).value_or("") == "agent";
+  e.on_failure = env::get(env::kOnFailure).value_or("");
   fill_store(e);
   return e;
 }
@@ -260,6 +261,34 @@ std::string gloo_hostname(const LaunchEnv& e) {
 
 }  // namespace
 
+std::shared_ptr<Communicator> make_store_communicator(const std::string& backend,
+                                                      const std::shared_ptr<Store>& store,
+                                                      const LaunchEnv& env, int rank, int size,
+                                                      const std::string& shm_run_id,
+                                                      const CommOptions& options) {
+  if (backend == "shm") {
+    DDP_CHECK(env.local_world_size == env.world_size,
+              "the shm backend needs every rank on one node (local world size {} < world size {}); "
+              "use gloo across nodes",
+              env.local_world_size, env.world_size);
+    return make_shm_communicator(
+        {.rank = rank, .size = size, .run_id = shm_run_id, .comm = options});
+  }
+  if (backend == "gloo") {
+    const std::string hostname = gloo_hostname(env);  // Note [gloo address]
+    return make_gloo_communicator(
+        store, {.rank = rank, .size = size, .hostname = hostname, .comm = options});
+  }
+  DDP_CHECK(backend == "nccl", "make_store_communicator: backend {} has no store rendezvous",
+            backend);
+  DDP_CHECK_T(DeviceError, options.device.is_cuda(),
+              "the nccl backend needs a CUDA device; this rank "
+              "has {}. Use shm or gloo for CPU tensors.",
+              options.device.str());
+  return make_nccl_communicator(
+      store, {.rank = rank, .size = size, .device = options.device.index, .comm = options});
+}
+
 namespace {
 
 ProcessGroup make_process_group(const ProcessGroupOptions& options) {
@@ -285,29 +314,12 @@ ProcessGroup make_process_group(const ProcessGroupOptions& options) {
     return pg;
   }
   connect_store(pg, timeout);
-  if (backend == "shm") {
-    DDP_CHECK(pg.env.local_world_size == pg.env.world_size,
-              "the shm backend needs every rank on one node (local world size {} < world size {}); "
-              "use gloo across nodes",
-              pg.env.local_world_size, pg.env.world_size);
-    pg.comm = make_shm_communicator({.rank = pg.env.rank,
-                                     .size = pg.env.world_size,
-                                     .run_id = shared_run_id(pg),
-                                     .comm = comm});
-  } else if (backend == "gloo") {
-    const std::string hostname = gloo_hostname(pg.env);  // Note [gloo address]
-    pg.comm = make_gloo_communicator(
-        pg.store,
-        {.rank = pg.env.rank, .size = pg.env.world_size, .hostname = hostname, .comm = comm});
-  } else {
-    DDP_CHECK_T(DeviceError, pg.device.is_cuda(),
-                "the nccl backend needs a CUDA device; this rank "
-                "has {}. Use shm or gloo for CPU tensors.",
-                pg.device.str());
-    pg.comm = make_nccl_communicator(
-        pg.store,
-        {.rank = pg.env.rank, .size = pg.env.world_size, .device = pg.device.index, .comm = comm});
-  }
+  pg.launch_rank = pg.env.rank;
+  pg.backend = backend;
+  pg.comm_options = comm;
+  if (backend == "shm") pg.shm_run_id = shared_run_id(pg);
+  pg.comm = make_store_communicator(backend, pg.store, pg.env, pg.env.rank, pg.env.world_size,
+                                    pg.shm_run_id, comm);
   DDP_LOG_DEBUG("process group: backend {} rank {}/{} on {}", pg.comm->backend(), pg.env.rank,
                 pg.env.world_size, pg.device.str());
   return pg;

@@ -34,6 +34,10 @@ struct LaunchEnv {
   // MASTER_ADDR/MASTER_PORT (rank 0 hosts it there when no agent does).
   std::string store_host;
   int store_port = 0;
+  // DDPRUN_ON_FAILURE: what ddprun does when a rank fails (restart|continue|stop);
+  // "continue": the ranks regroup (Note [elastic membership] in collectives/elastic.h).
+  std::string on_failure;
+  bool elastic() const { return on_failure == "continue"; }
 };
 // Reads the variables; ValueError lists what it saw when they are inconsistent.
 LaunchEnv read_launch_env();
@@ -44,9 +48,23 @@ struct ProcessGroup {
   std::shared_ptr<Communicator> comm;
   std::shared_ptr<Store> store;            // null for world size 1 and for mpi without MASTER_ADDR
   std::shared_ptr<TcpStoreServer> server;  // set on the rank that hosts the store
-  LaunchEnv env;
+  LaunchEnv env;  // env.rank/world_size: this rank's place now (an elastic regroup changes them)
   Device device;
+  // What an elastic regroup needs to form the next communicator (collectives/elastic.h).
+  int launch_rank = 0;     // env.rank as the launcher started the process
+  int64_t membership = 0;  // the membership epoch of `comm` (Note [elastic membership])
+  std::string backend;     // of `comm`
+  std::string shm_run_id;  // shm: the run id that names the segment
+  CommOptions comm_options;
 };
+
+// The shm or gloo communicator of `rank` of `size` that rendezvous through
+// `store` (gloo) or share the segment named by `shm_run_id` (shm).
+std::shared_ptr<Communicator> make_store_communicator(const std::string& backend,
+                                                      const std::shared_ptr<Store>& store,
+                                                      const LaunchEnv& env, int rank, int size,
+                                                      const std::string& shm_run_id,
+                                                      const CommOptions& options);
 
 ProcessGroup init_process_group(const ProcessGroupOptions& options = {});
 

@@ -72,6 +72,7 @@ inline constexpr const char* kGroupRank = "GROUP_RANK";
 inline constexpr const char* kMasterAddr = "MASTER_ADDR";
 inline constexpr const char* kMasterPort = "MASTER_PORT";
 inline constexpr const char* kRestartCount = "DDPRUN_RESTART_COUNT";
+inline constexpr const char* kOnFailure = "DDPRUN_ON_FAILURE";
 inline constexpr const char* kRunId = "DDPRUN_RUN_ID";
 inline constexpr const char* kStore = "DDPRUN_STORE";
 inline constexpr const char* kStoreAddr = "DDPRUN_STORE_ADDR";

@@ -1,0 +1,89 @@
+// The ranks' side of a group that survives a dead rank (`ddprun --on-failure
+// continue`, docs/elastic.md): the membership the launcher keeps in its store,
+// and the regroup that forms a new communicator among the ranks left.
+//
+// Note [elastic membership]
+// ddprun starts the ranks with DDPRUN_ON_FAILURE=continue and keeps a
+// membership: the launch ranks (RANK as ddprun started them) alive, numbered by
+// an epoch that is 0 with every rank. When a rank leaves (it died, or ddprun
+// killed it for being stopped or hung) ddprun writes the next epoch to its store:
+//   elastic/<E>/members         "0,1,3": launch ranks, ascending
+//   elastic/epoch               "E": the latest epoch, written after its members
+// A rank whose collective fails (a dead peer breaks its communicator: shm's
+// dead-rank check, gloo's connection reset) drops its communicator -- closing its
+// connections, so that peers blocked on it fail as well -- and calls regroup(),
+// which waits for an epoch newer than the rank's own, announces the rank there,
+//   elastic/<E>/arrived/<launch rank>   "<value>": the caller's progress (its step)
+// and waits for every member's announcement; a newer epoch meanwhile (a second
+// death) starts it over on that one. The new rank is the rank's index among the
+// members, the new communicator the same backend's over a fresh namespace of the
+// store ("elastic/<E>/" before gloo's keys) or a fresh shm segment (run id
+// "<id>-m<E>"). Every member reads every announcement, so all agree without a
+// collective on the one that holds the most advanced state (the highest value,
+// the lowest rank among equals), which the trainer copies to the others.
+// A membership that does not come within the timeout (the failure was not a
+// rank's death: a mismatch, a network error), or one without this rank, is a
+// CommError naming the epoch, its members and the original error.
+#pragma once
+
+#include "collectives/bootstrap.h"
+#include "collectives/store/store.h"
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ddp {
+
+// Keys of Note [elastic membership].
+namespace elastic {
+inline constexpr const char* kEpochKey = "elastic/epoch";
+std::string members_key(int64_t epoch);
+std::string arrived_key(int64_t epoch, int launch_rank);
+// "0,1,3" <-> {0, 1, 3}; ValueError names a malformed list.
+std::string format_members(const std::vector<int>& members);
+std::vector<int> parse_members(const std::string& text);
+}  // namespace elastic
+
+// A store whose keys are those of `inner` behind a prefix (torch's PrefixStore).
+class PrefixStore : public Store {
+ public:
+  PrefixStore(std::shared_ptr<Store> inner, std::string prefix)
+      : inner_(std::move(inner)), prefix_(std::move(prefix)) {}
+  void set(const std::string& key, const Bytes& value) override;
+  Bytes get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  void wait(const std::vector<std::string>& keys,
+            std::optional<std::chrono::milliseconds> timeout = std::nullopt) override;
+  Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;
+  bool delete_key(const std::string& key) override;
+  bool check(const std::vector<std::string>& keys) override;
+  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
+  using Store::get_string;
+  using Store::set;
+
+ private:
+  std::vector<std::string> prefixed(const std::vector<std::string>& keys) const;
+  std::shared_ptr<Store> inner_;
+  std::string prefix_;
+};
+
+struct Regroup {
+  int64_t epoch = 0;
+  std::vector<int> members;     // launch ranks, ascending; the new rank is the index
+  std::vector<int64_t> values;  // each member's announced value
+  int source = 0;               // the new rank with the highest value (lowest among equals)
+  int old_world_size = 0;
+};
+
+// Note [elastic membership]: the caller has dropped pg.comm (every Work on it
+// finished or failed). Waits up to `timeout` for the next membership, then sets
+// pg.comm to a communicator among its members and pg.env's rank and world size to
+// this rank's place there. `value`: this rank's progress (the trainer's step).
+// `cause`: the error that broke the old communicator, for the messages.
+Regroup regroup(ProcessGroup& pg, int64_t value, std::chrono::milliseconds timeout,
+                const std::string& cause);
+
+}  // namespace ddp
