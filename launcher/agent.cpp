@@ -93,6 +93,8 @@ GroupSpec make_spec(const LaunchOptions& o, const std::string& program_path, int
   spec.output = {.log_dir = o.log_dir, .tee = o.tee, .quiet = o.quiet, .prefix = o.prefix};
   spec.grace = to_ms(o.grace_period_s);
   spec.blame.stopped_timeout = to_ms(o.stopped_timeout_s);
+  spec.elastic = o.on_failure == "continue";
+  spec.min_ranks = std::max(1, o.min_ranks);
   std::optional<std::chrono::milliseconds> hang;  // Note [default hang timeout]
   if (o.hang_timeout_s) hang = to_ms(*o.hang_timeout_s);
   spec.flight = flight_options(rendezvous.run_id(), restart, o.log_dir, hang);
@@ -115,6 +117,7 @@ GroupSpec make_spec(const LaunchOptions& o, const std::string& program_path, int
                                                 .store_addr = rendezvous.endpoint(),
                                                 .restart_count = restart,
                                                 .max_restarts = o.max_restarts,
+                                                .on_failure = o.on_failure,
                                                 .run_id = rendezvous.run_id(),
                                                 .store_secret = secret,
                                                 .backend = o.backend,

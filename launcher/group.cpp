@@ -2,6 +2,8 @@
 
 #include "launcher/output.h"
 
+#include "collectives/elastic.h"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -51,7 +53,8 @@ struct RankProcess {
   int local_rank = 0;
   RankRecord rec;  // what launcher/blame.h judges
   bool running = false;
-  std::string err_log;  // "" without --log-dir
+  bool departed = false;  // --on-failure continue: it left the group (leave_group())
+  std::string err_log;    // "" without --log-dir
   Fd out_file, err_file;
   std::unique_ptr<RankStream> out, err;
 };
@@ -75,6 +78,7 @@ class Watcher {
   bool failed_elsewhere_first();
   void blame_suspects_of_failure(std::vector<RankRecord>& records, Clock::time_point now);
   void carry_out_blame();
+  bool leave_group();
   BlamePolicy policy() const;
   std::vector<size_t> local_suspects() const;
   void check_hang();
@@ -111,6 +115,9 @@ class Watcher {
   std::optional<GroupFailure> remote_;            // another node's failure
   FlightWatch flight_;                            // the ranks' flight recorders
   ErrorEcho error_echo_;                          // Note [one error per job] in output.h
+  // --on-failure continue (Note [elastic membership] in collectives/elastic.h).
+  int64_t membership_ = 0;
+  std::vector<std::string> departures_;  // for the summary
 };
 
 GroupResult Watcher::run() {
@@ -126,6 +133,11 @@ GroupResult Watcher::run() {
   }
   const GroupResult out = result();
   if (out.outcome != Outcome::success) print_summary();
+  if (out.outcome == Outcome::success && !departures_.empty()) {
+    say(fmt::format("the job succeeded with {} rank{} fewer (--on-failure continue):",
+                    departures_.size(), departures_.size() == 1 ? "" : "s"));
+    for (const std::string& d : departures_) say("  " + d);
+  }
   flight_.refresh();  // a region published since the last check
   if (const std::string line = flight_.straggler_line(); !line.empty()) say(line);
   return out;
@@ -344,6 +356,7 @@ void Watcher::blame_suspects_of_failure(std::vector<RankRecord>& records, Clock:
 }
 
 void Watcher::carry_out_blame() {
+  if (spec_.elastic && leave_group()) return;
   RankProcess& r = ranks_[blame_->index];
   flight_.capture(records(), blame_->what);  // Note [dumps from the regions]: before any signal
   rendezvous_.publish_failure(
@@ -355,6 +368,38 @@ void Watcher::carry_out_blame() {
     signal_group(r.rec.pid, SIGKILL);
   }
   stop_all(SIGTERM, blame_->what);
+}
+
+// --on-failure continue: the rank to blame leaves the group (killed if it still
+// runs: stopped or hung), and the ranks left get the next membership through
+// the store (Note [elastic membership] in collectives/elastic.h). False when
+// fewer than --min-ranks would be left: the job ends as without continue.
+bool Watcher::leave_group() {
+  RankProcess& r = ranks_[blame_->index];
+  std::vector<int> members;
+  for (const RankProcess& p : ranks_) {
+    if (&p != &r && p.running && !p.departed) members.push_back(p.rec.rank);
+  }
+  if (static_cast<int>(members.size()) < spec_.min_ranks) {
+    say(fmt::format("{}; {} rank{} would be left, fewer than --min-ranks {}: ending the job",
+                    blame_->what, members.size(), members.size() == 1 ? "" : "s", spec_.min_ranks));
+    return false;
+  }
+  if (r.running) {
+    r.rec.signalled = true;
+    signal_group(r.rec.pid, SIGKILL);
+    if (r.rec.stopped_since) signal_group(r.rec.pid, SIGCONT);
+  }
+  r.departed = true;
+  ++membership_;
+  const std::string list = elastic::format_members(members);
+  rendezvous_.publish_membership(membership_, members);
+  const std::string what = fmt::format("{} at {:.2f} s; the group went on with ranks {}",
+                                       blame_->what, seconds_between(start_, Clock::now()), list);
+  departures_.push_back(what);
+  say(fmt::format("{} (--on-failure continue: membership {})", what, membership_));
+  blame_.reset();
+  return true;
 }
 
 BlamePolicy Watcher::policy() const {
@@ -374,9 +419,19 @@ std::vector<size_t> Watcher::local_suspects() const {
   return out;
 }
 
+// A rank that left the group (--on-failure continue) counts as one that exited
+// cleanly: nothing of it is to blame again.
 std::vector<RankRecord> Watcher::records() const {
   std::vector<RankRecord> out;
-  for (const RankProcess& r : ranks_) out.push_back(r.rec);
+  for (const RankProcess& r : ranks_) {
+    out.push_back(r.rec);
+    if (!r.departed) continue;
+    RankRecord& gone = out.back();
+    gone.wait_status = 0;
+    gone.signalled = false;
+    gone.stopped_since.reset();
+    gone.last_progress.reset();
+  }
   return out;
 }
 

@@ -13,6 +13,10 @@
 //   no rank progresses past --hang-timeout while one waits in a collective
 //                                       -> diagnosed, blamed, stopped as above (Note
 //                                          [hang detector] in launcher/flight_watch.h)
+//   --on-failure continue               -> the rank to blame leaves instead (SIGKILLed if it
+//                                          still runs), the next membership goes to the
+//                                          store, the others go on; below --min-ranks the
+//                                          job ends as above
 // Which rank is to blame is launcher/blame.h's decision (Note [blame]).
 #pragma once
 
@@ -45,6 +49,10 @@ struct GroupSpec {
   std::chrono::milliseconds grace{10000};
   BlamePolicy blame;
   FlightOptions flight;  // the ranks' flight recorders (launcher/flight_watch.h)
+  // --on-failure continue: a failed rank leaves the group, which goes on while
+  // min_ranks ranks live (Note [elastic membership] in collectives/elastic.h).
+  bool elastic = false;
+  int min_ranks = 1;
 };
 
 enum class Outcome { success, rank_failed, remote_failed, interrupted };

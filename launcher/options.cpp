@@ -48,6 +48,15 @@ failures:
   --max-restarts K      restart the whole group up to K times when a rank
                         fails (default 0); ranks see DDPRUN_RESTART_COUNT
                         and TORCHELASTIC_RESTART_COUNT
+  --on-failure restart|continue|stop
+                        what a rank that fails (dies, or is stopped or hung
+                        past its timeout) does to the group: restart it whole
+                        (the default, up to --max-restarts times), stop the
+                        job, or continue: the ranks left regroup in memory and
+                        train on without it (one node, shm or gloo;
+                        docs/elastic.md)
+  --min-ranks K         with --on-failure continue: end the job (exit 1,
+                        naming it) when fewer than K ranks are left (default 1)
   --grace-period S      seconds between SIGTERM and SIGKILL when the group is
                         stopped (default 10)
   --stopped-timeout S   a rank stopped (SIGSTOP, SIGTSTP) for S seconds ends
@@ -148,6 +157,8 @@ const std::map<std::string, Setter>& valued_flags() {
       {"--rdzv-endpoint", [](auto& o, auto& v) { parse_endpoint(o, v); }},
       {"--backend", [](auto& o, auto& v) { o.backend = v; }},
       {"--max-restarts", [](auto& o, auto& v) { o.max_restarts = parse_int("--max-restarts", v); }},
+      {"--on-failure", [](auto& o, auto& v) { o.on_failure = v; }},
+      {"--min-ranks", [](auto& o, auto& v) { o.min_ranks = parse_int("--min-ranks", v); }},
       {"--log-dir", [](auto& o, auto& v) { o.log_dir = v; }},
       {"--trace",
        [](auto& o, auto& v) {
@@ -213,6 +224,41 @@ void move_default_master_port(LaunchOptions& o) {
   if (o.nnodes > 1 && o.rdzv_port == o.master_port) o.master_port = o.rdzv_port + 1;
 }
 
+// Note [elastic membership] in collectives/elastic.h; docs/elastic.md.
+void validate_on_failure(const LaunchOptions& o) {
+  const std::string& f = o.on_failure;
+  DDP_CHECK(f == "restart" || f == "continue" || f == "stop",
+            "--on-failure {}: expected restart (the whole group, up to --max-restarts times), "
+            "continue (the ranks left go on) or stop",
+            f);
+  DDP_CHECK(f != "stop" || o.max_restarts == 0,
+            "--on-failure stop ends the job at the first failure, but --max-restarts {} asks for "
+            "restarts; pass one of them",
+            o.max_restarts);
+  DDP_CHECK(o.min_ranks == 0 || f == "continue",
+            "--min-ranks {} applies to --on-failure continue (the group going on smaller); with "
+            "--on-failure {} a failure ends or restarts the whole group",
+            o.min_ranks, f);
+  if (f != "continue") return;
+  DDP_CHECK(o.nnodes == 1,
+            "--on-failure continue runs on one node for now (--nnodes {}): use --on-failure "
+            "restart across nodes",
+            o.nnodes);
+  DDP_CHECK(o.max_restarts == 0,
+            "--on-failure continue does not start replacement ranks yet, so --max-restarts {} "
+            "would never be used; the group goes on with the ranks left (docs/elastic.md). Pass "
+            "one of them",
+            o.max_restarts);
+  DDP_CHECK(o.min_ranks >= 0, "--min-ranks {}: must be at least 1", o.min_ranks);
+  const std::string& n = o.nproc_per_node;
+  if (o.min_ranks > 0 && n != "gpu" && n != "auto") {
+    DDP_CHECK(o.min_ranks <= parse_int("--nproc-per-node", n),
+              "--min-ranks {} is more than the {} ranks started (--nproc-per-node): the job could "
+              "never go on after a failure",
+              o.min_ranks, n);
+  }
+}
+
 void validate(const LaunchOptions& o) {
   const std::string& n = o.nproc_per_node;
   if (n != "gpu" && n != "auto") {
@@ -225,6 +271,7 @@ void validate(const LaunchOptions& o) {
             o.nnodes);
   validate_rendezvous(o);
   DDP_CHECK(o.max_restarts >= 0, "--max-restarts {}: must be >= 0", o.max_restarts);
+  validate_on_failure(o);
   DDP_CHECK(o.grace_period_s >= 0, "--grace-period {}: must be >= 0 seconds", o.grace_period_s);
   DDP_CHECK(o.rdzv_timeout_s > 0, "--rdzv-timeout {}: must be > 0 seconds", o.rdzv_timeout_s);
   DDP_CHECK(o.stopped_timeout_s >= 0, "--stopped-timeout {}: must be >= 0 seconds (0: never)",

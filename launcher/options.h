@@ -35,6 +35,12 @@ struct LaunchOptions {
   // (launcher/flight_watch.h).
   std::optional<double> hang_timeout_s;
   int max_restarts = 0;
+  // What a failed rank does to the group (Note [elastic membership] in
+  // collectives/elastic.h): restart (the whole group, up to max_restarts), stop
+  // (end the job), continue (the ranks left regroup and go on, while at least
+  // min_ranks live; 0: unset, i.e. 1).
+  std::string on_failure = "restart";
+  int min_ranks = 0;
   std::string log_dir;          // per-rank stdout and stderr files; empty: the console only
   bool tee = false;             // with log_dir: the console too
   bool quiet = false;           // only global rank 0 on the console

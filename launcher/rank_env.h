@@ -19,6 +19,7 @@ struct RankEnvInputs {
   std::string store_addr;  // "host:port" of ddprun's store (Note [two stores])
   int restart_count = 0;
   int max_restarts = 0;
+  std::string on_failure = "restart";  // DDPRUN_ON_FAILURE (Note [elastic membership])
   std::string run_id;
   std::string store_secret;
   std::string backend;    // empty: DDP_BACKEND is left as inherited

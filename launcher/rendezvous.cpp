@@ -1,5 +1,7 @@
 #include "launcher/rendezvous.h"
 
+#include "collectives/elastic.h"
+
 #include "collectives/store/socket.h"
 #include "collectives/store/tcp_store.h"
 #include "launcher/process.h"
@@ -205,6 +207,19 @@ void Rendezvous::check_same_local_ranks() {
                     "--nproc-per-node on every node",
                     r, host, ranks, options_.node_rank, options_.local_ranks));
   }
+}
+
+void Rendezvous::publish_membership(int64_t epoch, const std::vector<int>& members) {
+  DDP_CHECK(port_ > 0, "publish_membership: no store (begin_attempt first)");
+  if (store_ == nullptr) {  // one node: node 0's own client, made on first use
+    store_ = std::make_unique<TcpStore>(TcpStoreOptions{.host = options_.host,
+                                                        .port = port_,
+                                                        .secret = options_.secret,
+                                                        .timeout = kCallTimeout,
+                                                        .connect_timeout = milliseconds(5000)});
+  }
+  store_->set(elastic::members_key(epoch), elastic::format_members(members));
+  store_->set(elastic::kEpochKey, std::to_string(epoch));  // after the members it names
 }
 
 void Rendezvous::publish_failure(const GroupFailure& failure) {

@@ -39,6 +39,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ddp {
 class Store;
@@ -104,6 +105,9 @@ class Rendezvous {
   // store (node 0's ddprun gone); nullopt while all is well.
   std::optional<GroupFailure> remote_failure();
   void publish_done();
+  // --on-failure continue: membership `epoch` is `members` (launch ranks), for the
+  // ranks' regroup (Note [elastic membership] in collectives/elastic.h).
+  void publish_membership(int64_t epoch, const std::vector<int>& members);
   // Every node's ranks succeeded. A lost store counts as done here: node 0
   // stops its store once it saw every done/<r>.
   bool all_done();

@@ -47,6 +47,35 @@ TEST(DdprunOptions, DefaultsMatchTorchrun) {
   EXPECT_TRUE(o.program_args.empty());
 }
 
+// Note [elastic membership]: --on-failure and --min-ranks, and what they refuse.
+TEST(DdprunOptions, OnFailureAndMinRanks) {
+  EXPECT_EQ(parse({"train"}).options.on_failure, "restart");
+  const LaunchOptions o =
+      parse({"-n", "4", "--on-failure", "continue", "--min-ranks", "2", "train"}).options;
+  EXPECT_EQ(o.on_failure, "continue");
+  EXPECT_EQ(o.min_ranks, 2);
+  EXPECT_EQ(parse({"--on-failure=stop", "train"}).options.on_failure, "stop");
+  EXPECT_NE(parse_error({"--on-failure", "retry", "train"})
+                .find("--on-failure retry: expected restart (the whole group, up to --max-restarts "
+                      "times), continue (the ranks left go on) or stop"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"--on-failure", "stop", "--max-restarts", "2", "train"})
+                .find("--on-failure stop ends the job at the first failure, but --max-restarts 2"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"--min-ranks", "2", "train"})
+                .find("--min-ranks 2 applies to --on-failure continue"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"-n", "2", "--on-failure", "continue", "--min-ranks", "3", "train"})
+                .find("--min-ranks 3 is more than the 2 ranks started"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"--on-failure", "continue", "--max-restarts", "1", "train"})
+                .find("does not start replacement ranks yet"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"--nnodes", "2", "--on-failure", "continue", "train"})
+                .find("--on-failure continue runs on one node for now (--nnodes 2)"),
+            std::string::npos);
+}
+
 TEST(DdprunOptions, EverySpelling) {
   const LaunchOptions o = parse({"-n4",
                                  "--nnodes=2",
