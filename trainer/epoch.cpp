@@ -7,6 +7,7 @@
 #include "runtime/ops/ops.h"
 #include "runtime/stream.h"
 #include "runtime/trace.h"
+#include "trainer/elastic.h"
 #include "trainer/memory_report.h"
 #include "trainer/progress.h"
 #include "trainer/run.h"
@@ -347,6 +348,11 @@ int64_t count_step(Run& r, EpochState& e, int64_t used, int64_t global, int64_t 
   r.loss_log->step(e.epoch + 1, step, last_loss, r.o.grad_accum);
   e.samples += global;
   e.tokens += global * r.task->tokens_per_sample();
+  // Note [elastic training]: the position a regroup goes on from.
+  r.position.step = step;
+  r.position.cursor += global;
+  r.position.micro_batches = e.micro_batches;
+  r.last_loss = last_loss;
   return step;
 }
 
@@ -381,8 +387,20 @@ EpochMetrics train_epoch(Run& r, int64_t epoch) {
   EpochState e;
   e.epoch = epoch;
   Progress progress(r.o, r.out, r.task->is_language_model() ? "tokens" : "samples");
-  r.task->start_epoch(epoch);
-  const EpochSteps plan = epoch_steps(*r.task, r.o, r.pg ? r.pg->env.rank : 0, r.world_size);
+  const int rank = r.pg ? r.pg->env.rank : 0;
+  // After a regroup (Note [elastic training] in elastic.h): the epoch goes on from
+  // the most advanced rank's position, the rest of its samples shared out anew.
+  std::optional<EpochPosition> at;
+  if (r.rejoin_at && r.rejoin_at->epoch == epoch) at = r.rejoin_at;
+  r.rejoin_at.reset();
+  if (at) {
+    r.task->start_epoch_at(epoch, at->cursor);
+  } else {
+    r.task->start_epoch(epoch);
+  }
+  const int64_t offset = at ? at->step : 0;  // the steps `plan` does not count
+  const EpochSteps plan = at ? rest_of_epoch(*r.task, r.o, rank, r.world_size, offset)
+                             : epoch_steps(*r.task, r.o, rank, r.world_size);
   if (plan.uneven && r.ddp) {
     JoinOptions join_options;
     join_options.divide_by_initial_world_size = r.o.join_divide == JoinDivide::world;
@@ -391,13 +409,28 @@ EpochMetrics train_epoch(Run& r, int64_t epoch) {
   const auto rows = [&r](int q, int64_t b) { return r.task->batch_rows(q, b); };
   e.loss_sum = zeros({}, {.device = r.device});
   Tensor step_loss, last_loss;
-  e.first_step = resume_in_epoch(r, epoch, e.loss_sum, e.micro_batches);
+  if (at) {
+    fill_(e.loss_sum, static_cast<double>(at->loss_sum_value));
+    e.micro_batches = at->micro_batches;
+    e.first_step = offset;
+  } else {
+    e.first_step = resume_in_epoch(r, epoch, e.loss_sum, e.micro_batches);
+  }
   e.step = e.first_step;
+  r.position = EpochPosition{.epoch = epoch,
+                             .step = e.step,
+                             .cursor = at ? at->cursor : 0,
+                             .loss_sum = e.loss_sum,
+                             .micro_batches = e.micro_batches};
+  // A checkpoint's mid-epoch position: the samples its steps took.
+  for (int64_t s = 0; !at && s < e.first_step; ++s)
+    r.position.cursor += step_samples(plan, s, r.o.grad_accum, rows);
+  const int64_t steps = offset + plan.steps;
   e.straggler.start();
-  while (e.step < plan.steps) {
+  while (e.step < steps) {
     const int64_t skipped_before = r.nonfinite->skipped();
     int64_t used = 0;
-    if (r.join != nullptr && e.step >= plan.mine) {
+    if (r.join != nullptr && e.step - offset >= plan.mine) {
       // Not a step for the flight recorder's marks (Note [uneven epochs]).
       shadow_step(r, step_loss, last_loss, e.t, epoch);
     } else {
@@ -406,9 +439,9 @@ EpochMetrics train_epoch(Run& r, int64_t epoch) {
       flight::mark_step_end();
       if (used == 0) break;
     }
-    const int64_t global = step_samples(plan, e.step, r.o.grad_accum, rows);
+    const int64_t global = step_samples(plan, e.step - offset, r.o.grad_accum, rows);
     const int64_t step = count_step(r, e, used, global, skipped_before, step_loss, last_loss);
-    after_step(r, e, progress, step, plan.steps, last_loss);
+    after_step(r, e, progress, step, steps, last_loss);
     if (r.stop_early) break;  // --early-stop, decided alike on every rank
   }
   if (r.join) {

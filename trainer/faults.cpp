@@ -2,6 +2,7 @@
 
 #include "runtime/error.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -12,17 +13,26 @@ namespace ddp::train {
 int64_t TestFaults::step_for(const char* name, int rank, const char* unit) {
   const char* value = std::getenv(name);
   if (value == nullptr || *value == '\0') return -1;
-  int r = -1;
-  long long step = -1;
-  char tail = 0;
-  const bool any = value[0] == '*';
-  if (any) r = rank;
-  DDP_CHECK((any ? std::sscanf(value, "*:%lld%c", &step, &tail) == 1
-                 : std::sscanf(value, "%d:%lld%c", &r, &step, &tail) == 2) &&
-                step >= 1,
-            "{}='{}': expected RANK:{} or *:{} with {} >= 1, e.g. 1:7 (a testing aid)", name, value,
-            unit, unit, unit);
-  return r == rank ? step : -1;
+  int64_t mine = -1;
+  const std::string text = value;
+  for (size_t at = 0; at <= text.size();) {  // RANK:STEP[,RANK:STEP...]
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string entry = text.substr(at, comma - at);
+    int r = -1;
+    long long step = -1;
+    char tail = 0;
+    const bool any = !entry.empty() && entry[0] == '*';
+    if (any) r = rank;
+    DDP_CHECK((any ? std::sscanf(entry.c_str(), "*:%lld%c", &step, &tail) == 1
+                   : std::sscanf(entry.c_str(), "%d:%lld%c", &r, &step, &tail) == 2) &&
+                  step >= 1,
+              "{}='{}': expected RANK:{} or *:{} with {} >= 1, e.g. 1:7, or several separated by "
+              "commas, e.g. 2:5,3:9 (a testing aid)",
+              name, value, unit, unit, unit);
+    if (r == rank && mine < 0) mine = step;
+    at = comma + 1;
+  }
+  return mine;
 }
 
 TestFaults TestFaults::from_env(int rank) {

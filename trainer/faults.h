@@ -11,7 +11,8 @@ namespace ddp::train {
 // makes that rank SIGKILL itself after training step STEP (and its checkpoint, if
 // one is due); DDP_TEST_NAN_AT=RANK:STEP makes its loss NaN at step STEP;
 // DDP_TEST_NAN_WEIGHT_AT=RANK:STEP makes a weight NaN after step STEP's update (as
-// a non-finite gradient with a finite loss would). RANK * is every rank. All act
+// a non-finite gradient with a finite loss would). RANK * is every rank; several
+// RANK:STEP separated by commas name several ranks (2:5,3:9). All act
 // only in a group's first attempt (DDPRUN_RESTART_COUNT unset or 0), so the
 // restarted group runs clean. For the flight recorder (docs/flight_recorder.md):
 // DDP_TEST_SLOW_RANK=RANK:MS sleeps MS milliseconds in each forward of that rank

@@ -18,10 +18,22 @@
 
 #include <limits>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 
 namespace ddp::train {
+
+// Where an epoch stands after its last completed step (Note [elastic training]
+// in elastic.h): what a regrouped rank copies from the most advanced one.
+struct EpochPosition {
+  int64_t epoch = 0;         // 0-based
+  int64_t step = 0;          // steps completed in it
+  int64_t cursor = 0;        // sampler positions taken by them (Note [elastic resharding])
+  Tensor loss_sum{};         // the epoch's running loss sum (a device scalar), and its counts
+  float loss_sum_value = 0;  // loss_sum's value, after a regroup
+  int64_t micro_batches = 0, samples = 0, tokens = 0;
+};
 
 struct Run {
   const TrainOptions& o;
@@ -66,7 +78,17 @@ struct Run {
   double best_metric = std::numeric_limits<double>::quiet_NaN();
   int64_t evals_since_best = 0;
   bool stop_early = false;
+  // Note [elastic training] in elastic.h: under ddprun --on-failure continue.
+  bool elastic = false;
+  TrainOptions* writable = nullptr;              // the options `o` refers to
+  const TrainOptions* launch_options = nullptr;  // as given (rank 0's: the writer's)
+  EpochPosition position{};                      // after the last completed step
+  std::optional<EpochPosition> rejoin_at{};      // where the epoch goes on after a regroup
+  Tensor last_loss{};  // the last completed step's last micro-batch loss (its loss row)
 };
+
+// DistributedDataParallel (with ZeRO's attach) over r.pg->comm, as the options ask.
+void make_ddp(Run& r);
 
 // One epoch of the run (epoch.cpp): its steps, under a Join when the ranks' step
 // counts differ (Note [uneven epochs] in uneven.h), with progress lines and the

@@ -238,6 +238,7 @@ void LossLog::step(int64_t epoch, int64_t step, const Tensor& loss, int64_t grad
   if (!file_.is_open()) return;
   file_ << fmt::format("{} {} {:.9g}\n", epoch, step,
                        loss.item<float>() * static_cast<float>(grad_accum));
+  if (flush_each_row_) file_.flush();
 }
 
 void LossLog::flush() {

@@ -59,11 +59,14 @@ class LossLog {
   // Before every checkpoint and at each epoch's end: the rows up to a checkpoint
   // are on disk before it is (Note [rows cut back]).
   void flush();
+  // Each row on disk as it is written (elastic training: a writer that dies loses none).
+  void set_flush_each_row(bool on) { flush_each_row_ = on; }
   int64_t rows_cut() const { return cut_; }
 
  private:
   std::ofstream file_;
   int64_t cut_ = 0;
+  bool flush_each_row_ = false;
 };
 
 }  // namespace ddp::train

@@ -121,6 +121,12 @@ class SupervisedTask : public Task {
     return loader_.batch_rows_of(rank, batch);
   }
   void start_epoch(int64_t epoch) override { loader_.start_epoch(epoch); }
+  bool reshardable() const override { return true; }
+  void reshard(int rank, int world_size) override {
+    loader_.reshard(rank, world_size);
+    test_loader_.reshard(rank, world_size);
+  }
+  void start_epoch_at(int64_t epoch, int64_t start) override { loader_.start_epoch(epoch, start); }
   bool next(Batch& batch) override { return loader_.next(batch); }
   Tensor loss(const Tensor& output, const Batch& batch) const override {
     if (user_loss_) return user_loss_(output, batch.labels);
@@ -193,6 +199,18 @@ class SupervisedTask : public Task {
 };
 
 }  // namespace
+
+void Task::reshard(int /*rank*/, int /*world_size*/) {
+  throw ValueError(fmt::format(
+      "the task of {} cannot share its data out again among other ranks (an elastic regroup)",
+      model_spec()));
+}
+
+void Task::start_epoch_at(int64_t epoch, int64_t start) {
+  DDP_CHECK(start == 0, "the task of {} cannot start epoch {} at sample position {}", model_spec(),
+            epoch + 1, start);
+  start_epoch(epoch);
+}
 
 void for_each_eval_batch(const EvalLockstep* lockstep, const std::function<bool(Batch&)>& next,
                          const std::function<void(const Batch&)>& body) {

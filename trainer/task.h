@@ -89,6 +89,13 @@ class Task {
   virtual int64_t num_batches_of(int rank) const = 0;
   virtual int64_t batch_rows(int rank, int64_t batch) const = 0;
   virtual void start_epoch(int64_t epoch) = 0;
+  // An elastic regroup (Note [elastic training] in trainer/elastic.h): this rank is
+  // now `rank` of `world_size`, and epoch `epoch` goes on from sampler position
+  // `start` (Note [elastic resharding] in runtime/data/sampler.h). A task that
+  // cannot reshard its data says so (ValueError), and the run ends as without it.
+  virtual bool reshardable() const { return false; }
+  virtual void reshard(int rank, int world_size);
+  virtual void start_epoch_at(int64_t epoch, int64_t start);
   // The next batch on the task's device; false when the epoch is over.
   virtual bool next(Batch& batch) = 0;
   // The mean loss of `output` (the model's, or DDP's, forward of batch.inputs).

@@ -7,6 +7,7 @@
 #include "runtime/env.h"
 #include "runtime/ops/nn_ops.h"
 #include "runtime/ops/ops.h"
+#include "trainer/elastic.h"
 #include "trainer/run.h"
 #include "trainer/uneven.h"
 
@@ -216,10 +217,59 @@ AutocastState apply_precision(const TrainOptions& o, const std::vector<Device>& 
   return {};
 }
 
+}  // namespace
+
+void make_ddp(Run& r) {
+  const TrainOptions& o = r.o;
+  DdpOptions ddp_options;
+  ddp_options.bucket_cap_mb = o.bucket_cap_mb;
+  ddp_options.first_bucket_mb = std::min(1.0, o.bucket_cap_mb);
+  ddp_options.comm_hook = parse_comm_hook(o.comm_hook);
+  ddp_options.gradient_as_bucket_view = true;  // Note [writing gradients back] in reducer.cpp
+  ddp_options.zero_stage = o.zero;
+  const CommHook hook = ddp_options.comm_hook;
+  if (r.faults.skip_allreduce_step > 0) ddp_options.comm_hook = CommHook::none;
+  r.ddp = std::make_unique<DistributedDataParallel>(r.model, r.pg->comm, ddp_options);
+  // ZeRO-2: gradients reduce-scattered during the backward; ZeRO-3: the model
+  // sharded, from the values a resume loaded and DDP made equal (Note [zero stages]).
+  if (r.zero != nullptr && o.zero >= 2) r.zero->attach(*r.ddp);
+  if (FullyShardedParameters* f = r.zero != nullptr ? r.zero->fully_sharded() : nullptr) {
+    r.eval_lockstep = {.ranks_with_batch = [f](bool has) { return f->ranks_with_batch(has); },
+                       .shadow = [f] { f->shadow_forward(); }};
+    r.task->eval_lockstep = &r.eval_lockstep;
+  }
+  if (r.faults.skip_allreduce_step > 0)
+    r.ddp->register_comm_hook(skip_allreduce_hook(r.faults.skip_allreduce_step, hook));
+}
+
+namespace {
+
+// The epochs from r.first_epoch; under --on-failure continue a collective that
+// fails sends the rank through a regroup and the epoch goes on (Note [elastic
+// training] in elastic.h).
+void train_epochs(Run& r, TrainResult& result) {
+  for (int64_t epoch = r.first_epoch; epoch < r.o.epochs; ++epoch) {
+    try {
+      EpochMetrics m = train_epoch(r, epoch);
+      report(r, m, /*epoch_end=*/true);
+      result.epochs.push_back(std::move(m));
+      r.position = EpochPosition{.epoch = epoch + 1};
+    } catch (const CommError& e) {
+      if (!r.elastic) throw;
+      rejoin(r, e);
+      epoch = r.rejoin_at->epoch - 1;  // the most advanced rank may have finished this one
+      continue;
+    }
+    if (r.stop_early) break;
+  }
+}
+
 // pg: null for a single process.
 // resume_from: resume_path()'s answer.
+// writable, launch: Note [elastic training] (null: not elastic).
 TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* pg,
-                        const std::string& resume_from) {
+                        const std::string& resume_from, TrainOptions* writable = nullptr,
+                        const TrainOptions* launch = nullptr) {
   const auto start = Clock::now();
   const bool dp = pg == nullptr && o.mode == "dp";
   const std::vector<Device> dp_devices = dp ? parse_device_list(o.devices) : std::vector<Device>{};
@@ -244,28 +294,14 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
   r.nonfinite = std::make_unique<NonfiniteCheck>(
       o.on_nonfinite, r.device, pg ? pg->comm.get() : nullptr, rank, r.resumed.skipped_steps);
   r.faults = TestFaults::from_env(rank);
-  // After a resume, so every rank starts from the same (rank 0's) values.
-  if (pg != nullptr) {
-    DdpOptions ddp_options;
-    ddp_options.bucket_cap_mb = o.bucket_cap_mb;
-    ddp_options.first_bucket_mb = std::min(1.0, o.bucket_cap_mb);
-    ddp_options.comm_hook = parse_comm_hook(o.comm_hook);
-    ddp_options.gradient_as_bucket_view = true;  // Note [writing gradients back] in reducer.cpp
-    ddp_options.zero_stage = o.zero;
-    const CommHook hook = ddp_options.comm_hook;
-    if (r.faults.skip_allreduce_step > 0) ddp_options.comm_hook = CommHook::none;
-    r.ddp = std::make_unique<DistributedDataParallel>(r.model, pg->comm, ddp_options);
-    // ZeRO-2: gradients reduce-scattered during the backward; ZeRO-3: the model
-    // sharded, from the values a resume loaded and DDP made equal (Note [zero stages]).
-    if (r.zero != nullptr && o.zero >= 2) r.zero->attach(*r.ddp);
-    if (FullyShardedParameters* f = r.zero != nullptr ? r.zero->fully_sharded() : nullptr) {
-      r.eval_lockstep = {.ranks_with_batch = [f](bool has) { return f->ranks_with_batch(has); },
-                         .shadow = [f] { f->shadow_forward(); }};
-      r.task->eval_lockstep = &r.eval_lockstep;
-    }
-    if (r.faults.skip_allreduce_step > 0)
-      r.ddp->register_comm_hook(skip_allreduce_hook(r.faults.skip_allreduce_step, hook));
+  if (pg != nullptr && pg->env.elastic()) {
+    r.elastic = true;
+    r.writable = writable;
+    r.launch_options = launch;
+    check_elastic(r);  // before the first step: what a regroup cannot carry on
   }
+  // After a resume, so every rank starts from the same (rank 0's) values.
+  if (pg != nullptr) make_ddp(r);
   if (dp) r.dp = std::make_unique<DataParallel>(r.model, dp_devices);
   TrainResult result{{}, r.device, r.model->num_parameters(), 0, rank, r.world_size, r.mode};
   if (!o.quiet) {
@@ -286,11 +322,8 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
   }
   if (!o.quiet && o.summary) out << r.task->model()->summary();
   if (!o.quiet) out << describe_uneven(*r.task, o, r.world_size);
-  for (int64_t epoch = r.first_epoch; epoch < o.epochs; ++epoch) {
-    result.epochs.push_back(train_epoch(r, epoch));
-    report(r, result.epochs.back(), /*epoch_end=*/true);
-    if (r.stop_early) break;
-  }
+  r.position.epoch = r.first_epoch;
+  train_epochs(r, result);
   result.stopped_early = r.stop_early;
   result.total_s = seconds_since(start);
   result.steps = r.step;
@@ -351,7 +384,7 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
     mine.metrics.clear();
     mine.loss_log.clear();
   }
-  TrainResult result = run_on_rank(mine, out, &pg, resume_from);
+  TrainResult result = run_on_rank(mine, out, &pg, resume_from, &mine, &o);
   report_trace(finish_trace(&pg), mine, out);  // Note [timeline]
   return result;
 }

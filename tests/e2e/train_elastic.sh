@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# Training that survives a dead rank (docs/elastic.md): `ddprun -n 4 --on-failure
+# continue train`, a rank SIGKILLed by this script at a random moment; the job
+# must exit 0, every step's loss appear once in the --loss-log, and the final
+# checkpoint equal, byte for byte, a reference run that loses the same rank at
+# the step the killed run went on from (DDP_TEST_KILL_AT=RANK:STEP: the rank
+# kills itself after that step). Kills land
+#   - inside a bucket's all_reduce (rank 0 slowed, so the others wait there),
+#   - in the victim's forward (the victim slowed),
+#   - on rank 0, the writer of the logs and checkpoints (--save-every 1: often
+#     inside a save), whose successor takes the files over,
+# on shm and gloo; then two ranks in a row, a rank that hangs (SIGSTOP) instead of
+# dying, --min-ranks reached, a run without failures that equals --on-failure
+# restart's, and bad input.
+# usage: train_elastic.sh DDPRUN TRAIN [quick]   (quick: the sanitizer build's
+# cut-down set: shm in the all_reduce, gloo on rank 0, bad input)
+set -uo pipefail
+ddprun=$1 train=$2 mode=${3:-full}
+dir=$(mktemp -d)
+cleanup() {
+  pkill -KILL -f -- "--save $dir/" 2>/dev/null
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+fail() {
+  echo "train_elastic.sh: FAIL: $*" >&2
+  for f in "$dir"/*.log; do [ -f "$f" ] && { echo "--- $f" >&2; tail -25 "$f" >&2; }; done
+  exit 1
+}
+# 4000 samples / 4 ranks / batch 64: 16 steps per epoch at 4 ranks, 21 at 3.
+common=(--data synthetic --synthetic-size 4000 --epochs 3 --seed 5 --lr-schedule constant
+  --optimizer adamw --lr 0.002)
+
+rows() { if [ -f "$1" ]; then wc -l <"$1"; else echo 0; fi; }
+
+# The pid of the train process of launch rank $2 in the run writing $1.st.
+rank_pid() {
+  local p
+  for p in $(pgrep -f -- "--save $1.st"); do
+    [ "$(cat /proc/"$p"/comm 2>/dev/null)" = train ] || continue
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RANK=$2" && { echo "$p"; return; }
+  done
+}
+
+# Every (epoch, step) of a --loss-log once, steps 1.. in order in every epoch.
+check_loss_log() {
+  awk -v f="$1" '
+    { key = $1 " " $2; if (seen[key]++) { print f ": row " key " twice"; bad = 1 }
+      if ($1 != e) { e = $1; want = 1 }
+      if ($2 != want) { print f ": epoch " $1 " step " $2 " where " want " was due"; bad = 1 }
+      want = $2 + 1 }
+    END { exit bad }' "$1" || fail "the --loss-log $1 is not one row per step"
+}
+
+# run NAME BACKEND VICTIM(S) SLOW [ddprun and train flags...]: a run of 4 ranks
+# under --on-failure continue whose VICTIMS (launch ranks, "2" or "2 3") this
+# script SIGKILLs once the loss log has 4 rows (plus a random 0-150 ms), one
+# after another; DDP_TEST_SLOW_RANK=SLOW. Then the reference, and the checks.
+run() {
+  local name=$1 backend=$2 victims=$3 slow=$4
+  shift 4
+  local out="$dir/$name"
+  DDP_TEST_SLOW_RANK=$slow "$ddprun" --standalone -n 4 --on-failure continue "$@" "$train" \
+    --backend "$backend" "${common[@]}" --save "$out.st" --loss-log "$out.loss" \
+    --save-every "${SAVE_EVERY:-4}" >"$out.log" 2>&1 &
+  local job=$!
+  local victim kill_at="" membership=0
+  for victim in $victims; do
+    membership=$((membership + 1))
+    local want=$(($(rows "$out.loss") + 4))
+    for _ in $(seq 400); do
+      [ "$(rows "$out.loss")" -ge "$want" ] && break
+      sleep 0.02
+    done
+    sleep "$(printf '0.%03d' $((RANDOM % 150)))"
+    local pid
+    pid=$(rank_pid "$out" "$victim")
+    [ -n "$pid" ] || fail "$name: no process of rank $victim to kill"
+    kill -KILL "$pid"
+    # The step the group went on from: every survivor prints it.
+    local step=""
+    for _ in $(seq 400); do
+      step=$(grep -o "membership $membership is ranks [0-9,]* (launch ranks); this rank is now rank [0-9]* of [0-9]*; going on from step [0-9]*" "$out.log" |
+        head -1 | grep -o "[0-9]*$")
+      [ -n "$step" ] && break
+      sleep 0.02
+    done
+    [ -n "$step" ] || fail "$name: the ranks left did not regroup after rank $victim was killed"
+    kill_at="$kill_at${kill_at:+,}$victim:$step"
+  done
+  wait "$job" || fail "$name: the killed run exited $? (expected 0)"
+  grep -q "the job succeeded with" "$out.log" || fail "$name: no summary of the departures"
+  check_loss_log "$out.loss"
+  # The reference: the same ranks leave after the same steps, by themselves.
+  DDP_TEST_SLOW_RANK=$slow DDP_TEST_KILL_AT=$kill_at "$ddprun" --standalone -n 4 \
+    --on-failure continue "$@" "$train" --backend "$backend" "${common[@]}" --save "$out.ref.st" \
+    --loss-log "$out.ref.loss" --save-every "${SAVE_EVERY:-4}" >"$out.ref.log" 2>&1 ||
+    fail "$name: the reference run (DDP_TEST_KILL_AT=$kill_at) exited $?"
+  cmp "$out.st" "$out.ref.st" ||
+    fail "$name: the final checkpoint differs from the reference's (DDP_TEST_KILL_AT=$kill_at)"
+  cmp <(cut -d' ' -f1,2 "$out.loss") <(cut -d' ' -f1,2 "$out.ref.loss") ||
+    fail "$name: the loss log's steps differ from the reference's"
+  echo "$name: rank(s) $victims killed ($kill_at); equal to the reference"
+}
+
+bad_input() {
+  local out="$dir/bad.log"
+  "$ddprun" --on-failure sometimes -n 2 "$train" >"$out" 2>&1
+  [ $? -eq 2 ] && grep -q "on-failure sometimes: expected restart" "$out" || fail "--on-failure sometimes"
+  "$ddprun" --min-ranks 2 -n 2 "$train" >"$out" 2>&1
+  [ $? -eq 2 ] && grep -q "min-ranks 2 applies to --on-failure continue" "$out" || fail "--min-ranks alone"
+  "$ddprun" --on-failure continue --max-restarts 1 -n 2 "$train" >"$out" 2>&1
+  [ $? -eq 2 ] && grep -q "does not start replacement ranks yet" "$out" || fail "continue + restarts"
+  "$ddprun" --on-failure continue --min-ranks 3 -n 2 "$train" >"$out" 2>&1
+  [ $? -eq 2 ] && grep -q "min-ranks 3 is more than the 2 ranks" "$out" || fail "--min-ranks 3 of 2"
+  "$ddprun" --standalone -n 2 --on-failure continue "$train" --backend shm "${common[@]}" \
+    --zero 1 >"$out" 2>&1
+  [ $? -ne 0 ] && grep -q "zero 1 under ddprun --on-failure continue" "$out" || fail "--zero 1"
+  "$ddprun" --standalone -n 2 --on-failure continue "$train" --backend shm "${common[@]}" \
+    --drop-last false >"$out" 2>&1
+  [ $? -ne 0 ] && grep -q "drop-last false under ddprun --on-failure continue" "$out" ||
+    fail "--drop-last false"
+  "$ddprun" --standalone -n 2 --on-failure continue "$train" --backend shm --model gpt-tiny \
+    --data synthetic --max-steps 2 >"$out" 2>&1
+  [ $? -ne 0 ] && grep -q "cannot share its data out again" "$out" || fail "a gpt model"
+  echo "bad input: named"
+}
+
+run shm_allreduce shm 2 0:25
+SAVE_EVERY=1 run gloo_writer gloo 0 1:25
+bad_input
+[ "$mode" = quick ] && exit 0
+
+run gloo_allreduce gloo 2 0:25
+run shm_forward shm 2 2:25
+SAVE_EVERY=1 run shm_writer shm 0 3:25
+run shm_two shm "2 3" 0:25
+
+# A rank that hangs: stopped, ddprun gives it up after --stopped-timeout 1.
+out="$dir/stopped"
+DDP_TEST_SLOW_RANK=0:25 "$ddprun" --standalone -n 4 --on-failure continue --stopped-timeout 1 \
+  "$train" --backend shm "${common[@]}" --save "$out.st" --loss-log "$out.loss" >"$out.log" 2>&1 &
+job=$!
+for _ in $(seq 400); do [ "$(rows "$out.loss")" -ge 4 ] && break; sleep 0.02; done
+kill -STOP "$(rank_pid "$out" 1)"
+wait "$job" || fail "stopped: exited $? (expected 0)"
+grep -q "rank 1 (pid [0-9]*) has been stopped by SIGSTOP.*the group went on with ranks 0,2,3" \
+  "$out.log" || fail "stopped: ddprun did not give up rank 1 and go on"
+check_loss_log "$out.loss"
+echo "stopped: rank 1 given up after --stopped-timeout, the others went on"
+
+# --min-ranks 4: the first death ends the job, naming it.
+out="$dir/min"
+DDP_TEST_KILL_AT=2:3 "$ddprun" --standalone -n 4 --on-failure continue --min-ranks 4 \
+  --grace-period 2 "$train" --backend shm "${common[@]}" >"$out.log" 2>&1
+code=$?
+[ $code -ne 0 ] || fail "min-ranks: exit 0"
+grep -q "3 ranks would be left, fewer than --min-ranks 4: ending the job" "$out.log" ||
+  fail "min-ranks: not named"
+echo "min-ranks: exit $code, named"
+
+# Without a failure, continue trains as restart does.
+"$ddprun" --standalone -n 4 --on-failure continue "$train" --backend shm "${common[@]}" \
+  --save "$dir/clean_c.st" >"$dir/clean_c.log" 2>&1 || fail "clean continue run exited $?"
+"$ddprun" --standalone -n 4 "$train" --backend shm "${common[@]}" \
+  --save "$dir/clean_r.st" >"$dir/clean_r.log" 2>&1 || fail "clean restart run exited $?"
+cmp "$dir/clean_c.st" "$dir/clean_r.st" || fail "a run without failures differs under continue"
+echo "no failure: continue equals restart"
+echo "train_elastic.sh: PASS"

@@ -1,0 +1,206 @@
+#include "trainer/elastic.h"
+
+#include "collectives/collective_events.h"
+#include "collectives/elastic.h"
+#include "runtime/autograd/functions.h"
+#include "runtime/ops/ops.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+namespace ddp::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How long a rank whose collective failed waits for ddprun's next membership and
+// for the other members. ddprun sees a death at once and a stopped or hung rank
+// at its timeout, after which the peers' collectives fail; so this bounds only a
+// failure that was not a departure (then the original error ends the run).
+constexpr std::chrono::milliseconds kRegroupTimeout{30000};
+
+// The progress a rank announces: 2 x steps, +1 once the epoch's report is done
+// (the position is the next epoch's start), so the most advanced rank is the one
+// with the highest value.
+int64_t progress(const Run& r) {
+  const bool reported = r.position.step == 0 && r.position.epoch > 0;
+  return 2 * r.step + (reported ? 1 : 0);
+}
+
+// Every tensor of `mine` (the source's; the others' are replaced) from rank
+// `source`: names, dtypes and shapes first, so a rank whose optimizer has not
+// made its state yet receives it whole.
+nn::NamedTensors broadcast_named(Communicator& comm, const nn::NamedTensors& mine, int source,
+                                 const Device& device) {
+  const bool root = comm.rank() == source;
+  std::string header;
+  if (root) {
+    for (const auto& [name, t] : mine) {
+      header += fmt::format("{}\t{}\t{}\n", name, dtype_name(t.dtype()), fmt::join(t.shape(), ","));
+    }
+  }
+  Tensor length = from_vector<int64_t>({static_cast<int64_t>(header.size())}, {1},
+                                       {.dtype = DType::i64, .device = device});
+  comm.broadcast(length, source)->wait();
+  const int64_t n = length.to_vector<int64_t>()[0];
+  std::vector<uint8_t> bytes(header.begin(), header.end());
+  bytes.resize(static_cast<size_t>(n));
+  Tensor text = from_vector<uint8_t>(bytes, {n}, {.dtype = DType::u8, .device = device});
+  if (n > 0) comm.broadcast(text, source)->wait();
+  nn::NamedTensors out = root ? mine : nn::NamedTensors{};
+  if (!root) {
+    const auto got = text.to_vector<uint8_t>();
+    std::istringstream lines(std::string(got.begin(), got.end()));
+    std::string line;
+    while (std::getline(lines, line)) {
+      std::istringstream fields(line);
+      std::string name, dtype, dims;
+      std::getline(fields, name, '\t');
+      std::getline(fields, dtype, '\t');
+      std::getline(fields, dims);
+      Shape shape;
+      std::istringstream parts(dims);
+      for (std::string d; std::getline(parts, d, ',');) shape.push_back(std::stoll(d));
+      out.emplace_back(name, zeros(shape, {.dtype = parse_dtype(dtype), .device = device}));
+    }
+  }
+  for (auto& [name, t] : out) comm.broadcast(t, source)->wait();
+  return out;
+}
+
+// Note [elastic training] 3: the source's model, optimizer and counters everywhere.
+void copy_state(Run& r, int source) {
+  Communicator& comm = *r.pg->comm;
+  const CollectiveLabel labelled("elastic state");
+  const NoGradGuard no_grad;
+  for (auto& [name, t] : r.model->state_dict()) comm.broadcast(t, source)->wait();
+  const nn::NamedTensors state = broadcast_named(comm, r.optimizer->state(), source, comm.device());
+  const EpochPosition& p = r.position;
+  Tensor counters =
+      from_vector<int64_t>({r.step, r.optimizer->steps(), p.epoch, p.step, p.cursor,
+                            p.micro_batches, r.nonfinite->skipped(), r.evals_since_best},
+                           {8}, {.dtype = DType::i64, .device = comm.device()});
+  const float last = r.last_loss.defined() ? r.last_loss.item<float>() : 0.0f;
+  const float sum = p.loss_sum.defined() ? p.loss_sum.item<float>() : 0.0f;
+  Tensor values = from_vector<float>(
+      {sum, last, static_cast<float>(r.best_metric), static_cast<float>(r.grad_norm)}, {4},
+      {.device = comm.device()});
+  comm.broadcast(counters, source)->wait();
+  comm.broadcast(values, source)->wait();
+  const auto c = counters.to_vector<int64_t>();
+  const auto v = values.to_vector<float>();
+  if (comm.rank() != source) r.optimizer->load_state(state, c[1]);
+  r.step = c[0];
+  r.position = EpochPosition{
+      .epoch = c[2], .step = c[3], .cursor = c[4], .loss_sum_value = v[0], .micro_batches = c[5]};
+  r.last_loss = from_vector<float>({v[1]}, {}, {.device = r.device});
+  r.best_metric = v[2];
+  r.evals_since_best = c[7];
+  r.grad_norm = v[3];
+  r.nonfinite =
+      std::make_unique<NonfiniteCheck>(r.o.on_nonfinite, r.device, &comm, comm.rank(), c[6]);
+}
+
+// The last "epoch step" row of a --loss-log file ({0, 0}: none).
+std::pair<int64_t, int64_t> last_loss_row(const std::string& path) {
+  std::ifstream in(path);
+  std::pair<int64_t, int64_t> last{0, 0};
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream fields(line);
+    int64_t epoch = 0, step = 0;
+    if (fields >> epoch >> step) last = {epoch, step};
+  }
+  return last;
+}
+
+// The writer's files (Note [elastic training]): launch rank 0 gone, the new rank 0
+// opens them cut back to the position; either way the loss row of the position's
+// step is written when the writer never finished that step itself.
+void take_over_writing(Run& r, bool new_writer) {
+  const EpochPosition& p = r.position;
+  if (new_writer) {
+    *r.writable = *r.launch_options;
+    r.writable->save_everywhere = r.launch_options->save;
+    const RunPosition start{r.step, p.epoch, p.step};
+    r.metrics = std::make_unique<MetricsLog>(r.o.metrics, start);
+    r.loss_log = std::make_unique<LossLog>(r.o.loss_log, start);
+    r.loss_log->set_flush_each_row(true);
+  }
+  if (r.o.loss_log.empty() || p.step == 0) return;
+  r.loss_log->flush();
+  if (last_loss_row(r.o.loss_log) < std::pair<int64_t, int64_t>{p.epoch + 1, p.step}) {
+    r.loss_log->step(p.epoch + 1, p.step, r.last_loss, r.o.grad_accum);
+    r.loss_log->flush();
+  }
+}
+
+}  // namespace
+
+void check_elastic(const Run& r) {
+  const TrainOptions& o = r.o;
+  const std::string backend = r.pg->backend;
+  DDP_CHECK(backend == "shm" || backend == "gloo",
+            "--on-failure continue (ddprun): the {} backend cannot regroup the ranks left; use "
+            "--backend shm or gloo, or ddprun --on-failure restart",
+            backend);
+  DDP_CHECK(o.zero == 0,
+            "--zero {} under ddprun --on-failure continue: a rank's optimizer shard dies with it, "
+            "so the ranks left could not go on; use --zero 0, or ddprun --on-failure restart "
+            "(the group restarts from the last checkpoint)",
+            o.zero);
+  DDP_CHECK(o.drop_last != DropLast::uneven,
+            "--drop-last false under ddprun --on-failure continue: its uneven epochs run under a "
+            "Join, which a regroup cannot carry on; use --drop-last pad or true");
+  DDP_CHECK(r.task->reshardable(),
+            "ddprun --on-failure continue: the task of {} cannot share its data out again among "
+            "the ranks left (the gpt models' text windows cannot yet); use ddprun --on-failure "
+            "restart",
+            r.task->model_spec());
+  if (r.loss_log) r.loss_log->set_flush_each_row(true);
+}
+
+EpochSteps rest_of_epoch(const Task& task, const TrainOptions& o, int rank, int world_size,
+                         int64_t done) {
+  std::vector<int64_t> batches;
+  for (int q = 0; q < world_size; ++q) batches.push_back(task.num_batches_of(q));
+  const bool capped = o.max_steps > 0 && done >= o.max_steps;
+  if (capped || batches.front() < o.grad_accum) {  // rank 0 has the most
+    return EpochSteps{.steps = 0, .mine = 0, .of_rank = std::vector<int64_t>(batches.size(), 0)};
+  }
+  return epoch_steps(batches, o.batch_size, o.grad_accum, o.max_steps > 0 ? o.max_steps - done : 0,
+                     rank);
+}
+
+void rejoin(Run& r, const CommError& failure) {
+  const auto start = Clock::now();
+  ProcessGroup& pg = *r.pg;
+  const int old_rank = pg.env.rank;
+  r.out << fmt::format("rank {}: a collective failed ({}); regrouping (--on-failure continue)\n",
+                       pg.launch_rank, failure.what());
+  r.out.flush();
+  r.join.reset();
+  r.ddp.reset();
+  pg.comm.reset();  // Note [elastic training] 1
+  const Regroup g = regroup(pg, progress(r), kRegroupTimeout, failure.what());
+  r.world_size = pg.env.world_size;
+  copy_state(r, g.source);
+  r.task->reshard(pg.env.rank, pg.env.world_size);
+  make_ddp(r);
+  const bool writer = pg.env.rank == 0;
+  if (writer) take_over_writing(r, old_rank != 0);
+  r.rejoin_at = r.position;
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  r.out << fmt::format(
+      "rank {}: membership {} is ranks {} (launch ranks); this rank is now rank {} of {}; going "
+      "on from step {} (epoch {}, step {} of it), copied from launch rank {}; {:.2f} s after the "
+      "failure\n",
+      pg.launch_rank, g.epoch, elastic::format_members(g.members), pg.env.rank, pg.env.world_size,
+      r.step, r.position.epoch + 1, r.position.step, g.members[g.source], seconds);
+  r.out.flush();
+}
+
+}  // namespace ddp::train

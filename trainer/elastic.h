@@ -1,0 +1,54 @@
+// `train` under `ddprun --on-failure continue`: a rank dies, the others regroup
+// in memory and train on (docs/elastic.md).
+//
+// Note [elastic training]
+// With DDPRUN_ON_FAILURE=continue (LaunchEnv::elastic()) a collective that fails
+// anywhere in an epoch -- a bucket's all-reduce, the non-finite check, an
+// evaluation, the epoch's report -- unwinds to the epoch loop (train_epochs in
+// trainer.cpp), and rejoin():
+//   1. drops the Join, DDP and the communicator: its connections close, so peers
+//      blocked on it fail and regroup too;
+//   2. regroups (Note [elastic membership] in collectives/elastic.h): a new
+//      communicator among the ranks ddprun says are left, every rank's progress
+//      announced -- 2 x steps, +1 once the epoch's report is done -- so all know
+//      the most advanced rank without a collective. A rank can be a step ahead:
+//      its all-reduce completed, which means every rank had sent its gradient,
+//      so that step counts (it is in the reference run too) and the others catch
+//      up to it rather than it going back;
+//   3. copies that rank's state to every rank (broadcasts): parameters, buffers,
+//      optimizer state and steps, the step counters and the epoch's position
+//      (EpochPosition: step, sampler cursor, loss sum and count). A step is thus
+//      all or nothing: no rank keeps an update the others lack;
+//   4. shares the epoch's remaining samples out over the new world (Note
+//      [elastic resharding] in runtime/data/sampler.h) -- none skipped, none
+//      twice -- rebuilds DDP and the non-finite check, and the epoch goes on.
+// The new rank 0 writes the logs and checkpoints from then on (when launch
+// rank 0 died, it opens them cut back to the position, Note [rows cut back],
+// and writes the loss row of a step its predecessor finished but never wrote).
+// The loss log is flushed every row under elastic training, so a dying writer
+// loses none. The learning-rate schedule goes on by step count; steps per epoch
+// grow as the world shrinks (the global batch shrinks with it), as they would
+// for a run started at that size. What a regroup cannot carry on is refused
+// before the first step (check_elastic): ZeRO (a shard dies with its rank),
+// --drop-last false (a Join), tasks that cannot reshard (language models),
+// backends other than shm and gloo.
+#pragma once
+
+#include "collectives/communicator.h"
+#include "trainer/run.h"
+#include "trainer/uneven.h"
+
+namespace ddp::train {
+
+// ValueError naming what --on-failure continue cannot carry through a regroup.
+void check_elastic(const Run& r);
+// The steps left in an epoch whose first `done` steps were taken (the task's
+// sampler starts past them): the batches of every rank now, at most what
+// --max-steps leaves.
+EpochSteps rest_of_epoch(const Task& task, const TrainOptions& o, int rank, int world_size,
+                         int64_t done);
+// Regroups after `failure` (Note [elastic training]); sets r.rejoin_at. Throws
+// the regroup's CommError when the failure was not a rank's departure.
+void rejoin(Run& r, const CommError& failure);
+
+}  // namespace ddp::train
