@@ -25,6 +25,10 @@ struct GlooOptions {
   int size = 1;
   std::string hostname;  // address other ranks reach this one at ("" = this host's name)
   CommOptions comm;
+  // The store keys' prefix; empty: "gloo/<n>/" for the n-th gloo communicator of
+  // the process (a counter in gloo_communicator.cpp). An elastic regroup names its own: a
+  // replacement has made fewer communicators than the members it joins.
+  std::string store_prefix;
 };
 std::shared_ptr<Communicator> make_gloo_communicator(std::shared_ptr<Store> store,
                                                      const GlooOptions& options);

@@ -136,6 +136,7 @@ LaunchEnv read_launch_env() {
   e.run_id = env::get(env::kRunId).value_or("");
   e.agent_store = env::get(env::kStore).value_or("") == "agent";
   e.on_failure = env::get(env::kOnFailure).value_or("");
+  e.joining = env::get(env::kJoin).value_or("") == "1";
   fill_store(e);
   return e;
 }
@@ -265,7 +266,8 @@ std::shared_ptr<Communicator> make_store_communicator(const std::string& backend
                                                       const std::shared_ptr<Store>& store,
                                                       const LaunchEnv& env, int rank, int size,
                                                       const std::string& shm_run_id,
-                                                      const CommOptions& options) {
+                                                      const CommOptions& options,
+                                                      const std::string& gloo_prefix) {
   if (backend == "shm") {
     DDP_CHECK(env.local_world_size == env.world_size,
               "the shm backend needs every rank on one node (local world size {} < world size {}); "
@@ -276,8 +278,11 @@ std::shared_ptr<Communicator> make_store_communicator(const std::string& backend
   }
   if (backend == "gloo") {
     const std::string hostname = gloo_hostname(env);  // Note [gloo address]
-    return make_gloo_communicator(
-        store, {.rank = rank, .size = size, .hostname = hostname, .comm = options});
+    return make_gloo_communicator(store, {.rank = rank,
+                                          .size = size,
+                                          .hostname = hostname,
+                                          .comm = options,
+                                          .store_prefix = gloo_prefix});
   }
   DDP_CHECK(backend == "nccl", "make_store_communicator: backend {} has no store rendezvous",
             backend);
@@ -318,6 +323,7 @@ ProcessGroup make_process_group(const ProcessGroupOptions& options) {
   pg.backend = backend;
   pg.comm_options = comm;
   if (backend == "shm") pg.shm_run_id = shared_run_id(pg);
+  if (pg.env.joining) return pg;  // its communicator comes with the membership it joins
   pg.comm = make_store_communicator(backend, pg.store, pg.env, pg.env.rank, pg.env.world_size,
                                     pg.shm_run_id, comm);
   DDP_LOG_DEBUG("process group: backend {} rank {}/{} on {}", pg.comm->backend(), pg.env.rank,

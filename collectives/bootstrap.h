@@ -38,6 +38,9 @@ struct LaunchEnv {
   // "continue": the ranks regroup (Note [elastic membership] in collectives/elastic.h).
   std::string on_failure;
   bool elastic() const { return on_failure == "continue"; }
+  // DDPRUN_JOIN=1: a replacement started by ddprun for a rank that left; it has no
+  // communicator until it joins the group (ProcessGroup::comm null; trainer/elastic.h).
+  bool joining = false;
 };
 // Reads the variables; ValueError lists what it saw when they are inconsistent.
 LaunchEnv read_launch_env();
@@ -64,7 +67,8 @@ std::shared_ptr<Communicator> make_store_communicator(const std::string& backend
                                                       const std::shared_ptr<Store>& store,
                                                       const LaunchEnv& env, int rank, int size,
                                                       const std::string& shm_run_id,
-                                                      const CommOptions& options);
+                                                      const CommOptions& options,
+                                                      const std::string& gloo_prefix = "");
 
 ProcessGroup init_process_group(const ProcessGroupOptions& options = {});
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <limits>
 #include <thread>
 
 namespace ddp {
@@ -18,6 +19,10 @@ std::string members_key(int64_t epoch) {
 
 std::string arrived_key(int64_t epoch, int launch_rank) {
   return fmt::format("elastic/{}/arrived/{}", epoch, launch_rank);
+}
+
+std::string join_key(int launch_rank) {
+  return fmt::format("elastic/join/{}", launch_rank);
 }
 
 std::string format_members(const std::vector<int>& members) {
@@ -76,7 +81,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds kPoll{5};
 
-// The latest membership epoch ddprun wrote (0: none yet).
+}  // namespace
+
+namespace elastic {
 int64_t latest_epoch(Store& store) {
   if (!store.check({elastic::kEpochKey})) return 0;
   const std::string text = store.get_string(elastic::kEpochKey);
@@ -84,6 +91,9 @@ int64_t latest_epoch(Store& store) {
   std::from_chars(text.data(), text.data() + text.size(), v);
   return v;
 }
+}  // namespace elastic
+
+namespace {
 
 [[noreturn]] void give_up(const ProcessGroup& pg, const std::string& why,
                           const std::string& cause) {
@@ -97,7 +107,7 @@ int64_t latest_epoch(Store& store) {
 }  // namespace
 
 Regroup regroup(ProcessGroup& pg, int64_t value, std::chrono::milliseconds timeout,
-                const std::string& cause) {
+                const std::string& cause, bool joining) {
   DDP_CHECK(pg.store != nullptr && (pg.backend == "shm" || pg.backend == "gloo"),
             "an elastic regroup needs the shm or gloo backend with ddprun's store; this group "
             "runs {}",
@@ -109,12 +119,18 @@ Regroup regroup(ProcessGroup& pg, int64_t value, std::chrono::milliseconds timeo
   out.old_world_size = pg.env.world_size;
   int64_t epoch = pg.membership;
   for (;;) {
-    const int64_t latest = latest_epoch(store);
+    const int64_t latest = elastic::latest_epoch(store);
     if (latest > epoch) {  // a (newer) membership: announce this rank there
       epoch = latest;
       out.epoch = epoch;
       out.members = elastic::parse_members(store.get_string(elastic::members_key(epoch)));
-      if (std::find(out.members.begin(), out.members.end(), pg.launch_rank) == out.members.end()) {
+      const bool member =
+          std::find(out.members.begin(), out.members.end(), pg.launch_rank) != out.members.end();
+      if (!member && joining) {  // a membership from before it asked: wait for the next
+        out.members.clear();
+        continue;
+      }
+      if (!member) {
         give_up(pg,
                 fmt::format("membership {} ({}) leaves this rank out", epoch,
                             elastic::format_members(out.members)),
@@ -123,19 +139,21 @@ Regroup regroup(ProcessGroup& pg, int64_t value, std::chrono::milliseconds timeo
       store.set(elastic::arrived_key(epoch, pg.launch_rank), std::to_string(value));
       continue;
     }
-    if (epoch > pg.membership) {
+    if (epoch > pg.membership && !out.members.empty()) {
       std::vector<std::string> keys;
       for (const int m : out.members) keys.push_back(elastic::arrived_key(epoch, m));
       if (store.check(keys)) break;
     }
     if (Clock::now() >= deadline) {
       give_up(pg,
-              epoch > pg.membership
+              epoch > pg.membership && !out.members.empty()
                   ? fmt::format("membership {} ({}): not every member arrived in {:g} s", epoch,
                                 elastic::format_members(out.members),
                                 std::chrono::duration<double>(timeout).count())
-                  : fmt::format("ddprun reported no rank gone in {:g} s",
-                                std::chrono::duration<double>(timeout).count()),
+              : joining ? fmt::format("no membership took this replacement in {:g} s",
+                                      std::chrono::duration<double>(timeout).count())
+                        : fmt::format("ddprun reported no rank gone in {:g} s",
+                                      std::chrono::duration<double>(timeout).count()),
               cause);
     }
     std::this_thread::sleep_for(kPoll);
@@ -143,7 +161,7 @@ Regroup regroup(ProcessGroup& pg, int64_t value, std::chrono::milliseconds timeo
   const auto me = std::find(out.members.begin(), out.members.end(), pg.launch_rank);
   const int rank = static_cast<int>(me - out.members.begin());
   const int size = static_cast<int>(out.members.size());
-  int64_t best = -1;
+  int64_t best = std::numeric_limits<int64_t>::min();
   for (size_t i = 0; i < out.members.size(); ++i) {
     const std::string text = store.get_string(elastic::arrived_key(epoch, out.members[i]));
     int64_t v = 0;
@@ -159,7 +177,8 @@ Regroup regroup(ProcessGroup& pg, int64_t value, std::chrono::milliseconds timeo
   pg.membership = epoch;
   auto scoped = std::make_shared<PrefixStore>(pg.store, fmt::format("elastic/{}/", epoch));
   pg.comm = make_store_communicator(pg.backend, scoped, pg.env, rank, size,
-                                    fmt::format("{}-m{}", pg.shm_run_id, epoch), pg.comm_options);
+                                    fmt::format("{}-m{}", pg.shm_run_id, epoch), pg.comm_options,
+                                    "gloo/");
   DDP_LOG_DEBUG("elastic regroup: membership {} ({}), rank {} of {}", epoch,
                 elastic::format_members(out.members), rank, size);
   return out;

@@ -24,6 +24,17 @@
 // A membership that does not come within the timeout (the failure was not a
 // rank's death: a mismatch, a network error), or one without this rank, is a
 // CommError naming the epoch, its members and the original error.
+// A membership grows too: ddprun (--max-restarts K under continue) starts a
+// replacement for a rank that left, with DDPRUN_JOIN=1; it builds its model,
+// sets elastic/join/<launch rank> = its pid, and waits in regroup(joining) for
+// the membership ddprun then writes with it appended (the list is the members
+// ascending, then the replacements in joining order: a rank's new number is its
+// place in the list, so no member's number goes down and the writer stays rank
+// 0). The members notice the newer membership at a step boundary (the trainer
+// polls elastic/epoch every 100 ms there), drop their communicator -- a peer
+// already waiting in the next step's first collective fails at once (shm:
+// RankControl::left; gloo: the connection closes) -- and regroup as after a
+// death; the replacement announces no progress, so it is never the source.
 #pragma once
 
 #include "collectives/bootstrap.h"
@@ -42,6 +53,10 @@ namespace elastic {
 inline constexpr const char* kEpochKey = "elastic/epoch";
 std::string members_key(int64_t epoch);
 std::string arrived_key(int64_t epoch, int launch_rank);
+// A replacement's request to join: its pid, so a stale key of a dead one is no request.
+std::string join_key(int launch_rank);
+// The latest membership epoch ddprun wrote to `store` (0: none yet).
+int64_t latest_epoch(Store& store);
 // "0,1,3" <-> {0, 1, 3}; ValueError names a malformed list.
 std::string format_members(const std::vector<int>& members);
 std::vector<int> parse_members(const std::string& text);
@@ -83,7 +98,9 @@ struct Regroup {
 // pg.comm to a communicator among its members and pg.env's rank and world size to
 // this rank's place there. `value`: this rank's progress (the trainer's step).
 // `cause`: the error that broke the old communicator, for the messages.
+// joining: a replacement (LaunchEnv::joining) that waits past memberships without
+// it for the first one with it (ddprun adds it once it asked to join).
 Regroup regroup(ProcessGroup& pg, int64_t value, std::chrono::milliseconds timeout,
-                const std::string& cause);
+                const std::string& cause, bool joining = false);
 
 }  // namespace ddp

@@ -179,7 +179,9 @@ std::shared_ptr<gloo::Context> connect(std::shared_ptr<Store> store, const GlooO
       gloo::rendezvous::HashStore local;
       context->connectFullMesh(local, device);
     } else {
-      GlooStore adapter(std::move(store), fmt::format("gloo/{}/", g_gloo_instances++));
+      GlooStore adapter(std::move(store), options.store_prefix.empty()
+                                              ? fmt::format("gloo/{}/", g_gloo_instances++)
+                                              : options.store_prefix);
       context->connectFullMesh(adapter, device);
     }
   } catch (const Error&) {

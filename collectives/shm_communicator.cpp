@@ -140,7 +140,15 @@ class ShmCommunicator final : public ThreadedCommunicator {
         sources_(static_cast<size_t>(options.size)) {
     start_thread();
   }
-  ~ShmCommunicator() override { stop_thread(); }  // then segment_ unmaps
+  ~ShmCommunicator() override {
+    stop_thread();  // then segment_ unmaps
+    // Peers still waiting for this rank (it leaves a group that goes on
+    // without it, or ahead of it) fail now rather than at their timeout.
+    shm::RankControl& mine = segment_->control(rank());
+    mine.left.store(1, std::memory_order_release);
+    mine.wake.fetch_add(1, std::memory_order_release);
+    shm::futex_wake_all(mine.wake);
+  }
   std::string backend() const override { return "shm"; }
 
  protected:
@@ -389,7 +397,9 @@ void ShmCommunicator::check_peers(const Collective& c, uint64_t target) {
     if (p == rank() || segment_->control(p).counter.load() >= target) continue;
     const int pid = segment_->pid(p);
     const shm::ProcessState state = shm::process_state(pid);
-    if (state == shm::ProcessState::exited)
+    if (segment_->control(p).left.load(std::memory_order_acquire) != 0)
+      exited.push_back(fmt::format("rank {} (pid {}, which left the communicator)", p, pid));
+    else if (state == shm::ProcessState::exited)
       exited.push_back(fmt::format("rank {} (pid {})", p, pid));
     late.push_back(fmt::format("rank {} (pid {}, {})", p, pid, shm::process_state_name(state)));
   }

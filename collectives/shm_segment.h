@@ -31,10 +31,13 @@ struct alignas(kCacheLine) SegmentHeader {
 // One rank's published state. Only that rank writes counter, wake and fingerprint;
 // the others read them (and touch sleepers while they wait on it).
 struct alignas(kCacheLine) RankControl {
-  std::atomic<uint64_t> counter;            // Note [shm steps]: monotonic, never reset
-  std::atomic<uint32_t> wake;               // futex word, bumped when sleepers are waiting
-  std::atomic<uint32_t> sleepers;           // peers sleeping on `wake`
-  std::atomic<int32_t> pid;                 // 0 until the rank attached
+  std::atomic<uint64_t> counter;   // Note [shm steps]: monotonic, never reset
+  std::atomic<uint32_t> wake;      // futex word, bumped when sleepers are waiting
+  std::atomic<uint32_t> sleepers;  // peers sleeping on `wake`
+  std::atomic<int32_t> pid;        // 0 until the rank attached
+  // Set when the rank dropped its communicator (an elastic regroup, Note [elastic
+  // membership] in collectives/elastic.h): peers waiting for it fail as if it exited.
+  std::atomic<uint32_t> left;
   std::atomic<uint64_t> fingerprint[2][2];  // per step parity: {kind|op|dtype|root, count}
 };
 static_assert(sizeof(RankControl) == kCacheLine);

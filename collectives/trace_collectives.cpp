@@ -285,7 +285,7 @@ void trace_process_group(const ProcessGroup& pg) {
   info.world_size = pg.env.world_size;
   info.restart = static_cast<int>(env::get_int(env::kRestartCount).value_or(0));
   info.launcher = pg.env.launcher;
-  info.backend = pg.comm->backend();
+  info.backend = pg.comm ? pg.comm->backend() : pg.backend;  // a replacement: none yet
   info.run_id = pg.env.run_id;
   if (trace::requested()) {
     try {

@@ -95,6 +95,7 @@ GroupSpec make_spec(const LaunchOptions& o, const std::string& program_path, int
   spec.blame.stopped_timeout = to_ms(o.stopped_timeout_s);
   spec.elastic = o.on_failure == "continue";
   spec.min_ranks = std::max(1, o.min_ranks);
+  spec.replacements = spec.elastic ? o.max_restarts : 0;
   std::optional<std::chrono::milliseconds> hang;  // Note [default hang timeout]
   if (o.hang_timeout_s) hang = to_ms(*o.hang_timeout_s);
   spec.flight = flight_options(rendezvous.run_id(), restart, o.log_dir, hang);
@@ -167,6 +168,8 @@ int run_attempts(const LaunchOptions& o, const std::string& program_path, int np
     rendezvous.end_attempt();
     if (result.outcome == Outcome::success) return 0;
     if (SignalPipe::stop_signal() != 0) return result.exit_code;  // never restart then
+    // Under continue, --max-restarts counts replacements; a group that ended is not restarted.
+    if (o.on_failure == "continue") return result.exit_code;
     if (restart >= o.max_restarts) {
       if (o.max_restarts > 0)
         say(fmt::format("no restarts left (--max-restarts {})", o.max_restarts));

@@ -3,6 +3,7 @@
 #include "launcher/output.h"
 
 #include "collectives/elastic.h"
+#include "runtime/env.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -36,6 +37,8 @@ constexpr milliseconds kHangCheckInterval{250};
 // is blamed (failed_elsewhere_first()).
 constexpr milliseconds kRemoteVerdictWait{3000};
 constexpr milliseconds kMaxPollWait{250};
+// How often ddprun looks for replacements ready to join (--on-failure continue).
+constexpr milliseconds kJoinCheckInterval{50};
 // After the last rank exited, how long to keep reading pipes that an escaped
 // grandchild still holds open.
 constexpr milliseconds kDrainAfterExit{500};
@@ -53,8 +56,10 @@ struct RankProcess {
   int local_rank = 0;
   RankRecord rec;  // what launcher/blame.h judges
   bool running = false;
-  bool departed = false;  // --on-failure continue: it left the group (leave_group())
-  std::string err_log;    // "" without --log-dir
+  bool departed = false;               // --on-failure continue: it left the group (leave_group())
+  bool joining = false;                // a replacement not yet in a membership (check_joiners())
+  std::vector<std::string> extra_env;  // a replacement's DDPRUN_JOIN
+  std::string err_log;                 // "" without --log-dir
   Fd out_file, err_file;
   std::unique_ptr<RankStream> out, err;
 };
@@ -79,6 +84,10 @@ class Watcher {
   void blame_suspects_of_failure(std::vector<RankRecord>& records, Clock::time_point now);
   void carry_out_blame();
   bool leave_group();
+  void start_replacement(size_t index);
+  void check_joiners();
+  void end_unneeded_joiners();
+  std::vector<int> members() const;
   BlamePolicy policy() const;
   std::vector<size_t> local_suspects() const;
   void check_hang();
@@ -118,6 +127,8 @@ class Watcher {
   // --on-failure continue (Note [elastic membership] in collectives/elastic.h).
   int64_t membership_ = 0;
   std::vector<std::string> departures_;  // for the summary
+  int replacements_ = 0;                 // started, of spec_.replacements
+  Clock::time_point next_join_check_ = Clock::now();
 };
 
 GroupResult Watcher::run() {
@@ -134,8 +145,7 @@ GroupResult Watcher::run() {
   const GroupResult out = result();
   if (out.outcome != Outcome::success) print_summary();
   if (out.outcome == Outcome::success && !departures_.empty()) {
-    say(fmt::format("the job succeeded with {} rank{} fewer (--on-failure continue):",
-                    departures_.size(), departures_.size() == 1 ? "" : "s"));
+    say("the job succeeded; its membership changed (--on-failure continue):");
     for (const std::string& d : departures_) say("  " + d);
   }
   flight_.refresh();  // a region published since the last check
@@ -168,7 +178,9 @@ void Watcher::open_logs(RankProcess& r) {
   if (dir.empty()) return;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (spec_.restart == 0 ? O_TRUNC : O_APPEND);
+  const bool append =
+      spec_.restart > 0 || r.joining;  // a replacement goes after the rank it replaces
+  const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC);
   const std::string base = fmt::format("{}/rank_{}", dir, r.rec.rank);
   r.out_file = Fd(::open((base + ".out").c_str(), flags, 0644));
   r.err_file = Fd(::open((base + ".err").c_str(), flags, 0644));
@@ -179,8 +191,9 @@ void Watcher::open_logs(RankProcess& r) {
                     base, std::strerror(errno)));
   }
   r.err_log = base + ".err";
-  if (spec_.restart > 0) {
-    const std::string header = fmt::format("ddprun: restart {}\n", spec_.restart);
+  if (append) {
+    const std::string header = r.joining ? fmt::format("ddprun: replacement {}\n", replacements_)
+                                         : fmt::format("ddprun: restart {}\n", spec_.restart);
     write_all(r.out_file.get(), header.data(), header.size());
     write_all(r.err_file.get(), header.data(), header.size());
   }
@@ -204,6 +217,7 @@ void Watcher::spawn_one(RankProcess& r) {
                                                   .rank = r.rec.rank,
                                                   .echo = &error_echo_});
   std::vector<std::string> env = spec_.envs[static_cast<size_t>(r.local_rank)];
+  env.insert(env.end(), r.extra_env.begin(), r.extra_env.end());
   flight_.set_environment(env);  // Note [region directory]
   r.rec.start = Clock::now();
   r.rec.pid = spawn({.path = spec_.program_path,
@@ -239,6 +253,7 @@ void Watcher::poll_once() {
   reap_exited();
   check_hang();
   check_remote();
+  check_joiners();
   if (stopping_ && !killed_ && Clock::now() >= kill_deadline_) kill_all();
 }
 
@@ -271,6 +286,7 @@ void Watcher::reap_exited() {
     r.rec.exit_time = last_exit_ = Clock::now();
   }
   if (!stopping_) judge();
+  end_unneeded_joiners();
 }
 
 void Watcher::note_stop_change(RankProcess& r) {
@@ -315,7 +331,9 @@ void Watcher::judge() {
   if (!blame_) return;
   if (blame_->reason == BlameReason::failed) {
     if (failed_elsewhere_first()) return;
-    blame_suspects_of_failure(records, now);
+    // --on-failure continue: the rank that failed leaves; the slow ones that held
+    // a collective back are alive and stay.
+    if (!spec_.elastic) blame_suspects_of_failure(records, now);
   }
   carry_out_blame();
 }
@@ -375,14 +393,21 @@ void Watcher::carry_out_blame() {
 // the store (Note [elastic membership] in collectives/elastic.h). False when
 // fewer than --min-ranks would be left: the job ends as without continue.
 bool Watcher::leave_group() {
-  RankProcess& r = ranks_[blame_->index];
-  std::vector<int> members;
-  for (const RankProcess& p : ranks_) {
-    if (&p != &r && p.running && !p.departed) members.push_back(p.rec.rank);
+  const size_t index = blame_->index;
+  RankProcess& r = ranks_[index];
+  if (r.joining) {  // a replacement that never joined: the membership is unchanged
+    r.departed = true;
+    say(fmt::format("the replacement for rank {} failed before it joined: {}", r.rec.rank,
+                    blame_->what));
+    blame_.reset();
+    start_replacement(index);
+    return true;
   }
-  if (static_cast<int>(members.size()) < spec_.min_ranks) {
+  std::vector<int> left = members();
+  std::erase(left, r.rec.rank);
+  if (static_cast<int>(left.size()) < spec_.min_ranks) {
     say(fmt::format("{}; {} rank{} would be left, fewer than --min-ranks {}: ending the job",
-                    blame_->what, members.size(), members.size() == 1 ? "" : "s", spec_.min_ranks));
+                    blame_->what, left.size(), left.size() == 1 ? "" : "s", spec_.min_ranks));
     return false;
   }
   if (r.running) {
@@ -392,14 +417,90 @@ bool Watcher::leave_group() {
   }
   r.departed = true;
   ++membership_;
-  const std::string list = elastic::format_members(members);
-  rendezvous_.publish_membership(membership_, members);
+  const std::string list = elastic::format_members(left);
+  rendezvous_.publish_membership(membership_, left);
   const std::string what = fmt::format("{} at {:.2f} s; the group went on with ranks {}",
                                        blame_->what, seconds_between(start_, Clock::now()), list);
   departures_.push_back(what);
   say(fmt::format("{} (--on-failure continue: membership {})", what, membership_));
   blame_.reset();
+  start_replacement(index);
   return true;
+}
+
+// The members of the group now: the ranks running that neither left nor wait
+// to join, ascending, then the replacements in the order they joined (Note
+// [elastic membership]: a member's rank is its place in the list).
+std::vector<int> Watcher::members() const {
+  std::vector<int> out;
+  for (const RankProcess& p : ranks_) {
+    if (p.running && !p.departed && !p.joining) out.push_back(p.rec.rank);
+  }
+  return out;
+}
+
+// --on-failure continue --max-restarts K: a new process for the rank that left,
+// with DDPRUN_JOIN=1: it loads its data and model, then asks to join
+// (elastic/join/<rank>); check_joiners() puts it into the next membership.
+void Watcher::start_replacement(size_t index) {
+  if (replacements_ >= spec_.replacements || stopping_) return;
+  ++replacements_;
+  RankProcess next;
+  next.local_rank = ranks_[index].local_rank;
+  next.rec.rank = ranks_[index].rec.rank;
+  next.joining = true;
+  next.extra_env = {std::string(env::kJoin) + "=1",
+                    fmt::format("{}={}", env::kReplacement, replacements_)};
+  ranks_.push_back(std::move(next));
+  RankProcess& r = ranks_.back();
+  open_logs(r);
+  spawn_one(r);
+  say(
+      fmt::format("started a replacement for rank {} (pid {}; replacement {} of {}, "
+                  "--max-restarts); it joins at a step boundary once it is ready",
+                  r.rec.rank, r.rec.pid, replacements_, spec_.replacements));
+}
+
+void Watcher::check_joiners() {
+  const auto now = Clock::now();
+  if (stopping_ || now < next_join_check_) return;
+  next_join_check_ = now + kJoinCheckInterval;
+  std::vector<size_t> ready;
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    const RankProcess& r = ranks_[i];
+    if (r.joining && r.running && rendezvous_.joiner_ready(r.rec.rank, r.rec.pid))
+      ready.push_back(i);
+  }
+  if (ready.empty()) return;
+  std::vector<int> list = members();
+  for (const size_t i : ready) {
+    ranks_[i].joining = false;
+    list.push_back(ranks_[i].rec.rank);
+  }
+  ++membership_;
+  rendezvous_.publish_membership(membership_, list);
+  const std::string what = fmt::format(
+      "the replacement for rank{} {} joined at {:.2f} s: the group went on with ranks {}",
+      ready.size() == 1 ? "" : "s",
+      fmt::join(list.end() - static_cast<std::ptrdiff_t>(ready.size()), list.end(), ","),
+      seconds_between(start_, now), elastic::format_members(list));
+  departures_.push_back(what);
+  say(fmt::format("{} (membership {})", what, membership_));
+}
+
+// Replacements still waiting to join when every member has finished: not needed.
+void Watcher::end_unneeded_joiners() {
+  if (!members().empty()) return;
+  for (RankProcess& r : ranks_) {
+    if (!r.joining || !r.running || r.departed) continue;
+    r.departed = true;
+    r.rec.signalled = true;
+    signal_group(r.rec.pid, SIGKILL);
+    say(
+        fmt::format("the replacement for rank {} (pid {}) was not needed: the group finished "
+                    "before it joined",
+                    r.rec.rank, r.rec.pid));
+  }
 }
 
 BlamePolicy Watcher::policy() const {

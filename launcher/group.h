@@ -53,6 +53,7 @@ struct GroupSpec {
   // min_ranks ranks live (Note [elastic membership] in collectives/elastic.h).
   bool elastic = false;
   int min_ranks = 1;
+  int replacements = 0;  // --max-restarts under continue: processes started for ranks that left
 };
 
 enum class Outcome { success, rank_failed, remote_failed, interrupted };

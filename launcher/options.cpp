@@ -47,7 +47,9 @@ rendezvous:
 failures:
   --max-restarts K      restart the whole group up to K times when a rank
                         fails (default 0); ranks see DDPRUN_RESTART_COUNT
-                        and TORCHELASTIC_RESTART_COUNT
+                        and TORCHELASTIC_RESTART_COUNT. With --on-failure
+                        continue: start up to K replacement ranks, each
+                        joining the group at a step boundary
   --on-failure restart|continue|stop
                         what a rank that fails (dies, or is stopped or hung
                         past its timeout) does to the group: restart it whole
@@ -244,11 +246,6 @@ void validate_on_failure(const LaunchOptions& o) {
             "--on-failure continue runs on one node for now (--nnodes {}): use --on-failure "
             "restart across nodes",
             o.nnodes);
-  DDP_CHECK(o.max_restarts == 0,
-            "--on-failure continue does not start replacement ranks yet, so --max-restarts {} "
-            "would never be used; the group goes on with the ranks left (docs/elastic.md). Pass "
-            "one of them",
-            o.max_restarts);
   DDP_CHECK(o.min_ranks >= 0, "--min-ranks {}: must be at least 1", o.min_ranks);
   const std::string& n = o.nproc_per_node;
   if (o.min_ranks > 0 && n != "gpu" && n != "auto") {

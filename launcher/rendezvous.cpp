@@ -222,6 +222,12 @@ void Rendezvous::publish_membership(int64_t epoch, const std::vector<int>& membe
   store_->set(elastic::kEpochKey, std::to_string(epoch));  // after the members it names
 }
 
+bool Rendezvous::joiner_ready(int rank, int pid) {
+  if (store_ == nullptr) return false;
+  const std::string key = elastic::join_key(rank);
+  return store_->check({key}) && store_->get_string(key) == std::to_string(pid);
+}
+
 void Rendezvous::publish_failure(const GroupFailure& failure) {
   if (!multi_node() || !store_ || store_lost_) return;
   const std::string value =

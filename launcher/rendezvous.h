@@ -108,6 +108,8 @@ class Rendezvous {
   // --on-failure continue: membership `epoch` is `members` (launch ranks), for the
   // ranks' regroup (Note [elastic membership] in collectives/elastic.h).
   void publish_membership(int64_t epoch, const std::vector<int>& members);
+  // Whether the replacement for launch rank `rank` (process `pid`) asked to join.
+  bool joiner_ready(int rank, int pid);
   // Every node's ranks succeeded. A lost store counts as done here: node 0
   // stops its store once it saw every done/<r>.
   bool all_done();

@@ -3,7 +3,10 @@
 #include "collectives/collective_events.h"
 #include "collectives/elastic.h"
 #include "runtime/autograd/functions.h"
+#include "runtime/env.h"
 #include "runtime/ops/ops.h"
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -11,6 +14,7 @@
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 namespace ddp::train {
 namespace {
@@ -22,6 +26,9 @@ using Clock = std::chrono::steady_clock;
 // at its timeout, after which the peers' collectives fail; so this bounds only a
 // failure that was not a departure (then the original error ends the run).
 constexpr std::chrono::milliseconds kRegroupTimeout{30000};
+// How often a member looks for a newer membership (a replacement joining), at
+// step boundaries: a store round trip per 100 ms is far below 1% of a step.
+constexpr std::chrono::milliseconds kMembershipPoll{100};
 
 // The progress a rank announces: 2 x steps, +1 once the epoch's report is done
 // (the position is the next epoch's start), so the most advanced rank is the one
@@ -175,32 +182,75 @@ EpochSteps rest_of_epoch(const Task& task, const TrainOptions& o, int rank, int 
                      rank);
 }
 
+namespace {
+
+// After a regroup: the most advanced rank's state here, the data resharded,
+// DDP rebuilt, the writer's files taken over (Note [elastic training] 3, 4).
+void go_on(Run& r, const Regroup& g, int old_rank, Clock::time_point start) {
+  ProcessGroup& pg = *r.pg;
+  r.world_size = pg.env.world_size;
+  copy_state(r, g.source);
+  r.task->reshard(pg.env.rank, pg.env.world_size);
+  make_ddp(r);
+  if (pg.env.rank == 0) take_over_writing(r, old_rank != 0);
+  r.rejoin_at = r.position;
+  r.next_membership_poll = Clock::now() + kMembershipPoll;
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  r.out << fmt::format(
+      "rank {}: membership {} is ranks {} (launch ranks); this rank is now rank {} of {}; going "
+      "on from step {} (epoch {}, step {} of it), copied from launch rank {}; regrouped in "
+      "{:.2f} s\n",
+      pg.launch_rank, g.epoch, elastic::format_members(g.members), pg.env.rank, pg.env.world_size,
+      r.step, r.position.epoch + 1, r.position.step, g.members[g.source], seconds);
+  r.out.flush();
+}
+
+}  // namespace
+
 void rejoin(Run& r, const CommError& failure) {
   const auto start = Clock::now();
   ProcessGroup& pg = *r.pg;
   const int old_rank = pg.env.rank;
-  r.out << fmt::format("rank {}: a collective failed ({}); regrouping (--on-failure continue)\n",
-                       pg.launch_rank, failure.what());
+  r.out << fmt::format("{}; regrouping (--on-failure continue)\n", failure.what());
   r.out.flush();
   r.join.reset();
   r.ddp.reset();
   pg.comm.reset();  // Note [elastic training] 1
   const Regroup g = regroup(pg, progress(r), kRegroupTimeout, failure.what());
-  r.world_size = pg.env.world_size;
-  copy_state(r, g.source);
-  r.task->reshard(pg.env.rank, pg.env.world_size);
-  make_ddp(r);
-  const bool writer = pg.env.rank == 0;
-  if (writer) take_over_writing(r, old_rank != 0);
-  r.rejoin_at = r.position;
-  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  go_on(r, g, old_rank, start);
+}
+
+void join_group(Run& r) {
+  const auto start = Clock::now();
+  ProcessGroup& pg = *r.pg;
+  pg.store->set(elastic::join_key(pg.launch_rank), std::to_string(::getpid()));
   r.out << fmt::format(
-      "rank {}: membership {} is ranks {} (launch ranks); this rank is now rank {} of {}; going "
-      "on from step {} (epoch {}, step {} of it), copied from launch rank {}; {:.2f} s after the "
-      "failure\n",
-      pg.launch_rank, g.epoch, elastic::format_members(g.members), pg.env.rank, pg.env.world_size,
-      r.step, r.position.epoch + 1, r.position.step, g.members[g.source], seconds);
+      "rank {}: a replacement (DDPRUN_REPLACEMENT={}), ready; joining the group at its next step "
+      "boundary\n",
+      pg.launch_rank, env::get(env::kReplacement).value_or("?"));
   r.out.flush();
+  const Regroup g = regroup(pg, -1, pg.comm_options.timeout, "a replacement asked to join",
+                            /*joining=*/true);
+  pg.env.joining = false;
+  go_on(r, g, /*old_rank=*/-1, start);
+}
+
+void check_membership(Run& r) {
+  if (!r.elastic) return;
+  ProcessGroup& pg = *r.pg;
+  const bool test_step = r.join_at_step > 0;  // DDP_TEST_JOIN_AT: only there, and waiting
+  if (test_step ? r.step != r.join_at_step : Clock::now() < r.next_membership_poll) return;
+  r.next_membership_poll = Clock::now() + kMembershipPoll;
+  const auto deadline = Clock::now() + kRegroupTimeout;
+  int64_t latest = elastic::latest_epoch(*pg.store);
+  while (test_step && latest <= pg.membership && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    latest = elastic::latest_epoch(*pg.store);
+  }
+  if (latest <= pg.membership) return;
+  throw CommError(fmt::format("rank {}: membership {} announced at step {} (a rank joins or left)",
+                              pg.env.rank, latest, r.step),
+                  pg.env.rank, "membership", -1, 0);
 }
 
 }  // namespace ddp::train

@@ -32,6 +32,12 @@
 // before the first step (check_elastic): ZeRO (a shard dies with its rank),
 // --drop-last false (a Join), tasks that cannot reshard (language models),
 // backends other than shm and gloo.
+// A replacement (ddprun --max-restarts K under continue) loads its data and
+// model as any rank, then join_group() asks ddprun to join and waits; the
+// members see the newer membership at a step boundary (check_membership),
+// leave their communicator and regroup with it, and it takes the most
+// advanced member's state like any regrouped rank: the group is whole again
+// without a restart and without a file.
 #pragma once
 
 #include "collectives/communicator.h"
@@ -50,5 +56,13 @@ EpochSteps rest_of_epoch(const Task& task, const TrainOptions& o, int rank, int 
 // Regroups after `failure` (Note [elastic training]); sets r.rejoin_at. Throws
 // the regroup's CommError when the failure was not a rank's departure.
 void rejoin(Run& r, const CommError& failure);
+// A replacement (LaunchEnv::joining, DDPRUN_JOIN=1): asks ddprun to join, waits
+// for the membership with it and takes the most advanced member's state; sets
+// r.rejoin_at.
+void join_group(Run& r);
+// At a step boundary, at most every 100 ms (DDP_TEST_JOIN_AT=STEP: at that step
+// only, waiting for it): a newer membership than the rank's (a replacement joins)
+// is a CommError for the epoch loop, which regroups (Note [elastic membership]).
+void check_membership(Run& r);
 
 }  // namespace ddp::train

@@ -379,6 +379,7 @@ void after_step(Run& r, EpochState& e, Progress& progress, int64_t step, int64_t
     save(r, e.epoch, step, e.loss_sum, e.micro_batches);
   }
   if (r.step == r.faults.kill_step) ::raise(SIGKILL);
+  check_membership(r);  // a replacement joining (Note [elastic membership])
 }
 
 }  // namespace

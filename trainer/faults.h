@@ -13,12 +13,12 @@ namespace ddp::train {
 // DDP_TEST_NAN_WEIGHT_AT=RANK:STEP makes a weight NaN after step STEP's update (as
 // a non-finite gradient with a finite loss would). RANK * is every rank; several
 // RANK:STEP separated by commas name several ranks (2:5,3:9). All act
-// only in a group's first attempt (DDPRUN_RESTART_COUNT unset or 0), so the
-// restarted group runs clean. For the flight recorder (docs/flight_recorder.md):
-// DDP_TEST_SLOW_RANK=RANK:MS sleeps MS milliseconds in each forward of that rank
-// (a straggler); DDP_TEST_SKIP_ALLREDUCE=RANK:STEP makes that rank skip bucket
-// 0's all_reduce at optimizer step STEP of this process (a collective mismatch;
-// the ranks then hang or fail).
+// only in a group's first attempt (DDPRUN_RESTART_COUNT unset or 0) and not in
+// a replacement rank (DDPRUN_JOIN), so the restarted group runs clean. For the flight recorder
+// (docs/flight_recorder.md): DDP_TEST_SLOW_RANK=RANK:MS sleeps MS milliseconds in each forward of
+// that rank (a straggler); DDP_TEST_SKIP_ALLREDUCE=RANK:STEP makes that rank skip bucket 0's
+// all_reduce at optimizer step STEP of this process (a collective mismatch; the ranks then hang or
+// fail).
 struct TestFaults {
   int64_t kill_step = -1, nan_step = -1, nan_weight_step = -1;
   int64_t slow_ms = -1, skip_allreduce_step = -1;

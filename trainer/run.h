@@ -16,6 +16,7 @@
 #include "trainer/task.h"
 #include "trainer/trainer.h"
 
+#include <chrono>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -85,6 +86,8 @@ struct Run {
   EpochPosition position{};                      // after the last completed step
   std::optional<EpochPosition> rejoin_at{};      // where the epoch goes on after a regroup
   Tensor last_loss{};  // the last completed step's last micro-batch loss (its loss row)
+  std::chrono::steady_clock::time_point next_membership_poll{};  // check_membership()
+  int64_t join_at_step = -1;  // DDP_TEST_JOIN_AT (docs/train.md): members regroup there only
 };
 
 // DistributedDataParallel (with ZeRO's attach) over r.pg->comm, as the options ask.

@@ -298,10 +298,11 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
     r.elastic = true;
     r.writable = writable;
     r.launch_options = launch;
+    r.join_at_step = TestFaults::step_for("DDP_TEST_JOIN_AT", 0);  // every rank: *:STEP
     check_elastic(r);  // before the first step: what a regroup cannot carry on
   }
   // After a resume, so every rank starts from the same (rank 0's) values.
-  if (pg != nullptr) make_ddp(r);
+  if (pg != nullptr && pg->comm != nullptr) make_ddp(r);
   if (dp) r.dp = std::make_unique<DataParallel>(r.model, dp_devices);
   TrainResult result{{}, r.device, r.model->num_parameters(), 0, rank, r.world_size, r.mode};
   if (!o.quiet) {
@@ -323,6 +324,10 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
   if (!o.quiet && o.summary) out << r.task->model()->summary();
   if (!o.quiet) out << describe_uneven(*r.task, o, r.world_size);
   r.position.epoch = r.first_epoch;
+  if (pg != nullptr && pg->env.joining) {  // a replacement: Note [elastic training]
+    join_group(r);
+    r.first_epoch = r.rejoin_at->epoch;
+  }
   train_epochs(r, result);
   result.stopped_early = r.stop_early;
   result.total_s = seconds_since(start);
@@ -375,10 +380,12 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
   pg_options.device = o.device == "auto" ? "" : o.device;
   pg_options.backend = o.backend;
   ProcessGroup pg = init_process_group(pg_options);
-  const std::string resume_from = resume_path(o, &pg);  // before the other ranks drop --save
+  // Before the other ranks drop --save. A replacement joining the group
+  // (trainer/elastic.h) takes its state from a member instead.
+  const std::string resume_from = pg.env.joining ? "" : resume_path(o, &pg);
   TrainOptions mine = o;
   mine.save_everywhere = o.save;
-  if (pg.env.rank != 0) {
+  if (pg.env.rank != 0 || pg.env.joining) {  // a replacement is never the writer at first
     mine.quiet = true;
     mine.save.clear();
     mine.metrics.clear();

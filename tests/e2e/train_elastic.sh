@@ -9,16 +9,19 @@
 #   - in the victim's forward (the victim slowed),
 #   - on rank 0, the writer of the logs and checkpoints (--save-every 1: often
 #     inside a save), whose successor takes the files over,
-# on shm and gloo; then two ranks in a row, a rank that hangs (SIGSTOP) instead of
-# dying, --min-ranks reached, a run without failures that equals --on-failure
-# restart's, and bad input.
+# on shm and gloo; a replacement (--max-restarts 1) that joins the group again,
+# its reference joining at the same step (DDP_TEST_JOIN_AT); then two ranks in a
+# row, a rank that hangs (SIGSTOP) instead of dying, --min-ranks reached, a run
+# without failures that equals --on-failure restart's, and bad input.
 # usage: train_elastic.sh DDPRUN TRAIN [quick]   (quick: the sanitizer build's
-# cut-down set: shm in the all_reduce, gloo on rank 0, bad input)
+# cut-down set: shm in the all_reduce, gloo on rank 0, a replacement on shm,
+# bad input)
 set -uo pipefail
 ddprun=$1 train=$2 mode=${3:-full}
 dir=$(mktemp -d)
 cleanup() {
   pkill -KILL -f -- "--save $dir/" 2>/dev/null
+  [ -n "${KEEP:-}" ] && { echo "kept $dir"; return; }  # KEEP=1: the files, for debugging
   rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -59,6 +62,7 @@ check_loss_log() {
 run() {
   local name=$1 backend=$2 victims=$3 slow=$4
   shift 4
+  [ -n "${ONLY:-}" ] && [ "$ONLY" != "$name" ] && return  # ONLY=NAME: one case, for debugging
   local out="$dir/$name"
   DDP_TEST_SLOW_RANK=$slow "$ddprun" --standalone -n 4 --on-failure continue "$@" "$train" \
     --backend "$backend" "${common[@]}" --save "$out.st" --loss-log "$out.loss" \
@@ -88,11 +92,30 @@ run() {
     [ -n "$step" ] || fail "$name: the ranks left did not regroup after rank $victim was killed"
     kill_at="$kill_at${kill_at:+,}$victim:$step"
   done
+  # With a replacement (--max-restarts 1): the step at which it joined.
+  local join_env=()
+  if [ -n "${REPLACE:-}" ]; then
+    membership=$((membership + 1))
+    local joined=""
+    for _ in $(seq 500); do
+      joined=$(grep -o "membership $membership is ranks [0-9,]* (launch ranks); this rank is now rank [0-9]* of 4; going on from step [0-9]*" "$out.log" |
+        head -1 | grep -o "[0-9]*$")
+      [ -n "$joined" ] && break
+      sleep 0.02
+    done
+    [ -n "$joined" ] || fail "$name: the replacement did not join"
+    join_env=(DDP_TEST_JOIN_AT="*:$joined")
+    kill_at="$kill_at (joined at $joined)"
+  fi
   wait "$job" || fail "$name: the killed run exited $? (expected 0)"
-  grep -q "the job succeeded with" "$out.log" || fail "$name: no summary of the departures"
+  grep -q "the job succeeded; its membership changed" "$out.log" || fail "$name: no summary of the membership changes"
   check_loss_log "$out.loss"
-  # The reference: the same ranks leave after the same steps, by themselves.
-  DDP_TEST_SLOW_RANK=$slow DDP_TEST_KILL_AT=$kill_at "$ddprun" --standalone -n 4 \
+  if [ -n "${REPLACE:-}" ]; then
+    grep -q "the replacement for rank $victims joined" "$out.log" || fail "$name: no join in the summary"
+  fi
+  # The reference: the same ranks leave after the same steps, by themselves (and
+  # the members take the replacement in at the same step).
+  env "${join_env[@]}" DDP_TEST_SLOW_RANK="$slow" DDP_TEST_KILL_AT="${kill_at%% *}" "$ddprun" --standalone -n 4 \
     --on-failure continue "$@" "$train" --backend "$backend" "${common[@]}" --save "$out.ref.st" \
     --loss-log "$out.ref.loss" --save-every "${SAVE_EVERY:-4}" >"$out.ref.log" 2>&1 ||
     fail "$name: the reference run (DDP_TEST_KILL_AT=$kill_at) exited $?"
@@ -109,8 +132,6 @@ bad_input() {
   [ $? -eq 2 ] && grep -q "on-failure sometimes: expected restart" "$out" || fail "--on-failure sometimes"
   "$ddprun" --min-ranks 2 -n 2 "$train" >"$out" 2>&1
   [ $? -eq 2 ] && grep -q "min-ranks 2 applies to --on-failure continue" "$out" || fail "--min-ranks alone"
-  "$ddprun" --on-failure continue --max-restarts 1 -n 2 "$train" >"$out" 2>&1
-  [ $? -eq 2 ] && grep -q "does not start replacement ranks yet" "$out" || fail "continue + restarts"
   "$ddprun" --on-failure continue --min-ranks 3 -n 2 "$train" >"$out" 2>&1
   [ $? -eq 2 ] && grep -q "min-ranks 3 is more than the 2 ranks" "$out" || fail "--min-ranks 3 of 2"
   "$ddprun" --standalone -n 2 --on-failure continue "$train" --backend shm "${common[@]}" \
@@ -128,6 +149,7 @@ bad_input() {
 
 run shm_allreduce shm 2 0:25
 SAVE_EVERY=1 run gloo_writer gloo 0 1:25
+REPLACE=1 run shm_replacement shm 2 0:25 --max-restarts 1
 bad_input
 [ "$mode" = quick ] && exit 0
 
@@ -135,6 +157,8 @@ run gloo_allreduce gloo 2 0:25
 run shm_forward shm 2 2:25
 SAVE_EVERY=1 run shm_writer shm 0 3:25
 run shm_two shm "2 3" 0:25
+REPLACE=1 run gloo_replacement gloo 1 3:25 --max-restarts 1
+[ -n "${ONLY:-}" ] && exit 0
 
 # A rank that hangs: stopped, ddprun gives it up after --stopped-timeout 1.
 out="$dir/stopped"

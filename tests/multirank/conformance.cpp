@@ -68,9 +68,9 @@ std::shared_ptr<Communicator> make_gloo(int rank, int size, CommOptions comm) {
   store_options.host = "127.0.0.1";
   store_options.port = std::stoi(*port);
   store_options.timeout = std::chrono::milliseconds(30000);
-  std::shared_ptr<Communicator> gloo =
-      make_gloo_communicator(std::make_shared<TcpStore>(store_options),
-                             {.rank = rank, .size = size, .hostname = "127.0.0.1", .comm = comm});
+  std::shared_ptr<Communicator> gloo = make_gloo_communicator(
+      std::make_shared<TcpStore>(store_options),
+      {.rank = rank, .size = size, .hostname = "127.0.0.1", .comm = comm, .store_prefix = ""});
   Communicator* raw = gloo.get();
   return std::shared_ptr<Communicator>(raw, [gloo, server](Communicator*) mutable {
     gloo.reset();

@@ -172,7 +172,8 @@ TEST_P(GlooFaults, MismatchWithoutDebugIsNamedInOurWords) {
 INSTANTIATE_TEST_SUITE_P(Gloo, GlooFaults, ::testing::Values(2, 3, 4),
                          [](const auto& info) { return fmt::format("gloo_{}", info.param); });
 
-const GlooOptions kLoneRank{.rank = 0, .size = 1, .hostname = "127.0.0.1", .comm = {}};
+const GlooOptions kLoneRank{
+    .rank = 0, .size = 1, .hostname = "127.0.0.1", .comm = {}, .store_prefix = ""};
 
 // World size 1 needs no store: the collectives are the identity.
 TEST(GlooCommunicator, WorldSizeOneWithoutAStore) {
@@ -190,9 +191,11 @@ TEST(GlooCommunicator, WorldSizeOneWithoutAStore) {
 }
 
 TEST(GlooCommunicator, WorldSizeTwoNeedsAStore) {
-  EXPECT_THROW(make_gloo_communicator(
-                   nullptr, GlooOptions{.rank = 0, .size = 2, .hostname = "", .comm = {}}),
-               ValueError);
+  EXPECT_THROW(
+      make_gloo_communicator(
+          nullptr,
+          GlooOptions{.rank = 0, .size = 2, .hostname = "", .comm = {}, .store_prefix = ""}),
+      ValueError);
 }
 
 TEST(GlooCommunicator, RejectsU8ReductionsAndIntegerAvg) {
@@ -205,8 +208,9 @@ TEST(GlooCommunicator, RejectsU8ReductionsAndIntegerAvg) {
 
 TEST(GlooCommunicator, UnresolvableHostnameIsACommErrorNamingIt) {
   try {
-    make_gloo_communicator(nullptr,
-                           {.rank = 0, .size = 1, .hostname = "no-such-host.invalid", .comm = {}});
+    make_gloo_communicator(
+        nullptr,
+        {.rank = 0, .size = 1, .hostname = "no-such-host.invalid", .comm = {}, .store_prefix = ""});
     FAIL() << "connected on an unresolvable hostname";
   } catch (const CommError& e) {
     EXPECT_NE(std::string(e.what()).find("no-such-host.invalid"), std::string::npos) << e.what();

@@ -68,9 +68,9 @@ TEST(DdprunOptions, OnFailureAndMinRanks) {
   EXPECT_NE(parse_error({"-n", "2", "--on-failure", "continue", "--min-ranks", "3", "train"})
                 .find("--min-ranks 3 is more than the 2 ranks started"),
             std::string::npos);
-  EXPECT_NE(parse_error({"--on-failure", "continue", "--max-restarts", "1", "train"})
-                .find("does not start replacement ranks yet"),
-            std::string::npos);
+  // Under continue, --max-restarts counts replacement ranks.
+  EXPECT_EQ(
+      parse({"--on-failure", "continue", "--max-restarts", "2", "train"}).options.max_restarts, 2);
   EXPECT_NE(parse_error({"--nnodes", "2", "--on-failure", "continue", "train"})
                 .find("--on-failure continue runs on one node for now (--nnodes 2)"),
             std::string::npos);
