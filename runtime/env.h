@@ -7,7 +7,9 @@
 //   DDPRUN_STORE_ADDR=host:port (where; default MASTER_ADDR:MASTER_PORT),
 //   TORCHELASTIC_{RESTART_COUNT,MAX_RESTARTS,RUN_ID,USE_AGENT_STORE}, ROLE_*,
 //   GROUP_WORLD_SIZE (torchrun's, read by PyTorch programs, not by ddp),
-//   DDP_STORE_SECRET (the store rejects clients without it; empty: no check)
+//   DDP_STORE_SECRET (the store rejects clients without it; empty: no check),
+//   DDPRUN_ON_FAILURE (restart|continue|stop: docs/elastic.md), and in a
+//   replacement rank DDPRUN_JOIN=1 and DDPRUN_REPLACEMENT=N
 // Set by other launchers and understood by the bootstrap:
 //   OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}, PMI_RANK, PMI_SIZE,
 //   SLURM_{PROCID,NTASKS,LOCALID}
