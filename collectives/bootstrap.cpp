@@ -320,6 +320,7 @@ ProcessGroup make_process_group(const ProcessGroupOptions& options) {
   }
   connect_store(pg, timeout);
   pg.launch_rank = pg.env.rank;
+  for (int r = 0; r < pg.env.world_size; ++r) pg.members.push_back(r);
   pg.backend = backend;
   pg.comm_options = comm;
   if (backend == "shm") pg.shm_run_id = shared_run_id(pg);

@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ddp {
 
@@ -54,10 +55,11 @@ struct ProcessGroup {
   LaunchEnv env;  // env.rank/world_size: this rank's place now (an elastic regroup changes them)
   Device device;
   // What an elastic regroup needs to form the next communicator (collectives/elastic.h).
-  int launch_rank = 0;     // env.rank as the launcher started the process
-  int64_t membership = 0;  // the membership epoch of `comm` (Note [elastic membership])
-  std::string backend;     // of `comm`
-  std::string shm_run_id;  // shm: the run id that names the segment
+  int launch_rank = 0;       // env.rank as the launcher started the process
+  int64_t membership = 0;    // the membership epoch of `comm` (Note [elastic membership])
+  std::vector<int> members;  // its launch ranks, in rank order (0..W-1 at the start)
+  std::string backend;       // of `comm`
+  std::string shm_run_id;    // shm: the run id that names the segment
   CommOptions comm_options;
 };
 

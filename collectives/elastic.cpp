@@ -172,6 +172,15 @@ Regroup regroup(ProcessGroup& pg, int64_t value, std::chrono::milliseconds timeo
       out.source = static_cast<int>(i);
     }
   }
+  for (const int m : pg.members) {
+    if (std::find(out.members.begin(), out.members.end(), m) == out.members.end())
+      out.left.push_back(m);
+  }
+  for (const int m : out.members) {
+    if (std::find(pg.members.begin(), pg.members.end(), m) == pg.members.end())
+      out.joined.push_back(m);
+  }
+  pg.members = out.members;
   pg.env.rank = pg.env.local_rank = rank;
   pg.env.world_size = pg.env.local_world_size = size;
   pg.membership = epoch;

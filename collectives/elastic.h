@@ -91,6 +91,7 @@ struct Regroup {
   std::vector<int64_t> values;  // each member's announced value
   int source = 0;               // the new rank with the highest value (lowest among equals)
   int old_world_size = 0;
+  std::vector<int> left, joined;  // launch ranks, against the rank's previous membership
 };
 
 // Note [elastic membership]: the caller has dropped pg.comm (every Work on it

@@ -196,6 +196,8 @@ void go_on(Run& r, const Regroup& g, int old_rank, Clock::time_point start) {
   r.rejoin_at = r.position;
   r.next_membership_poll = Clock::now() + kMembershipPoll;
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  r.metrics->write_membership(r.step, r.position.epoch + 1, g.epoch, g.members, g.left, g.joined,
+                              seconds);
   r.out << fmt::format(
       "rank {}: membership {} is ranks {} (launch ranks); this rank is now rank {} of {}; going "
       "on from step {} (epoch {}, step {} of it), copied from launch rank {}; regrouped in "

@@ -154,6 +154,19 @@ MetricsLog::MetricsLog(const std::string& path, const std::optional<RunPosition>
   file_ = open_for_append("--metrics", path);
 }
 
+void MetricsLog::write_membership(int64_t step, int64_t epoch, int64_t membership,
+                                  const std::vector<int>& ranks, const std::vector<int>& left,
+                                  const std::vector<int>& joined, double regroup_s) {
+  if (!file_.is_open() || csv_) return;
+  file_ << fmt::format(
+      "{{\"event\": \"membership\", \"step\": {}, \"epoch\": {}, \"membership\": {}, "
+      "\"ranks\": [{}], \"left\": [{}], \"joined\": [{}], \"world_size\": {}, "
+      "\"regroup_s\": {:.4f}}}\n",
+      step, epoch, membership, fmt::join(ranks, ", "), fmt::join(left, ", "),
+      fmt::join(joined, ", "), ranks.size(), regroup_s);
+  file_.flush();
+}
+
 void MetricsLog::write(const EpochMetrics& m, int64_t step, int world_size,
                        const std::string& mode) {
   if (!file_.is_open()) return;

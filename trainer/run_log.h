@@ -9,6 +9,7 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ddp::train {
 
@@ -37,6 +38,13 @@ class MetricsLog {
   MetricsLog(const std::string& path, const std::optional<RunPosition>& start);
   // `step`: training steps at the end of the epoch (all epochs counted).
   void write(const EpochMetrics& m, int64_t step, int world_size, const std::string& mode);
+  // A change of the group (ddprun --on-failure continue, docs/elastic.md): a row
+  // {"event": "membership", "step", "epoch", "membership", "ranks", "left",
+  // "joined", "world_size", "regroup_s"} in JSON lines; a CSV file has fixed
+  // columns and gets none.
+  void write_membership(int64_t step, int64_t epoch, int64_t membership,
+                        const std::vector<int>& ranks, const std::vector<int>& left,
+                        const std::vector<int>& joined, double regroup_s);
   int64_t rows_cut() const { return cut_; }
 
  private:

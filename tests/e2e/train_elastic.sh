@@ -66,7 +66,7 @@ run() {
   local out="$dir/$name"
   DDP_TEST_SLOW_RANK=$slow "$ddprun" --standalone -n 4 --on-failure continue "$@" "$train" \
     --backend "$backend" "${common[@]}" --save "$out.st" --loss-log "$out.loss" \
-    --save-every "${SAVE_EVERY:-4}" >"$out.log" 2>&1 &
+    --metrics "$out.jsonl" --save-every "${SAVE_EVERY:-4}" >"$out.log" 2>&1 &
   local job=$!
   local victim kill_at="" membership=0
   for victim in $victims; do
