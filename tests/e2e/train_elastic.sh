@@ -113,6 +113,30 @@ run() {
   if [ -n "${REPLACE:-}" ]; then
     grep -q "the replacement for rank $victims joined" "$out.log" || fail "$name: no join in the summary"
   fi
+  # One victim, no replacement: the epoch it died in has the steps of its first
+  # s steps at 4 ranks (256 samples each) plus the rest of the 4000 samples
+  # shared out over 3 ranks (padded, batches of 64) -- not a fresh epoch at 3.
+  if [ "$membership" = 1 ]; then
+    local at epoch in_epoch rest want_steps got_steps
+    at=$(grep -o "membership 1 is ranks.*going on from step [0-9]* (epoch [0-9]*, step [0-9]* of it)" "$out.log" | head -1)
+    epoch=$(sed 's/.*(epoch \([0-9]*\), step \([0-9]*\) of it)/\1/' <<<"$at")
+    in_epoch=$(sed 's/.*(epoch \([0-9]*\), step \([0-9]*\) of it)/\2/' <<<"$at")
+    rest=$(( (4000 - 256 * in_epoch + 2) / 3 ))
+    want_steps=$(( in_epoch + (rest + 63) / 64 ))
+    got_steps=$(awk -v e="$epoch" '$1 == e' "$out.loss" | wc -l)
+    [ "$got_steps" -eq "$want_steps" ] ||
+      fail "$name: epoch $epoch has $got_steps steps; $in_epoch at 4 ranks and the rest of its samples at 3 make $want_steps"
+  fi
+  # A --metrics row for each change of the group, naming who left and joined.
+  [ "$(grep -c '"event": "membership"' "$out.jsonl")" -eq "$membership" ] ||
+    fail "$name: $membership membership changes, but these --metrics rows: $(grep membership "$out.jsonl")"
+  local first=${victims%% *}
+  grep -q "\"event\": \"membership\", .*\"membership\": 1, .*\"left\": \[$first\], \"joined\": \[\]" \
+    "$out.jsonl" || fail "$name: the first membership row does not name rank $first leaving"
+  if [ -n "${REPLACE:-}" ]; then
+    grep -q "\"left\": \[\], \"joined\": \[$first\], \"world_size\": 4" "$out.jsonl" ||
+      fail "$name: no membership row for the replacement joining"
+  fi
   # The reference: the same ranks leave after the same steps, by themselves (and
   # the members take the replacement in at the same step).
   env "${join_env[@]}" DDP_TEST_SLOW_RANK="$slow" DDP_TEST_KILL_AT="${kill_at%% *}" "$ddprun" --standalone -n 4 \
