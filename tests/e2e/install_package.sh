@@ -87,11 +87,29 @@ fi
 # translation unit per header (so a header that misses an include fails) and
 # one that includes them all, linked against ddp::ddp. The list comes from the
 # install tree, so a new header is checked without touching this script.
+# A header that is the first #include of its own .cpp, which this build compiled
+# (compile_commands.json), was already compiled alone by the build, with this
+# compiler and warnings as errors; the program that includes every header from
+# the install shows that what it includes is installed. Those (107 of 132 on
+# 2026-11-29) get no translation unit of their own here: in CI that was 130 s of
+# this test's 153.
 t0=$SECONDS
 headers_src=$work/headers
 mkdir -p "$headers_src"
 mapfile -t headers < <(cd "$prefix/include/ddp" && find . -type f -name '*.h' | sed 's|^\./||' | sort)
 [ "${#headers[@]}" -ge 50 ] || fail "only ${#headers[@]} headers under $prefix/include/ddp"
+[ -f "$build/compile_commands.json" ] || fail "no $build/compile_commands.json (CMakeLists.txt exports it)"
+alone=()
+for h in "${headers[@]}"; do
+  src=$source/${h%.h}.cpp
+  # Its first line that is not blank or a // comment includes it (no macro before it).
+  if [ -f "$src" ] && [ "$(grep -m1 -vE '^[[:space:]]*(//.*)?$' "$src")" = "#include \"$h\"" ] &&
+    grep -qF "\"file\": \"$src\"" "$build/compile_commands.json"; then
+    continue
+  fi
+  alone+=("$h")
+done
+[ "${#alone[@]}" -lt "${#headers[@]}" ] || fail "no installed header is compiled first by its own .cpp in $build"
 cat >"$headers_src/CMakeLists.txt" <<'CMAKE'
 cmake_minimum_required(VERSION 3.25)
 project(ddp_headers LANGUAGES CXX)
@@ -102,7 +120,7 @@ file(GLOB sources ${CMAKE_SOURCE_DIR}/*.cpp)
 add_executable(all_headers ${sources})
 target_link_libraries(all_headers PRIVATE ddp::ddp)
 CMAKE
-for h in "${headers[@]}"; do
+for h in "${alone[@]}"; do
   printf '#include "%s"\n' "$h" >"$headers_src/h_$(tr '/.' '__' <<<"$h").cpp"
 done
 {
@@ -113,7 +131,7 @@ run headers_configure.log "$cmake" -S "$headers_src" -B "$work/headers-build" -G
   -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix"
 run headers_build.log "$cmake" --build "$work/headers-build" --parallel 2
 [ -x "$work/headers-build/all_headers" ] || fail "the all-headers program did not build"
-echo "compiled each of the ${#headers[@]} installed headers on its own and all together in $((SECONDS - t0)) s"
+echo "compiled ${#alone[@]} of the ${#headers[@]} installed headers on their own (the build compiled the other $((${#headers[@]} - ${#alone[@]})) alone as the first include of their .cpp) and all together in $((SECONDS - t0)) s"
 
 # The example sees only the installed prefix: not this source tree, not the build tree.
 t0=$SECONDS
@@ -122,7 +140,8 @@ run configure.log "$cmake" -S "$source/examples/scaling_experiment" -B "$work/ex
 run build.log "$cmake" --build "$work/example"
 exe=$work/example/scaling_experiment
 [ -x "$exe" ] || fail "the example did not build $exe"
-if grep -qE -- "(-I|-isystem )($source|$build)(/| |\$)" -r --include=build.ninja --include=flags.make "$work/example" "$work/headers-build"; then
+if grep -rqE --include=build.ninja --include=flags.make -- "(-I|-isystem )($source|$build)(/| |\$)" \
+  "$work/example" "$work/headers-build"; then
   fail "the example or the headers were compiled with include paths into the source or build tree"
 fi
 echo "configured and built the example in $((SECONDS - t0)) s"
