@@ -165,7 +165,11 @@ def run_torch(args):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(worker, args=(args, port), nprocs=args.world, join=True)
+    # fork, not spawn: a spawned worker imports torch again (about 1.3 s each, 9 of
+    # them in join_torch.sh); this process has run no torch op, so no thread pool
+    # is copied half-started.
+    mp.start_processes(worker, args=(args, port), nprocs=args.world, join=True,
+                       start_method="fork")
 
 
 def compare(args):
