@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <charconv>
 #include <limits>
+#include <map>
 #include <thread>
 
 namespace ddp {
@@ -95,13 +96,19 @@ int64_t latest_epoch(Store& store) {
 
 namespace {
 
-[[noreturn]] void give_up(const ProcessGroup& pg, const std::string& why,
-                          const std::string& cause) {
-  throw CommError(fmt::format("rank {} (launch rank {}) cannot regroup after its collective failed "
-                              "({}): {}. Under --on-failure continue the ranks left regroup when "
-                              "ddprun reports a rank gone; the failure above was not that",
-                              pg.env.rank, pg.launch_rank, cause, why),
-                  pg.env.rank, "regroup", -1, 0);
+[[noreturn]] void give_up(const ProcessGroup& pg, const std::string& why, const std::string& cause,
+                          bool joining) {
+  throw CommError(
+      joining ? fmt::format("the replacement for launch rank {} cannot join the group: {}",
+                            pg.launch_rank, why)
+              : fmt::format("rank {} (launch rank {}) cannot regroup after its collective failed "
+                            "({}): {}",
+                            pg.env.rank, pg.launch_rank, cause, why),
+      pg.env.rank, "regroup", -1, 0);
+}
+
+bool has(const std::vector<int>& list, int v) {
+  return std::find(list.begin(), list.end(), v) != list.end();
 }
 
 }  // namespace
@@ -115,46 +122,69 @@ Regroup regroup(ProcessGroup& pg, int64_t value, std::chrono::milliseconds timeo
   DDP_CHECK(pg.comm == nullptr, "regroup: drop the broken communicator first");
   Store& store = *pg.store;
   const auto deadline = Clock::now() + timeout;
+  const double seconds = std::chrono::duration<double>(timeout).count();
   Regroup out;
   out.old_world_size = pg.env.world_size;
-  int64_t epoch = pg.membership;
+  int64_t epoch = pg.membership;  // where this rank announced itself (none yet: its own)
+  std::map<int64_t, std::vector<int>> lists;  // every membership's members, read once
+  const auto members_of = [&](int64_t e) -> const std::vector<int>& {
+    auto it = lists.find(e);
+    if (it == lists.end())
+      it =
+          lists.emplace(e, elastic::parse_members(store.get_string(elastic::members_key(e)))).first;
+    return it->second;
+  };
+  const auto arrived = [&](int64_t e, int m) { return store.check({elastic::arrived_key(e, m)}); };
   for (;;) {
     const int64_t latest = elastic::latest_epoch(store);
-    if (latest > epoch) {  // a (newer) membership: announce this rank there
-      epoch = latest;
-      out.epoch = epoch;
-      out.members = elastic::parse_members(store.get_string(elastic::members_key(epoch)));
-      const bool member =
-          std::find(out.members.begin(), out.members.end(), pg.launch_rank) != out.members.end();
-      if (!member && joining) {  // a membership from before it asked: wait for the next
-        out.members.clear();
-        continue;
+    // The membership to form: the oldest newer than the rank's own that has it
+    // and can still complete -- every member arrived there, or is in every
+    // membership since (one missing from a later one left, so it never
+    // arrives). Every rank decides alike: a member's departure is final, and so
+    // is its arrival.
+    int64_t target = 0;
+    bool listed = false;
+    for (int64_t c = pg.membership + 1; c <= latest && target == 0; ++c) {
+      if (!has(members_of(c), pg.launch_rank)) continue;
+      listed = true;
+      bool can_complete = true;
+      for (const int m : members_of(c)) {
+        if (arrived(c, m)) continue;
+        for (int64_t later = c + 1; later <= latest && can_complete; ++later)
+          can_complete = has(members_of(later), m);
       }
-      if (!member) {
-        give_up(pg,
-                fmt::format("membership {} ({}) leaves this rank out", epoch,
-                            elastic::format_members(out.members)),
-                cause);
-      }
-      store.set(elastic::arrived_key(epoch, pg.launch_rank), std::to_string(value));
-      continue;
+      if (can_complete) target = c;
     }
-    if (epoch > pg.membership && !out.members.empty()) {
-      std::vector<std::string> keys;
-      for (const int m : out.members) keys.push_back(elastic::arrived_key(epoch, m));
-      if (store.check(keys)) break;
+    if (latest > pg.membership && !listed && !joining) {
+      give_up(pg,
+              fmt::format("membership {} ({}) leaves this rank out", latest,
+                          elastic::format_members(members_of(latest))),
+              cause, joining);
+    }
+    if (target != 0 && target != epoch) {
+      epoch = target;
+      store.set(elastic::arrived_key(epoch, pg.launch_rank), std::to_string(value));
+    }
+    const bool announced = epoch > pg.membership;
+    if (announced) {
+      out.epoch = epoch;
+      out.members = members_of(epoch);
+      const auto here = [&](int m) { return arrived(epoch, m); };
+      if (std::all_of(out.members.begin(), out.members.end(), here)) break;
+    }
+    if (joining && store.check({elastic::kDoneKey})) {  // the group finished without it
+      out.finished = true;
+      return out;
     }
     if (Clock::now() >= deadline) {
       give_up(pg,
-              epoch > pg.membership && !out.members.empty()
-                  ? fmt::format("membership {} ({}): not every member arrived in {:g} s", epoch,
-                                elastic::format_members(out.members),
-                                std::chrono::duration<double>(timeout).count())
-              : joining ? fmt::format("no membership took this replacement in {:g} s",
-                                      std::chrono::duration<double>(timeout).count())
-                        : fmt::format("ddprun reported no rank gone in {:g} s",
-                                      std::chrono::duration<double>(timeout).count()),
-              cause);
+              announced ? fmt::format("membership {} ({}): not every member arrived in {:g} s",
+                                      epoch, elastic::format_members(out.members), seconds)
+              : joining ? fmt::format("no membership took it in {:g} s", seconds)
+                        : fmt::format("ddprun reported no rank gone in {:g} s, so the failure "
+                                      "was not a rank leaving the group",
+                                      seconds),
+              cause, joining);
     }
     std::this_thread::sleep_for(kPoll);
   }

@@ -14,10 +14,12 @@
 // connections, so that peers blocked on it fail as well -- and calls regroup(),
 // which waits for an epoch newer than the rank's own, announces the rank there,
 //   elastic/<E>/arrived/<launch rank>   "<value>": the caller's progress (its step)
-// and waits for every member's announcement; a newer epoch meanwhile (a second
-// death) starts it over on that one. The new rank is the rank's index among the
-// members, the new communicator the same backend's over a fresh namespace of the
-// store ("elastic/<E>/" before gloo's keys) or a fresh shm segment (run id
+// and waits for every member's announcement. A newer epoch meanwhile starts it
+// over there only when the one it announced at cannot complete (a member that
+// has not arrived is not in the newer one: it left); otherwise it completes
+// that one first, so no two ranks form communicators of different epochs. The new rank is the
+// rank's index among the members, the new communicator the same backend's over a fresh namespace of
+// the store ("elastic/<E>/" before gloo's keys) or a fresh shm segment (run id
 // "<id>-m<E>"). Every member reads every announcement, so all agree without a
 // collective on the one that holds the most advanced state (the highest value,
 // the lowest rank among equals), which the trainer copies to the others.
@@ -51,6 +53,9 @@ namespace ddp {
 // Keys of Note [elastic membership].
 namespace elastic {
 inline constexpr const char* kEpochKey = "elastic/epoch";
+// Set by a member that finished the run: a replacement still waiting exits 0,
+// and ddprun admits no one any more.
+inline constexpr const char* kDoneKey = "elastic/done";
 std::string members_key(int64_t epoch);
 std::string arrived_key(int64_t epoch, int launch_rank);
 // A replacement's request to join: its pid, so a stale key of a dead one is no request.
@@ -92,6 +97,7 @@ struct Regroup {
   int source = 0;               // the new rank with the highest value (lowest among equals)
   int old_world_size = 0;
   std::vector<int> left, joined;  // launch ranks, against the rank's previous membership
+  bool finished = false;          // joining: the group finished before taking it in
 };
 
 // Note [elastic membership]: the caller has dropped pg.comm (every Work on it

@@ -107,23 +107,25 @@ GroupSpec make_spec(const LaunchOptions& o, const std::string& program_path, int
   for (int i = 0; i < nproc; ++i) {
     const int rank = o.node_rank * nproc + i;
     spec.ranks.push_back(rank);
-    spec.envs.push_back(rank_environment(base, {.rank = rank,
-                                                .local_rank = i,
-                                                .world_size = o.nnodes * nproc,
-                                                .local_world_size = nproc,
-                                                .group_rank = o.node_rank,
-                                                .group_world_size = o.nnodes,
-                                                .master_addr = o.master_addr,
-                                                .master_port = master_port,
-                                                .store_addr = rendezvous.endpoint(),
-                                                .restart_count = restart,
-                                                .max_restarts = o.max_restarts,
-                                                .on_failure = o.on_failure,
-                                                .run_id = rendezvous.run_id(),
-                                                .store_secret = secret,
-                                                .backend = o.backend,
-                                                .threads = threads,
-                                                .trace_dir = o.trace_dir}));
+    spec.envs.push_back(rank_environment(
+        base, {.rank = rank,
+               .local_rank = i,
+               .world_size = o.nnodes * nproc,
+               .local_world_size = nproc,
+               .group_rank = o.node_rank,
+               .group_world_size = o.nnodes,
+               .master_addr = o.master_addr,
+               .master_port = master_port,
+               .store_addr = rendezvous.endpoint(),
+               .restart_count = restart,
+               .max_restarts = o.max_restarts,
+               .on_failure = o.on_failure,
+               .hang_timeout_s = o.hang_timeout_s ? fmt::format("{:g}", *o.hang_timeout_s) : "",
+               .run_id = rendezvous.run_id(),
+               .store_secret = secret,
+               .backend = o.backend,
+               .threads = threads,
+               .trace_dir = o.trace_dir}));
   }
   return spec;
 }

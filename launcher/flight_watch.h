@@ -134,6 +134,9 @@ class FlightWatch {
   // [dumps from the regions]); later calls do nothing.
   void capture(const std::vector<RankRecord>& records, const std::string& why);
   bool captured() const { return captured_; }
+  // --on-failure continue: the group went on after a capture, so the next
+  // trouble gets a capture (dumps, diagnosis) of its own.
+  void allow_next_capture() { captured_ = false; }
   const flight::Diagnosis& diagnosis() const { return diagnosis_; }
   // The diagnosis covers only this node's ranks of a larger world.
   bool partial_view() const { return partial_view_; }

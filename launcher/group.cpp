@@ -90,6 +90,8 @@ class Watcher {
   std::vector<int> members() const;
   BlamePolicy policy() const;
   std::vector<size_t> local_suspects() const;
+  std::optional<Clock::time_point> progress_of(size_t index) const;
+  std::vector<RankRecord> raw_records() const;
   void check_hang();
   void end_hung_job(const Hang& hang);
   std::vector<RankRecord> records() const;
@@ -367,7 +369,7 @@ void Watcher::blame_suspects_of_failure(std::vector<RankRecord>& records, Clock:
   for (const size_t i : local_suspects()) {
     if (!ranks_[i].running) continue;
     ranks_[i].rec.last_progress = records[i].last_progress =
-        flight_.last_progress(i).value_or(ranks_[i].rec.start);
+        progress_of(i).value_or(ranks_[i].rec.start);
     any = true;
   }
   if (any) blame_ = find_blame(records, now, policy());
@@ -376,7 +378,7 @@ void Watcher::blame_suspects_of_failure(std::vector<RankRecord>& records, Clock:
 void Watcher::carry_out_blame() {
   if (spec_.elastic && leave_group()) return;
   RankProcess& r = ranks_[blame_->index];
-  flight_.capture(records(), blame_->what);  // Note [dumps from the regions]: before any signal
+  flight_.capture(raw_records(), blame_->what);  // Note [dumps from the regions]: before any signal
   rendezvous_.publish_failure(
       {.node = spec_.node_rank,
        .exit_code = blame_->exit_code,
@@ -416,6 +418,8 @@ bool Watcher::leave_group() {
     if (r.rec.stopped_since) signal_group(r.rec.pid, SIGCONT);
   }
   r.departed = true;
+  flight_.allow_next_capture();
+  pending_hang_.reset();
   ++membership_;
   const std::string list = elastic::format_members(left);
   rendezvous_.publish_membership(membership_, left);
@@ -468,10 +472,10 @@ void Watcher::check_joiners() {
   std::vector<size_t> ready;
   for (size_t i = 0; i < ranks_.size(); ++i) {
     const RankProcess& r = ranks_[i];
-    if (r.joining && r.running && rendezvous_.joiner_ready(r.rec.rank, r.rec.pid))
+    if (r.joining && r.running && !r.departed && rendezvous_.joiner_ready(r.rec.rank, r.rec.pid))
       ready.push_back(i);
   }
-  if (ready.empty()) return;
+  if (ready.empty() || rendezvous_.elastic_done()) return;  // done: it exits by itself
   std::vector<int> list = members();
   for (const size_t i : ready) {
     ranks_[i].joining = false;
@@ -509,14 +513,30 @@ BlamePolicy Watcher::policy() const {
   return p;
 }
 
-// The local ranks the captured diagnosis names, in its order.
+// The local ranks the captured diagnosis names, in its order (a rank that left
+// the group is not its replacement's suspect).
 std::vector<size_t> Watcher::local_suspects() const {
   std::vector<size_t> out;
   for (const int rank : flight_.diagnosis().suspects) {
     for (size_t i = 0; i < ranks_.size(); ++i) {
-      if (ranks_[i].rec.rank == rank) out.push_back(i);
+      if (ranks_[i].rec.rank == rank && !ranks_[i].departed) out.push_back(i);
     }
   }
+  return out;
+}
+
+// The flight recorder's last progress of ranks_[index]; a replacement (past the
+// ranks the flight recorder was made for) has none of its own.
+std::optional<Clock::time_point> Watcher::progress_of(size_t index) const {
+  if (index >= spec_.ranks.size()) return std::nullopt;
+  return flight_.last_progress(index);
+}
+
+// The records as they are, for the flight recorder's dumps and diagnosis (a
+// rank that left shows how it ended).
+std::vector<RankRecord> Watcher::raw_records() const {
+  std::vector<RankRecord> out;
+  for (size_t i = 0; i < ranks_.size() && i < spec_.ranks.size(); ++i) out.push_back(ranks_[i].rec);
   return out;
 }
 
@@ -560,7 +580,7 @@ void Watcher::check_hang() {
       "diagnosing",
       hang->silent_s, flight::rank_list(hang->waiting), hang->waiting.size() == 1 ? "s" : "", limit,
       spec_.flight.hang_timeout ? "" : ", the default: the ranks' collective timeout + 60 s"));
-  flight_.capture(records(), "hang");
+  flight_.capture(raw_records(), "hang");
   if (local_suspects().empty() && flight_.partial_view() && rendezvous_.multi_node()) {
     say(
         fmt::format("the diagnosis names none of this node's ranks: waiting {:g} s for the other "
@@ -590,7 +610,7 @@ void Watcher::end_hung_job(const Hang& hang) {
         std::find(verdict.suspects.begin(), verdict.suspects.end(), i) != verdict.suspects.end();
     if (suspect && ranks_[i].running) {
       ranks_[i].rec.last_progress = records[i].last_progress =
-          flight_.last_progress(i).value_or(ranks_[i].rec.start);
+          progress_of(i).value_or(ranks_[i].rec.start);
     }
   }
   blame_ = blame_hang(records, now, policy(), verdict);
@@ -609,7 +629,7 @@ void Watcher::check_remote() {
 // Sends `sig` to every running rank's process group; SIGKILL follows at the
 // end of the grace period (kill_all() from poll_once()).
 void Watcher::stop_all(int sig, const std::string& why) {
-  flight_.capture(records(), why);  // Note [dumps from the regions]: before any signal
+  flight_.capture(raw_records(), why);  // Note [dumps from the regions]: before any signal
   stopping_ = true;
   kill_deadline_ = Clock::now() + spec_.grace;
   const auto running =

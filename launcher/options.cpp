@@ -160,7 +160,11 @@ const std::map<std::string, Setter>& valued_flags() {
       {"--backend", [](auto& o, auto& v) { o.backend = v; }},
       {"--max-restarts", [](auto& o, auto& v) { o.max_restarts = parse_int("--max-restarts", v); }},
       {"--on-failure", [](auto& o, auto& v) { o.on_failure = v; }},
-      {"--min-ranks", [](auto& o, auto& v) { o.min_ranks = parse_int("--min-ranks", v); }},
+      {"--min-ranks",
+       [](auto& o, auto& v) {
+         o.min_ranks = parse_int("--min-ranks", v);
+         DDP_CHECK(o.min_ranks >= 1, "--min-ranks {}: must be at least 1", v);
+       }},
       {"--log-dir", [](auto& o, auto& v) { o.log_dir = v; }},
       {"--trace",
        [](auto& o, auto& v) {
@@ -246,7 +250,6 @@ void validate_on_failure(const LaunchOptions& o) {
             "--on-failure continue runs on one node for now (--nnodes {}): use --on-failure "
             "restart across nodes",
             o.nnodes);
-  DDP_CHECK(o.min_ranks >= 0, "--min-ranks {}: must be at least 1", o.min_ranks);
   const std::string& n = o.nproc_per_node;
   if (o.min_ranks > 0 && n != "gpu" && n != "auto") {
     DDP_CHECK(o.min_ranks <= parse_int("--nproc-per-node", n),

@@ -59,6 +59,7 @@ std::vector<std::string> rank_environment(const std::vector<std::string>& base,
   };
   for (const auto& [key, value] : contract) set_var(env, key, value);
   if (!in.backend.empty()) set_var(env, env::kBackend, in.backend);
+  if (!in.hang_timeout_s.empty()) set_var(env, env::kHangTimeoutS, in.hang_timeout_s);
   if (!in.trace_dir.empty()) set_var(env, env::kTrace, in.trace_dir);
   set_default(env, "OMP_NUM_THREADS", std::to_string(in.threads));
   set_default(env, "OPENBLAS_NUM_THREADS", std::to_string(in.threads));

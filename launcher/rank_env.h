@@ -20,6 +20,7 @@ struct RankEnvInputs {
   int restart_count = 0;
   int max_restarts = 0;
   std::string on_failure = "restart";  // DDPRUN_ON_FAILURE (Note [elastic membership])
+  std::string hang_timeout_s;  // --hang-timeout as given (DDPRUN_HANG_TIMEOUT_S); empty: unset
   std::string run_id;
   std::string store_secret;
   std::string backend;    // empty: DDP_BACKEND is left as inherited

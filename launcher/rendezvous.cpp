@@ -228,6 +228,10 @@ bool Rendezvous::joiner_ready(int rank, int pid) {
   return store_->check({key}) && store_->get_string(key) == std::to_string(pid);
 }
 
+bool Rendezvous::elastic_done() {
+  return store_ != nullptr && store_->check({elastic::kDoneKey});
+}
+
 void Rendezvous::publish_failure(const GroupFailure& failure) {
   if (!multi_node() || !store_ || store_lost_) return;
   const std::string value =

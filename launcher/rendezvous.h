@@ -110,6 +110,8 @@ class Rendezvous {
   void publish_membership(int64_t epoch, const std::vector<int>& members);
   // Whether the replacement for launch rank `rank` (process `pid`) asked to join.
   bool joiner_ready(int rank, int pid);
+  // A member finished the run (elastic/done): no replacement is admitted any more.
+  bool elastic_done();
   // Every node's ranks succeeded. A lost store counts as done here: node 0
   // stops its store once it saw every done/<r>.
   bool all_done();

@@ -25,4 +25,15 @@ std::optional<int64_t> get_int(const char* name) {
   return value;
 }
 
+std::optional<double> get_double(const char* name) {
+  auto text = get(name);
+  if (!text) return std::nullopt;
+  char* end = nullptr;
+  const double value = std::strtod(text->c_str(), &end);
+  DDP_CHECK(end == text->c_str() + text->size(),
+            "environment variable {}='{}' is not a number; set it to a number or unset it", name,
+            *text);
+  return value;
+}
+
 }  // namespace ddp::env

@@ -77,6 +77,7 @@ inline constexpr const char* kRestartCount = "DDPRUN_RESTART_COUNT";
 inline constexpr const char* kOnFailure = "DDPRUN_ON_FAILURE";
 inline constexpr const char* kJoin = "DDPRUN_JOIN";                // 1: a replacement that joins
 inline constexpr const char* kReplacement = "DDPRUN_REPLACEMENT";  // which one (1, 2, ...)
+inline constexpr const char* kHangTimeoutS = "DDPRUN_HANG_TIMEOUT_S";  // ddprun --hang-timeout
 inline constexpr const char* kRunId = "DDPRUN_RUN_ID";
 inline constexpr const char* kStore = "DDPRUN_STORE";
 inline constexpr const char* kStoreAddr = "DDPRUN_STORE_ADDR";
@@ -103,5 +104,7 @@ std::optional<std::string> get(const char* name);
 // An integer variable; throws ValueError naming the variable and the text when it
 // is set but not an integer.
 std::optional<int64_t> get_int(const char* name);
+// A number variable (seconds, ...); ValueError naming it when it is not one.
+std::optional<double> get_double(const char* name);
 
 }  // namespace ddp::env

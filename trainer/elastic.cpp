@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -80,34 +82,47 @@ nn::NamedTensors broadcast_named(Communicator& comm, const nn::NamedTensors& min
 }
 
 // Note [elastic training] 3: the source's model, optimizer and counters everywhere.
+// Everything is received first and committed at the end, so a copy that fails
+// half-way (another rank left meanwhile) leaves this rank's state as it was.
 void copy_state(Run& r, int source) {
   Communicator& comm = *r.pg->comm;
   const CollectiveLabel labelled("elastic state");
   const NoGradGuard no_grad;
-  for (auto& [name, t] : r.model->state_dict()) comm.broadcast(t, source)->wait();
+  const bool root = comm.rank() == source;
+  nn::NamedTensors model_state = r.model->state_dict();
+  std::vector<Tensor> received;
+  for (auto& [name, t] : model_state) {
+    Tensor buffer = root ? t : t.clone();
+    comm.broadcast(buffer, source)->wait();
+    received.push_back(buffer);
+  }
   const nn::NamedTensors state = broadcast_named(comm, r.optimizer->state(), source, comm.device());
   const EpochPosition& p = r.position;
-  Tensor counters =
-      from_vector<int64_t>({r.step, r.optimizer->steps(), p.epoch, p.step, p.cursor,
-                            p.micro_batches, r.nonfinite->skipped(), r.evals_since_best},
-                           {8}, {.dtype = DType::i64, .device = comm.device()});
+  Tensor counters = from_vector<int64_t>(
+      {r.step, r.optimizer->steps(), p.epoch, p.step, p.cursor, p.micro_batches,
+       r.nonfinite->skipped(), r.evals_since_best, std::bit_cast<int64_t>(r.best_metric),
+       std::bit_cast<int64_t>(r.grad_norm), r.stop_early ? 1 : 0},
+      {11}, {.dtype = DType::i64, .device = comm.device()});
   const float last = r.last_loss.defined() ? r.last_loss.item<float>() : 0.0f;
   const float sum = p.loss_sum.defined() ? p.loss_sum.item<float>() : 0.0f;
-  Tensor values = from_vector<float>(
-      {sum, last, static_cast<float>(r.best_metric), static_cast<float>(r.grad_norm)}, {4},
-      {.device = comm.device()});
+  Tensor values = from_vector<float>({sum, last}, {2}, {.device = comm.device()});
   comm.broadcast(counters, source)->wait();
   comm.broadcast(values, source)->wait();
+  // Commit.
   const auto c = counters.to_vector<int64_t>();
   const auto v = values.to_vector<float>();
-  if (comm.rank() != source) r.optimizer->load_state(state, c[1]);
+  if (!root) {
+    for (size_t i = 0; i < model_state.size(); ++i) copy_(model_state[i].second, received[i]);
+    r.optimizer->load_state(state, c[1]);
+  }
   r.step = c[0];
   r.position = EpochPosition{
       .epoch = c[2], .step = c[3], .cursor = c[4], .loss_sum_value = v[0], .micro_batches = c[5]};
   r.last_loss = from_vector<float>({v[1]}, {}, {.device = r.device});
-  r.best_metric = v[2];
   r.evals_since_best = c[7];
-  r.grad_norm = v[3];
+  r.best_metric = std::bit_cast<double>(c[8]);
+  r.grad_norm = std::bit_cast<double>(c[9]);
+  r.stop_early = c[10] != 0;
   r.nonfinite =
       std::make_unique<NonfiniteCheck>(r.o.on_nonfinite, r.device, &comm, comm.rank(), c[6]);
 }
@@ -209,21 +224,46 @@ void go_on(Run& r, const Regroup& g, int old_rank, Clock::time_point start) {
 
 }  // namespace
 
-void rejoin(Run& r, const CommError& failure) {
-  const auto start = Clock::now();
-  ProcessGroup& pg = *r.pg;
-  const int old_rank = pg.env.rank;
-  r.out << fmt::format("{}; regrouping (--on-failure continue)\n", failure.what());
-  r.out.flush();
-  r.join.reset();
-  r.ddp.reset();
-  pg.comm.reset();  // Note [elastic training] 1
-  const Regroup g = regroup(pg, progress(r), kRegroupTimeout, failure.what());
-  go_on(r, g, old_rank, start);
+// How long a rank whose collective failed waits for the next membership. ddprun
+// removes a dead rank at once, but a hung one only when its hang detector fires:
+// --hang-timeout after the last progress (DDPRUN_HANG_TIMEOUT_S; by default the
+// collective timeout + 60 s, Note [default hang timeout]), that is, that much
+// after the ranks' own collectives time out. A timed-out rank waits that margin too.
+std::chrono::milliseconds regroup_wait(const Run& r, const CommError& failure) {
+  if (dynamic_cast<const CommTimeoutError*>(&failure) == nullptr) return kRegroupTimeout;
+  const double timeout_s = std::chrono::duration<double>(r.pg->comm_options.timeout).count();
+  const double hang_s = env::get_double(env::kHangTimeoutS).value_or(timeout_s + 60);
+  if (hang_s <= 0) return kRegroupTimeout;  // no detector: a hung rank is never removed
+  return kRegroupTimeout +
+         std::chrono::milliseconds(static_cast<int64_t>(1000 * std::max(0.0, hang_s - timeout_s)));
 }
 
-void join_group(Run& r) {
-  const auto start = Clock::now();
+void rejoin(Run& r, const CommError& failure) {
+  ProcessGroup& pg = *r.pg;
+  const int old_rank = pg.env.rank;
+  const auto wait = regroup_wait(r, failure);
+  std::string cause = failure.what();
+  r.out << fmt::format("{}; regrouping (--on-failure continue)\n", cause);
+  r.out.flush();
+  for (;;) {  // again when another rank leaves during the regroup
+    const auto start = Clock::now();
+    r.join.reset();
+    r.ddp.reset();
+    pg.comm.reset();  // Note [elastic training] 1
+    try {
+      const Regroup g = regroup(pg, progress(r), wait, cause);
+      go_on(r, g, old_rank, start);
+      return;
+    } catch (const CommError& again) {
+      if (again.op() == "regroup") throw;  // no membership to go on with
+      cause = again.what();
+      r.out << fmt::format("{}; regrouping again\n", cause);
+      r.out.flush();
+    }
+  }
+}
+
+bool join_group(Run& r) {
   ProcessGroup& pg = *r.pg;
   pg.store->set(elastic::join_key(pg.launch_rank), std::to_string(::getpid()));
   r.out << fmt::format(
@@ -231,10 +271,31 @@ void join_group(Run& r) {
       "boundary\n",
       pg.launch_rank, env::get(env::kReplacement).value_or("?"));
   r.out.flush();
-  const Regroup g = regroup(pg, -1, pg.comm_options.timeout, "a replacement asked to join",
-                            /*joining=*/true);
-  pg.env.joining = false;
-  go_on(r, g, /*old_rank=*/-1, start);
+  for (;;) {  // again when a member leaves while it joins
+    const auto start = Clock::now();
+    pg.comm.reset();
+    try {
+      const Regroup g = regroup(pg, -1, pg.comm_options.timeout, "a replacement asked to join",
+                                /*joining=*/true);
+      if (g.finished) {
+        r.out << fmt::format(
+            "rank {}: the group finished before this replacement joined; nothing to do\n",
+            pg.launch_rank);
+        return false;
+      }
+      go_on(r, g, /*old_rank=*/-1, start);
+      pg.env.joining = false;
+      return true;
+    } catch (const CommError& again) {
+      if (again.op() == "regroup") throw;
+      r.out << fmt::format("{}; joining again\n", again.what());
+      r.out.flush();
+    }
+  }
+}
+
+void mark_done(Run& r) {
+  if (r.elastic) r.pg->store->set(elastic::kDoneKey, std::string("1"));
 }
 
 void check_membership(Run& r) {

@@ -58,8 +58,10 @@ EpochSteps rest_of_epoch(const Task& task, const TrainOptions& o, int rank, int 
 void rejoin(Run& r, const CommError& failure);
 // A replacement (LaunchEnv::joining, DDPRUN_JOIN=1): asks ddprun to join, waits
 // for the membership with it and takes the most advanced member's state; sets
-// r.rejoin_at.
-void join_group(Run& r);
+// r.rejoin_at. False when the group finished before taking it in (nothing to do).
+bool join_group(Run& r);
+// At the end of the run: a replacement still waiting exits 0, ddprun admits no one.
+void mark_done(Run& r);
 // At a step boundary, at most every 100 ms (DDP_TEST_JOIN_AT=STEP: at that step
 // only, waiting for it): a newer membership than the rank's (a replacement joins)
 // is a CommError for the epoch loop, which regroups (Note [elastic membership]).

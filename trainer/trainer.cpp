@@ -325,10 +325,10 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
   if (!o.quiet) out << describe_uneven(*r.task, o, r.world_size);
   r.position.epoch = r.first_epoch;
   if (pg != nullptr && pg->env.joining) {  // a replacement: Note [elastic training]
-    join_group(r);
-    r.first_epoch = r.rejoin_at->epoch;
+    r.first_epoch = join_group(r) ? r.rejoin_at->epoch : o.epochs;
   }
   train_epochs(r, result);
+  mark_done(r);
   result.stopped_early = r.stop_early;
   result.total_s = seconds_since(start);
   result.steps = r.step;

@@ -197,6 +197,48 @@ grep -q "rank 1 (pid [0-9]*) has been stopped by SIGSTOP.*the group went on with
 check_loss_log "$out.loss"
 echo "stopped: rank 1 given up after --stopped-timeout, the others went on"
 
+# A rank that hangs, alive (stopped, but --stopped-timeout 0 leaves it to the hang
+# detector): --hang-timeout 3, below the collective timeout (DDP_TIMEOUT_S=20),
+# removes it while the others still wait in the collective; they go on.
+out="$dir/hung"
+DDP_TIMEOUT_S=20 DDP_TEST_SLOW_RANK=0:25 "$ddprun" --standalone -n 3 --on-failure continue \
+  --stopped-timeout 0 --hang-timeout 3 "$train" --backend gloo "${common[@]}" --save "$out.st" \
+  --loss-log "$out.loss" >"$out.log" 2>&1 &
+job=$!
+for _ in $(seq 400); do [ "$(rows "$out.loss")" -ge 4 ] && break; sleep 0.02; done
+kill -STOP "$(rank_pid "$out" 2)"
+wait "$job" || fail "hung: exited $? (expected 0)"
+grep -q "rank 2 (pid [0-9]*) made no progress for .*the group went on with ranks 0,1 " "$out.log" ||
+  fail "hung: the hang detector did not give rank 2 up"
+check_loss_log "$out.loss"
+echo "hung: the hang detector gave rank 2 up; the others went on"
+
+# Another rank dies while the ranks left regroup (killed as soon as one prints
+# that it regroups): they regroup again and go on.
+out="$dir/during"
+DDP_TEST_KILL_AT=2:3 DDP_TEST_SLOW_RANK=0:25 "$ddprun" --standalone -n 4 --on-failure continue \
+  "$train" --backend shm "${common[@]}" --save "$out.st" --loss-log "$out.loss" \
+  --metrics "$out.jsonl" >"$out.log" 2>&1 &
+job=$!
+victim=$(for _ in $(seq 2000); do p=$(rank_pid "$out" 1); [ -n "$p" ] && { echo "$p"; break; }; sleep 0.005; done)
+for _ in $(seq 2000); do grep -q "regrouping (--on-failure continue)" "$out.log" && break; sleep 0.002; done
+kill -KILL "$victim"
+wait "$job" || fail "during: exited $? (expected 0)"
+[ "$(grep -c '"event": "membership"' "$out.jsonl")" -ge 1 ] && grep -q "the group went on with ranks 0,3" "$out.log" ||
+  fail "during: the group did not go on with ranks 0,3"
+check_loss_log "$out.loss"
+echo "during: a death during the regroup ($(grep -c "regrouping again" "$out.log") ranks regrouped again); the group went on with ranks 0,3"
+
+# The rank killed at the last step, --max-restarts 1: the replacement is ready
+# after the others finished; it is not needed, and the job succeeds.
+out="$dir/late"
+DDP_TEST_KILL_AT=1:15 "$ddprun" --standalone -n 2 --on-failure continue --max-restarts 1 \
+  "$train" --backend shm --data synthetic --synthetic-size 2000 --epochs 1 --seed 5 \
+  --save "$out.st" >"$out.log" 2>&1 || fail "late: exited $? (expected 0)"
+grep -q -e "was not needed" -e "the group finished before this replacement joined" "$out.log" ||
+  fail "late: the replacement was not told the group finished"
+echo "late: a replacement after the last step is not needed; exit 0"
+
 # --min-ranks 4: the first death ends the job, naming it.
 out="$dir/min"
 DDP_TEST_KILL_AT=2:3 "$ddprun" --standalone -n 4 --on-failure continue --min-ranks 4 \
