@@ -5,6 +5,7 @@
 #include "collectives/communicator.h"
 #include "collectives/store/store.h"
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -16,6 +17,9 @@ struct ShmOptions {
   int size = 1;
   std::string run_id;  // names the segment: /ddp-shm-<run_id>; the same on every rank
   CommOptions comm;
+  // Polled while the ranks attach; true gives up at once with a CommError (an
+  // elastic regroup whose membership lost a member meanwhile). Empty: never.
+  std::function<bool()> abandon;
 };
 std::shared_ptr<Communicator> make_shm_communicator(const ShmOptions& options);
 
@@ -29,6 +33,7 @@ struct GlooOptions {
   // the process (a counter in gloo_communicator.cpp). An elastic regroup names its own: a
   // replacement has made fewer communicators than the members it joins.
   std::string store_prefix;
+  std::function<bool()> abandon;  // as ShmOptions::abandon, while the ranks connect
 };
 std::shared_ptr<Communicator> make_gloo_communicator(std::shared_ptr<Store> store,
                                                      const GlooOptions& options);

@@ -262,19 +262,17 @@ std::string gloo_hostname(const LaunchEnv& e) {
 
 }  // namespace
 
-std::shared_ptr<Communicator> make_store_communicator(const std::string& backend,
-                                                      const std::shared_ptr<Store>& store,
-                                                      const LaunchEnv& env, int rank, int size,
-                                                      const std::string& shm_run_id,
-                                                      const CommOptions& options,
-                                                      const std::string& gloo_prefix) {
+std::shared_ptr<Communicator> make_store_communicator(
+    const std::string& backend, const std::shared_ptr<Store>& store, const LaunchEnv& env, int rank,
+    int size, const std::string& shm_run_id, const CommOptions& options,
+    const std::string& gloo_prefix, const std::function<bool()>& abandon) {
   if (backend == "shm") {
     DDP_CHECK(env.local_world_size == env.world_size,
               "the shm backend needs every rank on one node (local world size {} < world size {}); "
               "use gloo across nodes",
               env.local_world_size, env.world_size);
     return make_shm_communicator(
-        {.rank = rank, .size = size, .run_id = shm_run_id, .comm = options});
+        {.rank = rank, .size = size, .run_id = shm_run_id, .comm = options, .abandon = abandon});
   }
   if (backend == "gloo") {
     const std::string hostname = gloo_hostname(env);  // Note [gloo address]
@@ -282,7 +280,8 @@ std::shared_ptr<Communicator> make_store_communicator(const std::string& backend
                                           .size = size,
                                           .hostname = hostname,
                                           .comm = options,
-                                          .store_prefix = gloo_prefix});
+                                          .store_prefix = gloo_prefix,
+                                          .abandon = abandon});
   }
   DDP_CHECK(backend == "nccl", "make_store_communicator: backend {} has no store rendezvous",
             backend);

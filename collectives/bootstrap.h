@@ -11,6 +11,7 @@
 #include "collectives/backends.h"
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -65,12 +66,10 @@ struct ProcessGroup {
 
 // The shm or gloo communicator of `rank` of `size` that rendezvous through
 // `store` (gloo) or share the segment named by `shm_run_id` (shm).
-std::shared_ptr<Communicator> make_store_communicator(const std::string& backend,
-                                                      const std::shared_ptr<Store>& store,
-                                                      const LaunchEnv& env, int rank, int size,
-                                                      const std::string& shm_run_id,
-                                                      const CommOptions& options,
-                                                      const std::string& gloo_prefix = "");
+std::shared_ptr<Communicator> make_store_communicator(
+    const std::string& backend, const std::shared_ptr<Store>& store, const LaunchEnv& env, int rank,
+    int size, const std::string& shm_run_id, const CommOptions& options,
+    const std::string& gloo_prefix = "", const std::function<bool()>& abandon = {});
 
 ProcessGroup init_process_group(const ProcessGroupOptions& options = {});
 

@@ -215,9 +215,25 @@ Regroup regroup(ProcessGroup& pg, int64_t value, std::chrono::milliseconds timeo
   pg.env.world_size = pg.env.local_world_size = size;
   pg.membership = epoch;
   auto scoped = std::make_shared<PrefixStore>(pg.store, fmt::format("elastic/{}/", epoch));
+  // A member that leaves while the communicator forms (it announced itself, then
+  // died): give up at once and regroup under the next membership, rather than
+  // wait for it up to the collective timeout.
+  auto last_look = std::make_shared<Clock::time_point>(Clock::now());
+  const auto abandon = [store = pg.store, epoch, members = out.members, last_look] {
+    if (Clock::now() - *last_look < std::chrono::milliseconds(50)) return false;
+    *last_look = Clock::now();
+    const int64_t latest = elastic::latest_epoch(*store);
+    for (int64_t e = epoch + 1; e <= latest; ++e) {
+      const auto next = elastic::parse_members(store->get_string(elastic::members_key(e)));
+      for (const int m : members) {
+        if (!has(next, m)) return true;
+      }
+    }
+    return false;
+  };
   pg.comm = make_store_communicator(pg.backend, scoped, pg.env, rank, size,
                                     fmt::format("{}-m{}", pg.shm_run_id, epoch), pg.comm_options,
-                                    "gloo/");
+                                    "gloo/", abandon);
   DDP_LOG_DEBUG("elastic regroup: membership {} ({}), rank {} of {}", epoch,
                 elastic::format_members(out.members), rank, size);
   return out;

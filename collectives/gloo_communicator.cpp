@@ -64,19 +64,24 @@ namespace {
 // gloo's rendezvous store over ours, every key under `prefix`.
 class GlooStore : public gloo::rendezvous::Store {
  public:
-  GlooStore(std::shared_ptr<ddp::Store> store, std::string prefix)
-      : store_(std::move(store)), prefix_(std::move(prefix)) {}
+  GlooStore(std::shared_ptr<ddp::Store> store, std::string prefix, std::function<bool()> abandon)
+      : store_(std::move(store)), prefix_(std::move(prefix)), abandon_(std::move(abandon)) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
     store_->set(prefix_ + key, Bytes(data.begin(), data.end()));
   }
   std::vector<char> get(const std::string& key) override {
+    if (abandon_) wait_or_abandon({key}, store_->timeout());
     const Bytes value = store_->get(prefix_ + key);
     return std::vector<char>(value.begin(), value.end());
   }
-  void wait(const std::vector<std::string>& keys) override { store_->wait(prefixed(keys)); }
+  void wait(const std::vector<std::string>& keys) override {
+    if (abandon_) return wait_or_abandon(keys, store_->timeout());
+    store_->wait(prefixed(keys));
+  }
   void wait(const std::vector<std::string>& keys,
             const std::chrono::milliseconds& timeout) override {
+    if (abandon_) return wait_or_abandon(keys, timeout);
     store_->wait(prefixed(keys), timeout);
   }
 
@@ -87,8 +92,30 @@ class GlooStore : public gloo::rendezvous::Store {
     for (const auto& k : keys) out.push_back(prefix_ + k);
     return out;
   }
+  // GlooOptions::abandon: waits in slices, giving up when it says so.
+  void wait_or_abandon(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      try {
+        store_->wait(prefixed(keys), std::clamp(left, std::chrono::milliseconds(1),
+                                                std::chrono::milliseconds(100)));
+        return;
+      } catch (const StoreTimeoutError&) {
+        if (abandon_()) {
+          throw CommError(
+              "gave up connecting the gloo ranks: the group's membership lost a "
+              "member meanwhile",
+              -1, "gloo rendezvous", -1, 0);
+        }
+        if (std::chrono::steady_clock::now() >= deadline) throw;
+      }
+    }
+  }
   std::shared_ptr<ddp::Store> store_;
   std::string prefix_;
+  std::function<bool()> abandon_;
 };
 
 std::string this_host_name() {
@@ -179,9 +206,10 @@ std::shared_ptr<gloo::Context> connect(std::shared_ptr<Store> store, const GlooO
       gloo::rendezvous::HashStore local;
       context->connectFullMesh(local, device);
     } else {
-      GlooStore adapter(std::move(store), options.store_prefix.empty()
-                                              ? fmt::format("gloo/{}/", g_gloo_instances++)
-                                              : options.store_prefix);
+      GlooStore adapter(std::move(store),
+                        options.store_prefix.empty() ? fmt::format("gloo/{}/", g_gloo_instances++)
+                                                     : options.store_prefix,
+                        options.abandon);
       context->connectFullMesh(adapter, device);
     }
   } catch (const Error&) {

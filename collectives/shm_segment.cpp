@@ -125,8 +125,10 @@ Segment::~Segment() {
 }
 
 std::unique_ptr<Segment> Segment::attach(int rank, int size, const std::string& run_id,
-                                         std::chrono::milliseconds timeout) {
+                                         std::chrono::milliseconds timeout,
+                                         const std::function<bool()>& abandon) {
   std::unique_ptr<Segment> segment(new Segment(segment_name(run_id), rank, size));
+  segment->abandon_ = abandon;
   const auto deadline = Clock::now() + timeout;
   try {
     if (rank == 0) {
@@ -219,10 +221,19 @@ bool Segment::try_open(std::string& why) {
   return false;
 }
 
+void Segment::check_abandon() const {
+  if (abandon_ && abandon_()) {
+    attach_error(rank_, fmt::format("gave up forming shared-memory segment {}: the group's "
+                                    "membership lost a member meanwhile",
+                                    name_));
+  }
+}
+
 void Segment::open_until(Clock::time_point deadline) {
   const auto start = Clock::now();
   std::string why;
   while (!try_open(why)) {
+    check_abandon();
     if (Clock::now() >= deadline) {
       throw CommTimeoutError(
           fmt::format("rank {}: could not open shared-memory segment {} within {:.1f} s: {}. Rank "
@@ -260,6 +271,7 @@ void Segment::wait_attached(Clock::time_point deadline) {
                                         r, pid_r, name_));
       }
     }
+    check_abandon();
     if (Clock::now() >= deadline) {
       throw CommTimeoutError(
           fmt::format("rank {}: {} {} did not attach to shared-memory segment {} within {:.1f} "

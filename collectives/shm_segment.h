@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -59,8 +60,10 @@ class Segment {
   // Rank 0 creates the segment (replacing a stale one of a crashed run), the others
   // open it with retries; every rank then attaches and waits until all `size` ranks
   // did, or throws CommTimeoutError naming the ranks that did not (Note [shm cleanup]).
+  // abandon: polled while waiting for the others; true gives up (ShmOptions::abandon).
   static std::unique_ptr<Segment> attach(int rank, int size, const std::string& run_id,
-                                         std::chrono::milliseconds timeout);
+                                         std::chrono::milliseconds timeout,
+                                         const std::function<bool()>& abandon = {});
   ~Segment();
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;
@@ -78,6 +81,8 @@ class Segment {
   void open_until(std::chrono::steady_clock::time_point deadline);
   void join(std::chrono::steady_clock::time_point deadline);
   void wait_attached(std::chrono::steady_clock::time_point deadline);
+  void check_abandon() const;
+  std::function<bool()> abandon_;
   void map(int fd);
   void unmap();
   SegmentHeader& header() const { return *reinterpret_cast<SegmentHeader*>(base_); }

@@ -213,6 +213,22 @@ grep -q "rank 2 (pid [0-9]*) made no progress for .*the group went on with ranks
 check_loss_log "$out.loss"
 echo "hung: the hang detector gave rank 2 up; the others went on"
 
+# Another rank dies while the ranks left regroup (killed as soon as one prints
+# that it regroups): they regroup again and go on.
+out="$dir/during"
+DDP_TEST_KILL_AT=2:3 DDP_TEST_SLOW_RANK=0:25 "$ddprun" --standalone -n 4 --on-failure continue \
+  "$train" --backend shm "${common[@]}" --save "$out.st" --loss-log "$out.loss" \
+  --metrics "$out.jsonl" >"$out.log" 2>&1 &
+job=$!
+victim=$(for _ in $(seq 2000); do p=$(rank_pid "$out" 1); [ -n "$p" ] && { echo "$p"; break; }; sleep 0.005; done)
+for _ in $(seq 2000); do grep -q "regrouping (--on-failure continue)" "$out.log" && break; sleep 0.002; done
+kill -KILL "$victim"
+wait "$job" || fail "during: exited $? (expected 0)"
+[ "$(grep -c '"event": "membership"' "$out.jsonl")" -ge 1 ] && grep -q "the group went on with ranks 0,3" "$out.log" ||
+  fail "during: the group did not go on with ranks 0,3"
+check_loss_log "$out.loss"
+echo "during: a death during the regroup ($(grep -c "regrouping again" "$out.log") ranks regrouped again); the group went on with ranks 0,3"
+
 # The rank killed at the last step, --max-restarts 1: the replacement is ready
 # after the others finished; it is not needed, and the job succeeds.
 out="$dir/late"

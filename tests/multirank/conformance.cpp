@@ -68,9 +68,13 @@ std::shared_ptr<Communicator> make_gloo(int rank, int size, CommOptions comm) {
   store_options.host = "127.0.0.1";
   store_options.port = std::stoi(*port);
   store_options.timeout = std::chrono::milliseconds(30000);
-  std::shared_ptr<Communicator> gloo = make_gloo_communicator(
-      std::make_shared<TcpStore>(store_options),
-      {.rank = rank, .size = size, .hostname = "127.0.0.1", .comm = comm, .store_prefix = ""});
+  std::shared_ptr<Communicator> gloo =
+      make_gloo_communicator(std::make_shared<TcpStore>(store_options), {.rank = rank,
+                                                                         .size = size,
+                                                                         .hostname = "127.0.0.1",
+                                                                         .comm = comm,
+                                                                         .store_prefix = "",
+                                                                         .abandon = {}});
   Communicator* raw = gloo.get();
   return std::shared_ptr<Communicator>(raw, [gloo, server](Communicator*) mutable {
     gloo.reset();
@@ -97,7 +101,8 @@ std::shared_ptr<Communicator> make_backend(const std::string& name, int rank, in
   if (name == "shm") {
     const auto run_id = env::get(env::kRunId);
     require(run_id.has_value(), "shm: DDPRUN_RUN_ID is not set (spawn_ranks sets it)");
-    return make_shm_communicator({.rank = rank, .size = size, .run_id = *run_id, .comm = comm});
+    return make_shm_communicator(
+        {.rank = rank, .size = size, .run_id = *run_id, .comm = comm, .abandon = {}});
   }
   if (name == "gloo") return make_gloo(rank, size, comm);
   // Note [backend factory]: mpi goes here.

@@ -173,7 +173,7 @@ INSTANTIATE_TEST_SUITE_P(Gloo, GlooFaults, ::testing::Values(2, 3, 4),
                          [](const auto& info) { return fmt::format("gloo_{}", info.param); });
 
 const GlooOptions kLoneRank{
-    .rank = 0, .size = 1, .hostname = "127.0.0.1", .comm = {}, .store_prefix = ""};
+    .rank = 0, .size = 1, .hostname = "127.0.0.1", .comm = {}, .store_prefix = "", .abandon = {}};
 
 // World size 1 needs no store: the collectives are the identity.
 TEST(GlooCommunicator, WorldSizeOneWithoutAStore) {
@@ -194,7 +194,8 @@ TEST(GlooCommunicator, WorldSizeTwoNeedsAStore) {
   EXPECT_THROW(
       make_gloo_communicator(
           nullptr,
-          GlooOptions{.rank = 0, .size = 2, .hostname = "", .comm = {}, .store_prefix = ""}),
+          GlooOptions{
+              .rank = 0, .size = 2, .hostname = "", .comm = {}, .store_prefix = "", .abandon = {}}),
       ValueError);
 }
 
@@ -208,9 +209,12 @@ TEST(GlooCommunicator, RejectsU8ReductionsAndIntegerAvg) {
 
 TEST(GlooCommunicator, UnresolvableHostnameIsACommErrorNamingIt) {
   try {
-    make_gloo_communicator(
-        nullptr,
-        {.rank = 0, .size = 1, .hostname = "no-such-host.invalid", .comm = {}, .store_prefix = ""});
+    make_gloo_communicator(nullptr, {.rank = 0,
+                                     .size = 1,
+                                     .hostname = "no-such-host.invalid",
+                                     .comm = {},
+                                     .store_prefix = "",
+                                     .abandon = {}});
     FAIL() << "connected on an unresolvable hostname";
   } catch (const CommError& e) {
     EXPECT_NE(std::string(e.what()).find("no-such-host.invalid"), std::string::npos) << e.what();

@@ -28,7 +28,8 @@ bool segment_exists(const std::string& run_id) {
 }
 
 int all_reduce_once(const std::string& run_id, int rank, int size, CommOptions comm) {
-  auto c = make_shm_communicator({.rank = rank, .size = size, .run_id = run_id, .comm = comm});
+  auto c = make_shm_communicator(
+      {.rank = rank, .size = size, .run_id = run_id, .comm = comm, .abandon = {}});
   Tensor t = make_input(DType::f32, 100, rank);
   c->all_reduce(t)->wait();
   expect_values(
@@ -117,7 +118,9 @@ TEST(ShmSegment, LayoutFitsSmallShmMounts) {
 }
 
 TEST(ShmCommunicator, EmptyRunIdIsAnError) {
-  EXPECT_THROW(make_shm_communicator({.rank = 0, .size = 2, .run_id = "", .comm = {}}), ValueError);
+  EXPECT_THROW(
+      make_shm_communicator({.rank = 0, .size = 2, .run_id = "", .comm = {}, .abandon = {}}),
+      ValueError);
 }
 
 TEST(ShmCommunicator, NothingLeftInDevShmAfterARun) {
@@ -125,8 +128,11 @@ TEST(ShmCommunicator, NothingLeftInDevShmAfterARun) {
   const auto results = spawn_ranks(
       3,
       [&](int rank, int size) {
-        auto comm = make_shm_communicator(
-            {.rank = rank, .size = size, .run_id = spawn.run_id, .comm = {.timeout = 20s}});
+        auto comm = make_shm_communicator({.rank = rank,
+                                           .size = size,
+                                           .run_id = spawn.run_id,
+                                           .comm = {.timeout = 20s},
+                                           .abandon = {}});
         // Every rank attached, so the name is gone while the group still works.
         require(!segment_exists(spawn.run_id), "the segment name outlived the attach");
         comm->barrier()->wait();
@@ -162,8 +168,11 @@ TEST(ShmCommunicator, RankThatNeverAttachesIsNamed) {
       [&](int rank, int size) {
         if (rank == 2) return 0;
         try {
-          make_shm_communicator(
-              {.rank = rank, .size = size, .run_id = spawn.run_id, .comm = {.timeout = 1s}});
+          make_shm_communicator({.rank = rank,
+                                 .size = size,
+                                 .run_id = spawn.run_id,
+                                 .comm = {.timeout = 1s},
+                                 .abandon = {}});
         } catch (const CommTimeoutError& e) {
           const std::string text = e.what();
           require(text.find("rank 2 did not attach") != std::string::npos &&
