@@ -49,6 +49,7 @@ fi
 command -v script >/dev/null || { echo "elastic.sh: needs script(1) (util-linux)" >&2; exit 2; }
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
+export DDP_FLIGHT_DIR=$dir/flight  # the restarts' flight recorder dumps go with it
 
 common=(--backend shm --data synthetic --synthetic-size 20000 --epochs 2 --seed 5 --batch-size 64
         --save-every "$save_every" --resume auto)
