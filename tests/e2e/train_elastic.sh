@@ -45,6 +45,19 @@ rank_pid() {
   done
 }
 
+# The step the ranks of membership $2 (of world size $3, a pattern) went on from,
+# as they print it in $1, waiting up to 10 s for it; "" when it never came.
+went_on_from() {
+  local step=""
+  for _ in $(seq 500); do
+    step=$(grep -o "membership $2 is ranks [0-9,]* (launch ranks); this rank is now rank [0-9]* of $3; going on from step [0-9]*" "$1" |
+      head -1 | grep -o "[0-9]*$")
+    [ -n "$step" ] && break
+    sleep 0.02
+  done
+  echo "$step"
+}
+
 # Every (epoch, step) of a --loss-log once, steps 1.. in order in every epoch.
 check_loss_log() {
   awk -v f="$1" '
@@ -82,13 +95,8 @@ run() {
     [ -n "$pid" ] || fail "$name: no process of rank $victim to kill"
     kill -KILL "$pid"
     # The step the group went on from: every survivor prints it.
-    local step=""
-    for _ in $(seq 400); do
-      step=$(grep -o "membership $membership is ranks [0-9,]* (launch ranks); this rank is now rank [0-9]* of [0-9]*; going on from step [0-9]*" "$out.log" |
-        head -1 | grep -o "[0-9]*$")
-      [ -n "$step" ] && break
-      sleep 0.02
-    done
+    local step
+    step=$(went_on_from "$out.log" "$membership" "[0-9]*")
     [ -n "$step" ] || fail "$name: the ranks left did not regroup after rank $victim was killed"
     kill_at="$kill_at${kill_at:+,}$victim:$step"
   done
@@ -96,13 +104,8 @@ run() {
   local join_env=()
   if [ -n "${REPLACE:-}" ]; then
     membership=$((membership + 1))
-    local joined=""
-    for _ in $(seq 500); do
-      joined=$(grep -o "membership $membership is ranks [0-9,]* (launch ranks); this rank is now rank [0-9]* of 4; going on from step [0-9]*" "$out.log" |
-        head -1 | grep -o "[0-9]*$")
-      [ -n "$joined" ] && break
-      sleep 0.02
-    done
+    local joined
+    joined=$(went_on_from "$out.log" "$membership" 4)
     [ -n "$joined" ] || fail "$name: the replacement did not join"
     join_env=(DDP_TEST_JOIN_AT="*:$joined")
     kill_at="$kill_at (joined at $joined)"
