@@ -179,8 +179,7 @@ void check_elastic(const Run& r) {
             "Join, which a regroup cannot carry on; use --drop-last pad or true");
   DDP_CHECK(r.task->reshardable(),
             "ddprun --on-failure continue: the task of {} cannot share its data out again among "
-            "the ranks left (the gpt models' text windows cannot yet); use ddprun --on-failure "
-            "restart",
+            "the ranks left; use ddprun --on-failure restart",
             r.task->model_spec());
   if (r.loss_log) r.loss_log->set_flush_each_row(true);
 }

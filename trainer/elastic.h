@@ -30,8 +30,9 @@
 // grow as the world shrinks (the global batch shrinks with it), as they would
 // for a run started at that size. What a regroup cannot carry on is refused
 // before the first step (check_elastic): ZeRO (a shard dies with its rank),
-// --drop-last false (a Join), tasks that cannot reshard (language models),
-// backends other than shm and gloo.
+// --drop-last false (a Join), tasks that cannot reshard (Task::reshardable;
+// the zoo's supervised and language tasks both can), backends other than shm
+// and gloo.
 // A replacement (ddprun --max-restarts K under continue) loads its data and
 // model as any rank, then join_group() asks ddprun to join and waits; the
 // members see the newer membership at a step boundary (check_membership),

@@ -11,6 +11,10 @@
 // under --drop-last false: uneven shares, the partial last batch kept, and
 // the ranks' step counts may differ (Note [uneven epochs] in uneven.h). The loss
 // is the mean cross-entropy over the batch's B x T next-byte predictions.
+// After an elastic regroup (ddprun --on-failure continue, Note [elastic
+// training] in trainer/elastic.h) both samplers are resharded for the new world
+// and the epoch goes on from the group's cursor: the windows it had not taken,
+// on the epoch's boundaries, none twice.
 //
 // Note [validation windows]: the evaluation reads the same validation windows
 // every time: those of a TextWindowSampler shuffled from a fixed seed (so they
@@ -123,10 +127,19 @@ class WindowBatches {
     if (b < 0 || b >= num_batches_of(rank)) return 0;
     return std::min(batch_, sampler_.num_windows_of(rank) - b * batch_);
   }
-  void start_epoch(int64_t epoch) {
-    sampler_.set_epoch(epoch);
+  // start: the window positions a group of another size took (Note [elastic resharding]).
+  void start_epoch(int64_t epoch, int64_t start = 0) {
+    sampler_.set_epoch(epoch, start);
     starts_ = sampler_.starts();
     next_ = 0;
+  }
+  // An elastic regroup: this rank's share of the same windows in a world of
+  // `world_size`; start_epoch comes before the next batch.
+  void reshard(int rank, int world_size) {
+    sampler_.reshard(rank, world_size);
+    rank_ = rank;
+    starts_.clear();
+    next_ = num_batches();  // no batch before start_epoch
   }
   bool next(Batch& out, const Device& device) {
     if (next_ >= num_batches()) return false;
@@ -206,6 +219,14 @@ class LanguageTask : public Task {
   int64_t num_batches_of(int rank) const override { return train_.num_batches_of(rank); }
   int64_t batch_rows(int rank, int64_t batch) const override { return train_.rows_of(rank, batch); }
   void start_epoch(int64_t epoch) override { train_.start_epoch(epoch); }
+  // Note [elastic training] in trainer/elastic.h: the train windows from the
+  // group's cursor on, and the validation windows, shared out over the new world.
+  bool reshardable() const override { return true; }
+  void reshard(int rank, int world_size) override {
+    train_.reshard(rank, world_size);
+    validation_.reshard(rank, world_size);
+  }
+  void start_epoch_at(int64_t epoch, int64_t start) override { train_.start_epoch(epoch, start); }
   bool next(Batch& batch) override { return train_.next(batch, device_); }
   Tensor loss(const Tensor& output, const Batch& batch) const override {
     const int64_t vocab = output.size(output.dim() - 1);

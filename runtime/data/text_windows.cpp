@@ -35,6 +35,10 @@ TextWindowSampler::TextWindowSampler(int64_t stream_bytes, int64_t context, int 
       sampler_(windows_in(stream_bytes, context, world_size), rank, world_size,
                with_drop_last(options)) {}
 
+void TextWindowSampler::reshard(int rank, int world_size) {
+  sampler_ = DistributedSampler(sampler_.dataset_size(), rank, world_size, sampler_.options());
+}
+
 int64_t TextWindowSampler::offset() const {
   if (!sampler_.options().shuffle) return 0;
   const uint64_t key = sampler_.options().seed + static_cast<uint64_t>(sampler_.epoch());

@@ -16,7 +16,11 @@
 // uneven shares (train --drop-last false): the same permutation, rank r taking
 // positions r, r + W, ... Without shuffle the offset is 0 and the order 0..N-1.
 // The o_e bytes before the first window and the (at most 2 * context) after
-// the last are not read in that epoch.
+// the last are not read in that epoch. An elastic regroup (docs/elastic.md)
+// reshards the sampler and starts the epoch at the group's cursor (Note
+// [elastic resharding] in sampler.h): the offset and the order depend on the
+// seed and the epoch only, so the windows the new world shares out are the
+// epoch's windows the old one had not taken, on the same boundaries.
 #pragma once
 
 #include "runtime/data/sampler.h"
@@ -37,8 +41,16 @@ class TextWindowSampler {
   TextWindowSampler(int64_t stream_bytes, int64_t context, int rank, int world_size,
                     SamplerOptions options = {});
 
-  void set_epoch(int64_t epoch) { sampler_.set_epoch(epoch); }
+  // start: the epoch's first window positions (of its order) already taken by a
+  // group of another size (Note [elastic resharding]); ValueError when uneven.
+  void set_epoch(int64_t epoch, int64_t start = 0) { sampler_.set_epoch(epoch, start); }
   int64_t epoch() const { return sampler_.epoch(); }
+  int64_t start() const { return sampler_.start(); }
+  // The window positions shared out this epoch: those from start() on.
+  int64_t remaining() const { return sampler_.remaining(); }
+  // The same windows for `rank` of `world_size` (an elastic regroup); call
+  // set_epoch before starts().
+  void reshard(int rank, int world_size);
   // This rank's windows per epoch (the same on every rank unless uneven), and rank r's.
   int64_t num_windows() const { return sampler_.num_samples(); }
   int64_t num_windows_of(int rank) const { return sampler_.num_samples_of(rank); }

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <set>
 
 namespace ddp {
@@ -150,6 +151,55 @@ TEST(TextWindows, UnevenSharesKeepEveryWindow) {
   EXPECT_EQ(static_cast<int64_t>(std::unique(all.begin(), all.end()) - all.begin()), windows);
   // The default (pad) drops: padding would repeat windows.
   EXPECT_FALSE(TextWindowSampler(bytes, ctx, 0, 3, {}).uneven());
+}
+
+// Note [elastic resharding] for the text windows: 4 ranks take 5 steps of 8
+// windows each in epoch 2, then the 3 ranks left (the samplers resharded) take
+// the rest of the epoch from position 160. Every window of the epoch -- on the
+// epoch's boundaries -- is taken exactly once, but the fewer than 3 the cut
+// leaves out.
+TEST(TextWindows, ReshardedRestTakesEveryWindowOnce) {
+  const int64_t bytes = 40000, ctx = 63, windows = (bytes - ctx) / (ctx + 1);  // 624
+  constexpr int64_t batch = 8, steps = 5, epoch = 2;
+  const SamplerOptions options{.seed = 9};
+  std::map<int64_t, int> taken;  // window start -> times taken
+  int64_t start = 0, offset = -1;
+  for (int r = 0; r < 4; ++r) {
+    TextWindowSampler s(bytes, ctx, r, 4, options);
+    s.set_epoch(epoch);
+    offset = s.offset();
+    const std::vector<int64_t> mine = s.starts();
+    for (int64_t i = 0; i < steps * batch; ++i) ++taken[mine[static_cast<size_t>(i)]];
+    start += steps * batch;
+  }
+  int64_t rest = 0;
+  for (int r = 0; r < 3; ++r) {
+    TextWindowSampler s(bytes, ctx, r, 4, options);  // a rank of the old world, resharded
+    s.set_epoch(epoch - 1);
+    s.reshard(r, 3);
+    s.set_epoch(epoch, start);
+    EXPECT_EQ(s.start(), start);
+    EXPECT_EQ(s.remaining(), windows - start);
+    EXPECT_EQ(s.offset(), offset);
+    EXPECT_EQ(s.num_windows(), (windows - start) / 3);
+    for (const int64_t w : s.starts()) ++taken[w];
+    rest += s.num_windows();
+  }
+  EXPECT_EQ(rest, (windows - start) / 3 * 3);
+  for (const auto& [w, count] : taken) {
+    EXPECT_EQ(count, 1) << "the window at " << w;
+    EXPECT_EQ((w - offset) % (ctx + 1), 0) << "the window at " << w << " is off the boundaries";
+    EXPECT_GE(w, 0);
+    EXPECT_LE(w + ctx + 1, bytes);
+  }
+  EXPECT_EQ(static_cast<int64_t>(taken.size()), start + rest);
+  EXPECT_LT(windows - static_cast<int64_t>(taken.size()), 3);
+  // Resharded to the same world from position 0, it is the plain sampler again.
+  TextWindowSampler plain(bytes, ctx, 1, 3, options), resharded(bytes, ctx, 0, 4, options);
+  resharded.reshard(1, 3);
+  plain.set_epoch(epoch);
+  resharded.set_epoch(epoch, 0);
+  EXPECT_EQ(plain.starts(), resharded.starts());
 }
 
 TEST(TextWindows, ReshuffledPerEpochAndReproducibleFromTheSeed) {
