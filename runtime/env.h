@@ -93,6 +93,9 @@ inline constexpr const char* kTrace = "DDP_TRACE";
 inline constexpr const char* kTraceMaxEvents = "DDP_TRACE_MAX_EVENTS";
 inline constexpr const char* kTraceTestSkewNs = "DDP_TRACE_TEST_SKEW_NS";
 inline constexpr const char* kOneDnn = "DDP_ONEDNN";
+// "0": bf16 / f16 attention on CUDA keeps the packed kernels instead of cuDNN's fused
+// attention (Note [fused attention] in ops/transformer_ops.h).
+inline constexpr const char* kCudnnAttention = "DDP_CUDNN_ATTENTION";
 inline constexpr const char* kTestBf16Emulate = "DDP_TEST_BF16_EMULATE";
 // Testing aid: "1" makes `train --precision bf16` on the CPU run CUDA's autocast rules
 // (Note [autocast]; the CPU widens 16-bit tensors, so it is slow) instead of oneDNN's bf16

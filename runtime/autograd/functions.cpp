@@ -472,12 +472,15 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
 
 Tensor causal_self_attention(const Tensor& qkv_in, int64_t heads) {
   const Tensor qkv = autocast::lower(qkv_in);  // Note [autocast]
-  auto r = ddp::causal_self_attention(qkv, heads);
-  // probs is not the recorded output, so keeping it is no cycle.
+  const AttentionResult r = ddp::causal_self_attention(qkv, heads);
+  // probs and stats are not the recorded output, so keeping them is no cycle; the fused
+  // backward also reads y (Note [fused attention]), kept as a view: y's node holding y
+  // would be one.
+  AttentionResult saved{r.fused() ? r.y.reshape(r.y.shape()) : Tensor(), r.probs, r.stats, r.path};
   return recorded(
       r.y, "CausalSelfAttentionBackward", {&qkv_in},
-      [qkv, probs = r.probs, heads](const Tensor& g) {
-        return std::vector<Tensor>{ddp::causal_self_attention_backward(g, qkv, probs, heads)};
+      [qkv, saved = std::move(saved), heads](const Tensor& g) {
+        return std::vector<Tensor>{ddp::causal_self_attention_backward(g, qkv, saved, heads)};
       });
 }
 

@@ -3,10 +3,16 @@
 // or the CUDA kernel (ops/cuda/transformer.cu, embedding.cu, attention.cu).
 #include "runtime/ops/transformer_ops.h"
 
+#include "runtime/env.h"
+#include "runtime/logging.h"
+#include "runtime/ops/cuda/sdpa_cudnn.h"
 #include "runtime/ops/dispatch.h"
 #include "runtime/ops/ops.h"
 
 #include <algorithm>
+#include <mutex>
+#include <set>
+#include <string>
 #include <string_view>
 
 namespace ddp {
@@ -245,25 +251,102 @@ int64_t attention_width(const Tensor& qkv, int64_t heads) {
             heads, shape_str(qkv.shape()));
   return qkv.size(2) / 3;
 }
+
+// Note [fused attention]: why the fused path did not run, said once per reason.
+void note_packed(const std::string& why) {
+  static std::mutex mutex;
+  static std::set<std::string> said;
+  const std::lock_guard lock(mutex);
+  if (said.insert(why).second) {
+    DDP_LOG_INFO("attention runs as the packed kernels, not cuDNN's fused attention: {}", why);
+  }
+}
+
+// Whether `path` asks for the fused attention on qkv: fused always does (an input
+// it cannot take is an error naming it), automatic does for 16-bit CUDA tensors
+// unless DDP_CUDNN_ATTENTION=0.
+bool fused_asked(const Tensor& qkv, AttentionPath path) {
+  if (path == AttentionPath::packed) return false;
+  const bool fits = qkv.device().is_cuda() && is_16bit(qkv.dtype());
+  if (path == AttentionPath::fused) {
+    DDP_CHECK(fits,
+              "causal_self_attention: the fused attention runs on bf16 or f16 CUDA tensors, got "
+              "{} on {}; use AttentionPath::automatic or packed",
+              dtype_name(qkv.dtype()), qkv.device().str());
+    return true;
+  }
+  if (!fits) return false;
+  static const bool enabled = env::get_int(env::kCudnnAttention).value_or(1) != 0;
+  return enabled;
+}
 }  // namespace
 
-AttentionResult causal_self_attention(const Tensor& qkv, int64_t heads) {
+AttentionResult causal_self_attention(const Tensor& qkv, int64_t heads, AttentionPath path) {
   check_same_device({&qkv});
   const int64_t c = attention_width(qkv, heads), b = qkv.size(0), t = qkv.size(1);
+  if (fused_asked(qkv, path) && qkv.numel() > 0) {  // Note [fused attention]
+    AttentionResult r{empty({b, t, c}, {.dtype = qkv.dtype(), .device = qkv.device()}), Tensor(),
+                      empty({b, heads, t, 1}, {.device = qkv.device()}), path};
+    std::string why;
+    if (kernels::cuda::fused_attention_forward(qkv, heads, r.y, r.stats, &why)) return r;
+    if (path == AttentionPath::fused) {
+      throw DeviceError(
+          fmt::format("causal_self_attention: the fused attention cannot run: {}", why));
+    }
+    note_packed(why);
+  }
   if (is_16bit(qkv.dtype()) && qkv.device().is_cpu()) {  // Note [16-bit attention]
-    AttentionResult r = causal_self_attention(widened(qkv), heads);
+    AttentionResult r = causal_self_attention(widened(qkv), heads, AttentionPath::packed);
     r.y = narrowed(r.y, qkv.dtype());
+    r.path = path;
     return r;
   }
   // CUDA keeps 16-bit probabilities for 16-bit qkv (Note [16-bit attention on cuda]).
   AttentionResult r{empty({b, t, c}, {.dtype = qkv.dtype(), .device = qkv.device()}),
-                    empty({b, heads, t, t}, {.dtype = qkv.dtype(), .device = qkv.device()})};
+                    empty({b, heads, t, t}, {.dtype = qkv.dtype(), .device = qkv.device()}),
+                    Tensor(), path};
   if (r.y.numel() > 0) DDP_DISPATCH(qkv.device(), attention_forward, qkv, heads, r.y, r.probs);
   return r;
 }
 
+Tensor causal_self_attention_backward(const Tensor& grad_y, const Tensor& qkv,
+                                      const AttentionResult& forward, int64_t heads) {
+  if (!forward.fused()) return causal_self_attention_backward(grad_y, qkv, forward.probs, heads);
+  check_same_device({&grad_y, &qkv, &forward.y, &forward.stats});
+  const int64_t c = attention_width(qkv, heads), b = qkv.size(0), t = qkv.size(1);
+  DDP_CHECK(grad_y.shape() == Shape({b, t, c}) && forward.y.shape() == Shape({b, t, c}) &&
+                forward.stats.shape() == Shape({b, heads, t, 1}) &&
+                forward.stats.dtype() == DType::f32,
+            "causal_self_attention_backward: qkv {} with {} heads expects grad_y and y [{}, {}, "
+            "{}] and f32 stats [{}, {}, {}, 1], got {}, {} and {} {}; pass the forward's result",
+            shape_str(qkv.shape()), heads, b, t, c, b, heads, t, shape_str(grad_y.shape()),
+            shape_str(forward.y.shape()), dtype_name(forward.stats.dtype()),
+            shape_str(forward.stats.shape()));
+  DDP_CHECK(grad_y.dtype() == qkv.dtype() && forward.y.dtype() == qkv.dtype(),
+            "causal_self_attention_backward: grad_y {} and y {} must have qkv's dtype {}",
+            dtype_name(grad_y.dtype()), dtype_name(forward.y.dtype()), dtype_name(qkv.dtype()));
+  Tensor grad_qkv = like(qkv);
+  std::string why;
+  if (kernels::cuda::fused_attention_backward(grad_y, qkv, forward.y, forward.stats, heads,
+                                              grad_qkv, &why)) {
+    return grad_qkv;
+  }
+  // A forward that ran fused whose backward cannot (the forward builds both plans, so
+  // only a cuDNN that refuses a plan it built before): the probabilities again, packed.
+  if (forward.path == AttentionPath::fused) {
+    throw DeviceError(fmt::format(
+        "causal_self_attention_backward: the fused attention's backward cannot run: {}", why));
+  }
+  note_packed(fmt::format("the backward: {}", why));
+  const AttentionResult packed = causal_self_attention(qkv, heads, AttentionPath::packed);
+  return causal_self_attention_backward(grad_y, qkv, packed.probs, heads);
+}
+
 Tensor causal_self_attention_backward(const Tensor& grad_y, const Tensor& qkv, const Tensor& probs,
                                       int64_t heads) {
+  DDP_CHECK(probs.defined(),
+            "causal_self_attention_backward: probs is undefined, as in a fused forward's result "
+            "(Note [fused attention]); pass the whole AttentionResult instead");
   check_same_device({&grad_y, &qkv, &probs});
   const int64_t c = attention_width(qkv, heads), b = qkv.size(0), t = qkv.size(1);
   DDP_CHECK(grad_y.shape() == Shape({b, t, c}) && probs.shape() == Shape({b, heads, t, t}),

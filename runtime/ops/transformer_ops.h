@@ -78,17 +78,37 @@ Tensor causal_softmax(const Tensor& x);
 // probs [B, H, T, T] = causal_softmax(q k^T / sqrt(D)) is kept for the backward
 // (attention dropout, when the model has dropout, is not applied to it: see
 // models/gpt.h).
+//
+// Note [fused attention]: on CUDA, for bf16 or f16 qkv, the forward and backward run
+// as cuDNN's fused (flash) attention where it is available (ops/cuda/sdpa_graph.h):
+// no [B, H, T, T] tensor is ever stored. The forward keeps instead stats [B, H, T, 1]
+// f32, each row's log-sum-exp of its scaled, masked scores, and the backward
+// recomputes the probabilities from q, k and stats. Such a result has stats and no
+// probs; pass the whole AttentionResult to the backward.
+enum class AttentionPath {
+  automatic,  // fused where it runs (CUDA, 16-bit, cuDNN, DDP_CUDNN_ATTENTION not 0), else packed
+  packed,     // always the packed kernels, with probs
+  fused,      // cuDNN's fused attention, forward and backward, or a DeviceError saying why not
+};
 struct AttentionResult {
   Tensor y;      // [B, T, C], qkv's dtype
   Tensor probs;  // [B, H, T, T], exact zeros above each diagonal; f32, or 16-bit on CUDA
+  Tensor stats;  // [B, H, T, 1] f32 log-sum-exp per row: the fused path (probs undefined)
+  AttentionPath path = AttentionPath::automatic;  // what the forward was asked for
+  bool fused() const { return stats.defined(); }
 };
 // qkv [B, T, 3C] with C divisible by heads; throws ValueError naming the shape.
 // Note [16-bit attention]: for bf16 or f16 qkv, y has qkv's dtype. On the CPU the
 // packed kernels compute in f32 (qkv widened, probs f32), and so does the backward;
 // on CUDA the products run on tensor cores and probs is kept in qkv's dtype (Note
-// [16-bit attention on cuda] in ops/cuda/attention_plan.h).
-AttentionResult causal_self_attention(const Tensor& qkv, int64_t heads);
-// grad_qkv [B, T, 3C] from grad_y [B, T, C] and the forward's qkv and probs.
+// [16-bit attention on cuda] in ops/cuda/attention_plan.h), or the fused path runs.
+AttentionResult causal_self_attention(const Tensor& qkv, int64_t heads,
+                                      AttentionPath path = AttentionPath::automatic);
+// grad_qkv [B, T, 3C] from grad_y [B, T, C], the forward's qkv and its result (y and
+// stats for a fused forward, probs otherwise).
+Tensor causal_self_attention_backward(const Tensor& grad_y, const Tensor& qkv,
+                                      const AttentionResult& forward, int64_t heads);
+// The same from probs alone (a packed forward's result).
 Tensor causal_self_attention_backward(const Tensor& grad_y, const Tensor& qkv, const Tensor& probs,
                                       int64_t heads);
 

@@ -182,13 +182,97 @@ TEST(MixedPrecisionGpu, AttentionOfBf16QkvMatchesTheCpu) {
   DDP_REQUIRE_CUDA();
   const Tensor qkv = bf16(randn({2, 64, 3 * 96}, 15));
   const AttentionResult want = causal_self_attention(qkv, 4);
-  const AttentionResult got = causal_self_attention(qkv.to(kGpu), 4);
+  const AttentionResult got = causal_self_attention(qkv.to(kGpu), 4, AttentionPath::packed);
   EXPECT_EQ(got.probs.dtype(), DType::bf16);
   expect_close(got.y, want.y, kBf16Rounding, 0.02 * max_abs(want.y), "y");
   const Tensor gy = bf16(randn({2, 64, 96}, 16));
   const Tensor want_grad = causal_self_attention_backward(gy, qkv, want.probs, 4);
   expect_close(causal_self_attention_backward(gy.to(kGpu), qkv.to(kGpu), got.probs, 4), want_grad,
                kBf16Rounding, 0.02 * max_abs(want_grad), "grad qkv");
+}
+
+// Each row's log-sum-exp of its scaled, causally masked scores, from qkv [B, T, 3C] on
+// the CPU in double: what the fused attention's stats [B, H, T, 1] hold.
+std::vector<double> row_log_sum_exp(const Tensor& qkv, int64_t heads) {
+  const auto x = cast(qkv, DType::f32).to_vector<float>();
+  const int64_t b_n = qkv.size(0), t_n = qkv.size(1), c = qkv.size(2) / 3, d = c / heads;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const auto at = [&](int64_t b, int64_t t, int64_t part, int64_t h, int64_t e) {
+    return double{x[static_cast<size_t>(((b * t_n + t) * 3 + part) * c + h * d + e)]};
+  };
+  std::vector<double> lse;
+  for (int64_t b = 0; b < b_n; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t i = 0; i < t_n; ++i) {
+        std::vector<double> s;
+        for (int64_t j = 0; j <= i; ++j) {
+          double dot = 0.0;
+          for (int64_t e = 0; e < d; ++e) dot += at(b, i, 0, h, e) * at(b, j, 1, h, e);
+          s.push_back(dot * scale);
+        }
+        const double m = *std::max_element(s.begin(), s.end());
+        double sum = 0.0;
+        for (double v : s) sum += std::exp(v - m);
+        lse.push_back(m + std::log(sum));
+      }
+    }
+  }
+  return lse;
+}
+
+// Note [fused attention]: cuDNN's fused attention, asked for by name (so a GPU where it
+// cannot run fails here with cuDNN's reason), against the CPU's f32 attention on the
+// same bf16 inputs: y and grad_qkv within a few bf16 steps of the largest element as
+// the packed kernels are, stats (f32, never rounded to bf16) within 1e-3, no [B, H, T,
+// T] tensor kept, and the backward deterministic: two runs equal bit for bit. The
+// shapes: gpt-mini's heads, GPT-2's (T 1024, D 64), an odd T and a head of 16.
+TEST(MixedPrecisionGpu, FusedAttentionMatchesTheCpu) {
+  DDP_REQUIRE_CUDA();
+  struct Shape4 {
+    int64_t b, t, heads, d;
+  };
+  uint64_t seed = 60;
+  for (const Shape4& k : {Shape4{2, 64, 4, 64}, Shape4{1, 1024, 12, 64}, Shape4{3, 17, 2, 16}}) {
+    SCOPED_TRACE(fmt::format("B {}, T {}, {} heads of {}", k.b, k.t, k.heads, k.d));
+    const int64_t c = k.heads * k.d;
+    const Tensor qkv = bf16(randn({k.b, k.t, 3 * c}, ++seed));
+    const AttentionResult want = causal_self_attention(qkv, k.heads);
+    const AttentionResult got = causal_self_attention(qkv.to(kGpu), k.heads, AttentionPath::fused);
+    ASSERT_TRUE(got.fused());
+    EXPECT_FALSE(got.probs.defined());
+    ASSERT_EQ(got.stats.shape(), Shape({k.b, k.heads, k.t, 1}));
+    ASSERT_EQ(got.stats.dtype(), DType::f32);
+    expect_close(got.y, want.y, kBf16Rounding, 0.02 * max_abs(want.y), "y");
+    const std::vector<double> lse = row_log_sum_exp(qkv, k.heads);
+    const auto stats = got.stats.cpu().to_vector<float>();
+    for (size_t i = 0; i < lse.size(); ++i) {
+      ASSERT_NEAR(stats[i], lse[i], 1e-3 * std::max(1.0, std::fabs(lse[i]))) << "stats row " << i;
+    }
+    const Tensor gy = bf16(randn({k.b, k.t, c}, ++seed));
+    const Tensor want_grad = causal_self_attention_backward(gy, qkv, want.probs, k.heads);
+    const Tensor grad = causal_self_attention_backward(gy.to(kGpu), qkv.to(kGpu), got, k.heads);
+    expect_close(grad, want_grad, kBf16Rounding, 0.02 * max_abs(want_grad), "grad qkv");
+    const Tensor again = causal_self_attention_backward(gy.to(kGpu), qkv.to(kGpu), got, k.heads);
+    EXPECT_EQ(cast(again.cpu(), DType::f32).to_vector<float>(),
+              cast(grad.cpu(), DType::f32).to_vector<float>())
+        << "the fused backward is not deterministic";
+  }
+}
+
+// What the fused attention cannot take falls back to the packed kernels under the
+// automatic path (probs kept), and is an error naming it when asked for by name.
+TEST(MixedPrecisionGpu, FusedAttentionRefusesHeadsItCannotTake) {
+  DDP_REQUIRE_CUDA();
+  const Tensor qkv = bf16(randn({2, 16, 3 * 36}, 70)).to(kGpu);  // 3 heads of 12
+  const AttentionResult packed = causal_self_attention(qkv, 3);
+  EXPECT_FALSE(packed.fused());
+  EXPECT_TRUE(packed.probs.defined());
+  try {
+    (void)causal_self_attention(qkv, 3, AttentionPath::fused);
+    ADD_FAILURE() << "a head of 12 ran fused";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("head size 12"), std::string::npos) << e.what();
+  }
 }
 
 // A GPT step under autocast on the GPU and on the CPU from the same weights: the

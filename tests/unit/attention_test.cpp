@@ -179,5 +179,23 @@ TEST(Attention, BadShapesNameTheShapeAndTheHeads) {
   EXPECT_NE(msg.find("got [1, 3, 5]"), std::string::npos) << msg;
 }
 
+// Note [fused attention]: the fused path is cuDNN's, for 16-bit CUDA tensors; asked for
+// by name elsewhere it is an error naming the dtype and device. A packed result passed
+// whole to the backward is its probs' backward.
+TEST(Attention, FusedPathIsRefusedOnTheCpuAndPackedResultsPassWhole) {
+  const Tensor qkv = randn({2, 5, 24}, 4);
+  const std::string msg = value_error([&] { causal_self_attention(qkv, 2, AttentionPath::fused); });
+  EXPECT_NE(msg.find("bf16 or f16 CUDA tensors, got f32 on cpu"), std::string::npos) << msg;
+  const AttentionResult r = causal_self_attention(qkv, 2);
+  EXPECT_FALSE(r.fused());
+  EXPECT_FALSE(r.stats.defined());
+  const Tensor gy = randn({2, 5, 8}, 5);
+  EXPECT_EQ(causal_self_attention_backward(gy, qkv, r, 2).to_vector<float>(),
+            causal_self_attention_backward(gy, qkv, r.probs, 2).to_vector<float>());
+  const std::string undefined =
+      value_error([&] { causal_self_attention_backward(gy, qkv, Tensor(), 2); });
+  EXPECT_NE(undefined.find("pass the whole AttentionResult"), std::string::npos) << undefined;
+}
+
 }  // namespace
 }  // namespace ddp
