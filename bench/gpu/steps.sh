@@ -309,6 +309,21 @@ gpt_bf16_step() {
   mem=$(results json-key "$logs/$step.ours.jsonl" peak_device_mib 2>/dev/null || echo "?")
   mfu=$(results json-key "$logs/$step.ours.jsonl" mfu 2>/dev/null || echo "")
   figure="ours $ours tokens/s ($ms ms/step, batch $batch${mfu:+, MFU $mfu}, peak $mem MiB)"
+  # Note [fused attention]: the run above uses cuDNN's fused attention where it can
+  # (a fallback is logged once, naming why); the same step with the packed kernels
+  # shows what the fusion is worth.
+  if grep -q "not cuDNN's fused attention" "$logs/$step.ours.log"; then
+    figure+="; attention NOT fused ($(grep -m1 -o "fused attention: .*" "$logs/$step.ours.log" | cut -c1-160))"
+  fi
+  # shellcheck disable=SC2016
+  if run_logged "$step.packed" 180 env DDP_CUDNN_ATTENTION=0 sh -c '"$1" gpt --device "$2" --model "$3" \
+    --batch-size "$4" --precision bf16 --peak-tflops "$6" --warmup 3 --repeats 10 --json >"$5"' sh "$bin/bench" \
+    "$dev" "$model" "$batch" "$logs/$step.packed.jsonl" "$peak"; then
+    figure+="; packed attention $(results json-key "$logs/$step.packed.jsonl" tokens_per_s) tokens/s, peak \
+$(results json-key "$logs/$step.packed.jsonl" peak_device_mib 2>/dev/null || echo "?") MiB"
+  else
+    figure+="; packed attention FAILED: $(why_failed "$step.packed" "$?")"
+  fi
   if ! torch_can_run; then record "$step" "ok" "$figure" "no CUDA PyTorch for $python"; return; fi
   local form reference="" theirs tmem
   for form in strict eager; do
