@@ -298,9 +298,10 @@ std::vector<std::string> FlightWatch::summary_lines() const {
   return out;
 }
 
-std::string FlightWatch::straggler_line() const {
+std::string FlightWatch::straggler_line(const std::vector<int>& left_out) const {
   std::vector<flight::RankActivity> ranks;
   for (size_t i = 0; i < regions_.size(); ++i) {
+    if (std::find(left_out.begin(), left_out.end(), ranks_[i]) != left_out.end()) continue;
     if (const auto s = status(i)) ranks.push_back(flight::activity_of(ranks_[i], *s));
   }
   return flight::straggler_report(std::move(ranks)).text;

@@ -145,8 +145,11 @@ class FlightWatch {
   bool failed_in_collective(int rank) const;
   // The diagnosis and where the dumps are, for the failure summary.
   std::vector<std::string> summary_lines() const;
-  // Note [straggler report]; "" with fewer than two ranks to compare.
-  std::string straggler_line() const;
+  // Note [straggler report]; "" with fewer than two ranks to compare. The ranks in
+  // `left_out` are not compared: under --on-failure continue a rank that left the
+  // group ran only the first steps (the slowest: warm-up), so its average says
+  // nothing about the others.
+  std::string straggler_line(const std::vector<int>& left_out = {}) const;
 
  private:
   struct Region {

@@ -129,7 +129,8 @@ class Watcher {
   // --on-failure continue (Note [elastic membership] in collectives/elastic.h).
   int64_t membership_ = 0;
   std::vector<std::string> departures_;  // for the summary
-  int replacements_ = 0;                 // started, of spec_.replacements
+  std::vector<int> left_;  // ranks that left the group and were not replaced (ascending)
+  int replacements_ = 0;   // started, of spec_.replacements
   Clock::time_point next_join_check_ = Clock::now();
 };
 
@@ -151,7 +152,11 @@ GroupResult Watcher::run() {
     for (const std::string& d : departures_) say("  " + d);
   }
   flight_.refresh();  // a region published since the last check
-  if (const std::string line = flight_.straggler_line(); !line.empty()) say(line);
+  if (const std::string line = flight_.straggler_line(left_); !line.empty()) {
+    say(left_.empty() ? line
+                      : fmt::format("{} (not compared: rank{} {}, which left the group)", line,
+                                    left_.size() == 1 ? "" : "s", fmt::join(left_, ",")));
+  }
   return out;
 }
 
@@ -418,6 +423,7 @@ bool Watcher::leave_group() {
     if (r.rec.stopped_since) signal_group(r.rec.pid, SIGCONT);
   }
   r.departed = true;
+  left_.insert(std::upper_bound(left_.begin(), left_.end(), r.rec.rank), r.rec.rank);
   flight_.allow_next_capture();
   pending_hang_.reset();
   ++membership_;
@@ -480,6 +486,7 @@ void Watcher::check_joiners() {
   for (const size_t i : ready) {
     ranks_[i].joining = false;
     list.push_back(ranks_[i].rec.rank);
+    std::erase(left_, ranks_[i].rec.rank);  // its region is the replacement's now
   }
   ++membership_;
   rendezvous_.publish_membership(membership_, list);
