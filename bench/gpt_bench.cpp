@@ -7,6 +7,7 @@
 #include "runtime/autograd/autocast.h"
 #include "runtime/autograd/functions.h"
 #include "runtime/memory/allocator.h"
+#include "runtime/ops/ops.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/rng/generator.h"
 #include "runtime/stream.h"
@@ -17,7 +18,9 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace ddp::bench {
@@ -89,6 +92,114 @@ double ms_since(Clock::time_point start, const Device& device) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
+// Note [gpt op breakdown]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// bench gpt --ops: each kind of op of a GPT training step timed alone, forward and
+// backward, at the model's shapes and under the same autocast, then multiplied by
+// how often one step runs it. It says where the step's time goes, op by op, on any
+// device and without a profiler. Each op's inputs are fresh leaves with the dtypes
+// the model feeds it (under bf16: the linear layers' inputs bf16, the residual
+// stream f32, the logits bf16); an op's time is the median of its timed runs, the
+// device synchronized around each, its inputs' gradients cleared before each run (as
+// zero_grad does). The ops do not overlap, so their sum is comparable with the
+// forward + backward phases of the step; the rest is what the step does besides
+// them (reshapes, the casts of the parameters, the loss's reduction).
+struct OpCost {
+  std::string name;
+  int64_t per_step;
+  double ms;  // one run, forward + backward
+};
+
+std::vector<OpCost> op_breakdown(const models::GptConfig& c, int64_t batch, bool bf16,
+                                 const Device& device, int repeats) {
+  const int64_t b = batch, t = c.context, d = c.d_model, l = c.layers, v = c.vocab;
+  const int64_t rows = b * t;
+  const DType act = bf16 ? DType::bf16 : DType::f32;  // what the linear layers read
+  uint64_t seed = 500;
+  // A leaf of `shape` and `dtype` on the device that requires grad.
+  const auto leaf = [&](const Shape& shape, DType dtype) {
+    Tensor x = randn(shape, ++seed, {.device = device});
+    if (dtype != DType::f32) x = cast(x, dtype);
+    set_requires_grad(x, true);
+    return x;
+  };
+  const auto time = [&](std::vector<Tensor> leaves, const std::function<Tensor()>& forward) {
+    Tensor seed_grad;
+    std::vector<double> runs;
+    for (int r = 0; r <= repeats; ++r) {  // run 0 warms up (plans, caches, the seed)
+      for (Tensor& x : leaves) set_grad(x, Tensor());
+      synchronize(device);
+      const auto start = Clock::now();
+      Tensor out;
+      {
+        const AutocastGuard mixed_precision(DType::bf16, bf16);
+        out = forward();
+      }
+      if (r == 0 && out.numel() > 1)
+        seed_grad = ones(out.shape(), {.dtype = out.dtype(), .device = device});
+      backward(out, seed_grad);
+      const double ms = ms_since(start, device);
+      if (r > 0) runs.push_back(ms);
+    }
+    std::sort(runs.begin(), runs.end());
+    return runs[runs.size() / 2];
+  };
+  namespace F = functional;
+  std::vector<OpCost> out;
+  const auto linear = [&](const std::string& name, int64_t count, int64_t in, int64_t out_f,
+                          bool bias) {
+    const Tensor x = leaf({rows, in}, act), w = leaf({out_f, in}, DType::f32);
+    const Tensor bb = bias ? leaf({out_f}, DType::f32) : Tensor();
+    std::vector<Tensor> leaves{x, w};
+    if (bias) leaves.push_back(bb);
+    return OpCost{fmt::format("{} [{}, {}] x [{}, {}]^T", name, rows, in, out_f, in), count,
+                  time(leaves, [&] { return F::linear(x, w, bb); })};
+  };
+  out.push_back(linear("linear c_attn", l, d, 3 * d, true));
+  out.push_back(linear("linear attn c_proj", l, d, d, true));
+  out.push_back(linear("linear c_fc", l, d, 4 * d, true));
+  out.push_back(linear("linear mlp c_proj", l, 4 * d, d, true));
+  out.push_back(linear("linear head (tied wte)", 1, d, v, false));
+  {
+    const Tensor qkv = leaf({b, t, 3 * d}, act);
+    out.push_back({fmt::format("attention [{}, {}, {}], {} heads", b, t, 3 * d, c.heads), l,
+                   time({qkv}, [&] { return F::causal_self_attention(qkv, c.heads); })});
+  }
+  {
+    const Tensor x = leaf({rows, d}, DType::f32), w = leaf({d}, DType::f32),
+                 bias = leaf({d}, DType::f32);
+    out.push_back({fmt::format("layer_norm [{}, {}]", rows, d), 2 * l + 1,
+                   time({x, w, bias}, [&] { return F::layer_norm(x, w, bias); })});
+  }
+  {
+    const Tensor x = leaf({rows, 4 * d}, act);
+    out.push_back(
+        {fmt::format("gelu [{}, {}]", rows, 4 * d), l, time({x}, [&] { return F::gelu(x); })});
+  }
+  {
+    const Tensor x = leaf({b, t, d}, DType::f32), y = leaf({b, t, d}, act);
+    out.push_back({fmt::format("residual add [{}, {}, {}]", b, t, d), 2 * l,
+                   time({x, y}, [&] { return F::add(x, y); })});
+  }
+  {
+    const Tensor logits = leaf({rows, v}, act);
+    std::vector<int64_t> labels(static_cast<size_t>(rows));
+    for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int64_t>(i * 7919 % v);
+    const Tensor targets = from_vector(labels, {rows}).to(device);
+    out.push_back({fmt::format("cross_entropy [{}, {}]", rows, v), 1,
+                   time({logits}, [&] { return F::cross_entropy(logits, targets); })});
+  }
+  {
+    const Tensor wte = leaf({v, d}, DType::f32);
+    std::vector<int64_t> ids(static_cast<size_t>(rows));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i * 104729 % v);
+    const Tensor tokens = from_vector(ids, {b, t}).to(device);
+    out.push_back({fmt::format("embedding [{}, {}] of {} tokens", v, d, rows), 1,
+                   time({wte}, [&] { return F::embedding(wte, tokens); })});
+  }
+  return out;
+}
+
 }  // namespace
 
 int run_gpt_bench(const BenchOptions& o, const Reporter& reporter) {
@@ -96,6 +207,9 @@ int run_gpt_bench(const BenchOptions& o, const Reporter& reporter) {
   const int64_t batch = parse_batch(o);
   const bool bf16 = parse_bf16(o);
   const double peak_tflops = parse_peak_tflops(o);
+  const std::string ops_flag = o.flag("--ops", "no");
+  DDP_CHECK(ops_flag == "yes" || ops_flag == "no", "--ops expects yes or no, got '{}'", ops_flag);
+  const bool ops = ops_flag == "yes";
   const TimingOptions timing = o.timing(2, 10);
   Generator gen(1234);
   auto model = models::make_gpt(config, gen);
@@ -173,6 +287,36 @@ int run_gpt_bench(const BenchOptions& o, const Reporter& reporter) {
   }
   row.add("device", o.device.str());
   reporter.section("gpt training step (median of the timed steps)", {row});
+  if (ops) {  // Note [gpt op breakdown]
+    reporter.progress("bench gpt --ops: each op alone, forward + backward");
+    const std::vector<OpCost> ops =
+        op_breakdown(config, batch, bf16, o.device, std::max(3, timing.repeats));
+    double sum = 0;
+    for (const OpCost& op : ops) sum += op.ms * static_cast<double>(op.per_step);
+    const double phases = median.forward + median.backward;
+    std::vector<Row> rows;
+    for (const OpCost& op : ops) {
+      const double per_step = op.ms * static_cast<double>(op.per_step);
+      Row r;
+      r.add("op", op.name)
+          .add("per_step", op.per_step)
+          .add("ms_each", op.ms, 3)
+          .add("ms_per_step", per_step, 2)
+          .add("share_of_forward_backward", per_step / phases, 3);
+      rows.push_back(std::move(r));
+    }
+    Row total;
+    total.add("op", "sum of the ops")
+        .add("per_step", int64_t{0})
+        .add("ms_each", 0.0, 3)
+        .add("ms_per_step", sum, 2)
+        .add("share_of_forward_backward", sum / phases, 3);
+    rows.push_back(std::move(total));
+    reporter.section(fmt::format("gpt step op by op (each alone, forward + backward; the step's "
+                                 "forward + backward took {:.2f} ms)",
+                                 phases),
+                     rows);
+  }
   return 0;
 }
 

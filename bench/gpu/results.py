@@ -17,6 +17,9 @@ usage: results.py COMMAND ARGS...
   summary-acc LOG            the final test accuracy of `train`'s summary line.
   metric FILE KEY            KEY of the last line of a `train --metrics` file.
   json-key FILE KEY          KEY of the first JSON line of FILE that has it.
+  top-ops JSONL N            the N ops with the largest ms_per_step of `bench gpt --ops yes
+                             --json` (Note [gpt op breakdown]), with their share of the
+                             step's forward + backward, and the ops' sum.
   bench-device JSONL         "figure<TAB>reference" lines of `bench device --json`.
   bench-gemm JSONL           the same for `bench gemm --json`.
   copy-peak DEVICE           pinned 256 MiB host-to-device and device-to-host GB/s with
@@ -143,6 +146,20 @@ def cmd_json_key(path, key):
     fail(f"{path}: no JSON line with '{key}'")
 
 
+def cmd_top_ops(path, n):
+    ops = [r for r in rows(path) if "ms_per_step" in r and r.get("per_step", 0) > 0]
+    if not ops:
+        fail(f"{path}: no op rows (bench gpt --ops yes --json)")
+    total = sum(r["ms_per_step"] for r in ops)
+    share = sum(r["share_of_forward_backward"] for r in ops)
+    ops.sort(key=lambda r: r["ms_per_step"], reverse=True)
+    top = ", ".join(f"{r['op'].split(' [')[0]} {r['ms_per_step']:.1f} ms "
+                    f"({100 * r['share_of_forward_backward']:.0f}%)" for r in ops[:int(n)])
+    print(f"top ops (alone, fwd+bwd): {top}; all {len(ops)} ops {total:.1f} ms "
+          f"({100 * share:.0f}% of the step's fwd+bwd)")
+    return 0
+
+
 def rows(path):
     with open(path) as f:
         return [json.loads(x) for x in f if x.strip().startswith("{")]
@@ -222,6 +239,7 @@ COMMANDS = {
     "summary-acc": (cmd_summary_acc, 1),
     "metric": (cmd_metric, 2),
     "json-key": (cmd_json_key, 2),
+    "top-ops": (cmd_top_ops, 2),
     "bench-device": (cmd_bench_device, 1),
     "bench-gemm": (cmd_bench_gemm, 1),
     "copy-peak": (cmd_copy_peak, 1),

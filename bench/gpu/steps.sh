@@ -299,9 +299,10 @@ gpt_bf16_step() {
   [[ $dev == cpu ]] && { record "$step" "skipped: bf16 autocast is for CUDA (--device cpu)"; return; }
   peak=$(bf16_peak_tflops)
   # shellcheck disable=SC2016  # the positional parameters of the inner shell
+  # --ops yes: then each op alone (Note [gpt op breakdown]), after the timed steps.
   run_logged "$step.ours" 180 sh -c '"$1" gpt --device "$2" --model "$3" --batch-size "$4" --precision bf16 \
-    --peak-tflops "$6" --warmup 3 --repeats 10 --json >"$5"' sh "$bin/bench" "$dev" "$model" "$batch" \
-    "$logs/$step.ours.jsonl" "$peak"
+    --peak-tflops "$6" --warmup 3 --repeats 10 --ops yes --json >"$5"' sh "$bin/bench" "$dev" "$model" \
+    "$batch" "$logs/$step.ours.jsonl" "$peak"
   rc=$?
   if [[ $rc -ne 0 ]]; then record "$step" "FAILED: ours: $(why_failed "$step.ours" "$rc")"; return; fi
   ours=$(results json-key "$logs/$step.ours.jsonl" tokens_per_s)
@@ -309,6 +310,7 @@ gpt_bf16_step() {
   mem=$(results json-key "$logs/$step.ours.jsonl" peak_device_mib 2>/dev/null || echo "?")
   mfu=$(results json-key "$logs/$step.ours.jsonl" mfu 2>/dev/null || echo "")
   figure="ours $ours tokens/s ($ms ms/step, batch $batch${mfu:+, MFU $mfu}, peak $mem MiB)"
+  figure+="; $(results top-ops "$logs/$step.ours.jsonl" 4 2>&1)"
   # Note [fused attention]: the run above uses cuDNN's fused attention where it can
   # (a fallback is logged once, naming why); the same step with the packed kernels
   # shows what the fusion is worth.
