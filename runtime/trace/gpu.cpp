@@ -86,6 +86,11 @@ int64_t GpuClock::error_ns() const {
   return anchors_.back().error_ns;
 }
 
+int64_t GpuClock::first_error_ns() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return anchors_.front().error_ns;
+}
+
 size_t GpuClock::anchors() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return anchors_.size();

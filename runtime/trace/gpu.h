@@ -72,7 +72,8 @@ class GpuClock {
   // recorded after this clock was made, after host time `recorded_after_ns`,
   // and must have passed (query()). Never blocks.
   int64_t host_ns(const Event& event, int64_t recorded_after_ns);
-  int64_t error_ns() const;  // the newest anchor's
+  int64_t error_ns() const;        // the newest anchor's
+  int64_t first_error_ns() const;  // the first anchor's (it maps the oldest events)
   size_t anchors() const;
   bool refreshing() const;  // a new anchor is recorded, not yet seen passing
 
