@@ -56,19 +56,23 @@ CudnnLibrary load() {
   api.execute = lib.function<decltype(api.execute)>("cudnnBackendExecute");
   api.version = api.get_version();
   api.path = lib.path();
-  // cuDNN's versions are MAJOR * 10000 + MINOR * 100 + PATCH since 9.0.
   if (api.version / 10000 != CUDNN_MAJOR) {
-    throw DeviceError(fmt::format(
-        "{} is cuDNN {}.{}.{}, but this build was compiled against cuDNN {} ({}.{}.{}): its "
-        "backend API's attributes may differ. Put a cuDNN {} lib folder first on "
-        "LD_LIBRARY_PATH (DDP_CUDNN_ATTENTION=0 keeps the packed attention)",
-        api.path, api.version / 10000, api.version / 100 % 100, api.version % 100, CUDNN_MAJOR,
-        CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL, CUDNN_MAJOR));
+    throw DeviceError(
+        fmt::format("{} is cuDNN {}, but this build was compiled against cuDNN {} ({}.{}.{}): its "
+                    "backend API's attributes may differ. Put a cuDNN {} lib folder first on "
+                    "LD_LIBRARY_PATH (DDP_CUDNN_ATTENTION=0 keeps the packed attention)",
+                    api.path, api.version_text(), CUDNN_MAJOR, CUDNN_MAJOR, CUDNN_MINOR,
+                    CUDNN_PATCHLEVEL, CUDNN_MAJOR));
   }
   return api;
 }
 
 }  // namespace
+
+// cuDNN's versions are MAJOR * 10000 + MINOR * 100 + PATCH since 9.0.
+std::string CudnnLibrary::version_text() const {
+  return fmt::format("{}.{}.{}", version / 10000, version / 100 % 100, version % 100);
+}
 
 const CudnnLibrary& cudnn() {
   static const CudnnLibrary api = load();

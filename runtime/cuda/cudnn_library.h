@@ -27,8 +27,9 @@ struct CudnnLibrary {
   decltype(&cudnnBackendGetAttribute) get_attribute;
   decltype(&cudnnBackendFinalize) finalize;
   decltype(&cudnnBackendExecute) execute;
-  size_t version = 0;  // get_version(), e.g. 91900 for 9.19.0
-  std::string path;    // the file that was opened
+  size_t version = 0;                // get_version(), e.g. 91900 for 9.19.0
+  std::string path;                  // the file that was opened
+  std::string version_text() const;  // "9.19.0"
 };
 
 // Loads libcudnn.so.<CUDNN_MAJOR> once per process (the CUDA toolkit's lib folder,

@@ -39,7 +39,11 @@ struct Storage {
 
 class Interpreter {
  public:
-  explicit Interpreter(const Graph& graph) : graph_(graph) {}
+  explicit Interpreter(const Graph& graph) : graph_(graph) {
+    for (const OpSpec& op : graph_.ops) {
+      if (op.kind == OpKind::reshape) viewed_.insert({op.x, op.y});
+    }
+  }
 
   // A bound tensor's buffer; the tensor starts offset_in_buffer(uid) elements in.
   void bind(int64_t uid, std::vector<float>& buffer, const Geometry& g) {
@@ -106,11 +110,7 @@ class Interpreter {
   // whose nominal strides are no dense layout (cuDNN never stores it) and that no
   // reshape sees as memory: row-major then.
   Dims strides_of(const TensorSpec& t) const {
-    bool viewed = false;
-    for (const OpSpec& op : graph_.ops) {
-      viewed = viewed || (op.kind == OpKind::reshape && (op.x == t.uid || op.y == t.uid));
-    }
-    if (!t.is_virtual || viewed || dense(t.dims, t.strides)) return t.strides;
+    if (!t.is_virtual || viewed_.count(t.uid) != 0 || dense(t.dims, t.strides)) return t.strides;
     return {t.dims[1] * t.dims[2] * t.dims[3], t.dims[2] * t.dims[3], t.dims[3], 1};
   }
   // Storage for a virtual tensor on its first write: as many elements as its strides reach.
@@ -265,6 +265,7 @@ class Interpreter {
   std::map<int64_t, std::vector<float>> owned_;
   std::map<int64_t, float> scalars_;
   std::set<int64_t> written_;
+  std::set<int64_t> viewed_;  // the inputs and outputs of reshapes: their strides are memory
 };
 
 std::vector<float> random_values(int64_t n, uint32_t seed, float scale = 1.0f) {

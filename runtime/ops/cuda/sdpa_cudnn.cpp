@@ -430,9 +430,8 @@ std::string unsupported_device(int device) {
   if (lib != nullptr && lib->version < 91002) {
     // Older ones fill the mask with the lowest float instead of -inf, and 9.10.0 and
     // 9.10.1 have known fused-attention bugs for 16-bit inputs.
-    why =
-        fmt::format("{} is cuDNN {}.{}.{}; ddp's fused attention graphs need 9.10.2 or newer",
-                    lib->path, lib->version / 10000, lib->version / 100 % 100, lib->version % 100);
+    why = fmt::format("{} is cuDNN {}; ddp's fused attention graphs need 9.10.2 or newer",
+                      lib->path, lib->version_text());
   } else if (lib != nullptr) {
     const cuda_api::Properties props = cuda_api::properties(device);
     if (props.major < 8) {
@@ -470,13 +469,14 @@ std::string unsupported(const Tensor& qkv, int64_t heads,
   std::string why = unsupported_device(qkv.device().index);
   if (why.empty() && t % 128 != 0 && cuda_api::cudnn().version < 91600) {
     // Before 9.16 cuDNN's backward needs a padding mask there (its frontend adds one).
-    why = fmt::format(
-        "T {} is not a multiple of 128, which cuDNN before 9.16 needs (this is "
-        "{}.{}.{})",
-        t, cuda_api::cudnn().version / 10000, cuda_api::cudnn().version / 100 % 100,
-        cuda_api::cudnn().version % 100);
+    why = fmt::format("T {} is not a multiple of 128, which cuDNN before 9.16 needs (this is {})",
+                      t, cuda_api::cudnn().version_text());
   }
   return why;
+}
+
+graph::Geometry geometry(const Tensor& qkv, int64_t heads) {
+  return {qkv.size(0), qkv.size(1), heads, qkv.size(2) / 3 / heads};
 }
 
 graph::Type io_type(DType dtype) {
@@ -493,7 +493,7 @@ struct Context {
 Context plan_for(const Tensor& qkv, int64_t heads, Direction direction, std::string* why) {
   const cuda_api::CudnnLibrary& lib = cuda_api::cudnn();
   const int device = qkv.device().index;
-  const graph::Geometry g{qkv.size(0), qkv.size(1), heads, qkv.size(2) / 3 / heads};
+  const graph::Geometry g = geometry(qkv, heads);
   thread_local std::unordered_map<int, std::unique_ptr<Handle>> handles;
   thread_local std::unordered_map<int, std::string> handle_errors;  // asked once
   thread_local std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans;
@@ -585,62 +585,62 @@ void execute(const Context& ctx, const Tensor& on,
   }
 }
 
+// The plan of `direction` for qkv, or none with *why (if given) set: the tensors'
+// checks first, and for the forward the backward's plan too (a forward that ran
+// fused while its backward cannot would pay for the packed forward again in the
+// backward, so then neither runs fused).
+Context usable_plan(const Tensor& qkv, int64_t heads, Direction direction,
+                    std::initializer_list<const Tensor*> bound, std::string* why) {
+  std::string reason = unsupported(qkv, heads, bound);
+  Context ctx;
+  if (reason.empty() && (direction == Direction::backward ||
+                         plan_for(qkv, heads, Direction::backward, &reason).plan != nullptr)) {
+    ctx = plan_for(qkv, heads, direction, &reason);
+  }
+  if (ctx.plan == nullptr && why != nullptr) *why = reason;
+  return ctx;
+}
+
 }  // namespace
 
 bool fused_attention_forward(const Tensor& qkv, int64_t heads, Tensor& y, Tensor& stats,
                              std::string* why) {
-  std::string reason = unsupported(qkv, heads, {&qkv, &y, &stats});
-  if (reason.empty()) {
-    cuda_api::DeviceGuard guard(qkv.device().index);
-    // The backward's plan first: a forward that runs fused while its backward cannot
-    // would pay for the packed forward again in the backward, so then neither does.
-    const Context ctx = plan_for(qkv, heads, Direction::backward, &reason).plan == nullptr
-                            ? Context{}
-                            : plan_for(qkv, heads, Direction::forward, &reason);
-    if (ctx.plan != nullptr) {
-      const graph::Geometry g{qkv.size(0), qkv.size(1), heads, qkv.size(2) / 3 / heads};
-      execute(ctx, y,
-              {{graph::kQ, qkv.data_ptr()},
-               {graph::kK, qkv.data_ptr()},
-               {graph::kV, qkv.data_ptr()},
-               {graph::kO, y.data_ptr()},
-               {graph::kStats, stats.data_ptr()}},
-              g);
-      return true;
-    }
-  }
-  if (why != nullptr) *why = reason;
-  return false;
+  cuda_api::DeviceGuard guard(qkv.device().index);
+  const Context ctx = usable_plan(qkv, heads, Direction::forward, {&qkv, &y, &stats}, why);
+  if (ctx.plan == nullptr) return false;
+  execute(ctx, y,
+          {{graph::kQ, qkv.data_ptr()},
+           {graph::kK, qkv.data_ptr()},
+           {graph::kV, qkv.data_ptr()},
+           {graph::kO, y.data_ptr()},
+           {graph::kStats, stats.data_ptr()}},
+          geometry(qkv, heads));
+  return true;
 }
 
 bool fused_attention_backward(const Tensor& grad_y, const Tensor& qkv, const Tensor& y,
                               const Tensor& stats, int64_t heads, Tensor& grad_qkv,
                               std::string* why) {
-  std::string reason = unsupported(qkv, heads, {&grad_y, &qkv, &y, &stats, &grad_qkv});
-  if (reason.empty()) {
-    cuda_api::DeviceGuard guard(qkv.device().index);
-    const Context ctx = plan_for(qkv, heads, Direction::backward, &reason);
-    if (ctx.plan != nullptr) {
-      const graph::Geometry g{qkv.size(0), qkv.size(1), heads, qkv.size(2) / 3 / heads};
-      // rowsum(dO * O): a graph tensor the caller provides (f32 [B, H, T, 1]).
-      const Tensor softmax_sum = empty({g.batch, g.heads, g.t, 1}, {.device = qkv.device()});
-      execute(ctx, grad_qkv,
-              {{graph::kQ, qkv.data_ptr()},
-               {graph::kK, qkv.data_ptr()},
-               {graph::kV, qkv.data_ptr()},
-               {graph::kO, y.data_ptr()},
-               {graph::kDO, grad_y.data_ptr()},
-               {graph::kStats, stats.data_ptr()},
-               {graph::kDQ, grad_qkv.data_ptr()},
-               {graph::kDK, grad_qkv.data_ptr()},
-               {graph::kDV, grad_qkv.data_ptr()},
-               {graph::kSoftmaxSum, softmax_sum.data_ptr()}},
-              g);
-      return true;
-    }
-  }
-  if (why != nullptr) *why = reason;
-  return false;
+  cuda_api::DeviceGuard guard(qkv.device().index);
+  const Context ctx =
+      usable_plan(qkv, heads, Direction::backward, {&grad_y, &qkv, &y, &stats, &grad_qkv}, why);
+  if (ctx.plan == nullptr) return false;
+  const graph::Geometry g = geometry(qkv, heads);
+  // rowsum(dO * O): a graph tensor the caller provides (f32 [B, H, T, 1]).
+  const Tensor softmax_sum = empty({g.batch, g.heads, g.t, 1}, {.device = qkv.device()});
+  execute(ctx, grad_qkv,
+          {{graph::kQ, qkv.data_ptr()},
+           {graph::kK, qkv.data_ptr()},
+           {graph::kV, qkv.data_ptr()},
+           {graph::kO, y.data_ptr()},
+           {graph::kDO, grad_y.data_ptr()},
+           {graph::kStats, stats.data_ptr()},
+           {graph::kDQ, grad_qkv.data_ptr()},
+           {graph::kDK, grad_qkv.data_ptr()},
+           {graph::kDV, grad_qkv.data_ptr()},
+           {graph::kSoftmaxSum, softmax_sum.data_ptr()}},
+          g);
+  return true;
 }
 
 }  // namespace ddp::kernels::cuda
