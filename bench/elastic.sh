@@ -35,7 +35,8 @@
 # machine, up to about 5 on a busy one.
 # usage: bench/elastic.sh DDPRUN TRAIN [RUNS]
 # environment: KILL_RUNS (default 3), KILL_STEP (50), SAVE_EVERY (20),
-#   MAX_OTHER (0.05)
+#   MAX_OTHER (0.05), EXTRA (train flags added to every job of both policies,
+#   e.g. "--zero 1 --zero-replicas 2")
 set -euo pipefail
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 case ${1:-} in -h | --help) usage; exit 0 ;; esac
@@ -53,6 +54,8 @@ export DDP_FLIGHT_DIR=$dir/flight  # the restarts' flight recorder dumps go with
 
 common=(--backend shm --data synthetic --synthetic-size 20000 --epochs 2 --seed 5 --batch-size 64
         --save-every "$save_every" --resume auto)
+read -ra extra <<<"${EXTRA:-}"
+common+=("${extra[@]}")
 
 # Kill runs and their references run under a pseudo-terminal (script(1)), so
 # that ddprun passes each line on as it comes, with --log-every 1 (rank 0 prints

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -84,7 +85,9 @@ nn::NamedTensors broadcast_named(Communicator& comm, const nn::NamedTensors& min
 // Note [elastic training] 3: the source's model, optimizer and counters everywhere.
 // Everything is received first and committed at the end, so a copy that fails
 // half-way (another rank left meanwhile) leaves this rank's state as it was.
-void copy_state(Run& r, int source) {
+// ZeRO (`zero`: what the ranks' shards and replicas gave, Note [zero replicas]):
+// the optimizer and the parameters come from there, over the new group.
+void copy_state(Run& r, int source, const ZeroRecovery* zero) {
   Communicator& comm = *r.pg->comm;
   const CollectiveLabel labelled("elastic state");
   const NoGradGuard no_grad;
@@ -96,7 +99,9 @@ void copy_state(Run& r, int source) {
     comm.broadcast(buffer, source)->wait();
     received.push_back(buffer);
   }
-  const nn::NamedTensors state = broadcast_named(comm, r.optimizer->state(), source, comm.device());
+  const nn::NamedTensors state =
+      zero != nullptr ? nn::NamedTensors{}
+                      : broadcast_named(comm, r.optimizer->state(), source, comm.device());
   const EpochPosition& p = r.position;
   Tensor counters = from_vector<int64_t>(
       {r.step, r.optimizer->steps(), p.epoch, p.step, p.cursor, p.micro_batches,
@@ -113,7 +118,15 @@ void copy_state(Run& r, int source) {
   const auto v = values.to_vector<float>();
   if (!root) {
     for (size_t i = 0; i < model_state.size(); ++i) copy_(model_state[i].second, received[i]);
-    r.optimizer->load_state(state, c[1]);
+    if (zero == nullptr) r.optimizer->load_state(state, c[1]);
+  }
+  if (zero != nullptr) {
+    std::vector<Tensor> params = r.optimizer->params();  // the live tensors, the inner order
+    for (size_t i = 0; i < params.size(); ++i) copy_(params[i], zero->parameters[i]);
+    auto sharded = make_zero(r, r.task->make_optimizer(r.o), r.pg->comm);
+    sharded->load_state(zero->state, zero->steps);
+    r.zero = sharded.get();
+    r.optimizer = std::move(sharded);
   }
   r.step = c[0];
   r.position = EpochPosition{
@@ -169,11 +182,13 @@ void check_elastic(const Run& r) {
             "--on-failure continue (ddprun): the {} backend cannot regroup the ranks left; use "
             "--backend shm or gloo, or ddprun --on-failure restart",
             backend);
-  DDP_CHECK(o.zero == 0,
-            "--zero {} under ddprun --on-failure continue: a rank's optimizer shard dies with it, "
-            "so the ranks left could not go on; use --zero 0, or ddprun --on-failure restart "
-            "(the group restarts from the last checkpoint)",
-            o.zero);
+  DDP_CHECK(o.zero == 0 || (o.zero <= 2 && o.zero_replicas == 2),
+            "--zero {}{} under ddprun --on-failure continue: a rank's optimizer shard dies with "
+            "it, so the ranks left could not go on; {}, or ddprun --on-failure restart (the "
+            "group restarts from the last checkpoint)",
+            o.zero, o.zero <= 2 ? " without --zero-replicas 2" : "",
+            o.zero <= 2 ? "add --zero-replicas 2 (each shard kept by two ranks), use --zero 0"
+                        : "use --zero 1 or 2 with --zero-replicas 2, or --zero 0");
   DDP_CHECK(o.drop_last != DropLast::uneven,
             "--drop-last false under ddprun --on-failure continue: its uneven epochs run under a "
             "Join, which a regroup cannot carry on; use --drop-last pad or true");
@@ -203,7 +218,13 @@ namespace {
 void go_on(Run& r, const Regroup& g, int old_rank, Clock::time_point start) {
   ProcessGroup& pg = *r.pg;
   r.world_size = pg.env.world_size;
-  copy_state(r, g.source);
+  // ZeRO: the shards and replicas the ranks left hold (a replacement: none).
+  std::optional<ZeroRecovery> zero;
+  if (r.o.zero > 0) {
+    zero = ZeroOptimizer::recover(*pg.comm, r.zero,
+                                  r.zero != nullptr ? r.zero->inner() : *r.optimizer);
+  }
+  copy_state(r, g.source, zero ? &*zero : nullptr);
   r.task->reshard(pg.env.rank, pg.env.world_size);
   make_ddp(r);
   if (pg.env.rank == 0) take_over_writing(r, old_rank != 0);
@@ -248,7 +269,8 @@ void rejoin(Run& r, const CommError& failure) {
     const auto start = Clock::now();
     r.join.reset();
     r.ddp.reset();
-    pg.comm.reset();  // Note [elastic training] 1
+    if (r.zero != nullptr) r.zero->leave_group();  // its shards stay, for the regroup
+    pg.comm.reset();                               // Note [elastic training] 1
     try {
       const Regroup g = regroup(pg, progress(r), wait, cause);
       go_on(r, g, old_rank, start);

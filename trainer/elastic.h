@@ -29,8 +29,10 @@
 // loses none. The learning-rate schedule goes on by step count; steps per epoch
 // grow as the world shrinks (the global batch shrinks with it), as they would
 // for a run started at that size. What a regroup cannot carry on is refused
-// before the first step (check_elastic): ZeRO (a shard dies with its rank),
-// --drop-last false (a Join), tasks that cannot reshard (Task::reshardable;
+// before the first step (check_elastic): ZeRO-3 and ZeRO-1/2 without
+// --zero-replicas 2 (a shard dies with its rank; with 2 replicas a regroup puts
+// the state together from the shards and copies left, Note [zero replicas] in
+// collectives/ddp/zero.h), --drop-last false (a Join), tasks that cannot reshard (Task::reshardable;
 // the zoo's supervised and language tasks both can), backends other than shm
 // and gloo.
 // A replacement (ddprun --max-restarts K under continue) loads its data and

@@ -19,9 +19,11 @@
 
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <optional>
 #include <thread>
+#include <utility>
 
 namespace ddp::train {
 namespace {
@@ -131,7 +133,15 @@ void update(Run& r, int64_t step, int64_t epoch, const Tensor& step_loss, StepTi
       }
     }
     r.optimizer->set_lr(r.schedule.lr_at(r.optimizer->steps()));
-    r.optimizer->step();
+    const int64_t before = r.optimizer->steps();
+    try {
+      r.optimizer->step();
+    } catch (const CommError&) {
+      // --zero-replicas 2: past its commit the update counts on every rank even
+      // when the all-gather fails (Note [zero replicas] in collectives/ddp/zero.h).
+      if (!r.elastic || r.zero == nullptr || r.optimizer->steps() == before) throw;
+      r.failed_after_update = std::current_exception();
+    }
   }
   timing.t.optimizer += timing.clock.lap();
 }
@@ -442,6 +452,7 @@ EpochMetrics train_epoch(Run& r, int64_t epoch) {
     }
     const int64_t global = step_samples(plan, e.step - offset, r.o.grad_accum, rows);
     const int64_t step = count_step(r, e, used, global, skipped_before, step_loss, last_loss);
+    if (r.failed_after_update) std::rethrow_exception(std::exchange(r.failed_after_update, {}));
     after_step(r, e, progress, step, steps, last_loss);
     if (r.stop_early) break;  // --early-stop, decided alike on every rank
   }

@@ -11,16 +11,18 @@ namespace ddp::train {
 // makes that rank SIGKILL itself after training step STEP (and its checkpoint, if
 // one is due); DDP_TEST_NAN_AT=RANK:STEP makes its loss NaN at step STEP;
 // DDP_TEST_NAN_WEIGHT_AT=RANK:STEP makes a weight NaN after step STEP's update (as
-// a non-finite gradient with a finite loss would). RANK * is every rank; several
-// RANK:STEP separated by commas name several ranks (2:5,3:9). All act
-// only in a group's first attempt (DDPRUN_RESTART_COUNT unset or 0) and not in
-// a replacement rank (DDPRUN_JOIN), so the restarted group runs clean. For the flight recorder
+// a non-finite gradient with a finite loss would); DDP_TEST_KILL_IN_UPDATE=RANK:STEP
+// (--zero-replicas 2) makes that rank SIGKILL itself inside step STEP's optimizer
+// step, its update counted, before the parameters' all-gather (Note [zero replicas]). RANK * is
+// every rank; several RANK:STEP separated by commas name several ranks (2:5,3:9). All act only in a
+// group's first attempt (DDPRUN_RESTART_COUNT unset or 0) and not in a replacement rank
+// (DDPRUN_JOIN), so the restarted group runs clean. For the flight recorder
 // (docs/flight_recorder.md): DDP_TEST_SLOW_RANK=RANK:MS sleeps MS milliseconds in each forward of
 // that rank (a straggler); DDP_TEST_SKIP_ALLREDUCE=RANK:STEP makes that rank skip bucket 0's
 // all_reduce at optimizer step STEP of this process (a collective mismatch; the ranks then hang or
 // fail).
 struct TestFaults {
-  int64_t kill_step = -1, nan_step = -1, nan_weight_step = -1;
+  int64_t kill_step = -1, nan_step = -1, nan_weight_step = -1, kill_in_update_step = -1;
   int64_t slow_ms = -1, skip_allreduce_step = -1;
 
   // The step of `name` (RANK:STEP or *:STEP) for `rank`; -1 when unset or another rank's.

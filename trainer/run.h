@@ -17,6 +17,7 @@
 #include "trainer/trainer.h"
 
 #include <chrono>
+#include <exception>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -88,10 +89,16 @@ struct Run {
   Tensor last_loss{};  // the last completed step's last micro-batch loss (its loss row)
   std::chrono::steady_clock::time_point next_membership_poll{};  // check_membership()
   int64_t join_at_step = -1;  // DDP_TEST_JOIN_AT (docs/train.md): members regroup there only
+  // --zero-replicas 2: the all-gather after a counted update failed (Note [zero
+  // replicas]); thrown once the step is counted.
+  std::exception_ptr failed_after_update{};
 };
 
 // DistributedDataParallel (with ZeRO's attach) over r.pg->comm, as the options ask.
 void make_ddp(Run& r);
+// --zero 1|2|3: r's optimizer `inner` sharded over `comm` as the options ask.
+std::unique_ptr<ZeroOptimizer> make_zero(Run& r, std::unique_ptr<optim::Optimizer> inner,
+                                         std::shared_ptr<Communicator> comm);
 
 // One epoch of the run (epoch.cpp): its steps, under a Join when the ranks' step
 // counts differ (Note [uneven epochs] in uneven.h), with progress lines and the

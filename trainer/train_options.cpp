@@ -163,6 +163,12 @@ parallelism:
                            3 ZeRO-3 (FSDP): the parameters too, each unit
                            gathered just before its forward and backward
                            (docs/ddp.md: when to pick which)
+  --zero-replicas 1|2      --zero 1|2: 2 keeps a second copy of each rank's
+                           optimizer shard on the rank before it, so that
+                           ddprun --on-failure continue can go on after a rank
+                           dies (docs/elastic.md); state memory 2/W instead of
+                           1/W, and at --zero 2 (W-1)/W more elements moved per
+                           step (default 1)
   --zero3-units A,B,...    --zero 3: the modules gathered as one unit, by
                            dotted name (transformer.h.0); default: each child
                            of a Sequential (each gpt block, each mlp layer),
@@ -358,6 +364,11 @@ const std::map<std::string, Setter>& setters() {
          check_choice("--zero", v, {"0", "1", "2", "3"});
          o.zero = std::stoi(v);
        }},
+      {"--zero-replicas",
+       [](auto& o, auto& v) {
+         check_choice("--zero-replicas", v, {"1", "2"});
+         o.zero_replicas = std::stoi(v);
+       }},
       {"--zero3-units",
        [](auto& o, auto& v) {
          o.zero3_units.clear();
@@ -480,6 +491,12 @@ void validate(const TrainOptions& o) {
             "--zero {} shards over the ranks of --mode ddp; this run has --mode {} (use --mode "
             "ddp or auto, or --zero 0)",
             o.zero, o.mode);
+  DDP_CHECK(o.zero_replicas == 1 || o.zero == 1 || o.zero == 2,
+            "--zero-replicas {} keeps a second copy of each ZeRO-1/2 optimizer shard; this run has "
+            "--zero {} ({}); use --zero 1 or 2, or --zero-replicas 1",
+            o.zero_replicas, o.zero,
+            o.zero == 0 ? "every rank holds the whole state already"
+                        : "ZeRO-3's parameter shards have no replicas");
   DDP_CHECK(o.zero < 2 || o.comm_hook == "none",
             "--comm-hook {} compresses DDP's all_reduce, which --zero {} replaces by a "
             "reduce-scatter; use --zero 1 or --comm-hook none",

@@ -122,6 +122,9 @@ struct TrainOptions {
   std::string comm_hook = "none";  // ddp: none | bf16 | fp16 (compress buckets for the all_reduce)
   int zero = 0;  // ddp: ZeRO stage (collectives/ddp/zero.h): 0 DDP, 1 state, 2 state + gradients,
                  // 3 state + gradients + parameters
+  // --zero-replicas 2 (--zero 1|2): each rank also keeps the next rank's optimizer
+  // shard (Note [zero replicas] in collectives/ddp/zero.h), for --on-failure continue.
+  int zero_replicas = 1;
   // --zero 3: the unit modules (empty: Note [zero-3 units]) and whether a unit is
   // released after its forward (collectives/ddp/fully_shard.h).
   std::vector<std::string> zero3_units{};

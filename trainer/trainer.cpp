@@ -11,10 +11,13 @@
 #include "trainer/run.h"
 #include "trainer/uneven.h"
 
+#include <signal.h>
+
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <optional>
 
 namespace ddp::train {
@@ -87,12 +90,7 @@ std::string resume_path(const TrainOptions& o, ProcessGroup* pg) {
 // before a resume loads (and reshards) its state.
 void wrap_zero(Run& r) {
   const TrainOptions& o = r.o;
-  auto zero = std::make_unique<ZeroOptimizer>(
-      std::move(r.optimizer), r.pg->comm,
-      ZeroOptions{.stage = o.zero,
-                  .bucket_cap_mb = o.bucket_cap_mb,
-                  .fully_shard = {.units = o.zero3_units,
-                                  .reshard_after_forward = o.zero3_reshard_after_forward}});
+  auto zero = make_zero(r, std::move(r.optimizer), r.pg->comm);
   r.zero = zero.get();
   r.optimizer = std::move(zero);
   if (o.quiet || o.optimizer != "sgd" || o.momentum != 0.0f) return;
@@ -219,6 +217,25 @@ AutocastState apply_precision(const TrainOptions& o, const std::vector<Device>& 
 
 }  // namespace
 
+std::unique_ptr<ZeroOptimizer> make_zero(Run& r, std::unique_ptr<optim::Optimizer> inner,
+                                         std::shared_ptr<Communicator> comm) {
+  const TrainOptions& o = r.o;
+  std::function<void()> after_update;
+  if (r.faults.kill_in_update_step > 0) {  // DDP_TEST_KILL_IN_UPDATE (faults.h)
+    after_update = [&r] {
+      if (r.step + 1 == r.faults.kill_in_update_step) ::raise(SIGKILL);
+    };
+  }
+  return std::make_unique<ZeroOptimizer>(
+      std::move(inner), std::move(comm),
+      ZeroOptions{.stage = o.zero,
+                  .bucket_cap_mb = o.bucket_cap_mb,
+                  .fully_shard = {.units = o.zero3_units,
+                                  .reshard_after_forward = o.zero3_reshard_after_forward},
+                  .replicas = o.zero_replicas,
+                  .after_update = std::move(after_update)});
+}
+
 void make_ddp(Run& r) {
   const TrainOptions& o = r.o;
   DdpOptions ddp_options;
@@ -287,13 +304,15 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
   r.task = make_task(o, r.device, rank, r.world_size);
   r.model = r.task->model();
   r.optimizer = r.task->make_optimizer(o);
-  if (pg != nullptr && o.zero > 0) wrap_zero(r);
+  r.faults = TestFaults::from_env(rank);
+  // A replacement has no communicator yet: its ZeroOptimizer comes with the group it
+  // joins (Note [zero replicas] in collectives/ddp/zero.h).
+  if (pg != nullptr && o.zero > 0 && !pg->env.joining) wrap_zero(r);
   r.schedule = make_schedule(o, r.task->num_batches_of(0));  // rank 0 has the most
   resume(r, resume_from);
   open_logs(r);
   r.nonfinite = std::make_unique<NonfiniteCheck>(
       o.on_nonfinite, r.device, pg ? pg->comm.get() : nullptr, rank, r.resumed.skipped_steps);
-  r.faults = TestFaults::from_env(rank);
   if (pg != nullptr && pg->env.elastic()) {
     r.elastic = true;
     r.writable = writable;

@@ -66,6 +66,8 @@ ZeroOptimizer::ZeroOptimizer(std::unique_ptr<optim::Optimizer> inner,
       options_(options) {
   DDP_CHECK(inner_ != nullptr && comm_ != nullptr,
             "ZeroOptimizer needs an optimizer to shard and a communicator");
+  rank_ = comm_->rank();
+  world_ = comm_->size();
   DDP_CHECK(options_.stage >= 1 && options_.stage <= 3,
             "ZeroOptimizer: stage {} is not sharded; valid: 1 (optimizer state), 2 (optimizer "
             "state and gradients) or 3 (and parameters). Stage 0 is plain "
@@ -73,6 +75,10 @@ ZeroOptimizer::ZeroOptimizer(std::unique_ptr<optim::Optimizer> inner,
             options_.stage);
   DDP_CHECK(options_.bucket_cap_mb > 0, "ZeroOptimizer: bucket_cap_mb {} must be positive (MiB)",
             options_.bucket_cap_mb);
+  DDP_CHECK(options_.replicas == 1 || (options_.replicas == 2 && options_.stage <= 2),
+            "ZeroOptimizer: replicas {} at stage {}; valid: 1, or 2 at stages 1 and 2 (Note [zero "
+            "replicas]: a second copy of each rank's optimizer shard)",
+            options_.replicas, options_.stage);
   if (const auto* a = dynamic_cast<const optim::AdamW*>(inner_.get())) {
     adamw_ = true;
     adamw_options_ = a->options();
@@ -100,6 +106,7 @@ ZeroOptimizer::ZeroOptimizer(std::unique_ptr<optim::Optimizer> inner,
                                std::max<int64_t>(1, max_shard_));
   if (!params_.empty()) device_ = params_.front().device();
   param_steps_.assign(params_.size(), 0);
+  if (options_.replicas == 2 && world > 1) replica_ = (comm_->rank() + 1) % world;
   if (options_.stage == 2) {
     grads_ = std::make_shared<ZeroGradReducer>(ZeroGradLayout{.params = params_,
                                                               .starts = starts_,
@@ -173,11 +180,17 @@ Tensor ZeroOptimizer::grad_piece(size_t i, int64_t param_offset, int64_t len,
 
 void ZeroOptimizer::allocate_state() {
   const int64_t n = options_.stage == 3 ? state_size_ : shard().size;
+  const int64_t r = replica_ >= 0 ? shards_[static_cast<size_t>(replica_)].size : 0;
   if (adamw_) {
     exp_avg_ = zeros({n}, {.device = device_});
     exp_avg_sq_ = zeros({n}, {.device = device_});
+    if (replica_ >= 0) {
+      replica_exp_avg_ = zeros({r}, {.device = device_});
+      replica_exp_avg_sq_ = zeros({r}, {.device = device_});
+    }
   } else if (sgd_options_.momentum != 0.0f) {
     momentum_ = zeros({n}, {.device = device_});
+    if (replica_ >= 0) replica_momentum_ = zeros({r}, {.device = device_});
   }
 }
 
@@ -213,15 +226,17 @@ double ZeroOptimizer::clip_grad_norm(double max_norm) {
   const double factor = max_norm / (norm + 1e-6);  // as optim::clip_grad_norm_
   if (!std::isfinite(norm) || factor >= 1.0) return norm;
   for (Tensor& g : pieces) axpy_(static_cast<float>(factor) - 1.0f, Tensor(g), g);
+  clip_factor_ = static_cast<float>(factor);  // the replica's gradient, at stage 1
   return norm;
 }
 
-void ZeroOptimizer::update_piece(size_t i, Tensor p, const Tensor& g, int64_t state_at,
+void ZeroOptimizer::update_piece(size_t i, Tensor p, const Tensor& g, const Tensor& m_all,
+                                 const Tensor& v_all, const Tensor& momentum, int64_t state_at,
                                  bool first_step) {
   const int64_t n = p.numel();
   if (adamw_) {
-    Tensor m = exp_avg_.flat_view(state_at, {n});
-    Tensor v = exp_avg_sq_.flat_view(state_at, {n});
+    Tensor m = m_all.flat_view(state_at, {n});
+    Tensor v = v_all.flat_view(state_at, {n});
     adamw_update_(p, g, m, v,
                   {.lr = lr_,
                    .beta1 = adamw_options_.beta1,
@@ -236,7 +251,7 @@ void ZeroOptimizer::update_piece(size_t i, Tensor p, const Tensor& g, int64_t st
                             .weight_decay = sgd_options_.weight_decay,
                             .nesterov = sgd_options_.nesterov,
                             .first_step = first_step};
-  Tensor buf = momentum_.defined() ? momentum_.flat_view(state_at, {n}) : p;
+  Tensor buf = momentum.defined() ? momentum.flat_view(state_at, {n}) : p;
   sgd_update_(p, g, buf, st);
 }
 
@@ -246,7 +261,8 @@ void ZeroOptimizer::update_chunk(int64_t shard_begin, int64_t len, bool first_st
     const int64_t so = shard_begin + at;
     const Tensor g = grad_piece(i, off, n, so);
     if (!g.defined()) return;  // as torch: a parameter without a gradient is skipped
-    update_piece(i, params_[i].flat_view(off, {n}), g, so, first_step);
+    update_piece(i, params_[i].flat_view(off, {n}), g, exp_avg_, exp_avg_sq_, momentum_, so,
+                 first_step);
   });
 }
 
@@ -285,6 +301,74 @@ void ZeroOptimizer::all_gather_rounds(Read&& read, Write&& write,
   if (k > 0) finish(k - 1);
 }
 
+bool ZeroOptimizer::begin_update() {
+  const bool first_step = !exp_avg_.defined() && !momentum_.defined();
+  if (first_step) allocate_state();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (options_.stage == 2 || grad(params_[i]).defined()) ++param_steps_[i];
+  }
+  return first_step && momentum_.defined();  // SGD: buf = gradient
+}
+
+// Stage 2 with replicas: the averaged gradient shards all-gathered in rounds, the
+// replicated rank's kept (Note [zero replicas]).
+void ZeroOptimizer::gather_replica_gradient() {
+  const ShardRange b = shards_[static_cast<size_t>(replica_)];
+  if (!replica_grad_.defined()) replica_grad_ = empty({b.size}, {.device = device_});
+  const Tensor mine = grads_->shard();
+  auto read = [&](int64_t offset, Tensor dst) {
+    copy_(dst, mine.flat_view(offset, {dst.numel()}));
+  };
+  auto write = [&](int q, int64_t offset, const Tensor& src) {
+    if (q != replica_) return;
+    Tensor d = replica_grad_.flat_view(offset, {src.numel()});
+    copy_(d, src);
+  };
+  all_gather_rounds(read, write, {});
+}
+
+// Note [zero replicas]: a rank past this all-reduce knows every rank entered it,
+// each with the gradients of its shard and its replica.
+void ZeroOptimizer::commit() {
+  if (options_.stage == 2) gather_replica_gradient();
+  pending_ = true;
+  Tensor entered = full({1}, 1.0, {.device = comm_->device()});
+  const CollectiveLabel labelled("zero commit");
+  comm_->all_reduce(entered, ReduceOp::sum)->wait();
+}
+
+void ZeroOptimizer::update_replicated() {
+  const bool first_momentum = begin_update();
+  const ShardRange b = shards_[static_cast<size_t>(replica_)];
+  // The replicated shard's parameters as they are before the update: the last
+  // all-gather completed (this rank ran a forward on them since).
+  if (!replica_params_.defined()) replica_params_ = empty({b.size}, {.device = device_});
+  for_each_piece(b.begin, b.size, [&](size_t i, int64_t off, int64_t n, int64_t at) {
+    Tensor d = replica_params_.flat_view(at, {n});
+    copy_(d, params_[i].flat_view(off, {n}));
+  });
+  for_each_piece(b.begin, b.size, [&](size_t i, int64_t off, int64_t n, int64_t at) {
+    Tensor g;
+    if (options_.stage == 2) {
+      g = replica_grad_.flat_view(at, {n});
+    } else {
+      const Tensor whole = grad(params_[i]);
+      if (!whole.defined()) return;  // as the owner: no gradient, no update
+      g = whole.flat_view(off, {n});
+      if (clip_factor_ != 1.0f) {  // as clip_grad_norm() scaled the owner's
+        g = g.clone();
+        axpy_(clip_factor_ - 1.0f, Tensor(g), g);
+      }
+    }
+    update_piece(i, replica_params_.flat_view(at, {n}), g, replica_exp_avg_, replica_exp_avg_sq_,
+                 replica_momentum_, at, first_momentum);
+  });
+  update_chunk(0, shard().size, first_momentum);
+  ++steps_;
+  pending_ = false;
+  clip_factor_ = 1.0f;
+}
+
 void ZeroOptimizer::step() {
   if (options_.stage == 3) {
     step_stage3();
@@ -292,13 +376,16 @@ void ZeroOptimizer::step() {
   }
   reduce_gradients();
   NoGradGuard no_grad;
-  const bool first_step = !exp_avg_.defined() && !momentum_.defined();
-  if (first_step) allocate_state();
-  const bool first_momentum = first_step && momentum_.defined();  // SGD: buf = gradient
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (options_.stage == 2 || grad(params_[i]).defined()) ++param_steps_[i];
-  }
+  const bool replicated = replica_ >= 0;
   const ShardRange s = shard();
+  bool first_momentum = false;
+  if (replicated) {
+    commit();
+    update_replicated();  // counted: the all-gather below may fail (Note [zero replicas])
+    if (options_.after_update) options_.after_update();
+  } else {
+    first_momentum = begin_update();
+  }
   auto update = [&](int64_t k) {
     const int64_t len = std::clamp<int64_t>(s.size - k * chunk_, 0, chunk_);
     update_chunk(k * chunk_, len, first_momentum);
@@ -322,11 +409,166 @@ void ZeroOptimizer::step() {
         copy_(d, src.flat_view(at, {n}));
       });
     };
-    all_gather_rounds(read, write, update);
+    // Replicated: updated already; otherwise round k's update overlaps k-1's gather.
+    all_gather_rounds(read, write, replicated ? std::function<void(int64_t)>{} : update);
   }
   if (grads_ != nullptr) grads_->consumed();
   gathered_ = false;
-  ++steps_;
+  clip_factor_ = 1.0f;
+  if (!replicated) ++steps_;
+}
+
+void ZeroOptimizer::leave_group() {
+  if (grads_ != nullptr) grads_->leave_group();
+  comm_.reset();
+}
+
+ZeroRecovery ZeroOptimizer::recover(Communicator& group, ZeroOptimizer* old,
+                                    const optim::Optimizer& like) {
+  NoGradGuard no_grad;
+  const Device device = group.device();
+  const int world = group.size();
+  const CollectiveLabel labelled("zero recovery");
+  // Who held what: old rank, old world size, steps, an update caught in its commit,
+  // whether it has state (a rank that joins: -1, 0, 0, 0, 0).
+  constexpr int64_t kInfo = 5;
+  const bool has_state = old != nullptr && (old->exp_avg_.defined() || old->momentum_.defined());
+  const std::vector<int64_t> mine =
+      old == nullptr ? std::vector<int64_t>{-1, 0, 0, 0, 0}
+                     : std::vector<int64_t>{old->rank(), old->world_size(), old->steps_,
+                                            old->pending_ ? 1 : 0, has_state ? 1 : 0};
+  const Tensor sent = from_vector<int64_t>(mine, {kInfo}, {.dtype = DType::i64, .device = device});
+  Tensor all = empty({kInfo * world}, {.dtype = DType::i64, .device = device});
+  group.all_gather(sent, all)->wait();
+  const auto info = all.to_vector<int64_t>();
+  auto field = [&](int q, int f) { return info[static_cast<size_t>(q * kInfo + f)]; };
+  int old_world = 0;
+  int64_t steps = 0;
+  bool any_state = false;
+  for (int q = 0; q < world; ++q) {
+    if (field(q, 0) < 0) continue;
+    DDP_CHECK(old_world == 0 || old_world == field(q, 1),
+              "ZeroOptimizer::recover: the ranks come from groups of {} and {} ranks; every rank "
+              "left must pass the ZeroOptimizer of the same group",
+              old_world, field(q, 1));
+    old_world = static_cast<int>(field(q, 1));
+    steps = std::max(steps, field(q, 2));
+    any_state = any_state || field(q, 4) != 0;
+  }
+  DDP_CHECK(old_world > 0, "ZeroOptimizer::recover: no rank of {} held a shard", world);
+  if (old != nullptr) {
+    DDP_CHECK(old->replica_ >= 0 || old_world == 1,
+              "ZeroOptimizer::recover: the optimizer of rank {} keeps no replica; create it with "
+              "ZeroOptions::replicas 2 (Note [zero replicas])",
+              old->rank());
+    if (old->steps_ < steps) {
+      // Another rank got past the commit: every rank entered it with its gradients.
+      DDP_CHECK(old->pending_ && old->steps_ + 1 == steps,
+                "ZeroOptimizer::recover: rank {} made {} steps and another {}, without an update "
+                "caught in its commit (Note [zero replicas])",
+                old->rank(), old->steps_, steps);
+      old->update_replicated();
+    }
+    old->pending_ = false;  // no rank left got past it: the step does not count
+    old->clip_factor_ = 1.0f;
+  }
+  // Which rank of the old group writes each old shard: its owner, else the one
+  // that kept its replica (the rank before it).
+  std::vector<int> holder(static_cast<size_t>(old_world), -1);
+  std::vector<bool> present(static_cast<size_t>(old_world), false);
+  for (int q = 0; q < world; ++q) {
+    if (field(q, 0) >= 0) present[static_cast<size_t>(field(q, 0))] = true;
+  }
+  std::vector<int> lost;
+  for (int i = 0; i < old_world; ++i) {
+    const int before = (i + old_world - 1) % old_world;
+    holder[static_cast<size_t>(i)] = present[static_cast<size_t>(i)]        ? i
+                                     : present[static_cast<size_t>(before)] ? before
+                                                                            : -1;
+    if (holder[static_cast<size_t>(i)] < 0) lost.push_back(i);
+  }
+  if (!lost.empty()) {
+    std::vector<std::string> pairs;
+    for (int i : lost)
+      pairs.push_back(fmt::format("{} (and {}, its replica)", i, (i + old_world - 1) % old_world));
+    throw ValueError(fmt::format(
+        "ZeRO with 2 replicas: the optimizer state of shard(s) {} of {} is lost: their owner and "
+        "the rank that kept their replica both left; resume from the last checkpoint (ddprun "
+        "--on-failure restart)",
+        fmt::join(pairs, ", "), old_world));
+  }
+  // The parameters, then each state buffer, flat, written by their holders only.
+  const std::vector<Tensor> params = like.params();
+  std::vector<int64_t> starts{0};
+  for (const Tensor& p : params) starts.push_back(starts.back() + p.numel());
+  const int64_t n = starts.back();
+  const bool adamw = dynamic_cast<const optim::AdamW*>(&like) != nullptr;
+  std::vector<std::string> kinds;
+  if (any_state) {
+    if (adamw) {
+      kinds = {"exp_avg", "exp_avg_sq"};
+    } else if (const auto* sgd = dynamic_cast<const optim::SGD*>(&like);
+               sgd != nullptr && sgd->options().momentum != 0.0f) {
+      kinds = {"momentum_buffer"};
+    }
+  }
+  const auto buffers = static_cast<int64_t>(kinds.size()) + 1;
+  Tensor flat = zeros({buffers * n}, {.device = device});
+  Tensor counts =
+      zeros({static_cast<int64_t>(params.size())}, {.dtype = DType::i64, .device = device});
+  if (old != nullptr) {
+    const std::vector<Tensor> own{old->exp_avg_, old->exp_avg_sq_, old->momentum_};
+    const std::vector<Tensor> kept{old->replica_exp_avg_, old->replica_exp_avg_sq_,
+                                   old->replica_momentum_};
+    auto write = [&](int shard, bool replica) {
+      const ShardRange r = old->shards_[static_cast<size_t>(shard)];
+      const std::vector<Tensor>& from = replica ? kept : own;
+      std::vector<Tensor> state;
+      for (const Tensor& t : from) {
+        if (t.defined()) state.push_back(t);
+      }
+      old->for_each_piece(r.begin, r.size, [&](size_t i, int64_t off, int64_t len, int64_t at) {
+        Tensor d = flat.flat_view(r.begin + at, {len});
+        if (replica && old->replica_params_.defined()) {
+          copy_(d, old->replica_params_.flat_view(at, {len}));
+        } else {  // its own shard, or no step since the group formed: the live values
+          copy_(d, old->params_[i].flat_view(off, {len}));
+        }
+        for (size_t k = 0; k + 1 < static_cast<size_t>(buffers) && k < state.size(); ++k) {
+          Tensor s = flat.flat_view(static_cast<int64_t>(k + 1) * n + r.begin + at, {len});
+          copy_(s, state[k].flat_view(at, {len}));
+        }
+      });
+    };
+    const int me = old->rank();
+    for (int i = 0; i < old_world; ++i) {
+      if (holder[static_cast<size_t>(i)] == me) write(i, i != me);
+    }
+    int first = 0;  // the counts are alike on every rank that held a shard
+    while (field(first, 0) < 0) ++first;
+    if (group.rank() == first) {
+      counts = from_vector<int64_t>(old->param_steps_, {static_cast<int64_t>(params.size())},
+                                    {.dtype = DType::i64, .device = device});
+    }
+  }
+  group.all_reduce(flat, ReduceOp::sum)->wait();
+  group.all_reduce(counts, ReduceOp::sum)->wait();
+  ZeroRecovery out;
+  out.steps = steps;
+  const auto step_counts = counts.to_vector<int64_t>();
+  for (size_t i = 0; i < params.size(); ++i) {
+    out.parameters.push_back(flat.flat_view(starts[i], params[i].shape()));
+    for (size_t k = 0; k < kinds.size(); ++k) {
+      out.state.emplace_back(
+          fmt::format("{}.{}", i, kinds[k]),
+          flat.flat_view(static_cast<int64_t>(k + 1) * n + starts[i], params[i].shape()));
+    }
+    if (adamw && any_state) {
+      out.state.emplace_back(fmt::format("{}.step", i),
+                             full({1}, static_cast<double>(step_counts[i]), {.dtype = DType::i64}));
+    }
+  }
+  return out;
 }
 
 // The names and order of optim::AdamW::state() and optim::SGD::state().
@@ -391,6 +633,8 @@ void ZeroOptimizer::load_state(const nn::NamedTensors& state, int64_t steps) {
                                                ? std::vector<std::string>{"exp_avg", "exp_avg_sq"}
                                                : std::vector<std::string>{"momentum_buffer"};
   exp_avg_ = exp_avg_sq_ = momentum_ = Tensor();
+  replica_exp_avg_ = replica_exp_avg_sq_ = replica_momentum_ = replica_params_ = Tensor();
+  pending_ = false;
   param_steps_.assign(params_.size(), 0);
   if (!entries.empty()) allocate_state();
   std::vector<Tensor*> locals =
@@ -415,6 +659,14 @@ void ZeroOptimizer::load_state(const nn::NamedTensors& state, int64_t steps) {
       Tensor d = locals[b]->flat_view(at, {n});
       copy_(d, whole[i].flat_view(off, {n}));
     });
+    if (replica_ >= 0) {  // Note [zero replicas]
+      Tensor kept = adamw_ ? (b == 0 ? replica_exp_avg_ : replica_exp_avg_sq_) : replica_momentum_;
+      const ShardRange r = shards_[static_cast<size_t>(replica_)];
+      for_each_piece(r.begin, r.size, [&](size_t i, int64_t off, int64_t n, int64_t at) {
+        Tensor d = kept.flat_view(at, {n});
+        copy_(d, whole[i].flat_view(off, {n}));
+      });
+    }
   }
   for (size_t i = 0; i < params_.size() && adamw_; ++i) {
     auto it = entries.find(fmt::format("{}.step", i));
@@ -446,7 +698,8 @@ nn::NamedTensors ZeroOptimizer::shard_state() const {
 }
 
 int64_t ZeroOptimizer::state_bytes() const {
-  return bytes_of(exp_avg_) + bytes_of(exp_avg_sq_) + bytes_of(momentum_);
+  return bytes_of(exp_avg_) + bytes_of(exp_avg_sq_) + bytes_of(momentum_) +
+         bytes_of(replica_exp_avg_) + bytes_of(replica_exp_avg_sq_) + bytes_of(replica_momentum_);
 }
 
 int64_t ZeroOptimizer::grad_shard_bytes() const {
@@ -546,8 +799,8 @@ void ZeroOptimizer::step_stage3() {
     fsdp_->for_each_owned_piece(u, [&](size_t k, int64_t /*off*/, int64_t n, int64_t at) {
       const size_t i = inner_index_[unit.params[k]];
       if (i >= params_.size()) return;  // not the optimizer's
-      update_piece(i, unit.shard.flat_view(at, {n}), unit.grad_shard.flat_view(at, {n}),
-                   state_offsets_[u] + at, first_momentum);
+      update_piece(i, unit.shard.flat_view(at, {n}), unit.grad_shard.flat_view(at, {n}), exp_avg_,
+                   exp_avg_sq_, momentum_, state_offsets_[u] + at, first_momentum);
     });
   }
   gathered_ = false;

@@ -50,6 +50,30 @@
 // as PyTorch's ZeroRedundancyOptimizer partitions them. Round k's
 // all-gather runs while round k+1's shard piece is updated.
 //
+// Note [zero replicas]: with ZeroOptions::replicas 2 (stages 1 and 2, more than
+// one rank) rank r also keeps the state of rank (r + 1) % W's shard -- its
+// "replica" -- and the values of that shard's parameters, so that the ranks
+// left after one departure (or several, no two of them neighbours) still hold
+// every shard (`train --zero-replicas 2` under `ddprun --on-failure continue`,
+// docs/elastic.md). The replica is not sent: rank r updates it itself, with the
+// same element-wise kernel on the same inputs as its owner, so it holds the
+// owner's bits. Stage 1 reads the buddy's averaged gradient from DDP's .grad
+// (scaled by the factor clip_grad_norm() applied to the shards); stage 2
+// all-gathers the averaged gradient shards after the reduce-scatter and keeps
+// the buddy's ((W - 1) / W of N more elements moved per step). Memory: state
+// 2 / W of DDP's instead of 1 / W, plus one shard of parameter values.
+// A step is then all or nothing across failures: step() first enters a commit
+// (a one-element all-reduce); only a rank past it updates, and every rank
+// updates its shard and the replica before the all-gather of the parameters,
+// counting the step (steps()) before that all-gather, which may still fail.
+// Once one rank is past the commit every rank had entered it, so every rank
+// holds its step's gradients: recover() finishes the update of a rank that
+// entered the commit but failed in it, when another rank got past it, and drops
+// it otherwise. recover() then assembles the full state and parameters from the
+// owners left and the replicas of the shards whose owner left (a one-sum
+// all-reduce: one rank writes each element, the others zeros), which the
+// trainer loads into a ZeroOptimizer over the new group.
+//
 // Checkpoints: state() returns the full, gathered state under the inner
 // optimizer's names ("<i>.exp_avg", ...), so a checkpoint is the same file DDP
 // writes; load_state() takes such a full state and keeps its own shard, whatever
@@ -81,6 +105,19 @@ struct ZeroOptions {
   bool by_parameters = false;
   // Stage 3: the units and their schedule (collectives/ddp/fully_shard.h).
   FullyShardOptions fully_shard{};
+  // 1, or 2: each rank also keeps the next rank's shard (Note [zero replicas]);
+  // stages 1 and 2.
+  int replicas = 1;
+  // A testing aid: called by step() with 2 replicas after the update is counted,
+  // before the all-gather (`train`'s DDP_TEST_KILL_IN_UPDATE kills the rank there).
+  std::function<void()> after_update{};
+};
+
+// What ZeroOptimizer::recover() assembles from the ranks left.
+struct ZeroRecovery {
+  nn::NamedTensors state;          // full, as state() names it (load_state() takes it)
+  std::vector<Tensor> parameters;  // the optimizer's parameters' values, in its order
+  int64_t steps = 0;               // the optimizer's steps
 };
 
 // Rank `rank`'s shard of a flat space of `numel` elements over `world` ranks
@@ -166,12 +203,31 @@ class ZeroOptimizer : public optim::Optimizer {
   // empty before attach() and at stages 1, 2.
   const std::vector<int64_t>& unit_state_offsets() const { return state_offsets_; }
 
+  // Collective over `group`, a communicator formed after ranks left (and joined)
+  // the group of `old` (Note [zero replicas]): every rank passes the
+  // ZeroOptimizer it had (replicas 2), a rank that joins passes null; `like` is
+  // an optimizer of the same kind over the same parameters (old's inner one, or
+  // the joining rank's). Finishes or drops an update caught in its commit, then
+  // assembles the full state and parameter values from the owners and replicas
+  // left. ValueError naming the shards whose owner and replica both left.
+  static ZeroRecovery recover(Communicator& group, ZeroOptimizer* old,
+                              const optim::Optimizer& like);
+  // Under elastic training, as its group breaks up: drops the communicator (its
+  // connections close, so ranks blocked on this one fail too) and keeps the shards
+  // for recover(); nothing collective may follow.
+  void leave_group();
+  // The inner optimizer (its kind and hyperparameters; it never steps).
+  const optim::Optimizer& inner() const { return *inner_; }
+
   int stage() const { return options_.stage; }
-  int rank() const { return comm_->rank(); }
-  int world_size() const { return comm_->size(); }
-  ShardRange shard() const { return shards_[static_cast<size_t>(comm_->rank())]; }
+  // Replicas 2: the rank whose shard this rank keeps too; -1 without one.
+  int replica_of() const { return replica_; }
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  ShardRange shard() const { return shards_[static_cast<size_t>(rank_)]; }
   int64_t numel() const { return starts_.back(); }
-  // Bytes of optimizer state held by this rank (0 before the first step).
+  // Bytes of optimizer state held by this rank, replicas included (0 before the
+  // first step).
   int64_t state_bytes() const;
   // Stage 2: bytes of this rank's averaged gradient shard; stage 1: 0 (the full
   // .grad tensors belong to DDP).
@@ -199,7 +255,16 @@ class ZeroOptimizer : public optim::Optimizer {
   Tensor grad_piece(size_t i, int64_t param_offset, int64_t len, int64_t shard_offset) const;
   void allocate_state();
   void update_chunk(int64_t shard_begin, int64_t len, bool first_step);
-  void update_piece(size_t i, Tensor p, const Tensor& g, int64_t state_at, bool first_step);
+  // `m`, `v` (AdamW) or `momentum` (SGD): the state buffer the piece is in.
+  void update_piece(size_t i, Tensor p, const Tensor& g, const Tensor& m, const Tensor& v,
+                    const Tensor& momentum, int64_t state_at, bool first_step);
+  // The first update allocates the state; the parameters' step counts. Returns
+  // whether SGD's momentum buffers start from the gradient.
+  bool begin_update();
+  // Note [zero replicas]: the update of this rank's shard and of the replica, counted.
+  void update_replicated();
+  void gather_replica_gradient();
+  void commit();
   // Calls fn(parameter, offset in it, length, offset in this rank's state) for every
   // piece this rank owns, in either layout.
   template <typename F>
@@ -215,6 +280,7 @@ class ZeroOptimizer : public optim::Optimizer {
 
   std::unique_ptr<optim::Optimizer> inner_;
   std::shared_ptr<Communicator> comm_;
+  int rank_ = 0, world_ = 1;  // comm_'s, kept after leave_group()
   ZeroOptions options_;
   bool adamw_ = false;
   optim::AdamWOptions adamw_options_;
@@ -239,6 +305,13 @@ class ZeroOptimizer : public optim::Optimizer {
   std::vector<int64_t> state_offsets_;
   int64_t state_size_ = 0;
   std::optional<std::pair<nn::NamedTensors, int64_t>> pending_state_;
+  // Note [zero replicas]: the rank replicated, its shard's state, parameter values
+  // and (stage 2) averaged gradient; the factor clip_grad_norm() scaled the
+  // shards by this step; whether this rank entered a commit it has not updated after.
+  int replica_ = -1;
+  Tensor replica_exp_avg_, replica_exp_avg_sq_, replica_momentum_, replica_params_, replica_grad_;
+  float clip_factor_ = 1.0f;
+  bool pending_ = false;
 };
 
 }  // namespace ddp

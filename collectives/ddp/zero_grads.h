@@ -84,6 +84,13 @@ class ZeroGradReducer {
   void end_backward() {
     if (armed_) finish();
   }
+  // Elastic training: drops the communicator and the rounds in flight (the shard
+  // stays); nothing collective may follow (ZeroOptimizer::leave_group()).
+  void leave_group() {
+    in_flight_.clear();
+    armed_ = false;
+    comm_.reset();
+  }
   // After the optimizer's step: the next backward starts a new average.
   void consumed() { reduced_ = false; }
   bool reduced() const { return reduced_; }

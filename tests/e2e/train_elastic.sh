@@ -10,6 +10,8 @@
 #   - on rank 0, the writer of the logs and checkpoints (--save-every 1: often
 #     inside a save), whose successor takes the files over,
 # on shm and gloo, and a gpt model's text windows (token shards written here);
+# ZeRO-1 and ZeRO-2 with --zero-replicas 2 (the dead rank's optimizer shard from
+# the rank before it; a replacement that gets its shard from the group);
 # a replacement (--max-restarts 1) that joins the group again,
 # its reference joining at the same step (DDP_TEST_JOIN_AT); then two ranks in a
 # row, a rank that hangs (SIGSTOP) instead of dying, --min-ranks reached, a run
@@ -197,6 +199,15 @@ PY
   run "$@"
 }
 
+# zero_run STAGE NAME ...: run() with ZeRO-STAGE and a replica of every shard
+# (--zero-replicas 2, Note [zero replicas]): the dead rank's optimizer shard comes
+# from the rank before it.
+zero_run() {
+  local task=("${common[@]}" --zero "$1" --zero-replicas 2)
+  shift
+  run "$@"
+}
+
 bad_input() {
   local out="$dir/bad.log"
   "$ddprun" --on-failure sometimes -n 2 "$train" >"$out" 2>&1
@@ -207,7 +218,12 @@ bad_input() {
   [ $? -eq 2 ] && grep -q "min-ranks 3 is more than the 2 ranks" "$out" || fail "--min-ranks 3 of 2"
   "$ddprun" --standalone -n 2 --on-failure continue "$train" --backend shm "${common[@]}" \
     --zero 1 >"$out" 2>&1
-  [ $? -ne 0 ] && grep -q "zero 1 under ddprun --on-failure continue" "$out" || fail "--zero 1"
+  [ $? -ne 0 ] && grep -q "zero 1 without --zero-replicas 2 under ddprun --on-failure continue" "$out" ||
+    fail "--zero 1"
+  "$ddprun" --standalone -n 2 --on-failure continue "$train" --backend shm "${common[@]}" \
+    --zero 3 >"$out" 2>&1
+  [ $? -ne 0 ] && grep -q "zero 3 under ddprun --on-failure continue.*use --zero 1 or 2 with --zero-replicas 2" "$out" ||
+    fail "--zero 3"
   "$ddprun" --standalone -n 2 --on-failure continue "$train" --backend shm "${common[@]}" \
     --drop-last false >"$out" 2>&1
   [ $? -ne 0 ] && grep -q "drop-last false under ddprun --on-failure continue" "$out" ||
@@ -231,7 +247,28 @@ run shm_forward shm 2 2:25
 SAVE_EVERY=1 run shm_writer shm 0 3:25
 run shm_two shm "2 3" 0:25
 REPLACE=1 run gloo_replacement gloo 1 3:25 --max-restarts 1
+zero_run 1 shm_zero1 shm 2 0:25
+REPLACE=1 zero_run 2 gloo_zero2_replacement gloo 1 3:25 --max-restarts 1
 [ -n "${ONLY:-}" ] && exit 0
+
+# --zero-replicas 2, a death inside the optimizer's step (DDP_TEST_KILL_IN_UPDATE):
+# rank 2 and the others are past the commit and updated, the parameters'
+# all-gather fails. Step 7 counts: the group goes on from it, rank 2's shard from
+# rank 1's replica, and ends equal to a reference that loses rank 2 after step 7.
+for stage in 1 2; do
+  out="$dir/in_update$stage"
+  for kill in DDP_TEST_KILL_IN_UPDATE DDP_TEST_KILL_AT; do
+    env "$kill=2:7" "$ddprun" --standalone -n 4 --on-failure continue "$train" --backend shm \
+      "${common[@]}" --zero $stage --zero-replicas 2 --save "$out.$kill.st" \
+      --loss-log "$out.$kill.loss" >"$out.$kill.log" 2>&1 || fail "in_update$stage: $kill=2:7 exited $?"
+    grep -q "going on from step 7 (epoch 1, step 7 of it)" "$out.$kill.log" ||
+      fail "in_update$stage: $kill=2:7 did not go on from step 7: $(grep 'going on' "$out.$kill.log")"
+    check_loss_log "$out.$kill.loss"
+  done
+  cmp "$out.DDP_TEST_KILL_IN_UPDATE.st" "$out.DDP_TEST_KILL_AT.st" ||
+    fail "in_update$stage: a death in step 7's update differs from one after step 7"
+  echo "in_update$stage: ZeRO-$stage, rank 2 killed inside step 7's update; step 7 counted, equal to the reference"
+done
 
 # A rank that hangs: stopped, ddprun gives it up after --stopped-timeout 1.
 out="$dir/stopped"

@@ -11,11 +11,13 @@
 //
 // Runtime: the model has 4805 parameters; a shm case takes ~0.1 s, gloo ~1 s.
 #include "collectives/ddp/zero.h"
+#include "collectives/backends.h"
 #include "collectives/ddp/distributed_data_parallel.h"
 #include "collectives/ddp/join.h"
 #include "runtime/autograd/autograd.h"
 #include "runtime/autograd/functions.h"
 #include "runtime/checkpoint/safetensors.h"
+#include "runtime/env.h"
 #include "runtime/ops/ops.h"
 #include "tests/multirank/conformance.h"
 #include "tests/multirank/ddp_parity.h"
@@ -26,6 +28,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 
 namespace ddp::test {
@@ -47,6 +50,7 @@ struct Setup {
   double clip = 0;             // > 0: clip the global gradient norm to this
   bool by_parameters = false;  // ZeroOptions::by_parameters
   bool attach = true;          // stage 2: ZeroOptimizer::attach(ddp), else step() reduces
+  int replicas = 1;            // ZeroOptions::replicas
   std::vector<int64_t> hidden = kHidden;
 };
 
@@ -110,9 +114,11 @@ Trained make_run(const std::shared_ptr<Communicator>& comm, const Setup& s) {
   t.ddp = std::make_unique<DistributedDataParallel>(t.model, comm, options);
   t.opt = inner_optimizer(*t.model, s.sgd);
   if (s.stage > 0) {
-    auto zero = std::make_unique<ZeroOptimizer>(
-        std::move(t.opt), comm,
-        ZeroOptions{.stage = s.stage, .bucket_cap_mb = s.cap_mb, .by_parameters = s.by_parameters});
+    auto zero = std::make_unique<ZeroOptimizer>(std::move(t.opt), comm,
+                                                ZeroOptions{.stage = s.stage,
+                                                            .bucket_cap_mb = s.cap_mb,
+                                                            .by_parameters = s.by_parameters,
+                                                            .replicas = s.replicas});
     if (s.stage == 2 && s.attach) zero->attach(*t.ddp);
     t.opt = std::move(zero);
   }
@@ -522,6 +528,162 @@ TEST(ZeroCheckpoint, SavedAtFourRanksResumesAtTwoAndOne) {
   for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
   resume_and_compare(make_local_communicator(), path, reference);
   std::filesystem::remove_all(dir);
+}
+
+// Note [zero replicas]: 4 ranks train with 2 replicas; then rank 2 leaves. Ranks
+// 0, 1 and 3 recover over a new group of 3 -- rank 2's shard from rank 1's replica
+// -- and get the state and parameters the 4 ranks had, bit for bit, then train on
+// at 3 ranks to the DDP run that never stopped. The same with rank 2 replaced by a
+// rank that joins with nothing; ranks 1 and 2 leaving together lose shard 2 (a
+// ValueError naming it).
+void expect_same_bits(const Tensor& got, const Tensor& want, const std::string& what) {
+  const Tensor g = got.cpu(), w = want.cpu();
+  require(g.shape() == w.shape() && g.dtype() == w.dtype() &&
+              std::memcmp(g.data_ptr(), w.data_ptr(),
+                          static_cast<size_t>(g.numel()) * element_size(g.dtype())) == 0,
+          fmt::format("{}: not the same bits (largest difference {})", what,
+                      g.dtype() == DType::f32 ? max_abs_diff(g, w) : -1.0));
+}
+
+void expect_recovered(const ZeroRecovery& got, const nn::NamedTensors& state,
+                      const std::vector<Tensor>& params, int64_t steps, const std::string& what) {
+  require(got.steps == steps, fmt::format("{}: {} steps, expected {}", what, got.steps, steps));
+  require(got.state.size() == state.size(),
+          fmt::format("{}: {} state tensors, expected {}", what, got.state.size(), state.size()));
+  for (size_t k = 0; k < state.size(); ++k) {
+    require(got.state[k].first == state[k].first,
+            fmt::format("{}: state {} is '{}', expected '{}'", what, k, got.state[k].first,
+                        state[k].first));
+    expect_same_bits(got.state[k].second, state[k].second,
+                     fmt::format("{}: state '{}'", what, state[k].first));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    expect_same_bits(got.parameters[i], params[i], fmt::format("{}: parameter {}", what, i));
+  }
+}
+
+std::shared_ptr<Communicator> subgroup(const std::string& name, const std::vector<int>& members,
+                                       int rank) {
+  const auto at = std::find(members.begin(), members.end(), rank);
+  return make_shm_communicator({.rank = static_cast<int>(at - members.begin()),
+                                .size = static_cast<int>(members.size()),
+                                .run_id = *env::get(env::kRunId) + name,
+                                .comm = {.timeout = 30s},
+                                .abandon = {}});
+}
+
+void check_replicas(int rank, int size, Setup s, const std::string& reference) {
+  s.replicas = 2;
+  Trained run = make_run(make_backend("shm", rank, size, {.timeout = 30s}), s);
+  auto& zero = dynamic_cast<ZeroOptimizer&>(*run.opt);
+  require(zero.replica_of() == (rank + 1) % size,
+          fmt::format("rank {} keeps the replica of {}", rank, zero.replica_of()));
+  train_steps(*run.ddp, zero, s, 0, kZeroSteps / 2);
+  const int64_t own = zero.shard().size;
+  const int64_t kept = zero_shard(zero.numel(), size, (rank + 1) % size).size;
+  require(zero.state_bytes() == (s.sgd ? 1 : 2) * 4 * (own + kept),
+          fmt::format("rank {}: {} bytes of state for its shard of {} and a replica of {}", rank,
+                      zero.state_bytes(), own, kept));
+  zero.gather_state();
+  nn::NamedTensors state;
+  for (const auto& [name, t] : zero.state()) state.emplace_back(name, t.clone());
+  std::vector<Tensor> params;
+  for (const Tensor& p : run.model->parameters()) params.push_back(p.clone());
+  const int64_t steps = zero.steps();
+  const std::string what = fmt::format("rank {}, ZeRO-{}{}", rank, s.stage, s.sgd ? " SGD" : "");
+  if (rank != 2) {  // rank 2 left
+    auto group = subgroup("-left", {0, 1, 3}, rank);
+    expect_recovered(ZeroOptimizer::recover(*group, &zero, zero.inner()), state, params, steps,
+                     what + ", rank 2 left");
+  }
+  {  // rank 2 replaced: it joins with nothing
+    auto group = subgroup("-joined", {0, 1, 3, 2}, rank);
+    expect_recovered(ZeroOptimizer::recover(*group, rank == 2 ? nullptr : &zero, zero.inner()),
+                     state, params, steps, what + ", rank 2 replaced");
+  }
+  if (rank == 0 || rank == 3) {  // ranks 1 and 2 left: shard 2 and its replica
+    auto group = subgroup("-lost", {0, 3}, rank);
+    try {
+      ZeroOptimizer::recover(*group, &zero, zero.inner());
+      require(false, what + ": ranks 1 and 2 left, and recover() did not say shard 2 is lost");
+    } catch (const ValueError& e) {
+      const std::string text = e.what();
+      require(text.find("shard(s) 2 (and 1, its replica) of 4 is lost") != std::string::npos,
+              what + ": " + text);
+    }
+  }
+  if (rank == 2) return;
+  // The ranks left train on at 3: the DDP run that never stopped.
+  auto group = subgroup("-on", {0, 1, 3}, rank);
+  const ZeroRecovery got = ZeroOptimizer::recover(*group, &zero, zero.inner());
+  run.ddp.reset();  // its hooks leave the model's parameters
+  Trained on;
+  on.model = run.model;
+  {
+    NoGradGuard no_grad;
+    std::vector<Tensor> live = on.model->parameters();
+    for (size_t i = 0; i < live.size(); ++i) copy_(live[i], got.parameters[i]);
+  }
+  DdpOptions options{.bucket_cap_mb = s.cap_mb, .first_bucket_mb = std::min(1.0, s.cap_mb)};
+  options.zero_stage = s.stage;
+  on.ddp = std::make_unique<DistributedDataParallel>(on.model, group, options);
+  auto next = std::make_unique<ZeroOptimizer>(
+      inner_optimizer(*on.model, s.sgd), group,
+      ZeroOptions{.stage = s.stage, .bucket_cap_mb = s.cap_mb, .replicas = 2});
+  if (s.stage == 2) next->attach(*on.ddp);
+  next->load_state(got.state, got.steps);
+  train_steps(*on.ddp, *next, s, kZeroSteps / 2, kZeroSteps);
+  const SafetensorsFile want = load_safetensors(reference);
+  for (const auto& [name, p] : on.model->named_parameters()) {
+    const double d = max_abs_diff(p, want.at(name));
+    require(d <= 1e-5, fmt::format("{}: after going on at 3 ranks '{}' differs from the run that "
+                                   "never stopped by {}",
+                                   what, name, d));
+  }
+}
+
+void run_replicas(const Setup& s) {
+  const std::string dir = testing::TempDir() + "/" + unique_run_id();
+  std::filesystem::create_directories(dir);
+  const std::string reference = dir + "/ddp.safetensors";
+  auto results = spawn_ranks(4, [&](int rank, int size) {
+    Setup plain = s;
+    plain.stage = 0;
+    Trained run = make_run(make_backend("shm", rank, size, {.timeout = 30s}), plain);
+    train_steps(*run.ddp, *run.opt, plain, 0, kZeroSteps);
+    if (rank == 0) save_safetensors(reference, run.model->named_parameters());
+    return 0;
+  });
+  for (const RankResult& r : results) ASSERT_TRUE(r.ok()) << r.describe();
+  results = spawn_ranks(4, [&](int rank, int size) {
+    check_replicas(rank, size, s, reference);
+    return 0;
+  });
+  for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ZeroReplicas, StageOneClippedRecoversFromTheRanksLeft) {
+  run_replicas({.stage = 1, .clip = 0.5});
+}
+TEST(ZeroReplicas, StageTwoRecoversFromTheRanksLeft) {
+  run_replicas({.stage = 2});
+}
+TEST(ZeroReplicas, SgdMomentumStageOneRecoversFromTheRanksLeft) {
+  run_replicas({.stage = 1, .sgd = true});
+}
+
+TEST(ZeroReplicas, RefusedAtStageThree) {
+  auto model = tiny_mlp(1, kHidden);
+  try {
+    ZeroOptimizer zero(inner_optimizer(*model, false), make_local_communicator(),
+                       {.stage = 3, .replicas = 2});
+    ADD_FAILURE() << "replicas 2 at stage 3 was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("replicas 2 at stage 3; valid: 1, or 2 at stages 1 and 2"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
