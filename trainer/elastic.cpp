@@ -85,9 +85,59 @@ nn::NamedTensors broadcast_named(Communicator& comm, const nn::NamedTensors& min
 // Note [elastic training] 3: the source's model, optimizer and counters everywhere.
 // Everything is received first and committed at the end, so a copy that fails
 // half-way (another rank left meanwhile) leaves this rank's state as it was.
+// What recover_zero() put together, and from which optimizer.
+struct ZeroRegroup : ZeroRecovery {
+  int64_t generation = 0;      // of the new group's optimizer
+  bool from_previous = false;  // read from r.previous_optimizer, not r.zero
+};
+
+// Note [zero generations]
+// A regroup under ZeRO (--zero-replicas 2) replaces each rank's ZeroOptimizer by
+// one over the new group, at the end of copy_state(); collectives follow (DDP's
+// constructor), so a rank leaving then makes some ranks try the regroup again
+// with the new group's optimizer and others with the old one. Each optimizer has
+// a generation (the regroups that made it); the previous one is kept until the
+// new one updates, which needs every rank of the new group to have it. The next
+// regroup takes the lowest generation among its ranks: a rank ahead passes its
+// previous optimizer (recover() undoes what it changed there, Note [zero
+// replicas]), so every rank reads shards of one group and of one state.
+// The optimizer steps the group goes on from are the source's (its step
+// counters less the skipped steps): a step whose all-gather failed counts when
+// its rank counted it (epoch.cpp), and then every rank entered its commit.
+ZeroRegroup recover_zero(Run& r, int source) {
+  Communicator& comm = *r.pg->comm;
+  const Device device = comm.device();
+  const int64_t mine = r.zero != nullptr ? r.zero_generation : -1;  // -1: a replacement
+  const Tensor sent = from_vector<int64_t>({mine, r.step - r.nonfinite->skipped()}, {2},
+                                           {.dtype = DType::i64, .device = device});
+  Tensor all = empty({2 * comm.size()}, {.dtype = DType::i64, .device = device});
+  comm.all_gather(sent, all)->wait();
+  const auto info = all.to_vector<int64_t>();
+  int64_t lowest = -1;
+  for (int q = 0; q < comm.size(); ++q) {
+    const int64_t g = info[static_cast<size_t>(2 * q)];
+    if (g >= 0 && (lowest < 0 || g < lowest)) lowest = g;
+  }
+  ZeroRegroup out;
+  ZeroOptimizer* old = r.zero;
+  if (mine > lowest) {
+    DDP_CHECK(mine == lowest + 1 && r.has_previous_optimizer,
+              "regroup under ZeRO: this rank's optimizer is of generation {}, the group's lowest "
+              "{}, and it kept no earlier one (Note [zero generations])",
+              mine, lowest);
+    old = dynamic_cast<ZeroOptimizer*>(r.previous_optimizer.get());  // null: a replacement
+    out.from_previous = true;
+  }
+  const int64_t steps = info[static_cast<size_t>(2 * source + 1)];
+  const optim::Optimizer& like = r.zero != nullptr ? r.zero->inner() : *r.optimizer;
+  static_cast<ZeroRecovery&>(out) = ZeroOptimizer::recover(comm, old, like, steps);
+  out.generation = lowest + 1;
+  return out;
+}
+
 // ZeRO (`zero`: what the ranks' shards and replicas gave, Note [zero replicas]):
 // the optimizer and the parameters come from there, over the new group.
-void copy_state(Run& r, int source, const ZeroRecovery* zero) {
+void copy_state(Run& r, int source, const ZeroRegroup* zero) {
   Communicator& comm = *r.pg->comm;
   const CollectiveLabel labelled("elastic state");
   const NoGradGuard no_grad;
@@ -125,6 +175,12 @@ void copy_state(Run& r, int source, const ZeroRecovery* zero) {
     for (size_t i = 0; i < params.size(); ++i) copy_(params[i], zero->parameters[i]);
     auto sharded = make_zero(r, r.task->make_optimizer(r.o), r.pg->comm);
     sharded->load_state(zero->state, zero->steps);
+    // Note [zero generations]: the optimizer recover() read is kept until this one updates.
+    if (!zero->from_previous) {
+      r.previous_optimizer = r.zero != nullptr ? std::move(r.optimizer) : nullptr;
+    }
+    r.has_previous_optimizer = true;
+    r.zero_generation = zero->generation;
     r.zero = sharded.get();
     r.optimizer = std::move(sharded);
   }
@@ -219,11 +275,8 @@ void go_on(Run& r, const Regroup& g, int old_rank, Clock::time_point start) {
   ProcessGroup& pg = *r.pg;
   r.world_size = pg.env.world_size;
   // ZeRO: the shards and replicas the ranks left hold (a replacement: none).
-  std::optional<ZeroRecovery> zero;
-  if (r.o.zero > 0) {
-    zero = ZeroOptimizer::recover(*pg.comm, r.zero,
-                                  r.zero != nullptr ? r.zero->inner() : *r.optimizer);
-  }
+  std::optional<ZeroRegroup> zero;
+  if (r.o.zero > 0) zero = recover_zero(r, g.source);
   copy_state(r, g.source, zero ? &*zero : nullptr);
   r.task->reshard(pg.env.rank, pg.env.world_size);
   make_ddp(r);
@@ -294,6 +347,8 @@ bool join_group(Run& r) {
   r.out.flush();
   for (;;) {  // again when a member leaves while it joins
     const auto start = Clock::now();
+    r.ddp.reset();  // as rejoin(): nothing may keep the communicator
+    if (r.zero != nullptr) r.zero->leave_group();
     pg.comm.reset();
     try {
       const Regroup g = regroup(pg, -1, pg.comm_options.timeout, "a replacement asked to join",

@@ -142,6 +142,10 @@ void update(Run& r, int64_t step, int64_t epoch, const Tensor& step_loss, StepTi
       if (!r.elastic || r.zero == nullptr || r.optimizer->steps() == before) throw;
       r.failed_after_update = std::current_exception();
     }
+    if (r.optimizer->steps() != before && r.has_previous_optimizer) {
+      r.previous_optimizer.reset();  // Note [zero generations] in elastic.cpp
+      r.has_previous_optimizer = false;
+    }
   }
   timing.t.optimizer += timing.clock.lap();
 }

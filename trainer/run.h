@@ -92,6 +92,11 @@ struct Run {
   // --zero-replicas 2: the all-gather after a counted update failed (Note [zero
   // replicas]); thrown once the step is counted.
   std::exception_ptr failed_after_update{};
+  // Note [zero generations] in elastic.cpp: the regroups that made r.zero, and the
+  // ZeroOptimizer before it (null for a replacement), kept until r.zero updates.
+  int64_t zero_generation = 0;
+  bool has_previous_optimizer = false;
+  std::unique_ptr<optim::Optimizer> previous_optimizer{};
 };
 
 // DistributedDataParallel (with ZeRO's attach) over r.pg->comm, as the options ask.

@@ -423,27 +423,75 @@ void ZeroOptimizer::leave_group() {
   comm_.reset();
 }
 
+void ZeroOptimizer::keep_before_recovery() {
+  if (before_recovery_) return;
+  BeforeRecovery& b = before_recovery_.emplace();
+  b.steps = steps_;
+  b.pending = pending_;
+  b.clip_factor = clip_factor_;
+  b.param_steps = param_steps_;
+  b.members = {&exp_avg_,         &exp_avg_sq_,         &momentum_,
+               &replica_exp_avg_, &replica_exp_avg_sq_, &replica_momentum_,
+               &replica_params_};
+  for (Tensor* t : b.members) {
+    b.handles.push_back(*t);
+    b.copies.push_back(pending_ && t->defined() ? t->clone() : Tensor());
+  }
+  if (!pending_) return;  // nothing else changes
+  const ShardRange s = shard();
+  for_each_piece(s.begin, s.size, [&](size_t i, int64_t off, int64_t n, int64_t) {
+    b.param_views.push_back(params_[i].flat_view(off, {n}));
+    b.param_copies.push_back(b.param_views.back().clone());
+  });
+}
+
+void ZeroOptimizer::undo_recovery() {
+  if (!before_recovery_) return;
+  BeforeRecovery& b = *before_recovery_;
+  steps_ = b.steps;
+  pending_ = b.pending;
+  clip_factor_ = b.clip_factor;
+  param_steps_ = b.param_steps;
+  for (size_t k = 0; k < b.members.size(); ++k) {
+    *b.members[k] = b.handles[k];
+    if (b.copies[k].defined()) copy_(*b.members[k], b.copies[k]);
+  }
+  for (size_t k = 0; k < b.param_views.size(); ++k) copy_(b.param_views[k], b.param_copies[k]);
+}
+
 ZeroRecovery ZeroOptimizer::recover(Communicator& group, ZeroOptimizer* old,
-                                    const optim::Optimizer& like) {
+                                    const optim::Optimizer& like, int64_t steps) {
   NoGradGuard no_grad;
   const Device device = group.device();
   const int world = group.size();
   const CollectiveLabel labelled("zero recovery");
-  // Who held what: old rank, old world size, steps, an update caught in its commit,
-  // whether it has state (a rank that joins: -1, 0, 0, 0, 0).
-  constexpr int64_t kInfo = 5;
+  if (old != nullptr) {
+    // An earlier attempt's changes undone: every attempt decides from the same state.
+    old->undo_recovery();
+    old->keep_before_recovery();
+    DDP_CHECK(old->steps_ == steps || (old->pending_ && old->steps_ + 1 == steps),
+              "ZeroOptimizer::recover: rank {} made {} optimizer steps{}, but the group goes on "
+              "after {} (Note [zero replicas])",
+              old->rank(), old->steps_, old->pending_ ? " and entered the next one's commit" : "",
+              steps);
+    // The step counts: every rank entered its commit with its gradients.
+    if (old->steps_ < steps) old->update_replicated();
+    old->pending_ = false;  // or it does not: no rank left got past the commit
+    old->clip_factor_ = 1.0f;
+  }
+  // Who held what: old rank, old world size, whether it has state (a rank that
+  // joins: -1, 0, 0).
+  constexpr int64_t kInfo = 3;
   const bool has_state = old != nullptr && (old->exp_avg_.defined() || old->momentum_.defined());
   const std::vector<int64_t> mine =
-      old == nullptr ? std::vector<int64_t>{-1, 0, 0, 0, 0}
-                     : std::vector<int64_t>{old->rank(), old->world_size(), old->steps_,
-                                            old->pending_ ? 1 : 0, has_state ? 1 : 0};
+      old == nullptr ? std::vector<int64_t>{-1, 0, 0}
+                     : std::vector<int64_t>{old->rank(), old->world_size(), has_state ? 1 : 0};
   const Tensor sent = from_vector<int64_t>(mine, {kInfo}, {.dtype = DType::i64, .device = device});
   Tensor all = empty({kInfo * world}, {.dtype = DType::i64, .device = device});
   group.all_gather(sent, all)->wait();
   const auto info = all.to_vector<int64_t>();
   auto field = [&](int q, int f) { return info[static_cast<size_t>(q * kInfo + f)]; };
   int old_world = 0;
-  int64_t steps = 0;
   bool any_state = false;
   for (int q = 0; q < world; ++q) {
     if (field(q, 0) < 0) continue;
@@ -452,26 +500,13 @@ ZeroRecovery ZeroOptimizer::recover(Communicator& group, ZeroOptimizer* old,
               "left must pass the ZeroOptimizer of the same group",
               old_world, field(q, 1));
     old_world = static_cast<int>(field(q, 1));
-    steps = std::max(steps, field(q, 2));
-    any_state = any_state || field(q, 4) != 0;
+    any_state = any_state || field(q, 2) != 0;
   }
   DDP_CHECK(old_world > 0, "ZeroOptimizer::recover: no rank of {} held a shard", world);
-  if (old != nullptr) {
-    DDP_CHECK(old->replica_ >= 0 || old_world == 1,
-              "ZeroOptimizer::recover: the optimizer of rank {} keeps no replica; create it with "
-              "ZeroOptions::replicas 2 (Note [zero replicas])",
-              old->rank());
-    if (old->steps_ < steps) {
-      // Another rank got past the commit: every rank entered it with its gradients.
-      DDP_CHECK(old->pending_ && old->steps_ + 1 == steps,
-                "ZeroOptimizer::recover: rank {} made {} steps and another {}, without an update "
-                "caught in its commit (Note [zero replicas])",
-                old->rank(), old->steps_, steps);
-      old->update_replicated();
-    }
-    old->pending_ = false;  // no rank left got past it: the step does not count
-    old->clip_factor_ = 1.0f;
-  }
+  DDP_CHECK(old == nullptr || old->replica_ >= 0 || old_world == 1,
+            "ZeroOptimizer::recover: the optimizer of rank {} keeps no replica; create it with "
+            "ZeroOptions::replicas 2 (Note [zero replicas])",
+            old == nullptr ? -1 : old->rank());
   // Which rank of the old group writes each old shard: its owner, else the one
   // that kept its replica (the rank before it).
   std::vector<int> holder(static_cast<size_t>(old_world), -1);
@@ -488,14 +523,15 @@ ZeroRecovery ZeroOptimizer::recover(Communicator& group, ZeroOptimizer* old,
     if (holder[static_cast<size_t>(i)] < 0) lost.push_back(i);
   }
   if (!lost.empty()) {
-    std::vector<std::string> pairs;
-    for (int i : lost)
-      pairs.push_back(fmt::format("{} (and {}, its replica)", i, (i + old_world - 1) % old_world));
+    std::vector<std::string> shards;
+    for (int i : lost) {
+      shards.push_back(fmt::format("shard {} (rank {} of the {} held it, rank {} its replica)", i,
+                                   i, old_world, (i + old_world - 1) % old_world));
+    }
     throw ValueError(fmt::format(
-        "ZeRO with 2 replicas: the optimizer state of shard(s) {} of {} is lost: their owner and "
-        "the rank that kept their replica both left; resume from the last checkpoint (ddprun "
-        "--on-failure restart)",
-        fmt::join(pairs, ", "), old_world));
+        "ZeRO with 2 replicas: the optimizer state of {} is lost: both ranks that kept it "
+        "left; resume from the last checkpoint (ddprun --on-failure restart)",
+        fmt::join(shards, ", ")));
   }
   // The parameters, then each state buffer, flat, written by their holders only.
   const std::vector<Tensor> params = like.params();
@@ -551,7 +587,10 @@ ZeroRecovery ZeroOptimizer::recover(Communicator& group, ZeroOptimizer* old,
                                     {.dtype = DType::i64, .device = device});
     }
   }
-  group.all_reduce(flat, ReduceOp::sum)->wait();
+  // The bit patterns summed as integers: x + 0 is x for every pattern (-0.0 too).
+  Tensor bits = from_blob(flat.data_ptr(), flat.shape(), {.dtype = DType::i32, .device = device},
+                          [keep = flat](void*) {});
+  group.all_reduce(bits, ReduceOp::sum)->wait();
   group.all_reduce(counts, ReduceOp::sum)->wait();
   ZeroRecovery out;
   out.steps = steps;
@@ -618,7 +657,7 @@ nn::NamedTensors ZeroOptimizer::state() const {
   DDP_CHECK(gathered_,
             "ZeroOptimizer::state(): the state is sharded over {} ranks; call gather_state() on "
             "every rank first (after the last step), then state() where it is written",
-            comm_->size());
+            world_);
   return full_state_;
 }
 

@@ -67,12 +67,22 @@
 // updates its shard and the replica before the all-gather of the parameters,
 // counting the step (steps()) before that all-gather, which may still fail.
 // Once one rank is past the commit every rank had entered it, so every rank
-// holds its step's gradients: recover() finishes the update of a rank that
-// entered the commit but failed in it, when another rank got past it, and drops
-// it otherwise. recover() then assembles the full state and parameters from the
-// owners left and the replicas of the shards whose owner left (a one-sum
-// all-reduce: one rank writes each element, the others zeros), which the
-// trainer loads into a ZeroOptimizer over the new group.
+// holds its step's gradients. The trainer counts a step whose all-gather failed
+// (the rank got past the commit), so the step counters of the most advanced rank
+// left say whether the step counts; recover() gets that count and finishes the
+// update of a rank that entered the commit but failed in it when the step
+// counts, and drops it otherwise. It then assembles the full state and
+// parameters from the owners left and the replicas of the shards whose owner
+// left (an all-reduce of the bit patterns as integers: one rank writes each
+// element, the others zeros), which the trainer loads into a ZeroOptimizer over
+// the new group. A regroup that fails part-way is tried again (another rank
+// left): recover() first undoes what an earlier attempt applied to `old`, so
+// each attempt decides from the same state; and a rank that already took the
+// new group's optimizer passes the previous one while that group has not
+// stepped (trainer/elastic.cpp, Note [zero generations]).
+// Recovery holds the full state and parameters on every rank for a moment
+// (3 N floats with AdamW): a model that fits only because of ZeRO may not
+// survive a regroup.
 //
 // Checkpoints: state() returns the full, gathered state under the inner
 // optimizer's names ("<i>.exp_avg", ...), so a checkpoint is the same file DDP
@@ -210,8 +220,9 @@ class ZeroOptimizer : public optim::Optimizer {
   // the joining rank's). Finishes or drops an update caught in its commit, then
   // assembles the full state and parameter values from the owners and replicas
   // left. ValueError naming the shards whose owner and replica both left.
-  static ZeroRecovery recover(Communicator& group, ZeroOptimizer* old,
-                              const optim::Optimizer& like);
+  // `steps`: the optimizer steps the group goes on from (its step counters say).
+  static ZeroRecovery recover(Communicator& group, ZeroOptimizer* old, const optim::Optimizer& like,
+                              int64_t steps);
   // Under elastic training, as its group breaks up: drops the communicator (its
   // connections close, so ranks blocked on this one fail too) and keeps the shards
   // for recover(); nothing collective may follow.
@@ -263,6 +274,10 @@ class ZeroOptimizer : public optim::Optimizer {
   bool begin_update();
   // Note [zero replicas]: the update of this rank's shard and of the replica, counted.
   void update_replicated();
+  // recover(): what a recovery may change, kept at the first one and put back at
+  // the next (a regroup tried again).
+  void keep_before_recovery();
+  void undo_recovery();
   void gather_replica_gradient();
   void commit();
   // Calls fn(parameter, offset in it, length, offset in this rank's state) for every
@@ -312,6 +327,16 @@ class ZeroOptimizer : public optim::Optimizer {
   Tensor replica_exp_avg_, replica_exp_avg_sq_, replica_momentum_, replica_params_, replica_grad_;
   float clip_factor_ = 1.0f;
   bool pending_ = false;
+  struct BeforeRecovery {
+    int64_t steps = 0;
+    bool pending = false;
+    float clip_factor = 1.0f;
+    std::vector<int64_t> param_steps;
+    std::vector<Tensor*> members;         // the state tensors, as they were (maybe undefined)
+    std::vector<Tensor> handles, copies;  // their values (undefined: none)
+    std::vector<Tensor> param_views, param_copies;  // this rank's shard of the parameters
+  };
+  std::optional<BeforeRecovery> before_recovery_;
 };
 
 }  // namespace ddp

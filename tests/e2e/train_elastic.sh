@@ -315,6 +315,22 @@ wait "$job" || fail "during: exited $? (expected 0)"
 check_loss_log "$out.loss"
 echo "during: a death during the regroup ($(grep -c "regrouping again" "$out.log") ranks regrouped again); the group went on with ranks 0,3"
 
+# The same under ZeRO-1 with replicas: rank 2 dies after step 3, rank 0 (not its
+# neighbour: shard 2's copy is on rank 1, shard 0's on rank 3) while the others
+# regroup; recover() is tried again with what the first attempt left.
+out="$dir/during_zero"
+DDP_TEST_KILL_AT=2:3 DDP_TEST_SLOW_RANK=1:25 "$ddprun" --standalone -n 4 --on-failure continue \
+  "$train" --backend shm "${common[@]}" --zero 1 --zero-replicas 2 --save "$out.st" \
+  --loss-log "$out.loss" --metrics "$out.jsonl" >"$out.log" 2>&1 &
+job=$!
+victim=$(for _ in $(seq 2000); do p=$(rank_pid "$out" 0); [ -n "$p" ] && { echo "$p"; break; }; sleep 0.005; done)
+for _ in $(seq 2000); do grep -q "regrouping (--on-failure continue)" "$out.log" && break; sleep 0.002; done
+kill -KILL "$victim"
+wait "$job" || fail "during_zero: exited $? (expected 0)"
+grep -q "the group went on with ranks 1,3" "$out.log" || fail "during_zero: the group did not go on with ranks 1,3"
+check_loss_log "$out.loss"
+echo "during_zero: ZeRO-1, rank 0 killed during the regroup ($(grep -c "regrouping again" "$out.log") ranks regrouped again); the group went on with ranks 1,3"
+
 # The rank killed at the last step, --max-restarts 1: the replacement is ready
 # after the others finished; it is not needed, and the job succeeds.
 out="$dir/late"

@@ -593,29 +593,31 @@ void check_replicas(int rank, int size, Setup s, const std::string& reference) {
   const std::string what = fmt::format("rank {}, ZeRO-{}{}", rank, s.stage, s.sgd ? " SGD" : "");
   if (rank != 2) {  // rank 2 left
     auto group = subgroup("-left", {0, 1, 3}, rank);
-    expect_recovered(ZeroOptimizer::recover(*group, &zero, zero.inner()), state, params, steps,
-                     what + ", rank 2 left");
+    expect_recovered(ZeroOptimizer::recover(*group, &zero, zero.inner(), steps), state, params,
+                     steps, what + ", rank 2 left");
   }
   {  // rank 2 replaced: it joins with nothing
     auto group = subgroup("-joined", {0, 1, 3, 2}, rank);
-    expect_recovered(ZeroOptimizer::recover(*group, rank == 2 ? nullptr : &zero, zero.inner()),
-                     state, params, steps, what + ", rank 2 replaced");
+    expect_recovered(
+        ZeroOptimizer::recover(*group, rank == 2 ? nullptr : &zero, zero.inner(), steps), state,
+        params, steps, what + ", rank 2 replaced");
   }
   if (rank == 0 || rank == 3) {  // ranks 1 and 2 left: shard 2 and its replica
     auto group = subgroup("-lost", {0, 3}, rank);
     try {
-      ZeroOptimizer::recover(*group, &zero, zero.inner());
+      ZeroOptimizer::recover(*group, &zero, zero.inner(), steps);
       require(false, what + ": ranks 1 and 2 left, and recover() did not say shard 2 is lost");
     } catch (const ValueError& e) {
       const std::string text = e.what();
-      require(text.find("shard(s) 2 (and 1, its replica) of 4 is lost") != std::string::npos,
+      require(text.find("state of shard 2 (rank 2 of the 4 held it, rank 1 its replica) is lost") !=
+                  std::string::npos,
               what + ": " + text);
     }
   }
   if (rank == 2) return;
   // The ranks left train on at 3: the DDP run that never stopped.
   auto group = subgroup("-on", {0, 1, 3}, rank);
-  const ZeroRecovery got = ZeroOptimizer::recover(*group, &zero, zero.inner());
+  const ZeroRecovery got = ZeroOptimizer::recover(*group, &zero, zero.inner(), steps);
   run.ddp.reset();  // its hooks leave the model's parameters
   Trained on;
   on.model = run.model;
@@ -671,6 +673,78 @@ TEST(ZeroReplicas, StageTwoRecoversFromTheRanksLeft) {
 }
 TEST(ZeroReplicas, SgdMomentumStageOneRecoversFromTheRanksLeft) {
   run_replicas({.stage = 1, .sgd = true});
+}
+
+// An update caught in its commit: rank 3 leaves after its backward of step K+1
+// (and the clipping), so ranks 0-2 enter the commit and fail in it. recover()
+// over ranks 0-2 finishes their updates when the group says step K+1 counts --
+// the state and parameters of a run that took K+1 steps, bit for bit, rank 3's
+// shard from rank 2's replica -- and drops them when it does not (the state
+// after K steps); each call first undoes what the one before applied.
+void check_pending(int rank, int size, const std::string& after) {
+  const Setup s{.stage = 1, .clip = 0.5, .replicas = 2};
+  constexpr int kSteps = kZeroSteps / 2;
+  Trained run = make_run(make_backend("shm", rank, size, {.timeout = 30s}), s);
+  auto& zero = dynamic_cast<ZeroOptimizer&>(*run.opt);
+  train_steps(*run.ddp, zero, s, 0, kSteps);
+  zero.gather_state();
+  nn::NamedTensors before;
+  for (const auto& [name, t] : zero.state()) before.emplace_back(name, t.clone());
+  std::vector<Tensor> params_before;
+  for (const Tensor& p : run.model->parameters()) params_before.push_back(p.clone());
+  // Step kSteps + 1 up to the commit.
+  zero.zero_grad(true);
+  const Batch b = shard_of(size, rank, kSteps, 0);
+  run.ddp->backward(cross_entropy((*run.ddp)(b.x), b.labels));
+  zero.clip_grad_norm(s.clip);
+  if (rank == 3) return;  // it leaves
+  try {
+    zero.step();
+    require(false, fmt::format("rank {}: step() went through without rank 3", rank));
+  } catch (const CommError&) {
+  }
+  require(zero.steps() == kSteps,
+          fmt::format("rank {}: {} steps after a failed commit", rank, zero.steps()));
+  // What a run that took the step holds (the first spawn saved it).
+  const SafetensorsFile file = load_safetensors(after);
+  nn::NamedTensors counted;
+  for (const auto& [name, t] : before) counted.emplace_back(name, file.at("optimizer." + name));
+  std::vector<Tensor> params_counted;
+  for (const auto& [name, p] : run.model->named_parameters())
+    params_counted.push_back(file.at(name));
+  auto group = subgroup("-pending", {0, 1, 2}, rank);
+  const std::string what = fmt::format("rank {}, an update caught in its commit", rank);
+  expect_recovered(ZeroOptimizer::recover(*group, &zero, zero.inner(), kSteps + 1), counted,
+                   params_counted, kSteps + 1, what + ", the step counting");
+  expect_recovered(ZeroOptimizer::recover(*group, &zero, zero.inner(), kSteps), before,
+                   params_before, kSteps, what + ", the step not counting (after it counted)");
+  expect_recovered(ZeroOptimizer::recover(*group, &zero, zero.inner(), kSteps + 1), counted,
+                   params_counted, kSteps + 1, what + ", the step counting again");
+}
+
+TEST(ZeroReplicas, UpdateCaughtInItsCommitIsFinishedOrDropped) {
+  const std::string dir = testing::TempDir() + "/" + unique_run_id();
+  std::filesystem::create_directories(dir);
+  const std::string after = dir + "/after.safetensors";
+  auto results = spawn_ranks(4, [&](int rank, int size) {
+    const ddp::test::Setup s{.stage = 1, .clip = 0.5, .replicas = 2};
+    Trained run = make_run(make_backend("shm", rank, size, {.timeout = 30s}), s);
+    train_steps(*run.ddp, *run.opt, s, 0, kZeroSteps / 2 + 1);
+    auto& zero = dynamic_cast<ZeroOptimizer&>(*run.opt);
+    zero.gather_state();
+    if (rank != 0) return 0;
+    nn::NamedTensors all = run.model->named_parameters();
+    for (const auto& [name, t] : zero.state()) all.emplace_back("optimizer." + name, t);
+    save_safetensors(after, all);
+    return 0;
+  });
+  for (const RankResult& r : results) ASSERT_TRUE(r.ok()) << r.describe();
+  results = spawn_ranks(4, [&](int rank, int size) {
+    check_pending(rank, size, after);
+    return 0;
+  });
+  for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ZeroReplicas, RefusedAtStageThree) {
