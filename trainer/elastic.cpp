@@ -33,12 +33,13 @@ constexpr std::chrono::milliseconds kRegroupTimeout{30000};
 // step boundaries: a store round trip per 100 ms is far below 1% of a step.
 constexpr std::chrono::milliseconds kMembershipPoll{100};
 
-// The progress a rank announces: 2 x steps, +1 once the epoch's report is done
-// (the position is the next epoch's start), so the most advanced rank is the one
-// with the highest value.
+// The progress a rank announces: 4 x steps, + the step's reports done (1: its
+// --eval-every evaluation, 2: its --save-every checkpoint too), 3 once the
+// epoch's report is done (the position is the next epoch's start), so the most
+// advanced rank is the one with the highest value.
 int64_t progress(const Run& r) {
   const bool reported = r.position.step == 0 && r.position.epoch > 0;
-  return 2 * r.step + (reported ? 1 : 0);
+  return 4 * r.step + (reported ? 3 : r.position.reports);
 }
 
 // Every tensor of `mine` (the source's; the others' are replaced) from rank
@@ -156,8 +157,8 @@ void copy_state(Run& r, int source, const ZeroRegroup* zero) {
   Tensor counters = from_vector<int64_t>(
       {r.step, r.optimizer->steps(), p.epoch, p.step, p.cursor, p.micro_batches,
        r.nonfinite->skipped(), r.evals_since_best, std::bit_cast<int64_t>(r.best_metric),
-       std::bit_cast<int64_t>(r.grad_norm), r.stop_early ? 1 : 0},
-      {11}, {.dtype = DType::i64, .device = comm.device()});
+       std::bit_cast<int64_t>(r.grad_norm), r.stop_early ? 1 : 0, p.reports},
+      {12}, {.dtype = DType::i64, .device = comm.device()});
   const float last = r.last_loss.defined() ? r.last_loss.item<float>() : 0.0f;
   const float sum = p.loss_sum.defined() ? p.loss_sum.item<float>() : 0.0f;
   Tensor values = from_vector<float>({sum, last}, {2}, {.device = comm.device()});
@@ -185,8 +186,12 @@ void copy_state(Run& r, int source, const ZeroRegroup* zero) {
     r.optimizer = std::move(sharded);
   }
   r.step = c[0];
-  r.position = EpochPosition{
-      .epoch = c[2], .step = c[3], .cursor = c[4], .loss_sum_value = v[0], .micro_batches = c[5]};
+  r.position = EpochPosition{.epoch = c[2],
+                             .step = c[3],
+                             .cursor = c[4],
+                             .loss_sum_value = v[0],
+                             .micro_batches = c[5],
+                             .reports = c[11]};
   r.last_loss = from_vector<float>({v[1]}, {}, {.device = r.device});
   r.evals_since_best = c[7];
   r.best_metric = std::bit_cast<double>(c[8]);

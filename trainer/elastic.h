@@ -10,7 +10,8 @@
 //      blocked on it fail and regroup too;
 //   2. regroups (Note [elastic membership] in collectives/elastic.h): a new
 //      communicator among the ranks ddprun says are left, every rank's progress
-//      announced -- 2 x steps, +1 once the epoch's report is done -- so all know
+//      announced -- 4 x steps, + the step's reports done (--eval-every 1,
+//      --save-every 2), 3 once the epoch's report is done -- so all know
 //      the most advanced rank without a collective. A rank can be a step ahead:
 //      its all-reduce completed, which means every rank had sent its gradient,
 //      so that step counts (it is in the reference run too) and the others catch
@@ -21,7 +22,9 @@
 //      all or nothing: no rank keeps an update the others lack;
 //   4. shares the epoch's remaining samples out over the new world (Note
 //      [elastic resharding] in runtime/data/sampler.h) -- none skipped, none
-//      twice -- rebuilds DDP and the non-finite check, and the epoch goes on.
+//      twice -- rebuilds DDP and the non-finite check, finishes the step's
+//      reports the failure interrupted (the position's `reports`: the
+//      --eval-every evaluation, the --save-every checkpoint), and the epoch goes on.
 // The new rank 0 writes the logs and checkpoints from then on (when launch
 // rank 0 died, it opens them cut back to the position, Note [rows cut back],
 // and writes the loss row of a step its predecessor finished but never wrote).

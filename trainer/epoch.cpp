@@ -364,10 +364,32 @@ int64_t count_step(Run& r, EpochState& e, int64_t used, int64_t global, int64_t 
   e.tokens += global * r.task->tokens_per_sample();
   // Note [elastic training]: the position a regroup goes on from.
   r.position.step = step;
+  r.position.reports = 0;
   r.position.cursor += global;
   r.position.micro_batches = e.micro_batches;
   r.last_loss = last_loss;
   return step;
+}
+
+// The reports due after step `step` of `steps` that r.position.reports says are
+// not done yet: the --eval-every evaluation, then the --save-every checkpoint.
+// After a regroup, those the failure interrupted (Note [elastic training]).
+void step_reports(Run& r, EpochState& e, int64_t step, int64_t steps) {
+  if (r.position.reports < 1 && r.o.eval_every > 0 && r.step % r.o.eval_every == 0 &&
+      step < steps) {
+    if (r.step == r.faults.kill_in_eval_step) ::raise(SIGKILL);
+    r.nonfinite->check();
+    report(r, measure(r, e), /*epoch_end=*/false, step, e.loss_sum, e.micro_batches);
+  }
+  r.position.reports = 1;
+  if (r.o.save_every > 0 && r.step % r.o.save_every == 0 && step < steps) {
+    // On every rank (--save-every is kept where --save is not), so no checkpoint
+    // holds non-finite weights and every rank stops at the same step.
+    r.nonfinite->check();
+    r.nonfinite->check_weights(r.step, weights(r));
+    save(r, e.epoch, step, e.loss_sum, e.micro_batches);
+  }
+  r.position.reports = 2;
 }
 
 // After step `step` of `steps`, on every rank at the same steps: the progress
@@ -381,17 +403,7 @@ void after_step(Run& r, EpochState& e, Progress& progress, int64_t step, int64_t
     progress.step(e.epoch + 1, r.o.epochs, step, steps, shown,
                   rate / (seconds_since(e.start) - e.eval_s));
   }
-  if (r.o.eval_every > 0 && r.step % r.o.eval_every == 0 && step < steps) {
-    r.nonfinite->check();
-    report(r, measure(r, e), /*epoch_end=*/false, step, e.loss_sum, e.micro_batches);
-  }
-  if (r.o.save_every > 0 && r.step % r.o.save_every == 0 && step < steps) {
-    // On every rank (--save-every is kept where --save is not), so no checkpoint
-    // holds non-finite weights and every rank stops at the same step.
-    r.nonfinite->check();
-    r.nonfinite->check_weights(r.step, weights(r));
-    save(r, e.epoch, step, e.loss_sum, e.micro_batches);
-  }
+  step_reports(r, e, step, steps);
   if (r.step == r.faults.kill_step) ::raise(SIGKILL);
   check_membership(r);  // a replacement joining (Note [elastic membership])
 }
@@ -436,11 +448,15 @@ EpochMetrics train_epoch(Run& r, int64_t epoch) {
                              .step = e.step,
                              .cursor = at ? at->cursor : 0,
                              .loss_sum = e.loss_sum,
-                             .micro_batches = e.micro_batches};
+                             .micro_batches = e.micro_batches,
+                             .reports = at ? at->reports : 2};
   // A checkpoint's mid-epoch position: the samples its steps took.
   for (int64_t s = 0; !at && s < e.first_step; ++s)
     r.position.cursor += step_samples(plan, s, r.o.grad_accum, rows);
   const int64_t steps = offset + plan.steps;
+  // After a regroup: the reports of the step the group went on from that the
+  // failure interrupted (Note [elastic training]).
+  if (at && at->step > 0 && at->reports < 2) step_reports(r, e, at->step, steps);
   e.straggler.start();
   while (e.step < steps) {
     const int64_t skipped_before = r.nonfinite->skipped();

@@ -35,6 +35,9 @@ struct EpochPosition {
   Tensor loss_sum{};         // the epoch's running loss sum (a device scalar), and its counts
   float loss_sum_value = 0;  // loss_sum's value, after a regroup
   int64_t micro_batches = 0, samples = 0, tokens = 0;
+  // The reports due after the step that are done: 0 none, 1 the --eval-every
+  // evaluation, 2 all (the --save-every checkpoint too). A regroup finishes them.
+  int64_t reports = 2;
 };
 
 struct Run {

@@ -179,6 +179,17 @@ run() {
 # dropped, Note [text windows]) and 200 validation windows.
 gpt_run() {
   [ -n "${ONLY:-}" ] && [ "$ONLY" != "$1" ] && return
+  write_text
+  local task=("${gpt_task[@]}")
+  local samples=1100 batch=16 pad=0
+  run "$@"
+}
+
+# The gpt model and its token shards (gpt_run).
+gpt_task=(--model gpt:layers=1,d=32,heads=2,ctx=32 --data "$dir/text" --batch-size 16
+  --epochs 3 --seed 5 --lr-schedule constant --lr 0.002 --eval-batches 2)
+write_text() {
+  [ -f "$dir/text/text_val.bin" ] && return
   mkdir -p "$dir/text"
   "${PYTHON:-/usr/bin/python3}" - "$dir/text" <<'PY' || fail "could not write the token shards"
 import struct, sys
@@ -193,10 +204,6 @@ def shard(path, n, state):
 shard(sys.argv[1] + "/text_train.bin", 1100 * 33 + 32, 1)
 shard(sys.argv[1] + "/text_val.bin", 200 * 33 + 32, 2)
 PY
-  local task=(--model gpt:layers=1,d=32,heads=2,ctx=32 --data "$dir/text" --batch-size 16
-    --epochs 3 --seed 5 --lr-schedule constant --lr 0.002 --eval-batches 2)
-  local samples=1100 batch=16 pad=0
-  run "$@"
 }
 
 # zero_run STAGE NAME ...: run() with ZeRO-STAGE and a replica of every shard
@@ -269,6 +276,29 @@ for stage in 1 2; do
     fail "in_update$stage: a death in step 7's update differs from one after step 7"
   echo "in_update$stage: ZeRO-$stage, rank 2 killed inside step 7's update; step 7 counted, equal to the reference"
 done
+
+# A death inside a --eval-every evaluation of the gpt model (DDP_TEST_KILL_IN_EVAL: rank 2 dies as
+# step 8's evaluation begins, the others fail inside it): the group goes on from
+# step 8 and evaluates it again, then writes its --save-every checkpoint. Every
+# evaluation row once, and the final checkpoint equal to a reference that loses
+# rank 2 right after step 8's evaluation and checkpoint.
+out="$dir/in_eval"
+write_text
+for kill in DDP_TEST_KILL_IN_EVAL DDP_TEST_KILL_AT; do
+  env "$kill=2:8" "$ddprun" --standalone -n 4 --on-failure continue "$train" --backend shm \
+    "${gpt_task[@]}" --epochs 1 --eval-every 4 --save-every 4 --save "$out.$kill.st" --metrics "$out.$kill.jsonl" \
+    --loss-log "$out.$kill.loss" >"$out.$kill.log" 2>&1 || fail "in_eval: $kill=2:8 exited $?"
+  check_loss_log "$out.$kill.loss"
+  grep -v '"event"' "$out.$kill.jsonl" | grep -o '"step": [0-9]*' >"$out.$kill.steps"
+  [ "$(sort "$out.$kill.steps" | uniq -d)" = "" ] || fail "in_eval: $kill: a --metrics row twice: $(sort "$out.$kill.steps" | uniq -d)"
+done
+grep -q '"step": 8$' "$out.DDP_TEST_KILL_IN_EVAL.steps" ||
+  fail "in_eval: no evaluation row for step 8 after the death inside it: $(tr '\n' ' ' <"$out.DDP_TEST_KILL_IN_EVAL.steps")"
+cmp "$out.DDP_TEST_KILL_IN_EVAL.steps" "$out.DDP_TEST_KILL_AT.steps" ||
+  fail "in_eval: the evaluation rows' steps differ from the reference's"
+cmp "$out.DDP_TEST_KILL_IN_EVAL.st" "$out.DDP_TEST_KILL_AT.st" ||
+  fail "in_eval: the final checkpoint differs from the reference's"
+echo "in_eval: rank 2 killed inside step 8's evaluation; evaluated again, every row once, equal to the reference"
 
 # A rank that hangs: stopped, ddprun gives it up after --stopped-timeout 1.
 out="$dir/stopped"
