@@ -35,9 +35,9 @@
 // before the first step (check_elastic): ZeRO-3 and ZeRO-1/2 without
 // --zero-replicas 2 (a shard dies with its rank; with 2 replicas a regroup puts
 // the state together from the shards and copies left, Note [zero replicas] in
-// collectives/ddp/zero.h), --drop-last false (a Join), tasks that cannot reshard (Task::reshardable;
-// the zoo's supervised and language tasks both can), backends other than shm
-// and gloo.
+// collectives/ddp/zero.h), --drop-last false (a Join), tasks that cannot
+// reshard (Task::reshardable; the zoo's supervised and language tasks both
+// can), backends other than shm and gloo.
 // A replacement (ddprun --max-restarts K under continue) loads its data and
 // model as any rank, then join_group() asks ddprun to join and waits; the
 // members see the newer membership at a step boundary (check_membership),
