@@ -240,10 +240,11 @@ bad_input() {
 
 # quick leaves shm_allreduce out: shm_replacement's kill is the same (rank 2 in
 # the all_reduce on shm), and gloo_writer checks the epoch's steps after a death.
-# gloo_writer trains 2 epochs: the third added only time. The replacements keep
-# 3, so they join well before the end (5-13 steps after the death here, of 30+).
+# gloo_writer trains 2 epochs (quick: 1; the death comes in the first): the third
+# added only time. The replacements keep 3, so they join well before the end
+# (5-13 steps after the death here, of 30+).
 [ "$mode" = quick ] || run shm_allreduce shm 2 0:25
-EPOCHS=2 SAVE_EVERY=1 run gloo_writer gloo 0 1:25
+EPOCHS=$([ "$mode" = quick ] && echo 1 || echo 2) SAVE_EVERY=1 run gloo_writer gloo 0 1:25
 REPLACE=1 run shm_replacement shm 2 0:25 --max-restarts 1
 bad_input
 [ "$mode" = quick ] && exit 0
