@@ -344,10 +344,8 @@ void ZeroOptimizer::update_replicated() {
   // all-gather completed (this rank ran a forward on them since).
   if (!replica_params_.defined()) replica_params_ = empty({b.size}, {.device = device_});
   for_each_piece(b.begin, b.size, [&](size_t i, int64_t off, int64_t n, int64_t at) {
-    Tensor d = replica_params_.flat_view(at, {n});
-    copy_(d, params_[i].flat_view(off, {n}));
-  });
-  for_each_piece(b.begin, b.size, [&](size_t i, int64_t off, int64_t n, int64_t at) {
+    Tensor p = replica_params_.flat_view(at, {n});
+    copy_(p, params_[i].flat_view(off, {n}));
     Tensor g;
     if (options_.stage == 2) {
       g = replica_grad_.flat_view(at, {n});
@@ -360,8 +358,8 @@ void ZeroOptimizer::update_replicated() {
         axpy_(clip_factor_ - 1.0f, Tensor(g), g);
       }
     }
-    update_piece(i, replica_params_.flat_view(at, {n}), g, replica_exp_avg_, replica_exp_avg_sq_,
-                 replica_momentum_, at, first_momentum);
+    update_piece(i, p, g, replica_exp_avg_, replica_exp_avg_sq_, replica_momentum_, at,
+                 first_momentum);
   });
   update_chunk(0, shard().size, first_momentum);
   ++steps_;

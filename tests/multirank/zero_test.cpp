@@ -465,18 +465,24 @@ TEST(ZeroBackward, NoSyncStaysLocalThreeRanksShm) {
 // Resharding: ZeRO-2 at 4 ranks for half the steps; rank 0 saves the parameters
 // and the gathered state; ZeRO-1 at 2 ranks and at 1 resumes from the file and
 // equals the DDP run that never stopped (at 4 ranks, the same global batches).
+// Collective: the run's ZeRO state gathered; rank 0 writes it with the parameters
+// ("optimizer.<name>" next to the parameters' names), as train's checkpoint does.
+void save_gathered(const std::string& path, Trained& run, int rank) {
+  auto& zero = dynamic_cast<ZeroOptimizer&>(*run.opt);
+  zero.gather_state();
+  if (rank != 0) return;
+  nn::NamedTensors all = run.model->named_parameters();
+  for (const auto& [name, t] : zero.state()) all.emplace_back("optimizer." + name, t);
+  save_safetensors(path, all);
+}
+
 std::string save_half_run(const std::string& dir) {
   const std::string path = dir + "/zero.safetensors";
   const auto results = spawn_ranks(4, [&](int rank, int size) {
     auto comm = make_backend("shm", rank, size, {.timeout = 30s});
     Trained run = make_run(comm, {.stage = 2});
     train_steps(*run.ddp, *run.opt, {.stage = 2}, 0, kZeroSteps / 2);
-    auto& zero = dynamic_cast<ZeroOptimizer&>(*run.opt);
-    zero.gather_state();  // collective
-    if (rank != 0) return 0;
-    nn::NamedTensors all = run.model->named_parameters();
-    for (const auto& [name, t] : zero.state()) all.emplace_back("optimizer." + name, t);
-    save_safetensors(path, all);
+    save_gathered(path, run, rank);
     return 0;
   });
   for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
@@ -730,12 +736,7 @@ TEST(ZeroReplicas, UpdateCaughtInItsCommitIsFinishedOrDropped) {
     const ddp::test::Setup s{.stage = 1, .clip = 0.5, .replicas = 2};
     Trained run = make_run(make_backend("shm", rank, size, {.timeout = 30s}), s);
     train_steps(*run.ddp, *run.opt, s, 0, kZeroSteps / 2 + 1);
-    auto& zero = dynamic_cast<ZeroOptimizer&>(*run.opt);
-    zero.gather_state();
-    if (rank != 0) return 0;
-    nn::NamedTensors all = run.model->named_parameters();
-    for (const auto& [name, t] : zero.state()) all.emplace_back("optimizer." + name, t);
-    save_safetensors(after, all);
+    save_gathered(after, run, rank);
     return 0;
   });
   for (const RankResult& r : results) ASSERT_TRUE(r.ok()) << r.describe();
