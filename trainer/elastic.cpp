@@ -16,6 +16,7 @@
 #include <cmath>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -87,9 +88,11 @@ nn::NamedTensors broadcast_named(Communicator& comm, const nn::NamedTensors& min
 // Everything is received first and committed at the end, so a copy that fails
 // half-way (another rank left meanwhile) leaves this rank's state as it was.
 // What recover_zero() put together, and from which optimizer.
-struct ZeroRegroup : ZeroRecovery {
-  int64_t generation = 0;      // of the new group's optimizer
-  bool from_previous = false;  // read from r.previous_optimizer, not r.zero
+struct ZeroRegroup {
+  std::unique_ptr<ZeroOptimizer> optimizer;  // over the new group, its shards loaded
+  std::vector<Tensor> parameters;            // the values, in the optimizer's order
+  int64_t generation = 0;                    // of the new group's optimizer
+  bool from_previous = false;                // read from r.previous_optimizer, not r.zero
 };
 
 // Note [zero generations]
@@ -130,20 +133,29 @@ ZeroRegroup recover_zero(Run& r, int source) {
     out.from_previous = true;
   }
   const int64_t steps = info[static_cast<size_t>(2 * source + 1)];
-  const optim::Optimizer& like = r.zero != nullptr ? r.zero->inner() : *r.optimizer;
-  static_cast<ZeroRecovery&>(out) = ZeroOptimizer::recover(comm, old, like, steps);
+  out.optimizer = make_zero(r, r.task->make_optimizer(r.o), r.pg->comm);
+  out.parameters = ZeroOptimizer::recover(comm, old, *out.optimizer, steps);
   out.generation = lowest + 1;
   return out;
 }
 
 // ZeRO (`zero`: what the ranks' shards and replicas gave, Note [zero replicas]):
-// the optimizer and the parameters come from there, over the new group.
-void copy_state(Run& r, int source, const ZeroRegroup* zero) {
+// the optimizer and the parameters come from there, over the new group, so only
+// the model's other tensors (buffers, parameters the optimizer does not update)
+// are sent.
+void copy_state(Run& r, int source, ZeroRegroup* zero) {
   Communicator& comm = *r.pg->comm;
   const CollectiveLabel labelled("elastic state");
   const NoGradGuard no_grad;
   const bool root = comm.rank() == source;
   nn::NamedTensors model_state = r.model->state_dict();
+  if (zero != nullptr) {
+    std::set<const void*> recovered;
+    for (const Tensor& p : r.optimizer->params()) recovered.insert(p.data_ptr());
+    std::erase_if(model_state, [&](const auto& e) {
+      return e.second.numel() > 0 && recovered.contains(e.second.data_ptr());
+    });
+  }
   std::vector<Tensor> received;
   for (auto& [name, t] : model_state) {
     Tensor buffer = root ? t : t.clone();
@@ -174,8 +186,7 @@ void copy_state(Run& r, int source, const ZeroRegroup* zero) {
   if (zero != nullptr) {
     std::vector<Tensor> params = r.optimizer->params();  // the live tensors, the inner order
     for (size_t i = 0; i < params.size(); ++i) copy_(params[i], zero->parameters[i]);
-    auto sharded = make_zero(r, r.task->make_optimizer(r.o), r.pg->comm);
-    sharded->load_state(zero->state, zero->steps);
+    std::unique_ptr<ZeroOptimizer> sharded = std::move(zero->optimizer);
     // Note [zero generations]: the optimizer recover() read is kept until this one updates.
     if (!zero->from_previous) {
       r.previous_optimizer = r.zero != nullptr ? std::move(r.optimizer) : nullptr;

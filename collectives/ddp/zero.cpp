@@ -457,12 +457,19 @@ void ZeroOptimizer::undo_recovery() {
   for (size_t k = 0; k < b.param_views.size(); ++k) copy_(b.param_views[k], b.param_copies[k]);
 }
 
-ZeroRecovery ZeroOptimizer::recover(Communicator& group, ZeroOptimizer* old,
-                                    const optim::Optimizer& like, int64_t steps) {
+std::vector<Tensor> ZeroOptimizer::recover(Communicator& group, ZeroOptimizer* old,
+                                           ZeroOptimizer& into, int64_t steps) {
   NoGradGuard no_grad;
   const Device device = group.device();
   const int world = group.size();
   const CollectiveLabel labelled("zero recovery");
+  DDP_CHECK(into.rank_ == group.rank() && into.world_ == world && into.options_.stage <= 2 &&
+                (old == nullptr || old->numel() == into.numel()),
+            "ZeroOptimizer::recover: `into` must be a stage 1 or 2 ZeroOptimizer over the new "
+            "group (rank {} of {}) and the same parameters; it is rank {} of {} at stage {}, over "
+            "{} elements{}",
+            group.rank(), world, into.rank_, into.world_, into.options_.stage, into.numel(),
+            old == nullptr ? "" : fmt::format(" (the old one: {})", old->numel()));
   if (old != nullptr) {
     // An earlier attempt's changes undone: every attempt decides from the same state.
     old->undo_recovery();
@@ -531,79 +538,129 @@ ZeroRecovery ZeroOptimizer::recover(Communicator& group, ZeroOptimizer* old,
         "left; resume from the last checkpoint (ddprun --on-failure restart)",
         fmt::join(shards, ", ")));
   }
-  // The parameters, then each state buffer, flat, written by their holders only.
-  const std::vector<Tensor> params = like.params();
-  std::vector<int64_t> starts{0};
-  for (const Tensor& p : params) starts.push_back(starts.back() + p.numel());
-  const int64_t n = starts.back();
-  const bool adamw = dynamic_cast<const optim::AdamW*>(&like) != nullptr;
-  std::vector<std::string> kinds;
-  if (any_state) {
-    if (adamw) {
-      kinds = {"exp_avg", "exp_avg_sq"};
-    } else if (const auto* sgd = dynamic_cast<const optim::SGD*>(&like);
-               sgd != nullptr && sgd->options().momentum != 0.0f) {
-      kinds = {"momentum_buffer"};
+  // The flat space: the parameters, then each state buffer (AdamW's exp_avg and
+  // exp_avg_sq, or SGD's momentum), N elements each.
+  const int64_t n = into.numel();
+  std::vector<Tensor*> own, kept;  // into's buffers, as the flat space orders them
+  if (any_state && into.adamw_) {
+    own = {&into.exp_avg_, &into.exp_avg_sq_};
+    kept = {&into.replica_exp_avg_, &into.replica_exp_avg_sq_};
+  } else if (any_state && into.sgd_options_.momentum != 0.0f) {
+    own = {&into.momentum_};
+    kept = {&into.replica_momentum_};
+  }
+  const int64_t buffers = static_cast<int64_t>(own.size()) + 1;
+  into.exp_avg_ = into.exp_avg_sq_ = into.momentum_ = Tensor();
+  into.replica_exp_avg_ = into.replica_exp_avg_sq_ = into.replica_momentum_ = Tensor();
+  into.replica_params_ = into.replica_grad_ = Tensor();
+  into.pending_ = false;
+  into.clip_factor_ = 1.0f;
+  into.gathered_ = false;
+  into.full_state_.clear();
+  into.param_steps_.assign(into.params_.size(), 0);
+  if (buffers > 1) into.allocate_state();
+  // What `old`'s rank writes: the shards it holds (its own, or the replica of one
+  // whose owner left), each as parameter values then state.
+  struct Held {
+    ShardRange range;
+    bool replica = false;
+    std::vector<Tensor> state;
+  };
+  std::vector<Held> held;
+  if (old != nullptr) {
+    for (int i = 0; i < old_world; ++i) {
+      if (holder[static_cast<size_t>(i)] != old->rank()) continue;
+      Held h{
+          .range = old->shards_[static_cast<size_t>(i)], .replica = i != old->rank(), .state = {}};
+      const std::vector<Tensor> from =
+          h.replica ? std::vector<Tensor>{old->replica_exp_avg_, old->replica_exp_avg_sq_,
+                                          old->replica_momentum_}
+                    : std::vector<Tensor>{old->exp_avg_, old->exp_avg_sq_, old->momentum_};
+      for (const Tensor& t : from) {
+        if (t.defined()) h.state.push_back(t);
+      }
+      held.push_back(std::move(h));
     }
   }
-  const auto buffers = static_cast<int64_t>(kinds.size()) + 1;
-  Tensor flat = zeros({buffers * n}, {.device = device});
-  Tensor counts =
-      zeros({static_cast<int64_t>(params.size())}, {.dtype = DType::i64, .device = device});
-  if (old != nullptr) {
-    const std::vector<Tensor> own{old->exp_avg_, old->exp_avg_sq_, old->momentum_};
-    const std::vector<Tensor> kept{old->replica_exp_avg_, old->replica_exp_avg_sq_,
-                                   old->replica_momentum_};
-    auto write = [&](int shard, bool replica) {
-      const ShardRange r = old->shards_[static_cast<size_t>(shard)];
-      const std::vector<Tensor>& from = replica ? kept : own;
-      std::vector<Tensor> state;
-      for (const Tensor& t : from) {
-        if (t.defined()) state.push_back(t);
+  // Rounds over the flat space: each rank writes what it holds of the round,
+  // the others zeros; the bit patterns are summed as integers (x + 0 is x for
+  // every pattern, -0.0 too); each rank keeps the parameters, its shard and its
+  // replica. [lo, hi) of buffer b's range [b * n + begin, + size) within the round.
+  const int64_t total = buffers * n;
+  const int64_t round = std::clamp<int64_t>(into.chunk_ * world, 1, std::max<int64_t>(1, total));
+  Tensor values = empty({n}, {.device = device});
+  Tensor chunk = empty({round}, {.device = device});
+  Tensor bits = from_blob(chunk.data_ptr(), chunk.shape(), {.dtype = DType::i32, .device = device},
+                          [keep = chunk](void*) {});
+  for (int64_t at = 0; at < total; at += round) {
+    const int64_t len = std::min(round, total - at);
+    Tensor part = chunk.flat_view(0, {len});
+    fill_(part, 0.0);
+    // Calls fn(b, lo, hi) for each buffer b whose [begin, begin + size) meets the round.
+    auto overlaps = [&](int64_t begin, int64_t size, auto&& fn) {
+      for (int64_t b = 0; b < buffers; ++b) {
+        const int64_t lo = std::max(at, b * n + begin);
+        const int64_t hi = std::min(at + len, b * n + begin + size);
+        if (lo < hi) fn(b, lo, hi);
       }
-      old->for_each_piece(r.begin, r.size, [&](size_t i, int64_t off, int64_t len, int64_t at) {
-        Tensor d = flat.flat_view(r.begin + at, {len});
-        if (replica && old->replica_params_.defined()) {
-          copy_(d, old->replica_params_.flat_view(at, {len}));
-        } else {  // its own shard, or no step since the group formed: the live values
-          copy_(d, old->params_[i].flat_view(off, {len}));
+    };
+    for (const Held& h : held) {
+      overlaps(h.range.begin, h.range.size, [&](int64_t b, int64_t lo, int64_t hi) {
+        const int64_t in_shard = lo - b * n - h.range.begin;
+        if (b > 0) {
+          if (static_cast<size_t>(b - 1) >= h.state.size()) return;  // no step yet: zeros
+          Tensor d = part.flat_view(lo - at, {hi - lo});
+          copy_(d, h.state[static_cast<size_t>(b - 1)].flat_view(in_shard, {hi - lo}));
+          return;
         }
-        for (size_t k = 0; k + 1 < static_cast<size_t>(buffers) && k < state.size(); ++k) {
-          Tensor s = flat.flat_view(static_cast<int64_t>(k + 1) * n + r.begin + at, {len});
-          copy_(s, state[k].flat_view(at, {len}));
-        }
+        old->for_each_piece(lo, hi - lo, [&](size_t i, int64_t off, int64_t m, int64_t from) {
+          Tensor d = part.flat_view(lo - at + from, {m});
+          if (h.replica && old->replica_params_.defined()) {
+            copy_(d, old->replica_params_.flat_view(in_shard + from, {m}));
+          } else {  // its own shard, or no step since the group formed: the live values
+            copy_(d, old->params_[i].flat_view(off, {m}));
+          }
+        });
+      });
+    }
+    Tensor summed = bits.flat_view(0, {len});
+    group.all_reduce(summed, ReduceOp::sum)->wait();
+    overlaps(0, n, [&](int64_t b, int64_t lo, int64_t hi) {
+      if (b > 0) return;
+      Tensor d = values.flat_view(lo, {hi - lo});
+      copy_(d, part.flat_view(lo - at, {hi - lo}));
+    });
+    auto keep = [&](ShardRange range, const std::vector<Tensor*>& into_buffers) {
+      overlaps(range.begin, range.size, [&](int64_t b, int64_t lo, int64_t hi) {
+        if (b == 0) return;
+        Tensor d = into_buffers[static_cast<size_t>(b - 1)]->flat_view(lo - b * n - range.begin,
+                                                                       {hi - lo});
+        copy_(d, part.flat_view(lo - at, {hi - lo}));
       });
     };
-    const int me = old->rank();
-    for (int i = 0; i < old_world; ++i) {
-      if (holder[static_cast<size_t>(i)] == me) write(i, i != me);
-    }
-    int first = 0;  // the counts are alike on every rank that held a shard
-    while (field(first, 0) < 0) ++first;
-    if (group.rank() == first) {
-      counts = from_vector<int64_t>(old->param_steps_, {static_cast<int64_t>(params.size())},
-                                    {.dtype = DType::i64, .device = device});
+    if (buffers > 1) {
+      keep(into.shard(), own);
+      if (into.replica_ >= 0) keep(into.shards_[static_cast<size_t>(into.replica_)], kept);
     }
   }
-  // The bit patterns summed as integers: x + 0 is x for every pattern (-0.0 too).
-  Tensor bits = from_blob(flat.data_ptr(), flat.shape(), {.dtype = DType::i32, .device = device},
-                          [keep = flat](void*) {});
-  group.all_reduce(bits, ReduceOp::sum)->wait();
+  // The step counts, alike on every rank that held a shard.
+  Tensor counts =
+      zeros({static_cast<int64_t>(into.params_.size())}, {.dtype = DType::i64, .device = device});
+  if (old != nullptr) {
+    int first = 0;
+    while (field(first, 0) < 0) ++first;
+    if (group.rank() == first) {
+      counts =
+          from_vector<int64_t>(old->param_steps_, {static_cast<int64_t>(old->param_steps_.size())},
+                               {.dtype = DType::i64, .device = device});
+    }
+  }
   group.all_reduce(counts, ReduceOp::sum)->wait();
-  ZeroRecovery out;
-  out.steps = steps;
-  const auto step_counts = counts.to_vector<int64_t>();
-  for (size_t i = 0; i < params.size(); ++i) {
-    out.parameters.push_back(flat.flat_view(starts[i], params[i].shape()));
-    for (size_t k = 0; k < kinds.size(); ++k) {
-      out.state.emplace_back(
-          fmt::format("{}.{}", i, kinds[k]),
-          flat.flat_view(static_cast<int64_t>(k + 1) * n + starts[i], params[i].shape()));
-    }
-    if (adamw && any_state) {
-      out.state.emplace_back(fmt::format("{}.step", i),
-                             full({1}, static_cast<double>(step_counts[i]), {.dtype = DType::i64}));
-    }
+  if (into.adamw_ && buffers > 1) into.param_steps_ = counts.to_vector<int64_t>();
+  into.steps_ = steps;
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < into.params_.size(); ++i) {
+    out.push_back(values.flat_view(into.starts_[i], into.params_[i].shape()));
   }
   return out;
 }

@@ -71,18 +71,19 @@
 // (the rank got past the commit), so the step counters of the most advanced rank
 // left say whether the step counts; recover() gets that count and finishes the
 // update of a rank that entered the commit but failed in it when the step
-// counts, and drops it otherwise. It then assembles the full state and
-// parameters from the owners left and the replicas of the shards whose owner
-// left (an all-reduce of the bit patterns as integers: one rank writes each
-// element, the others zeros), which the trainer loads into a ZeroOptimizer over
-// the new group. A regroup that fails part-way is tried again (another rank
-// left): recover() first undoes what an earlier attempt applied to `old`, so
-// each attempt decides from the same state; and a rank that already took the
-// new group's optimizer passes the previous one while that group has not
-// stepped (trainer/elastic.cpp, Note [zero generations]).
-// Recovery holds the full state and parameters on every rank for a moment
-// (3 N floats with AdamW): a model that fits only because of ZeRO may not
-// survive a regroup.
+// counts, and drops it otherwise. It then moves the state and parameters from
+// the owners left and the replicas of the shards whose owner left into a
+// ZeroOptimizer over the new group: all-reduces of the bit patterns as integers
+// (one rank writes each element, the others zeros), in rounds of bucket_cap_mb
+// over the flat parameters and state buffers, each rank keeping of a round its
+// new shard, its new replica and every parameter value. A regroup that fails
+// part-way is tried again (another rank left): recover() first undoes what an
+// earlier attempt applied to `old`, so each attempt decides from the same
+// state; and a rank that already took the new group's optimizer passes the
+// previous one while that group has not stepped (trainer/elastic.cpp, Note
+// [zero generations]).
+// Recovery holds, beyond the old and the new optimizer's shards, the N
+// parameter values received and one round (bucket_cap_mb): never the full state.
 //
 // Checkpoints: state() returns the full, gathered state under the inner
 // optimizer's names ("<i>.exp_avg", ...), so a checkpoint is the same file DDP
@@ -121,13 +122,6 @@ struct ZeroOptions {
   // A testing aid: called by step() with 2 replicas after the update is counted,
   // before the all-gather (`train`'s DDP_TEST_KILL_IN_UPDATE kills the rank there).
   std::function<void()> after_update{};
-};
-
-// What ZeroOptimizer::recover() assembles from the ranks left.
-struct ZeroRecovery {
-  nn::NamedTensors state;          // full, as state() names it (load_state() takes it)
-  std::vector<Tensor> parameters;  // the optimizer's parameters' values, in its order
-  int64_t steps = 0;               // the optimizer's steps
 };
 
 // Rank `rank`'s shard of a flat space of `numel` elements over `world` ranks
@@ -215,14 +209,16 @@ class ZeroOptimizer : public optim::Optimizer {
 
   // Collective over `group`, a communicator formed after ranks left (and joined)
   // the group of `old` (Note [zero replicas]): every rank passes the
-  // ZeroOptimizer it had (replicas 2), a rank that joins passes null; `like` is
-  // an optimizer of the same kind over the same parameters (old's inner one, or
-  // the joining rank's). Finishes or drops an update caught in its commit, then
-  // assembles the full state and parameter values from the owners and replicas
-  // left. ValueError naming the shards whose owner and replica both left.
+  // ZeroOptimizer it had (replicas 2), a rank that joins passes null, and `into`
+  // is this rank's new ZeroOptimizer over `group` (stage 1 or 2, replicas 2, the
+  // same parameters; its state is replaced). Finishes or drops an update caught
+  // in its commit, then loads `into` with its shard and replica of the state
+  // from the owners and replicas left, and the step counts; returns the
+  // parameters' values, in the optimizer's order (for the caller to copy into
+  // the model). ValueError naming the shards whose owner and replica both left.
   // `steps`: the optimizer steps the group goes on from (its step counters say).
-  static ZeroRecovery recover(Communicator& group, ZeroOptimizer* old, const optim::Optimizer& like,
-                              int64_t steps);
+  static std::vector<Tensor> recover(Communicator& group, ZeroOptimizer* old, ZeroOptimizer& into,
+                                     int64_t steps);
   // Under elastic training, as its group breaks up: drops the communicator (its
   // connections close, so ranks blocked on this one fail too) and keeps the shards
   // for recover(); nothing collective may follow.

@@ -39,6 +39,11 @@ using functional::cross_entropy;
 
 constexpr int kSteps3 = 20;
 constexpr double kAbsTol = 1e-6;
+// gloo's all-reduce (the DDP reference) and its reduce-scatter (ZeRO-3) add the
+// ranks' gradients in different orders; 20 AdamW steps, whose update divides by
+// the gradients' own size, carry those roundings to the weights: 1.5e-6 at 4
+// ranks on an AMD EPYC (Zen 4), under 1e-6 on others. shm adds in rank order in both.
+constexpr double kGlooAbsTol = 1e-5;
 constexpr int64_t kGlobalRows = 12;  // divisible by 1, 2, 3 and 4 ranks
 const char* const kGpt = "gpt:layers=2,d=7,heads=1,ctx=8,vocab=37";  // 1687 parameters
 
@@ -177,7 +182,7 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
 }
 
 void expect_equal(const nn::NamedTensors& got, const nn::NamedTensors& want,
-                  const std::string& what) {
+                  const std::string& what, double tol = kAbsTol) {
   require(got.size() == want.size(),
           fmt::format("{}: {} tensors, the reference has {}", what, got.size(), want.size()));
   for (size_t k = 0; k < want.size(); ++k) {
@@ -187,7 +192,8 @@ void expect_equal(const nn::NamedTensors& got, const nn::NamedTensors& want,
         want[k].second.dtype() == DType::i64
             ? std::abs(double(got[k].second.item<int64_t>() - want[k].second.item<int64_t>()))
             : max_abs_diff(got[k].second, want[k].second);
-    require(d <= kAbsTol, fmt::format("{}: '{}' differs by {}", what, want[k].first, d));
+    require(d <= tol,
+            fmt::format("{}: '{}' differs by {} (at most {})", what, want[k].first, d, tol));
   }
 }
 
@@ -233,8 +239,9 @@ void check_parity(const std::shared_ptr<Communicator>& comm, const Zero3Setup& s
           fmt::format("{}: optimizer state of {} bytes, expected {}", what, run.zero->state_bytes(),
                       2 * 4 * padded));
   run.zero->gather_state();
-  expect_equal(snapshot(*run.model), ref.model->named_parameters(), what + " parameters");
-  expect_equal(run.zero->state(), ref.opt->state(), what + " optimizer state");
+  const double tol = comm->backend() == "gloo" ? kGlooAbsTol : kAbsTol;
+  expect_equal(snapshot(*run.model), ref.model->named_parameters(), what + " parameters", tol);
+  expect_equal(run.zero->state(), ref.opt->state(), what + " optimizer state", tol);
 }
 
 void run_parity(const std::string& backend, int world, const Zero3Setup& s = {}) {
