@@ -5,6 +5,7 @@
 #include "collectives/communicator_base.h"
 #include "collectives/reduce_kernels.h"
 #include "collectives/shm_segment.h"
+#include "runtime/env.h"
 
 #include <fmt/ranges.h>
 #include <sched.h>
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 // Note [shm steps]: a collective is a sequence of steps, one per chunk of at most
@@ -390,14 +392,27 @@ void ShmCommunicator::wait_all(const Collective& c, uint64_t target) {
   }
 }
 
+// Note [gone before arriving]: a peer's `left` flag and its process state are
+// read before its counter is read again. A peer sets `left` after its last
+// counter (release, read here with acquire), and exits after it; read the other
+// way round, a peer that arrived, finished a collective that needs no second
+// phase and left or exited between the two reads (reading /proc takes a while)
+// was named as gone before arriving: a job that had completed failed
+// (e2e.flight_recorder_shm, rarely). DDP_TEST_SHM_CHECK_DELAY_MS widens that gap
+// for ShmCommunicator.PeerThatArrivesThenLeavesIsNotGone.
 void ShmCommunicator::check_peers(const Collective& c, uint64_t target) {
+  static const int64_t delay_ms = env::get_int("DDP_TEST_SHM_CHECK_DELAY_MS").value_or(0);
   std::vector<std::string> exited;
   std::vector<std::string> late;
   for (int p = 0; p < size(); ++p) {
-    if (p == rank() || segment_->control(p).counter.load() >= target) continue;
+    shm::RankControl& peer = segment_->control(p);
+    if (p == rank() || peer.counter.load() >= target) continue;
+    const bool left = peer.left.load(std::memory_order_acquire) != 0;
     const int pid = segment_->pid(p);
     const shm::ProcessState state = shm::process_state(pid);
-    if (segment_->control(p).left.load(std::memory_order_acquire) != 0)
+    if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    if (peer.counter.load() >= target) continue;  // it arrived since (Note [gone before arriving])
+    if (left)
       exited.push_back(fmt::format("rank {} (pid {}, which left the communicator)", p, pid));
     else if (state == shm::ProcessState::exited)
       exited.push_back(fmt::format("rank {} (pid {})", p, pid));

@@ -40,6 +40,8 @@
 //                      regions, which ddprun reads (Note [flight region])
 //   DDP_TEST_SLOW_RANK, DDP_TEST_SKIP_ALLREDUCE, DDP_TEST_BF16_EMULATE  testing aids of
 //                  `train` (docs/train.md)
+//   DDP_TEST_SHM_CHECK_DELAY_MS  a testing aid of the shm backend (Note [gone before
+//                  arriving] in collectives/shm_communicator.cpp; default: 0)
 //   DDP_TRACE      DIR: record the timeline and write DIR/rank_<R>.json at exit
 //                  (default: unset, off; set by `ddprun --trace DIR`; read by
 //                  trace::start_from_env(), which init_process_group, train and

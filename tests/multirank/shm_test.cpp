@@ -249,5 +249,24 @@ TEST(ShmCommunicator, OversubscribedRanksMakeProgress) {
   for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
 }
 
+// Note [gone before arriving]: rank 1 waits for rank 0, which arrives 35 ms
+// late, completes the all_reduce (one small chunk: no second phase) and leaves
+// the communicator at once. Rank 1's check of its late peers, slowed down to
+// 60 ms between reading rank 0's `left` flag and its counter, must still see an
+// arrival, not a departure: the collective completes on rank 1 too.
+TEST(ShmCommunicator, PeerThatArrivesThenLeavesIsNotGone) {
+  const auto results = spawn_ranks(2, [](int rank, int size) {
+    ::setenv("DDP_TEST_SHM_CHECK_DELAY_MS", "60", 1);  // read at the first check
+    auto comm = make_backend("shm", rank, size, {.timeout = 20s});
+    Tensor t = make_input(DType::f32, 100, rank);
+    if (rank == 0) std::this_thread::sleep_for(35ms);  // rank 1 checks every 10 ms
+    comm->all_reduce(t)->wait();
+    expect_values(
+        t, [&](int64_t i) { return reduced_value(ReduceOp::sum, size, i); }, "sum");
+    return 0;  // rank 0's communicator goes now: it sets `left`
+  });
+  for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
+}
+
 }  // namespace
 }  // namespace ddp::test
