@@ -135,6 +135,19 @@ constexpr std::array kSubcommands = {
                "JSON rows: world, backend, plain_us, join_us, diff_us, diff_pct,\n"
                "count_allreduce_us, rounds, steps, device.",
                run_join_bench, "--steps"},
+    Subcommand{"elastic", "what ddprun --on-failure continue adds to a step without a failure",
+               "One process, part by part (docs/elastic.md): check_membership() when no poll\n"
+               "is due (a clock read), a due poll of the membership (elastic::latest_epoch over\n"
+               "TCP to a store server in this process, a membership published: what each rank\n"
+               "does every 100 ms), and a --loss-log row flushed to its file (continue) next to\n"
+               "a buffered one (restart), interleaved. Then the sum for one step of --step-ms:\n"
+               "the clock read and the flush's extra on every step, the poll on one step in\n"
+               "max(1, 100 ms / step). bench/elastic.sh compares whole jobs.\n"
+               "  --step-ms MS  the step time the total is for (default 3.5: the mlp at 4 ranks\n"
+               "                on 2 cores, docs/benchmarks.md)\n"
+               "Defaults: 15 repeats of at least 20 ms of back-to-back calls each.\n"
+               "JSON rows: part, us, per_step, restart_us, overhead_pct.",
+               run_elastic_bench, "--step-ms"},
     Subcommand{"flight", "what the flight recorder adds to each collective (ns)",
                "One process: the five moments of a collective its caller waits for, told\n"
                "to no observer, to one that does nothing (the events framework's share)\n"

@@ -56,6 +56,7 @@ int run_allreduce_bench(const BenchOptions& options, const Reporter& reporter);
 int run_train_bench(const BenchOptions& options, const Reporter& reporter);
 int run_gpt_bench(const BenchOptions& options, const Reporter& reporter);
 int run_join_bench(const BenchOptions& options, const Reporter& reporter);
+int run_elastic_bench(const BenchOptions& options, const Reporter& reporter);
 int run_flight_bench(const BenchOptions& options, const Reporter& reporter);
 int run_trace_bench(const BenchOptions& options, const Reporter& reporter);
 int run_trace_step_bench(const BenchOptions& options, const Reporter& reporter);

@@ -30,9 +30,6 @@ using Clock = std::chrono::steady_clock;
 // at its timeout, after which the peers' collectives fail; so this bounds only a
 // failure that was not a departure (then the original error ends the run).
 constexpr std::chrono::milliseconds kRegroupTimeout{30000};
-// How often a member looks for a newer membership (a replacement joining), at
-// step boundaries: a store round trip per 100 ms is far below 1% of a step.
-constexpr std::chrono::milliseconds kMembershipPoll{100};
 
 // The progress a rank announces: 4 x steps, + the step's reports done (1: its
 // --eval-every evaluation, 2: its --save-every checkpoint too), 3 once the

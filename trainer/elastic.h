@@ -50,6 +50,8 @@
 #include "trainer/run.h"
 #include "trainer/uneven.h"
 
+#include <chrono>
+
 namespace ddp::train {
 
 // ValueError naming what --on-failure continue cannot carry through a regroup.
@@ -68,9 +70,13 @@ void rejoin(Run& r, const CommError& failure);
 bool join_group(Run& r);
 // At the end of the run: a replacement still waiting exits 0, ddprun admits no one.
 void mark_done(Run& r);
-// At a step boundary, at most every 100 ms (DDP_TEST_JOIN_AT=STEP: at that step
-// only, waiting for it): a newer membership than the rank's (a replacement joins)
-// is a CommError for the epoch loop, which regroups (Note [elastic membership]).
+// How often a member looks for a newer membership (a replacement joining), at
+// step boundaries: one read of ddprun's store (`bench elastic` times it).
+inline constexpr std::chrono::milliseconds kMembershipPoll{100};
+// At a step boundary, at most every kMembershipPoll (DDP_TEST_JOIN_AT=STEP: at
+// that step only, waiting for it): a newer membership than the rank's (a
+// replacement joins) is a CommError for the epoch loop, which regroups (Note
+// [elastic membership]).
 void check_membership(Run& r);
 
 }  // namespace ddp::train
