@@ -393,13 +393,14 @@ void ShmCommunicator::wait_all(const Collective& c, uint64_t target) {
 }
 
 // Note [gone before arriving]: a peer's `left` flag and its process state are
-// read before its counter is read again. A peer sets `left` after its last
-// counter (release, read here with acquire), and exits after it; read the other
-// way round, a peer that arrived, finished a collective that needs no second
-// phase and left or exited between the two reads (reading /proc takes a while)
-// was named as gone before arriving: a job that had completed failed
-// (e2e.flight_recorder_shm, rarely). DDP_TEST_SHM_CHECK_DELAY_MS widens that gap
-// for ShmCommunicator.PeerThatArrivesThenLeavesIsNotGone.
+// read after its counter was seen short, and then its counter once more. A peer
+// sets `left` after its last counter (release, read here with acquire), and
+// exits after it; without the second read, a peer that arrived, finished a
+// collective that needs no second phase and left or exited after the first read
+// (reading /proc takes a while) was named as gone before arriving: a job that
+// had completed failed (e2e.flight_recorder_shm, rarely). For
+// ShmCommunicator.PeerThatArrivesThenLeavesIsNotGone, DDP_TEST_SHM_CHECK_DELAY_MS
+// (read once per process) widens the gap after the first read.
 void ShmCommunicator::check_peers(const Collective& c, uint64_t target) {
   static const int64_t delay_ms = env::get_int("DDP_TEST_SHM_CHECK_DELAY_MS").value_or(0);
   std::vector<std::string> exited;
@@ -407,10 +408,10 @@ void ShmCommunicator::check_peers(const Collective& c, uint64_t target) {
   for (int p = 0; p < size(); ++p) {
     shm::RankControl& peer = segment_->control(p);
     if (p == rank() || peer.counter.load() >= target) continue;
+    if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     const bool left = peer.left.load(std::memory_order_acquire) != 0;
     const int pid = segment_->pid(p);
     const shm::ProcessState state = shm::process_state(pid);
-    if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     if (peer.counter.load() >= target) continue;  // it arrived since (Note [gone before arriving])
     if (left)
       exited.push_back(fmt::format("rank {} (pid {}, which left the communicator)", p, pid));
@@ -418,6 +419,7 @@ void ShmCommunicator::check_peers(const Collective& c, uint64_t target) {
       exited.push_back(fmt::format("rank {} (pid {})", p, pid));
     late.push_back(fmt::format("rank {} (pid {}, {})", p, pid, shm::process_state_name(state)));
   }
+  if (late.empty()) return;  // every peer arrived while this looked
   if (!exited.empty()) {
     fail(c, fmt::format("{} exited before arriving at this collective; the group cannot complete "
                         "it. Check that rank's output for the cause (a crash, an OOM kill, an "

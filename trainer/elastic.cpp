@@ -148,7 +148,7 @@ void copy_state(Run& r, int source, ZeroRegroup* zero) {
   nn::NamedTensors model_state = r.model->state_dict();
   if (zero != nullptr) {
     std::set<const void*> recovered;
-    for (const Tensor& p : r.optimizer->params()) recovered.insert(p.data_ptr());
+    for (const Tensor& p : zero->optimizer->params()) recovered.insert(p.data_ptr());
     std::erase_if(model_state, [&](const auto& e) {
       return e.second.numel() > 0 && recovered.contains(e.second.data_ptr());
     });
@@ -181,7 +181,7 @@ void copy_state(Run& r, int source, ZeroRegroup* zero) {
     if (zero == nullptr) r.optimizer->load_state(state, c[1]);
   }
   if (zero != nullptr) {
-    std::vector<Tensor> params = r.optimizer->params();  // the live tensors, the inner order
+    std::vector<Tensor> params = zero->optimizer->params();  // the live tensors, its order
     for (size_t i = 0; i < params.size(); ++i) copy_(params[i], zero->parameters[i]);
     std::unique_ptr<ZeroOptimizer> sharded = std::move(zero->optimizer);
     // Note [zero generations]: the optimizer recover() read is kept until this one updates.

@@ -554,6 +554,7 @@ std::vector<Tensor> ZeroOptimizer::recover(Communicator& group, ZeroOptimizer* o
   into.replica_exp_avg_ = into.replica_exp_avg_sq_ = into.replica_momentum_ = Tensor();
   into.replica_params_ = into.replica_grad_ = Tensor();
   into.pending_ = false;
+  into.before_recovery_.reset();  // `into` is new; were it an earlier `old`, that is over
   into.clip_factor_ = 1.0f;
   into.gathered_ = false;
   into.full_state_.clear();

@@ -83,7 +83,9 @@
 // previous one while that group has not stepped (trainer/elastic.cpp, Note
 // [zero generations]).
 // Recovery holds, beyond the old and the new optimizer's shards, the N
-// parameter values received and one round (bucket_cap_mb): never the full state.
+// parameter values received and one round (bucket_cap_mb): never the full state
+// (and, when a step was caught in its commit, a copy of the old shards and of
+// this rank's parameter shard, for an attempt after this one).
 //
 // Checkpoints: state() returns the full, gathered state under the inner
 // optimizer's names ("<i>.exp_avg", ...), so a checkpoint is the same file DDP

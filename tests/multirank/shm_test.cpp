@@ -251,9 +251,11 @@ TEST(ShmCommunicator, OversubscribedRanksMakeProgress) {
 
 // Note [gone before arriving]: rank 1 waits for rank 0, which arrives 35 ms
 // late, completes the all_reduce (one small chunk: no second phase) and leaves
-// the communicator at once. Rank 1's check of its late peers, slowed down to
-// 60 ms between reading rank 0's `left` flag and its counter, must still see an
-// arrival, not a departure: the collective completes on rank 1 too.
+// the communicator at once. Rank 1's check of its late peers (its first at
+// about 11 ms), slowed down by 60 ms after it saw rank 0's counter short, must
+// still see an arrival, not a departure: the collective completes on rank 1
+// too. Without the second read of the counter it fails, naming rank 0 as a rank
+// "which left the communicator".
 TEST(ShmCommunicator, PeerThatArrivesThenLeavesIsNotGone) {
   const auto results = spawn_ranks(2, [](int rank, int size) {
     ::setenv("DDP_TEST_SHM_CHECK_DELAY_MS", "60", 1);  // read at the first check

@@ -540,11 +540,11 @@ TEST(ZeroCheckpoint, SavedAtFourRanksResumesAtTwoAndOne) {
 // Note [zero replicas]: 4 ranks train with 2 replicas; then rank 2 leaves. Ranks
 // 0, 1 and 3 recover into optimizers over a new group of 3 -- rank 2's shard from
 // rank 1's replica -- and get the state and parameters the 4 ranks had, bit for
-// bit; then rank 3 leaves too, and ranks 0 and 1 get them again from the new
-// optimizers' shards and replicas; ranks 0, 1 and 3 train on at 3 ranks to the
-// DDP run that never stopped. The same with rank 2 replaced by a
-// rank that joins with nothing; ranks 1 and 2 leaving together lose shard 2 (a
-// ValueError naming it).
+// bit; then rank 3 or rank 0 leaves too, and the two left get them again from
+// the new optimizers' shards and replicas; ranks 0, 1 and 3 train on at 3 ranks
+// to the DDP run that never stopped. The same with rank 2 replaced by a
+// rank that joins with nothing (then rank 0 leaves: shard 0 from the joiner's
+// replica); ranks 1 and 2 leaving together lose shard 2 (a ValueError naming it).
 void expect_same_bits(const Tensor& got, const Tensor& want, const std::string& what) {
   const Tensor g = got.cpu(), w = want.cpu();
   require(g.shape() == w.shape() && g.dtype() == w.dtype() &&
@@ -659,6 +659,11 @@ void check_replicas(int rank, int size, Setup s, const std::string& reference) {
     auto group = subgroup("-joined", {0, 1, 3, 2}, rank);
     Recovered got = recover_into(group, rank == 2 ? nullptr : &zero, *run.model, s, steps);
     expect_recovered(got, state, params, steps, what + ", rank 2 replaced");
+    if (rank != 0) {  // then rank 0 leaves: shard 0 from the replica the joiner received
+      auto again = subgroup("-joined-again", {1, 3, 2}, rank);
+      Recovered twice = recover_into(again, got.zero.get(), *run.model, s, steps);
+      expect_recovered(twice, state, params, steps, what + ", rank 2 replaced, then rank 0 left");
+    }
   }
   if (rank == 0 || rank == 3) {  // ranks 1 and 2 left: shard 2 and its replica
     auto group = subgroup("-lost", {0, 3}, rank);
@@ -684,10 +689,18 @@ void check_replicas(int rank, int size, Setup s, const std::string& reference) {
     std::vector<Tensor> live = on.model->parameters();
     for (size_t i = 0; i < live.size(); ++i) copy_(live[i], got.parameters[i]);
   }
-  if (rank != 3) {  // then rank 3 (2 of the 3) leaves too: its shard from the new replicas
+  // Then another rank leaves too, its shard from the new optimizers' replicas:
+  // rank 3 (2 of the 3; rank 1 kept its shard), or rank 0 (the last rank, 3,
+  // kept shard 0).
+  if (rank != 3) {
     auto again = subgroup("-again", {0, 1}, rank);
     Recovered twice = recover_into(again, got.zero.get(), *run.model, s, steps);
     expect_recovered(twice, state, params, steps, what + ", rank 2 left, then rank 3");
+  }
+  if (rank != 0) {
+    auto again = subgroup("-again-wrap", {1, 3}, rank);
+    Recovered twice = recover_into(again, got.zero.get(), *run.model, s, steps);
+    expect_recovered(twice, state, params, steps, what + ", rank 2 left, then rank 0");
   }
   DdpOptions options{.bucket_cap_mb = s.cap_mb, .first_bucket_mb = std::min(1.0, s.cap_mb)};
   options.zero_stage = s.stage;
