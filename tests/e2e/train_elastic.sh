@@ -64,6 +64,29 @@ went_on_from() {
   echo "$step"
 }
 
+# For a failure's report: every rank of the run writing $1.st still alive
+# dumps its flight recorder (SIGUSR1), and the last collectives of each dump
+# are printed with the rank's threads' kernel wait channels.
+dump_ranks() {
+  local p
+  for p in $(pgrep -f -- "--save $1.st"); do
+    [ "$(cat /proc/"$p"/comm 2>/dev/null)" = train ] || continue
+    echo "--- pid $p ($(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep '^RANK=')):" \
+      "threads waiting in:$(for t in /proc/"$p"/task/*/wchan; do printf ' %s' "$(cat "$t" 2>/dev/null)"; done)" >&2
+    kill -USR1 "$p"
+  done
+  sleep 2
+  grep -o "SIGUSR1: wrote .*" "$1.log" | sed 's/SIGUSR1: wrote //' | while read -r f; do
+    python3 - "$f" <<'PY' >&2 || true
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(f"--- rank {d['rank']} (pid {d['pid']}), last collectives:")
+for c in d["collectives"][-4:]:
+    print(f"  #{c['sequence']} {c['op']} {c['label']} {c['count']}: {c['state']}")
+PY
+  done
+}
+
 # Every (epoch, step) of a --loss-log once, steps 1.. in order in every epoch.
 check_loss_log() {
   awk -v f="$1" '
@@ -104,7 +127,10 @@ run() {
     # The step the group went on from: every survivor prints it.
     local step
     step=$(went_on_from "$out.log" "$membership" "[0-9]*")
-    [ -n "$step" ] || fail "$name: the ranks left did not regroup after rank $victim was killed"
+    [ -n "$step" ] || {
+      dump_ranks "$out"
+      fail "$name: the ranks left did not regroup after rank $victim was killed"
+    }
     kill_at="$kill_at${kill_at:+,}$victim:$step"
   done
   # With a replacement (--max-restarts 1): the step at which it joined.
