@@ -23,7 +23,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -43,8 +45,12 @@ int64_t clock_checks(int n, Clock::time_point next_poll) {
 }  // namespace
 
 int run_elastic_bench(const BenchOptions& options, const Reporter& reporter) {
-  const double step_ms = std::stod(options.flag("--step-ms", "3.5"));
-  DDP_CHECK(step_ms > 0, "bench elastic: --step-ms {} must be positive (milliseconds)", step_ms);
+  const std::string text = options.flag("--step-ms", "3.5");
+  double step_ms = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), step_ms);
+  DDP_CHECK(ec == std::errc() && end == text.data() + text.size() && step_ms > 0 &&
+                std::isfinite(step_ms),
+            "--step-ms expects a positive number of milliseconds (such as 3.5), got '{}'", text);
   // 1. The clock read of a step whose poll is not due.
   constexpr int kChecks = 10000;
   const auto next_poll = Clock::now() + std::chrono::hours(1);
