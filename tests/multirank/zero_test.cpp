@@ -556,8 +556,17 @@ void expect_same_bits(const Tensor& got, const Tensor& want, const std::string& 
 
 // ZeroOptimizer::recover() into a new optimizer over `group` (as the trainer
 // does), and what it holds: its state gathered over `group`, the parameters.
+// Rank q's shard in `zero`'s layout (Note [zero layout]).
+ShardRange shard_in(const ZeroOptimizer& zero, int q, bool by_parameters) {
+  if (!by_parameters) return zero_shard(zero.numel(), zero.world_size(), q);
+  std::vector<int64_t> numels;
+  for (const Tensor& p : zero.params()) numels.push_back(p.numel());
+  return zero_shards_by_parameters(numels, zero.world_size())[static_cast<size_t>(q)];
+}
+
 struct Recovered {
   std::unique_ptr<ZeroOptimizer> zero;
+  bool by_parameters = false;
   std::vector<Tensor> parameters;
   int64_t peak_bytes = 0;  // allocated by recover() at most, beyond what was before
 };
@@ -565,9 +574,12 @@ struct Recovered {
 Recovered recover_into(const std::shared_ptr<Communicator>& group, ZeroOptimizer* old,
                        nn::Module& model, const Setup& s, int64_t steps) {
   Recovered out;
-  out.zero = std::make_unique<ZeroOptimizer>(
-      inner_optimizer(model, s.sgd), group,
-      ZeroOptions{.stage = s.stage, .bucket_cap_mb = s.cap_mb, .replicas = 2});
+  out.zero = std::make_unique<ZeroOptimizer>(inner_optimizer(model, s.sgd), group,
+                                             ZeroOptions{.stage = s.stage,
+                                                         .bucket_cap_mb = s.cap_mb,
+                                                         .by_parameters = s.by_parameters,
+                                                         .replicas = 2});
+  out.by_parameters = s.by_parameters;
   const Device cpu = Device::cpu();
   reset_peak_memory_stats(cpu);
   const uint64_t before = memory_allocated(cpu);
@@ -583,9 +595,8 @@ void expect_recovered(Recovered& got, const nn::NamedTensors& state,
   require(zero.steps() == steps,
           fmt::format("{}: {} steps, expected {}", what, zero.steps(), steps));
   const int64_t own = zero.shard().size;
-  const int64_t kept = zero.replica_of() < 0
-                           ? 0
-                           : zero_shard(zero.numel(), zero.world_size(), zero.replica_of()).size;
+  const int64_t kept =
+      zero.replica_of() < 0 ? 0 : shard_in(zero, zero.replica_of(), got.by_parameters).size;
   int64_t buffers = 0;  // exp_avg and exp_avg_sq, or momentum_buffer, per parameter
   for (const auto& [name, t] : state) buffers += t.dtype() == DType::f32 ? 1 : 0;
   buffers /= static_cast<int64_t>(params.size());
@@ -629,7 +640,7 @@ void check_replicas(int rank, int size, Setup s, const std::string& reference) {
           fmt::format("rank {} keeps the replica of {}", rank, zero.replica_of()));
   train_steps(*run.ddp, zero, s, 0, kZeroSteps / 2);
   const int64_t own = zero.shard().size;
-  const int64_t kept = zero_shard(zero.numel(), size, (rank + 1) % size).size;
+  const int64_t kept = shard_in(zero, (rank + 1) % size, s.by_parameters).size;
   require(zero.state_bytes() == (s.sgd ? 1 : 2) * 4 * (own + kept),
           fmt::format("rank {}: {} bytes of state for its shard of {} and a replica of {}", rank,
                       zero.state_bytes(), own, kept));
@@ -639,7 +650,8 @@ void check_replicas(int rank, int size, Setup s, const std::string& reference) {
   std::vector<Tensor> params;
   for (const Tensor& p : run.model->parameters()) params.push_back(p.clone());
   const int64_t steps = zero.steps();
-  const std::string what = fmt::format("rank {}, ZeRO-{}{}", rank, s.stage, s.sgd ? " SGD" : "");
+  const std::string what = fmt::format("rank {}, ZeRO-{}{}{}", rank, s.stage, s.sgd ? " SGD" : "",
+                                       s.by_parameters ? " by parameters" : "");
   if (rank != 2) {  // rank 2 left
     auto group = subgroup("-left", {0, 1, 3}, rank);
     Recovered got = recover_into(group, &zero, *run.model, s, steps);
@@ -648,7 +660,10 @@ void check_replicas(int rank, int size, Setup s, const std::string& reference) {
     // small tensors), not the whole state (3 x 4805 floats with AdamW).
     const int64_t n = zero.numel();
     const int64_t per_rank = static_cast<int64_t>(s.cap_mb * (1 << 20) / 4) / 3;
-    const int64_t round = 3 * std::clamp<int64_t>(per_rank, 1, zero_shard(n, 3, 0).size);
+    int64_t largest = 1;
+    for (int q = 0; q < 3; ++q)
+      largest = std::max(largest, shard_in(*got.zero, q, s.by_parameters).size);
+    const int64_t round = 3 * std::clamp<int64_t>(per_rank, 1, largest);
     const int64_t bound = got.zero->state_bytes() + 4 * (n + round) + 4096;
     require(got.peak_bytes <= bound,
             fmt::format("{}: recovery allocated {} bytes at its peak, more than the new shards "
@@ -748,6 +763,9 @@ TEST(ZeroReplicas, StageTwoRecoversFromTheRanksLeft) {
 }
 TEST(ZeroReplicas, SgdMomentumStageOneRecoversFromTheRanksLeft) {
   run_replicas({.stage = 1, .sgd = true});
+}
+TEST(ZeroReplicas, ByParametersStageTwoRecoversFromTheRanksLeft) {
+  run_replicas({.stage = 2, .cap_mb = 0.002, .by_parameters = true});
 }
 
 // An update caught in its commit: rank 3 leaves after its backward of step K+1
