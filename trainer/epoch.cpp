@@ -536,11 +536,25 @@ void save_best(Run& r, int64_t completed, int64_t epoch_step, const Tensor& loss
 
 }  // namespace
 
+// Note [reports committed]: under --on-failure continue a report ends with a
+// one-element all_reduce, so no rank completes it before the writer has written
+// its row and checkpoint. Without it, a writer that died inside the report while
+// the others completed it lost both (at the last epoch's end, the final --save):
+// the group went on from past the report. Now the others fail there too and the
+// group takes the report again after the regroup (the position counts a report
+// done only once report() returned). Taking it again must not count the
+// evaluation twice, so the best so far as the report found it is kept until the
+// all_reduce (Run::report_in_flight); the source of a regroup sends it instead of
+// its own (elastic.cpp), and the writer drops an evaluation row of that step
+// that a rank wrote before (take_over_writing). DDP_TEST_KILL_IN_REPORT kills a
+// rank right after its row.
 // The metrics row first, so the checkpoint never covers a row not on disk.
 void report(Run& r, const EpochMetrics& m, bool epoch_end, int64_t epoch_step,
             const Tensor& loss_sum, int64_t loss_count) {
   const TrainOptions& o = r.o;
+  if (r.elastic) r.report_in_flight = {r.best_metric, r.evals_since_best, r.stop_early};
   r.metrics->write(m, r.step, r.world_size, r.mode);
+  if (r.step == r.faults.kill_in_report_step) ::raise(SIGKILL);
   const Monitored now = monitored(m);
   const bool improved = track_best(r, now);
   // At an epoch's end the position is the next epoch's start.
@@ -561,6 +575,12 @@ void report(Run& r, const EpochMetrics& m, bool epoch_end, int64_t epoch_step,
           "step {}\n",
           now.name, r.best_metric, r.evals_since_best, r.evals_since_best == 1 ? "" : "s", r.step);
     }
+  }
+  if (r.elastic) {  // Note [reports committed]
+    const CollectiveLabel labelled("report committed");
+    Tensor done = zeros({1}, {.device = r.pg->comm->device()});
+    r.pg->comm->all_reduce(done, ReduceOp::sum)->wait();
+    r.report_in_flight.reset();
   }
 }
 

@@ -92,6 +92,16 @@ struct Run {
   Tensor last_loss{};  // the last completed step's last micro-batch loss (its loss row)
   std::chrono::steady_clock::time_point next_membership_poll{};  // check_membership()
   int64_t join_at_step = -1;  // DDP_TEST_JOIN_AT (docs/train.md): members regroup there only
+  // Note [reports committed] in epoch.cpp: what report() found before it tracked
+  // the best (set from its start until every rank completed it), and the step of a
+  // report the group takes again after a regroup (-1: none).
+  struct BestSoFar {
+    double best_metric;
+    int64_t evals_since_best;
+    bool stop_early;
+  };
+  std::optional<BestSoFar> report_in_flight{};
+  int64_t report_again_at = -1;
   // --zero-replicas 2: the all-gather after a counted update failed (Note [zero
   // replicas]); thrown once the step is counted.
   std::exception_ptr failed_after_update{};

@@ -154,6 +154,32 @@ MetricsLog::MetricsLog(const std::string& path, const std::optional<RunPosition>
   file_ = open_for_append("--metrics", path);
 }
 
+void MetricsLog::drop_evaluations_at(int64_t step) {
+  if (path_.empty() || !file_.is_open()) return;
+  file_.close();
+  std::ifstream in(path_, std::ios::binary);
+  std::string kept, line;
+  int64_t dropped = 0;
+  while (std::getline(in, line)) {
+    const bool membership = line.find("\"event\": \"membership\"") != std::string::npos;
+    const int64_t at = csv_ ? csv_step(line) : json_int_field(line, "step");
+    if (!membership && at == step) {
+      ++dropped;
+      continue;
+    }
+    kept += line + "\n";
+  }
+  in.close();
+  if (dropped > 0) {
+    std::ofstream out(path_, std::ios::binary | std::ios::trunc);
+    out << kept;
+    out.flush();
+    DDP_CHECK(out.good(), "--metrics {}: cannot rewrite it without the rows of step {}", path_,
+              step);
+  }
+  file_ = open_for_append("--metrics", path_);
+}
+
 void MetricsLog::write_membership(int64_t step, int64_t epoch, int64_t membership,
                                   const std::vector<int>& ranks, const std::vector<int>& left,
                                   const std::vector<int>& joined, double regroup_s) {

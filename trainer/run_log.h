@@ -45,6 +45,9 @@ class MetricsLog {
   void write_membership(int64_t step, int64_t epoch, int64_t membership,
                         const std::vector<int>& ranks, const std::vector<int>& left,
                         const std::vector<int>& joined, double regroup_s);
+  // Drops the evaluation rows (not membership rows) of step `step`: a report the
+  // group takes again after a regroup (Note [reports committed] in epoch.cpp).
+  void drop_evaluations_at(int64_t step);
   int64_t rows_cut() const { return cut_; }
 
  private:

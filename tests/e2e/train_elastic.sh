@@ -327,6 +327,39 @@ cmp "$out.DDP_TEST_KILL_IN_EVAL.st" "$out.DDP_TEST_KILL_AT.st" ||
   fail "in_eval: the final checkpoint differs from the reference's"
 echo "in_eval: rank 2 killed inside step 8's evaluation; evaluated again, every row once, equal to the reference"
 
+# The writer dying inside a report, right after its --metrics row and before the
+# report's checkpoint (DDP_TEST_KILL_IN_REPORT=0:STEP, Note [reports committed]):
+# step 8's --eval-every report, and the report at the end of the run (its last
+# step, as a plain run of 4 ranks counts it). The others cannot complete the
+# report before the writer, so the group takes it again: every evaluation row
+# once, and the final checkpoint (written by the new writer) equal to a
+# reference that loses rank 0 right after that step.
+out="$dir/in_report"
+write_text
+in_report_run() {  # NAME KILL: one run
+  env "$2" "$ddprun" --standalone -n 4 --on-failure continue "$train" --backend shm \
+    "${gpt_task[@]}" --epochs 1 --eval-every 4 --save-every 4 --save "$out.$1.st" \
+    --metrics "$out.$1.jsonl" --loss-log "$out.$1.loss" >"$out.$1.log" 2>&1 ||
+    fail "in_report: $2 exited $?"
+  check_loss_log "$out.$1.loss"
+  grep -v '"event"' "$out.$1.jsonl" | grep -o '"step": [0-9]*' >"$out.$1.steps"
+  [ "$(sort "$out.$1.steps" | uniq -d)" = "" ] ||
+    fail "in_report: $2: a --metrics row twice: $(sort "$out.$1.steps" | uniq -d)"
+}
+in_report_run plain DDP_TEST_NONE=1
+last=$(rows "$out.plain.loss")
+for at in 8 "$last"; do
+  in_report_run "report$at" "DDP_TEST_KILL_IN_REPORT=0:$at"
+  in_report_run "after$at" "DDP_TEST_KILL_AT=0:$at"
+  grep -q "\"step\": $at\$" "$out.report$at.steps" ||
+    fail "in_report: no evaluation row for step $at after the writer died in its report"
+  cmp "$out.report$at.steps" "$out.after$at.steps" ||
+    fail "in_report: step $at: the evaluation rows' steps differ from the reference's"
+  cmp "$out.report$at.st" "$out.after$at.st" ||
+    fail "in_report: step $at: the final checkpoint differs from the reference's"
+done
+echo "in_report: the writer killed in the reports of steps 8 and $last (the last); reported again, every row once, equal to the references"
+
 # A rank that hangs: stopped, ddprun gives it up after --stopped-timeout 1.
 out="$dir/stopped"
 DDP_TEST_SLOW_RANK=0:25 "$ddprun" --standalone -n 4 --on-failure continue --stopped-timeout 1 \
