@@ -171,8 +171,8 @@ void copy_state(Run& r, int source, ZeroRegroup* zero) {
       {r.step, r.optimizer->steps(), p.epoch, p.step, p.cursor, p.micro_batches,
        r.nonfinite->skipped(), best.evals_since_best, std::bit_cast<int64_t>(best.best_metric),
        std::bit_cast<int64_t>(r.grad_norm), best.stop_early ? 1 : 0, p.reports,
-       r.report_in_flight ? 1 : 0},
-      {13}, {.dtype = DType::i64, .device = comm.device()});
+       r.report_in_flight ? 1 : 0, r.report_in_flight && r.report_in_flight->stop_early ? 1 : 0},
+      {14}, {.dtype = DType::i64, .device = comm.device()});
   const float last = r.last_loss.defined() ? r.last_loss.item<float>() : 0.0f;
   const float sum = p.loss_sum.defined() ? p.loss_sum.item<float>() : 0.0f;
   Tensor values = from_vector<float>({sum, last}, {2}, {.device = comm.device()});
@@ -210,11 +210,18 @@ void copy_state(Run& r, int source, ZeroRegroup* zero) {
   r.best_metric = std::bit_cast<double>(c[8]);
   r.grad_norm = std::bit_cast<double>(c[9]);
   r.stop_early = c[10] != 0;
+  // Still inside the report the group takes again, should another rank leave
+  // before it does (Note [reports committed]).
   r.report_in_flight.reset();
+  if (c[12] != 0)
+    r.report_in_flight = Run::BestSoFar{r.best_metric, r.evals_since_best, r.stop_early};
   // The report the group takes again: one the source was inside, or the
   // --eval-every evaluation of a step whose reports it had not begun (the
-  // writer may have written that row before the others failed inside it).
+  // writer may have written that row before the others failed inside it). Its
+  // step's rows of reports completed before it stay: an --eval-every row that
+  // decided --early-stop, when the epoch's report ends the epoch at that step.
   r.report_again_at = c[12] != 0 || (c[3] > 0 && c[11] < 1) ? r.step : -1;
+  r.report_rows_kept = c[12] != 0 && c[13] != 0 ? 1 : 0;
   r.nonfinite =
       std::make_unique<NonfiniteCheck>(r.o.on_nonfinite, r.device, &comm, comm.rank(), c[6]);
 }
@@ -245,7 +252,9 @@ void take_over_writing(Run& r, bool new_writer) {
     r.loss_log->set_flush_each_row(true);
   }
   // The report the group takes again wrote its row once already, perhaps.
-  if (r.report_again_at >= 0) r.metrics->drop_evaluations_at(r.report_again_at);
+  if (r.report_again_at >= 0) {
+    r.metrics->drop_evaluations_at(r.report_again_at, r.report_rows_kept);
+  }
   if (r.o.loss_log.empty() || p.step == 0) return;
   r.loss_log->flush();
   if (last_loss_row(r.o.loss_log) < std::pair<int64_t, int64_t>{p.epoch + 1, p.step}) {

@@ -458,7 +458,9 @@ EpochMetrics train_epoch(Run& r, int64_t epoch) {
   // failure interrupted (Note [elastic training]).
   if (at && at->step > 0 && at->reports < 2) step_reports(r, e, at->step, steps);
   e.straggler.start();
-  while (e.step < steps) {
+  // After a regroup --early-stop may already have decided (in a report taken
+  // again, or before the epoch's report the group takes again): no more steps.
+  while (e.step < steps && !r.stop_early) {
     const int64_t skipped_before = r.nonfinite->skipped();
     int64_t used = 0;
     if (r.join != nullptr && e.step - offset >= plan.mine) {

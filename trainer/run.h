@@ -102,6 +102,7 @@ struct Run {
   };
   std::optional<BestSoFar> report_in_flight{};
   int64_t report_again_at = -1;
+  int64_t report_rows_kept = 0;  // of that step: rows of reports completed before it
   // --zero-replicas 2: the all-gather after a counted update failed (Note [zero
   // replicas]); thrown once the step is counted.
   std::exception_ptr failed_after_update{};

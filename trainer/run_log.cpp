@@ -154,28 +154,45 @@ MetricsLog::MetricsLog(const std::string& path, const std::optional<RunPosition>
   file_ = open_for_append("--metrics", path);
 }
 
-void MetricsLog::drop_evaluations_at(int64_t step) {
+void MetricsLog::drop_evaluations_at(int64_t step, int64_t keep) {
   if (path_.empty() || !file_.is_open()) return;
   file_.close();
-  std::ifstream in(path_, std::ios::binary);
-  std::string kept, line;
-  int64_t dropped = 0;
-  while (std::getline(in, line)) {
-    const bool membership = line.find("\"event\": \"membership\"") != std::string::npos;
-    const int64_t at = csv_ ? csv_step(line) : json_int_field(line, "step");
-    if (!membership && at == step) {
+  std::vector<std::string> lines;
+  {
+    std::ifstream in(path_, std::ios::binary);
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+  }
+  // The file's tail from the last row of an earlier step on: membership rows and
+  // rows of `step` (rows beyond it were cut when this writer opened the file).
+  auto row_step = [&](const std::string& line) {
+    return csv_ ? csv_step(line) : json_int_field(line, "step");
+  };
+  auto membership = [](const std::string& line) {
+    return line.find("\"event\": \"membership\"") != std::string::npos;
+  };
+  size_t tail = lines.size();
+  while (tail > 0 && (membership(lines[tail - 1]) || row_step(lines[tail - 1]) >= step)) --tail;
+  std::string kept;
+  int64_t seen = 0, dropped = 0;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (i >= tail && !membership(lines[i]) && row_step(lines[i]) == step && ++seen > keep) {
       ++dropped;
       continue;
     }
-    kept += line + "\n";
+    kept += lines[i] + "\n";
   }
-  in.close();
-  if (dropped > 0) {
-    std::ofstream out(path_, std::ios::binary | std::ios::trunc);
-    out << kept;
-    out.flush();
-    DDP_CHECK(out.good(), "--metrics {}: cannot rewrite it without the rows of step {}", path_,
-              step);
+  if (dropped > 0) {  // a new file renamed over the old one: never half of either
+    const std::string temporary = fmt::format("{}.tmp.{}", path_, ::getpid());
+    {
+      std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+      out << kept;
+      out.flush();
+      DDP_CHECK(out.good(), "--metrics {}: cannot write {} to drop the rows of step {}", path_,
+                temporary, step);
+    }
+    std::error_code ec;
+    std::filesystem::rename(temporary, path_, ec);
+    DDP_CHECK(!ec, "--metrics {}: cannot replace it with {}: {}", path_, temporary, ec.message());
   }
   file_ = open_for_append("--metrics", path_);
 }

@@ -45,9 +45,11 @@ class MetricsLog {
   void write_membership(int64_t step, int64_t epoch, int64_t membership,
                         const std::vector<int>& ranks, const std::vector<int>& left,
                         const std::vector<int>& joined, double regroup_s);
-  // Drops the evaluation rows (not membership rows) of step `step`: a report the
-  // group takes again after a regroup (Note [reports committed] in epoch.cpp).
-  void drop_evaluations_at(int64_t step);
+  // Drops the evaluation rows (not membership rows) of step `step` at the end of
+  // the file, all but the first `keep` of them: a report the group takes again
+  // after a regroup wrote its row already, perhaps (Note [reports committed] in
+  // epoch.cpp). Rows before the last row of an earlier step stay (an earlier run's).
+  void drop_evaluations_at(int64_t step, int64_t keep);
   int64_t rows_cut() const { return cut_; }
 
  private:

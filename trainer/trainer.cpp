@@ -274,6 +274,8 @@ void train_epochs(Run& r, TrainResult& result) {
     } catch (const CommError& e) {
       if (!r.elastic) throw;
       rejoin(r, e);
+      // --early-stop decided in a report completed everywhere: the run is over.
+      if (r.stop_early && r.rejoin_at->step == 0 && r.rejoin_at->epoch > 0) break;
       epoch = r.rejoin_at->epoch - 1;  // the most advanced rank may have finished this one
       continue;
     }

@@ -360,6 +360,30 @@ for at in 8 "$last"; do
 done
 echo "in_report: the writer killed in the reports of steps 8 and $last (the last); reported again, every row once, equal to the references"
 
+# The same inside the report that decides --early-stop (the mlp at a learning
+# rate too small to change a weight: every test_acc ties the first, exactly at
+# 3 and at 4 ranks; --early-stop 2 stops after epoch 3's report). The report
+# taken again counts its evaluation once: the checkpoint (which holds the count
+# since the best) equals the reference's, and no step runs after the stop.
+stop_task=(--data synthetic --synthetic-size 3600 --epochs 4 --seed 5 --optimizer adamw
+  --lr 1e-30 --early-stop 2)
+out="$dir/in_stop"
+for kill in DDP_TEST_KILL_IN_REPORT DDP_TEST_KILL_AT; do
+  env "$kill=0:45" "$ddprun" --standalone -n 4 --on-failure continue "$train" --backend shm \
+    "${stop_task[@]}" --save "$out.$kill.st" --metrics "$out.$kill.jsonl" \
+    --loss-log "$out.$kill.loss" >"$out.$kill.log" 2>&1 || fail "in_stop: $kill=0:45 exited $?"
+  check_loss_log "$out.$kill.loss"
+  [ "$(rows "$out.$kill.loss")" = 45 ] || fail "in_stop: $kill: $(rows "$out.$kill.loss") steps, not 45"
+  grep -v '"event"' "$out.$kill.jsonl" | grep -o '"step": [0-9]*' >"$out.$kill.steps"
+done
+[ "$(tr '\n' ' ' <"$out.DDP_TEST_KILL_IN_REPORT.steps")" = '"step": 15 "step": 30 "step": 45 ' ] ||
+  fail "in_stop: evaluation rows $(tr '\n' ' ' <"$out.DDP_TEST_KILL_IN_REPORT.steps"), expected steps 15, 30, 45 once"
+grep -q "early stop: test_acc has not improved on its best .* in 2 evaluations; stopping at step 45" \
+  "$out.DDP_TEST_KILL_IN_REPORT.log" || fail "in_stop: no early stop at step 45 after the report taken again"
+cmp "$out.DDP_TEST_KILL_IN_REPORT.st" "$out.DDP_TEST_KILL_AT.st" ||
+  fail "in_stop: the final checkpoint differs from the reference's"
+echo "in_stop: the writer killed in the report that stops early; taken again, counted once, equal to the reference"
+
 # A rank that hangs: stopped, ddprun gives it up after --stopped-timeout 1.
 out="$dir/stopped"
 DDP_TEST_SLOW_RANK=0:25 "$ddprun" --standalone -n 4 --on-failure continue --stopped-timeout 1 \
