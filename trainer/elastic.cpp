@@ -171,8 +171,8 @@ void copy_state(Run& r, int source, ZeroRegroup* zero) {
       {r.step, r.optimizer->steps(), p.epoch, p.step, p.cursor, p.micro_batches,
        r.nonfinite->skipped(), best.evals_since_best, std::bit_cast<int64_t>(best.best_metric),
        std::bit_cast<int64_t>(r.grad_norm), best.stop_early ? 1 : 0, p.reports,
-       r.report_in_flight ? 1 : 0, r.report_in_flight && r.report_in_flight->stop_early ? 1 : 0},
-      {14}, {.dtype = DType::i64, .device = comm.device()});
+       r.report_in_flight ? 1 : 0},
+      {13}, {.dtype = DType::i64, .device = comm.device()});
   const float last = r.last_loss.defined() ? r.last_loss.item<float>() : 0.0f;
   const float sum = p.loss_sum.defined() ? p.loss_sum.item<float>() : 0.0f;
   Tensor values = from_vector<float>({sum, last}, {2}, {.device = comm.device()});
@@ -221,7 +221,7 @@ void copy_state(Run& r, int source, ZeroRegroup* zero) {
   // step's rows of reports completed before it stay: an --eval-every row that
   // decided --early-stop, when the epoch's report ends the epoch at that step.
   r.report_again_at = c[12] != 0 || (c[3] > 0 && c[11] < 1) ? r.step : -1;
-  r.report_rows_kept = c[12] != 0 && c[13] != 0 ? 1 : 0;
+  r.report_rows_kept = c[12] != 0 && r.stop_early ? 1 : 0;
   r.nonfinite =
       std::make_unique<NonfiniteCheck>(r.o.on_nonfinite, r.device, &comm, comm.rank(), c[6]);
 }

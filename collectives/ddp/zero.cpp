@@ -178,6 +178,18 @@ Tensor ZeroOptimizer::grad_piece(size_t i, int64_t param_offset, int64_t len,
   return g.defined() ? g.flat_view(param_offset, {len}) : Tensor();
 }
 
+void ZeroOptimizer::clear_state() {
+  exp_avg_ = exp_avg_sq_ = momentum_ = Tensor();
+  replica_exp_avg_ = replica_exp_avg_sq_ = replica_momentum_ = Tensor();
+  replica_params_ = replica_grad_ = Tensor();
+  pending_ = false;
+  before_recovery_.reset();  // a new state: an earlier recovery's copy is over
+  clip_factor_ = 1.0f;
+  gathered_ = false;
+  full_state_.clear();
+  param_steps_.assign(params_.size(), 0);
+}
+
 void ZeroOptimizer::allocate_state() {
   const int64_t n = options_.stage == 3 ? state_size_ : shard().size;
   const int64_t r = replica_ >= 0 ? shards_[static_cast<size_t>(replica_)].size : 0;
@@ -550,15 +562,7 @@ std::vector<Tensor> ZeroOptimizer::recover(Communicator& group, ZeroOptimizer* o
     kept = {&into.replica_momentum_};
   }
   const int64_t buffers = static_cast<int64_t>(own.size()) + 1;
-  into.exp_avg_ = into.exp_avg_sq_ = into.momentum_ = Tensor();
-  into.replica_exp_avg_ = into.replica_exp_avg_sq_ = into.replica_momentum_ = Tensor();
-  into.replica_params_ = into.replica_grad_ = Tensor();
-  into.pending_ = false;
-  into.before_recovery_.reset();  // `into` is new; were it an earlier `old`, that is over
-  into.clip_factor_ = 1.0f;
-  into.gathered_ = false;
-  into.full_state_.clear();
-  into.param_steps_.assign(into.params_.size(), 0);
+  into.clear_state();
   if (buffers > 1) into.allocate_state();
   // What `old`'s rank writes: the shards it holds (its own, or the replica of one
   // whose owner left), each as parameter values then state.
@@ -626,11 +630,10 @@ std::vector<Tensor> ZeroOptimizer::recover(Communicator& group, ZeroOptimizer* o
     }
     Tensor summed = bits.flat_view(0, {len});
     group.all_reduce(summed, ReduceOp::sum)->wait();
-    overlaps(0, n, [&](int64_t b, int64_t lo, int64_t hi) {
-      if (b > 0) return;
-      Tensor d = values.flat_view(lo, {hi - lo});
-      copy_(d, part.flat_view(lo - at, {hi - lo}));
-    });
+    if (at < n) {  // the parameters' part of the round
+      Tensor d = values.flat_view(at, {std::min(at + len, n) - at});
+      copy_(d, part.flat_view(0, {d.numel()}));
+    }
     auto keep = [&](ShardRange range, const std::vector<Tensor*>& into_buffers) {
       overlaps(range.begin, range.size, [&](int64_t b, int64_t lo, int64_t hi) {
         if (b == 0) return;
@@ -727,10 +730,7 @@ void ZeroOptimizer::load_state(const nn::NamedTensors& state, int64_t steps) {
   const std::vector<std::string> buffers = adamw_
                                                ? std::vector<std::string>{"exp_avg", "exp_avg_sq"}
                                                : std::vector<std::string>{"momentum_buffer"};
-  exp_avg_ = exp_avg_sq_ = momentum_ = Tensor();
-  replica_exp_avg_ = replica_exp_avg_sq_ = replica_momentum_ = replica_params_ = Tensor();
-  pending_ = false;
-  param_steps_.assign(params_.size(), 0);
+  clear_state();
   if (!entries.empty()) allocate_state();
   std::vector<Tensor*> locals =
       adamw_ ? std::vector<Tensor*>{&exp_avg_, &exp_avg_sq_} : std::vector<Tensor*>{&momentum_};
@@ -778,7 +778,6 @@ void ZeroOptimizer::load_state(const nn::NamedTensors& state, int64_t steps) {
                     fmt::join(names, ", ")));
   }
   steps_ = steps;
-  gathered_ = false;
 }
 
 nn::NamedTensors ZeroOptimizer::shard_state() const {

@@ -262,6 +262,9 @@ class ZeroOptimizer : public optim::Optimizer {
   template <typename F>
   void for_each_piece(int64_t begin, int64_t len, F&& fn) const;
   Tensor grad_piece(size_t i, int64_t param_offset, int64_t len, int64_t shard_offset) const;
+  // No state (load_state(), recover()): every shard and replica buffer dropped,
+  // no pending update, step counts 0.
+  void clear_state();
   void allocate_state();
   void update_chunk(int64_t shard_begin, int64_t len, bool first_step);
   // `m`, `v` (AdamW) or `momentum` (SGD): the state buffer the piece is in.

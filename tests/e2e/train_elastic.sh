@@ -309,15 +309,27 @@ done
 # step 8 and evaluates it again, then writes its --save-every checkpoint. Every
 # evaluation row once, and the final checkpoint equal to a reference that loses
 # rank 2 right after step 8's evaluation and checkpoint.
+# evaluated_run CASE NAME FAULT TRAIN-FLAGS...: a shm run of 4 ranks under
+# continue with FAULT (VAR=RANK:STEP) in its environment, writing $out.NAME.st,
+# .jsonl, .loss, .log; its loss log checked, its evaluation rows' steps in
+# $out.NAME.steps, none twice.
+evaluated_run() {
+  local case=$1 name=$2 fault=$3
+  shift 3
+  env "$fault" "$ddprun" --standalone -n 4 --on-failure continue "$train" --backend shm "$@" \
+    --save "$out.$name.st" --metrics "$out.$name.jsonl" --loss-log "$out.$name.loss" \
+    >"$out.$name.log" 2>&1 || fail "$case: $fault exited $?"
+  check_loss_log "$out.$name.loss"
+  grep -v '"event"' "$out.$name.jsonl" | grep -o '"step": [0-9]*' >"$out.$name.steps"
+  [ "$(sort "$out.$name.steps" | uniq -d)" = "" ] ||
+    fail "$case: $fault: a --metrics row twice: $(sort "$out.$name.steps" | uniq -d)"
+}
+gpt_evaluated=("${gpt_task[@]}" --epochs 1 --eval-every 4 --save-every 4)
+
 out="$dir/in_eval"
 write_text
 for kill in DDP_TEST_KILL_IN_EVAL DDP_TEST_KILL_AT; do
-  env "$kill=2:8" "$ddprun" --standalone -n 4 --on-failure continue "$train" --backend shm \
-    "${gpt_task[@]}" --epochs 1 --eval-every 4 --save-every 4 --save "$out.$kill.st" --metrics "$out.$kill.jsonl" \
-    --loss-log "$out.$kill.loss" >"$out.$kill.log" 2>&1 || fail "in_eval: $kill=2:8 exited $?"
-  check_loss_log "$out.$kill.loss"
-  grep -v '"event"' "$out.$kill.jsonl" | grep -o '"step": [0-9]*' >"$out.$kill.steps"
-  [ "$(sort "$out.$kill.steps" | uniq -d)" = "" ] || fail "in_eval: $kill: a --metrics row twice: $(sort "$out.$kill.steps" | uniq -d)"
+  evaluated_run in_eval "$kill" "$kill=2:8" "${gpt_evaluated[@]}"
 done
 grep -q '"step": 8$' "$out.DDP_TEST_KILL_IN_EVAL.steps" ||
   fail "in_eval: no evaluation row for step 8 after the death inside it: $(tr '\n' ' ' <"$out.DDP_TEST_KILL_IN_EVAL.steps")"
@@ -336,21 +348,11 @@ echo "in_eval: rank 2 killed inside step 8's evaluation; evaluated again, every 
 # reference that loses rank 0 right after that step.
 out="$dir/in_report"
 write_text
-in_report_run() {  # NAME KILL: one run
-  env "$2" "$ddprun" --standalone -n 4 --on-failure continue "$train" --backend shm \
-    "${gpt_task[@]}" --epochs 1 --eval-every 4 --save-every 4 --save "$out.$1.st" \
-    --metrics "$out.$1.jsonl" --loss-log "$out.$1.loss" >"$out.$1.log" 2>&1 ||
-    fail "in_report: $2 exited $?"
-  check_loss_log "$out.$1.loss"
-  grep -v '"event"' "$out.$1.jsonl" | grep -o '"step": [0-9]*' >"$out.$1.steps"
-  [ "$(sort "$out.$1.steps" | uniq -d)" = "" ] ||
-    fail "in_report: $2: a --metrics row twice: $(sort "$out.$1.steps" | uniq -d)"
-}
-in_report_run plain DDP_TEST_NONE=1
+evaluated_run in_report plain DDP_TEST_NONE=1 "${gpt_evaluated[@]}"
 last=$(rows "$out.plain.loss")
 for at in 8 "$last"; do
-  in_report_run "report$at" "DDP_TEST_KILL_IN_REPORT=0:$at"
-  in_report_run "after$at" "DDP_TEST_KILL_AT=0:$at"
+  evaluated_run in_report "report$at" "DDP_TEST_KILL_IN_REPORT=0:$at" "${gpt_evaluated[@]}"
+  evaluated_run in_report "after$at" "DDP_TEST_KILL_AT=0:$at" "${gpt_evaluated[@]}"
   grep -q "\"step\": $at\$" "$out.report$at.steps" ||
     fail "in_report: no evaluation row for step $at after the writer died in its report"
   cmp "$out.report$at.steps" "$out.after$at.steps" ||
@@ -369,12 +371,8 @@ stop_task=(--data synthetic --synthetic-size 3600 --epochs 4 --seed 5 --optimize
   --lr 1e-30 --early-stop 2)
 out="$dir/in_stop"
 for kill in DDP_TEST_KILL_IN_REPORT DDP_TEST_KILL_AT; do
-  env "$kill=0:45" "$ddprun" --standalone -n 4 --on-failure continue "$train" --backend shm \
-    "${stop_task[@]}" --save "$out.$kill.st" --metrics "$out.$kill.jsonl" \
-    --loss-log "$out.$kill.loss" >"$out.$kill.log" 2>&1 || fail "in_stop: $kill=0:45 exited $?"
-  check_loss_log "$out.$kill.loss"
+  evaluated_run in_stop "$kill" "$kill=0:45" "${stop_task[@]}"
   [ "$(rows "$out.$kill.loss")" = 45 ] || fail "in_stop: $kill: $(rows "$out.$kill.loss") steps, not 45"
-  grep -v '"event"' "$out.$kill.jsonl" | grep -o '"step": [0-9]*' >"$out.$kill.steps"
 done
 [ "$(tr '\n' ' ' <"$out.DDP_TEST_KILL_IN_REPORT.steps")" = '"step": 15 "step": 30 "step": 45 ' ] ||
   fail "in_stop: evaluation rows $(tr '\n' ' ' <"$out.DDP_TEST_KILL_IN_REPORT.steps"), expected steps 15, 30, 45 once"
