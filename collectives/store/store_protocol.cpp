@@ -17,9 +17,9 @@ struct Layout {
 };
 
 // The single source of truth for the wire format (see the table in the header).
-const std::array<Layout, 14>& layouts() {
+const std::array<Layout, 15>& layouts() {
   using F = Field;
-  static const std::array<Layout, 14> table = {{
+  static const std::array<Layout, 15> table = {{
       {Command::kHello, "HELLO", {F::kText}},
       {Command::kSet, "SET", {F::kKey, F::kValue}},
       {Command::kGet, "GET", {F::kKey, F::kNumber}},
@@ -29,6 +29,7 @@ const std::array<Layout, 14>& layouts() {
       {Command::kDelete, "DELETE", {F::kKey}},
       {Command::kCheck, "CHECK", {F::kKeys}},
       {Command::kTime, "TIME", {}},
+      {Command::kOnClose, "ON_CLOSE", {F::kKey, F::kValue}},
       {Command::kOk, "OK", {}},
       {Command::kValue, "VALUE", {F::kValue}},
       {Command::kInt, "INT", {F::kNumber}},
@@ -303,6 +304,12 @@ Message check(std::vector<std::string> keys) {
 }
 Message time() {
   return with(Command::kTime);
+}
+Message on_close(std::string key, Bytes value) {
+  Message m = with(Command::kOnClose);
+  m.key = std::move(key);
+  m.value = std::move(value);
+  return m;
 }
 Message ok() {
   return with(Command::kOk);

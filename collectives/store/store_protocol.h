@@ -18,6 +18,8 @@
 //   CHECK        keys                           INT (1 if all keys exist, else 0)
 //   TIME         (none)                         INT (the server's steady clock, ns;
 //                                               Note [trace clocks] in runtime/trace/clock.h)
+//   ON_CLOSE     key, value                     OK (the server sets key = value when
+//                                               this connection closes: Note [on close])
 //   any request                                 ERROR(text) on failure
 //
 // Every frame is at most kMaxMessageBytes after its length field. The parser
@@ -52,6 +54,7 @@ enum class Command : uint8_t {
   kDelete = 7,
   kCheck = 8,
   kTime = 9,
+  kOnClose = 10,
   kOk = 64,
   kValue = 65,
   kInt = 66,
@@ -70,9 +73,9 @@ bool is_request(Command command);
 // the others stay empty (and are ignored by encode()).
 struct Message {
   Command command = Command::kOk;
-  std::string key;                // SET GET ADD COMPARE_SET DELETE
+  std::string key;                // SET GET ADD COMPARE_SET DELETE ON_CLOSE
   std::vector<std::string> keys;  // WAIT CHECK TIMEOUT
-  Bytes value;                    // SET VALUE; COMPARE_SET: expected
+  Bytes value;                    // SET VALUE ON_CLOSE; COMPARE_SET: expected
   Bytes desired;                  // COMPARE_SET
   int64_t number = 0;             // GET WAIT: timeout in ms; ADD: delta; INT
   std::string text;               // HELLO: secret; ERROR: message
@@ -91,6 +94,7 @@ Message compare_set(std::string key, Bytes expected, Bytes desired);
 Message delete_key(std::string key);
 Message check(std::vector<std::string> keys);
 Message time();
+Message on_close(std::string key, Bytes value);
 Message ok();
 Message value(Bytes value);
 Message integer(int64_t number);

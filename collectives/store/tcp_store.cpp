@@ -303,6 +303,11 @@ int64_t TcpStore::server_time_ns() {
   return call(msg::time(), options_.timeout, "time()", {Command::kInt}).number;
 }
 
+void TcpStore::set_on_close(const std::string& key, const Bytes& value) {
+  call(msg::on_close(key, value), options_.timeout, fmt::format("set_on_close('{}')", key),
+       {Command::kOk});
+}
+
 bool TcpStore::check(const std::vector<std::string>& keys) {
   return call(msg::check(keys), options_.timeout, fmt::format("check({})", quoted_keys(keys)),
               {Command::kInt})

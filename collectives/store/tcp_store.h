@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 
 namespace ddp {
@@ -114,6 +115,13 @@ class TcpStore : public Store {
   // The server's steady clock (TIME), for aligning the ranks' timelines (Note
   // [trace clocks] in runtime/trace/clock.h).
   int64_t server_time_ns();
+  // ON_CLOSE: the server sets `key` = `value` when this client's connection
+  // closes, however it closes (Note [on close] in tcp_store_server.cpp). A
+  // reconnect after a lost connection does not register it again.
+  void set_on_close(const std::string& key, const Bytes& value);
+  void set_on_close(const std::string& key, std::string_view value) {
+    set_on_close(key, Bytes(value.begin(), value.end()));
+  }
 
  private:
   // Sends `request` and returns the reply (never ERROR: that throws StoreError).

@@ -50,6 +50,8 @@ struct Client {
   bool closed = false;
   Phase phase = Phase::kOpen;
   Clock::time_point linger_deadline{};
+  // ON_CLOSE: what to set when this connection closes (Note [on close]).
+  std::vector<std::pair<std::string, Bytes>> on_close;
 
   size_t backlog() const { return out.size() - out_offset; }
   bool pending() const { return !greeted && phase == Phase::kOpen && !closed; }
@@ -412,10 +414,13 @@ void TcpStoreServer::Loop::handle(Client& c, Message& m) {
       return reply(c, msg::integer(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                        std::chrono::steady_clock::now().time_since_epoch())
                                        .count()));
+    case Command::kOnClose:
+      c.on_close.emplace_back(std::move(m.key), std::move(m.value));
+      return reply(c, msg::ok());
     default:
       return reject(c, fmt::format("unexpected {} message from a client; clients send requests "
                                    "(HELLO, SET, GET, ADD, WAIT, COMPARE_SET, DELETE, CHECK, "
-                                   "TIME)",
+                                   "TIME, ON_CLOSE)",
                                    command_name(m.command)));
   }
 }
@@ -512,12 +517,22 @@ void TcpStoreServer::Loop::reject(Client& c, const std::string& why) {
   flush(c);
 }
 
+// Note [on close]: a client's ON_CLOSE keys are set when its connection ends,
+// however it ends (the peer closed it, its process died and the kernel closed
+// it, a protocol error): ddprun's agents learn so at once that another agent is
+// gone (launcher/rendezvous.h). A machine that vanishes without closing its
+// connections is seen only by a heartbeat. Stopping the server sets nothing.
 void TcpStoreServer::Loop::close(Client& c) {
   if (c.closed) return;
   DDP_LOG_DEBUG("store server: client {} ({}) disconnected", c.id, c.peer);
   c.closed = true;
   c.fd.reset();
   std::erase_if(waiters_, [&c](const Waiter& w) { return w.client == c.id; });
+  for (auto& [key, value] : c.on_close) {
+    data_[key] = std::move(value);
+    notify(key);
+  }
+  c.on_close.clear();
 }
 
 TcpStoreServer::TcpStoreServer(TcpStoreServerOptions options) {

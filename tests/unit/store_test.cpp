@@ -55,6 +55,8 @@ std::vector<Message> one_of_each() {
           msg::compare_set("k", {}, bytes_of("new")),
           msg::delete_key("k"),
           msg::check({"a"}),
+          msg::time(),
+          msg::on_close("gone/1", bytes_of("agent")),
           msg::ok(),
           msg::value({}),
           msg::integer(INT64_MIN),
@@ -318,6 +320,26 @@ TEST(StoreTcp, GetBlocksUntilAnotherClientSetsTheKey) {
   EXPECT_GE(std::chrono::steady_clock::now() - start, 90ms);
   later.join();
   reader.wait({"late"});  // already there: returns at once
+}
+
+// Note [on close]: a client's ON_CLOSE keys appear when its connection ends, and
+// wake another client already waiting for them; a client that is still
+// connected sets nothing.
+TEST(StoreTcp, OnCloseKeysAreSetWhenTheConnectionCloses) {
+  TcpStoreServer server(server_options());
+  TcpStore watcher(client_options(server.port()));
+  auto agent = std::make_unique<TcpStore>(client_options(server.port()));
+  agent->set_on_close("gone/1", "node 1");
+  agent->set_on_close("gone/any", "1");
+  agent->set("beat", "1");
+  EXPECT_FALSE(watcher.check({"gone/1"}));  // registered, not set
+  std::thread waiting([&] { watcher.wait({"gone/1", "gone/any"}, 5s); });
+  std::this_thread::sleep_for(50ms);
+  agent.reset();  // as the agent's process dying: the kernel closes the socket
+  waiting.join();
+  EXPECT_EQ(watcher.get_string("gone/1"), "node 1");
+  EXPECT_EQ(watcher.get_string("gone/any"), "1");
+  EXPECT_EQ(watcher.get_string("beat"), "1");
 }
 
 TEST(StoreTcp, GetTimeoutNamesTheKey) {
