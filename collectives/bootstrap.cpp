@@ -319,6 +319,7 @@ ProcessGroup make_process_group(const ProcessGroupOptions& options) {
   }
   connect_store(pg, timeout);
   pg.launch_rank = pg.env.rank;
+  pg.launch_local_world_size = pg.env.local_world_size;
   for (int r = 0; r < pg.env.world_size; ++r) pg.members.push_back(r);
   pg.backend = backend;
   pg.comm_options = comm;

@@ -56,7 +56,10 @@ struct ProcessGroup {
   LaunchEnv env;  // env.rank/world_size: this rank's place now (an elastic regroup changes them)
   Device device;
   // What an elastic regroup needs to form the next communicator (collectives/elastic.h).
-  int launch_rank = 0;       // env.rank as the launcher started the process
+  int launch_rank = 0;  // env.rank as the launcher started the process
+  // env.local_world_size at the start: launch rank r runs on node r / this
+  // (ddprun starts as many ranks on every node), for the local numbers after a regroup.
+  int launch_local_world_size = 1;
   int64_t membership = 0;    // the membership epoch of `comm` (Note [elastic membership])
   std::vector<int> members;  // its launch ranks, in rank order (0..W-1 at the start)
   std::string backend;       // of `comm`

@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <thread>
+#include <tuple>
 
 namespace ddp {
 namespace elastic {
@@ -42,6 +43,18 @@ std::vector<int> parse_members(const std::string& text) {
     at = comma + 1;
   }
   return out;
+}
+
+std::pair<int, int> local_place(const std::vector<int>& members, int launch_rank,
+                                int launch_local_world_size) {
+  const auto node = [&](int r) { return r / std::max(1, launch_local_world_size); };
+  int local_rank = 0, local_size = 0;
+  for (const int m : members) {
+    if (node(m) != node(launch_rank)) continue;
+    if (m == launch_rank) local_rank = local_size;
+    ++local_size;
+  }
+  return {local_rank, local_size};
 }
 
 }  // namespace elastic
@@ -211,8 +224,10 @@ Regroup regroup(ProcessGroup& pg, int64_t value, std::chrono::milliseconds timeo
       out.joined.push_back(m);
   }
   pg.members = out.members;
-  pg.env.rank = pg.env.local_rank = rank;
-  pg.env.world_size = pg.env.local_world_size = size;
+  pg.env.rank = rank;
+  pg.env.world_size = size;
+  std::tie(pg.env.local_rank, pg.env.local_world_size) =
+      elastic::local_place(out.members, pg.launch_rank, pg.launch_local_world_size);
   pg.membership = epoch;
   auto scoped = std::make_shared<PrefixStore>(pg.store, fmt::format("elastic/{}/", epoch));
   // A member that leaves while the communicator forms (it announced itself, then

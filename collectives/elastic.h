@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ddp {
@@ -65,6 +66,12 @@ int64_t latest_epoch(Store& store);
 // "0,1,3" <-> {0, 1, 3}; ValueError names a malformed list.
 std::string format_members(const std::vector<int>& members);
 std::vector<int> parse_members(const std::string& text);
+// LOCAL_RANK and LOCAL_WORLD_SIZE of `launch_rank` in a membership: its place
+// among the members on its node (ddprun starts launch_local_world_size ranks per
+// node, so launch rank r runs on node r / launch_local_world_size; a replacement
+// runs where the rank it replaces ran).
+std::pair<int, int> local_place(const std::vector<int>& members, int launch_rank,
+                                int launch_local_world_size);
 }  // namespace elastic
 
 // A store whose keys are those of `inner` behind a prefix (torch's PrefixStore).

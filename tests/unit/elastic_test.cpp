@@ -33,6 +33,17 @@ TEST(ElasticMembership, ListsRoundTripAndBadOnesAreNamed) {
   }
 }
 
+// Two nodes of two ranks: launch ranks 0,1 on node 0 and 2,3 on node 1; a
+// replacement (appended) runs on the node of the rank it replaces.
+TEST(ElasticMembership, LocalNumbersCountTheMembersOnTheRanksNode) {
+  using P = std::pair<int, int>;
+  EXPECT_EQ(elastic::local_place({0, 1, 3}, 3, 2), P(0, 1));
+  EXPECT_EQ(elastic::local_place({0, 1, 3}, 1, 2), P(1, 2));
+  EXPECT_EQ(elastic::local_place({0, 1, 3, 2}, 2, 2), P(1, 2));
+  EXPECT_EQ(elastic::local_place({0, 3}, 0, 2), P(0, 1));
+  EXPECT_EQ(elastic::local_place({0, 2, 3}, 3, 4), P(2, 3));  // one node: the rank itself
+}
+
 class Regroup : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -43,6 +54,7 @@ class Regroup : public ::testing::Test {
     pg_.backend = "shm";
     pg_.shm_run_id = fmt::format("elastic-unit-{}", getpid());
     pg_.launch_rank = 1;
+    pg_.launch_local_world_size = 3;
     pg_.env.rank = pg_.env.local_rank = 1;
     pg_.env.world_size = pg_.env.local_world_size = 3;
   }
@@ -110,6 +122,8 @@ TEST_F(Regroup, ANewerMembershipWinsAndTheCommunicatorIsFormed) {
   EXPECT_EQ(pg_.comm->size(), 1);
   EXPECT_EQ(pg_.env.rank, 0);
   EXPECT_EQ(pg_.env.world_size, 1);
+  EXPECT_EQ(pg_.env.local_rank, 0);
+  EXPECT_EQ(pg_.env.local_world_size, 1);
   EXPECT_EQ(pg_.membership, 2);
   Tensor t = from_vector<float>({2.0f}, {1});
   pg_.comm->all_reduce(t, ReduceOp::sum)->wait();
