@@ -75,7 +75,9 @@ RendezvousOptions rendezvous_options(const LaunchOptions& o, int nproc, const st
                       .node_rank = o.node_rank,
                       .local_ranks = nproc,
                       .timeout = to_ms(o.rdzv_timeout_s),
-                      .secret = secret};
+                      .secret = secret,
+                      .elastic = o.on_failure == "continue",
+                      .node_timeout = to_ms(o.node_timeout_s)};
   if (o.nnodes > 1) {  // Note [two stores]
     r.host = rdzv_store_host(o);
     r.port = rdzv_store_port(o);
@@ -89,6 +91,7 @@ GroupSpec make_spec(const LaunchOptions& o, const std::string& program_path, int
   GroupSpec spec;
   spec.program_path = program_path;
   spec.node_rank = o.node_rank;
+  spec.world_size = o.nnodes * nproc;
   spec.restart = restart;
   spec.output = {.log_dir = o.log_dir, .tee = o.tee, .quiet = o.quiet, .prefix = o.prefix};
   spec.grace = to_ms(o.grace_period_s);
@@ -151,7 +154,12 @@ GroupResult run_attempt(const LaunchOptions& o, const std::string& program_path,
   rendezvous.begin_attempt(restart);
   const GroupSpec spec = make_spec(o, program_path, nproc, restart, secret, rendezvous);
   GroupResult result = run_local_group(spec, signals, rendezvous);
-  if (result.outcome == Outcome::success) result = wait_for_other_nodes(rendezvous);
+  if (result.outcome == Outcome::success) {
+    result = wait_for_other_nodes(rendezvous);
+  } else {
+    // Node 0 under continue: the other nodes read the failure from its store.
+    rendezvous.wait_for_others_to_leave(spec.grace + std::chrono::seconds(5));
+  }
   return result;
 }
 

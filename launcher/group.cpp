@@ -36,9 +36,20 @@ constexpr milliseconds kHangCheckInterval{250};
 // rank that fails is checked against the other nodes' first failure before it
 // is blamed (failed_elsewhere_first()).
 constexpr milliseconds kRemoteVerdictWait{3000};
+// Note [hang across nodes under continue]
+// Under --on-failure continue across nodes no node blames its own ranks for a
+// hang its diagnosis does not pin on them: a hung rank elsewhere is its own
+// node's ddprun's to remove (its detector sees it), and a node that stopped or
+// vanished is node 0's to take out (Note [nodes lost] in launcher/rendezvous.h).
+// The ranks here then wait in their collective until it fails (its peers'
+// connections close when they are killed) or times out (DDP_TIMEOUT_S: a machine
+// gone without closing them), and regroup.
 constexpr milliseconds kMaxPollWait{250};
 // How often ddprun looks for replacements ready to join (--on-failure continue).
 constexpr milliseconds kJoinCheckInterval{50};
+// How often node 0 looks at the other nodes under continue (Note [nodes lost]):
+// a few store round trips each time.
+constexpr milliseconds kNodeCheckInterval{100};
 // After the last rank exited, how long to keep reading pipes that an escaped
 // grandchild still holds open.
 constexpr milliseconds kDrainAfterExit{500};
@@ -84,9 +95,19 @@ class Watcher {
   void blame_suspects_of_failure(std::vector<RankRecord>& records, Clock::time_point now);
   void carry_out_blame();
   bool leave_group();
+  std::vector<int> members_without(const std::vector<int>& leaving) const;
+  std::string too_few(const std::vector<int>& left, const std::string& what) const;
+  void publish_group(std::vector<int> group, const std::string& what);
+  void check_nodes();
+  bool remote_leave(const std::vector<int>& leaving, const std::string& what, int exit_code);
+  void admit_remote(int rank);
   void start_replacement(size_t index);
   void check_joiners();
   void end_unneeded_joiners();
+  bool on_this_node(int rank) const;
+  bool authority() const { return spec_.node_rank == 0; }
+  bool across_nodes() const { return spec_.elastic && rendezvous_.multi_node(); }
+  bool keep_group();
   std::vector<int> members() const;
   BlamePolicy policy() const;
   std::vector<size_t> local_suspects() const;
@@ -128,6 +149,10 @@ class Watcher {
   ErrorEcho error_echo_;                          // Note [one error per job] in output.h
   // --on-failure continue (Note [elastic membership] in collectives/elastic.h).
   int64_t membership_ = 0;
+  // Node 0 (the authority, Note [nodes lost]): the membership last published
+  // (launch ranks, every node's; members() drops the local ranks that exited).
+  std::vector<int> group_;
+  Clock::time_point next_node_check_ = Clock::now();
   std::vector<std::string> departures_;  // for the summary
   std::vector<int> left_;  // ranks that left the group and were not replaced (ascending)
   int replacements_ = 0;   // started, of spec_.replacements
@@ -135,8 +160,9 @@ class Watcher {
 };
 
 GroupResult Watcher::run() {
+  for (int r = 0; r < spec_.world_size; ++r) group_.push_back(r);
   spawn_all();
-  while (!all_exited() || streams_open()) {
+  while (!all_exited() || streams_open() || keep_group()) {
     poll_once();
     if (all_exited() && Clock::now() - last_exit_ >= kDrainAfterExit) {
       for (auto& r : ranks_) {
@@ -245,7 +271,9 @@ void Watcher::poll_once() {
       streams.push_back(s);
     }
   }
-  auto wait = kMaxPollWait;
+  // Node 0 across nodes: a node lost is seen within kNodeCheckInterval, even while
+  // the ranks, waiting for the next membership, print nothing.
+  auto wait = across_nodes() && authority() ? kNodeCheckInterval : kMaxPollWait;
   if (stopping_ && !killed_) {
     const auto left = std::chrono::ceil<milliseconds>(kill_deadline_ - Clock::now());
     wait = std::clamp(left, milliseconds(0), kMaxPollWait);
@@ -260,6 +288,7 @@ void Watcher::poll_once() {
   reap_exited();
   check_hang();
   check_remote();
+  check_nodes();
   check_joiners();
   if (stopping_ && !killed_ && Clock::now() >= kill_deadline_) kill_all();
 }
@@ -399,6 +428,7 @@ void Watcher::carry_out_blame() {
 // runs: stopped or hung), and the ranks left get the next membership through
 // the store (Note [elastic membership] in collectives/elastic.h). False when
 // fewer than --min-ranks would be left: the job ends as without continue.
+// Another node's ddprun tells node 0, which decides (Note [nodes lost]).
 bool Watcher::leave_group() {
   const size_t index = blame_->index;
   RankProcess& r = ranks_[index];
@@ -410,12 +440,13 @@ bool Watcher::leave_group() {
     start_replacement(index);
     return true;
   }
-  std::vector<int> left = members();
-  std::erase(left, r.rec.rank);
-  if (static_cast<int>(left.size()) < spec_.min_ranks) {
-    say(fmt::format("{}; {} rank{} would be left, fewer than --min-ranks {}: ending the job",
-                    blame_->what, left.size(), left.size() == 1 ? "" : "s", spec_.min_ranks));
-    return false;
+  std::optional<std::vector<int>> left;
+  if (authority()) {
+    left = members_without({r.rec.rank});
+    if (const std::string why = too_few(*left, blame_->what); !why.empty()) {
+      say(why + ": ending the job");
+      return false;
+    }
   }
   if (r.running) {
     r.rec.signalled = true;
@@ -426,16 +457,135 @@ bool Watcher::leave_group() {
   left_.insert(std::upper_bound(left_.begin(), left_.end(), r.rec.rank), r.rec.rank);
   flight_.allow_next_capture();
   pending_hang_.reset();
-  ++membership_;
-  const std::string list = elastic::format_members(left);
-  rendezvous_.publish_membership(membership_, left);
-  const std::string what = fmt::format("{} at {:.2f} s; the group went on with ranks {}",
-                                       blame_->what, seconds_between(start_, Clock::now()), list);
-  departures_.push_back(what);
-  say(fmt::format("{} (--on-failure continue: membership {})", what, membership_));
+  if (left) {
+    publish_group(std::move(*left), blame_->what);
+  } else {
+    rendezvous_.post_event(
+        fmt::format("left {} {} {}", r.rec.rank, blame_->exit_code, blame_->what));
+    const std::string what = fmt::format("{} at {:.2f} s; it left the group", blame_->what,
+                                         seconds_between(start_, Clock::now()));
+    departures_.push_back(what);
+    say(fmt::format("{} (--on-failure continue: node 0 publishes the next membership)", what));
+  }
   blame_.reset();
   start_replacement(index);
   return true;
+}
+
+// Node 0: the members once `leaving` left.
+std::vector<int> Watcher::members_without(const std::vector<int>& leaving) const {
+  std::vector<int> left = members();
+  for (const int rank : leaving) std::erase(left, rank);
+  return left;
+}
+
+// Why the group cannot go on as `left` after `what` (fewer than --min-ranks);
+// empty when it can.
+std::string Watcher::too_few(const std::vector<int>& left, const std::string& what) const {
+  if (static_cast<int>(left.size()) >= spec_.min_ranks) return "";
+  return fmt::format("{}; {} rank{} would be left, fewer than --min-ranks {}", what, left.size(),
+                     left.size() == 1 ? "" : "s", spec_.min_ranks);
+}
+
+// Node 0: the next membership to the store, for every node's ranks.
+void Watcher::publish_group(std::vector<int> group, const std::string& what) {
+  flight_.allow_next_capture();
+  pending_hang_.reset();
+  group_ = std::move(group);
+  ++membership_;
+  rendezvous_.publish_membership(membership_, group_);
+  const std::string line =
+      fmt::format("{} at {:.2f} s; the group went on with ranks {}", what,
+                  seconds_between(start_, Clock::now()), elastic::format_members(group_));
+  departures_.push_back(line);
+  say(fmt::format("{} (--on-failure continue: membership {})", line, membership_));
+}
+
+// Node 0 across nodes (Note [nodes lost]): the other nodes' events in the order
+// they were posted, then the nodes lost.
+void Watcher::check_nodes() {
+  const auto now = Clock::now();
+  if (!across_nodes() || !authority() || stopping_ || now < next_node_check_) return;
+  next_node_check_ = now + kNodeCheckInterval;
+  for (const std::string& event : rendezvous_.take_events()) {
+    int rank = -1, code = 1, consumed = 0;
+    if (std::sscanf(event.c_str(), "left %d %d %n", &rank, &code, &consumed) == 2) {
+      if (!remote_leave({rank}, event.substr(static_cast<size_t>(consumed)), code)) return;
+    } else if (std::sscanf(event.c_str(), "ready %d", &rank) == 1) {
+      admit_remote(rank);
+    } else {
+      say(fmt::format("ignored a malformed event from another node: '{}'", event));
+    }
+  }
+  for (const LostNode& lost : rendezvous_.find_lost_nodes()) {
+    std::vector<int> leaving;
+    for (const int rank : members()) {
+      if (rank / static_cast<int>(spec_.ranks.size()) == lost.node) leaving.push_back(rank);
+    }
+    const std::string who =
+        leaving.empty() ? fmt::format("node {}", lost.node)
+                        : fmt::format("node {} (rank{} {})", lost.node,
+                                      leaving.size() == 1 ? "" : "s", fmt::join(leaving, ","));
+    say(fmt::format("{} was lost: {}", who, lost.why));
+    // After the group finished its ranks may have finished too: the result stands.
+    const bool finished = rendezvous_.elastic_done();
+    if (leaving.empty() || finished) {
+      departures_.push_back(
+          fmt::format("{} was lost{}", who, finished ? ", after the group finished" : ""));
+    } else if (!remote_leave(leaving, who + " was lost", 1)) {
+      return;
+    }
+  }
+}
+
+// Node 0: ranks of another node left; below --min-ranks the whole job ends, on
+// every node, with `exit_code`.
+bool Watcher::remote_leave(const std::vector<int>& leaving, const std::string& what,
+                           int exit_code) {
+  std::vector<int> live;
+  const std::vector<int> now = members();
+  for (const int rank : leaving) {
+    if (std::find(now.begin(), now.end(), rank) != now.end()) live.push_back(rank);
+  }
+  if (live.empty()) return true;  // left before (its node was lost, say)
+  std::vector<int> left = members_without(live);
+  if (std::string why = too_few(left, what); !why.empty()) {
+    remote_ = GroupFailure{.node = 0, .exit_code = exit_code, .what = std::move(why)};
+    rendezvous_.publish_failure(*remote_);
+    stop_all(SIGTERM, remote_->what + ": ending the job");
+    return false;
+  }
+  publish_group(std::move(left), what);
+  return true;
+}
+
+// Node 0: another node's replacement is ready; it joins at the members' next
+// step boundary.
+void Watcher::admit_remote(int rank) {
+  if (rendezvous_.elastic_done()) return;  // it exits by itself
+  // Posted just before its node was lost: it died with it.
+  if (rendezvous_.is_lost(rank / static_cast<int>(spec_.ranks.size()))) return;
+  std::vector<int> list = members();
+  if (std::find(list.begin(), list.end(), rank) != list.end()) return;
+  list.push_back(rank);
+  group_ = list;
+  ++membership_;
+  rendezvous_.publish_membership(membership_, group_);
+  const std::string what =
+      fmt::format("the replacement for rank {} joined at {:.2f} s: the group went on with ranks {}",
+                  rank, seconds_between(start_, Clock::now()), elastic::format_members(group_));
+  departures_.push_back(what);
+  say(fmt::format("{} (membership {})", what, membership_));
+}
+
+// Node 0 across nodes: the group goes on while another node runs ranks, so node
+// 0 keeps its membership after its own ranks are gone.
+bool Watcher::keep_group() {
+  return across_nodes() && authority() && !stopping_ && !rendezvous_.others_done();
+}
+
+bool Watcher::on_this_node(int rank) const {
+  return rank / static_cast<int>(spec_.ranks.size()) == spec_.node_rank;
 }
 
 // The members of the group now: the ranks running that neither left nor wait
@@ -443,8 +593,11 @@ bool Watcher::leave_group() {
 // [elastic membership]: a member's rank is its place in the list).
 std::vector<int> Watcher::members() const {
   std::vector<int> out;
-  for (const RankProcess& p : ranks_) {
-    if (p.running && !p.departed && !p.joining) out.push_back(p.rec.rank);
+  for (const int rank : group_) {
+    const bool here = std::any_of(ranks_.begin(), ranks_.end(), [rank](const RankProcess& p) {
+      return p.rec.rank == rank && p.running && !p.departed && !p.joining;
+    });
+    if (here || !on_this_node(rank)) out.push_back(rank);
   }
   return out;
 }
@@ -487,7 +640,14 @@ void Watcher::check_joiners() {
     ranks_[i].joining = false;
     list.push_back(ranks_[i].rec.rank);
     std::erase(left_, ranks_[i].rec.rank);  // its region is the replacement's now
+    if (!authority()) {                     // Note [nodes lost]: node 0 takes it in
+      rendezvous_.post_event(fmt::format("ready {}", ranks_[i].rec.rank));
+      say(fmt::format("the replacement for rank {} is ready; node 0 takes it into the group",
+                      ranks_[i].rec.rank));
+    }
   }
+  if (!authority()) return;
+  group_ = list;
   ++membership_;
   rendezvous_.publish_membership(membership_, list);
   const std::string what = fmt::format(
@@ -501,7 +661,8 @@ void Watcher::check_joiners() {
 
 // Replacements still waiting to join when every member has finished: not needed.
 void Watcher::end_unneeded_joiners() {
-  if (!members().empty()) return;
+  // Across nodes a replacement waits until the group finished (elastic/done).
+  if (across_nodes() || !members().empty()) return;
   for (RankProcess& r : ranks_) {
     if (!r.joining || !r.running || r.departed) continue;
     r.departed = true;
@@ -588,6 +749,16 @@ void Watcher::check_hang() {
       hang->silent_s, flight::rank_list(hang->waiting), hang->waiting.size() == 1 ? "s" : "", limit,
       spec_.flight.hang_timeout ? "" : ", the default: the ranks' collective timeout + 60 s"));
   flight_.capture(raw_records(), "hang");
+  if (local_suspects().empty() && flight_.partial_view() && across_nodes()) {
+    // Note [hang across nodes under continue]
+    say("the diagnosis names none of this node's ranks: not blaming them (--on-failure "
+        "continue); the rank to blame is its own node's ddprun's, and a node lost is node 0's "
+        "to take out. The ranks here go on once their collective ends (at the latest at its "
+        "timeout, DDP_TIMEOUT_S) and they regroup");
+    flight_.restart_clock(now);
+    flight_.allow_next_capture();
+    return;
+  }
   if (local_suspects().empty() && flight_.partial_view() && rendezvous_.multi_node()) {
     say(
         fmt::format("the diagnosis names none of this node's ranks: waiting {:g} s for the other "
@@ -627,9 +798,15 @@ void Watcher::end_hung_job(const Hang& hang) {
 void Watcher::check_remote() {
   if (stopping_ || !rendezvous_.multi_node() || Clock::now() < next_remote_check_) return;
   next_remote_check_ = Clock::now() + kRemoteCheckInterval;
+  rendezvous_.heartbeat();  // Note [nodes lost]
   if (auto failure = rendezvous_.remote_failure()) {
     remote_ = failure;
     stop_all(SIGTERM, failure->what);
+  } else if (auto why = rendezvous_.taken_out()) {
+    remote_ = GroupFailure{.node = 0,
+                           .exit_code = 1,
+                           .what = fmt::format("node 0 took this node out of the group: {}", *why)};
+    stop_all(SIGKILL, remote_->what);
   }
 }
 

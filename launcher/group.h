@@ -16,7 +16,9 @@
 //   --on-failure continue               -> the rank to blame leaves instead (SIGKILLed if it
 //                                          still runs), the next membership goes to the
 //                                          store, the others go on; below --min-ranks the
-//                                          job ends as above
+//                                          job ends as above. Across nodes node 0 keeps the
+//                                          membership and the others tell it what they see
+//                                          (Note [nodes lost] in launcher/rendezvous.h)
 // Which rank is to blame is launcher/blame.h's decision (Note [blame]).
 #pragma once
 
@@ -44,6 +46,7 @@ struct GroupSpec {
   std::vector<std::vector<std::string>> envs;  // the environment of each local rank
   std::vector<int> ranks;                      // the global rank of each local rank
   int node_rank = 0;
+  int world_size = 1;  // every node's ranks
   int restart = 0;
   OutputOptions output;
   std::chrono::milliseconds grace{10000};

@@ -55,10 +55,14 @@ failures:
                         past its timeout) does to the group: restart it whole
                         (the default, up to --max-restarts times), stop the
                         job, or continue: the ranks left regroup in memory and
-                        train on without it (one node, shm or gloo;
-                        docs/elastic.md)
+                        train on without it (shm or gloo; across nodes, gloo,
+                        and a lost node leaves with its ranks; docs/elastic.md)
   --min-ranks K         with --on-failure continue: end the job (exit 1,
                         naming it) when fewer than K ranks are left (default 1)
+  --node-timeout S      with --on-failure continue and --nnodes > 1: node 0
+                        takes a node whose ddprun sent no heartbeat for S
+                        seconds out of the group with its ranks (default 15;
+                        an agent that exits or dies is seen at once)
   --grace-period S      seconds between SIGTERM and SIGKILL when the group is
                         stopped (default 10)
   --stopped-timeout S   a rank stopped (SIGSTOP, SIGTSTP) for S seconds ends
@@ -165,6 +169,8 @@ const std::map<std::string, Setter>& valued_flags() {
          o.min_ranks = parse_int("--min-ranks", v);
          DDP_CHECK(o.min_ranks >= 1, "--min-ranks {}: must be at least 1", v);
        }},
+      {"--node-timeout",
+       [](auto& o, auto& v) { o.node_timeout_s = parse_seconds("--node-timeout", v); }},
       {"--log-dir", [](auto& o, auto& v) { o.log_dir = v; }},
       {"--trace",
        [](auto& o, auto& v) {
@@ -245,17 +251,15 @@ void validate_on_failure(const LaunchOptions& o) {
             "--min-ranks {} applies to --on-failure continue (the group going on smaller); with "
             "--on-failure {} a failure ends or restarts the whole group",
             o.min_ranks, f);
+  DDP_CHECK(o.node_timeout_s > 0, "--node-timeout {}: must be > 0 seconds", o.node_timeout_s);
   if (f != "continue") return;
-  DDP_CHECK(o.nnodes == 1,
-            "--on-failure continue runs on one node for now (--nnodes {}): use --on-failure "
-            "restart across nodes",
-            o.nnodes);
   const std::string& n = o.nproc_per_node;
   if (o.min_ranks > 0 && n != "gpu" && n != "auto") {
-    DDP_CHECK(o.min_ranks <= parse_int("--nproc-per-node", n),
-              "--min-ranks {} is more than the {} ranks started (--nproc-per-node): the job could "
-              "never go on after a failure",
-              o.min_ranks, n);
+    const int started = o.nnodes * parse_int("--nproc-per-node", n);
+    DDP_CHECK(o.min_ranks <= started,
+              "--min-ranks {} is more than the {} ranks started (--nproc-per-node{}): the job "
+              "could never go on after a failure",
+              o.min_ranks, started, o.nnodes > 1 ? " x --nnodes" : "");
   }
 }
 

@@ -41,6 +41,9 @@ struct LaunchOptions {
   // min_ranks live; 0: unset, i.e. 1).
   std::string on_failure = "restart";
   int min_ranks = 0;
+  // --on-failure continue across nodes: node 0 takes a node whose ddprun sent no
+  // heartbeat this long out of the group (Note [nodes lost]; launcher/rendezvous.h).
+  double node_timeout_s = 15;
   std::string log_dir;          // per-rank stdout and stderr files; empty: the console only
   bool tee = false;             // with log_dir: the console too
   bool quiet = false;           // only global rank 0 on the console

@@ -145,6 +145,8 @@ bool Rendezvous::try_join_once(int restart, std::string& error) {
     }
     run_id_ = store->get_string("run_id");
     store->set(fmt::format("node/{}", options_.node_rank), node_value());
+    if (options_.elastic)  // Note [nodes lost]
+      store->set_on_close(fmt::format("node/{}/closed", options_.node_rank), "1");
     store_ = std::move(store);
     return true;
   } catch (const StoreError& e) {
@@ -277,14 +279,118 @@ void Rendezvous::publish_done() {
 }
 
 bool Rendezvous::all_done() {
+  return nodes_done(true);
+}
+
+bool Rendezvous::others_done() {
+  return nodes_done(false);
+}
+
+bool Rendezvous::nodes_done(bool self) {
   if (!multi_node() || !store_ || store_lost_) return true;
-  std::vector<std::string> keys;
-  for (int r = 0; r < options_.nnodes; ++r) keys.push_back(fmt::format("done/{}", r));
   try {
-    return store_->check(keys);
+    for (int r = 0; r < options_.nnodes; ++r) {
+      if (r == options_.node_rank && !self) continue;
+      if (store_->check({fmt::format("done/{}", r)})) continue;
+      if (!options_.elastic || !store_->check({fmt::format("node/{}/lost", r)})) return false;
+    }
+    return true;
   } catch (const StoreError&) {
     store_lost_ = true;
     return true;
+  }
+}
+
+void Rendezvous::post_event(const std::string& event) {
+  if (!multi_node() || !store_ || store_lost_) return;
+  try {
+    const int64_t n = store_->add("elastic/events", 1);
+    store_->set(fmt::format("elastic/event/{}", n), event);
+  } catch (const StoreError&) {
+    store_lost_ = true;  // node 0 is gone: remote_failure() says so
+  }
+}
+
+std::vector<std::string> Rendezvous::take_events() {
+  std::vector<std::string> out;
+  if (!multi_node() || !store_ || store_lost_) return out;
+  const int64_t posted = store_->add("elastic/events", 0);
+  while (events_taken_ < posted) {
+    // Counted before it was set: the next call takes it (and those after it).
+    const std::string key = fmt::format("elastic/event/{}", events_taken_ + 1);
+    if (!store_->check({key})) break;
+    out.push_back(store_->get_string(key));
+    ++events_taken_;
+  }
+  return out;
+}
+
+void Rendezvous::heartbeat() {
+  if (!multi_node() || !options_.elastic || !store_ || store_lost_) return;
+  const auto now = Clock::now();
+  if (now < next_beat_) return;
+  next_beat_ = now + milliseconds(1000);
+  try {
+    store_->add(fmt::format("node/{}/beat", options_.node_rank), 1);
+  } catch (const StoreError&) {
+    store_lost_ = true;
+  }
+}
+
+std::vector<LostNode> Rendezvous::find_lost_nodes() {
+  std::vector<LostNode> out;
+  if (!multi_node() || !options_.elastic || !store_ || options_.node_rank != 0) return out;
+  const auto now = Clock::now();
+  lost_.resize(static_cast<size_t>(options_.nnodes), false);
+  beats_.resize(static_cast<size_t>(options_.nnodes), Beat{.value = -1, .since = now});
+  for (int r = 1; r < options_.nnodes; ++r) {
+    const auto i = static_cast<size_t>(r);
+    if (lost_[i] || store_->check({fmt::format("done/{}", r)})) continue;
+    std::string why;
+    if (store_->check({fmt::format("node/{}/closed", r)})) {
+      why =
+          "its ddprun closed its connection to the store: it exited or was killed, or its "
+          "machine went down";
+    } else if (const int64_t beat = store_->add(fmt::format("node/{}/beat", r), 0);
+               beat != beats_[i].value) {
+      beats_[i] = {.value = beat, .since = now};
+    } else if (now - beats_[i].since >= options_.node_timeout) {
+      why = fmt::format(
+          "its ddprun sent no heartbeat for {:g} s (--node-timeout): it is stopped, or its "
+          "machine or the network is down",
+          seconds(options_.node_timeout));
+    }
+    if (why.empty()) continue;
+    lost_[i] = true;
+    store_->set(fmt::format("node/{}/lost", r), why);
+    out.push_back({r, why});
+  }
+  return out;
+}
+
+void Rendezvous::wait_for_others_to_leave(milliseconds timeout) {
+  if (!multi_node() || !options_.elastic || !store_ || options_.node_rank != 0) return;
+  const auto deadline = Clock::now() + timeout;
+  const auto gone = [this](int r) {
+    for (const char* key : {"done/{}", "node/{}/closed", "node/{}/lost"}) {
+      if (store_->check({fmt::format(fmt::runtime(key), r)})) return true;
+    }
+    return false;
+  };
+  for (int r = 1; r < options_.nnodes && Clock::now() < deadline; ++r) {
+    while (!gone(r) && Clock::now() < deadline) std::this_thread::sleep_for(kPollInterval);
+  }
+}
+
+std::optional<std::string> Rendezvous::taken_out() {
+  if (!multi_node() || !options_.elastic || !store_ || store_lost_) return std::nullopt;
+  try {
+    const std::string key = fmt::format("node/{}/lost", options_.node_rank);
+    if (!store_->check({key})) return std::nullopt;
+    return store_->get_string(key);
+  } catch (const StoreError&) {
+    store_lost_ = true;
+    return std::nullopt;
   }
 }
 

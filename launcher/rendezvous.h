@@ -31,6 +31,25 @@
 //   node/<r>      agent r has joined (value: "<local ranks> <host name>")
 //   failed        "<exit code> <node> <text>": the first failure in the group
 //   done/<r>      every local rank of node r succeeded
+// and under --on-failure continue across nodes (Note [nodes lost]):
+//   node/<r>/closed    set by the store when node r's connection closes (ON_CLOSE)
+//   node/<r>/beat      node r's heartbeat, a counter added to every second
+//   node/<r>/lost      node 0's reason for taking node r out of the group
+//   elastic/events     how many events the other nodes posted; the n-th is
+//   elastic/event/<n>  "left <rank> <exit code> <text>" or "ready <rank>"
+//
+// Note [nodes lost]
+// Under --on-failure continue node 0's ddprun keeps the group's membership for
+// every node: it hosts the store the ranks regroup through, so it is the one
+// authority there can be (and its loss ends the job, as the store's does). The
+// other agents watch their own ranks as on one node, but post what they see --
+// a rank that left, a replacement ready to join -- as events that node 0 applies
+// in order, with --min-ranks counted over every node. A node whose ddprun is gone
+// leaves with all its ranks: node 0 sees its connection to the store close at
+// once (the agent exited or was killed: its ranks die with it, PR_SET_PDEATHSIG),
+// and a machine that vanished without closing it, or an agent that stopped, by
+// its missing heartbeat after --node-timeout. An agent taken out while alive
+// stops its ranks and exits 1. A node that finished (done/<r>) is never lost.
 #pragma once
 
 #include "runtime/error.h"
@@ -71,6 +90,14 @@ struct RendezvousOptions {
   int local_ranks = 1;  // every node must run as many (checked at the rendezvous)
   std::chrono::milliseconds timeout{300000};
   std::string secret;  // DDP_STORE_SECRET of the store (and the ranks)
+  // --on-failure continue (Note [nodes lost]): node 0 watches the other nodes.
+  bool elastic = false;
+  std::chrono::milliseconds node_timeout{15000};
+};
+
+struct LostNode {
+  int node = 0;
+  std::string why;
 };
 
 struct GroupFailure {
@@ -112,9 +139,31 @@ class Rendezvous {
   bool joiner_ready(int rank, int pid);
   // A member finished the run (elastic/done): no replacement is admitted any more.
   bool elastic_done();
-  // Every node's ranks succeeded. A lost store counts as done here: node 0
-  // stops its store once it saw every done/<r>.
+  // Every node's ranks succeeded, or the node was lost (Note [nodes lost]). A lost
+  // store counts as done here: node 0 stops its store once it saw every done/<r>.
   bool all_done();
+  // The same for every node but this one.
+  bool others_done();
+
+  // --on-failure continue across nodes (Note [nodes lost]); no-ops on one node.
+  // A node but 0: posts an event for node 0 ("left ...", "ready ...").
+  void post_event(const std::string& event);
+  // Node 0: the events posted since the last call, in order.
+  std::vector<std::string> take_events();
+  // A node but 0: adds to its heartbeat, at most once a second.
+  void heartbeat();
+  // Node 0: the nodes found lost since the last call, each recorded (node/<r>/lost).
+  std::vector<LostNode> find_lost_nodes();
+  // Node 0: whether find_lost_nodes() found `node` lost.
+  bool is_lost(int node) const {
+    return node >= 0 && static_cast<size_t>(node) < lost_.size() &&
+           lost_[static_cast<size_t>(node)];
+  }
+  // A node but 0: node 0's reason when it took this node out of the group.
+  std::optional<std::string> taken_out();
+  // Node 0 after the group failed: keeps its store up until every other node's
+  // ddprun has gone (it read the failure there) or `timeout` passed.
+  void wait_for_others_to_leave(std::chrono::milliseconds timeout);
 
  private:
   void host(int restart);
@@ -124,6 +173,7 @@ class Rendezvous {
   std::string missing_nodes();
   void check_same_local_ranks();
   std::string node_value() const;
+  bool nodes_done(bool self);
 
   RendezvousOptions options_;
   std::string run_id_;
@@ -131,6 +181,16 @@ class Rendezvous {
   std::unique_ptr<TcpStoreServer> server_;
   std::unique_ptr<Store> store_;
   bool store_lost_ = false;
+  // Node 0, Note [nodes lost]: events applied, the nodes taken out, and each
+  // node's heartbeat as last seen.
+  int64_t events_taken_ = 0;
+  std::vector<bool> lost_;
+  struct Beat {
+    int64_t value = -1;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::vector<Beat> beats_;
+  std::chrono::steady_clock::time_point next_beat_{};
 };
 
 }  // namespace ddp::launcher

@@ -71,9 +71,21 @@ TEST(DdprunOptions, OnFailureAndMinRanks) {
   // Under continue, --max-restarts counts replacement ranks.
   EXPECT_EQ(
       parse({"--on-failure", "continue", "--max-restarts", "2", "train"}).options.max_restarts, 2);
-  EXPECT_NE(parse_error({"--nnodes", "2", "--on-failure", "continue", "train"})
-                .find("--on-failure continue runs on one node for now (--nnodes 2)"),
+  // Across nodes (Note [nodes lost]): --min-ranks counts every node's ranks.
+  const LaunchOptions nodes = parse({"--nnodes", "2", "-n", "2", "--on-failure", "continue",
+                                     "--min-ranks", "3", "--node-timeout", "4.5", "train"})
+                                  .options;
+  EXPECT_EQ(nodes.min_ranks, 3);
+  EXPECT_EQ(nodes.node_timeout_s, 4.5);
+  EXPECT_EQ(parse({"train"}).options.node_timeout_s, 15);
+  EXPECT_NE(parse_error({"--nnodes", "2", "-n", "2", "--on-failure", "continue", "--min-ranks", "5",
+                         "train"})
+                .find("--min-ranks 5 is more than the 4 ranks started (--nproc-per-node x "
+                      "--nnodes)"),
             std::string::npos);
+  EXPECT_NE(
+      parse_error({"--node-timeout", "0", "train"}).find("--node-timeout 0: must be > 0 seconds"),
+      std::string::npos);
 }
 
 TEST(DdprunOptions, EverySpelling) {

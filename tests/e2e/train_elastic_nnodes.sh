@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# --on-failure continue across nodes (docs/elastic.md, Note [nodes lost] in
+# launcher/rendezvous.h): two ddprun agents on this machine, 2 ranks each, gloo.
+# Node 0's ddprun keeps the membership; node 1's tells it what it sees.
+#   rank:  rank 3 (node 1) SIGKILLed; node 1 starts its replacement
+#          (--max-restarts 1), node 0 takes it in; both agents exit 0
+#   agent: node 1's ddprun SIGKILLed (its ranks die with it): node 0 sees its
+#          store connection close and goes on with ranks 0,1
+#   stop:  node 1's ddprun SIGSTOPped (its ranks run on): after --node-timeout 2
+#          node 0 takes ranks 2,3 out, they exit, 0,1 go on; node 1, continued,
+#          exits 1
+#   freeze: node 1's ddprun and ranks SIGSTOPped (a machine gone silent): node 0
+#          takes them out after --node-timeout 2, does not blame its own ranks
+#          when its hang detector fires, and ranks 0,1 regroup at their
+#          all_reduce's timeout
+#   min:   rank 3 SIGKILLed under --min-ranks 4: both agents end with its status
+# Each run that goes on must exit 0, log every step once, and end with the
+# checkpoint, byte for byte, of one node's `ddprun -n 4` losing the same ranks
+# after the same step (DDP_TEST_KILL_AT) and taking the replacement in at the
+# same step (DDP_TEST_JOIN_AT): the gloo sums are the same across agents.
+# usage: train_elastic_nnodes.sh DDPRUN TRAIN
+set -uo pipefail
+ddprun=$1 train=$2
+dir=$(mktemp -d)
+export DDP_STORE_SECRET="e2e-$RANDOM$RANDOM"
+cleanup() {
+  pkill -CONT -f -- "--save $dir/" 2>/dev/null
+  pkill -KILL -f -- "--save $dir/" 2>/dev/null
+  [ -n "${KEEP:-}" ] && { echo "kept $dir"; return; }
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+fail() {
+  echo "train_elastic_nnodes.sh: FAIL: $*" >&2
+  for f in "$dir"/*.log; do [ -f "$f" ] && { echo "--- $f" >&2; tail -25 "$f" >&2; }; done
+  exit 1
+}
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+rows() { if [ -f "$1" ]; then wc -l <"$1"; else echo 0; fi; }
+check_loss_log() {
+  awk '{ key = $1 " " $2; if (seen[key]++) bad = 1
+         if ($1 != e) { e = $1; want = 1 }
+         if ($2 != want) bad = 1
+         want = $2 + 1 } END { exit bad }' "$1" || fail "the --loss-log $1 is not one row per step"
+}
+# The step membership $2 went on from, as the ranks print it in $1 (10 s at most).
+went_on_from() {
+  local step=""
+  for _ in $(seq 500); do
+    step=$(grep -o "membership $2 is ranks [0-9,]* (launch ranks); this rank is now rank [0-9]* of [0-9]*; going on from step [0-9]*" "$1" |
+      head -1 | grep -o "[0-9]*$")
+    [ -n "$step" ] && break
+    sleep 0.02
+  done
+  echo "$step"
+}
+# 8000 samples at batch 64 over 4 ranks: 32 steps an epoch.
+task=(--backend gloo --data synthetic --synthetic-size 8000 --epochs 3 --seed 5
+  --lr-schedule constant --optimizer adamw --lr 0.002)
+
+# start NAME [ddprun flags]: both agents, in the background (pids in node0, node1).
+start() {
+  local name=$1
+  shift
+  local port
+  port=$(free_port)
+  local common=(--nnodes 2 -n 2 --master-port "$port" --rdzv-port "$((port + 1))" --on-failure
+    continue --grace-period 2 --rdzv-timeout 30 "$@")
+  local flags=("${task[@]}" ${EPOCHS:+--epochs "$EPOCHS"} --save "$dir/$name.st" --loss-log "$dir/$name.loss" --metrics "$dir/$name.jsonl")
+  "$ddprun" "${common[@]}" --node-rank 1 "$train" "${flags[@]}" >"$dir/$name.node1.log" 2>&1 &
+  node1=$!
+  "$ddprun" "${common[@]}" --node-rank 0 "$train" "${flags[@]}" >"$dir/$name.node0.log" 2>&1 &
+  node0=$!
+  for _ in $(seq 1000); do
+    [ "$(rows "$dir/$name.loss")" -ge 6 ] && return
+    sleep 0.02
+  done
+  fail "$name: no 6 steps logged in 20 s"
+}
+rank_pid() {  # the train process of launch rank $2 in run $1
+  local p
+  for p in $(pgrep -f -- "--save $dir/$1.st"); do
+    [ "$(cat /proc/"$p"/comm 2>/dev/null)" = train ] || continue
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RANK=$2" && { echo "$p"; return; }
+  done
+}
+# reference NAME KILL_AT [JOIN_AT]: one node's run losing the same ranks after the same step.
+reference() {
+  local name=$1 kill_at=$2 join=${3:-}
+  env ${join:+DDP_TEST_JOIN_AT="*:$join"} DDP_TEST_KILL_AT="$kill_at" "$ddprun" --standalone -n 4 \
+    --on-failure continue ${join:+--max-restarts 1} "$train" "${task[@]}" ${EPOCHS:+--epochs "$EPOCHS"} --save "$dir/$name.ref.st" \
+    --loss-log "$dir/$name.ref.loss" >"$dir/$name.ref.log" 2>&1 ||
+    fail "$name: the reference (DDP_TEST_KILL_AT=$kill_at) exited $?"
+  cmp "$dir/$name.st" "$dir/$name.ref.st" ||
+    fail "$name: the final checkpoint differs from one node's run with DDP_TEST_KILL_AT=$kill_at"
+  cmp <(cut -d' ' -f1,2 "$dir/$name.loss") <(cut -d' ' -f1,2 "$dir/$name.ref.loss") ||
+    fail "$name: the loss log's steps differ from the reference's"
+}
+
+# --- rank: a rank on node 1 dies; its replacement joins through node 0.
+start rank --max-restarts 1
+kill -KILL "$(rank_pid rank 3)"
+left=$(went_on_from "$dir/rank.node0.log" 1)
+joined=$(went_on_from "$dir/rank.node0.log" 2)
+[ -n "$left" ] && [ -n "$joined" ] || fail "rank: no regroup after rank 3 died, or no join"
+wait "$node0" || fail "rank: node 0 exited $?"
+wait "$node1" || fail "rank: node 1 exited $?"
+grep -q "^ddprun: rank 3 (pid [0-9]*) failed: killed by SIGKILL.*; it left the group (--on-failure continue: node 0 publishes" \
+  "$dir/rank.node1.log" || fail "rank: node 1 does not say rank 3 left"
+grep -q "^ddprun: rank 3 (pid [0-9]*) failed: killed by SIGKILL.*the group went on with ranks 0,1,2 (--on-failure continue: membership 1)" \
+  "$dir/rank.node0.log" || fail "rank: node 0 does not publish ranks 0,1,2"
+grep -q "^ddprun: the replacement for rank 3 is ready; node 0 takes it into the group" "$dir/rank.node1.log" ||
+  fail "rank: node 1 does not hand its replacement to node 0"
+grep -q "^ddprun: the replacement for rank 3 joined at .*the group went on with ranks 0,1,2,3 (membership 2)" \
+  "$dir/rank.node0.log" || fail "rank: node 0 does not take the replacement in"
+grep -q '"left": \[3\], "joined": \[\], "world_size": 3' "$dir/rank.jsonl" || fail "rank: no --metrics row for rank 3 leaving"
+check_loss_log "$dir/rank.loss"
+reference rank "3:$left" "$joined"
+echo "rank: rank 3 (node 1) killed, went on from step $left at 3 ranks, its replacement joined at step $joined; equal to one node's run"
+
+# --- agent: node 1's ddprun dies, and its ranks with it.
+start agent
+kill -KILL "$node1"
+wait "$node0" || fail "agent: node 0 exited $?"
+left=$(went_on_from "$dir/agent.node0.log" 1)
+[ -n "$left" ] || fail "agent: ranks 0,1 did not regroup"
+grep -q "^ddprun: node 1 (ranks 2,3) was lost: its ddprun closed its connection to the store" "$dir/agent.node0.log" ||
+  fail "agent: node 0 does not name node 1 lost"
+grep -q "^ddprun: node 1 (ranks 2,3) was lost at .*; the group went on with ranks 0,1 (--on-failure continue: membership 1)" \
+  "$dir/agent.node0.log" || fail "agent: node 0 does not go on with ranks 0,1"
+grep -q '"left": \[2, 3\], "joined": \[\], "world_size": 2' "$dir/agent.jsonl" || fail "agent: no --metrics row for ranks 2,3 leaving"
+check_loss_log "$dir/agent.loss"
+reference agent "2:$left,3:$left"
+echo "agent: node 1's ddprun killed; ranks 0,1 went on from step $left; equal to one node's run"
+
+# --- stop: node 1's ddprun stops; its heartbeat ends, its ranks run on (12
+# epochs: the run outlasts the timeout).
+export EPOCHS=12
+start stop --node-timeout 2
+kill -STOP "$node1"
+wait "$node0" || fail "stop: node 0 exited $?"
+left=$(went_on_from "$dir/stop.node0.log" 1)
+[ -n "$left" ] || fail "stop: ranks 0,1 did not regroup"
+grep -q "^ddprun: node 1 (ranks 2,3) was lost: its ddprun sent no heartbeat for 2 s (--node-timeout)" "$dir/stop.node0.log" ||
+  fail "stop: node 0 does not name node 1's missing heartbeat"
+kill -CONT "$node1"
+wait "$node1" && fail "stop: node 1, taken out of the group, exited 0"
+check_loss_log "$dir/stop.loss"
+reference stop "2:$left,3:$left"
+unset EPOCHS
+echo "stop: node 1's ddprun stopped; taken out after its heartbeat stopped, ranks 0,1 went on from step $left; node 1 exited non-zero; equal to one node's run"
+
+# --- freeze: node 1's ddprun and ranks stop, as a machine gone without closing
+# its connections. Node 0 takes them out after --node-timeout; its own hang
+# detector (--hang-timeout 3) does not blame ranks 0,1, which regroup when
+# their all_reduce times out (DDP_TIMEOUT_S 5).
+export EPOCHS=12 DDP_TIMEOUT_S=5
+start freeze --node-timeout 2 --hang-timeout 3
+kill -STOP "$node1" $(pgrep -P "$node1")
+wait "$node0" || fail "freeze: node 0 exited $?"
+left=$(went_on_from "$dir/freeze.node0.log" 1)
+[ -n "$left" ] || fail "freeze: ranks 0,1 did not regroup"
+grep -q "^ddprun: node 1 (ranks 2,3) was lost: its ddprun sent no heartbeat" "$dir/freeze.node0.log" ||
+  fail "freeze: node 0 does not name node 1's missing heartbeat"
+grep -q "^ddprun: the diagnosis names none of this node's ranks: not blaming them" "$dir/freeze.node0.log" ||
+  fail "freeze: node 0's hang detector did not fire (or blamed its own ranks)"
+grep -q "all_reduce(avg) #[0-9]* of [0-9]* f32 timed out after 5.0 s" "$dir/freeze.node0.log" ||
+  fail "freeze: ranks 0,1 did not wait for their all_reduce's timeout"
+kill -KILL "$node1" $(pgrep -P "$node1")
+kill -CONT "$node1" 2>/dev/null
+check_loss_log "$dir/freeze.loss"
+unset DDP_TIMEOUT_S
+reference freeze "2:$left,3:$left"
+unset EPOCHS
+echo "freeze: node 1 frozen; taken out after its heartbeat stopped, ranks 0,1 went on from step $left at their all_reduce's timeout; equal to one node's run"
+
+# --- min: below --min-ranks the job ends on both nodes with the rank's status.
+start min --min-ranks 4
+kill -KILL "$(rank_pid min 3)"
+wait "$node0"
+s0=$?
+wait "$node1"
+s1=$?
+[ "$s0" = 137 ] && [ "$s1" = 137 ] || fail "min: rank 3 died of SIGKILL (137); node 0 exited $s0, node 1 $s1"
+grep -q "rank 3 (pid [0-9]*) failed: killed by SIGKILL.*; 3 ranks would be left, fewer than --min-ranks 4" \
+  "$dir/min.node0.log" || fail "min: node 0 does not name --min-ranks"
+grep -q "the group failed elsewhere: rank 3 .*fewer than --min-ranks 4" "$dir/min.node1.log" ||
+  fail "min: node 1 does not say why the group ended"
+echo "min: rank 3 killed under --min-ranks 4: both nodes exited 137"
+echo "train_elastic_nnodes: ok"
