@@ -156,7 +156,7 @@ GroupResult run_attempt(const LaunchOptions& o, const std::string& program_path,
   GroupResult result = run_local_group(spec, signals, rendezvous);
   if (result.outcome == Outcome::success) {
     result = wait_for_other_nodes(rendezvous);
-  } else {
+  } else if (result.outcome != Outcome::interrupted) {
     // Node 0 under continue: the other nodes read the failure from its store.
     rendezvous.wait_for_others_to_leave(spec.grace + std::chrono::seconds(5));
   }

@@ -43,7 +43,11 @@ constexpr milliseconds kRemoteVerdictWait{3000};
 // vanished is node 0's to take out (Note [nodes lost] in launcher/rendezvous.h).
 // The ranks here then wait in their collective until it fails (its peers'
 // connections close when they are killed) or times out (DDP_TIMEOUT_S: a machine
-// gone without closing them), and regroup.
+// gone without closing them), and regroup. A hang no node's diagnosis pins on a
+// rank (every rank waits in the same collective: a connection between nodes
+// half-open) is then no one's: the collectives time out, no membership comes,
+// and the ranks end with their error, as for any failure that is not a
+// departure (docs/elastic.md).
 constexpr milliseconds kMaxPollWait{250};
 // How often ddprun looks for replacements ready to join (--on-failure continue).
 constexpr milliseconds kJoinCheckInterval{50};
@@ -174,7 +178,10 @@ GroupResult Watcher::run() {
   const GroupResult out = result();
   if (out.outcome != Outcome::success) print_summary();
   if (out.outcome == Outcome::success && !departures_.empty()) {
-    say("the job succeeded; its membership changed (--on-failure continue):");
+    // Another node's ranks may still train: the job's end is node 0's to tell.
+    say(authority() ? "the job succeeded; its membership changed (--on-failure continue):"
+                    : "this node's ranks are done; the changes of the group seen here "
+                      "(--on-failure continue):");
     for (const std::string& d : departures_) say("  " + d);
   }
   flight_.refresh();  // a region published since the last check

@@ -251,7 +251,10 @@ void validate_on_failure(const LaunchOptions& o) {
             "--min-ranks {} applies to --on-failure continue (the group going on smaller); with "
             "--on-failure {} a failure ends or restarts the whole group",
             o.min_ranks, f);
-  DDP_CHECK(o.node_timeout_s > 0, "--node-timeout {}: must be > 0 seconds", o.node_timeout_s);
+  DDP_CHECK(o.node_timeout_s >= 1,
+            "--node-timeout {}: must be at least 1 second (a node's ddprun beats 8 times per "
+            "timeout, at most once a second)",
+            o.node_timeout_s);
   if (f != "continue") return;
   const std::string& n = o.nproc_per_node;
   if (o.min_ranks > 0 && n != "gpu" && n != "auto") {

@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <random>
 #include <thread>
 
@@ -224,14 +225,26 @@ void Rendezvous::publish_membership(int64_t epoch, const std::vector<int>& membe
   store_->set(elastic::kEpochKey, std::to_string(epoch));  // after the members it names
 }
 
+// Across nodes these go to node 0's store: a lost one is remote_failure()'s to report.
 bool Rendezvous::joiner_ready(int rank, int pid) {
-  if (store_ == nullptr) return false;
+  if (store_ == nullptr || store_lost_) return false;
   const std::string key = elastic::join_key(rank);
-  return store_->check({key}) && store_->get_string(key) == std::to_string(pid);
+  try {
+    return store_->check({key}) && store_->get_string(key) == std::to_string(pid);
+  } catch (const StoreError&) {
+    store_lost_ = true;
+    return false;
+  }
 }
 
 bool Rendezvous::elastic_done() {
-  return store_ != nullptr && store_->check({elastic::kDoneKey});
+  if (store_ == nullptr || store_lost_) return false;
+  try {
+    return store_->check({elastic::kDoneKey});
+  } catch (const StoreError&) {
+    store_lost_ = true;
+    return false;
+  }
 }
 
 void Rendezvous::publish_failure(const GroupFailure& failure) {
@@ -301,11 +314,16 @@ bool Rendezvous::nodes_done(bool self) {
   }
 }
 
+// Each node numbers its own events and counts one only once it is set, so the
+// count never names an event that is missing (a node that dies in between took
+// its uncounted event with it).
 void Rendezvous::post_event(const std::string& event) {
   if (!multi_node() || !store_ || store_lost_) return;
   try {
-    const int64_t n = store_->add("elastic/events", 1);
-    store_->set(fmt::format("elastic/event/{}", n), event);
+    ++events_posted_;
+    store_->set(fmt::format("elastic/event/{}/{}", options_.node_rank, events_posted_), event);
+    store_->set(fmt::format("elastic/events/{}", options_.node_rank),
+                std::to_string(events_posted_));
   } catch (const StoreError&) {
     store_lost_ = true;  // node 0 is gone: remote_failure() says so
   }
@@ -314,13 +332,13 @@ void Rendezvous::post_event(const std::string& event) {
 std::vector<std::string> Rendezvous::take_events() {
   std::vector<std::string> out;
   if (!multi_node() || !store_ || store_lost_) return out;
-  const int64_t posted = store_->add("elastic/events", 0);
-  while (events_taken_ < posted) {
-    // Counted before it was set: the next call takes it (and those after it).
-    const std::string key = fmt::format("elastic/event/{}", events_taken_ + 1);
-    if (!store_->check({key})) break;
-    out.push_back(store_->get_string(key));
-    ++events_taken_;
+  events_taken_.resize(static_cast<size_t>(options_.nnodes), 0);
+  for (int r = 1; r < options_.nnodes; ++r) {
+    const std::string count = fmt::format("elastic/events/{}", r);
+    if (!store_->check({count})) continue;
+    const int64_t posted = std::stoll(store_->get_string(count));
+    for (int64_t& taken = events_taken_[static_cast<size_t>(r)]; taken < posted; ++taken)
+      out.push_back(store_->get_string(fmt::format("elastic/event/{}/{}", r, taken + 1)));
   }
   return out;
 }
@@ -329,7 +347,9 @@ void Rendezvous::heartbeat() {
   if (!multi_node() || !options_.elastic || !store_ || store_lost_) return;
   const auto now = Clock::now();
   if (now < next_beat_) return;
-  next_beat_ = now + milliseconds(1000);
+  // At least 8 beats per --node-timeout (at most one a second), so that a beat
+  // late by a busy machine does not look like a node gone.
+  next_beat_ = now + std::clamp(options_.node_timeout / 8, milliseconds(100), milliseconds(1000));
   try {
     store_->add(fmt::format("node/{}/beat", options_.node_rank), 1);
   } catch (const StoreError&) {
@@ -371,14 +391,15 @@ std::vector<LostNode> Rendezvous::find_lost_nodes() {
 void Rendezvous::wait_for_others_to_leave(milliseconds timeout) {
   if (!multi_node() || !options_.elastic || !store_ || options_.node_rank != 0) return;
   const auto deadline = Clock::now() + timeout;
+  // Gone, not done: a node that finished waits in wait_for_other_nodes and must
+  // read the failure before the store goes.
   const auto gone = [this](int r) {
-    for (const char* key : {"done/{}", "node/{}/closed", "node/{}/lost"}) {
-      if (store_->check({fmt::format(fmt::runtime(key), r)})) return true;
-    }
-    return false;
+    return store_->check({fmt::format("node/{}/closed", r)}) ||
+           store_->check({fmt::format("node/{}/lost", r)});
   };
   for (int r = 1; r < options_.nnodes && Clock::now() < deadline; ++r) {
-    while (!gone(r) && Clock::now() < deadline) std::this_thread::sleep_for(kPollInterval);
+    while (!gone(r) && Clock::now() < deadline && SignalPipe::stop_signal() == 0)
+      std::this_thread::sleep_for(kPollInterval);
   }
 }
 
@@ -386,7 +407,9 @@ std::optional<std::string> Rendezvous::taken_out() {
   if (!multi_node() || !options_.elastic || !store_ || store_lost_) return std::nullopt;
   try {
     const std::string key = fmt::format("node/{}/lost", options_.node_rank);
-    if (!store_->check({key})) return std::nullopt;
+    // Once the group finished (elastic/done) this node's ranks finish too: one
+    // may be writing the final checkpoint.
+    if (!store_->check({key}) || store_->check({elastic::kDoneKey})) return std::nullopt;
     return store_->get_string(key);
   } catch (const StoreError&) {
     store_lost_ = true;

@@ -35,8 +35,8 @@
 //   node/<r>/closed    set by the store when node r's connection closes (ON_CLOSE)
 //   node/<r>/beat      node r's heartbeat, a counter added to every second
 //   node/<r>/lost      node 0's reason for taking node r out of the group
-//   elastic/events     how many events the other nodes posted; the n-th is
-//   elastic/event/<n>  "left <rank> <exit code> <text>" or "ready <rank>"
+//   elastic/events/<r>     how many events node r posted; its n-th is
+//   elastic/event/<r>/<n>  "left <rank> <exit code> <text>" or "ready <rank>"
 //
 // Note [nodes lost]
 // Under --on-failure continue node 0's ddprun keeps the group's membership for
@@ -162,7 +162,8 @@ class Rendezvous {
   // A node but 0: node 0's reason when it took this node out of the group.
   std::optional<std::string> taken_out();
   // Node 0 after the group failed: keeps its store up until every other node's
-  // ddprun has gone (it read the failure there) or `timeout` passed.
+  // ddprun has gone (it read the failure there), `timeout` passed, or ddprun got
+  // a signal.
   void wait_for_others_to_leave(std::chrono::milliseconds timeout);
 
  private:
@@ -183,7 +184,8 @@ class Rendezvous {
   bool store_lost_ = false;
   // Node 0, Note [nodes lost]: events applied, the nodes taken out, and each
   // node's heartbeat as last seen.
-  int64_t events_taken_ = 0;
+  int64_t events_posted_ = 0;          // a node but 0: its own
+  std::vector<int64_t> events_taken_;  // node 0: of each node
   std::vector<bool> lost_;
   struct Beat {
     int64_t value = -1;

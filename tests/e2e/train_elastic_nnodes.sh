@@ -13,7 +13,8 @@
 #          takes them out after --node-timeout 2, does not blame its own ranks
 #          when its hang detector fires, and ranks 0,1 regroup at their
 #          all_reduce's timeout
-#   min:   rank 3 SIGKILLed under --min-ranks 4: both agents end with its status
+#   min:   rank 3 SIGKILLed under --min-ranks 4: both agents end with its status;
+#          again with one rank a node (node 1 left with none)
 # Each run that goes on must exit 0, log every step once, and end with the
 # checkpoint, byte for byte, of one node's `ddprun -n 4` losing the same ranks
 # after the same step (DDP_TEST_KILL_AT) and taking the replacement in at the
@@ -66,7 +67,7 @@ start() {
   shift
   local port
   port=$(free_port)
-  local common=(--nnodes 2 -n 2 --master-port "$port" --rdzv-port "$((port + 1))" --on-failure
+  local common=(--nnodes 2 -n "${NPROC:-2}" --master-port "$port" --rdzv-port "$((port + 1))" --on-failure
     continue --grace-period 2 --rdzv-timeout 30 "$@")
   local flags=("${task[@]}" ${EPOCHS:+--epochs "$EPOCHS"} --save "$dir/$name.st" --loss-log "$dir/$name.loss" --metrics "$dir/$name.jsonl")
   "$ddprun" "${common[@]}" --node-rank 1 "$train" "${flags[@]}" >"$dir/$name.node1.log" 2>&1 &
@@ -189,4 +190,17 @@ grep -q "rank 3 (pid [0-9]*) failed: killed by SIGKILL.*; 3 ranks would be left,
 grep -q "the group failed elsewhere: rank 3 .*fewer than --min-ranks 4" "$dir/min.node1.log" ||
   fail "min: node 1 does not say why the group ended"
 echo "min: rank 3 killed under --min-ranks 4: both nodes exited 137"
+
+# --- min1: one rank a node, so node 1 has no rank left: it must still learn that
+# the job failed (node 0 keeps its store up until node 1's ddprun is gone).
+NPROC=1 start min1 --min-ranks 2
+kill -KILL "$(rank_pid min1 1)"
+wait "$node0"
+s0=$?
+wait "$node1"
+s1=$?
+[ "$s0" = 137 ] && [ "$s1" = 137 ] || fail "min1: rank 1 died of SIGKILL (137); node 0 exited $s0, node 1 $s1"
+grep -q "this node's ranks succeeded, but the group failed: rank 1 .*fewer than --min-ranks 2" "$dir/min1.node1.log" ||
+  fail "min1: node 1 does not say why the group ended"
+echo "min1: rank 1, node 1's only rank, killed under --min-ranks 2: both nodes exited 137"
 echo "train_elastic_nnodes: ok"
