@@ -33,7 +33,8 @@
 //   done/<r>      every local rank of node r succeeded
 // and under --on-failure continue across nodes (Note [nodes lost]):
 //   node/<r>/closed    set by the store when node r's connection closes (ON_CLOSE)
-//   node/<r>/beat      node r's heartbeat, a counter added to every second
+//   node/<r>/beat      node r's heartbeat, a counter added to 8 times per
+//                      --node-timeout, at most once a second
 //   node/<r>/lost      node 0's reason for taking node r out of the group
 //   elastic/events/<r>     how many events node r posted; its n-th is
 //   elastic/event/<r>/<n>  "left <rank> <exit code> <text>" or "ready <rank>"
@@ -150,7 +151,7 @@ class Rendezvous {
   void post_event(const std::string& event);
   // Node 0: the events posted since the last call, in order.
   std::vector<std::string> take_events();
-  // A node but 0: adds to its heartbeat, at most once a second.
+  // A node but 0: adds to its heartbeat when due (8 per node_timeout, at most 1/s).
   void heartbeat();
   // Node 0: the nodes found lost since the last call, each recorded (node/<r>/lost).
   std::vector<LostNode> find_lost_nodes();
