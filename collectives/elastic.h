@@ -113,7 +113,9 @@ struct Regroup {
 // this rank's place there. `value`: this rank's progress (the trainer's step).
 // `cause`: the error that broke the old communicator, for the messages.
 // joining: a replacement (LaunchEnv::joining) that waits past memberships without
-// it for the first one with it (ddprun adds it once it asked to join).
+// it for the first one with it (ddprun adds it once it asked to join); it sets
+// pg.membership to the latest epoch before it asks, so that only a newer one is
+// taken (an older one listing its launch rank was a predecessor's).
 Regroup regroup(ProcessGroup& pg, int64_t value, std::chrono::milliseconds timeout,
                 const std::string& cause, bool joining = false);
 

@@ -373,6 +373,10 @@ void rejoin(Run& r, const CommError& failure) {
 
 bool join_group(Run& r) {
   ProcessGroup& pg = *r.pg;
+  // A membership that takes this replacement in comes after its request: one
+  // before it that lists its launch rank is a predecessor's (a rank replaced
+  // twice), which regroup() must not try to form again.
+  pg.membership = elastic::latest_epoch(*pg.store);
   pg.store->set(elastic::join_key(pg.launch_rank), std::to_string(::getpid()));
   r.out << fmt::format(
       "rank {}: a replacement (DDPRUN_REPLACEMENT={}), ready; joining the group at its next step "

@@ -14,7 +14,8 @@
 # the rank before it; a replacement that gets its shard from the group);
 # a replacement (--max-restarts 1) that joins the group again,
 # its reference joining at the same step (DDP_TEST_JOIN_AT); then two ranks in a
-# row, a rank that hangs (SIGSTOP) instead of dying, --min-ranks reached, a run
+# row, a rank replaced twice, a rank that hangs (SIGSTOP) instead of dying,
+# --min-ranks reached, a run
 # without failures that equals --on-failure restart's, and bad input.
 # usage: train_elastic.sh DDPRUN TRAIN [quick]   (quick: the sanitizer build's
 # cut-down set: gloo on rank 0, shm in the all_reduce with a replacement
@@ -452,6 +453,30 @@ DDP_TEST_KILL_AT=1:15 "$ddprun" --standalone -n 2 --on-failure continue --max-re
 grep -q -e "was not needed" -e "the group finished before this replacement joined" "$out.log" ||
   fail "late: the replacement was not told the group finished"
 echo "late: a replacement after the last step is not needed; exit 0"
+
+# The same rank replaced twice (--max-restarts 2): rank 2 killed, then its
+# replacement. The second replacement takes in only a membership made after it
+# asked to join: membership 2 also lists launch rank 2 (the first replacement's),
+# and trying to form it again cost a failed attempt ("joining again").
+out="$dir/twice"
+"$ddprun" --standalone -n 4 --on-failure continue --max-restarts 2 "$train" --backend shm \
+  "${common[@]}" --epochs 10 --save "$out.st" --loss-log "$out.loss" >"$out.log" 2>&1 &
+job=$!
+# after_rows N: waits until the loss log has N rows (8 s at most).
+after_rows() { for _ in $(seq 400); do [ "$(rows "$out.loss")" -ge "$1" ] && return; sleep 0.02; done; }
+after_rows 4
+kill -KILL "$(rank_pid "$out" 2)"
+[ -n "$(went_on_from "$out.log" 2 4)" ] || fail "twice: the first replacement did not join"
+after_rows $(($(rows "$out.loss") + 8))
+victim=$(rank_pid "$out" 2)
+[ -n "$victim" ] || fail "twice: no replacement of rank 2 to kill"
+kill -KILL "$victim"
+wait "$job" || fail "twice: exited $? (expected 0)"
+grep -q "the replacement for rank 2 joined at .*(membership 4)" "$out.log" ||
+  fail "twice: the second replacement did not join as membership 4"
+! grep -q "joining again" "$out.log" || fail "twice: a replacement tried a membership before its request: $(grep 'joining again' "$out.log")"
+check_loss_log "$out.loss"
+echo "twice: rank 2 and its replacement killed; the second replacement joined membership 4 at once"
 
 # --min-ranks 4: the first death ends the job, naming it.
 out="$dir/min"
