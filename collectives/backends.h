@@ -49,6 +49,12 @@ struct NcclOptions {
   int size = 1;
   int device = 0;
   CommOptions comm;
+  // --on-failure continue: true once the group went on without a member of this
+  // communicator; its watchdog then fails what is in flight (Note [nccl regroup]).
+  std::function<bool()> abandon;
+  // The store keys' instance ("nccl/uid/<n>"); -1: the n-th communicator made in
+  // this process (every rank makes them in the same order).
+  int instance = -1;
 };
 std::shared_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Store> store,
                                                      const NcclOptions& options);

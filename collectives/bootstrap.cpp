@@ -1,5 +1,6 @@
 #include "collectives/bootstrap.h"
 
+#include "collectives/elastic.h"
 #include "collectives/store/tcp_store.h"
 #include "collectives/trace_collectives.h"
 #include "runtime/cuda/cuda_api.h"
@@ -265,7 +266,7 @@ std::string gloo_hostname(const LaunchEnv& e) {
 std::shared_ptr<Communicator> make_store_communicator(
     const std::string& backend, const std::shared_ptr<Store>& store, const LaunchEnv& env, int rank,
     int size, const std::string& shm_run_id, const CommOptions& options,
-    const std::string& gloo_prefix, const std::function<bool()>& abandon) {
+    const std::string& gloo_prefix, const std::function<bool()>& abandon, int nccl_instance) {
   if (backend == "shm") {
     DDP_CHECK(env.local_world_size == env.world_size,
               "the shm backend needs every rank on one node (local world size {} < world size {}); "
@@ -289,8 +290,12 @@ std::shared_ptr<Communicator> make_store_communicator(
               "the nccl backend needs a CUDA device; this rank "
               "has {}. Use shm or gloo for CPU tensors.",
               options.device.str());
-  return make_nccl_communicator(
-      store, {.rank = rank, .size = size, .device = options.device.index, .comm = options});
+  return make_nccl_communicator(store, {.rank = rank,
+                                        .size = size,
+                                        .device = options.device.index,
+                                        .comm = options,
+                                        .abandon = abandon,
+                                        .instance = nccl_instance});
 }
 
 namespace {
@@ -325,8 +330,13 @@ ProcessGroup make_process_group(const ProcessGroupOptions& options) {
   pg.comm_options = comm;
   if (backend == "shm") pg.shm_run_id = shared_run_id(pg);
   if (pg.env.joining) return pg;  // its communicator comes with the membership it joins
+  // Note [nccl regroup]: under --on-failure continue an nccl communicator fails
+  // its collectives once the group went on without one of its members.
+  std::function<bool()> abandon;
+  if (backend == "nccl" && pg.env.elastic())
+    abandon = elastic::abandon_check(pg.store, 0, pg.members, std::chrono::milliseconds(100));
   pg.comm = make_store_communicator(backend, pg.store, pg.env, pg.env.rank, pg.env.world_size,
-                                    pg.shm_run_id, comm);
+                                    pg.shm_run_id, comm, "", abandon);
   DDP_LOG_DEBUG("process group: backend {} rank {}/{} on {}", pg.comm->backend(), pg.env.rank,
                 pg.env.world_size, pg.device.str());
   return pg;

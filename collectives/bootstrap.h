@@ -67,12 +67,17 @@ struct ProcessGroup {
   CommOptions comm_options;
 };
 
-// The shm or gloo communicator of `rank` of `size` that rendezvous through
-// `store` (gloo) or share the segment named by `shm_run_id` (shm).
+// The shm, gloo or nccl communicator of `rank` of `size` that rendezvous through
+// `store` (gloo, nccl) or share the segment named by `shm_run_id` (shm).
+// `abandon`: shm and gloo give up forming it once it returns true; nccl's
+// watchdog fails the collectives in flight then (Note [nccl regroup]).
+// `nccl_instance`: the store keys' instance of an nccl communicator; -1: the
+// n-th made in this process (a fresh store namespace, as a regroup's, uses 0).
 std::shared_ptr<Communicator> make_store_communicator(
     const std::string& backend, const std::shared_ptr<Store>& store, const LaunchEnv& env, int rank,
     int size, const std::string& shm_run_id, const CommOptions& options,
-    const std::string& gloo_prefix = "", const std::function<bool()>& abandon = {});
+    const std::string& gloo_prefix = "", const std::function<bool()>& abandon = {},
+    int nccl_instance = -1);
 
 ProcessGroup init_process_group(const ProcessGroupOptions& options = {});
 

@@ -57,6 +57,25 @@ std::pair<int, int> local_place(const std::vector<int>& members, int launch_rank
   return {local_rank, local_size};
 }
 
+std::function<bool()> abandon_check(std::shared_ptr<Store> store, int64_t epoch,
+                                    std::vector<int> members, std::chrono::milliseconds interval) {
+  auto last_look =
+      std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
+  return [store = std::move(store), epoch, members = std::move(members), interval, last_look] {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - *last_look < interval) return false;
+    *last_look = now;
+    const int64_t latest = latest_epoch(*store);
+    for (int64_t e = epoch + 1; e <= latest; ++e) {
+      const auto next = parse_members(store->get_string(members_key(e)));
+      for (const int m : members) {
+        if (std::find(next.begin(), next.end(), m) == next.end()) return true;
+      }
+    }
+    return false;
+  };
+}
+
 }  // namespace elastic
 
 std::vector<std::string> PrefixStore::prefixed(const std::vector<std::string>& keys) const {
@@ -128,10 +147,11 @@ bool has(const std::vector<int>& list, int v) {
 
 Regroup regroup(ProcessGroup& pg, int64_t value, std::chrono::milliseconds timeout,
                 const std::string& cause, bool joining) {
-  DDP_CHECK(pg.store != nullptr && (pg.backend == "shm" || pg.backend == "gloo"),
-            "an elastic regroup needs the shm or gloo backend with ddprun's store; this group "
-            "runs {}",
-            pg.backend);
+  DDP_CHECK(
+      pg.store != nullptr && (pg.backend == "shm" || pg.backend == "gloo" || pg.backend == "nccl"),
+      "an elastic regroup needs the shm, gloo or nccl backend with ddprun's store; this "
+      "group runs {}",
+      pg.backend);
   DDP_CHECK(pg.comm == nullptr, "regroup: drop the broken communicator first");
   Store& store = *pg.store;
   const auto deadline = Clock::now() + timeout;
@@ -232,23 +252,14 @@ Regroup regroup(ProcessGroup& pg, int64_t value, std::chrono::milliseconds timeo
   auto scoped = std::make_shared<PrefixStore>(pg.store, fmt::format("elastic/{}/", epoch));
   // A member that leaves while the communicator forms (it announced itself, then
   // died): give up at once and regroup under the next membership, rather than
-  // wait for it up to the collective timeout.
-  auto last_look = std::make_shared<Clock::time_point>(Clock::now());
-  const auto abandon = [store = pg.store, epoch, members = out.members, last_look] {
-    if (Clock::now() - *last_look < std::chrono::milliseconds(50)) return false;
-    *last_look = Clock::now();
-    const int64_t latest = elastic::latest_epoch(*store);
-    for (int64_t e = epoch + 1; e <= latest; ++e) {
-      const auto next = elastic::parse_members(store->get_string(elastic::members_key(e)));
-      for (const int m : members) {
-        if (!has(next, m)) return true;
-      }
-    }
-    return false;
-  };
+  // wait for it up to the collective timeout. nccl watches so for the
+  // communicator's life (Note [nccl regroup]).
+  const bool nccl = pg.backend == "nccl";
+  const auto abandon = elastic::abandon_check(pg.store, epoch, out.members,
+                                              std::chrono::milliseconds(nccl ? 100 : 50));
   pg.comm = make_store_communicator(pg.backend, scoped, pg.env, rank, size,
                                     fmt::format("{}-m{}", pg.shm_run_id, epoch), pg.comm_options,
-                                    "gloo/", abandon);
+                                    "gloo/", abandon, /*nccl_instance=*/0);
   DDP_LOG_DEBUG("elastic regroup: membership {} ({}), rank {} of {}", epoch,
                 elastic::format_members(out.members), rank, size);
   return out;

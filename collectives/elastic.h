@@ -44,6 +44,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -72,6 +73,11 @@ std::vector<int> parse_members(const std::string& text);
 // runs where the rank it replaces ran).
 std::pair<int, int> local_place(const std::vector<int>& members, int launch_rank,
                                 int launch_local_world_size);
+// True once a membership newer than `epoch` lacks one of `members` (a member of
+// that group left), looking at the store at most every `interval` (false in
+// between). For one thread at a time.
+std::function<bool()> abandon_check(std::shared_ptr<Store> store, int64_t epoch,
+                                    std::vector<int> members, std::chrono::milliseconds interval);
 }  // namespace elastic
 
 // A store whose keys are those of `inner` behind a prefix (torch's PrefixStore).

@@ -44,6 +44,22 @@
 // looked at. The watchdog tells the moments holding no lock of its own (Note
 // [watchdog notices] in nccl_watchdog.cpp) and maps their times without
 // blocking (Note [gpu clock]).
+//
+// Note [nccl regroup]: under ddprun --on-failure continue the nccl backend
+// regroups as shm and gloo do (Note [elastic membership] in collectives/elastic.h),
+// with two differences. A dead peer does not fail the survivors' collectives (its
+// kernels are gone, theirs spin), so each communicator carries an abandon check:
+// while collectives are in flight, the watchdog looks at ddprun's membership
+// every 100 ms and, once the group went on without one of its members, fails them
+// and aborts the communicator (ncclCommAbort), and the rank regroups at once
+// rather than at the collective timeout. And a regroup's communicator lives in a
+// fresh store namespace (elastic/<E>/), so its unique id is that namespace's
+// instance 0 whatever the process made before: a replacement's first
+// communicator and a survivor's third meet there. ncclCommShrink (NCCL 2.27+)
+// would spare the survivors the new bootstrap; it is not used: a replacement
+// must join through ncclCommInitRank anyway. What stays: ncclCommInitRank blocks
+// until every member called it, so a member that dies while the new communicator
+// forms leaves the others there until ddprun's hang detector ends the job.
 #include "collectives/backends.h"
 #include "collectives/communicator_base.h"
 #include "collectives/nccl_library.h"
@@ -413,13 +429,20 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<Store> store, const NcclOptio
   check_available(device_);
   const bool tear_down = nccl_tear_down_on_error();  // a bad value fails before any rendezvous
   cuda_api::DeviceGuard guard(options.device);       // NCCL acts on the current device
-  const int instance = g_nccl_instances++;
+  const int instance = options.instance >= 0 ? options.instance : g_nccl_instances++;
   if (options.size > 1 && store != nullptr) check_gpus(*store, options, instance);
   const ncclUniqueId id = exchange_unique_id(store.get(), options, instance);
   comm_ = std::make_shared<NcclHandle>(options.size, id, options.rank);
   stream_ = Stream::create(device_);
   barrier_scratch_ = zeros({1}, {.dtype = DType::f32, .device = device_});
   NcclWatchdog::Backend backend = watchdog_backend();
+  if (options.abandon) {  // Note [nccl regroup]
+    backend.abandoned = [abandon = options.abandon]() -> std::string {
+      if (!abandon()) return "";
+      return "the group went on without a member of this communicator (ddprun --on-failure "
+             "continue: a newer membership), so its peers are not all there; regrouping";
+    };
+  }
   if (tear_down) {
     backend.tear_down = [](const std::string& message) {
       DDP_LOG_ERROR("{}. DDP_NCCL_ASYNC_ERROR_HANDLING=1: ending the process", message);

@@ -89,6 +89,15 @@ std::optional<std::string> NcclWatchdog::tick_locked(std::vector<std::shared_ptr
     const std::string why = fmt::format("NCCL reported an asynchronous error: {}", async);
     return fail_locked(failure(oldest, why));
   }
+  if (backend_.abandoned) {
+    std::string why;
+    try {
+      why = backend_.abandoned();
+    } catch (const std::exception&) {
+      // The store did not answer: asked again at the next tick.
+    }
+    if (!why.empty()) return fail_locked(failure(oldest, why));
+  }
   const Clock::time_point now = backend_.now();
   for (const InFlight& f : in_flight_) {
     if (now >= f.deadline) return fail_locked(timeout_error(f.entry, f.entry.timeout));

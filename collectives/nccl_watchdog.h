@@ -70,6 +70,13 @@ class NcclWatchdog {
     // completed or failed once. May call back into the watchdog. Null: nothing is
     // told.
     std::function<void(const Notice& notice)> tell = nullptr;
+    // --on-failure continue: why the group went on without a member of this
+    // communicator (a newer membership, Note [elastic membership] in
+    // collectives/elastic.h), "" while it has not. Asked only while collectives are
+    // in flight: a member is gone, so they fail (and the communicator is aborted)
+    // at once, not at their deadline, and the rank regroups (Note [nccl regroup]).
+    // Null: never.
+    std::function<std::string()> abandoned = nullptr;
   };
 
   enum class State { in_flight, finished, failed };
@@ -82,8 +89,10 @@ class NcclWatchdog {
 
   // One round: forgets the collectives that finished, in order (releasing their
   // keep_alive outside the lock), then fails on a CUDA error of the oldest one,
-  // NCCL's asynchronous error, or the first passed deadline. Returns the message
-  // of a failure found in this round (the caller logs it), else nullopt. Tells
+  // NCCL's asynchronous error, a departure (Backend::abandoned) or the first
+  // passed deadline. Returns the message
+  // of a failure found in this round (the caller logs it), else nullopt; with a
+  // collective in flight, Backend::abandoned fails it too (Note [nccl regroup]). Tells
   // the moments it saw (Backend::tell): started as the oldest collective's start
   // passed, completed as it finished, failed for every collective in flight when
   // the communicator failed.

@@ -55,8 +55,8 @@ failures:
                         past its timeout) does to the group: restart it whole
                         (the default, up to --max-restarts times), stop the
                         job, or continue: the ranks left regroup in memory and
-                        train on without it (shm or gloo; across nodes, gloo,
-                        and a lost node leaves with its ranks; docs/elastic.md)
+                        train on without it (shm, gloo or nccl; a lost node
+                        leaves with its ranks; docs/elastic.md)
   --min-ranks K         with --on-failure continue: end the job (exit 1,
                         naming it) when fewer than K ranks are left (default 1)
   --node-timeout S      with --on-failure continue and --nnodes > 1: node 0

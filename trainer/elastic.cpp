@@ -268,9 +268,9 @@ void take_over_writing(Run& r, bool new_writer) {
 void check_elastic(const Run& r) {
   const TrainOptions& o = r.o;
   const std::string backend = r.pg->backend;
-  DDP_CHECK(backend == "shm" || backend == "gloo",
+  DDP_CHECK(backend == "shm" || backend == "gloo" || backend == "nccl",
             "--on-failure continue (ddprun): the {} backend cannot regroup the ranks left; use "
-            "--backend shm or gloo, or ddprun --on-failure restart",
+            "--backend shm, gloo or nccl, or ddprun --on-failure restart",
             backend);
   DDP_CHECK(o.zero == 0 || (o.zero <= 2 && o.zero_replicas == 2),
             "--zero {}{} under ddprun --on-failure continue: a rank's optimizer shard dies with "

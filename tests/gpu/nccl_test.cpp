@@ -5,6 +5,8 @@
 // or without a GPU every test skips and says why. Multi-rank NCCL runs belong to
 // a multi-GPU machine (ddprun -n N on it).
 #include "collectives/backends.h"
+#include "collectives/elastic.h"
+#include "collectives/store/tcp_store.h"
 #include "ddp/config.h"
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/device.h"
@@ -213,6 +215,86 @@ TEST(NcclCommunicator, TimeoutAbortsAndLaterCollectivesGetTheFirstError) {
   EXPECT_EXIT(
       {
         const std::string problem = timeout_scenario();
+        if (!problem.empty()) std::fprintf(stderr, "%s\n", problem.c_str());
+        std::_Exit(problem.empty() ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+// Note [nccl regroup] with world size 1: the body of the test below; "" when
+// everything held, else what did not.
+std::string regroup_scenario() {
+  auto server = std::make_shared<TcpStoreServer>(TcpStoreServerOptions{});
+  auto store = std::make_shared<TcpStore>(TcpStoreOptions{
+      .host = "127.0.0.1", .port = server->port(), .secret = "", .timeout = 10000ms});
+  ProcessGroup pg;
+  pg.store = store;
+  pg.backend = "nccl";
+  pg.members = {0};
+  pg.comm_options = {.timeout = 30s, .device = kGpu};
+  pg.env.on_failure = "continue";
+  // As init_process_group makes it under continue: abandoned once a newer
+  // membership lacks launch rank 0.
+  pg.comm = make_store_communicator("nccl", store, pg.env, 0, 1, "", pg.comm_options, "",
+                                    elastic::abandon_check(store, 0, {0}, 100ms));
+  Tensor t = gpu_values(DType::f32, 1024);
+  pg.comm->all_reduce(t)->synchronize();
+  // A collective held in flight behind a busy stream (as behind a dead peer's
+  // kernels) while the group goes on without launch rank 0 (membership 1 is 7).
+  const Tensor a = randn({4096, 4096}, 1, {.device = kGpu});
+  Tensor busy = a;
+  for (int i = 0; i < 200; ++i) busy = matmul(busy, a);  // 27 TFLOP: 0.5 s on an H200
+  std::shared_ptr<Work> work = pg.comm->all_reduce(t);
+  store->set(elastic::members_key(1), std::string("7"));
+  store->set(elastic::kEpochKey, std::string("1"));
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    work->synchronize();
+    return "the collective completed: the abandon check did not fail it (or the GEMMs were done)";
+  } catch (const CommTimeoutError& e) {
+    return std::string("a timeout, not the departure: ") + e.what();
+  } catch (const CommError& e) {
+    if (std::string(e.what()).find("the group went on without a member") == std::string::npos)
+      return std::string("not the departure: ") + e.what();
+  }
+  if (std::chrono::steady_clock::now() - start > 5s)
+    return "the departure took over 5 s to fail it";
+  synchronize(kGpu);
+  pg.comm.reset();  // aborted: must not hang
+  // Launch rank 0 is back in membership 2: the regroup forms a fresh nccl
+  // communicator under elastic/2/ (instance 0 there, whatever this process made).
+  store->set(elastic::members_key(2), std::string("0"));
+  store->set(elastic::kEpochKey, std::string("2"));
+  const Regroup g = regroup(pg, 11, 10s, "the test's departure");
+  if (g.epoch != 2 || pg.membership != 2 || pg.comm == nullptr || pg.comm->backend() != "nccl")
+    return "the regroup did not form membership 2 on nccl";
+  if (!store->check({"elastic/2/nccl/uid"}))
+    return "the new communicator's unique id is not in membership 2's namespace";
+  Tensor u = gpu_values(DType::f32, 1024);
+  pg.comm->all_reduce(u, ReduceOp::sum)->synchronize();
+  if (host_values(u) != host_values(gpu_values(DType::f32, 1024)))
+    return "the regrouped communicator's all_reduce is wrong";
+  pg.comm.reset();
+  return "";
+}
+
+// Note [nccl regroup], the abort path with world size 1 (issue 32): under
+// --on-failure continue a collective in flight fails at once when the group
+// goes on without a member of its communicator, the aborted communicator is
+// dropped without a hang, and regroup() forms a new nccl communicator in the
+// new membership's namespace that works. In a child process (a fresh CUDA
+// context), as the timeout test.
+TEST(NcclCommunicator, RegroupAbortsOnADepartureAndFormsANewCommunicator) {
+  DDP_REQUIRE_NCCL();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        std::string problem;
+        try {
+          problem = regroup_scenario();
+        } catch (const std::exception& e) {
+          problem = std::string("threw: ") + e.what();
+        }
         if (!problem.empty()) std::fprintf(stderr, "%s\n", problem.c_str());
         std::_Exit(problem.empty() ? 0 : 1);
       },

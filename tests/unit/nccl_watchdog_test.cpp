@@ -293,6 +293,43 @@ TEST(NcclWatchdog, AsyncErrorHandlingVariable) {
 // Note [nccl events]: started as the start event passes, then completed, each once
 // and in stream order; a collective that finished before it was seen starting is
 // told both at once.
+// Note [nccl regroup]: the group went on without a member (ddprun --on-failure
+// continue). Not asked while nothing is in flight; asked with a collective in
+// flight, it fails that collective and aborts before its deadline, naming why.
+TEST(NcclWatchdog, AbandonedCommunicatorFailsWhatIsInFlight) {
+  FakeWorld w;
+  NcclWatchdog::Backend b = w.backend();
+  int asked = 0;
+  std::string reason;
+  b.abandoned = [&] {
+    ++asked;
+    return reason;
+  };
+  NcclWatchdog wd(2, b);
+  wd.tick();
+  EXPECT_EQ(asked, 0);  // idle: a healthy communicator between steps is left alone
+  wd.start(entry(0));
+  wd.tick();
+  EXPECT_EQ(asked, 1);
+  EXPECT_EQ(wd.state(0), State::in_flight);
+  reason = "the group went on without a member";
+  const std::optional<std::string> news = wd.tick();
+  ASSERT_TRUE(news.has_value());
+  EXPECT_NE(news->find("rank 2: all_reduce(sum) #0 of 1024 f32 failed on the nccl backend: the "
+                       "group went on without a member"),
+            std::string::npos)
+      << *news;
+  EXPECT_EQ(w.aborts, 1);
+  EXPECT_EQ(wd.state(0), State::failed);
+  try {
+    std::rethrow_exception(wd.error());
+  } catch (const CommTimeoutError&) {
+    ADD_FAILURE() << "a departure is not a timeout";
+  } catch (const CommError& e) {
+    EXPECT_EQ(e.sequence(), 0);
+  }
+}
+
 TEST(NcclWatchdog, TellsStartedThenCompletedInOrder) {
   FakeWorld w;
   NcclWatchdog dog(0, w.telling());
