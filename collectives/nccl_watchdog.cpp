@@ -33,14 +33,31 @@ void NcclWatchdog::start(Entry entry) {
 }
 
 std::optional<std::string> NcclWatchdog::tick() {
+  // Note [nccl regroup]: the departure check reads the store, so it runs holding
+  // no lock (a slow store must not hold up the launches), and only while
+  // collectives are in flight.
+  std::string abandoned;
+  if (backend_.abandoned) {
+    bool busy = false;
+    {
+      std::lock_guard<std::mutex> peek(mutex_);
+      busy = !error_ && !in_flight_.empty();
+    }
+    try {
+      if (busy) abandoned = backend_.abandoned();
+    } catch (const std::exception&) {
+      // The store did not answer: asked again at the next tick.
+    }
+  }
   Released released;  // destroyed after the lock is released: freeing tensors takes time
   std::unique_lock<std::mutex> lock(mutex_);
-  std::optional<std::string> news = tick_locked(released);
+  std::optional<std::string> news = tick_locked(released, abandoned);
   tell_unlocked(lock);
   return news;
 }
 
-std::optional<std::string> NcclWatchdog::tick_locked(std::vector<std::shared_ptr<void>>& released) {
+std::optional<std::string> NcclWatchdog::tick_locked(std::vector<std::shared_ptr<void>>& released,
+                                                     const std::string& abandoned) {
   try_abort_locked();
   std::optional<std::string> news;
   // Collectives start and finish in order (one NCCL stream): stop at the first
@@ -89,15 +106,7 @@ std::optional<std::string> NcclWatchdog::tick_locked(std::vector<std::shared_ptr
     const std::string why = fmt::format("NCCL reported an asynchronous error: {}", async);
     return fail_locked(failure(oldest, why));
   }
-  if (backend_.abandoned) {
-    std::string why;
-    try {
-      why = backend_.abandoned();
-    } catch (const std::exception&) {
-      // The store did not answer: asked again at the next tick.
-    }
-    if (!why.empty()) return fail_locked(failure(oldest, why));
-  }
+  if (!abandoned.empty()) return fail_locked(failure(oldest, abandoned));
   const Clock::time_point now = backend_.now();
   for (const InFlight& f : in_flight_) {
     if (now >= f.deadline) return fail_locked(timeout_error(f.entry, f.entry.timeout));

@@ -117,7 +117,9 @@ class NcclWatchdog {
   bool idle() const;
 
  private:
-  std::optional<std::string> tick_locked(std::vector<std::shared_ptr<void>>& released);
+  // `abandoned`: Backend::abandoned's answer, asked before the lock ("": none).
+  std::optional<std::string> tick_locked(std::vector<std::shared_ptr<void>>& released,
+                                         const std::string& abandoned);
   std::optional<std::string> fail_locked(std::exception_ptr error);
   // Tells the notices gathered so far unless another thread is telling (Note
   // [watchdog notices]); returns with `lock` held.
