@@ -56,8 +56,12 @@ with open(sys.argv[1], "a") as f:
         f.write(f"{time.time():.6f} {line.rstrip()}\n")
         f.flush()
 PY
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+# Two distinct ports free now (not PORT and PORT + 1: the next one may be taken).
+free_ports() {
+  python3 -c 'import socket
+s = [socket.socket() for _ in range(2)]
+for x in s: x.bind(("127.0.0.1", 0))
+print(*(x.getsockname()[1] for x in s))'
 }
 
 # agents NAME POLICY...: both agents of one job; node 0's stamped lines go to
@@ -65,9 +69,9 @@ free_port() {
 agents() {
   local name=$1
   shift
-  local port
-  port=$(free_port)
-  local common=(--nnodes 2 -n 2 --master-port "$port" --rdzv-port "$((port + 1))" --grace-period 2
+  local port rdzv_port
+  read -r port rdzv_port < <(free_ports)
+  local common=(--nnodes 2 -n 2 --master-port "$port" --rdzv-port "$rdzv_port" --grace-period 2
     --rdzv-timeout 30 "$@")
   local job=("$train" --backend gloo --data synthetic --synthetic-size 20000 --epochs 8 --seed 5
     --batch-size 64 --save-every "$save_every" --resume auto --log-every 1 --save "$dir/$name.st")

@@ -51,7 +51,7 @@ struct NcclOptions {
   CommOptions comm;
   // --on-failure continue: true once the group went on without a member of this
   // communicator; its watchdog then fails what is in flight (Note [nccl regroup]).
-  std::function<bool()> abandon;
+  std::function<bool()> abandon = nullptr;
   // The store keys' instance ("nccl/uid/<n>"); -1: the n-th communicator made in
   // this process (every rank makes them in the same order).
   int instance = -1;

@@ -334,7 +334,8 @@ ProcessGroup make_process_group(const ProcessGroupOptions& options) {
   // its collectives once the group went on without one of its members.
   std::function<bool()> abandon;
   if (backend == "nccl" && pg.env.elastic())
-    abandon = elastic::abandon_check(pg.store, 0, pg.members, std::chrono::milliseconds(100));
+    abandon = elastic::abandon_check(pg.store, 0, pg.members, std::chrono::milliseconds(100),
+                                     /*any_change=*/true);
   pg.comm = make_store_communicator(backend, pg.store, pg.env, pg.env.rank, pg.env.world_size,
                                     pg.shm_run_id, comm, "", abandon);
   DDP_LOG_DEBUG("process group: backend {} rank {}/{} on {}", pg.comm->backend(), pg.env.rank,

@@ -58,14 +58,17 @@ std::pair<int, int> local_place(const std::vector<int>& members, int launch_rank
 }
 
 std::function<bool()> abandon_check(std::shared_ptr<Store> store, int64_t epoch,
-                                    std::vector<int> members, std::chrono::milliseconds interval) {
+                                    std::vector<int> members, std::chrono::milliseconds interval,
+                                    bool any_change) {
   auto last_look =
       std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
-  return [store = std::move(store), epoch, members = std::move(members), interval, last_look] {
+  return [store = std::move(store), epoch, members = std::move(members), interval, any_change,
+          last_look] {
     const auto now = std::chrono::steady_clock::now();
     if (now - *last_look < interval) return false;
     *last_look = now;
     const int64_t latest = latest_epoch(*store);
+    if (any_change) return latest > epoch;
     for (int64_t e = epoch + 1; e <= latest; ++e) {
       const auto next = parse_members(store->get_string(members_key(e)));
       for (const int m : members) {
@@ -256,7 +259,7 @@ Regroup regroup(ProcessGroup& pg, int64_t value, std::chrono::milliseconds timeo
   // communicator's life (Note [nccl regroup]).
   const bool nccl = pg.backend == "nccl";
   const auto abandon = elastic::abandon_check(pg.store, epoch, out.members,
-                                              std::chrono::milliseconds(nccl ? 100 : 50));
+                                              std::chrono::milliseconds(nccl ? 100 : 50), nccl);
   pg.comm = make_store_communicator(pg.backend, scoped, pg.env, rank, size,
                                     fmt::format("{}-m{}", pg.shm_run_id, epoch), pg.comm_options,
                                     "gloo/", abandon, /*nccl_instance=*/0);

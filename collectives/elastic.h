@@ -74,10 +74,13 @@ std::vector<int> parse_members(const std::string& text);
 std::pair<int, int> local_place(const std::vector<int>& members, int launch_rank,
                                 int launch_local_world_size);
 // True once a membership newer than `epoch` lacks one of `members` (a member of
-// that group left), looking at the store at most every `interval` (false in
-// between). For one thread at a time.
+// that group left) -- or, with `any_change`, once there is any newer membership
+// (nccl: every member leaves the communicator then, and a peer's departure does
+// not fail the others' collectives) -- looking at the store at most every
+// `interval` (false in between). For one thread at a time.
 std::function<bool()> abandon_check(std::shared_ptr<Store> store, int64_t epoch,
-                                    std::vector<int> members, std::chrono::milliseconds interval);
+                                    std::vector<int> members, std::chrono::milliseconds interval,
+                                    bool any_change = false);
 }  // namespace elastic
 
 // A store whose keys are those of `inner` behind a prefix (torch's PrefixStore).

@@ -47,19 +47,27 @@
 //
 // Note [nccl regroup]: under ddprun --on-failure continue the nccl backend
 // regroups as shm and gloo do (Note [elastic membership] in collectives/elastic.h),
-// with two differences. A dead peer does not fail the survivors' collectives (its
-// kernels are gone, theirs spin), so each communicator carries an abandon check:
-// while collectives are in flight, the watchdog looks at ddprun's membership
-// every 100 ms and, once the group went on without one of its members, fails them
-// and aborts the communicator (ncclCommAbort), and the rank regroups at once
-// rather than at the collective timeout. And a regroup's communicator lives in a
+// with these differences. A peer that leaves the communicator -- it died, or it
+// saw a newer membership at its step boundary first -- does not fail the others'
+// collectives (its kernels are gone, theirs wait), so each communicator carries
+// an abandon check: while collectives are in flight, the watchdog looks at
+// ddprun's membership every 100 ms (holding no lock) and, once there is a newer
+// one, fails them and aborts the communicator (ncclCommAbort), and the rank
+// regroups at once rather than at the collective timeout. The state copy after a
+// regroup synchronize()s its collectives (wait() on nccl neither blocks nor
+// throws). And a regroup's communicator lives in a
 // fresh store namespace (elastic/<E>/), so its unique id is that namespace's
 // instance 0 whatever the process made before: a replacement's first
 // communicator and a survivor's third meet there. ncclCommShrink (NCCL 2.27+)
 // would spare the survivors the new bootstrap; it is not used: a replacement
 // must join through ncclCommInitRank anyway. What stays: ncclCommInitRank blocks
-// until every member called it, so a member that dies while the new communicator
-// forms leaves the others there until ddprun's hang detector ends the job.
+// until every member called it, and the others wait for the new rank 0's unique
+// id up to the store's timeout, so a member that dies while the new
+// communicator forms leaves the others there until ddprun's hang detector ends
+// the job. The watchdog's store read shares the rank's store connection: a store
+// that hangs holds the watchdog up to the store's timeout. A communicator made
+// after a regroup with instance -1 would take different keys on a replacement
+// (none is made today: DDP, ZeRO and the state copy use the group's).
 #include "collectives/backends.h"
 #include "collectives/communicator_base.h"
 #include "collectives/nccl_library.h"
@@ -439,8 +447,8 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<Store> store, const NcclOptio
   if (options.abandon) {  // Note [nccl regroup]
     backend.abandoned = [abandon = options.abandon]() -> std::string {
       if (!abandon()) return "";
-      return "the group went on without a member of this communicator (ddprun --on-failure "
-             "continue: a newer membership), so its peers are not all there; regrouping";
+      return "the group's membership changed (ddprun --on-failure continue: a rank left or "
+             "joins), so its members leave this communicator; regrouping";
     };
   }
   if (tear_down) {

@@ -42,7 +42,11 @@ int64_t progress(const Run& r) {
 
 // Every tensor of `mine` (the source's; the others' are replaced) from rank
 // `source`: names, dtypes and shapes first, so a rank whose optimizer has not
-// made its state yet receives it whole.
+// made its state yet receives it whole. The state's collectives here end in
+// synchronize(), not wait(): on nccl wait() only orders the streams and neither
+// blocks nor throws, and what arrived must be there (or its failure known, a
+// CommError that regroups again) before it is read or committed (Note [nccl
+// regroup]).
 nn::NamedTensors broadcast_named(Communicator& comm, const nn::NamedTensors& mine, int source,
                                  const Device& device) {
   const bool root = comm.rank() == source;
@@ -54,12 +58,12 @@ nn::NamedTensors broadcast_named(Communicator& comm, const nn::NamedTensors& min
   }
   Tensor length = from_vector<int64_t>({static_cast<int64_t>(header.size())}, {1},
                                        {.dtype = DType::i64, .device = device});
-  comm.broadcast(length, source)->wait();
+  comm.broadcast(length, source)->synchronize();
   const int64_t n = length.to_vector<int64_t>()[0];
   std::vector<uint8_t> bytes(header.begin(), header.end());
   bytes.resize(static_cast<size_t>(n));
   Tensor text = from_vector<uint8_t>(bytes, {n}, {.dtype = DType::u8, .device = device});
-  if (n > 0) comm.broadcast(text, source)->wait();
+  if (n > 0) comm.broadcast(text, source)->synchronize();
   nn::NamedTensors out = root ? mine : nn::NamedTensors{};
   if (!root) {
     const auto got = text.to_vector<uint8_t>();
@@ -77,7 +81,7 @@ nn::NamedTensors broadcast_named(Communicator& comm, const nn::NamedTensors& min
       out.emplace_back(name, zeros(shape, {.dtype = parse_dtype(dtype), .device = device}));
     }
   }
-  for (auto& [name, t] : out) comm.broadcast(t, source)->wait();
+  for (auto& [name, t] : out) comm.broadcast(t, source)->synchronize();
   return out;
 }
 
@@ -112,7 +116,7 @@ ZeroRegroup recover_zero(Run& r, int source) {
   const Tensor sent = from_vector<int64_t>({mine, r.step - r.nonfinite->skipped()}, {2},
                                            {.dtype = DType::i64, .device = device});
   Tensor all = empty({2 * comm.size()}, {.dtype = DType::i64, .device = device});
-  comm.all_gather(sent, all)->wait();
+  comm.all_gather(sent, all)->synchronize();
   const auto info = all.to_vector<int64_t>();
   int64_t lowest = -1;
   for (int q = 0; q < comm.size(); ++q) {
@@ -156,7 +160,7 @@ void copy_state(Run& r, int source, ZeroRegroup* zero) {
   std::vector<Tensor> received;
   for (auto& [name, t] : model_state) {
     Tensor buffer = root ? t : t.clone();
-    comm.broadcast(buffer, source)->wait();
+    comm.broadcast(buffer, source)->synchronize();
     received.push_back(buffer);
   }
   const nn::NamedTensors state =
@@ -176,8 +180,8 @@ void copy_state(Run& r, int source, ZeroRegroup* zero) {
   const float last = r.last_loss.defined() ? r.last_loss.item<float>() : 0.0f;
   const float sum = p.loss_sum.defined() ? p.loss_sum.item<float>() : 0.0f;
   Tensor values = from_vector<float>({sum, last}, {2}, {.device = comm.device()});
-  comm.broadcast(counters, source)->wait();
-  comm.broadcast(values, source)->wait();
+  comm.broadcast(counters, source)->synchronize();
+  comm.broadcast(values, source)->synchronize();
   // Commit.
   const auto c = counters.to_vector<int64_t>();
   const auto v = values.to_vector<float>();

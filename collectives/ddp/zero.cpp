@@ -346,7 +346,8 @@ void ZeroOptimizer::commit() {
   pending_ = true;
   Tensor entered = full({1}, 1.0, {.device = comm_->device()});
   const CollectiveLabel labelled("zero commit");
-  comm_->all_reduce(entered, ReduceOp::sum)->wait();
+  // synchronize(): on nccl a commit that failed must throw here (Note [nccl regroup]).
+  comm_->all_reduce(entered, ReduceOp::sum)->synchronize();
 }
 
 void ZeroOptimizer::update_replicated() {
@@ -505,7 +506,7 @@ std::vector<Tensor> ZeroOptimizer::recover(Communicator& group, ZeroOptimizer* o
                      : std::vector<int64_t>{old->rank(), old->world_size(), has_state ? 1 : 0};
   const Tensor sent = from_vector<int64_t>(mine, {kInfo}, {.dtype = DType::i64, .device = device});
   Tensor all = empty({kInfo * world}, {.dtype = DType::i64, .device = device});
-  group.all_gather(sent, all)->wait();
+  group.all_gather(sent, all)->synchronize();
   const auto info = all.to_vector<int64_t>();
   auto field = [&](int q, int f) { return info[static_cast<size_t>(q * kInfo + f)]; };
   int old_world = 0;
@@ -629,7 +630,7 @@ std::vector<Tensor> ZeroOptimizer::recover(Communicator& group, ZeroOptimizer* o
       });
     }
     Tensor summed = bits.flat_view(0, {len});
-    group.all_reduce(summed, ReduceOp::sum)->wait();
+    group.all_reduce(summed, ReduceOp::sum)->synchronize();
     if (at < n) {  // the parameters' part of the round
       Tensor d = values.flat_view(at, {std::min(at + len, n) - at});
       copy_(d, part.flat_view(0, {d.numel()}));
@@ -659,7 +660,7 @@ std::vector<Tensor> ZeroOptimizer::recover(Communicator& group, ZeroOptimizer* o
                                {.dtype = DType::i64, .device = device});
     }
   }
-  group.all_reduce(counts, ReduceOp::sum)->wait();
+  group.all_reduce(counts, ReduceOp::sum)->synchronize();
   if (into.adamw_ && buffers > 1) into.param_steps_ = counts.to_vector<int64_t>();
   into.steps_ = steps;
   std::vector<Tensor> out;

@@ -36,8 +36,12 @@ fail() {
   for f in "$dir"/*.log; do [ -f "$f" ] && { echo "--- $f" >&2; tail -25 "$f" >&2; }; done
   exit 1
 }
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+# Two distinct ports free now (not PORT and PORT + 1: the next one may be taken).
+free_ports() {
+  python3 -c 'import socket
+s = [socket.socket() for _ in range(2)]
+for x in s: x.bind(("127.0.0.1", 0))
+print(*(x.getsockname()[1] for x in s))'
 }
 rows() { if [ -f "$1" ]; then wc -l <"$1"; else echo 0; fi; }
 check_loss_log() {
@@ -65,9 +69,9 @@ task=(--backend gloo --data synthetic --synthetic-size 8000 --epochs 3 --seed 5
 start() {
   local name=$1
   shift
-  local port
-  port=$(free_port)
-  local common=(--nnodes 2 -n "${NPROC:-2}" --master-port "$port" --rdzv-port "$((port + 1))" --on-failure
+  local port rdzv_port
+  read -r port rdzv_port < <(free_ports)
+  local common=(--nnodes 2 -n "${NPROC:-2}" --master-port "$port" --rdzv-port "$rdzv_port" --on-failure
     continue --grace-period 2 --rdzv-timeout 30 "$@")
   local flags=("${task[@]}" ${EPOCHS:+--epochs "$EPOCHS"} --save "$dir/$name.st" --loss-log "$dir/$name.loss" --metrics "$dir/$name.jsonl")
   "$ddprun" "${common[@]}" --node-rank 1 "$train" "${flags[@]}" >"$dir/$name.node1.log" 2>&1 &

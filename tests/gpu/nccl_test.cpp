@@ -233,14 +233,14 @@ std::string regroup_scenario() {
   pg.members = {0};
   pg.comm_options = {.timeout = 30s, .device = kGpu};
   pg.env.on_failure = "continue";
-  // As init_process_group makes it under continue: abandoned once a newer
-  // membership lacks launch rank 0.
+  // As init_process_group makes it under continue (there every 100 ms): abandoned
+  // once there is a newer membership.
   pg.comm = make_store_communicator("nccl", store, pg.env, 0, 1, "", pg.comm_options, "",
-                                    elastic::abandon_check(store, 0, {0}, 100ms));
+                                    elastic::abandon_check(store, 0, {0}, 10ms, true));
   Tensor t = gpu_values(DType::f32, 1024);
   pg.comm->all_reduce(t)->synchronize();
   // A collective held in flight behind a busy stream (as behind a dead peer's
-  // kernels) while the group goes on without launch rank 0 (membership 1 is 7).
+  // kernels) while the group's membership changes (membership 1 is 7).
   const Tensor a = randn({4096, 4096}, 1, {.device = kGpu});
   Tensor busy = a;
   for (int i = 0; i < 200; ++i) busy = matmul(busy, a);  // 27 TFLOP: 0.5 s on an H200
@@ -254,8 +254,13 @@ std::string regroup_scenario() {
   } catch (const CommTimeoutError& e) {
     return std::string("a timeout, not the departure: ") + e.what();
   } catch (const CommError& e) {
-    if (std::string(e.what()).find("the group went on without a member") == std::string::npos)
+    if (std::string(e.what()).find("the group's membership changed") == std::string::npos)
       return std::string("not the departure: ") + e.what();
+  }
+  try {
+    pg.comm->barrier()->wait();
+    return "a collective on the aborted communicator succeeded";
+  } catch (const CommError&) {
   }
   if (std::chrono::steady_clock::now() - start > 5s)
     return "the departure took over 5 s to fail it";

@@ -290,10 +290,7 @@ TEST(NcclWatchdog, AsyncErrorHandlingVariable) {
   unsetenv(name);
 }
 
-// Note [nccl events]: started as the start event passes, then completed, each once
-// and in stream order; a collective that finished before it was seen starting is
-// told both at once.
-// Note [nccl regroup]: the group went on without a member (ddprun --on-failure
+// Note [nccl regroup]: the group's membership changed (ddprun --on-failure
 // continue). Not asked while nothing is in flight; asked with a collective in
 // flight, it fails that collective and aborts before its deadline, naming why.
 TEST(NcclWatchdog, AbandonedCommunicatorFailsWhatIsInFlight) {
@@ -312,11 +309,11 @@ TEST(NcclWatchdog, AbandonedCommunicatorFailsWhatIsInFlight) {
   wd.tick();
   EXPECT_EQ(asked, 1);
   EXPECT_EQ(wd.state(0), State::in_flight);
-  reason = "the group went on without a member";
+  reason = "the group's membership changed";
   const std::optional<std::string> news = wd.tick();
   ASSERT_TRUE(news.has_value());
   EXPECT_NE(news->find("rank 2: all_reduce(sum) #0 of 1024 f32 failed on the nccl backend: the "
-                       "group went on without a member"),
+                       "group's membership changed"),
             std::string::npos)
       << *news;
   EXPECT_EQ(w.aborts, 1);
@@ -330,6 +327,9 @@ TEST(NcclWatchdog, AbandonedCommunicatorFailsWhatIsInFlight) {
   }
 }
 
+// Note [nccl events]: started as the start event passes, then completed, each once
+// and in stream order; a collective that finished before it was seen starting is
+// told both at once.
 TEST(NcclWatchdog, TellsStartedThenCompletedInOrder) {
   FakeWorld w;
   NcclWatchdog dog(0, w.telling());
