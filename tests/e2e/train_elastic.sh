@@ -42,28 +42,7 @@ common=(--data synthetic --synthetic-size 4000 --epochs 3 --seed 5 --lr-schedule
 task=("${common[@]}") samples=4000 batch=64 pad=1
 
 rows() { if [ -f "$1" ]; then wc -l <"$1"; else echo 0; fi; }
-
-# The pid of the train process of launch rank $2 in the run writing $1.st.
-rank_pid() {
-  local p
-  for p in $(pgrep -f -- "--save $1.st"); do
-    [ "$(cat /proc/"$p"/comm 2>/dev/null)" = train ] || continue
-    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RANK=$2" && { echo "$p"; return; }
-  done
-}
-
-# The step the ranks of membership $2 (of world size $3, a pattern) went on from,
-# as they print it in $1, waiting up to 10 s for it; "" when it never came.
-went_on_from() {
-  local step=""
-  for _ in $(seq 500); do
-    step=$(grep -o "membership $2 is ranks [0-9,]* (launch ranks); this rank is now rank [0-9]* of $3; going on from step [0-9]*" "$1" |
-      head -1 | grep -o "[0-9]*$")
-    [ -n "$step" ] && break
-    sleep 0.02
-  done
-  echo "$step"
-}
+. "$(dirname "$0")/lib_elastic.sh"
 
 # For a failure's report: every rank of the run writing $1.st still alive
 # dumps its flight recorder (SIGUSR1), and the last collectives of each dump
@@ -86,16 +65,6 @@ for c in d["collectives"][-4:]:
     print(f"  #{c['sequence']} {c['op']} {c['label']} {c['count']}: {c['state']}")
 PY
   done
-}
-
-# Every (epoch, step) of a --loss-log once, steps 1.. in order in every epoch.
-check_loss_log() {
-  awk -v f="$1" '
-    { key = $1 " " $2; if (seen[key]++) { print f ": row " key " twice"; bad = 1 }
-      if ($1 != e) { e = $1; want = 1 }
-      if ($2 != want) { print f ": epoch " $1 " step " $2 " where " want " was due"; bad = 1 }
-      want = $2 + 1 }
-    END { exit bad }' "$1" || fail "the --loss-log $1 is not one row per step"
 }
 
 # run NAME BACKEND VICTIM(S) SLOW [ddprun and train flags...]: a run of 4 ranks

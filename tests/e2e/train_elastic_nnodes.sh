@@ -44,23 +44,7 @@ for x in s: x.bind(("127.0.0.1", 0))
 print(*(x.getsockname()[1] for x in s))'
 }
 rows() { if [ -f "$1" ]; then wc -l <"$1"; else echo 0; fi; }
-check_loss_log() {
-  awk '{ key = $1 " " $2; if (seen[key]++) bad = 1
-         if ($1 != e) { e = $1; want = 1 }
-         if ($2 != want) bad = 1
-         want = $2 + 1 } END { exit bad }' "$1" || fail "the --loss-log $1 is not one row per step"
-}
-# The step membership $2 went on from, as the ranks print it in $1 (10 s at most).
-went_on_from() {
-  local step=""
-  for _ in $(seq 500); do
-    step=$(grep -o "membership $2 is ranks [0-9,]* (launch ranks); this rank is now rank [0-9]* of [0-9]*; going on from step [0-9]*" "$1" |
-      head -1 | grep -o "[0-9]*$")
-    [ -n "$step" ] && break
-    sleep 0.02
-  done
-  echo "$step"
-}
+. "$(dirname "$0")/lib_elastic.sh"
 # 8000 samples at batch 64 over 4 ranks: 32 steps an epoch.
 task=(--backend gloo --data synthetic --synthetic-size 8000 --epochs 3 --seed 5
   --lr-schedule constant --optimizer adamw --lr 0.002)
@@ -84,12 +68,14 @@ start() {
   done
   fail "$name: no 6 steps logged in 20 s"
 }
-rank_pid() {  # the train process of launch rank $2 in run $1
-  local p
-  for p in $(pgrep -f -- "--save $dir/$1.st"); do
-    [ "$(cat /proc/"$p"/comm 2>/dev/null)" = train ] || continue
-    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RANK=$2" && { echo "$p"; return; }
-  done
+# node_lost NAME WHY: node 0 exited 0 having taken node 1 (ranks 2,3) out for
+# WHY (the start of its reason), and ranks 0,1 regrouped; sets left (the step).
+node_lost() {
+  wait "$node0" || fail "$1: node 0 exited $?"
+  left=$(went_on_from "$dir/$1.node0.log" 1)
+  [ -n "$left" ] || fail "$1: ranks 0,1 did not regroup"
+  grep -q "^ddprun: node 1 (ranks 2,3) was lost: $2" "$dir/$1.node0.log" ||
+    fail "$1: node 0 does not name node 1 lost ($2)"
 }
 # reference NAME KILL_AT [JOIN_AT]: one node's run losing the same ranks after the same step.
 reference() {
@@ -106,7 +92,7 @@ reference() {
 
 # --- rank: a rank on node 1 dies; its replacement joins through node 0.
 start rank --max-restarts 1
-kill -KILL "$(rank_pid rank 3)"
+kill -KILL "$(rank_pid "$dir/rank" 3)"
 left=$(went_on_from "$dir/rank.node0.log" 1)
 joined=$(went_on_from "$dir/rank.node0.log" 2)
 [ -n "$left" ] && [ -n "$joined" ] || fail "rank: no regroup after rank 3 died, or no join"
@@ -128,11 +114,7 @@ echo "rank: rank 3 (node 1) killed, went on from step $left at 3 ranks, its repl
 # --- agent: node 1's ddprun dies, and its ranks with it.
 start agent
 kill -KILL "$node1"
-wait "$node0" || fail "agent: node 0 exited $?"
-left=$(went_on_from "$dir/agent.node0.log" 1)
-[ -n "$left" ] || fail "agent: ranks 0,1 did not regroup"
-grep -q "^ddprun: node 1 (ranks 2,3) was lost: its ddprun closed its connection to the store" "$dir/agent.node0.log" ||
-  fail "agent: node 0 does not name node 1 lost"
+node_lost agent "its ddprun closed its connection to the store"
 grep -q "^ddprun: node 1 (ranks 2,3) was lost at .*; the group went on with ranks 0,1 (--on-failure continue: membership 1)" \
   "$dir/agent.node0.log" || fail "agent: node 0 does not go on with ranks 0,1"
 grep -q '"left": \[2, 3\], "joined": \[\], "world_size": 2' "$dir/agent.jsonl" || fail "agent: no --metrics row for ranks 2,3 leaving"
@@ -145,11 +127,7 @@ echo "agent: node 1's ddprun killed; ranks 0,1 went on from step $left; equal to
 export EPOCHS=12
 start stop --node-timeout 2
 kill -STOP "$node1"
-wait "$node0" || fail "stop: node 0 exited $?"
-left=$(went_on_from "$dir/stop.node0.log" 1)
-[ -n "$left" ] || fail "stop: ranks 0,1 did not regroup"
-grep -q "^ddprun: node 1 (ranks 2,3) was lost: its ddprun sent no heartbeat for 2 s (--node-timeout)" "$dir/stop.node0.log" ||
-  fail "stop: node 0 does not name node 1's missing heartbeat"
+node_lost stop "its ddprun sent no heartbeat for 2 s (--node-timeout)"
 kill -CONT "$node1"
 wait "$node1" && fail "stop: node 1, taken out of the group, exited 0"
 check_loss_log "$dir/stop.loss"
@@ -164,11 +142,7 @@ echo "stop: node 1's ddprun stopped; taken out after its heartbeat stopped, rank
 export EPOCHS=12 DDP_TIMEOUT_S=5
 start freeze --node-timeout 2 --hang-timeout 3
 kill -STOP "$node1" $(pgrep -P "$node1")
-wait "$node0" || fail "freeze: node 0 exited $?"
-left=$(went_on_from "$dir/freeze.node0.log" 1)
-[ -n "$left" ] || fail "freeze: ranks 0,1 did not regroup"
-grep -q "^ddprun: node 1 (ranks 2,3) was lost: its ddprun sent no heartbeat" "$dir/freeze.node0.log" ||
-  fail "freeze: node 0 does not name node 1's missing heartbeat"
+node_lost freeze "its ddprun sent no heartbeat for 2 s (--node-timeout)"
 grep -q "^ddprun: the diagnosis names none of this node's ranks: not blaming them" "$dir/freeze.node0.log" ||
   fail "freeze: node 0's hang detector did not fire (or blamed its own ranks)"
 grep -q "all_reduce(avg) #[0-9]* of [0-9]* f32 timed out after 5.0 s" "$dir/freeze.node0.log" ||
@@ -183,7 +157,7 @@ echo "freeze: node 1 frozen; taken out after its heartbeat stopped, ranks 0,1 we
 
 # --- min: below --min-ranks the job ends on both nodes with the rank's status.
 start min --min-ranks 4
-kill -KILL "$(rank_pid min 3)"
+kill -KILL "$(rank_pid "$dir/min" 3)"
 wait "$node0"
 s0=$?
 wait "$node1"
@@ -198,7 +172,7 @@ echo "min: rank 3 killed under --min-ranks 4: both nodes exited 137"
 # --- min1: one rank a node, so node 1 has no rank left: it must still learn that
 # the job failed (node 0 keeps its store up until node 1's ddprun is gone).
 NPROC=1 start min1 --min-ranks 2
-kill -KILL "$(rank_pid min1 1)"
+kill -KILL "$(rank_pid "$dir/min1" 1)"
 wait "$node0"
 s0=$?
 wait "$node1"
