@@ -46,6 +46,8 @@ Steps (each under `timeout`, sized so that the run fits --budget on an H100):
   reference     train on cuda:0, batch 64, 100 steps, saved: what the next three
                 must reproduce
   ddp_nccl_w1   ddprun -n 1 train --mode ddp, DDP_BACKEND=nccl: checkpoint = reference
+  elastic_nccl_w1  the same under ddprun --on-failure continue (nccl's membership
+                check while collectives are in flight, Note [nccl regroup]): = reference
   ddp_shm_w2    ddprun -n 2 train, both ranks on cuda:0, DDP_BACKEND=shm, batch 32
                 per rank: checkpoint = reference (one process on the 2x batch)
   dp_2replicas  train --mode dp --devices cuda:0,cuda:0: checkpoint = reference
@@ -75,7 +77,8 @@ options:
                     repository, which .gitignore's /build*/ covers)
   --only LIST       run only these steps (comma-separated names above; preflight always runs)
   --quick           the steps that fit a short device loan: --only gpu_tests, the bf16
-                    steps, parity_mlp, parity_gpt, reference, ddp_nccl_w1
+                    steps, parity_mlp, parity_gpt, reference, ddp_nccl_w1,
+                    elastic_nccl_w1
   --budget S        seconds for all steps after the build (default: 540, so that a run
                     fits a 10-minute command with --prebuilt); each step's time limit is
                     cut to what is left, and steps with nothing left fail as "not run";
@@ -118,7 +121,7 @@ while [[ $# -gt 0 ]]; do
     --data) need_value "$@"; data="$2"; shift 2 ;;
     --out) need_value "$@"; out="$2"; shift 2 ;;
     --only) need_value "$@"; only=",$2,"; shift 2 ;;
-    --quick) only=",gpu_tests,gpt2_bf16,gpt_mini_bf16,bf16_loss,reference_bf16,ddp_bf16_nccl_w1,zero2_bf16_nccl_w1,ddp_bf16_shm_w2,dp_bf16_2replicas,parity_mlp,parity_gpt,reference,ddp_nccl_w1,"; shift ;;
+    --quick) only=",gpu_tests,gpt2_bf16,gpt_mini_bf16,bf16_loss,reference_bf16,ddp_bf16_nccl_w1,zero2_bf16_nccl_w1,ddp_bf16_shm_w2,dp_bf16_2replicas,parity_mlp,parity_gpt,reference,ddp_nccl_w1,elastic_nccl_w1,"; shift ;;
     --allow-no-gpu) allow_no_gpu=1; shift ;;
     --device) need_value "$@"; dev="$2"; shift 2 ;;
     --budget) need_value "$@"; budget="$2"; shift 2 ;;
@@ -126,7 +129,7 @@ while [[ $# -gt 0 ]]; do
     *) die_usage "unknown option '$1'; valid: --prebuilt, --build-dir, --arch, --prefix, --no-tests, --jobs, --data, --out, --only, --quick, --allow-no-gpu, --device, --budget, --help" ;;
   esac
 done
-readonly kSteps=",gpu_tests,gpt2_bf16,gpt_mini_bf16,bf16_loss,reference_bf16,ddp_bf16_nccl_w1,zero2_bf16_nccl_w1,ddp_bf16_shm_w2,dp_bf16_2replicas,train_mlp,train_cnn,parity_mlp,parity_cnn,reference,ddp_nccl_w1,ddp_shm_w2,dp_2replicas,zero2_nccl_w1,zero1_shm_w2,zero2_shm_w2,parity_gpt,ddp_gpt_nccl_w1,bench_device,bench_gemm,torch_mlp,torch_cnn,gpt_mini,gpt2,"
+readonly kSteps=",gpu_tests,gpt2_bf16,gpt_mini_bf16,bf16_loss,reference_bf16,ddp_bf16_nccl_w1,zero2_bf16_nccl_w1,ddp_bf16_shm_w2,dp_bf16_2replicas,train_mlp,train_cnn,parity_mlp,parity_cnn,reference,ddp_nccl_w1,elastic_nccl_w1,ddp_shm_w2,dp_2replicas,zero2_nccl_w1,zero1_shm_w2,zero2_shm_w2,parity_gpt,ddp_gpt_nccl_w1,bench_device,bench_gemm,torch_mlp,torch_cnn,gpt_mini,gpt2,"
 for name in ${only//,/ }; do
   [[ $kSteps == *",$name,"* ]] || die_usage "--only: unknown step '$name'; valid: ${kSteps:1:-1}"
 done

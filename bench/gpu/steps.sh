@@ -450,8 +450,9 @@ run_steps() {
   train_step train_cnn cnn 1 "$kCnnCpuAcc"
   parity_step parity_mlp mlp 50
   parity_step parity_cnn cnn 15
-  if selected reference || selected ddp_nccl_w1 || selected ddp_shm_w2 || selected dp_2replicas ||
-    selected zero2_nccl_w1 || selected zero1_shm_w2 || selected zero2_shm_w2; then
+  if selected reference || selected ddp_nccl_w1 || selected elastic_nccl_w1 ||
+    selected ddp_shm_w2 || selected dp_2replicas || selected zero2_nccl_w1 ||
+    selected zero1_shm_w2 || selected zero2_shm_w2; then
     [[ $reference_done -eq 0 ]] && step_reference
   fi
   if [[ $dev == cpu ]] && selected ddp_nccl_w1; then
@@ -460,6 +461,15 @@ run_steps() {
     compare_step ddp_nccl_w1 "ddp over 1 ranks \(nccl backend" "= reference (one process)" \
       env DDP_BACKEND=nccl "$bin/ddprun" --standalone -n 1 "$bin/train" "${same_args[@]}" --mode ddp \
       --data "$data" --device "$dev" --batch-size 64
+  fi
+  # Issue 32 (Note [nccl regroup]): nccl under --on-failure continue, no failure --
+  # its communicator checks the membership while collectives are in flight.
+  if [[ $dev == cpu ]] && selected elastic_nccl_w1; then
+    record elastic_nccl_w1 "skipped: nccl needs CUDA (--device cpu)"
+  else
+    compare_step elastic_nccl_w1 "ddp over 1 ranks \(nccl backend" "= reference (one process)" \
+      env DDP_BACKEND=nccl "$bin/ddprun" --standalone -n 1 --on-failure continue "$bin/train" \
+      "${same_args[@]}" --mode ddp --data "$data" --device "$dev" --batch-size 64
   fi
   compare_step ddp_shm_w2 "ddp over 2 ranks \(shm backend" "= reference (one process, 2x batch)" \
     env DDP_BACKEND=shm "$bin/ddprun" --standalone -n 2 "$bin/train" "${same_args[@]}" \
