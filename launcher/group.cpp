@@ -108,6 +108,7 @@ class Watcher {
   void start_replacement(size_t index);
   void check_joiners();
   void end_unneeded_joiners();
+  int node_of(int rank) const;
   bool on_this_node(int rank) const;
   bool authority() const { return spec_.node_rank == 0; }
   bool across_nodes() const { return spec_.elastic && rendezvous_.multi_node(); }
@@ -527,7 +528,7 @@ void Watcher::check_nodes() {
   for (const LostNode& lost : rendezvous_.find_lost_nodes()) {
     std::vector<int> leaving;
     for (const int rank : members()) {
-      if (rank / static_cast<int>(spec_.ranks.size()) == lost.node) leaving.push_back(rank);
+      if (node_of(rank) == lost.node) leaving.push_back(rank);
     }
     const std::string who =
         leaving.empty() ? fmt::format("node {}", lost.node)
@@ -571,7 +572,7 @@ bool Watcher::remote_leave(const std::vector<int>& leaving, const std::string& w
 void Watcher::admit_remote(int rank) {
   if (rendezvous_.elastic_done()) return;  // it exits by itself
   // Posted just before its node was lost: it died with it.
-  if (rendezvous_.is_lost(rank / static_cast<int>(spec_.ranks.size()))) return;
+  if (rendezvous_.is_lost(node_of(rank))) return;
   std::vector<int> list = members();
   if (std::find(list.begin(), list.end(), rank) != list.end()) return;
   list.push_back(rank);
@@ -591,8 +592,13 @@ bool Watcher::keep_group() {
   return across_nodes() && authority() && !stopping_ && !rendezvous_.others_done();
 }
 
+// Launch rank r runs on node r / (ranks per node): every node runs as many.
+int Watcher::node_of(int rank) const {
+  return rank / static_cast<int>(spec_.ranks.size());
+}
+
 bool Watcher::on_this_node(int rank) const {
-  return rank / static_cast<int>(spec_.ranks.size()) == spec_.node_rank;
+  return node_of(rank) == spec_.node_rank;
 }
 
 // The members of the group now: the ranks running that neither left nor wait

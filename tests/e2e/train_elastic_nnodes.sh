@@ -155,30 +155,31 @@ reference freeze "2:$left,3:$left"
 unset EPOCHS
 echo "freeze: node 1 frozen; taken out after its heartbeat stopped, ranks 0,1 went on from step $left at their all_reduce's timeout; equal to one node's run"
 
+# min_ranks NAME RANK MIN NODE1_SAYS: rank RANK (node 1) SIGKILLed under
+# --min-ranks MIN, the world size (MIN - 1 left): both agents end with its
+# status (137), node 0 naming the flag, node 1 saying NODE1_SAYS (a pattern)
+# and why.
+min_ranks() {
+  start "$1" --min-ranks "$3"
+  kill -KILL "$(rank_pid "$dir/$1" "$2")"
+  wait "$node0"
+  local s0=$?
+  wait "$node1"
+  local s1=$?
+  [ "$s0" = 137 ] && [ "$s1" = 137 ] ||
+    fail "$1: rank $2 died of SIGKILL (137); node 0 exited $s0, node 1 $s1"
+  grep -q "rank $2 (pid [0-9]*) failed: killed by SIGKILL.*; $(($3 - 1)) ranks* would be left, fewer than --min-ranks $3" \
+    "$dir/$1.node0.log" || fail "$1: node 0 does not name --min-ranks"
+  grep -q "$4: rank $2 .*fewer than --min-ranks $3" "$dir/$1.node1.log" ||
+    fail "$1: node 1 does not say why the group ended"
+}
+
 # --- min: below --min-ranks the job ends on both nodes with the rank's status.
-start min --min-ranks 4
-kill -KILL "$(rank_pid "$dir/min" 3)"
-wait "$node0"
-s0=$?
-wait "$node1"
-s1=$?
-[ "$s0" = 137 ] && [ "$s1" = 137 ] || fail "min: rank 3 died of SIGKILL (137); node 0 exited $s0, node 1 $s1"
-grep -q "rank 3 (pid [0-9]*) failed: killed by SIGKILL.*; 3 ranks would be left, fewer than --min-ranks 4" \
-  "$dir/min.node0.log" || fail "min: node 0 does not name --min-ranks"
-grep -q "the group failed elsewhere: rank 3 .*fewer than --min-ranks 4" "$dir/min.node1.log" ||
-  fail "min: node 1 does not say why the group ended"
+min_ranks min 3 4 "the group failed elsewhere"
 echo "min: rank 3 killed under --min-ranks 4: both nodes exited 137"
 
 # --- min1: one rank a node, so node 1 has no rank left: it must still learn that
 # the job failed (node 0 keeps its store up until node 1's ddprun is gone).
-NPROC=1 start min1 --min-ranks 2
-kill -KILL "$(rank_pid "$dir/min1" 1)"
-wait "$node0"
-s0=$?
-wait "$node1"
-s1=$?
-[ "$s0" = 137 ] && [ "$s1" = 137 ] || fail "min1: rank 1 died of SIGKILL (137); node 0 exited $s0, node 1 $s1"
-grep -q "this node's ranks succeeded, but the group failed: rank 1 .*fewer than --min-ranks 2" "$dir/min1.node1.log" ||
-  fail "min1: node 1 does not say why the group ended"
+NPROC=1 min_ranks min1 1 2 "this node's ranks succeeded, but the group failed"
 echo "min1: rank 1, node 1's only rank, killed under --min-ranks 2: both nodes exited 137"
 echo "train_elastic_nnodes: ok"
