@@ -168,8 +168,13 @@ std::vector<OpCost> op_breakdown(const models::GptConfig& c, int64_t batch, bool
   {
     const Tensor x = leaf({rows, d}, DType::f32), w = leaf({d}, DType::f32),
                  bias = leaf({d}, DType::f32);
-    out.push_back({fmt::format("layer_norm [{}, {}]", rows, d), 2 * l + 1,
+    out.push_back({fmt::format("layer_norm [{}, {}]", rows, d), l + 1,
                    time({x, w, bias}, [&] { return F::layer_norm(x, w, bias); })});
+    // Each block's first residual add with ln_2 (Note [residual layer norm]); the
+    // backward from the norm's output only (the sum's own gradient adds one add).
+    const Tensor y = leaf({rows, d}, act);
+    out.push_back({fmt::format("residual add + layer_norm [{}, {}]", rows, d), l,
+                   time({x, y, w, bias}, [&] { return F::add_layer_norm(x, y, w, bias).out; })});
   }
   {
     const Tensor x = leaf({rows, 4 * d}, act);
@@ -178,7 +183,7 @@ std::vector<OpCost> op_breakdown(const models::GptConfig& c, int64_t batch, bool
   }
   {
     const Tensor x = leaf({b, t, d}, DType::f32), y = leaf({b, t, d}, act);
-    out.push_back({fmt::format("residual add [{}, {}, {}]", b, t, d), 2 * l,
+    out.push_back({fmt::format("residual add [{}, {}, {}]", b, t, d), l,
                    time({x, y}, [&] { return F::add(x, y); })});
   }
   {

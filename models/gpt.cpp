@@ -108,10 +108,13 @@ class Block : public nn::Cloneable<Block> {
     register_module("ln_2", std::make_shared<nn::LayerNorm>(c.d_model));
     register_module("mlp", std::make_shared<Mlp>(c, dropout_seed(gen, 2 * index + 2)));
   }
+  // The first residual add and ln_2 are one op (Note [residual layer norm]); the second
+  // add stays apart: the next norm belongs to the next block (its own ZeRO-3 unit).
   Tensor forward(const Tensor& x) override {
     const int64_t b = x.size(0), t = x.size(1);
-    const Tensor h = F::add(x, (*own_child("attn"))((*own_child("ln_1"))(x)));
-    const Tensor m = (*own_child("mlp"))(rows((*own_child("ln_2"))(h)));
+    const Tensor a = (*own_child("attn"))((*own_child("ln_1"))(x));
+    const auto [h, n] = typed<nn::LayerNorm>(own_child("ln_2"))->forward_add(x, a);
+    const Tensor m = (*own_child("mlp"))(rows(n));
     return F::add(h, unrows(m, b, t));
   }
   std::string name() const override { return "Block"; }

@@ -62,10 +62,17 @@ Tensor matmul_into(DType dtype, const Tensor& a, const Tensor& b, const MatmulOp
 
 }  // namespace
 
-Tensor add(const Tensor& a, const Tensor& b) {
-  return recorded(ddp::add(a, b), "AddBackward", {&a, &b}, [](const Tensor& g) {
+namespace {
+// sum = a + b with add's backward recorded.
+Tensor recorded_add(Tensor sum, const Tensor& a, const Tensor& b) {
+  return recorded(std::move(sum), "AddBackward", {&a, &b}, [](const Tensor& g) {
     return std::vector<Tensor>{g, g};
   });
+}
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  return recorded_add(ddp::add(a, b), a, b);
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
@@ -313,10 +320,16 @@ Tensor gelu(const Tensor& x) {
                   [x](const Tensor& g) { return std::vector<Tensor>{ddp::gelu_backward(g, x)}; });
 }
 
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
-  // Note [autocast]: f32 statistics, the output stored in the region's dtype.
+namespace {
+// Note [autocast]: layer_norm's statistics in f32, its output in the region's dtype.
+DType norm_dtype() {
   const AutocastState ac = autocast_state();
-  auto r = ddp::layer_norm(x, weight, bias, eps, ac.enabled ? ac.dtype : DType::f32);
+  return ac.enabled ? ac.dtype : DType::f32;
+}
+
+// r.out with layer_norm's backward over (x, weight, bias) recorded.
+Tensor recorded_norm(const LayerNormResult& r, const Tensor& x, const Tensor& weight,
+                     const Tensor& bias) {
   // Only the statistics are kept: the node holding its own output would be a cycle.
   LayerNormResult saved{Tensor(), r.mean, r.rstd};
   return recorded(r.out, "LayerNormBackward", {&x, &weight, &bias},
@@ -324,6 +337,19 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
                     auto grads = ddp::layer_norm_backward(g, x, saved, weight);
                     return std::vector<Tensor>{grads.x, grads.weight, grads.bias};
                   });
+}
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
+  return recorded_norm(ddp::layer_norm(x, weight, bias, eps, norm_dtype()), x, weight, bias);
+}
+
+AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& y, const Tensor& weight,
+                            const Tensor& bias, float eps) {
+  auto r = ddp::add_layer_norm(x, y, weight, bias, eps, norm_dtype());
+  // The sum's node first: the norm's edge to it needs its grad_fn.
+  Tensor sum = recorded_add(r.sum, x, y);
+  return {sum, recorded_norm(r.norm, sum, weight, bias)};
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {

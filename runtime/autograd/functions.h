@@ -56,11 +56,19 @@ Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride = 0);
 // rest by 1 / (1 - p); the mask comes from `gen`. Identity when !training or p == 0.
 Tensor dropout(const Tensor& x, float p, bool training, Generator& gen);
 
-// Transformer layers (ops/transformer_ops.h; CPU only for now).
+// Transformer layers (ops/transformer_ops.h).
 // GELU with the tanh approximation (torch's approximate='tanh').
 Tensor gelu(const Tensor& x);
 // LayerNorm over the last dim with weight and bias [d] (torch's defaults: eps 1e-5).
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
+// sum = add(x, y) and out = layer_norm(sum, weight, bias, eps) in one pass (Note
+// [residual layer norm] in ops/transformer_ops.h): the same values and gradients as
+// the two ops, each output recorded as its op records it.
+struct AddLayerNorm {
+  Tensor sum, out;
+};
+AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& y, const Tensor& weight,
+                            const Tensor& bias, float eps = 1e-5f);
 // weight [V, d] rows picked by i64 indices of any shape -> indices.shape + [d];
 // the weight's gradient is the scatter-add of the output's rows.
 Tensor embedding(const Tensor& weight, const Tensor& indices);

@@ -52,6 +52,14 @@ Tensor LayerNorm::forward(const Tensor& x) {
   return functional::layer_norm(x, weight, bias, eps_);
 }
 
+functional::AddLayerNorm LayerNorm::forward_add(const Tensor& x, const Tensor& y) {
+  if (has_forward_hooks()) {
+    Tensor sum = functional::add(x, y);
+    return {sum, (*this)(sum)};
+  }
+  return functional::add_layer_norm(x, y, weight, bias, eps_);
+}
+
 void LayerNorm::rebind_members() {
   weight = own_parameter("weight");
   bias = own_parameter("bias");

@@ -66,6 +66,10 @@ class LayerNorm : public Cloneable<LayerNorm> {
  public:
   explicit LayerNorm(int64_t dim, float eps = 1e-5f);
   Tensor forward(const Tensor& x) override;
+  // {x + y, this(x + y)}: a residual add and this norm in one pass
+  // (functional::add_layer_norm). With forward hooks (a ZeRO-3 unit gathers its
+  // parameters in them), the add and then a call through the hooks.
+  functional::AddLayerNorm forward_add(const Tensor& x, const Tensor& y);
   std::string name() const override { return "LayerNorm"; }
   std::string extra_repr() const override;
   Tensor weight, bias;  // [dim], [dim]

@@ -62,6 +62,7 @@ class Module {
   using ForwardHook = std::function<Tensor(Module&, const Tensor& output)>;
   int add_forward_hooks(ForwardPreHook pre, ForwardHook post);
   void remove_forward_hooks(int id);
+  bool has_forward_hooks() const { return !hooks_.empty(); }
   // This module and its descendants with their dotted names ("" for this one),
   // depth first in registration order (torch's named_modules()).
   std::vector<std::pair<std::string, Module*>> named_modules(const std::string& prefix = "");

@@ -40,11 +40,27 @@ void check_last_dim(std::string_view op, const Tensor& x) {
             shape_str(x.shape()));
 }
 
-void check_row_param(const Tensor& p, const Tensor& x, const char* what) {
-  check_f32("layer_norm", p, what);
+void check_row_param(const Tensor& p, const Tensor& x, const char* what,
+                     std::string_view op = "layer_norm") {
+  check_f32(op, p, what);
   DDP_CHECK(p.dim() == 1 && p.size(0) == x.size(-1),
-            "layer_norm: {} has shape {}, expected [{}] (the last dim of input {})", what,
+            "{}: {} has shape {}, expected [{}] (the last dim of input {})", op, what,
             shape_str(p.shape()), x.size(-1), shape_str(x.shape()));
+}
+
+// layer_norm's checks of an f32 x, its parameters and eps.
+void check_layer_norm(std::string_view op, const Tensor& x, const Tensor& weight,
+                      const Tensor& bias, float eps) {
+  check_last_dim(op, x);
+  check_row_param(weight, x, "weight", op);
+  check_row_param(bias, x, "bias", op);
+  DDP_CHECK(eps > 0.0f, "{}: eps must be > 0 (it keeps 1 / sqrt(var + eps) finite), got {}", op,
+            eps);
+}
+
+void check_norm_dtype(std::string_view op, DType out_dtype) {
+  DDP_CHECK(out_dtype == DType::f32 || is_16bit(out_dtype),
+            "{}: out_dtype must be f32, bf16 or f16, got {}", op, dtype_name(out_dtype));
 }
 
 Tensor softmax_any(const Tensor& x, bool log) {
@@ -97,17 +113,12 @@ LayerNormResult layer_norm(const Tensor& x, const Tensor& weight, const Tensor& 
                            DType out_dtype) {
   check_same_device({&x, &weight, &bias});
   check_float("layer_norm", x);
-  DDP_CHECK(out_dtype == DType::f32 || is_16bit(out_dtype),
-            "layer_norm: out_dtype must be f32, bf16 or f16, got {}", dtype_name(out_dtype));
+  check_norm_dtype("layer_norm", out_dtype);
   if (is_16bit(x.dtype())) {  // statistics in f32, as autocast computes layer_norm
     LayerNormResult r = layer_norm(widened(x), weight, bias, eps, out_dtype);
     return r;
   }
-  check_last_dim("layer_norm", x);
-  check_row_param(weight, x, "weight");
-  check_row_param(bias, x, "bias");
-  DDP_CHECK(eps > 0.0f, "layer_norm: eps must be > 0 (it keeps 1 / sqrt(var + eps) finite), got {}",
-            eps);
+  check_layer_norm("layer_norm", x, weight, bias, eps);
   const int64_t rows = x.numel() / x.size(-1);
   if (x.device().is_cpu() && out_dtype != DType::f32) {  // Note [16-bit on the cpu]
     LayerNormResult r = layer_norm(x, weight, bias, eps);
@@ -117,6 +128,38 @@ LayerNormResult layer_norm(const Tensor& x, const Tensor& weight, const Tensor& 
   LayerNormResult r{empty(x.shape(), {.dtype = out_dtype, .device = x.device()}),
                     empty({rows}, {.device = x.device()}), empty({rows}, {.device = x.device()})};
   if (rows > 0) DDP_DISPATCH(x.device(), layer_norm, x, weight, bias, eps, r.out, r.mean, r.rstd);
+  return r;
+}
+
+AddLayerNormResult add_layer_norm(const Tensor& x, const Tensor& y, const Tensor& weight,
+                                  const Tensor& bias, float eps, DType out_dtype) {
+  constexpr std::string_view op = "add_layer_norm";
+  check_same_device({&x, &y, &weight, &bias});
+  check_float(op, x, "x");
+  check_float(op, y, "y");
+  check_same_shape(op, x, y);
+  check_norm_dtype(op, out_dtype);
+  const bool fused = x.dtype() == DType::f32 && (x.device().is_cpu() || x.device().is_cuda());
+  if (!fused) {
+    Tensor sum = add(x, y);
+    return {sum, layer_norm(sum, weight, bias, eps, out_dtype)};
+  }
+  check_layer_norm(op, x, weight, bias, eps);
+  if (x.device().is_cpu() && (is_16bit(y.dtype()) || out_dtype != DType::f32)) {
+    // Note [16-bit on the cpu]: f32 kernels, the output rounded after.
+    AddLayerNormResult r = add_layer_norm(x, widened(y), weight, bias, eps);
+    r.norm.out = narrowed(r.norm.out, out_dtype);
+    return r;
+  }
+  const int64_t rows = x.numel() / x.size(-1);
+  const Device& device = x.device();
+  AddLayerNormResult r{like(x),
+                       {empty(x.shape(), {.dtype = out_dtype, .device = device}),
+                        empty({rows}, {.device = device}), empty({rows}, {.device = device})}};
+  if (rows > 0) {
+    DDP_DISPATCH(device, residual_layer_norm, x, y, weight, bias, eps, r.sum, r.norm.out,
+                 r.norm.mean, r.norm.rstd);
+  }
   return r;
 }
 

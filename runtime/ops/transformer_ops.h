@@ -27,6 +27,26 @@ struct LayerNormResult {
 // [autocast] in autograd/autocast.h stores it in bf16).
 LayerNormResult layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
                            float eps = 1e-5f, DType out_dtype = DType::f32);
+// Note [residual layer norm]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A pre-LayerNorm transformer block adds a branch to the residual stream and
+// normalizes the result at once: h = x + attn(ln_1(x)), then ln_2(h). As two ops,
+// the add writes h and the norm reads it back; add_layer_norm writes h and normalizes
+// each row while it is still in the cache (llm.c's fused residual forward), one
+// kernel instead of two. The bits are those of add(x, y) then layer_norm(sum): the
+// sum rounded to f32 once, then the same per-row code (CPU: norm_row, CUDA: the
+// norm_row device function, both shared with layer_norm). Fused when x is f32 (the
+// residual stream always is: Note [autocast]) on the CPU or CUDA; otherwise it runs
+// the two ops. The backward is the two ops' backwards.
+struct AddLayerNormResult {
+  Tensor sum;            // x + y: f32 when x is f32 (promotion), x's shape
+  LayerNormResult norm;  // layer_norm(sum, weight, bias, eps, out_dtype)
+};
+// x and y of one shape and device, float; weight and bias as layer_norm's.
+AddLayerNormResult add_layer_norm(const Tensor& x, const Tensor& y, const Tensor& weight,
+                                  const Tensor& bias, float eps = 1e-5f,
+                                  DType out_dtype = DType::f32);
+
 // grad f32 or 16-bit; the gradients have the dtypes of x, weight and bias.
 struct LayerNormGrads {
   Tensor x, weight, bias;

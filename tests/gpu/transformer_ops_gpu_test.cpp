@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace ddp {
@@ -96,6 +97,39 @@ TEST(TransformerOpsGpu, LayerNormAndBackwardMatchCpuAndAreDeterministic) {
     expect_same_bytes(again.weight, ggpu.weight);
     expect_same_bytes(again.bias, ggpu.bias);
     expect_same_bytes(again.x, ggpu.x);
+  }
+}
+
+// Note [residual layer norm]: on the GPU the fused kernel gives the bits of add then
+// layer_norm there (the same device code), and matches the CPU's fused op, for an f32
+// and a bf16 branch and an f32 and a bf16 output, at GPT-2's row (768) and odd shapes.
+TEST(TransformerOpsGpu, AddLayerNormGivesTheBitsOfAddThenLayerNorm) {
+  DDP_REQUIRE_CUDA();
+  uint64_t seed = 20;
+  for (const Shape& shape : {Shape{4, 64, 768}, Shape{3, 7, 33}, Shape{2, 5000}, Shape{9, 1}}) {
+    for (DType y_dtype : {DType::f32, DType::bf16}) {
+      for (DType out_dtype : {DType::f32, DType::bf16}) {
+        SCOPED_TRACE(shape_str(shape) + " y " + std::string(dtype_name(y_dtype)) + " out " +
+                     std::string(dtype_name(out_dtype)));
+        const int64_t d = shape.back();
+        const Tensor x = add(randn(shape, ++seed), full(shape, 20.0f));
+        const Tensor y = cast(randn(shape, ++seed), y_dtype);
+        const Tensor w = randn({d}, ++seed), b = randn({d}, ++seed);
+        const Tensor gx = x.to(kGpu), gy = y.to(kGpu), gw = w.to(kGpu), gb = b.to(kGpu);
+        const AddLayerNormResult fused = add_layer_norm(gx, gy, gw, gb, 1e-5f, out_dtype);
+        const Tensor sum = add(gx, gy);
+        const LayerNormResult apart = layer_norm(sum, gw, gb, 1e-5f, out_dtype);
+        expect_same_bytes(fused.sum, sum);
+        expect_same_bytes(fused.norm.out, apart.out);
+        expect_same_bytes(fused.norm.mean, apart.mean);
+        expect_same_bytes(fused.norm.rstd, apart.rstd);
+        const AddLayerNormResult cpu = add_layer_norm(x, y, w, b, 1e-5f, out_dtype);
+        expect_same_bytes(fused.sum, cpu.sum);  // one f32 add each
+        expect_close(cast(fused.norm.out, DType::f32), cast(cpu.norm.out, DType::f32),
+                     out_dtype == DType::f32 ? 1e-5 : 8e-3);
+        expect_close(fused.norm.rstd, cpu.norm.rstd, 1e-5);
+      }
+    }
   }
 }
 

@@ -282,11 +282,14 @@ TEST(Zero3Parity, GptAccumulationAndClippingThreeRanksShm) {
 TEST(Zero3Parity, GptKeptAfterForwardNoPrefetchTwoRanksShm) {
   run_parity("shm", 2, {.gpt = true, .reshard_after_forward = false, .prefetch = false});
 }
-// Units the user names, nested ones too: a block and, inside another, its mlp.
+// Units the user names, nested ones too: a block and, inside another, its mlp and
+// its ln_2 (whose residual add + norm then runs unfused, through the unit's hooks:
+// Note [residual layer norm]).
 TEST(Zero3Parity, GptNamedUnitsThreeRanksShm) {
-  run_parity(
-      "shm", 3,
-      {.gpt = true, .units = {"transformer.h.0", "transformer.h.1.mlp", "transformer.ln_f"}});
+  run_parity("shm", 3,
+             {.gpt = true,
+              .units = {"transformer.h.0", "transformer.h.1.mlp", "transformer.h.1.ln_2",
+                        "transformer.ln_f"}});
 }
 TEST(Zero3Parity, MlpTwoRanksGloo) {
   run_parity("gloo", 2);

@@ -5,17 +5,23 @@
 #include "runtime/ops/transformer_ops.h"
 #include "ddp/config.h"
 #include "runtime/autograd/functions.h"
+#include "runtime/nn/layers.h"
 #include "runtime/ops/kernels.h"
 #include "runtime/ops/ops.h"
 #include "tests/unit/gradcheck.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 namespace ddp {
 namespace {
@@ -107,6 +113,117 @@ TEST(TransformerOps, LayerNormGradientsMatchFiniteDifferences) {
 TEST(TransformerOps, LayerNormRejectsParametersOfTheWrongSize) {
   const std::string msg = value_error([] { layer_norm(randn({2, 4}, 1), ones({3}), zeros({4})); });
   EXPECT_NE(msg.find("weight has shape [3], expected [4]"), std::string::npos) << msg;
+}
+
+// Note [residual layer norm]: the fused op gives the bits of add then layer_norm.
+void expect_same_bits(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const Tensor a = cast(got, DType::f32), b = cast(want, DType::f32);
+  const auto x = a.to_vector<float>(), y = b.to_vector<float>();
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(x[i]), std::bit_cast<uint32_t>(y[i]))
+        << what << " element " << i << ": " << x[i] << " vs " << y[i];
+  }
+}
+
+TEST(TransformerOps, AddLayerNormGivesTheBitsOfAddThenLayerNorm) {
+  const Tensor x = scale(randn({3, 5, 37}, 51), 3.0f), w = randn({37}, 52), b = randn({37}, 53);
+  for (DType y_dtype : {DType::f32, DType::bf16}) {
+    for (DType out_dtype : {DType::f32, DType::bf16}) {
+      const std::string what =
+          fmt::format("y {}, out {}", dtype_name(y_dtype), dtype_name(out_dtype));
+      const Tensor y = cast(randn({3, 5, 37}, 54), y_dtype);
+      const auto fused = add_layer_norm(x, y, w, b, 1e-5f, out_dtype);
+      const Tensor sum = add(x, y);
+      const auto apart = layer_norm(sum, w, b, 1e-5f, out_dtype);
+      expect_same_bits(fused.sum, sum, what + ": sum");
+      expect_same_bits(fused.norm.out, apart.out, what + ": out");
+      expect_same_bits(fused.norm.mean, apart.mean, what + ": mean");
+      expect_same_bits(fused.norm.rstd, apart.rstd, what + ": rstd");
+    }
+  }
+  // A 16-bit x is not fused (the sum would be 16-bit): the two ops, the same bits.
+  const Tensor xh = cast(x, DType::bf16), yh = cast(randn({3, 5, 37}, 55), DType::bf16);
+  const auto r = add_layer_norm(xh, yh, w, b);
+  expect_same_bits(r.sum, add(xh, yh), "bf16 x: sum");
+  expect_same_bits(r.norm.out, layer_norm(add(xh, yh), w, b).out, "bf16 x: out");
+}
+
+// Both outputs feed the loss, as in a block (h goes on down the residual stream,
+// ln_2(h) into the MLP): every gradient equals the two ops' bit for bit.
+TEST(TransformerOps, AddLayerNormGradientsAreTheTwoOpsGradients) {
+  const Tensor p_sum = randn({4, 24}, 61), p_out = randn({4, 24}, 62);
+  const auto run = [&](bool fused) {
+    std::vector<Tensor> in{randn({4, 24}, 63), randn({4, 24}, 64), randn({24}, 65),
+                           randn({24}, 66)};
+    for (Tensor& t : in) set_requires_grad(t, true);
+    Tensor sum, out;
+    if (fused) {
+      std::tie(sum, out) = [&] {
+        auto r = F::add_layer_norm(in[0], in[1], in[2], in[3]);
+        return std::pair{r.sum, r.out};
+      }();
+    } else {
+      sum = F::add(in[0], in[1]);
+      out = F::layer_norm(sum, in[2], in[3]);
+    }
+    backward(F::add(F::sum(F::mul(sum, p_sum)), F::sum(F::mul(out, p_out))));
+    std::vector<Tensor> grads;
+    for (const Tensor& t : in) grads.push_back(grad(t));
+    return grads;
+  };
+  const auto fused = run(true), apart = run(false);
+  const char* names[] = {"x", "y", "weight", "bias"};
+  for (size_t i = 0; i < fused.size(); ++i) expect_same_bits(fused[i], apart[i], names[i]);
+}
+
+TEST(TransformerOps, AddLayerNormGradientsMatchFiniteDifferences) {
+  gradcheck(
+      [](auto& in) {
+        auto r = F::add_layer_norm(in[0], in[1], in[2], in[3]);
+        return F::add(r.out, F::scale(r.sum, 0.5f));
+      },
+      {randn({2, 3, 6}, 71), randn({2, 3, 6}, 72), randn({6}, 73), randn({6}, 74)}, 1e-2, 3e-3);
+}
+
+TEST(TransformerOps, AddLayerNormNamesBadInput) {
+  std::string msg = value_error([] {
+    add_layer_norm(randn({2, 4}, 1), randn({4, 2}, 2), ones({4}), zeros({4}));
+  });
+  EXPECT_NE(msg.find("add_layer_norm: shapes [2, 4] and [4, 2] must be equal"), std::string::npos)
+      << msg;
+  msg = value_error([] {
+    add_layer_norm(randn({2, 4}, 1), randn({2, 4}, 2), ones({3}), zeros({4}));
+  });
+  EXPECT_NE(msg.find("add_layer_norm: weight has shape [3], expected [4]"), std::string::npos)
+      << msg;
+  msg = value_error([] {
+    add_layer_norm(randn({2, 4}, 1), randn({2, 4}, 2), ones({4}), zeros({4}), 0.0f);
+  });
+  EXPECT_NE(msg.find("add_layer_norm: eps must be > 0"), std::string::npos) << msg;
+  msg = value_error([] {
+    add_layer_norm(randn({2, 4}, 1), randn({2, 4}, 2), ones({4}), zeros({4}), 1e-5f, DType::i64);
+  });
+  EXPECT_NE(msg.find("add_layer_norm: out_dtype must be f32, bf16 or f16, got i64"),
+            std::string::npos)
+      << msg;
+}
+
+// A LayerNorm with forward hooks (a ZeRO-3 unit) adds first and runs them around the
+// norm; without hooks it fuses. Both give the two ops' values.
+TEST(TransformerOps, LayerNormForwardAddRunsTheModulesHooks) {
+  nn::LayerNorm norm(8);
+  copy_(norm.weight, randn({8}, 81));
+  const Tensor x = randn({3, 8}, 82), y = randn({3, 8}, 83);
+  const Tensor want = F::layer_norm(F::add(x, y), norm.weight, norm.bias);
+  expect_same_bits(norm.forward_add(x, y).out, want, "no hooks");
+  int calls = 0;
+  norm.add_forward_hooks([&](nn::Module&) { ++calls; }, {});
+  const auto r = norm.forward_add(x, y);
+  EXPECT_EQ(calls, 1);
+  expect_same_bits(r.sum, F::add(x, y), "hooks: sum");
+  expect_same_bits(r.out, want, "hooks: out");
 }
 
 TEST(TransformerOps, EmbeddingPicksRowsAndRepeatedIndicesAccumulate) {
@@ -495,6 +612,10 @@ TEST(TransformerOps, CudaEntriesOfABuildWithoutCudaNameTheOpAndTheFix) {
                                [&] { kernels::cuda::attention_forward(qkv, 1, y, probs); });
   Tensor total = empty({});
   expect_no_cuda_build_message("sum_squares", [&] { kernels::cuda::sum_squares(x, total); });
+  Tensor sum = empty({2}), mean = empty({1}), rstd = empty({1});
+  expect_no_cuda_build_message("residual_layer_norm", [&] {
+    kernels::cuda::residual_layer_norm(x, x, x, x, 1e-5f, sum, out, mean, rstd);
+  });
 #endif
 }
 

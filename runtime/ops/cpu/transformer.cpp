@@ -96,27 +96,57 @@ void gelu_backward(const Tensor& grad, const Tensor& x, Tensor& out) {
   }
 }
 
+namespace {
+
+// One row of layer_norm: two passes over src (var = E[(x - mu)^2] does not cancel like
+// E[x^2] - mu^2), the sums in double.
+DDP_CPU_INLINE void norm_row(const float* src, int64_t d, const float* w, const float* b, float eps,
+                             float* dst, float& mean, float& rstd) {
+  double sum = 0.0;
+  for (int64_t j = 0; j < d; ++j) sum += src[j];
+  const double mu = sum / static_cast<double>(d);
+  double sq = 0.0;
+  for (int64_t j = 0; j < d; ++j) sq += (src[j] - mu) * (src[j] - mu);
+  const auto inv = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(d) + eps));
+  const auto m = static_cast<float>(mu);
+  for (int64_t j = 0; j < d; ++j) dst[j] = (src[j] - m) * inv * w[j] + b[j];
+  mean = m;
+  rstd = inv;
+}
+
+}  // namespace
+
 DDP_CPU_CLONES
 void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out,
                 Tensor& mean, Tensor& rstd) {
   const auto [rows, d] = rows_of(x);
   const float* w = weight.data<float>();
   const float* b = bias.data<float>();
-  float* mu_out = mean.data<float>();
-  float* rstd_out = rstd.data<float>();
+  const float* src = x.data<float>();
+  float* dst = out.data<float>();
+  float* mu = mean.data<float>();
+  float* inv = rstd.data<float>();
+  for (int64_t r = 0; r < rows; ++r)
+    norm_row(src + r * d, d, w, b, eps, dst + r * d, mu[r], inv[r]);
+}
+
+// Each row's sum is written and then normalized while it is still in the cache: the
+// same bits as add then layer_norm (Note [residual layer norm] in transformer_ops.h).
+DDP_CPU_CLONES
+void residual_layer_norm(const Tensor& x, const Tensor& y, const Tensor& weight, const Tensor& bias,
+                         float eps, Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd) {
+  const auto [rows, d] = rows_of(x);
+  const float* w = weight.data<float>();
+  const float* b = bias.data<float>();
+  const float* a = x.data<float>();
+  const float* c = y.data<float>();
+  float* s = sum.data<float>();
+  float* dst = out.data<float>();
+  float* mu = mean.data<float>();
+  float* inv = rstd.data<float>();
   for (int64_t r = 0; r < rows; ++r) {
-    const float* src = x.data<float>() + r * d;
-    float* dst = out.data<float>() + r * d;
-    double sum = 0.0;
-    for (int64_t j = 0; j < d; ++j) sum += src[j];
-    const double mu = sum / static_cast<double>(d);
-    double sq = 0.0;  // two passes: var = E[(x - mu)^2] does not cancel like E[x^2] - mu^2
-    for (int64_t j = 0; j < d; ++j) sq += (src[j] - mu) * (src[j] - mu);
-    const auto inv = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(d) + eps));
-    const auto m = static_cast<float>(mu);
-    for (int64_t j = 0; j < d; ++j) dst[j] = (src[j] - m) * inv * w[j] + b[j];
-    mu_out[r] = m;
-    rstd_out[r] = inv;
+    for (int64_t j = r * d; j < (r + 1) * d; ++j) s[j] = a[j] + c[j];
+    norm_row(s + r * d, d, w, b, eps, dst + r * d, mu[r], inv[r]);
   }
 }
 

@@ -66,32 +66,52 @@ struct GeluBackwardFn {
   }
 };
 
-// Two passes over the row, as the CPU: var = E[(x - mu)^2] does not cancel. Out: the
-// output's type (bf16 under autocast: Note [autocast]), each element rounded once.
+// One row of layer_norm for the calling block: two passes over src, as the CPU: var =
+// E[(x - mu)^2] does not cancel. Out: the output's type (bf16 under autocast: Note
+// [autocast]), each element rounded once. Thread t reads only the columns t, t +
+// blockDim.x, ..., so src may be what the same thread has just written.
+template <typename Out>
+__device__ void norm_row(const float* src, const float* w, const float* b, float eps, int64_t d,
+                         Out* dst, float* mean, float* rstd) {
+  double sum = 0.0;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) sum += src[j];
+  const double mu = block_all_sum(sum) / static_cast<double>(d);
+  double sq = 0.0;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    const double c = src[j] - mu;
+    sq += c * c;
+  }
+  sq = block_all_sum(sq);
+  const auto inv = static_cast<float>(1.0 / sqrt(sq / static_cast<double>(d) + eps));
+  const auto m = static_cast<float>(mu);
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    dst[j] = from_float<Out>((src[j] - m) * inv * w[j] + b[j]);
+  }
+  if (threadIdx.x == 0) {
+    *mean = m;
+    *rstd = inv;
+  }
+}
+
 template <typename Out>
 __global__ void layer_norm_kernel(const float* x, const float* w, const float* b, float eps,
                                   int64_t rows, int64_t d, Out* out, float* mean, float* rstd) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float* src = x + r * d;
-    Out* dst = out + r * d;
-    double sum = 0.0;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) sum += src[j];
-    const double mu = block_all_sum(sum) / static_cast<double>(d);
-    double sq = 0.0;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-      const double c = src[j] - mu;
-      sq += c * c;
-    }
-    sq = block_all_sum(sq);
-    const auto inv = static_cast<float>(1.0 / sqrt(sq / static_cast<double>(d) + eps));
-    const auto m = static_cast<float>(mu);
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-      dst[j] = from_float<Out>((src[j] - m) * inv * w[j] + b[j]);
-    }
-    if (threadIdx.x == 0) {
-      mean[r] = m;
-      rstd[r] = inv;
-    }
+    norm_row(x + r * d, w, b, eps, d, out + r * d, mean + r, rstd + r);
+  }
+}
+
+// sum = x + y, rounded to f32 as the binary add rounds it, then norm_row over the
+// row of sum each thread has just written (Note [residual layer norm]).
+template <typename Y, typename Out>
+__global__ void residual_layer_norm_kernel(const float* x, const Y* y, const float* w,
+                                           const float* b, float eps, int64_t rows, int64_t d,
+                                           float* sum, Out* out, float* mean, float* rstd) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    float* s = sum + r * d;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
+      s[j] = x[r * d + j] + to_float(y[r * d + j]);
+    norm_row(s, w, b, eps, d, out + r * d, mean + r, rstd + r);
   }
 }
 
@@ -321,6 +341,23 @@ void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float
         ptr<Out>(out), ptr<float>(mean), ptr<float>(rstd));
   });
   cuda_api::check_last_error("layer_norm_kernel");
+}
+
+void residual_layer_norm(const Tensor& x, const Tensor& y, const Tensor& weight, const Tensor& bias,
+                         float eps, Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd) {
+  const auto [rows, d] = rows_of(x);
+  if (rows == 0) return;
+  cuda_api::DeviceGuard guard(out.device().index);
+  dispatch_float(y.dtype(), [&](auto y_tag) {
+    using Y = typename decltype(y_tag)::type;
+    dispatch_float(out.dtype(), [&](auto out_tag) {
+      using Out = typename decltype(out_tag)::type;
+      residual_layer_norm_kernel<Y, Out><<<row_blocks(rows), kThreads, 0, stream_of(out)>>>(
+          ptr<const float>(x), ptr<const Y>(y), ptr<const float>(weight), ptr<const float>(bias),
+          eps, rows, d, ptr<float>(sum), ptr<Out>(out), ptr<float>(mean), ptr<float>(rstd));
+    });
+  });
+  cuda_api::check_last_error("residual_layer_norm_kernel");
 }
 
 void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& mean,

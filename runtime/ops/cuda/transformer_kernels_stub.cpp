@@ -19,6 +19,10 @@ void gelu_backward(const Tensor&, const Tensor&, Tensor&) {
 void layer_norm(const Tensor&, const Tensor&, const Tensor&, float, Tensor&, Tensor&, Tensor&) {
   DDP_NO_CUDA_TRANSFORMER_KERNEL("layer_norm");
 }
+void residual_layer_norm(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, Tensor&,
+                         Tensor&, Tensor&, Tensor&) {
+  DDP_NO_CUDA_TRANSFORMER_KERNEL("residual_layer_norm");
+}
 void layer_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                          Tensor&, Tensor&, Tensor&) {
   DDP_NO_CUDA_TRANSFORMER_KERNEL("layer_norm_backward");
