@@ -7,6 +7,7 @@
 #include "runtime/autograd/autocast.h"
 #include "runtime/autograd/functions.h"
 #include "runtime/memory/allocator.h"
+#include "runtime/ops/cuda/linear_lt.h"
 #include "runtime/ops/ops.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/rng/generator.h"
@@ -103,7 +104,10 @@ double ms_since(Clock::time_point start, const Device& device) {
 // device synchronized around each, its inputs' gradients cleared before each run (as
 // zero_grad does). The ops do not overlap, so their sum is comparable with the
 // forward + backward phases of the step; the rest is what the step does besides
-// them (reshapes, the casts of the parameters, the loss's reduction).
+// them (reshapes, the casts of the parameters, the loss's reduction). A row counted 0
+// times per step is an alternative timed for comparison, in parentheses: on CUDA under
+// bf16, each linear layer with its bias gradient as a column sum instead of the weight
+// gradient matmul's epilogue (Note [weight gradient epilogue]).
 struct OpCost {
   std::string name;
   int64_t per_step;
@@ -152,14 +156,26 @@ std::vector<OpCost> op_breakdown(const models::GptConfig& c, int64_t batch, bool
     const Tensor bb = bias ? leaf({out_f}, DType::f32) : Tensor();
     std::vector<Tensor> leaves{x, w};
     if (bias) leaves.push_back(bb);
-    return OpCost{fmt::format("{} [{}, {}] x [{}, {}]^T", name, rows, in, out_f, in), count,
-                  time(leaves, [&] { return F::linear(x, w, bb); })};
+    const std::string shape = fmt::format("[{}, {}] x [{}, {}]^T", rows, in, out_f, in);
+    out.push_back({fmt::format("{} {}", name, shape), count,
+                   time(leaves, [&] { return F::linear(x, w, bb); })});
+    // Note [weight gradient epilogue]: the same op with the bias gradient as a column
+    // sum after the weight gradient's matmul, once per step 0 (an alternative, not a
+    // part of the step).
+    if (bias && device.is_cuda() && bf16 && kernels::cuda::lt_bias_grad_enabled()) {
+      kernels::cuda::set_lt_bias_grad_enabled(false);
+      const double apart = time(leaves, [&] { return F::linear(x, w, bb); });
+      kernels::cuda::set_lt_bias_grad_enabled(true);
+      out.push_back(
+          {fmt::format("({} {}, bias gradient as a column sum: DDP_LT_BIAS_GRAD=0)", name, shape),
+           0, apart});
+    }
   };
-  out.push_back(linear("linear c_attn", l, d, 3 * d, true));
-  out.push_back(linear("linear attn c_proj", l, d, d, true));
-  out.push_back(linear("linear c_fc", l, d, 4 * d, true));
-  out.push_back(linear("linear mlp c_proj", l, 4 * d, d, true));
-  out.push_back(linear("linear head (tied wte)", 1, d, v, false));
+  linear("linear c_attn", l, d, 3 * d, true);
+  linear("linear attn c_proj", l, d, d, true);
+  linear("linear c_fc", l, d, 4 * d, true);
+  linear("linear mlp c_proj", l, 4 * d, d, true);
+  linear("linear head (tied wte)", 1, d, v, false);
   {
     const Tensor qkv = leaf({b, t, 3 * d}, act);
     out.push_back({fmt::format("attention [{}, {}, {}], {} heads", b, t, 3 * d, c.heads), l,

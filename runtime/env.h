@@ -98,6 +98,10 @@ inline constexpr const char* kOneDnn = "DDP_ONEDNN";
 // "0": bf16 / f16 attention on CUDA keeps the packed kernels instead of cuDNN's fused
 // attention (Note [fused attention] in ops/transformer_ops.h).
 inline constexpr const char* kCudnnAttention = "DDP_CUDNN_ATTENTION";
+// "0": a 16-bit linear layer's bias gradient on CUDA is a column-sum kernel after the
+// weight gradient's cublasGemmEx instead of cuBLASLt's BGRADB epilogue on one matmul
+// (Note [weight gradient epilogue] in ops/cuda/lt_plan.h).
+inline constexpr const char* kLtBiasGrad = "DDP_LT_BIAS_GRAD";
 inline constexpr const char* kTestBf16Emulate = "DDP_TEST_BF16_EMULATE";
 // Testing aid: "1" makes `train --precision bf16` on the CPU run CUDA's autocast rules
 // (Note [autocast]; the CPU widens 16-bit tensors, so it is slow) instead of oneDNN's bf16

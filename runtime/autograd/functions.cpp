@@ -149,9 +149,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                     std::vector<Tensor> grads(3);
                     if (x_needs) grads[0] = matmul_into(x_dtype, g, wl, {});
                     // Note [gradient destinations]
-                    grads[1] = matmul_into(weight.dtype(), g, xl, {.trans_a = true},
-                                           gradient_destination(weight));
-                    if (has_bias) grads[2] = ddp::sum(g, 0);
+                    auto p = ddp::linear_param_grads(g, xl, weight.dtype(), has_bias,
+                                                     gradient_destination(weight));
+                    grads[1] = std::move(p.weight);
+                    grads[2] = std::move(p.bias);
                     return grads;
                   });
 }

@@ -191,6 +191,31 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return out;
 }
 
+LinearParamGrads linear_param_grads(const Tensor& grad, const Tensor& x, DType weight_dtype,
+                                    bool with_bias, Tensor into) {
+  check_same_device({&grad, &x});
+  DDP_CHECK(grad.dim() == 2 && x.dim() == 2 && grad.size(0) == x.size(0),
+            "linear backward: the output's gradient {} and the input {} must be [N, out] and "
+            "[N, in] with the same N",
+            shape_str(grad.shape()), shape_str(x.shape()));
+  const int64_t out = grad.size(1), in = x.size(1);
+  if (into.defined()) {
+    check_same_device({&grad, &into});
+    DDP_CHECK(into.shape() == (Shape{out, in}) && into.dtype() == weight_dtype,
+              "linear backward: the weight gradient's memory is {} {}, expected {} [{}, {}]",
+              dtype_name(into.dtype()), shape_str(into.shape()), dtype_name(weight_dtype), out, in);
+  } else {
+    into = empty({out, in}, {.dtype = weight_dtype, .device = grad.device()});
+  }
+  if (with_bias && grad.device().is_cuda() && is_16bit(grad.dtype()) && x.dtype() == grad.dtype() &&
+      weight_dtype == DType::f32) {
+    Tensor bias = empty({out}, {.device = grad.device()});
+    if (kernels::cuda::linear_weight_grad_lt(grad, x, into, bias)) return {into, bias};
+  }
+  matmul_out(grad, x, into, {.trans_a = true});
+  return {into, with_bias ? sum(grad, 0) : Tensor()};
+}
+
 Tensor add(const Tensor& a, const Tensor& b) {
   return binary_op("add", kernels::BinaryOp::add, a, b);
 }

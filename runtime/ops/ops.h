@@ -40,6 +40,18 @@ void matmul_out(const Tensor& a, const Tensor& b, Tensor& out, const MatmulOptio
 // it or is f32. 16-bit operands accumulate in f32 and the bias is added before the
 // one rounding to the output (cuBLASLt's bias epilogue on CUDA where it is loaded).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// linear's parameter gradients from the output's gradient grad [N, out] and the input
+// x [N, in] as the product read it (grad and x of one dtype): weight = grad^T x in
+// weight_dtype (x's, or f32 for 16-bit operands), written into `into` when it is
+// defined ([out, in] of weight_dtype), and, when with_bias, bias = the sum of grad's
+// rows (f32). For 16-bit operands on CUDA into f32, one cuBLASLt matmul gives both
+// (Note [weight gradient epilogue] in ops/cuda/lt_plan.h); otherwise a matmul and a
+// column sum.
+struct LinearParamGrads {
+  Tensor weight, bias;
+};
+LinearParamGrads linear_param_grads(const Tensor& grad, const Tensor& x, DType weight_dtype,
+                                    bool with_bias, Tensor into = Tensor());
 
 // Elementwise on one shape. Equal dtypes give that dtype; mixed ones (bf16 with f32)
 // give f32, PyTorch's promotion.

@@ -20,9 +20,10 @@ namespace ddp::kernels::lt_plan {
 namespace {
 
 // D = op(A) op(B) (+ bias per row of D), column-major, in double; A is cuBLASLt's
-// first operand (our second), B its second (our first).
+// first operand (our second), B its second (our first). With a BGRADB epilogue,
+// *bias_grad gets the sums of op(B) over k, one per column of D.
 std::vector<float> replay(const Plan& p, const std::vector<float>& a, const std::vector<float>& b,
-                          const std::vector<float>& bias) {
+                          const std::vector<float>& bias, std::vector<float>* bias_grad = nullptr) {
   EXPECT_GE(p.a.ld, std::max<int64_t>(1, p.a.rows));
   EXPECT_GE(p.b.ld, std::max<int64_t>(1, p.b.rows));
   EXPECT_GE(p.d.ld, std::max<int64_t>(1, p.d.rows));
@@ -42,6 +43,15 @@ std::vector<float> replay(const Plan& p, const std::vector<float>& a, const std:
                b.at(static_cast<size_t>(at(p.b, p.trans_b, l, j)));
       }
       d.at(static_cast<size_t>(at(p.d, false, i, j))) = static_cast<float>(acc);
+    }
+  }
+  if (p.bias_grad_length > 0) {
+    EXPECT_EQ(p.bias_grad_length, p.n);
+    bias_grad->assign(static_cast<size_t>(p.n), 0.0f);
+    for (int64_t j = 0; j < p.n; ++j) {
+      double acc = 0.0;
+      for (int64_t l = 0; l < p.k; ++l) acc += b.at(static_cast<size_t>(at(p.b, p.trans_b, l, j)));
+      (*bias_grad)[static_cast<size_t>(j)] = static_cast<float>(acc);
     }
   }
   return d;
@@ -65,6 +75,22 @@ TEST(LtPlan, LinearReplaysAsTheCpuLinear) {
       const auto d = replay(p, w.to_vector<float>(), x.to_vector<float>(), b.to_vector<float>());
       expect_close(d, linear(x, w, with_bias ? b : Tensor()));
     }
+  }
+}
+
+// Note [weight gradient epilogue]: the plan's D is the CPU's weight gradient
+// matmul(g, x, trans_a) and its BGRADB sums are the CPU's bias gradient sum(g, 0).
+TEST(LtPlan, WeightGradientAndItsBiasEpilogueReplayAsTheCpu) {
+  for (const auto& [rows, in, out] :
+       std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {7, 5, 3}, {4, 16, 9}, {32, 24, 40}}) {
+    const Tensor g = randn({rows, out}, 6), x = randn({rows, in}, 7);
+    const Plan p = weight_grad_plan(rows, in, out, true);
+    EXPECT_EQ(p.bias_length, 0);
+    std::vector<float> bias_grad;
+    const auto d = replay(p, x.to_vector<float>(), g.to_vector<float>(), {}, &bias_grad);
+    expect_close(d, matmul(g, x, {.trans_a = true}));
+    expect_close(bias_grad, sum(g, 0));
+    EXPECT_EQ(weight_grad_plan(rows, in, out, false).bias_grad_length, 0);
   }
 }
 

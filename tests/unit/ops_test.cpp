@@ -106,6 +106,50 @@ TEST(Ops, MatmulShapeErrorsNameOpAndShapes) {
                ValueError);
 }
 
+// linear's parameter gradients: grad^T x and grad's column sums (on the CPU a matmul
+// and a sum; CUDA's one-matmul form is a gpu test), into the memory handed in.
+TEST(Ops, LinearParamGradsAreTheProductAndTheColumnSums) {
+  const Tensor g = randn({6, 4}, 12), x = randn({6, 3}, 13);
+  const auto ref_w = ref_gemm(as_double(g), as_double(x), 4, 3, 6, true, false);
+  std::vector<double> ref_b(4, 0.0);
+  const auto gv = as_double(g);
+  for (size_t i = 0; i < gv.size(); ++i) ref_b[i % 4] += gv[i];
+  Tensor into = empty({4, 3});
+  const LinearParamGrads p = linear_param_grads(g, x, DType::f32, true, into);
+  EXPECT_EQ(p.weight.data_ptr(), into.data_ptr());
+  expect_close(ref_w, p.weight, 1e-5);
+  expect_close(ref_b, p.bias, 1e-5);
+  const LinearParamGrads q = linear_param_grads(g, x, DType::f32, false);
+  expect_close(ref_w, q.weight, 1e-5);
+  EXPECT_FALSE(q.bias.defined());
+  // bf16 operands into f32, as a weight's gradient under autocast.
+  const LinearParamGrads h =
+      linear_param_grads(cast(g, DType::bf16), cast(x, DType::bf16), DType::f32, true);
+  EXPECT_EQ(h.weight.dtype(), DType::f32);
+  EXPECT_EQ(h.bias.dtype(), DType::f32);
+  expect_close(ref_w, h.weight, 3e-2, 5e-2);
+}
+
+TEST(Ops, LinearParamGradsNameBadShapes) {
+  try {
+    linear_param_grads(empty({6, 4}), empty({5, 3}), DType::f32, true);
+    FAIL() << "no error";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("the output's gradient [6, 4] and the input [5, 3]"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    Tensor into = empty({3, 4});
+    linear_param_grads(empty({6, 4}), empty({6, 3}), DType::f32, true, into);
+    FAIL() << "no error";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("memory is f32 [3, 4], expected f32 [4, 3]"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Ops, ElementwiseMatchReference) {
   const Tensor a = randn({6, 5}, 10), b = randn({6, 5}, 11);
   const auto x = as_double(a), y = as_double(b);

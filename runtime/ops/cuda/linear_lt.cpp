@@ -10,12 +10,14 @@
 
 #include "runtime/cuda/cublaslt_library.h"
 #include "runtime/cuda/cuda_api.h"
+#include "runtime/env.h"
 #include "runtime/logging.h"
 #include "runtime/ops/cuda/lt_plan.h"
 #include "runtime/stream.h"
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -76,23 +78,30 @@ class LtHandle {
   cublasLtHandle_t handle_ = nullptr;
 };
 
-// What the descriptors and the chosen algorithm depend on.
+// The two matmuls of Note [cublasLt linear] and Note [weight gradient epilogue].
+enum class Kind { forward, weight_grad };
+
+// What the descriptors and the chosen algorithm depend on. bias: the epilogue's vector
+// (the bias, or the bias gradient for Kind::weight_grad) is used.
 struct Key {
   int device;
+  Kind kind;
   int64_t m, n, k;
-  DType dtype;
+  DType dtype;      // A's and B's
+  DType out_dtype;  // D's and the epilogue vector's
   bool bias;
   int align_a, align_b, align_d, align_bias;
   bool operator==(const Key& o) const {
-    return std::tie(device, m, n, k, dtype, bias, align_a, align_b, align_d, align_bias) ==
-           std::tie(o.device, o.m, o.n, o.k, o.dtype, o.bias, o.align_a, o.align_b, o.align_d,
-                    o.align_bias);
+    return std::tie(device, kind, m, n, k, dtype, out_dtype, bias, align_a, align_b, align_d,
+                    align_bias) == std::tie(o.device, o.kind, o.m, o.n, o.k, o.dtype, o.out_dtype,
+                                            o.bias, o.align_a, o.align_b, o.align_d, o.align_bias);
   }
 };
 struct KeyHash {
   size_t operator()(const Key& k) const {
     size_t h = std::hash<int64_t>()(k.m);
-    for (int64_t v : {k.n, k.k, static_cast<int64_t>(k.dtype), static_cast<int64_t>(k.bias),
+    for (int64_t v : {k.n, k.k, static_cast<int64_t>(k.kind), static_cast<int64_t>(k.dtype),
+                      static_cast<int64_t>(k.out_dtype), static_cast<int64_t>(k.bias),
                       static_cast<int64_t>(k.device), static_cast<int64_t>(k.align_a),
                       static_cast<int64_t>(k.align_b), static_cast<int64_t>(k.align_d),
                       static_cast<int64_t>(k.align_bias)}) {
@@ -128,35 +137,47 @@ void set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, co
   check(library()->desc_set(desc, attr, &value, sizeof(value)), what);
 }
 
+// What an entry multiplies, for the log: "a bf16 linear layer [N, in] x [out, in]^T".
+std::string describe(const Key& key) {
+  if (key.kind == Kind::forward) {
+    return fmt::format("a {} linear layer [{}, {}] x [{}, {}]^T{}", dtype_name(key.dtype), key.n,
+                       key.k, key.m, key.k, key.bias ? " + bias" : "");
+  }
+  return fmt::format("a {} linear layer's weight gradient [{}, {}]^T x [{}, {}] into {}{}",
+                     dtype_name(key.dtype), key.k, key.n, key.k, key.m, dtype_name(key.out_dtype),
+                     key.bias ? " with its bias gradient" : "");
+}
+
 // Builds the descriptors of `plan` and asks the heuristic for an algorithm.
-// bias: the call's bias pointer (or null): the heuristic reads its alignment
-// (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER), and every later call of this entry
-// has a bias of the same alignment (Key::align_bias).
+// vector: the call's bias (or bias gradient) pointer, or null: the heuristic reads its
+// alignment (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER), and every later call of
+// this entry has one of the same alignment (Key::align_bias).
 std::unique_ptr<Entry> make_entry(cublasLtHandle_t handle, const lt_plan::Plan& plan,
-                                  const Key& key, const void* bias) {
+                                  const Key& key, const void* vector) {
   const cuda_api::CublasLtLibrary& lt = *library();
   auto e = std::make_unique<Entry>();
-  const cudaDataType_t type = lt_type(key.dtype);
+  const cudaDataType_t type = lt_type(key.dtype), out_type = lt_type(key.out_dtype);
   check(lt.desc_create(&e->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
   const cublasOperation_t op_a = plan.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = plan.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   set_desc(e->desc, CUBLASLT_MATMUL_DESC_TRANSA, op_a, "set TRANSA");
   set_desc(e->desc, CUBLASLT_MATMUL_DESC_TRANSB, op_b, "set TRANSB");
   if (key.bias) {
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    const cublasLtEpilogue_t epilogue =
+        key.kind == Kind::forward ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_BGRADB;
     set_desc(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue, "set EPILOGUE");
-    const int32_t bias_type = type;  // the output's type (cublasLt.h)
+    const int32_t bias_type = out_type;  // the output's type (cublasLt.h)
     set_desc(e->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type, "set BIAS_DATA_TYPE");
-    set_desc(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, "set BIAS_POINTER");
+    set_desc(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector, "set BIAS_POINTER");
   }
-  const auto layout = [&](cublasLtMatrixLayout_t* l, const lt_plan::Layout& s) {
-    check(lt.layout_create(l, type, static_cast<uint64_t>(s.rows), static_cast<uint64_t>(s.cols),
-                           s.ld),
-          "cublasLtMatrixLayoutCreate");
+  const auto layout = [&](cublasLtMatrixLayout_t* l, cudaDataType_t t, const lt_plan::Layout& s) {
+    check(
+        lt.layout_create(l, t, static_cast<uint64_t>(s.rows), static_cast<uint64_t>(s.cols), s.ld),
+        "cublasLtMatrixLayoutCreate");
   };
-  layout(&e->a, plan.a);
-  layout(&e->b, plan.b);
-  layout(&e->d, plan.d);
+  layout(&e->a, type, plan.a);
+  layout(&e->b, type, plan.b);
+  layout(&e->d, out_type, plan.d);
   cublasLtMatmulPreference_t pref = nullptr;
   check(lt.preference_create(&pref), "cublasLtMatmulPreferenceCreate");
   const uint64_t max_workspace = kWorkspaceBytes;
@@ -185,10 +206,10 @@ std::unique_ptr<Entry> make_entry(cublasLtHandle_t handle, const lt_plan::Plan& 
     e->usable = true;
   } else {
     DDP_LOG_WARN(
-        "cuBLASLt has no algorithm for a {} linear layer [{}, {}] x [{}, {}]^T{} (alignments {}, "
-        "{}, {} bytes; heuristic: {}, {} found): it runs as cublasGemmEx and a bias kernel",
-        dtype_name(key.dtype), key.n, key.k, key.m, key.k, key.bias ? " + bias" : "", key.align_b,
-        key.align_a, key.align_d, lt.status_name(status), found);
+        "cuBLASLt has no algorithm for {} (alignments {}, {}, {} bytes; heuristic: {}, {} "
+        "found): it runs as cublasGemmEx{}",
+        describe(key), key.align_b, key.align_a, key.align_d, lt.status_name(status), found,
+        key.bias ? " and a bias kernel" : "");
   }
   return e;
 }
@@ -197,12 +218,11 @@ uintptr_t address(const Tensor& t) {
   return reinterpret_cast<uintptr_t>(t.data_ptr());
 }
 
-}  // namespace
-
-bool linear_lt(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out) {
-  if (x.size(0) == 0 || x.size(1) == 0 || weight.size(0) == 0) return false;  // no layouts
-  if (bias.defined() && bias.dtype() != out.dtype()) return false;            // the epilogue's rule
-  if (bias.defined() && address(bias) % 16 != 0) return false;
+// Runs `plan` (cuBLASLt's A = a, B = b, D = out, the epilogue's vector `vector` when
+// it is defined) on out's device and stream; false when cuBLASLt is missing or has no
+// algorithm for the key.
+bool run(const lt_plan::Plan& plan, Kind kind, const Tensor& a, const Tensor& b, Tensor& out,
+         const Tensor& vector) {
   const cuda_api::CublasLtLibrary* lt = library();
   if (lt == nullptr) return false;
   const int device = out.device().index;
@@ -211,40 +231,78 @@ bool linear_lt(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor
   thread_local std::unordered_map<Key, std::unique_ptr<Entry>, KeyHash> entries;
   auto h = handles.find(device);
   if (h == handles.end()) h = handles.try_emplace(device, device).first;
-  const lt_plan::Plan plan =
-      lt_plan::linear_plan(x.size(0), x.size(1), weight.size(0), bias.defined());
-  // cuBLASLt's A is the weight, its B the input (Note [cublasLt linear]).
-  const Key key{device,
-                plan.m,
-                plan.n,
-                plan.k,
-                out.dtype(),
-                bias.defined(),
-                lt_plan::alignment_of(address(weight)),
-                lt_plan::alignment_of(address(x)),
-                lt_plan::alignment_of(address(out)),
-                bias.defined() ? lt_plan::alignment_of(address(bias)) : 0};
+  Key key{};
+  key.kind = kind;
+  key.dtype = a.dtype();
+  key.out_dtype = out.dtype();
+  key.device = device;
+  key.m = plan.m;
+  key.n = plan.n;
+  key.k = plan.k;
+  key.bias = vector.defined();
+  key.align_a = lt_plan::alignment_of(address(a));
+  key.align_b = lt_plan::alignment_of(address(b));
+  key.align_d = lt_plan::alignment_of(address(out));
+  key.align_bias = vector.defined() ? lt_plan::alignment_of(address(vector)) : 0;
   auto it = entries.find(key);
   if (it == entries.end()) {
-    const void* bias_ptr = bias.defined() ? bias.data_ptr() : nullptr;
-    it = entries.emplace(key, make_entry(h->second.get(), plan, key, bias_ptr)).first;
+    const void* vector_ptr = vector.defined() ? vector.data_ptr() : nullptr;
+    it = entries.emplace(key, make_entry(h->second.get(), plan, key, vector_ptr)).first;
   }
   Entry& e = *it->second;
   if (!e.usable) return false;
-  if (bias.defined()) {
-    const void* bias_ptr = bias.data_ptr();
-    set_desc(e.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_ptr, "set BIAS_POINTER");
+  if (vector.defined()) {
+    const void* vector_ptr = vector.data_ptr();
+    set_desc(e.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector_ptr, "set BIAS_POINTER");
   }
   const auto stream = static_cast<cudaStream_t>(current_stream(out.device()).handle());
   const Tensor workspace = e.workspace > 0 ? empty({static_cast<int64_t>(e.workspace)},
                                                    {.dtype = DType::u8, .device = out.device()})
                                            : Tensor();
   const float alpha = 1.0f, beta = 0.0f;
-  check(lt->matmul(h->second.get(), e.desc, &alpha, weight.data_ptr(), e.a, x.data_ptr(), e.b,
-                   &beta, out.data_ptr(), e.d, out.data_ptr(), e.d, &e.algo,
+  check(lt->matmul(h->second.get(), e.desc, &alpha, a.data_ptr(), e.a, b.data_ptr(), e.b, &beta,
+                   out.data_ptr(), e.d, out.data_ptr(), e.d, &e.algo,
                    workspace.defined() ? workspace.data_ptr() : nullptr, e.workspace, stream),
         "cublasLtMatmul");
   return true;
+}
+
+}  // namespace
+
+bool linear_lt(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out) {
+  if (x.size(0) == 0 || x.size(1) == 0 || weight.size(0) == 0) return false;  // no layouts
+  if (bias.defined() && bias.dtype() != out.dtype()) return false;            // the epilogue's rule
+  if (bias.defined() && address(bias) % 16 != 0) return false;
+  const lt_plan::Plan plan =
+      lt_plan::linear_plan(x.size(0), x.size(1), weight.size(0), bias.defined());
+  // cuBLASLt's A is the weight, its B the input (Note [cublasLt linear]).
+  return run(plan, Kind::forward, weight, x, out, bias);
+}
+
+namespace {
+std::atomic<bool>& bias_grad_switch() {
+  static std::atomic<bool> on{env::get_int(env::kLtBiasGrad).value_or(1) != 0};
+  return on;
+}
+}  // namespace
+
+bool lt_bias_grad_enabled() {
+  return bias_grad_switch().load(std::memory_order_relaxed);
+}
+
+void set_lt_bias_grad_enabled(bool enabled) {
+  bias_grad_switch().store(enabled, std::memory_order_relaxed);
+}
+
+bool linear_weight_grad_lt(const Tensor& grad, const Tensor& x, Tensor& grad_weight,
+                           Tensor& grad_bias) {
+  if (grad.size(0) == 0 || grad.size(1) == 0 || x.size(1) == 0) return false;  // no layouts
+  if (grad_bias.defined() && address(grad_bias) % 16 != 0) return false;
+  if (!lt_bias_grad_enabled()) return false;
+  const lt_plan::Plan plan =
+      lt_plan::weight_grad_plan(grad.size(0), x.size(1), grad.size(1), grad_bias.defined());
+  // cuBLASLt's A is the input, its B the output's gradient (Note [weight gradient epilogue]).
+  return run(plan, Kind::weight_grad, x, grad, grad_weight, grad_bias);
 }
 
 }  // namespace ddp::kernels::cuda

@@ -1,6 +1,7 @@
 // The 16-bit linear layer through cuBLASLt with its bias epilogue (Note [cublasLt
-// linear] in lt_plan.h). Internal to ops: ops.cpp's linear calls it for 16-bit CUDA
-// tensors and falls back to cublasGemmEx and a bias kernel when it returns false.
+// linear] in lt_plan.h), and its weight and bias gradients in one matmul. Internal to
+// ops: ops.cpp's linear and linear_param_grads call them for 16-bit CUDA tensors and
+// fall back to cublasGemmEx and a bias (or column-sum) kernel when they return false.
 // CMake compiles linear_lt.cpp, or linear_lt_stub.cpp in a build without CUDA.
 #pragma once
 
@@ -15,5 +16,18 @@ namespace ddp::kernels::cuda {
 // (logged once per shape with what falls back); throws CudaError when a chosen
 // algorithm fails to run.
 bool linear_lt(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out);
+
+// The same layer's backward matmul over the output's gradient grad [rows, out] and the
+// input x [rows, in] (16-bit, one dtype): grad_weight [out, in] (f32) = grad^T x, and
+// when grad_bias is defined, grad_bias [out] (f32) = the sum of grad's rows from the
+// same matmul's BGRADB epilogue (Note [weight gradient epilogue] in lt_plan.h). Both
+// overwritten. Returns false, doing nothing, as linear_lt does, and when
+// lt_bias_grad_enabled() is false.
+bool linear_weight_grad_lt(const Tensor& grad, const Tensor& x, Tensor& grad_weight,
+                           Tensor& grad_bias);
+// Whether linear_weight_grad_lt runs (DDP_LT_BIAS_GRAD, default on); the setter is for
+// benchmarks that time both forms in one process (bench gpt --ops). Process-wide.
+bool lt_bias_grad_enabled();
+void set_lt_bias_grad_enabled(bool enabled);
 
 }  // namespace ddp::kernels::cuda

@@ -8,4 +8,14 @@ bool linear_lt(const Tensor&, const Tensor&, const Tensor&, Tensor&) {
   return false;
 }
 
+bool linear_weight_grad_lt(const Tensor&, const Tensor&, Tensor&, Tensor&) {
+  return false;
+}
+
+bool lt_bias_grad_enabled() {
+  return false;
+}
+
+void set_lt_bias_grad_enabled(bool) {}
+
 }  // namespace ddp::kernels::cuda

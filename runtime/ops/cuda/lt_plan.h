@@ -1,5 +1,5 @@
-// The host side of a row-major GEMM with a bias epilogue through cuBLASLt
-// (linear_lt.cpp), as plain C++ that a unit test replays on the CPU
+// The host side of a row-major GEMM with a bias epilogue, or a bias gradient
+// epilogue, through cuBLASLt (linear_lt.cpp), as plain C++ that a unit test replays on the CPU
 // (tests/unit/lt_plan_test.cpp) with a column-major reference GEMM against the CPU's
 // linear op.
 //
@@ -26,7 +26,8 @@ struct Plan {
   bool trans_a = false, trans_b = false;  // cuBLASLt's op(A), op(B)
   int64_t m = 0, n = 0, k = 0;            // column-major D [m, n] = op(A) [m, k] op(B) [k, n]
   Layout a{}, b{}, d{};
-  int64_t bias_length = 0;  // 0: no bias epilogue; else m
+  int64_t bias_length = 0;       // 0: no bias epilogue; else m
+  int64_t bias_grad_length = 0;  // 0: no BGRADB epilogue; else n (sums of op(B) over k)
 };
 
 // Row-major a [a_rows, a_cols] (transposed when trans_a), b [b_rows, b_cols] likewise,
@@ -52,6 +53,17 @@ inline Plan gemm_plan(int64_t a_rows, int64_t a_cols, bool trans_a, int64_t b_ro
 // nn.Linear: x [rows, in] times weight [out, in]^T (+ bias [out]).
 inline Plan linear_plan(int64_t rows, int64_t in, int64_t out, bool bias) {
   return gemm_plan(rows, in, false, out, in, true, bias);
+}
+
+// Note [weight gradient epilogue]: nn.Linear's backward over g [rows, out] and its
+// input x [rows, in] has grad_weight [out, in] = g^T x and grad_bias [out] = the sum
+// of g's rows. As gemm_plan(g^T, x), cuBLASLt's B is g with op(B) = g [k = rows, n =
+// out], so the BGRADB epilogue, which sums op(B) over k into one value per column of
+// D, is grad_bias: both gradients in one pass over g, and no column-sum kernel.
+inline Plan weight_grad_plan(int64_t rows, int64_t in, int64_t out, bool bias_grad) {
+  Plan p = gemm_plan(rows, out, true, rows, in, false, false);
+  p.bias_grad_length = bias_grad ? p.n : 0;
+  return p;
 }
 
 // Element (i, j) of a column-major matrix with leading dimension ld, op applied:
