@@ -36,11 +36,11 @@ std::string status_json(const RankStatus& s) {
   return fmt::format(
       "{{\"last_progress_ns\": {}, \"first_ns\": {}, \"last_ns\": {}, \"waiters\": {}, "
       "\"wait_since_ns\": {}, \"wait_comm\": {}, \"wait_sequence\": {}, \"blocked_ns\": {}, "
-      "\"steps\": {}, \"step_ns\": {}, \"step_blocked_ns\": {}, \"collective_timeout_ns\": {}, "
-      "\"wait_torn\": {}}}",
+      "\"steps\": {}, \"step_ns\": {}, \"step_blocked_ns\": {}, \"first_step_ns\": {}, "
+      "\"first_step_blocked_ns\": {}, \"collective_timeout_ns\": {}, \"wait_torn\": {}}}",
       s.last_progress_ns, s.first_ns, s.last_ns, s.waiters, s.wait_since_ns, s.wait_comm,
-      s.wait_sequence, s.blocked_ns, s.steps, s.step_ns, s.step_blocked_ns, s.collective_timeout_ns,
-      s.wait_torn ? 1 : 0);
+      s.wait_sequence, s.blocked_ns, s.steps, s.step_ns, s.step_blocked_ns, s.first_step_ns,
+      s.first_step_blocked_ns, s.collective_timeout_ns, s.wait_torn ? 1 : 0);
 }
 
 // Reads fields of one JSON object, naming the origin and the key in errors.
@@ -129,6 +129,8 @@ RankStatus parse_status(const json::Value& v, std::string_view origin) {
   s.steps = f.integer("steps");
   s.step_ns = f.integer("step_ns");
   s.step_blocked_ns = f.integer("step_blocked_ns");
+  s.first_step_ns = f.integer_or("first_step_ns", 0);  // dumps before it: not known
+  s.first_step_blocked_ns = f.integer_or("first_step_blocked_ns", 0);
   s.collective_timeout_ns = f.integer_or("collective_timeout_ns", 0);
   s.wait_torn = f.integer_or("wait_torn", 0) != 0;
   return s;

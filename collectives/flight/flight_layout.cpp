@@ -91,6 +91,8 @@ RankStatus read_status(const SharedHeader& h) {
   s.steps = load(h.steps);
   s.step_ns = load(h.step_ns);
   s.step_blocked_ns = load(h.step_blocked_ns);
+  s.first_step_ns = load(h.first_step_ns);
+  s.first_step_blocked_ns = load(h.first_step_blocked_ns);
   s.collective_timeout_ns = load(h.collective_timeout_ns);
   for (int attempt = 0; attempt < kReadTries; ++attempt) {
     const uint64_t before = h.wait_lock.load(std::memory_order_acquire);

@@ -85,7 +85,10 @@ struct SharedHeader {
   // The longest collective timeout of the rank's communicators (CommOptions::
   // timeout, ns; 0: not known): ddprun's default --hang-timeout derives from it.
   Word collective_timeout_ns;
-  Word reserved[7];
+  // The first marked step's share of step_ns and step_blocked_ns (its warm-up: Note
+  // [straggler report]); 0 until it ends.
+  Word first_step_ns, first_step_blocked_ns;
+  Word reserved[5];
 };
 
 size_t region_bytes(size_t capacity);
@@ -111,7 +114,8 @@ struct RankStatus {
   int64_t waiters = 0, wait_since_ns = 0, wait_comm = -1, wait_sequence = -1;
   int64_t blocked_ns = 0;
   int64_t steps = 0, step_ns = 0, step_blocked_ns = 0;
-  int64_t collective_timeout_ns = 0;  // 0: not known
+  int64_t first_step_ns = 0, first_step_blocked_ns = 0;  // 0: not known
+  int64_t collective_timeout_ns = 0;                     // 0: not known
   // The wait section was being written on every try (a rank stopped inside
   // Work::wait's bookkeeping): waiters and wait_* are the last, maybe torn, copy.
   bool wait_torn = false;

@@ -428,9 +428,15 @@ void FlightRecorder::step_end() noexcept {
   const int64_t t = steady_now_ns();
   SharedHeader& h = *header_;
   const auto blocked = static_cast<int64_t>(h.blocked_ns.load(kRelaxed));
-  h.step_ns.fetch_add(u64(t - step_begin_ns_), kRelaxed);
-  h.step_blocked_ns.fetch_add(u64(std::max<int64_t>(0, blocked - step_begin_blocked_ns_)),
-                              kRelaxed);
+  const uint64_t step_ns = u64(t - step_begin_ns_);
+  const uint64_t step_blocked_ns = u64(std::max<int64_t>(0, blocked - step_begin_blocked_ns_));
+  // Only this thread marks steps: the first is kept apart before it is counted.
+  if (h.steps.load(kRelaxed) == 0) {
+    h.first_step_ns.store(step_ns, kRelaxed);
+    h.first_step_blocked_ns.store(step_blocked_ns, kRelaxed);
+  }
+  h.step_ns.fetch_add(step_ns, kRelaxed);
+  h.step_blocked_ns.fetch_add(step_blocked_ns, kRelaxed);
   h.steps.fetch_add(1, kRelaxed);
   h.last_progress_ns.store(u64(t), kRelaxed);
   step_begin_ns_ = 0;

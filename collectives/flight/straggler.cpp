@@ -41,8 +41,14 @@ RankActivity activity_of(int rank, const RankStatus& s) {
   a.rank = rank;
   a.steps = s.steps;
   if (s.steps > 0) {
-    a.wait_s = seconds(s.step_blocked_ns);
-    a.compute_s = std::max(0.0, seconds(s.step_ns - s.step_blocked_ns));
+    int64_t step_ns = s.step_ns, blocked_ns = s.step_blocked_ns;
+    if (s.steps > 1 && s.first_step_ns > 0) {  // the first step is a warm-up: left out
+      step_ns -= s.first_step_ns;
+      blocked_ns -= s.first_step_blocked_ns;
+      a.first_step_left_out = true;
+    }
+    a.wait_s = seconds(std::max<int64_t>(0, blocked_ns));
+    a.compute_s = std::max(0.0, seconds(step_ns - blocked_ns));
   } else {
     a.wait_s = seconds(s.blocked_ns);
     const int64_t span = s.first_ns > 0 && s.last_ns > s.first_ns ? s.last_ns - s.first_ns : 0;
@@ -76,14 +82,15 @@ StragglerReport straggler_report(std::vector<RankActivity> ranks, double thresho
   // Note [straggler report]: uneven shares compare compute per step.
   out.per_step = min_steps > 0 && min_steps != max_steps;
   auto compared = [&](const RankActivity& r) {
-    return out.per_step ? r.compute_s / static_cast<double>(r.steps) : r.compute_s;
+    return out.per_step ? r.compute_s / static_cast<double>(r.counted_steps()) : r.compute_s;
   };
   std::vector<double> compute;
   for (const RankActivity& r : ranks) compute.push_back(compared(r));
   out.median_compute_s = median(compute);
   for (const RankActivity& r : ranks) {
     const double c = compared(r), excess = c - out.median_compute_s;
-    const double total_excess = out.per_step ? excess * static_cast<double>(r.steps) : excess;
+    const double total_excess =
+        out.per_step ? excess * static_cast<double>(r.counted_steps()) : excess;
     if (c > (1 + threshold) * out.median_compute_s && total_excess >= kMinExcessS)
       out.stragglers.push_back(r.rank);
   }

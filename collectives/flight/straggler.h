@@ -17,6 +17,10 @@
 //     evaluation and checkpoints (rank 0 saves alone) are not counted;
 //   - without step marks (a program of the user's): the span from the rank's
 //     first collective to its latest, minus its time blocked.
+// A rank's first marked step is left out when it marked more than one: it pays the
+// process's warm-up (first allocations, library plans and kernels compiled on first
+// use), which a rank that joined late (a replacement under --on-failure continue)
+// spreads over fewer steps, so it looked like a straggler.
 // When the ranks marked different numbers of steps (uneven shares of the data
 // under Join: a rank out of data shadows the others' all-reduces in steps
 // that train does not mark), a rank with more steps computes longer without
@@ -36,6 +40,10 @@ struct RankActivity {
   double compute_s = 0;  // Note [straggler report]
   double wait_s = 0;     // blocked in collectives
   int64_t steps = 0;     // step marks; 0: span-based figures
+  // compute_s and wait_s leave out the first of several steps (its warm-up).
+  bool first_step_left_out = false;
+  // The steps compute_s and wait_s cover.
+  int64_t counted_steps() const { return steps - (first_step_left_out ? 1 : 0); }
 };
 
 RankActivity activity_of(int rank, const RankStatus& status);

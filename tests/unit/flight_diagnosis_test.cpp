@@ -343,6 +343,29 @@ TEST(StragglerReport, UnevenSharesCompareComputePerStep) {
                    .per_step);
 }
 
+// A replacement that joined late (--on-failure continue) marked few steps, the first
+// of them slow with its process's warm-up: per step it looked 6x slower. Without the
+// first steps the ranks compute alike.
+TEST(StragglerReport, ALateJoinersWarmUpStepIsNotStraggling) {
+  const auto rank = [](int r, int64_t steps, int64_t first_ns) {
+    RankStatus s;
+    s.steps = steps;
+    s.first_step_ns = first_ns;
+    s.step_ns = first_ns + (steps - 1) * (kS / 10);  // 0.1 s per later step
+    return activity_of(r, s);
+  };
+  const StragglerReport r = straggler_report(
+      {rank(0, 40, kS / 5), rank(1, 40, kS / 5), rank(2, 4, 3 * kS), rank(3, 40, kS / 5)});
+  EXPECT_TRUE(r.stragglers.empty()) << r.text;
+  // Counted with its first step, rank 2 would be named.
+  RankStatus whole;
+  whole.steps = 4;
+  whole.step_ns = 3 * kS + 3 * (kS / 10);
+  const StragglerReport counted =
+      straggler_report({rank(0, 40, kS / 5), rank(1, 40, kS / 5), activity_of(2, whole)});
+  EXPECT_EQ(counted.stragglers, std::vector<int>{2}) << counted.text;
+}
+
 TEST(StragglerReport, FiguresFromStepMarksOrTheSpan) {
   RankStatus s;
   s.steps = 10;
@@ -354,6 +377,23 @@ TEST(StragglerReport, FiguresFromStepMarksOrTheSpan) {
   EXPECT_EQ(a.rank, 3);
   EXPECT_DOUBLE_EQ(a.compute_s, 3.0);
   EXPECT_DOUBLE_EQ(a.wait_s, 2.0);
+  EXPECT_EQ(a.steps, 10);
+  // With the first step known, it is left out (its warm-up).
+  s.first_step_ns = 2 * kS;
+  s.first_step_blocked_ns = kS / 2;
+  a = activity_of(3, s);
+  EXPECT_DOUBLE_EQ(a.compute_s, 1.5);
+  EXPECT_DOUBLE_EQ(a.wait_s, 1.5);
+  EXPECT_EQ(a.steps, 10);
+  EXPECT_EQ(a.counted_steps(), 9);
+  // A single step is all there is: kept.
+  s.steps = 1;
+  s.step_ns = s.first_step_ns;
+  s.step_blocked_ns = s.first_step_blocked_ns;
+  a = activity_of(3, s);
+  EXPECT_DOUBLE_EQ(a.compute_s, 1.5);
+  EXPECT_EQ(a.counted_steps(), 1);
+  s.first_step_ns = s.first_step_blocked_ns = 0;
   s.steps = 0;
   s.blocked_ns = 40 * kS;
   a = activity_of(3, s);

@@ -195,6 +195,16 @@ TEST(FlightRecorder, StepMarksSplitComputeFromWaiting) {
   EXPECT_EQ(s.step_blocked_ns, 2'000'000);
   EXPECT_GE(s.step_ns, 5'000'000);
   EXPECT_EQ(s.blocked_ns, 2'000'000);
+  // The first step is also kept apart (Note [straggler report]); later ones are not.
+  EXPECT_EQ(s.first_step_ns, s.step_ns);
+  EXPECT_EQ(s.first_step_blocked_ns, 2'000'000);
+  r.step_begin();
+  r.step_end();
+  const RankStatus after = r.status();
+  EXPECT_EQ(after.steps, 2);
+  EXPECT_EQ(after.first_step_ns, s.step_ns);
+  EXPECT_EQ(after.first_step_blocked_ns, 2'000'000);
+  EXPECT_GE(after.step_ns, s.step_ns);
 }
 
 TEST(FlightRecorder, OptionsFromTheEnvironment) {
@@ -368,6 +378,8 @@ RankSnapshot sample_snapshot() {
   tell(r, info(0), CollectiveState::started, 110);
   tell(r, info(0), CollectiveState::wait_begin, 120);
   tell(r, info(0), CollectiveState::timed_out, 130);
+  r.step_begin();
+  r.step_end();
   RankSnapshot s = r.snapshot("timed out");
   s.process = ProcessState::stopped;
   s.process_detail = "SIGSTOP";
@@ -388,6 +400,9 @@ TEST(FlightDump, RoundTripsThroughJson) {
   EXPECT_EQ(back.taken_ns, s.taken_ns);
   EXPECT_EQ(back.status.wait_since_ns, 120);
   EXPECT_EQ(back.status.waiters, 1);
+  EXPECT_EQ(back.status.steps, 1);
+  EXPECT_GT(back.status.first_step_ns, 0);
+  EXPECT_EQ(back.status.first_step_ns, s.status.first_step_ns);
   ASSERT_EQ(back.records.size(), 1u);
   const CollectiveRecord& r = back.records[0];
   EXPECT_EQ(r.label, "a \"quoted\" label");
