@@ -9,6 +9,7 @@
 #include "runtime/memory/allocator.h"
 #include "runtime/ops/cuda/linear_lt.h"
 #include "runtime/ops/ops.h"
+#include "runtime/ops/transformer_ops.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/rng/generator.h"
 #include "runtime/stream.h"
@@ -107,7 +108,8 @@ double ms_since(Clock::time_point start, const Device& device) {
 // them (reshapes, the casts of the parameters, the loss's reduction). A row counted 0
 // times per step is an alternative timed for comparison, in parentheses: on CUDA under
 // bf16, each linear layer with its bias gradient as a column sum instead of the weight
-// gradient matmul's epilogue (Note [weight gradient epilogue]).
+// gradient matmul's epilogue (Note [weight gradient epilogue]), and the MLP with its
+// GELU inside the matmuls (Note [gelu epilogues]).
 struct OpCost {
   std::string name;
   int64_t per_step;
@@ -196,6 +198,21 @@ std::vector<OpCost> op_breakdown(const models::GptConfig& c, int64_t batch, bool
     const Tensor x = leaf({rows, 4 * d}, act);
     out.push_back(
         {fmt::format("gelu [{}, {}]", rows, 4 * d), l, time({x}, [&] { return F::gelu(x); })});
+  }
+  // Note [gelu epilogues]: the whole MLP with the GELU inside its matmuls, an
+  // alternative to the c_fc, gelu and mlp c_proj rows together.
+  if (device.is_cuda() && bf16) {
+    const Tensor x = leaf({rows, d}, act);
+    const Tensor w1 = leaf({4 * d, d}, DType::f32), b1 = leaf({4 * d}, DType::f32);
+    const Tensor w2 = leaf({d, 4 * d}, DType::f32), b2 = leaf({d}, DType::f32);
+    const bool was = gelu_epilogues_enabled();
+    set_gelu_epilogues_enabled(true);
+    const double fused = time({x, w1, b1, w2, b2}, [&] { return F::gelu_mlp(x, w1, b1, w2, b2); });
+    set_gelu_epilogues_enabled(was);
+    out.push_back({fmt::format("(mlp [{}, {}] -> [{}, {}] with GELU in the matmuls: the c_fc, "
+                               "gelu and mlp c_proj rows in one; DDP_LT_GELU=1)",
+                               rows, d, rows, 4 * d),
+                   0, fused});
   }
   {
     const Tensor x = leaf({b, t, d}, DType::f32), y = leaf({b, t, d}, act);

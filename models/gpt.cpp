@@ -9,9 +9,11 @@
 // (a reshape is a view) and the attention sees c_attn's output as qkv [B, T, 3C].
 #include "models/gpt.h"
 
+#include "runtime/autograd/autocast.h"
 #include "runtime/autograd/functions.h"
 #include "runtime/nn/layers.h"
 #include "runtime/ops/ops.h"
+#include "runtime/ops/transformer_ops.h"
 
 #include <fmt/format.h>
 
@@ -92,9 +94,19 @@ class Mlp : public nn::Cloneable<Mlp> {
     register_module("c_proj", linear(4 * c.d_model, c.d_model));
     register_module("dropout", std::make_shared<nn::Dropout>(static_cast<float>(c.dropout), seed));
   }
+  // Under bf16 autocast on CUDA with DDP_LT_GELU=1, the GELU runs inside c_fc's and
+  // c_proj's matmuls (F::gelu_mlp, Note [gelu epilogues]); not when either Linear has
+  // forward hooks (a ZeRO-3 unit gathers its parameters in them).
   Tensor forward(const Tensor& x) override {
-    const Tensor h = F::gelu((*own_child("c_fc"))(x));
-    return (*own_child("dropout"))((*own_child("c_proj"))(h));
+    const auto fc = typed<nn::Linear>(own_child("c_fc"));
+    const auto proj = typed<nn::Linear>(own_child("c_proj"));
+    if (x.device().is_cuda() && autocast_enabled() && gelu_epilogues_enabled() &&
+        !fc->has_forward_hooks() && !proj->has_forward_hooks()) {
+      return (*own_child("dropout"))(
+          F::gelu_mlp(x, fc->weight, fc->bias, proj->weight, proj->bias));
+    }
+    const Tensor h = F::gelu((*fc)(x));
+    return (*own_child("dropout"))((*proj)(h));
   }
   std::string name() const override { return "MLP"; }
 };

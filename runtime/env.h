@@ -102,6 +102,10 @@ inline constexpr const char* kCudnnAttention = "DDP_CUDNN_ATTENTION";
 // weight gradient's cublasGemmEx instead of cuBLASLt's BGRADB epilogue on one matmul
 // (Note [weight gradient epilogue] in ops/cuda/lt_plan.h).
 inline constexpr const char* kLtBiasGrad = "DDP_LT_BIAS_GRAD";
+// "1": under bf16 autocast on CUDA, a GPT MLP's c_fc matmul applies the GELU in its
+// epilogue and c_proj's input gradient applies GELU's derivative in its own (Note
+// [gelu epilogues] in ops/cuda/lt_plan.h); default 0 until measured.
+inline constexpr const char* kLtGelu = "DDP_LT_GELU";
 inline constexpr const char* kTestBf16Emulate = "DDP_TEST_BF16_EMULATE";
 // Testing aid: "1" makes `train --precision bf16` on the CPU run CUDA's autocast rules
 // (Note [autocast]; the CPU widens 16-bit tensors, so it is slow) instead of oneDNN's bf16

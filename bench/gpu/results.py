@@ -156,8 +156,38 @@ def cmd_top_ops(path, n):
     top = ", ".join(f"{r['op'].split(' [')[0]} {r['ms_per_step']:.1f} ms "
                     f"({100 * r['share_of_forward_backward']:.0f}%)" for r in ops[:int(n)])
     print(f"top ops (alone, fwd+bwd): {top}; all {len(ops)} ops {total:.1f} ms "
-          f"({100 * share:.0f}% of the step's fwd+bwd)")
+          f"({100 * share:.0f}% of the step's fwd+bwd){fusion_figures(rows(path))}")
     return 0
+
+
+def fusion_figures(all_rows):
+    """The alternatives bench gpt --ops times (rows counted 0 times, in parentheses):
+    each linear layer with its bias gradient as a column sum, summed over the step,
+    against the fused form; the MLP with its GELU in the matmuls against its three ops."""
+    ops = [r for r in all_rows if "ms_each" in r and r.get("op") != "sum of the ops"]
+    main = {r["op"]: r for r in ops if r.get("per_step", 0) > 0}
+    fused_ms = apart_ms = 0.0
+    out = ""
+    for r in ops:
+        name = r["op"]
+        if r.get("per_step", 0) != 0 or not name.startswith("("):
+            continue
+        if "bias gradient as a column sum" in name:
+            base = name[1:].split(", bias gradient")[0]
+            if base in main:
+                fused_ms += main[base]["ms_per_step"]
+                apart_ms += r["ms_each"] * main[base]["per_step"]
+        elif "GELU in the matmuls" in name:
+            parts = [m for op, m in main.items()
+                     if op.startswith(("linear c_fc", "gelu", "linear mlp c_proj"))]
+            if len(parts) == 3:
+                apart = sum(m["ms_each"] for m in parts)
+                out += (f"; GELU epilogues: one MLP {r['ms_each']:.3f} ms vs c_fc + gelu + "
+                        f"c_proj {apart:.3f} ms")
+    if apart_ms > 0:
+        out = (f"; bias gradient in the matmul: linear layers {fused_ms:.1f} ms/step vs "
+               f"{apart_ms:.1f} as column sums") + out
+    return out
 
 
 def rows(path):

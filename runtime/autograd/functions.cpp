@@ -157,6 +157,32 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                   });
 }
 
+Tensor gelu_mlp(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias,
+                const Tensor& proj_weight, const Tensor& proj_bias) {
+  const Tensor xl = autocast::lower(x), w1 = autocast::lower(fc_weight);
+  const Tensor b1 = autocast::lower(fc_bias), w2 = autocast::lower(proj_weight);
+  const Tensor b2 = autocast::lower(proj_bias);
+  LinearGelu f = ddp::linear_gelu(xl, w1, b1);
+  Tensor y = ddp::linear(f.out, w2, b2);
+  return recorded(y, "GeluMlpBackward", {&x, &fc_weight, &fc_bias, &proj_weight, &proj_bias},
+                  [xl, w1, w2, h = std::move(f.out), pre = std::move(f.pre), fc_weight, proj_weight,
+                   x_dtype = x.dtype(), x_needs = requires_grad(x)](const Tensor& g) {
+                    std::vector<Tensor> grads(5);
+                    // Note [gradient destinations], as linear's backward.
+                    auto proj = ddp::linear_param_grads(g, h, proj_weight.dtype(), true,
+                                                        gradient_destination(proj_weight));
+                    const Tensor grad_pre = ddp::linear_input_grad_gelu(g, w2, pre);
+                    auto fc = ddp::linear_param_grads(grad_pre, xl, fc_weight.dtype(), true,
+                                                      gradient_destination(fc_weight));
+                    if (x_needs) grads[0] = matmul_into(x_dtype, grad_pre, w1, {});
+                    grads[1] = std::move(fc.weight);
+                    grads[2] = std::move(fc.bias);
+                    grads[3] = std::move(proj.weight);
+                    grads[4] = std::move(proj.bias);
+                    return grads;
+                  });
+}
+
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
   auto r = softmax_cross_entropy(logits, labels);
   if (r.lse.defined()) {  // 16-bit logits: Note [fused classifier] in ops/ops.h

@@ -59,6 +59,12 @@ Tensor dropout(const Tensor& x, float p, bool training, Generator& gen);
 // Transformer layers (ops/transformer_ops.h).
 // GELU with the tanh approximation (torch's approximate='tanh').
 Tensor gelu(const Tensor& x);
+// linear(gelu(linear(x, fc_weight, fc_bias)), proj_weight, proj_bias): a GPT MLP before
+// its dropout, as one node. Under autocast on CUDA with gelu_epilogues_enabled(), the
+// GELU and its derivative run inside the two matmuls (Note [gelu epilogues] in
+// ops/cuda/lt_plan.h); otherwise the same values and gradients as the three ops.
+Tensor gelu_mlp(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias,
+                const Tensor& proj_weight, const Tensor& proj_bias);
 // LayerNorm over the last dim with weight and bias [d] (torch's defaults: eps 1e-5).
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
 // sum = add(x, y) and out = layer_norm(sum, weight, bias, eps) in one pass (Note

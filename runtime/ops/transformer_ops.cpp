@@ -5,6 +5,7 @@
 
 #include "runtime/env.h"
 #include "runtime/logging.h"
+#include "runtime/ops/cuda/linear_lt.h"
 #include "runtime/ops/cuda/sdpa_cudnn.h"
 #include "runtime/ops/dispatch.h"
 #include "runtime/ops/ops.h"
@@ -107,6 +108,57 @@ Tensor gelu_backward(const Tensor& grad, const Tensor& x) {
   Tensor out = like(x);
   if (out.numel() > 0) DDP_DISPATCH(x.device(), gelu_backward, grad, x, out);
   return out;
+}
+
+bool gelu_epilogues_enabled() {
+  return kernels::cuda::lt_gelu_enabled();
+}
+
+void set_gelu_epilogues_enabled(bool enabled) {
+  kernels::cuda::set_lt_gelu_enabled(enabled);
+}
+
+namespace {
+// The 16-bit CUDA tensors of one dtype that Note [gelu epilogues] takes.
+bool gelu_epilogue_fits(std::initializer_list<const Tensor*> ts) {
+  const Tensor& first = **ts.begin();
+  if (!first.device().is_cuda() || !is_16bit(first.dtype()) || !gelu_epilogues_enabled()) {
+    return false;
+  }
+  return std::all_of(ts.begin(), ts.end(),
+                     [&](const Tensor* t) { return t->dtype() == first.dtype(); });
+}
+}  // namespace
+
+LinearGelu linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_same_device({&x, &weight, &bias});
+  DDP_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1) && bias.dim() == 1 &&
+                bias.size(0) == weight.size(0),
+            "linear_gelu: input {}, weight {} and bias {} do not fit (expected [N, in], [out, "
+            "in] and [out])",
+            shape_str(x.shape()), shape_str(weight.shape()), shape_str(bias.shape()));
+  if (gelu_epilogue_fits({&x, &weight, &bias})) {
+    Tensor out = empty({x.size(0), weight.size(0)}, {.dtype = x.dtype(), .device = x.device()});
+    Tensor pre = like(out);
+    if (kernels::cuda::linear_gelu_lt(x, weight, bias, out, pre)) return {out, pre};
+  }
+  Tensor pre = linear(x, weight, bias);
+  return {gelu(pre), pre};
+}
+
+Tensor linear_input_grad_gelu(const Tensor& grad, const Tensor& weight, const Tensor& pre) {
+  check_same_device({&grad, &weight, &pre});
+  DDP_CHECK(grad.dim() == 2 && weight.dim() == 2 && pre.dim() == 2 &&
+                grad.size(1) == weight.size(0) && pre.size(0) == grad.size(0) &&
+                pre.size(1) == weight.size(1),
+            "linear_input_grad_gelu: grad {}, weight {} and pre {} do not fit (expected [N, "
+            "out], [out, in] and [N, in])",
+            shape_str(grad.shape()), shape_str(weight.shape()), shape_str(pre.shape()));
+  if (gelu_epilogue_fits({&grad, &weight, &pre})) {
+    Tensor grad_pre = like(pre);
+    if (kernels::cuda::linear_input_grad_dgelu_lt(grad, weight, pre, grad_pre)) return grad_pre;
+  }
+  return gelu_backward(matmul(grad, weight), pre);
 }
 
 LayerNormResult layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,

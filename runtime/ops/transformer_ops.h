@@ -16,6 +16,24 @@ Tensor gelu(const Tensor& x);
 // grad * d gelu(x) / dx; grad and x of one shape and dtype.
 Tensor gelu_backward(const Tensor& grad, const Tensor& x);
 
+// Note [gelu epilogues] (ops/cuda/lt_plan.h): a GPT MLP's GELU inside cuBLASLt's
+// matmuls. linear_gelu gives out = gelu(linear(x, weight, bias)) and pre =
+// linear(x, weight, bias) (x [N, in], weight [out, in], bias [out] defined); on CUDA
+// for 16-bit x, weight and bias of one dtype while gelu_epilogues_enabled(), one
+// matmul writes both, else linear then gelu.
+struct LinearGelu {
+  Tensor out, pre;
+};
+LinearGelu linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// gelu_backward(matmul(grad, weight), pre): the gradient of pre when gelu(pre) was the
+// input of a linear layer with this weight (grad [N, out], weight [out, in], pre [N,
+// in], one dtype); one matmul under the same conditions.
+Tensor linear_input_grad_gelu(const Tensor& grad, const Tensor& weight, const Tensor& pre);
+// DDP_LT_GELU (default off until measured on a GPU); set_gelu_epilogues_enabled for
+// tests and benchmarks. Always false in a build without CUDA.
+bool gelu_epilogues_enabled();
+void set_gelu_epilogues_enabled(bool enabled);
+
 struct LayerNormResult {
   Tensor out;   // x's shape, out_dtype
   Tensor mean;  // [rows] f32, rows = x.numel() / d: kept for the backward

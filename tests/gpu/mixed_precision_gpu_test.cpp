@@ -202,6 +202,92 @@ TEST(MixedPrecisionGpu, WeightAndBiasGradientsFromOneMatmulMatchTheCpu) {
   }
 }
 
+double max_abs(const Tensor& t);
+
+// Note [gelu epilogues]: c_fc's matmul with GELU_AUX_BIAS and c_proj's input gradient
+// with DGELU against the CPU's ops on the same bf16 values, at GPT-2's MLP (768 ->
+// 3072 -> 768) and gpt-mini's; cuBLASLt must take them (a refusal fails, naming the
+// shape; the runtime would fall back). The GELU must be GPT-2's tanh form: at x = -3
+// it and the erf form differ by 11%, far beyond a bf16 rounding.
+TEST(MixedPrecisionGpu, GeluEpiloguesMatchTheCpu) {
+  DDP_REQUIRE_CUDA();
+  const bool was = gelu_epilogues_enabled();
+  set_gelu_epilogues_enabled(true);
+  for (const auto& [n, c] : std::vector<std::array<int64_t, 2>>{{512, 768}, {256, 384}}) {
+    const std::string shape = fmt::format("[{}, {}] -> [{}, {}]", n, c, n, 4 * c);
+    const Tensor x = bf16(randn({n, c}, 41)), w_fc = bf16(scale(randn({4 * c, c}, 42), 0.05f));
+    const Tensor b_fc = bf16(randn({4 * c}, 43)),
+                 w_proj = bf16(scale(randn({c, 4 * c}, 44), 0.02f));
+    const TensorOptions on_gpu{.dtype = DType::bf16, .device = kGpu};
+    Tensor h = empty({n, 4 * c}, on_gpu), pre = empty({n, 4 * c}, on_gpu);
+    ASSERT_TRUE(kernels::cuda::linear_gelu_lt(x.to(kGpu), w_fc.to(kGpu), b_fc.to(kGpu), h, pre))
+        << "cuBLASLt has no GELU_AUX_BIAS algorithm for " << shape;
+    const Tensor want_pre = linear(x, w_fc, b_fc);
+    const double atol = 1e-3 * std::sqrt(static_cast<double>(c)) * 0.05;
+    expect_close(pre, want_pre, kBf16Rounding, atol, "pre " + shape);
+    // GELU of the f32 sum in the epilogue, of the bf16 pre on the CPU: one more rounding.
+    expect_close(h, gelu(want_pre), 2 * kBf16Rounding, atol, "gelu " + shape);
+    const LinearGelu op = linear_gelu(x.to(kGpu), w_fc.to(kGpu), b_fc.to(kGpu));
+    expect_close(op.out, gelu(want_pre), 2 * kBf16Rounding, atol, "linear_gelu " + shape);
+    const Tensor g = bf16(randn({n, c}, 45));
+    Tensor grad_pre = empty({n, 4 * c}, on_gpu);
+    ASSERT_TRUE(kernels::cuda::linear_input_grad_dgelu_lt(g.to(kGpu), w_proj.to(kGpu),
+                                                          want_pre.to(kGpu), grad_pre))
+        << "cuBLASLt has no DGELU algorithm for " << shape;
+    const Tensor want = gelu_backward(matmul(g, w_proj), want_pre);
+    const double gatol = 1e-3 * std::sqrt(static_cast<double>(c)) * 0.02;
+    expect_close(grad_pre, want, 2 * kBf16Rounding, gatol, "dgelu " + shape);
+    expect_close(linear_input_grad_gelu(g.to(kGpu), w_proj.to(kGpu), want_pre.to(kGpu)), want,
+                 2 * kBf16Rounding, gatol, "linear_input_grad_gelu " + shape);
+  }
+  // The tanh form: pre = diag(w) through an identity input.
+  const std::vector<float> w = {-3.0f, -2.5f, -1.0f, 0.0f, 0.5f, 1.0f, 2.0f, 3.0f};
+  std::vector<float> eye(64, 0.0f), diag(64, 0.0f);
+  for (size_t i = 0; i < 8; ++i) {
+    eye[i * 9] = 1.0f;
+    diag[i * 9] = w[i];
+  }
+  const Tensor x8 = bf16(from_vector(eye, {8, 8})), w8 = bf16(from_vector(diag, {8, 8}));
+  const Tensor b8 = bf16(zeros({8}));
+  const TensorOptions on_gpu{.dtype = DType::bf16, .device = kGpu};
+  Tensor h8 = empty({8, 8}, on_gpu), pre8 = empty({8, 8}, on_gpu);
+  ASSERT_TRUE(kernels::cuda::linear_gelu_lt(x8.to(kGpu), w8.to(kGpu), b8.to(kGpu), h8, pre8));
+  expect_close(h8, gelu(linear(x8, w8, b8)), 2 * kBf16Rounding, 1e-6,
+               "GELU's tanh form on the diagonal -3 .. 3");
+  set_gelu_epilogues_enabled(was);
+}
+
+// F::gelu_mlp under autocast: with the epilogues and without them (the three ops' kernels),
+// forward and every gradient, within bf16 roundings of each other.
+TEST(MixedPrecisionGpu, GeluMlpWithEpiloguesMatchesTheThreeOps) {
+  DDP_REQUIRE_CUDA();
+  const bool was = gelu_epilogues_enabled();
+  const auto run = [](bool epilogues) {
+    set_gelu_epilogues_enabled(epilogues);
+    std::vector<Tensor> in{
+        randn({512, 384}, 51).to(kGpu), scale(randn({1536, 384}, 52), 0.05f).to(kGpu),
+        randn({1536}, 53).to(kGpu), scale(randn({384, 1536}, 54), 0.02f).to(kGpu),
+        randn({384}, 55).to(kGpu)};
+    for (Tensor& t : in) set_requires_grad(t, true);
+    Tensor y;
+    {
+      const AutocastGuard autocast(DType::bf16);
+      y = F::gelu_mlp(in[0], in[1], in[2], in[3], in[4]);
+    }
+    backward(F::sum(F::mul(F::cast(y, DType::f32), randn({512, 384}, 56).to(kGpu))));
+    std::vector<Tensor> out{y};
+    for (const Tensor& t : in) out.push_back(grad(t));
+    return out;
+  };
+  const auto fused = run(true), apart = run(false);
+  set_gelu_epilogues_enabled(was);
+  const char* names[] = {"y", "x", "fc weight", "fc bias", "proj weight", "proj bias"};
+  for (size_t i = 0; i < fused.size(); ++i) {
+    const double scale_of = max_abs(apart[i]);
+    expect_close(fused[i], apart[i].cpu(), 4 * kBf16Rounding, 1e-2 * scale_of, names[i]);
+  }
+}
+
 double max_abs(const Tensor& t) {
   double m = 0.0;
   for (float v : cast(t.cpu(), DType::f32).to_vector<float>())

@@ -7,6 +7,7 @@
 #include "runtime/ops/cuda/lt_plan.h"
 
 #include "runtime/ops/ops.h"
+#include "runtime/ops/transformer_ops.h"
 #include "runtime/tensor.h"
 
 #include <gtest/gtest.h>
@@ -19,11 +20,29 @@
 namespace ddp::kernels::lt_plan {
 namespace {
 
+// GPT-2's GELU (tanh form) and its derivative, in double.
+double gelu_tanh(double v) {
+  return 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
+}
+double gelu_tanh_grad(double v) {
+  const double k = std::sqrt(2.0 / M_PI), t = std::tanh(k * (v + 0.044715 * v * v * v));
+  return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * v * v);
+}
+
 // D = op(A) op(B) (+ bias per row of D), column-major, in double; A is cuBLASLt's
 // first operand (our second), B its second (our first). With a BGRADB epilogue,
-// *bias_grad gets the sums of op(B) over k, one per column of D.
+// *bias_grad gets the sums of op(B) over k, one per column of D. Note [gelu epilogues]:
+// with gelu, *aux gets the sum before the GELU and D its GELU; with dgelu, D is the
+// product times gelu'(*aux), read through the plan's aux layout.
 std::vector<float> replay(const Plan& p, const std::vector<float>& a, const std::vector<float>& b,
-                          const std::vector<float>& bias, std::vector<float>* bias_grad = nullptr) {
+                          const std::vector<float>& bias, std::vector<float>* bias_grad = nullptr,
+                          std::vector<float>* aux = nullptr) {
+  if (p.gelu || p.dgelu) {
+    EXPECT_GE(p.aux.ld, std::max<int64_t>(1, p.m));
+    EXPECT_EQ(p.aux.rows, p.m);
+    EXPECT_EQ(p.aux.cols, p.n);
+  }
+  if (p.gelu) aux->assign(static_cast<size_t>(p.aux.ld * p.aux.cols), NAN);
   EXPECT_GE(p.a.ld, std::max<int64_t>(1, p.a.rows));
   EXPECT_GE(p.b.ld, std::max<int64_t>(1, p.b.rows));
   EXPECT_GE(p.d.ld, std::max<int64_t>(1, p.d.rows));
@@ -41,6 +60,12 @@ std::vector<float> replay(const Plan& p, const std::vector<float>& a, const std:
       for (int64_t l = 0; l < p.k; ++l) {
         acc += static_cast<double>(a.at(static_cast<size_t>(at(p.a, p.trans_a, i, l)))) *
                b.at(static_cast<size_t>(at(p.b, p.trans_b, l, j)));
+      }
+      if (p.gelu) {
+        aux->at(static_cast<size_t>(at(p.aux, false, i, j))) = static_cast<float>(acc);
+        acc = gelu_tanh(acc);
+      } else if (p.dgelu) {
+        acc *= gelu_tanh_grad(aux->at(static_cast<size_t>(at(p.aux, false, i, j))));
       }
       d.at(static_cast<size_t>(at(p.d, false, i, j))) = static_cast<float>(acc);
     }
@@ -91,6 +116,33 @@ TEST(LtPlan, WeightGradientAndItsBiasEpilogueReplayAsTheCpu) {
     expect_close(d, matmul(g, x, {.trans_a = true}));
     expect_close(bias_grad, sum(g, 0));
     EXPECT_EQ(weight_grad_plan(rows, in, out, false).bias_grad_length, 0);
+  }
+}
+
+// Note [gelu epilogues]: c_fc's matmul with GELU_AUX_BIAS gives the CPU's
+// gelu(linear(...)) and keeps linear(...) as aux; the DGELU matmul over c_proj's
+// weight gives gelu_backward(grad weight, pre).
+TEST(LtPlan, GeluEpiloguesReplayAsTheCpuOps) {
+  for (const auto& [rows, in, hidden, out] :
+       std::vector<std::array<int64_t, 4>>{{1, 1, 8, 1}, {7, 5, 16, 3}, {12, 8, 32, 8}}) {
+    const Tensor x = randn({rows, in}, 31), w_fc = randn({hidden, in}, 32);
+    const Tensor b_fc = randn({hidden}, 33), w_proj = randn({out, hidden}, 34);
+    const Tensor g = randn({rows, out}, 35);
+    const Plan f = linear_gelu_plan(rows, in, hidden);
+    EXPECT_TRUE(f.gelu);
+    EXPECT_EQ(f.bias_length, hidden);
+    std::vector<float> pre;
+    const auto h = replay(f, w_fc.to_vector<float>(), x.to_vector<float>(), b_fc.to_vector<float>(),
+                          nullptr, &pre);
+    const Tensor want_pre = linear(x, w_fc, b_fc);
+    expect_close(pre, want_pre);
+    expect_close(h, gelu(want_pre));
+    const Plan bwd = input_grad_dgelu_plan(rows, out, hidden);
+    EXPECT_TRUE(bwd.dgelu);
+    EXPECT_EQ(bwd.aux.ld, hidden);
+    const auto dpre =
+        replay(bwd, w_proj.to_vector<float>(), g.to_vector<float>(), {}, nullptr, &pre);
+    expect_close(dpre, gelu_backward(matmul(g, w_proj), want_pre));
   }
 }
 

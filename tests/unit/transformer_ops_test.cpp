@@ -4,6 +4,7 @@
 // differences (tests/unit/gradcheck.h), and their error messages.
 #include "runtime/ops/transformer_ops.h"
 #include "ddp/config.h"
+#include "runtime/autograd/autocast.h"
 #include "runtime/autograd/functions.h"
 #include "runtime/nn/layers.h"
 #include "runtime/ops/kernels.h"
@@ -224,6 +225,57 @@ TEST(TransformerOps, LayerNormForwardAddRunsTheModulesHooks) {
   EXPECT_EQ(calls, 1);
   expect_same_bits(r.sum, F::add(x, y), "hooks: sum");
   expect_same_bits(r.out, want, "hooks: out");
+}
+
+// F::gelu_mlp records one node for c_proj(gelu(c_fc(x))); off CUDA (or with the
+// epilogues off) its kernels are the three ops', so values and gradients are theirs
+// bit for bit, in f32 and under autocast.
+TEST(TransformerOps, GeluMlpGivesTheThreeOpsValuesAndGradients) {
+  for (bool mixed : {false, true}) {
+    SCOPED_TRACE(mixed ? "under autocast" : "f32");
+    const auto run = [&](bool fused) {
+      std::vector<Tensor> in{randn({6, 8}, 91), scale(randn({16, 8}, 92), 0.3f), randn({16}, 93),
+                             scale(randn({8, 16}, 94), 0.3f), randn({8}, 95)};
+      for (Tensor& t : in) set_requires_grad(t, true);
+      Tensor y;
+      {
+        const AutocastGuard autocast(DType::bf16, mixed);
+        y = fused ? F::gelu_mlp(in[0], in[1], in[2], in[3], in[4])
+                  : F::linear(F::gelu(F::linear(in[0], in[1], in[2])), in[3], in[4]);
+      }
+      backward(F::sum(F::mul(F::cast(y, DType::f32), randn({6, 8}, 96))));
+      std::vector<Tensor> out{y};
+      for (const Tensor& t : in) out.push_back(grad(t));
+      return out;
+    };
+    const auto fused = run(true), apart = run(false);
+    const char* names[] = {"y", "x", "fc weight", "fc bias", "proj weight", "proj bias"};
+    for (size_t i = 0; i < fused.size(); ++i) expect_same_bits(fused[i], apart[i], names[i]);
+  }
+}
+
+TEST(TransformerOps, GeluMlpGradientsMatchFiniteDifferences) {
+  gradcheck(
+      [](auto& in) { return F::gelu_mlp(in[0], in[1], in[2], in[3], in[4]); },
+      {randn({3, 4}, 97), randn({8, 4}, 98), randn({8}, 99), randn({5, 8}, 100), randn({5}, 101)},
+      1e-2, 3e-3);
+}
+
+TEST(TransformerOps, GeluEpilogueOpsNameShapesThatDoNotFit) {
+  std::string msg = value_error([] {
+    linear_gelu(randn({2, 4}, 1), randn({8, 3}, 2), zeros({8}));
+  });
+  EXPECT_NE(msg.find("linear_gelu: input [2, 4], weight [8, 3] and bias [8] do not fit"),
+            std::string::npos)
+      << msg;
+  msg = value_error([] {
+    linear_input_grad_gelu(randn({2, 5}, 1), randn({5, 8}, 2), randn({2, 7}, 3));
+  });
+  EXPECT_NE(
+      msg.find("linear_input_grad_gelu: grad [2, 5], weight [5, 8] and pre [2, 7] do not fit"),
+      std::string::npos)
+      << msg;
+  EXPECT_FALSE(gelu_epilogues_enabled() && !DDP_HAVE_CUDA);
 }
 
 TEST(TransformerOps, EmbeddingPicksRowsAndRepeatedIndicesAccumulate) {

@@ -78,8 +78,9 @@ class LtHandle {
   cublasLtHandle_t handle_ = nullptr;
 };
 
-// The two matmuls of Note [cublasLt linear] and Note [weight gradient epilogue].
-enum class Kind { forward, weight_grad };
+// The matmuls of Note [cublasLt linear], Note [weight gradient epilogue] and Note
+// [gelu epilogues].
+enum class Kind { forward, weight_grad, forward_gelu, input_grad_dgelu };
 
 // What the descriptors and the chosen algorithm depend on. bias: the epilogue's vector
 // (the bias, or the bias gradient for Kind::weight_grad) is used.
@@ -90,11 +91,12 @@ struct Key {
   DType dtype;      // A's and B's
   DType out_dtype;  // D's and the epilogue vector's
   bool bias;
-  int align_a, align_b, align_d, align_bias;
+  int align_a, align_b, align_d, align_bias, align_aux;
   bool operator==(const Key& o) const {
     return std::tie(device, kind, m, n, k, dtype, out_dtype, bias, align_a, align_b, align_d,
-                    align_bias) == std::tie(o.device, o.kind, o.m, o.n, o.k, o.dtype, o.out_dtype,
-                                            o.bias, o.align_a, o.align_b, o.align_d, o.align_bias);
+                    align_bias, align_aux) == std::tie(o.device, o.kind, o.m, o.n, o.k, o.dtype,
+                                                       o.out_dtype, o.bias, o.align_a, o.align_b,
+                                                       o.align_d, o.align_bias, o.align_aux);
   }
 };
 struct KeyHash {
@@ -104,7 +106,7 @@ struct KeyHash {
                       static_cast<int64_t>(k.out_dtype), static_cast<int64_t>(k.bias),
                       static_cast<int64_t>(k.device), static_cast<int64_t>(k.align_a),
                       static_cast<int64_t>(k.align_b), static_cast<int64_t>(k.align_d),
-                      static_cast<int64_t>(k.align_bias)}) {
+                      static_cast<int64_t>(k.align_bias), static_cast<int64_t>(k.align_aux)}) {
       h = h * 1000003u ^ std::hash<int64_t>()(v);
     }
     return h;
@@ -139,9 +141,14 @@ void set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, co
 
 // What an entry multiplies, for the log: "a bf16 linear layer [N, in] x [out, in]^T".
 std::string describe(const Key& key) {
-  if (key.kind == Kind::forward) {
-    return fmt::format("a {} linear layer [{}, {}] x [{}, {}]^T{}", dtype_name(key.dtype), key.n,
-                       key.k, key.m, key.k, key.bias ? " + bias" : "");
+  if (key.kind == Kind::forward || key.kind == Kind::forward_gelu) {
+    return fmt::format("a {} linear layer [{}, {}] x [{}, {}]^T{}{}", dtype_name(key.dtype), key.n,
+                       key.k, key.m, key.k, key.bias ? " + bias" : "",
+                       key.kind == Kind::forward_gelu ? " then GELU" : "");
+  }
+  if (key.kind == Kind::input_grad_dgelu) {
+    return fmt::format("a {} linear layer's input gradient [{}, {}] x [{}, {}] through GELU",
+                       dtype_name(key.dtype), key.n, key.k, key.k, key.m);
   }
   return fmt::format("a {} linear layer's weight gradient [{}, {}]^T x [{}, {}] into {}{}",
                      dtype_name(key.dtype), key.k, key.n, key.k, key.m, dtype_name(key.out_dtype),
@@ -153,7 +160,7 @@ std::string describe(const Key& key) {
 // alignment (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER), and every later call of
 // this entry has one of the same alignment (Key::align_bias).
 std::unique_ptr<Entry> make_entry(cublasLtHandle_t handle, const lt_plan::Plan& plan,
-                                  const Key& key, const void* vector) {
+                                  const Key& key, const void* vector, const void* aux) {
   const cuda_api::CublasLtLibrary& lt = *library();
   auto e = std::make_unique<Entry>();
   const cudaDataType_t type = lt_type(key.dtype), out_type = lt_type(key.out_dtype);
@@ -162,13 +169,36 @@ std::unique_ptr<Entry> make_entry(cublasLtHandle_t handle, const lt_plan::Plan& 
   const cublasOperation_t op_b = plan.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   set_desc(e->desc, CUBLASLT_MATMUL_DESC_TRANSA, op_a, "set TRANSA");
   set_desc(e->desc, CUBLASLT_MATMUL_DESC_TRANSB, op_b, "set TRANSB");
-  if (key.bias) {
-    const cublasLtEpilogue_t epilogue =
-        key.kind == Kind::forward ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_BGRADB;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  switch (key.kind) {
+    case Kind::forward:
+      if (key.bias) epilogue = CUBLASLT_EPILOGUE_BIAS;
+      break;
+    case Kind::weight_grad:
+      if (key.bias) epilogue = CUBLASLT_EPILOGUE_BGRADB;
+      break;
+    case Kind::forward_gelu:
+      epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+      break;
+    case Kind::input_grad_dgelu:
+      epilogue = CUBLASLT_EPILOGUE_DGELU;
+      break;
+  }
+  if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     set_desc(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue, "set EPILOGUE");
+  }
+  if (key.bias) {
     const int32_t bias_type = out_type;  // the output's type (cublasLt.h)
     set_desc(e->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type, "set BIAS_DATA_TYPE");
     set_desc(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector, "set BIAS_POINTER");
+  }
+  if (plan.gelu || plan.dgelu) {  // Note [gelu epilogues]: pre, laid out as D, in D's type
+    const int64_t aux_ld = plan.aux.ld;
+    const int32_t aux_type = out_type;
+    set_desc(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux, "set EPILOGUE_AUX_POINTER");
+    set_desc(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, aux_ld, "set EPILOGUE_AUX_LD");
+    set_desc(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, aux_type,
+             "set EPILOGUE_AUX_DATA_TYPE");
   }
   const auto layout = [&](cublasLtMatrixLayout_t* l, cudaDataType_t t, const lt_plan::Layout& s) {
     check(
@@ -222,7 +252,7 @@ uintptr_t address(const Tensor& t) {
 // it is defined) on out's device and stream; false when cuBLASLt is missing or has no
 // algorithm for the key.
 bool run(const lt_plan::Plan& plan, Kind kind, const Tensor& a, const Tensor& b, Tensor& out,
-         const Tensor& vector) {
+         const Tensor& vector, const Tensor& aux = Tensor()) {
   const cuda_api::CublasLtLibrary* lt = library();
   if (lt == nullptr) return false;
   const int device = out.device().index;
@@ -244,16 +274,21 @@ bool run(const lt_plan::Plan& plan, Kind kind, const Tensor& a, const Tensor& b,
   key.align_b = lt_plan::alignment_of(address(b));
   key.align_d = lt_plan::alignment_of(address(out));
   key.align_bias = vector.defined() ? lt_plan::alignment_of(address(vector)) : 0;
+  key.align_aux = aux.defined() ? lt_plan::alignment_of(address(aux)) : 0;
+  const void* vector_ptr = vector.defined() ? vector.data_ptr() : nullptr;
+  const void* aux_ptr = aux.defined() ? aux.data_ptr() : nullptr;
   auto it = entries.find(key);
   if (it == entries.end()) {
-    const void* vector_ptr = vector.defined() ? vector.data_ptr() : nullptr;
-    it = entries.emplace(key, make_entry(h->second.get(), plan, key, vector_ptr)).first;
+    it = entries.emplace(key, make_entry(h->second.get(), plan, key, vector_ptr, aux_ptr)).first;
   }
   Entry& e = *it->second;
   if (!e.usable) return false;
   if (vector.defined()) {
-    const void* vector_ptr = vector.data_ptr();
     set_desc(e.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector_ptr, "set BIAS_POINTER");
+  }
+  if (aux.defined()) {
+    set_desc(e.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux_ptr,
+             "set EPILOGUE_AUX_POINTER");
   }
   const auto stream = static_cast<cudaStream_t>(current_stream(out.device()).handle());
   const Tensor workspace = e.workspace > 0 ? empty({static_cast<int64_t>(e.workspace)},
@@ -280,8 +315,15 @@ bool linear_lt(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor
 }
 
 namespace {
+bool env_flag(const char* name, bool fallback) {
+  return env::get_int(name).value_or(fallback ? 1 : 0) != 0;
+}
 std::atomic<bool>& bias_grad_switch() {
-  static std::atomic<bool> on{env::get_int(env::kLtBiasGrad).value_or(1) != 0};
+  static std::atomic<bool> on{env_flag(env::kLtBiasGrad, true)};
+  return on;
+}
+std::atomic<bool>& gelu_switch() {
+  static std::atomic<bool> on{env_flag(env::kLtGelu, false)};
   return on;
 }
 }  // namespace
@@ -292,6 +334,31 @@ bool lt_bias_grad_enabled() {
 
 void set_lt_bias_grad_enabled(bool enabled) {
   bias_grad_switch().store(enabled, std::memory_order_relaxed);
+}
+
+bool lt_gelu_enabled() {
+  return gelu_switch().load(std::memory_order_relaxed);
+}
+
+void set_lt_gelu_enabled(bool enabled) {
+  gelu_switch().store(enabled, std::memory_order_relaxed);
+}
+
+bool linear_gelu_lt(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
+                    Tensor& pre) {
+  if (x.size(0) == 0 || x.size(1) == 0 || weight.size(0) % 8 != 0) return false;  // aux ld
+  if (bias.dtype() != out.dtype() || address(bias) % 16 != 0) return false;
+  const lt_plan::Plan plan = lt_plan::linear_gelu_plan(x.size(0), x.size(1), weight.size(0));
+  return run(plan, Kind::forward_gelu, weight, x, out, bias, pre);
+}
+
+bool linear_input_grad_dgelu_lt(const Tensor& grad, const Tensor& weight, const Tensor& pre,
+                                Tensor& grad_pre) {
+  if (grad.size(0) == 0 || grad.size(1) == 0 || weight.size(1) % 8 != 0) return false;
+  const lt_plan::Plan plan =
+      lt_plan::input_grad_dgelu_plan(grad.size(0), grad.size(1), weight.size(1));
+  // cuBLASLt's A is the weight, its B the output's gradient (Note [gelu epilogues]).
+  return run(plan, Kind::input_grad_dgelu, weight, grad, grad_pre, Tensor(), pre);
 }
 
 bool linear_weight_grad_lt(const Tensor& grad, const Tensor& x, Tensor& grad_weight,

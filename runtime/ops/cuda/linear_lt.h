@@ -30,4 +30,20 @@ bool linear_weight_grad_lt(const Tensor& grad, const Tensor& x, Tensor& grad_wei
 bool lt_bias_grad_enabled();
 void set_lt_bias_grad_enabled(bool enabled);
 
+// Note [gelu epilogues] in lt_plan.h. out [rows, out_features] = gelu(x weight^T + bias)
+// (the tanh form) and pre = x weight^T + bias, both of x's 16-bit dtype, from one
+// matmul; bias of that dtype. Returns false as linear_lt does, and when out_features
+// is not a multiple of 8 (cuBLASLt's rule for pre's leading dimension).
+bool linear_gelu_lt(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
+                    Tensor& pre);
+// grad_pre [rows, in] = (grad [rows, out] weight [out, in]) * gelu'(pre [rows, in]), 16-bit,
+// from one matmul: the input gradient of a linear layer whose input was gelu(pre).
+// Returns false as linear_lt does, and when in is not a multiple of 8.
+bool linear_input_grad_dgelu_lt(const Tensor& grad, const Tensor& weight, const Tensor& pre,
+                                Tensor& grad_pre);
+// Whether the GPT MLP uses them (DDP_LT_GELU, default off until measured: Note [gelu
+// epilogues]); the setter is for tests and benchmarks. Process-wide.
+bool lt_gelu_enabled();
+void set_lt_gelu_enabled(bool enabled);
+
 }  // namespace ddp::kernels::cuda

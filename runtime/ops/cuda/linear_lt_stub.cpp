@@ -18,4 +18,18 @@ bool lt_bias_grad_enabled() {
 
 void set_lt_bias_grad_enabled(bool) {}
 
+bool linear_gelu_lt(const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&) {
+  return false;
+}
+
+bool linear_input_grad_dgelu_lt(const Tensor&, const Tensor&, const Tensor&, Tensor&) {
+  return false;
+}
+
+bool lt_gelu_enabled() {
+  return false;
+}
+
+void set_lt_gelu_enabled(bool) {}
+
 }  // namespace ddp::kernels::cuda

@@ -28,6 +28,10 @@ struct Plan {
   Layout a{}, b{}, d{};
   int64_t bias_length = 0;       // 0: no bias epilogue; else m
   int64_t bias_grad_length = 0;  // 0: no BGRADB epilogue; else n (sums of op(B) over k)
+  // Note [gelu epilogues]: gelu: D = gelu(op(A) op(B) + bias), the sum before the GELU
+  // written to the aux matrix; dgelu: D = (op(A) op(B)) * gelu'(aux), aux read.
+  bool gelu = false, dgelu = false;
+  Layout aux{};  // as D (cuBLASLt: its ld a multiple of 8)
 };
 
 // Row-major a [a_rows, a_cols] (transposed when trans_a), b [b_rows, b_cols] likewise,
@@ -63,6 +67,30 @@ inline Plan linear_plan(int64_t rows, int64_t in, int64_t out, bool bias) {
 inline Plan weight_grad_plan(int64_t rows, int64_t in, int64_t out, bool bias_grad) {
   Plan p = gemm_plan(rows, out, true, rows, in, false, false);
   p.bias_grad_length = bias_grad ? p.n : 0;
+  return p;
+}
+
+// Note [gelu epilogues]
+// ~~~~~~~~~~~~~~~~~~~~~
+// A GPT MLP is c_proj(gelu(c_fc(x))). As three ops, c_fc writes pre = x W_fc^T + b_fc,
+// GELU reads it and writes h, and the backward reads dh and pre to write dpre. cuBLASLt
+// fuses both ends: c_fc's matmul with the GELU_AUX_BIAS epilogue writes h and pre in
+// one pass, and the backward's dh = dy W_proj with the DGELU epilogue reads pre and
+// writes dpre = dh * gelu'(pre) without dh ever reaching memory. pre (the aux matrix)
+// is laid out as D: row-major [rows, hidden], column-major [hidden, rows] with ld hidden.
+// c_fc: h [rows, out] = gelu(x [rows, in] W [out, in]^T + b), pre kept.
+inline Plan linear_gelu_plan(int64_t rows, int64_t in, int64_t out) {
+  Plan p = linear_plan(rows, in, out, true);
+  p.gelu = true;
+  p.aux = p.d;
+  return p;
+}
+// The input gradient of c_proj (weight [out, hidden]) taken through c_fc's GELU:
+// dpre [rows, hidden] = (grad [rows, out] weight) * gelu'(pre [rows, hidden]).
+inline Plan input_grad_dgelu_plan(int64_t rows, int64_t out, int64_t hidden) {
+  Plan p = gemm_plan(rows, out, false, out, hidden, false, false);
+  p.dgelu = true;
+  p.aux = p.d;
   return p;
 }
 
