@@ -39,6 +39,7 @@ std::vector<float> replay(const Plan& p, const std::vector<float>& a, const std:
                           std::vector<float>* aux = nullptr) {
   if (p.gelu || p.dgelu) {
     EXPECT_GE(p.aux.ld, std::max<int64_t>(1, p.m));
+    EXPECT_EQ(p.aux.ld % 8, 0) << "cuBLASLt's rule for the GELU aux matrix";
     EXPECT_EQ(p.aux.rows, p.m);
     EXPECT_EQ(p.aux.cols, p.n);
   }

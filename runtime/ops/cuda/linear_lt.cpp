@@ -120,6 +120,7 @@ struct Entry {
   cublasLtMatmulAlgo_t algo{};
   size_t workspace = 0;
   bool usable = false;
+  bool ran = false;  // a matmul of this entry has been accepted once
   Entry() = default;
   Entry(const Entry&) = delete;
   Entry& operator=(const Entry&) = delete;
@@ -153,6 +154,20 @@ std::string describe(const Key& key) {
   return fmt::format("a {} linear layer's weight gradient [{}, {}]^T x [{}, {}] into {}{}",
                      dtype_name(key.dtype), key.k, key.n, key.k, key.m, dtype_name(key.out_dtype),
                      key.bias ? " with its bias gradient" : "");
+}
+
+// What runs instead when an entry cannot, for the warning.
+const char* fallback_text(const Key& key) {
+  switch (key.kind) {
+    case Kind::forward:
+      return key.bias ? "it runs as cublasGemmEx and a bias kernel" : "it runs as cublasGemmEx";
+    case Kind::weight_grad:
+      return "it runs as cublasGemmEx and a column sum for the bias gradient";
+    case Kind::forward_gelu:
+    case Kind::input_grad_dgelu:
+      return "the matmul and the GELU kernel run apart";
+  }
+  return "";
 }
 
 // Builds the descriptors of `plan` and asks the heuristic for an algorithm.
@@ -192,13 +207,12 @@ std::unique_ptr<Entry> make_entry(cublasLtHandle_t handle, const lt_plan::Plan& 
     set_desc(e->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type, "set BIAS_DATA_TYPE");
     set_desc(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, vector, "set BIAS_POINTER");
   }
-  if (plan.gelu || plan.dgelu) {  // Note [gelu epilogues]: pre, laid out as D, in D's type
+  if (plan.gelu || plan.dgelu) {  // Note [gelu epilogues]: pre, laid out as D
+    // Its type is left at the default, D's (cublasLt.h: setting an unsupported one makes
+    // cublasLtMatmul fail, not the heuristic).
     const int64_t aux_ld = plan.aux.ld;
-    const int32_t aux_type = out_type;
     set_desc(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux, "set EPILOGUE_AUX_POINTER");
     set_desc(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, aux_ld, "set EPILOGUE_AUX_LD");
-    set_desc(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, aux_type,
-             "set EPILOGUE_AUX_DATA_TYPE");
   }
   const auto layout = [&](cublasLtMatrixLayout_t* l, cudaDataType_t t, const lt_plan::Layout& s) {
     check(
@@ -236,10 +250,10 @@ std::unique_ptr<Entry> make_entry(cublasLtHandle_t handle, const lt_plan::Plan& 
     e->usable = true;
   } else {
     DDP_LOG_WARN(
-        "cuBLASLt has no algorithm for {} (alignments {}, {}, {} bytes; heuristic: {}, {} "
-        "found): it runs as cublasGemmEx{}",
-        describe(key), key.align_b, key.align_a, key.align_d, lt.status_name(status), found,
-        key.bias ? " and a bias kernel" : "");
+        "cuBLASLt has no algorithm for {} (alignments A {}, B {}, D {} bytes; heuristic: {}, {} "
+        "found): {}",
+        describe(key), key.align_a, key.align_b, key.align_d, lt.status_name(status), found,
+        fallback_text(key));
   }
   return e;
 }
@@ -295,10 +309,20 @@ bool run(const lt_plan::Plan& plan, Kind kind, const Tensor& a, const Tensor& b,
                                                    {.dtype = DType::u8, .device = out.device()})
                                            : Tensor();
   const float alpha = 1.0f, beta = 0.0f;
-  check(lt->matmul(h->second.get(), e.desc, &alpha, a.data_ptr(), e.a, b.data_ptr(), e.b, &beta,
-                   out.data_ptr(), e.d, out.data_ptr(), e.d, &e.algo,
-                   workspace.defined() ? workspace.data_ptr() : nullptr, e.workspace, stream),
-        "cublasLtMatmul");
+  const cublasStatus_t status =
+      lt->matmul(h->second.get(), e.desc, &alpha, a.data_ptr(), e.a, b.data_ptr(), e.b, &beta,
+                 out.data_ptr(), e.d, out.data_ptr(), e.d, &e.algo,
+                 workspace.defined() ? workspace.data_ptr() : nullptr, e.workspace, stream);
+  if (status != CUBLAS_STATUS_SUCCESS && !e.ran) {
+    // The heuristic's algorithm refused at its first call (an epilogue it does not run
+    // with these types): fall back for good, as for no algorithm, rather than fail.
+    e.usable = false;
+    DDP_LOG_WARN("cuBLASLt refused {} at its first call ({}): {}", describe(key),
+                 lt->status_name(status), fallback_text(key));
+    return false;
+  }
+  check(status, "cublasLtMatmul");
+  e.ran = true;
   return true;
 }
 
@@ -346,15 +370,22 @@ void set_lt_gelu_enabled(bool enabled) {
 
 bool linear_gelu_lt(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
                     Tensor& pre) {
-  if (x.size(0) == 0 || x.size(1) == 0 || weight.size(0) % 8 != 0) return false;  // aux ld
+  if (x.size(0) == 0 || x.size(1) == 0 || weight.size(0) == 0) return false;  // no layouts
+  if (weight.size(0) % 8 != 0) return false;                                  // pre's ld
   if (bias.dtype() != out.dtype() || address(bias) % 16 != 0) return false;
+  DDP_ASSERT(pre.dtype() == out.dtype() && pre.shape() == out.shape(),
+             "linear_gelu_lt: pre must be like out");
   const lt_plan::Plan plan = lt_plan::linear_gelu_plan(x.size(0), x.size(1), weight.size(0));
   return run(plan, Kind::forward_gelu, weight, x, out, bias, pre);
 }
 
 bool linear_input_grad_dgelu_lt(const Tensor& grad, const Tensor& weight, const Tensor& pre,
                                 Tensor& grad_pre) {
-  if (grad.size(0) == 0 || grad.size(1) == 0 || weight.size(1) % 8 != 0) return false;
+  if (grad.size(0) == 0 || grad.size(1) == 0 || weight.size(1) == 0) return false;  // no layouts
+  if (weight.size(1) % 8 != 0) return false;                                        // pre's ld
+  DDP_ASSERT(pre.dtype() == grad_pre.dtype() && pre.shape() == grad_pre.shape() &&
+                 grad.dtype() == pre.dtype(),
+             "linear_input_grad_dgelu_lt: pre and grad_pre must be alike, of grad's dtype");
   const lt_plan::Plan plan =
       lt_plan::input_grad_dgelu_plan(grad.size(0), grad.size(1), weight.size(1));
   // cuBLASLt's A is the weight, its B the output's gradient (Note [gelu epilogues]).
@@ -366,6 +397,10 @@ bool linear_weight_grad_lt(const Tensor& grad, const Tensor& x, Tensor& grad_wei
   if (grad.size(0) == 0 || grad.size(1) == 0 || x.size(1) == 0) return false;  // no layouts
   if (grad_bias.defined() && address(grad_bias) % 16 != 0) return false;
   if (!lt_bias_grad_enabled()) return false;
+  // Only where both feature counts are multiples of 8 (every bf16 row 16-byte aligned:
+  // a transformer's layers): BGRADB has made illegal accesses at an odd small output
+  // (one feature, NVIDIA/apex#1392), and small layers gain nothing from it.
+  if (grad.size(1) % 8 != 0 || x.size(1) % 8 != 0) return false;
   const lt_plan::Plan plan =
       lt_plan::weight_grad_plan(grad.size(0), x.size(1), grad.size(1), grad_bias.defined());
   // cuBLASLt's A is the input, its B the output's gradient (Note [weight gradient epilogue]).

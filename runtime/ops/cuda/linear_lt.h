@@ -21,8 +21,8 @@ bool linear_lt(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor
 // input x [rows, in] (16-bit, one dtype): grad_weight [out, in] (f32) = grad^T x, and
 // when grad_bias is defined, grad_bias [out] (f32) = the sum of grad's rows from the
 // same matmul's BGRADB epilogue (Note [weight gradient epilogue] in lt_plan.h). Both
-// overwritten. Returns false, doing nothing, as linear_lt does, and when
-// lt_bias_grad_enabled() is false.
+// overwritten. Returns false, doing nothing, as linear_lt does, when
+// lt_bias_grad_enabled() is false, and unless in and out are multiples of 8.
 bool linear_weight_grad_lt(const Tensor& grad, const Tensor& x, Tensor& grad_weight,
                            Tensor& grad_bias);
 // Whether linear_weight_grad_lt runs (DDP_LT_BIAS_GRAD, default on); the setter is for
