@@ -29,6 +29,7 @@ usage: results.py COMMAND ARGS...
 Only the standard library, except copy-peak (torch).
 """
 
+import glob
 import json
 import math
 import sys
@@ -41,11 +42,18 @@ def fail(message, code=1):
 
 
 def testcases(path):
-    try:
-        root = ET.parse(path).getroot()
-    except (OSError, ET.ParseError) as e:
-        fail(f"{path}: not a readable gtest XML file: {e}")
-    return root.iter("testcase")
+    """The testcases of a gtest XML file, or of every file a glob pattern matches (the
+    gpu_tests step writes one file per test suite)."""
+    paths = sorted(glob.glob(path)) if any(c in path for c in "*?[") else [path]
+    if not paths:
+        fail(f"{path}: no gtest XML file matches")
+    cases = []
+    for p in paths:
+        try:
+            cases.extend(ET.parse(p).getroot().iter("testcase"))
+        except (OSError, ET.ParseError) as e:
+            fail(f"{p}: not a readable gtest XML file: {e}")
+    return cases
 
 
 def cmd_gtest(path):

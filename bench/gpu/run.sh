@@ -26,8 +26,9 @@ Steps (each under `timeout`, sized so that the run fits --budget on an H100):
   preflight     nvidia-smi's GPUs and compute capability against the build's CUDA
                 architectures, and a tiny `train --device cuda:0`: a GPU the build
                 cannot use stops the run here, loudly (exit 1)
-  gpu_tests     ddp_gpu_tests (label gpu), XML to gpu_tests.xml; a test skipped for
-                "no CUDA device" while nvidia-smi sees one fails the step
+  gpu_tests     ddp_gpu_tests (label gpu), one process per test suite (a crash loses
+                one suite's results, and is named), XML to logs/gpu_tests.<suite>.xml;
+                a test skipped for "no CUDA device" while nvidia-smi sees one fails
   gpt2_bf16     bench gpt --precision bf16 (tokens/s, MFU against the GPU's dense bf16
   gpt_mini_bf16 peak, peak device memory) vs PyTorch at its strictest (torch.compile,
                 bf16 autocast, flash SDPA, fused AdamW, TF32: torch_gpt_train.py --strict)
@@ -93,7 +94,7 @@ options:
 environment: PYTHON (default python3) runs PyTorch and the result parsing.
 
 Results under --out: summary.md (environment and the table), run.log (every step's
-output in order), gpu_tests.xml, bench_device.jsonl, bench_gemm.jsonl, and the
+output in order), bench_device.jsonl, bench_gemm.jsonl, and the
 per-step logs, loss logs and metrics in logs/ -- packed into logs.tar.gz when the
 results go to $OUT (a device machine returns at most 8 files).
 

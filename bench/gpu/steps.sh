@@ -17,18 +17,47 @@ have_data() {
   return 1
 }
 
+# One process per test suite (logs/gpu_tests.<suite>.log and .xml), within 300 s in
+# all: a test that kills its process (an illegal address, an abort) loses its suite's
+# results, not every suite's (gtest writes its XML only at the end), and the table
+# names the suites that died.
 step_gpu_tests() {
-  local exe="$bin/ddp_gpu_tests" rc figure skips
+  local exe="$bin/ddp_gpu_tests" rc=0 r figure skips suite left deadline
+  local -a suites=() died=()
   if [[ ! -x "$exe" ]]; then
     record gpu_tests "$([[ $with_tests -eq 0 ]] && echo "skipped: --no-tests" || echo "FAILED: $exe is missing")"
     return
   fi
-  run_logged gpu_tests 300 "$exe" --gtest_output="xml:$out/gpu_tests.xml" --gtest_color=no
-  rc=$?
-  figure=$(results gtest "$out/gpu_tests.xml" 2>>"$logs/gpu_tests.log") || true
-  skips=$(results no-cuda-skips "$out/gpu_tests.xml" 2>/dev/null || echo 0)
-  if [[ $rc -ne 0 ]]; then
-    record gpu_tests "FAILED: $(why_failed gpu_tests "$rc")" "$figure" "all pass"
+  mapfile -t suites < <("$exe" --gtest_list_tests 2>/dev/null | grep -E '^[A-Za-z0-9_/]+\.$' | sed 's/\.$//')
+  if [[ ${#suites[@]} -eq 0 ]]; then
+    record gpu_tests "FAILED: $exe --gtest_list_tests listed no test suites" "-" "all pass"
+    return
+  fi
+  rm -f "$logs"/gpu_tests.*.xml
+  deadline=$((SECONDS + 300))
+  for suite in "${suites[@]}"; do
+    left=$((deadline - SECONDS))
+    [[ $left -lt 10 ]] && left=10
+    run_logged "gpu_tests.${suite//\//_}" "$left" "$exe" --gtest_filter="$suite.*" \
+      --gtest_output="xml:$logs/gpu_tests.${suite//\//_}.xml" --gtest_color=no
+    r=$?
+    if [[ $r -eq 125 ]]; then  # the --budget is spent: the rest do not run
+      rc=$r
+      died+=("$suite and the suites after it (not run: the --budget was spent)")
+      break
+    fi
+    if [[ $r -ne 0 ]]; then
+      rc=$r
+      [[ -s "$logs/gpu_tests.${suite//\//_}.xml" ]] || died+=("$suite (exit $r, logs/gpu_tests.${suite//\//_}.log)")
+    fi
+  done
+  figure=$(results gtest "$logs/gpu_tests.*.xml" 2>>"$logs/gpu_tests.log") || true
+  skips=$(results no-cuda-skips "$logs/gpu_tests.*.xml" 2>/dev/null || echo 0)
+  if [[ ${#died[@]} -gt 0 ]]; then
+    record gpu_tests "FAILED: no results from ${died[*]}" "$figure" "all pass"
+  elif [[ $rc -ne 0 ]]; then
+    record gpu_tests "FAILED: exit $rc; $(grep -h '^FAILED' "$logs/gpu_tests.log" 2>/dev/null | head -3 | tr '\n' ' ')(logs/gpu_tests.*.log)" \
+      "$figure" "all pass"
   elif [[ $gpu_count -gt 0 && "${skips:-0}" -gt 0 ]]; then
     record gpu_tests "FAILED: $skips tests skipped for 'no CUDA device' although nvidia-smi sees ${gpu_name}" \
       "$figure" "all pass"
