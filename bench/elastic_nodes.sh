@@ -56,13 +56,10 @@ with open(sys.argv[1], "a") as f:
         f.write(f"{time.time():.6f} {line.rstrip()}\n")
         f.flush()
 PY
-# Two distinct ports free now (not PORT and PORT + 1: the next one may be taken).
-free_ports() {
-  python3 -c 'import socket
-s = [socket.socket() for _ in range(2)]
-for x in s: x.bind(("127.0.0.1", 0))
-print(*(x.getsockname()[1] for x in s))'
-}
+# free_port: a port P below the kernel's ephemeral range with P + 1 free too (a port
+# from bind(0) could be taken by another test's connection before ddprun listens on
+# it: "cannot listen on 127.0.0.1:P: Address already in use" failed this test once).
+. "$(dirname "$0")/../tests/e2e/lib_ports.sh"
 
 # agents NAME POLICY...: both agents of one job; node 0's stamped lines go to
 # NAME.log (appended), node 1's output to NAME.node1.log. Sets node0, node1.
@@ -70,7 +67,8 @@ agents() {
   local name=$1
   shift
   local port rdzv_port
-  read -r port rdzv_port < <(free_ports)
+  port=$(free_port)
+  rdzv_port=$((port + 1))
   local common=(--nnodes 2 -n 2 --master-port "$port" --rdzv-port "$rdzv_port" --grace-period 2
     --rdzv-timeout 30 "$@")
   local job=("$train" --backend gloo --data synthetic --synthetic-size 20000 --epochs 8 --seed 5

@@ -20,35 +20,7 @@ now() { date +%s.%N; }
 elapsed_since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
 # at_most VALUE LIMIT: VALUE <= LIMIT (decimals)
 at_most() { awk -v v="$1" -v l="$2" 'BEGIN { exit !(v + 0 <= l + 0) }'; }
-# A port P with P + 1 free too: ddprun's agents' store listens on --master-port + 1
-# (--rdzv-port's default), and a P + 1 taken by another test's connection made
-# e2e.ddprun_torch fail once ("cannot listen on 127.0.0.1:P+1: Address already in use").
-# P is drawn below the kernel's ephemeral range, from which every connect() and
-# bind to port 0 of the tests running beside this one take theirs: a port from
-# that range (as bind(0) gives) could be taken again before ddprun listens on it,
-# which failed e2e.ddprun_rendezvous once with three tests at a time.
-free_port() {
-  python3 -c '
-import random, socket
-low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-for _ in range(200):
-    if low > 10002:
-        p = random.randrange(10000, low - 1)
-    else:  # no room below the ephemeral range: take one from it
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            p = s.getsockname()[1]
-    try:
-        with socket.socket() as s, socket.socket() as t:
-            s.bind(("127.0.0.1", p))
-            t.bind(("127.0.0.1", p + 1))
-    except OSError:
-        continue
-    print(p)
-    break
-else:
-    raise SystemExit("no free pair of ports")'
-}
+. "$(dirname "${BASH_SOURCE[0]}")/lib_ports.sh"
 # wait_for_lines FILE PATTERN COUNT [SECONDS]: until FILE has COUNT lines matching PATTERN.
 wait_for_lines() {
   local deadline=$((SECONDS + ${4:-20}))

@@ -36,13 +36,10 @@ fail() {
   for f in "$dir"/*.log; do [ -f "$f" ] && { echo "--- $f" >&2; tail -25 "$f" >&2; }; done
   exit 1
 }
-# Two distinct ports free now (not PORT and PORT + 1: the next one may be taken).
-free_ports() {
-  python3 -c 'import socket
-s = [socket.socket() for _ in range(2)]
-for x in s: x.bind(("127.0.0.1", 0))
-print(*(x.getsockname()[1] for x in s))'
-}
+# free_port: a port P below the kernel's ephemeral range with P + 1 free too (a port
+# from bind(0) could be taken by another test's connection before ddprun listens on
+# it: "cannot listen on 127.0.0.1:P: Address already in use" failed this test once).
+. "$(dirname "$0")/lib_ports.sh"
 rows() { if [ -f "$1" ]; then wc -l <"$1"; else echo 0; fi; }
 . "$(dirname "$0")/lib_elastic.sh"
 # 8000 samples at batch 64 over 4 ranks: 32 steps an epoch.
@@ -54,7 +51,8 @@ start() {
   local name=$1
   shift
   local port rdzv_port
-  read -r port rdzv_port < <(free_ports)
+  port=$(free_port)
+  rdzv_port=$((port + 1))
   local common=(--nnodes 2 -n "${NPROC:-2}" --master-port "$port" --rdzv-port "$rdzv_port" --on-failure
     continue --grace-period 2 --rdzv-timeout 30 "$@")
   local flags=("${task[@]}" ${EPOCHS:+--epochs "$EPOCHS"} --save "$dir/$name.st" --loss-log "$dir/$name.loss" --metrics "$dir/$name.jsonl")
