@@ -66,10 +66,9 @@ PY
 agents() {
   local name=$1
   shift
-  local port rdzv_port
-  port=$(free_port)
-  rdzv_port=$((port + 1))
-  local common=(--nnodes 2 -n 2 --master-port "$port" --rdzv-port "$rdzv_port" --grace-period 2
+  local port
+  port=$(free_port)  # the agents' store takes port + 1, ddprun's default --rdzv-port
+  local common=(--nnodes 2 -n 2 --master-port "$port" --grace-period 2
     --rdzv-timeout 30 "$@")
   local job=("$train" --backend gloo --data synthetic --synthetic-size 20000 --epochs 8 --seed 5
     --batch-size 64 --save-every "$save_every" --resume auto --log-every 1 --save "$dir/$name.st")

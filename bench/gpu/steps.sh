@@ -22,7 +22,7 @@ have_data() {
 # results, not every suite's (gtest writes its XML only at the end), and the table
 # names the suites that died.
 step_gpu_tests() {
-  local exe="$bin/ddp_gpu_tests" rc=0 r figure skips suite left deadline
+  local exe="$bin/ddp_gpu_tests" rc=0 r figure skips suite name left deadline
   local -a suites=() died=()
   if [[ ! -x "$exe" ]]; then
     record gpu_tests "$([[ $with_tests -eq 0 ]] && echo "skipped: --no-tests" || echo "FAILED: $exe is missing")"
@@ -36,10 +36,11 @@ step_gpu_tests() {
   rm -f "$logs"/gpu_tests.*.xml
   deadline=$((SECONDS + 300))
   for suite in "${suites[@]}"; do
+    name="gpu_tests.${suite//\//_}"
     left=$((deadline - SECONDS))
     [[ $left -lt 10 ]] && left=10
-    run_logged "gpu_tests.${suite//\//_}" "$left" "$exe" --gtest_filter="$suite.*" \
-      --gtest_output="xml:$logs/gpu_tests.${suite//\//_}.xml" --gtest_color=no
+    run_logged "$name" "$left" "$exe" --gtest_filter="$suite.*" \
+      --gtest_output="xml:$logs/$name.xml" --gtest_color=no
     r=$?
     if [[ $r -eq 125 ]]; then  # the --budget is spent: the rest do not run
       rc=$r
@@ -48,7 +49,7 @@ step_gpu_tests() {
     fi
     if [[ $r -ne 0 ]]; then
       rc=$r
-      [[ -s "$logs/gpu_tests.${suite//\//_}.xml" ]] || died+=("$suite (exit $r, logs/gpu_tests.${suite//\//_}.log)")
+      [[ -s "$logs/$name.xml" ]] || died+=("$suite (exit $r, logs/$name.log)")
     fi
   done
   figure=$(results gtest "$logs/gpu_tests.*.xml" 2>>"$logs/gpu_tests.log") || true

@@ -50,10 +50,9 @@ task=(--backend gloo --data synthetic --synthetic-size 8000 --epochs 3 --seed 5
 start() {
   local name=$1
   shift
-  local port rdzv_port
-  port=$(free_port)
-  rdzv_port=$((port + 1))
-  local common=(--nnodes 2 -n "${NPROC:-2}" --master-port "$port" --rdzv-port "$rdzv_port" --on-failure
+  local port
+  port=$(free_port)  # the agents' store takes port + 1, ddprun's default --rdzv-port
+  local common=(--nnodes 2 -n "${NPROC:-2}" --master-port "$port" --on-failure
     continue --grace-period 2 --rdzv-timeout 30 "$@")
   local flags=("${task[@]}" ${EPOCHS:+--epochs "$EPOCHS"} --save "$dir/$name.st" --loss-log "$dir/$name.loss" --metrics "$dir/$name.jsonl")
   "$ddprun" "${common[@]}" --node-rank 1 "$train" "${flags[@]}" >"$dir/$name.node1.log" 2>&1 &
