@@ -17,9 +17,9 @@ struct Layout {
 };
 
 // The single source of truth for the wire format (see the table in the header).
-const std::array<Layout, 15>& layouts() {
+const std::array<Layout, 16>& layouts() {
   using F = Field;
-  static const std::array<Layout, 15> table = {{
+  static const std::array<Layout, 16> table = {{
       {Command::kHello, "HELLO", {F::kText}},
       {Command::kSet, "SET", {F::kKey, F::kValue}},
       {Command::kGet, "GET", {F::kKey, F::kNumber}},
@@ -30,6 +30,7 @@ const std::array<Layout, 15>& layouts() {
       {Command::kCheck, "CHECK", {F::kKeys}},
       {Command::kTime, "TIME", {}},
       {Command::kOnClose, "ON_CLOSE", {F::kKey, F::kValue}},
+      {Command::kReplicate, "REPLICATE", {}},
       {Command::kOk, "OK", {}},
       {Command::kValue, "VALUE", {F::kValue}},
       {Command::kInt, "INT", {F::kNumber}},
@@ -310,6 +311,9 @@ Message on_close(std::string key, Bytes value) {
   m.key = std::move(key);
   m.value = std::move(value);
   return m;
+}
+Message replicate() {
+  return with(Command::kReplicate);
 }
 Message ok() {
   return with(Command::kOk);

@@ -20,6 +20,9 @@
 //                                               Note [trace clocks] in runtime/trace/clock.h)
 //   ON_CLOSE     key, value                     OK (the server sets key = value when
 //                                               this connection closes: Note [on close])
+//   REPLICATE    (none)                         a stream: SET for every key, OK, then
+//                                               SET / DELETE for every later write
+//                                               (Note [store backup] in tcp_store.h)
 //   any request                                 ERROR(text) on failure
 //
 // Every frame is at most kMaxMessageBytes after its length field. The parser
@@ -55,6 +58,7 @@ enum class Command : uint8_t {
   kCheck = 8,
   kTime = 9,
   kOnClose = 10,
+  kReplicate = 11,
   kOk = 64,
   kValue = 65,
   kInt = 66,
@@ -95,6 +99,7 @@ Message delete_key(std::string key);
 Message check(std::vector<std::string> keys);
 Message time();
 Message on_close(std::string key, Bytes value);
+Message replicate();
 Message ok();
 Message value(Bytes value);
 Message integer(int64_t number);

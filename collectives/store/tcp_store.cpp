@@ -102,17 +102,37 @@ TcpStore::TcpStore(TcpStoreOptions options)
 }
 
 std::string TcpStore::where() const {
+  if (on_backup_.load()) return store_detail::endpoint(options_.backup_host, options_.backup_port);
   return store_detail::endpoint(options_.host, options_.port);
 }
 
+// Note [store failover]: with a backup, the primary and the backup in turn.
 void TcpStore::connect_locked() {
   const auto deadline = Clock::now() + options_.connect_timeout;
   auto backoff = std::chrono::duration_cast<std::chrono::milliseconds>(kFirstBackoff);
-  std::string error = "not attempted";
+  std::string error = "not attempted", backup_error;
   for (int attempt = 1;; ++attempt) {
-    if (try_connect_once(deadline, error)) {
-      if (attempt > 1)
+    bool backup = false;
+    bool connected = try_connect_once(options_.host, options_.port, deadline, error);
+    if (!connected && has_backup()) {
+      backup = connected =
+          try_connect_once(options_.backup_host, options_.backup_port, deadline, backup_error);
+    }
+    if (connected) {
+      const bool moved = backup != on_backup_.load();
+      on_backup_.store(backup);
+      if (attempt > 1 || moved)
         DDP_LOG_DEBUG("connected to the store at {} after {} attempts", where(), attempt);
+      if (moved && backup)
+        DDP_LOG_WARN("the store at {} is gone: its backup at {} serves now",
+                     store_detail::endpoint(options_.host, options_.port), where());
+      if (has_backup() && connected_before_) {
+        for (const auto& [key, value] : on_close_) {
+          exchange_locked(encode(msg::on_close(key, value)), Clock::now() + options_.timeout,
+                          fmt::format("set_on_close('{}')", key));
+        }
+      }
+      connected_before_ = true;
       return;
     }
     const auto now = Clock::now();
@@ -121,6 +141,13 @@ void TcpStore::connect_locked() {
     backoff =
         std::min(backoff * 2, std::chrono::duration_cast<std::chrono::milliseconds>(kMaxBackoff));
   }
+  if (has_backup()) {
+    throw StoreError(fmt::format(
+        "cannot connect to the store at {} nor to its backup at {} after {} s: {}; the backup: {}",
+        store_detail::endpoint(options_.host, options_.port),
+        store_detail::endpoint(options_.backup_host, options_.backup_port),
+        seconds_text(options_.connect_timeout), error, backup_error));
+  }
   throw StoreError(fmt::format(
       "cannot connect to the store at {} after {} s: {}. Is MASTER_ADDR/MASTER_PORT right and is "
       "rank 0 / ddprun running?",
@@ -128,17 +155,18 @@ void TcpStore::connect_locked() {
 }
 
 // One attempt: resolve, connect, HELLO. Returns false (with `error`) for what a
-// retry may fix; throws StoreError when the server refuses the secret.
-bool TcpStore::try_connect_once(Clock::time_point deadline, std::string& error) {
+// retry may fix (a backup on standby too); throws StoreError when the server
+// refuses the secret.
+bool TcpStore::try_connect_once(const std::string& host, int port, Clock::time_point deadline,
+                                std::string& error) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
   addrinfo* result = nullptr;
-  const std::string service = std::to_string(options_.port);
-  if (const int rc = ::getaddrinfo(options_.host.c_str(), service.c_str(), &hints, &result);
-      rc != 0) {
-    error = fmt::format("cannot resolve '{}': {}", options_.host, gai_strerror(rc));
+  const std::string service = std::to_string(port);
+  if (const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &result); rc != 0) {
+    error = fmt::format("cannot resolve '{}': {}", host, gai_strerror(rc));
     return false;
   }
   for (const addrinfo* ai = result; ai != nullptr && !fd_; ai = ai->ai_next) {
@@ -159,9 +187,14 @@ bool TcpStore::try_connect_once(Clock::time_point deadline, std::string& error) 
   }
   if (reply.command != Command::kOk) {
     fd_.reset();
-    throw StoreError(
-        fmt::format("the store at {} refused this client: {}", where(),
-                    reply.command == Command::kError ? reply.text : command_name(reply.command)));
+    const std::string text =
+        reply.command == Command::kError ? reply.text : command_name(reply.command);
+    if (text.starts_with("standby:")) {  // Note [store backup]: not serving yet
+      error = fmt::format("{}: {}", store_detail::endpoint(host, port), text);
+      return false;
+    }
+    throw StoreError(fmt::format("the store at {} refused this client: {}",
+                                 store_detail::endpoint(host, port), text));
   }
   return true;
 }
@@ -169,7 +202,7 @@ bool TcpStore::try_connect_once(Clock::time_point deadline, std::string& error) 
 void TcpStore::fail_connection(const std::string& what, const std::string& why) {
   fd_.reset();
   parser_.reset();
-  throw StoreError(fmt::format(
+  throw StoreConnectionLost(fmt::format(
       "store {} failed: lost the connection to the store at {}: {}. Did rank 0 / ddprun exit? "
       "Check its log.",
       what, where(), why));
@@ -229,14 +262,27 @@ Message TcpStore::read_reply(Clock::time_point deadline, const std::string& what
   }
 }
 
+Message TcpStore::exchange_locked(const Bytes& frame, Clock::time_point deadline,
+                                  const std::string& what) {
+  send_all(frame, deadline, what);
+  return read_reply(deadline, what);
+}
+
 Message TcpStore::call(const Message& request, std::chrono::milliseconds reply_timeout,
                        const std::string& what, std::initializer_list<Command> expected) {
   const Bytes frame = encode(request);  // throws (naming the key) when over 64 MiB
   std::lock_guard<std::mutex> lock(mutex_);
   if (!fd_) connect_locked();
-  const auto deadline = Clock::now() + reply_timeout;
-  send_all(frame, deadline, what);
-  Message reply = read_reply(deadline, what);
+  Message reply;
+  try {
+    reply = exchange_locked(frame, Clock::now() + reply_timeout, what);
+  } catch (const StoreConnectionLost& e) {
+    if (!has_backup()) throw;
+    // Note [store failover]: once more, on whichever of the two serves now.
+    DDP_LOG_DEBUG("store {}: {}; connecting again", what, e.what());
+    connect_locked();
+    reply = exchange_locked(frame, Clock::now() + reply_timeout, what);
+  }
   if (reply.command == Command::kError)
     throw StoreError(fmt::format("store {} failed: {}", what, reply.text));
   if (std::find(expected.begin(), expected.end(), reply.command) == expected.end()) {
@@ -306,6 +352,44 @@ int64_t TcpStore::server_time_ns() {
 void TcpStore::set_on_close(const std::string& key, const Bytes& value) {
   call(msg::on_close(key, value), options_.timeout, fmt::format("set_on_close('{}')", key),
        {Command::kOk});
+  std::lock_guard<std::mutex> lock(mutex_);
+  on_close_.emplace_back(key, value);
+}
+
+bool TcpStore::replicate(const std::function<void(Message&&)>& apply,
+                         const std::function<bool()>& stop) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!fd_) connect_locked();
+  send_all(encode(msg::replicate()), Clock::now() + options_.timeout, "REPLICATE");
+  for (;;) {
+    for (;;) {
+      std::optional<Message> m;
+      try {
+        m = parser_.next();
+      } catch (const ProtocolError&) {
+        fd_.reset();
+        return true;
+      }
+      if (!m) break;
+      if (m->command == Command::kError) {
+        fd_.reset();
+        throw StoreError(fmt::format("the store at {} refused REPLICATE: {}", where(), m->text));
+      }
+      apply(std::move(*m));
+    }
+    if (stop()) return false;
+    pollfd p{fd_.get(), POLLIN, 0};
+    const int rc = ::poll(&p, 1, 100);
+    if (rc == 0 || (rc < 0 && errno == EINTR)) continue;
+    const ssize_t n = rc < 0 ? -1 : ::recv(fd_.get(), read_buffer_.data(), read_buffer_.size(), 0);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+    if (n <= 0) {
+      fd_.reset();
+      parser_.reset();
+      return true;
+    }
+    parser_.feed(read_buffer_.data(), static_cast<size_t>(n));
+  }
 }
 
 bool TcpStore::check(const std::vector<std::string>& keys) {

@@ -19,6 +19,7 @@
 #include "runtime/env.h"
 
 #include <atomic>
+#include <functional>
 #include <chrono>
 #include <initializer_list>
 #include <memory>
@@ -26,6 +27,8 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
+#include <vector>
 
 namespace ddp {
 
@@ -43,10 +46,31 @@ std::string store_secret_from_env();
 // greet within milliseconds, so idle or garbage-sending connections can delay
 // a rendezvous by at most first_message_timeout, never block it. Connections
 // past max_clients are refused with an ERROR naming the limit.
+// Note [store backup]
+// ~~~~~~~~~~~~~~~~~~~
+// A store can have one backup, so that the loss of the machine hosting it is
+// not the loss of the store (ddprun --rdzv-backup, docs/elastic.md). The backup
+// is a TcpStoreServer started with `follow_host`/`follow_port`: it connects to
+// the primary (HELLO with the secret, then REPLICATE), and the primary sends it
+// every key (a SET each, then OK: in sync) and from then on every write as it
+// makes it -- SET with the key's new value (an ADD or a COMPARE_SET travels as
+// the value it left, so a write is applied once), DELETE -- handed to the kernel
+// before the writer's reply. The backup stands by meanwhile: it refuses every
+// other client ("standby ..."), so clients never split between two stores while
+// the primary lives. It takes over (promoted()) when the stream from the primary
+// ends after it was in sync -- the primary's process exited or was killed, or its
+// machine closed the connection -- or when promote() is called (its host saw the
+// primary gone silent). From then on it serves the keys it mirrored; it does not
+// follow again. A TcpStore given `backup_host`/`backup_port` goes to the backup
+// when it loses the primary (Note [store failover] below).
 struct TcpStoreServerOptions {
   std::string host = "127.0.0.1";  // the only address bound; "0.0.0.0" for every interface
   int port = 0;                    // 0: an ephemeral port, see port()
   std::string secret;              // empty: accept any client
+  // Note [store backup]: the primary this server backs up (empty: none, it serves
+  // at once). Its `secret` is the primary's too.
+  std::string follow_host{};
+  int follow_port = 0;
   int backlog = 128;
   std::chrono::milliseconds first_message_timeout{5000};
   size_t max_pending = 256;  // connections that have not sent a first message yet
@@ -72,14 +96,29 @@ class TcpStoreServer {
   // the thread. Idempotent.
   void stop();
 
+  // A backup (Note [store backup]): whether it has every key of the primary and
+  // follows its writes; whether it serves clients (always true for a primary).
+  bool in_sync() const { return in_sync_.load(); }
+  bool promoted() const { return promoted_.load(); }
+  // A backup: serve from now on, whatever the primary does (idempotent).
+  void promote();
+
   class Loop;  // the event loop, private to tcp_store_server.cpp
+  struct Inbox;  // what the follower thread hands the loop
 
  private:
+  void follow(TcpStoreServerOptions options);
+  void wake();
+
   int port_ = 0;
   std::unique_ptr<Loop> loop_;
-  store_detail::UniqueFd wake_write_;  // a byte here wakes the loop to stop
+  std::unique_ptr<Inbox> inbox_;
+  store_detail::UniqueFd wake_write_;  // a byte here wakes the loop (to stop, or for the inbox)
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> in_sync_{false};
+  std::atomic<bool> promoted_{true};
   std::thread thread_;
+  std::thread follower_;
 };
 
 struct TcpStoreOptions {
@@ -88,7 +127,26 @@ struct TcpStoreOptions {
   std::string secret;
   std::chrono::milliseconds timeout{300000};         // every call (get, wait, ...)
   std::chrono::milliseconds connect_timeout{60000};  // retrying a refused connection
+  // Note [store failover]: the primary's backup (Note [store backup]); empty: none.
+  std::string backup_host{};
+  int backup_port = 0;
 };
+
+// A lost connection (closed, reset, garbage): the next call reconnects.
+class StoreConnectionLost : public StoreError {
+  using StoreError::StoreError;
+};
+
+// Note [store failover]
+// ~~~~~~~~~~~~~~~~~~~~~
+// A TcpStore with a backup tries the primary and the backup in turn whenever it
+// connects (a backup on standby refuses, "standby ...", which counts as not
+// there yet), and a call whose connection is lost (not one that timed out) is
+// sent once more over the new connection: a GET or WAIT parked on a primary
+// that died waits on, on the backup. The ON_CLOSE keys the client registered are
+// registered again on every new connection, so the backup sets them when this
+// client goes. A write whose reply was lost with the primary is sent again: SET,
+// COMPARE_SET and DELETE leave the same state, an ADD may count twice.
 
 // The client. Connects in the constructor, retrying refused connections with
 // backoff until connect_timeout (so ranks may start before the server); throws
@@ -117,11 +175,20 @@ class TcpStore : public Store {
   int64_t server_time_ns();
   // ON_CLOSE: the server sets `key` = `value` when this client's connection
   // closes, however it closes (Note [on close] in tcp_store_server.cpp). A
-  // reconnect after a lost connection does not register it again.
+  // reconnect after a lost connection registers it again only with a backup
+  // (Note [store failover]).
   void set_on_close(const std::string& key, const Bytes& value);
   void set_on_close(const std::string& key, std::string_view value) {
     set_on_close(key, Bytes(value.begin(), value.end()));
   }
+  // Whether the connection now is to the backup (Note [store failover]).
+  bool on_backup() const { return on_backup_.load(); }
+
+  // A backup's side of REPLICATE (Note [store backup]): sends it, then hands every
+  // message the primary sends to `apply` (SETs, OK once in sync, SETs and DELETEs)
+  // until the connection ends or `stop()` is true (asked every 100 ms). Returns
+  // whether the connection ended (false: stopped).
+  bool replicate(const std::function<void(Message&&)>& apply, const std::function<bool()>& stop);
 
  private:
   // Sends `request` and returns the reply (never ERROR: that throws StoreError).
@@ -129,7 +196,11 @@ class TcpStore : public Store {
   Message call(const Message& request, std::chrono::milliseconds reply_timeout,
                const std::string& what, std::initializer_list<Command> expected);
   void connect_locked();
-  bool try_connect_once(store_detail::Clock::time_point deadline, std::string& error);
+  bool try_connect_once(const std::string& host, int port, store_detail::Clock::time_point deadline,
+                        std::string& error);
+  Message exchange_locked(const Bytes& frame, store_detail::Clock::time_point deadline,
+                          const std::string& what);
+  bool has_backup() const { return options_.backup_port > 0; }
   void send_all(const Bytes& bytes, store_detail::Clock::time_point deadline,
                 const std::string& what);
   Message read_reply(store_detail::Clock::time_point deadline, const std::string& what);
@@ -141,6 +212,9 @@ class TcpStore : public Store {
   store_detail::UniqueFd fd_;
   MessageParser parser_;
   Bytes read_buffer_;
+  std::atomic<bool> on_backup_{false};
+  bool connected_before_ = false;
+  std::vector<std::pair<std::string, Bytes>> on_close_;  // registered, for a new connection
 };
 
 }  // namespace ddp

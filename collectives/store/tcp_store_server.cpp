@@ -15,6 +15,8 @@
 #include <cerrno>
 #include <charconv>
 #include <map>
+#include <mutex>
+#include <thread>
 #include <unordered_map>
 
 namespace ddp {
@@ -52,6 +54,7 @@ struct Client {
   Clock::time_point linger_deadline{};
   // ON_CLOSE: what to set when this connection closes (Note [on close]).
   std::vector<std::pair<std::string, Bytes>> on_close;
+  bool replica = false;  // a backup's REPLICATE stream (Note [store backup])
 
   size_t backlog() const { return out.size() - out_offset; }
   bool pending() const { return !greeted && phase == Phase::kOpen && !closed; }
@@ -87,10 +90,17 @@ using store_detail::Client;
 using store_detail::Phase;
 using store_detail::Waiter;
 
+// Note [store backup]: the writes the follower thread received, for the loop to
+// apply (a REPLICATE message stands for "clear": a new stream's snapshot follows).
+struct TcpStoreServer::Inbox {
+  std::mutex mutex;
+  std::vector<Message> messages;
+};
+
 class TcpStoreServer::Loop {
  public:
   Loop(UniqueFd listen_fd, UniqueFd wake_read, const TcpStoreServerOptions& options,
-       const std::atomic<bool>& stopping)
+       const std::atomic<bool>& stopping, const std::atomic<bool>& promoted, Inbox& inbox)
       : listen_fd_(std::move(listen_fd)),
         wake_read_(std::move(wake_read)),
         secret_(options.secret),
@@ -98,6 +108,9 @@ class TcpStoreServer::Loop {
         max_pending_(std::max<size_t>(options.max_pending, 1)),
         max_clients_(std::max<size_t>(options.max_clients, 1)),
         stopping_(stopping),
+        promoted_(promoted),
+        inbox_(inbox),
+        primary_(store_detail::endpoint(options.follow_host, options.follow_port)),
         read_buffer_(store_detail::kReadChunkBytes) {}
 
   void run_guarded() {
@@ -126,6 +139,11 @@ class TcpStoreServer::Loop {
   void handle(Client& c, Message& m);
   bool authenticate(Client& c, const Message& m);
   void handle_add(Client& c, const Message& m);
+  void start_replica(Client& c);
+  void write(const std::string& key, Bytes value);
+  bool erase(const std::string& key);
+  void mirror(const Message& m);
+  void apply_inbox();
   void handle_compare_set(Client& c, const Message& m);
   void park_or_answer(Client& c, Command command, std::vector<std::string> keys,
                       int64_t timeout_ms);
@@ -148,6 +166,10 @@ class TcpStoreServer::Loop {
   Clock::time_point last_drop_warning_{};
   Clock::time_point last_accept_warning_{};
   const std::atomic<bool>& stopping_;
+  const std::atomic<bool>& promoted_;  // false: a backup on standby (Note [store backup])
+  Inbox& inbox_;
+  std::string primary_;          // a backup's primary, for its refusals
+  std::vector<uint64_t> replicas_;  // clients that asked REPLICATE
   std::vector<uint8_t> read_buffer_;
   std::map<uint64_t, Client> clients_;
   uint64_t next_client_id_ = 1;
@@ -181,6 +203,7 @@ void TcpStoreServer::Loop::run() {
       while (::read(wake_read_.get(), sink, sizeof(sink)) > 0) {
       }
     }
+    apply_inbox();
     if (n > 0 && (fds[1].revents & POLLIN) != 0) accept_clients();
     for (size_t i = 2; n > 0 && i < fds.size(); ++i) {
       if (fds[i].revents != 0) on_event(clients_.at(ids[i - 2]), fds[i].revents);
@@ -388,6 +411,11 @@ bool TcpStoreServer::Loop::authenticate(Client& c, const Message& m) {
 }
 
 void TcpStoreServer::Loop::handle(Client& c, Message& m) {
+  if (!promoted_.load()) {  // Note [store backup]: TcpStore tries the primary again
+    return reject(c, fmt::format("standby: this is the backup of the store at {}; it serves "
+                                 "only once that store is gone",
+                                 primary_));
+  }
   if (!c.authenticated && !authenticate(c, m)) return;
   switch (m.command) {
     case Command::kHello:
@@ -395,9 +423,8 @@ void TcpStoreServer::Loop::handle(Client& c, Message& m) {
         return reply(c, msg::ok());
       return reject(c, fmt::format("wrong or missing secret from {} in a repeated HELLO", c.peer));
     case Command::kSet:
-      data_[m.key] = std::move(m.value);
-      reply(c, msg::ok());
-      return notify(m.key);
+      write(m.key, std::move(m.value));
+      return reply(c, msg::ok());
     case Command::kGet:
       return park_or_answer(c, m.command, {m.key}, m.number);
     case Command::kWait:
@@ -407,7 +434,7 @@ void TcpStoreServer::Loop::handle(Client& c, Message& m) {
     case Command::kCompareSet:
       return handle_compare_set(c, m);
     case Command::kDelete:
-      return reply(c, msg::integer(data_.erase(m.key) > 0 ? 1 : 0));
+      return reply(c, msg::integer(erase(m.key) ? 1 : 0));
     case Command::kCheck:
       return reply(c, msg::integer(missing_keys(m.keys).empty() ? 1 : 0));
     case Command::kTime:
@@ -417,10 +444,12 @@ void TcpStoreServer::Loop::handle(Client& c, Message& m) {
     case Command::kOnClose:
       c.on_close.emplace_back(std::move(m.key), std::move(m.value));
       return reply(c, msg::ok());
+    case Command::kReplicate:
+      return start_replica(c);
     default:
       return reject(c, fmt::format("unexpected {} message from a client; clients send requests "
                                    "(HELLO, SET, GET, ADD, WAIT, COMPARE_SET, DELETE, CHECK, "
-                                   "TIME, ON_CLOSE)",
+                                   "TIME, ON_CLOSE, REPLICATE)",
                                    command_name(m.command)));
   }
 }
@@ -442,9 +471,8 @@ void TcpStoreServer::Loop::handle_add(Client& c, const Message& m) {
         c, fmt::format("add('{}', {}): the counter would overflow int64", m.key, m.number));
   }
   const std::string text = std::to_string(value);
-  data_[m.key] = Bytes(text.begin(), text.end());
+  write(m.key, Bytes(text.begin(), text.end()));
   reply(c, msg::integer(value));
-  notify(m.key);
 }
 
 void TcpStoreServer::Loop::handle_compare_set(Client& c, const Message& m) {
@@ -453,9 +481,60 @@ void TcpStoreServer::Loop::handle_compare_set(Client& c, const Message& m) {
   if (!matches) {
     return reply(c, msg::value(it == data_.end() ? Bytes{} : it->second));
   }
-  data_[m.key] = m.desired;
+  write(m.key, m.desired);
   reply(c, msg::value(m.desired));
-  notify(m.key);
+}
+
+// Note [store backup]: every key now, OK, then every write as it is made.
+void TcpStoreServer::Loop::start_replica(Client& c) {
+  if (c.replica) return reject(c, "REPLICATE sent twice on one connection");
+  DDP_LOG_DEBUG("store server: client {} ({}) replicates {} keys", c.id, c.peer, data_.size());
+  c.replica = true;
+  for (const auto& [key, value] : data_) encode(msg::set(key, value), c.out);
+  reply(c, msg::ok());
+  replicas_.push_back(c.id);
+}
+
+// Every write goes through here: the backups get it before the writer's reply.
+void TcpStoreServer::Loop::write(const std::string& key, Bytes value) {
+  Bytes& stored = data_[key];
+  stored = std::move(value);
+  if (!replicas_.empty()) mirror(msg::set(key, stored));
+  notify(key);
+}
+
+bool TcpStoreServer::Loop::erase(const std::string& key) {
+  if (data_.erase(key) == 0) return false;
+  if (!replicas_.empty()) mirror(msg::delete_key(key));
+  return true;
+}
+
+void TcpStoreServer::Loop::mirror(const Message& m) {
+  std::erase_if(replicas_, [this, &m](uint64_t id) {
+    auto it = clients_.find(id);
+    if (it == clients_.end() || it->second.closed) return true;
+    encode(m, it->second.out);
+    flush(it->second);
+    return false;
+  });
+}
+
+// A backup's loop: the primary's writes that the follower thread received.
+void TcpStoreServer::Loop::apply_inbox() {
+  std::vector<Message> messages;
+  {
+    std::lock_guard<std::mutex> lock(inbox_.mutex);
+    messages.swap(inbox_.messages);
+  }
+  for (Message& m : messages) {
+    if (m.command == Command::kReplicate) {
+      data_.clear();
+    } else if (m.command == Command::kSet) {
+      write(m.key, std::move(m.value));
+    } else if (m.command == Command::kDelete) {
+      erase(m.key);
+    }
+  }
 }
 
 std::vector<std::string> TcpStoreServer::Loop::missing_keys(
@@ -528,10 +607,7 @@ void TcpStoreServer::Loop::close(Client& c) {
   c.closed = true;
   c.fd.reset();
   std::erase_if(waiters_, [&c](const Waiter& w) { return w.client == c.id; });
-  for (auto& [key, value] : c.on_close) {
-    data_[key] = std::move(value);
-    notify(key);
-  }
+  for (auto& [key, value] : c.on_close) write(key, std::move(value));
   c.on_close.clear();
 }
 
@@ -547,8 +623,12 @@ TcpStoreServer::TcpStoreServer(TcpStoreServerOptions options) {
     store_detail::set_nonblocking(fd);
     ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   }
-  loop_ = std::make_unique<Loop>(std::move(listen_fd), std::move(wake_read), options, stopping_);
+  inbox_ = std::make_unique<Inbox>();
+  promoted_.store(options.follow_port == 0);
+  loop_ = std::make_unique<Loop>(std::move(listen_fd), std::move(wake_read), options, stopping_,
+                                 promoted_, *inbox_);
   thread_ = std::thread([this] { loop_->run_guarded(); });
+  if (options.follow_port > 0) follower_ = std::thread([this, options] { follow(options); });
   DDP_LOG_DEBUG("store server listening on {}{}", store_detail::endpoint(options.host, port_),
                 options.secret.empty() ? " (no secret: any client is accepted)" : "");
 }
@@ -560,10 +640,75 @@ TcpStoreServer::~TcpStoreServer() {
 void TcpStoreServer::stop() {
   if (!thread_.joinable()) return;
   stopping_.store(true);
+  wake();
+  thread_.join();
+  if (follower_.joinable()) follower_.join();
+  loop_.reset();  // closes the listening socket and every connection
+}
+
+void TcpStoreServer::wake() {
   const char byte = 1;
   [[maybe_unused]] const ssize_t n = ::write(wake_write_.get(), &byte, 1);
-  thread_.join();
-  loop_.reset();  // closes the listening socket and every connection
+}
+
+void TcpStoreServer::promote() {
+  if (!promoted_.exchange(true))
+    DDP_LOG_INFO("store server on port {}: the backup serves from now on", port_);
+}
+
+// Note [store backup]: the follower thread. Connects to the primary until it is
+// in sync, hands the loop what the primary sends, and promotes this server when
+// the stream ends after it was in sync (before that, the primary may not be up
+// yet, or was reached halfway: it tries again).
+void TcpStoreServer::follow(TcpStoreServerOptions options) {
+  const std::string primary = store_detail::endpoint(options.follow_host, options.follow_port);
+  while (!stopping_.load() && !promoted_.load()) {
+    bool synced = false;
+    try {
+      TcpStore store({.host = options.follow_host,
+                      .port = options.follow_port,
+                      .secret = options.secret,
+                      .timeout = std::chrono::milliseconds(10000),
+                      .connect_timeout = std::chrono::milliseconds(1000)});
+      const auto apply = [&](Message&& m) {
+        if (m.command == Command::kOk) {
+          synced = true;
+          in_sync_.store(true);
+          return;
+        }
+        if (m.command != Command::kSet && m.command != Command::kDelete) return;
+        if (promoted_.load()) return;  // it serves its own writes now
+        std::lock_guard<std::mutex> lock(inbox_->mutex);
+        inbox_->messages.push_back(std::move(m));
+        if (inbox_->messages.size() == 1) wake();
+      };
+      {
+        std::lock_guard<std::mutex> lock(inbox_->mutex);
+        inbox_->messages.push_back(msg::replicate());  // a fresh snapshot follows: clear
+      }
+      const auto stop = [this] { return stopping_.load() || promoted_.load(); };
+      if (!store.replicate(apply, stop)) {  // stopped, or promoted
+        in_sync_.store(false);
+        return;
+      }
+    } catch (const StoreError& e) {
+      if (std::string_view(e.what()).find("refused this client") != std::string_view::npos) {
+        DDP_LOG_ERROR("store backup: the store at {} refused it: {}; it stays on standby",
+                      primary, e.what());
+        return;  // the secret differs: trying again cannot help
+      }
+      DDP_LOG_DEBUG("store backup: cannot follow the store at {} yet: {}", primary, e.what());
+    }
+    in_sync_.store(false);
+    if (synced && !stopping_.load()) {
+      DDP_LOG_INFO("store backup: the stream from the primary store at {} ended: taking over",
+                   primary);
+      promote();
+      return;
+    }
+    for (int i = 0; i < 5 && !stopping_.load() && !promoted_.load(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 }  // namespace ddp

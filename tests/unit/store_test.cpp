@@ -596,5 +596,124 @@ TEST(StoreTcp, SecretComesFromTheEnvironment) {
   ::unsetenv(kStoreSecretEnv);
 }
 
+
+// Note [store backup]
+TcpStoreServerOptions backup_options(int primary_port, std::string secret = "") {
+  TcpStoreServerOptions options = server_options(std::move(secret));
+  options.follow_host = "127.0.0.1";
+  options.follow_port = primary_port;
+  return options;
+}
+
+TcpStoreOptions failover_options(int port, int backup_port, std::string secret = "") {
+  TcpStoreOptions options = client_options(port, std::move(secret), 5000ms);
+  options.backup_host = "127.0.0.1";
+  options.backup_port = backup_port;
+  return options;
+}
+
+// Waits up to 5 s for `condition`; whether it came.
+template <typename F>
+bool eventually(F&& condition) {
+  for (int i = 0; i < 500; ++i) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return condition();
+}
+
+TEST(StoreBackup, MirrorsEveryKeyAndWriteAndTakesOverWhenThePrimaryStops) {
+  auto primary = std::make_unique<TcpStoreServer>(server_options("s3cret"));
+  TcpStore writer(client_options(primary->port(), "s3cret"));
+  writer.set("before", "snapshot");  // there before the backup: comes in the snapshot
+  writer.set("doomed", "x");
+  TcpStoreServer backup(backup_options(primary->port(), "s3cret"));
+  ASSERT_TRUE(eventually([&] { return backup.in_sync(); })) << "the backup never got in sync";
+  EXPECT_FALSE(backup.promoted());
+  // On standby it refuses clients, by name, so that none splits from the primary.
+  TcpStoreOptions direct = client_options(backup.port(), "s3cret");
+  direct.connect_timeout = 200ms;
+  const std::string refused = error_of<StoreError>([&] { TcpStore early(direct); });
+  EXPECT_NE(refused.find("standby: this is the backup of the store at 127.0.0.1:" +
+                         std::to_string(primary->port())),
+            std::string::npos)
+      << refused;
+  // Every kind of write, each applied once.
+  writer.set("after", "streamed");
+  EXPECT_EQ(writer.add("counter", 5), 5);
+  EXPECT_EQ(writer.add("counter", 2), 7);
+  writer.compare_set("cas", {}, bytes_of("first"));
+  writer.compare_set("cas", bytes_of("wrong"), bytes_of("never"));  // no write
+  EXPECT_TRUE(writer.delete_key("doomed"));
+  auto agent = std::make_unique<TcpStore>(client_options(primary->port(), "s3cret"));
+  agent->set_on_close("node/1/closed", "1");
+  agent.reset();
+  ASSERT_TRUE(eventually([&] { return writer.check({"node/1/closed"}); }));
+  primary->stop();  // as node 0's ddprun dying: the stream ends
+  ASSERT_TRUE(eventually([&] { return backup.promoted(); })) << "the backup did not take over";
+  TcpStore reader(client_options(backup.port(), "s3cret"));
+  EXPECT_EQ(reader.get_string("before"), "snapshot");
+  EXPECT_EQ(reader.get_string("after"), "streamed");
+  EXPECT_EQ(reader.add("counter", 0), 7);
+  EXPECT_EQ(reader.get_string("cas"), "first");
+  EXPECT_FALSE(reader.check({"doomed"}));
+  EXPECT_EQ(reader.get_string("node/1/closed"), "1");
+}
+
+// Note [store failover]: a client parked in a GET on the primary when it dies gets
+// its answer from the backup, and its ON_CLOSE keys move with it.
+TEST(StoreBackup, ClientsGoToTheBackupWithTheirWaitsAndOnCloseKeys) {
+  auto primary = std::make_unique<TcpStoreServer>(server_options());
+  const int primary_port = primary->port();
+  TcpStoreServer backup(backup_options(primary_port));
+  ASSERT_TRUE(eventually([&] { return backup.in_sync(); }));
+  auto agent = std::make_unique<TcpStore>(failover_options(primary_port, backup.port()));
+  agent->set_on_close("node/2/closed", "1");
+  TcpStore waiter(failover_options(primary_port, backup.port()));
+  EXPECT_FALSE(waiter.on_backup());
+  std::string got;
+  std::thread waiting([&] { got = waiter.get_string("membership"); });
+  std::this_thread::sleep_for(100ms);  // parked on the primary
+  primary.reset();
+  ASSERT_TRUE(eventually([&] { return backup.promoted(); }));
+  TcpStore authority(failover_options(primary_port, backup.port()));  // the primary is gone
+  authority.set("membership", "2,3");
+  waiting.join();
+  EXPECT_EQ(got, "2,3");
+  EXPECT_TRUE(waiter.on_backup());
+  EXPECT_TRUE(authority.on_backup());
+  EXPECT_EQ(agent->get_string("membership"), "2,3");  // its first call after the loss moves it
+  EXPECT_TRUE(agent->on_backup());
+  EXPECT_FALSE(authority.check({"node/2/closed"}));
+  agent.reset();  // registered again on the backup: it sets the key
+  ASSERT_TRUE(eventually([&] { return authority.check({"node/2/closed"}); }))
+      << "the ON_CLOSE key was not registered again on the backup";
+}
+
+// The backup's host takes over itself when the primary is alive but silent.
+TEST(StoreBackup, PromoteServesAtOnceAndStopsFollowing) {
+  TcpStoreServer primary(server_options());
+  TcpStore writer(client_options(primary.port()));
+  writer.set("epoch", "4");
+  TcpStoreServer backup(backup_options(primary.port()));
+  ASSERT_TRUE(eventually([&] { return backup.in_sync(); }));
+  backup.promote();
+  TcpStore reader(client_options(backup.port()));
+  EXPECT_EQ(reader.get_string("epoch"), "4");
+  ASSERT_TRUE(eventually([&] { return !backup.in_sync(); })) << "it still follows the primary";
+  writer.set("epoch", "5");  // the primary's writes no longer reach it
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(reader.get_string("epoch"), "4");
+}
+
+// A backup given the wrong secret never gets in sync and never serves.
+TEST(StoreBackup, AWrongSecretKeepsTheBackupOnStandby) {
+  TcpStoreServer primary(server_options("right"));
+  TcpStoreServer backup(backup_options(primary.port(), "wrong"));
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(backup.in_sync());
+  EXPECT_FALSE(backup.promoted());
+}
+
 }  // namespace
 }  // namespace ddp
