@@ -40,6 +40,7 @@ std::string seen_variables() {
                                  "DDPRUN_RUN_ID",
                                  "DDPRUN_STORE",
                                  "DDPRUN_STORE_ADDR",
+                                 "DDPRUN_STORE_BACKUP",
                                  "OMPI_COMM_WORLD_RANK",
                                  "OMPI_COMM_WORLD_SIZE",
                                  "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -92,28 +93,32 @@ void fill_ranks(LaunchEnv& e) {
   }
 }
 
-// DDPRUN_STORE_ADDR: "host:port" or "[v6 address]:port" (Note [two stores] in
-// launcher/rendezvous.h); unset: the store is on MASTER_ADDR:MASTER_PORT.
-void fill_store(LaunchEnv& e) {
-  e.store_host = e.master_addr;
-  e.store_port = e.master_port;
-  const auto text = env::get(env::kStoreAddr);
-  if (!text) return;
-  const auto colon = text->rfind(':');
+// "host:port" or "[v6 address]:port" in the variable `name`.
+std::pair<std::string, int> parse_endpoint(const char* name, const std::string& text) {
+  const auto colon = text.rfind(':');
   DDP_CHECK(colon != std::string::npos && colon > 0,
-            "{}={}: expected HOST:PORT (ddprun sets it). Seen: {}", env::kStoreAddr, *text,
-            seen_variables());
-  std::string host = text->substr(0, colon);
+            "{}={}: expected HOST:PORT (ddprun sets it). Seen: {}", name, text, seen_variables());
+  std::string host = text.substr(0, colon);
   if (host.size() > 2 && host.front() == '[' && host.back() == ']')
     host = host.substr(1, host.size() - 2);
-  const std::string port = text->substr(colon + 1);
+  const std::string port = text.substr(colon + 1);
   char* end = nullptr;
   const long value = std::strtol(port.c_str(), &end, 10);
   DDP_CHECK(!port.empty() && *end == '\0' && value > 0 && value <= 65535,
-            "{}={}: the port '{}' is not a TCP port in 1..65535. Seen: {}", env::kStoreAddr, *text,
-            port, seen_variables());
-  e.store_host = host;
-  e.store_port = static_cast<int>(value);
+            "{}={}: the port '{}' is not a TCP port in 1..65535. Seen: {}", name, text, port,
+            seen_variables());
+  return {host, static_cast<int>(value)};
+}
+
+// DDPRUN_STORE_ADDR (Note [two stores] in launcher/rendezvous.h); unset: the
+// store is on MASTER_ADDR:MASTER_PORT. DDPRUN_STORE_BACKUP: its backup.
+void fill_store(LaunchEnv& e) {
+  e.store_host = e.master_addr;
+  e.store_port = e.master_port;
+  if (const auto text = env::get(env::kStoreAddr))
+    std::tie(e.store_host, e.store_port) = parse_endpoint(env::kStoreAddr, *text);
+  if (const auto text = env::get(env::kStoreBackup); text && !text->empty())
+    std::tie(e.store_backup_host, e.store_backup_port) = parse_endpoint(env::kStoreBackup, *text);
 }
 
 }  // namespace
@@ -198,8 +203,12 @@ void connect_store(ProcessGroup& pg, std::chrono::milliseconds timeout) {
     pg.server = std::make_shared<TcpStoreServer>(
         TcpStoreServerOptions{.host = e.store_host, .port = e.store_port, .secret = secret});
   }
-  pg.store = std::make_shared<TcpStore>(TcpStoreOptions{
-      .host = e.store_host, .port = e.store_port, .secret = secret, .timeout = timeout});
+  pg.store = std::make_shared<TcpStore>(TcpStoreOptions{.host = e.store_host,
+                                                        .port = e.store_port,
+                                                        .secret = secret,
+                                                        .timeout = timeout,
+                                                        .backup_host = e.store_backup_host,
+                                                        .backup_port = e.store_backup_port});
 }
 
 // Note [mpi needs mpirun]: MPI started without mpirun initialises as a

@@ -36,6 +36,10 @@ struct LaunchEnv {
   // MASTER_ADDR/MASTER_PORT (rank 0 hosts it there when no agent does).
   std::string store_host;
   int store_port = 0;
+  // DDPRUN_STORE_BACKUP: its backup (ddprun --rdzv-backup; Note [store failover] in
+  // collectives/store/tcp_store.h); empty: none.
+  std::string store_backup_host;
+  int store_backup_port = 0;
   // DDPRUN_ON_FAILURE: what ddprun does when a rank fails (restart|continue|stop);
   // "continue": the ranks regroup (Note [elastic membership] in collectives/elastic.h).
   std::string on_failure;

@@ -82,6 +82,8 @@ RendezvousOptions rendezvous_options(const LaunchOptions& o, int nproc, const st
     r.host = rdzv_store_host(o);
     r.port = rdzv_store_port(o);
     r.bind = o.rdzv_bind.empty() ? r.host : o.rdzv_bind;
+    r.backup_host = o.rdzv_backup_host;  // Note [node 0 lost]
+    r.backup_port = o.rdzv_backup_port;
   }
   return r;
 }
@@ -120,6 +122,7 @@ GroupSpec make_spec(const LaunchOptions& o, const std::string& program_path, int
                .master_addr = o.master_addr,
                .master_port = master_port,
                .store_addr = rendezvous.endpoint(),
+               .store_backup = rendezvous.backup_endpoint(),
                .restart_count = restart,
                .max_restarts = o.max_restarts,
                .on_failure = o.on_failure,

@@ -110,7 +110,9 @@ class Watcher {
   void end_unneeded_joiners();
   int node_of(int rank) const;
   bool on_this_node(int rank) const;
-  bool authority() const { return spec_.node_rank == 0; }
+  // Node 0, or node 1 once it took over (Note [node 0 lost] in rendezvous.h).
+  bool authority() const { return rendezvous_.authority(); }
+  void become_authority(const std::string& why);
   bool across_nodes() const { return spec_.elastic && rendezvous_.multi_node(); }
   bool keep_group();
   std::vector<int> members() const;
@@ -812,6 +814,8 @@ void Watcher::check_remote() {
   if (stopping_ || !rendezvous_.multi_node() || Clock::now() < next_remote_check_) return;
   next_remote_check_ = Clock::now() + kRemoteCheckInterval;
   rendezvous_.heartbeat();  // Note [nodes lost]
+  std::string lost;
+  if (spec_.elastic && rendezvous_.take_over(lost)) return become_authority(lost);
   if (auto failure = rendezvous_.remote_failure()) {
     remote_ = failure;
     stop_all(SIGTERM, failure->what);
@@ -821,6 +825,45 @@ void Watcher::check_remote() {
                            .what = fmt::format("node 0 took this node out of the group: {}", *why)};
     stop_all(SIGKILL, remote_->what);
   }
+}
+
+// Node 1 with --rdzv-backup, node 0 lost (Note [node 0 lost]): the membership
+// last published, without node 0's ranks, is the next one; this node keeps it
+// from now on. A failure node 0 had published first ends the job as it would have.
+void Watcher::become_authority(const std::string& why) {
+  if (auto failure = rendezvous_.remote_failure()) {
+    remote_ = failure;
+    return stop_all(SIGTERM, failure->what);
+  }
+  try {
+    auto [epoch, list] = rendezvous_.membership();
+    membership_ = epoch;
+    if (epoch > 0) group_ = std::move(list);
+  } catch (const Error& e) {
+    remote_ = GroupFailure{.node = 0,
+                           .exit_code = 1,
+                           .what = fmt::format("node 0 was lost ({}), and its store's backup "
+                                               "cannot be read: {}",
+                                               why, e.what())};
+    return stop_all(SIGTERM, remote_->what);
+  }
+  std::vector<int> leaving;
+  for (const int rank : members()) {
+    if (node_of(rank) == 0) leaving.push_back(rank);
+  }
+  const std::string who =
+      leaving.empty() ? "node 0"
+                      : fmt::format("node 0 (rank{} {})", leaving.size() == 1 ? "" : "s",
+                                    fmt::join(leaving, ","));
+  say(fmt::format("{} was lost: {}; this node hosts the store's backup (--rdzv-backup) and keeps "
+                  "the group's membership from now on",
+                  who, why));
+  next_node_check_ = Clock::now();  // the events node 0 had not applied, at once
+  if (leaving.empty() || rendezvous_.elastic_done()) {
+    departures_.push_back(fmt::format("{} was lost", who));
+    return;
+  }
+  remote_leave(leaving, who + " was lost", 1);
 }
 
 // Sends `sig` to every running rank's process group; SIGKILL follows at the

@@ -39,6 +39,12 @@ rendezvous:
                         spelling); HOST is also MASTER_ADDR unless given
   --rdzv-bind ADDR      the address node 0's store binds (default: the one
                         the store's HOST resolves to; 0.0.0.0: every interface)
+  --rdzv-backup HOST:PORT
+                        with --nnodes > 1 and --on-failure continue: node 1's
+                        ddprun hosts a backup of the agents' store at HOST:PORT
+                        (HOST: an address of node 1) and keeps the membership
+                        when node 0 is lost; pass it to every node
+                        (docs/elastic.md)
   --rdzv-timeout S      seconds the agents wait for each other (default 300)
   --store-secret-file FILE
                         DDP_STORE_SECRET from FILE (mode 0600); with --nnodes
@@ -144,6 +150,18 @@ void parse_endpoint(LaunchOptions& o, const std::string& text) {
   o.rdzv_port = parse_int("--rdzv-endpoint port", text.substr(colon + 1));
 }
 
+void parse_backup(LaunchOptions& o, const std::string& text) {
+  const auto colon = text.rfind(':');
+  DDP_CHECK(colon != std::string::npos && colon > 0,
+            "--rdzv-backup '{}': expected HOST:PORT (an address of node 1 and a free port there)",
+            text);
+  o.rdzv_backup_host = text.substr(0, colon);
+  if (o.rdzv_backup_host.size() > 2 && o.rdzv_backup_host.front() == '[' &&
+      o.rdzv_backup_host.back() == ']')
+    o.rdzv_backup_host = o.rdzv_backup_host.substr(1, o.rdzv_backup_host.size() - 2);
+  o.rdzv_backup_port = parse_int("--rdzv-backup port", text.substr(colon + 1));
+}
+
 using Setter = std::function<void(LaunchOptions&, const std::string&)>;
 
 const std::map<std::string, Setter>& valued_flags() {
@@ -161,6 +179,7 @@ const std::map<std::string, Setter>& valued_flags() {
        [](auto& o, auto& v) { o.hang_timeout_s = parse_seconds("--hang-timeout", v); }},
       {"--master-port", [](auto& o, auto& v) { o.master_port = parse_int("--master-port", v); }},
       {"--rdzv-endpoint", [](auto& o, auto& v) { parse_endpoint(o, v); }},
+      {"--rdzv-backup", [](auto& o, auto& v) { parse_backup(o, v); }},
       {"--backend", [](auto& o, auto& v) { o.backend = v; }},
       {"--max-restarts", [](auto& o, auto& v) { o.max_restarts = parse_int("--max-restarts", v); }},
       {"--on-failure", [](auto& o, auto& v) { o.on_failure = v; }},
@@ -255,6 +274,19 @@ void validate_on_failure(const LaunchOptions& o) {
             "--node-timeout {}: must be at least 1 second (a node's ddprun beats 8 times per "
             "timeout, at most once a second)",
             o.node_timeout_s);
+  if (!o.rdzv_backup_host.empty()) {  // Note [store backup]
+    DDP_CHECK(f == "continue" && o.nnodes > 1,
+              "--rdzv-backup keeps the group going when node 0 is lost, which needs --nnodes > 1 "
+              "and --on-failure continue (given: --nnodes {}, --on-failure {})",
+              o.nnodes, f);
+    DDP_CHECK(o.rdzv_backup_port >= 1 && o.rdzv_backup_port <= 65535,
+              "--rdzv-backup port {}: must be a TCP port in 1..65535", o.rdzv_backup_port);
+    DDP_CHECK(o.rdzv_backup_host != rdzv_store_host(o) ||
+                  o.rdzv_backup_port != rdzv_store_port(o),
+              "--rdzv-backup {}:{} is the agents' store itself; give node 1's address, or another "
+              "port when both nodes are one machine",
+              o.rdzv_backup_host, o.rdzv_backup_port);
+  }
   if (f != "continue") return;
   const std::string& n = o.nproc_per_node;
   if (o.min_ranks > 0 && n != "gpu" && n != "auto") {

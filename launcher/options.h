@@ -26,6 +26,11 @@ struct LaunchOptions {
   std::string rdzv_host;
   int rdzv_port = 0;
   std::string rdzv_bind;
+  // --rdzv-backup HOST:PORT (Note [store backup] in collectives/store/tcp_store.h):
+  // node 1 hosts a backup of the agents' store there, which takes over, with
+  // the membership, when node 0 is lost (--on-failure continue). Empty: none.
+  std::string rdzv_backup_host;
+  int rdzv_backup_port = 0;
   bool standalone = false;        // one node, MASTER_PORT a free port
   std::string backend;            // empty: leave DDP_BACKEND as the user set it
   std::string store_secret_file;  // DDP_STORE_SECRET from a file of mode 0600 (or 0400)

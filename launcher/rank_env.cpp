@@ -46,6 +46,7 @@ std::vector<std::string> rank_environment(const std::vector<std::string>& base,
       {env::kRunId, in.run_id},
       {env::kStore, "agent"},
       {env::kStoreAddr, in.store_addr},
+      {env::kStoreBackup, in.store_backup},
       {kStoreSecretEnv, in.store_secret},
       // torchrun's (torch/distributed/elastic/agent/server/local_elastic_agent.py), one role.
       {"GROUP_WORLD_SIZE", std::to_string(in.group_world_size)},

@@ -17,6 +17,7 @@ struct RankEnvInputs {
   std::string master_addr;
   int master_port = 0;
   std::string store_addr;  // "host:port" of ddprun's store (Note [two stores])
+  std::string store_backup{};  // "host:port" of its backup (--rdzv-backup); empty: none
   int restart_count = 0;
   int max_restarts = 0;
   std::string on_failure = "restart";  // DDPRUN_ON_FAILURE (Note [elastic membership])

@@ -60,7 +60,7 @@ Interrupted::Interrupted(int sig)
     : Error(fmt::format("interrupted by {}", signal_name(sig))), signal_(sig) {}
 
 Rendezvous::Rendezvous(RendezvousOptions options)
-    : options_(std::move(options)), port_(options_.port) {
+    : options_(std::move(options)), port_(options_.port), authority_(options_.node_rank == 0) {
   if (options_.node_rank == 0) run_id_ = random_hex(8);
 }
 
@@ -70,10 +70,27 @@ std::string Rendezvous::endpoint() const {
   return store_detail::endpoint(options_.host, port_);  // [v6]:port
 }
 
+std::string Rendezvous::backup_endpoint() const {
+  if (options_.backup_port == 0) return "";
+  return store_detail::endpoint(options_.backup_host, options_.backup_port);
+}
+
+// An agent's client of the store (with its backup, Note [store failover]).
+std::unique_ptr<TcpStore> Rendezvous::connect(milliseconds connect_timeout) const {
+  return std::make_unique<TcpStore>(TcpStoreOptions{.host = options_.host,
+                                                    .port = port_,
+                                                    .secret = options_.secret,
+                                                    .timeout = kCallTimeout,
+                                                    .connect_timeout = connect_timeout,
+                                                    .backup_host = options_.backup_host,
+                                                    .backup_port = options_.backup_port});
+}
+
 void Rendezvous::begin_attempt(int restart) {
   if (options_.node_rank == 0) host(restart);
   if (multi_node()) {
     if (options_.node_rank != 0) join(restart);
+    if (hosts_backup()) wait_for_backup();
     wait_for_nodes(restart);
   }
 }
@@ -81,6 +98,7 @@ void Rendezvous::begin_attempt(int restart) {
 void Rendezvous::end_attempt() {
   store_.reset();
   server_.reset();  // stops it: Note [one store per attempt]
+  backup_server_.reset();
   store_lost_ = false;
 }
 
@@ -100,13 +118,10 @@ void Rendezvous::host(int restart) {
   port_ = server_->port();
   if (!multi_node()) return;
   try {
-    store_ = std::make_unique<TcpStore>(TcpStoreOptions{.host = options_.host,
-                                                        .port = port_,
-                                                        .secret = options_.secret,
-                                                        .timeout = kCallTimeout,
-                                                        .connect_timeout = milliseconds(5000)});
+    store_ = connect(milliseconds(5000));
     store_->set("run_id", run_id_);
     store_->set("attempt", std::to_string(restart));
+    store_->set("node/0/backup", backup_endpoint());
     store_->set("node/0", node_value());
   } catch (const StoreError& e) {
     throw LaunchError(fmt::format(
@@ -117,6 +132,21 @@ void Rendezvous::host(int restart) {
 }
 
 void Rendezvous::join(int restart) {
+  if (hosts_backup()) {  // Note [node 0 lost]: it follows node 0's store from now on
+    try {
+      backup_server_ = std::make_unique<TcpStoreServer>(
+          TcpStoreServerOptions{.host = options_.backup_host,
+                                .port = options_.backup_port,
+                                .secret = options_.secret,
+                                .follow_host = options_.host,
+                                .follow_port = port_});
+    } catch (const StoreError& e) {
+      throw LaunchError(fmt::format(
+          "cannot host the store's backup (--rdzv-backup {}): {}. HOST must be an address of "
+          "this machine (node 1) and PORT free on it",
+          backup_endpoint(), e.what()));
+    }
+  }
   const auto deadline = Clock::now() + options_.timeout;
   std::string error;
   while (!try_join_once(restart, error)) {
@@ -135,16 +165,15 @@ void Rendezvous::join(int restart) {
 
 bool Rendezvous::try_join_once(int restart, std::string& error) {
   try {
-    auto store = std::make_unique<TcpStore>(TcpStoreOptions{.host = options_.host,
-                                                            .port = port_,
-                                                            .secret = options_.secret,
-                                                            .timeout = kCallTimeout,
-                                                            .connect_timeout = milliseconds(1000)});
+    // With a backup, a longer wait: a client whose call finds node 0 gone waits
+    // for the backup to take over (at most 0.1 s after the stream ends).
+    auto store = connect(milliseconds(options_.backup_port > 0 ? 5000 : 1000));
     if (!store->check({"attempt"}) || store->get_string("attempt") != std::to_string(restart)) {
       error = "node 0 has not opened this attempt's store yet";
       return false;
     }
     run_id_ = store->get_string("run_id");
+    store->set(fmt::format("node/{}/backup", options_.node_rank), backup_endpoint());
     store->set(fmt::format("node/{}", options_.node_rank), node_value());
     if (options_.elastic)  // Note [nodes lost]
       store->set_on_close(fmt::format("node/{}/closed", options_.node_rank), "1");
@@ -190,6 +219,21 @@ void Rendezvous::wait_for_nodes(int restart) {
   }
 }
 
+// Node 1 with --rdzv-backup: the ranks start only once every write reaches the backup.
+void Rendezvous::wait_for_backup() {
+  const auto deadline = Clock::now() + options_.timeout;
+  while (!backup_server_->in_sync()) {
+    check_interrupt();
+    if (Clock::now() >= deadline) {
+      throw LaunchError(fmt::format(
+          "the store's backup at {} (--rdzv-backup) could not follow node 0's store at {} "
+          "within {} s; is the secret the same on both nodes?",
+          backup_endpoint(), endpoint(), seconds(options_.timeout)));
+    }
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+}
+
 std::string Rendezvous::missing_nodes() {
   std::vector<int> missing;
   for (int r = 0; r < options_.nnodes; ++r) {
@@ -200,6 +244,13 @@ std::string Rendezvous::missing_nodes() {
 
 void Rendezvous::check_same_local_ranks() {
   for (int r = 0; r < options_.nnodes; ++r) {
+    const std::string backup = store_->get_string(fmt::format("node/{}/backup", r));
+    if (backup != backup_endpoint()) {
+      throw LaunchError(fmt::format(
+          "node {} was given --rdzv-backup '{}' but node {} '{}': give every node the same "
+          "--rdzv-backup (or none)",
+          r, backup, options_.node_rank, backup_endpoint()));
+    }
     const std::string value = store_->get_string(fmt::format("node/{}", r));
     int ranks = 0;
     char host[256] = {};
@@ -214,13 +265,7 @@ void Rendezvous::check_same_local_ranks() {
 
 void Rendezvous::publish_membership(int64_t epoch, const std::vector<int>& members) {
   DDP_CHECK(port_ > 0, "publish_membership: no store (begin_attempt first)");
-  if (store_ == nullptr) {  // one node: node 0's own client, made on first use
-    store_ = std::make_unique<TcpStore>(TcpStoreOptions{.host = options_.host,
-                                                        .port = port_,
-                                                        .secret = options_.secret,
-                                                        .timeout = kCallTimeout,
-                                                        .connect_timeout = milliseconds(5000)});
-  }
+  if (store_ == nullptr) store_ = connect(milliseconds(5000));  // one node: made on first use
   store_->set(elastic::members_key(epoch), elastic::format_members(members));
   store_->set(elastic::kEpochKey, std::to_string(epoch));  // after the members it names
 }
@@ -329,18 +374,60 @@ void Rendezvous::post_event(const std::string& event) {
   }
 }
 
+// The authority's: every node's but its own. With a backup the count taken is
+// kept in the store too, for a node 1 that takes over (Note [node 0 lost]).
 std::vector<std::string> Rendezvous::take_events() {
   std::vector<std::string> out;
   if (!multi_node() || !store_ || store_lost_) return out;
   events_taken_.resize(static_cast<size_t>(options_.nnodes), 0);
-  for (int r = 1; r < options_.nnodes; ++r) {
+  for (int r = 0; r < options_.nnodes; ++r) {
+    if (r == options_.node_rank) continue;
     const std::string count = fmt::format("elastic/events/{}", r);
     if (!store_->check({count})) continue;
     const int64_t posted = std::stoll(store_->get_string(count));
-    for (int64_t& taken = events_taken_[static_cast<size_t>(r)]; taken < posted; ++taken)
+    int64_t& taken = events_taken_[static_cast<size_t>(r)];
+    if (taken >= posted) continue;
+    for (; taken < posted; ++taken)
       out.push_back(store_->get_string(fmt::format("elastic/event/{}/{}", r, taken + 1)));
+    if (options_.backup_port > 0)
+      store_->set(fmt::format("elastic/taken/{}", r), std::to_string(taken));
   }
   return out;
+}
+
+std::pair<int64_t, std::vector<int>> Rendezvous::membership() {
+  const int64_t epoch = elastic::latest_epoch(*store_);
+  if (epoch == 0) return {0, {}};
+  return {epoch, elastic::parse_members(store_->get_string(elastic::members_key(epoch)))};
+}
+
+bool Rendezvous::take_over(std::string& why) {
+  // Only a stream that ended: a node 0 gone silent ends the job as without a
+  // backup (its store's calls time out), since the ranks' calls to it would too.
+  if (!hosts_backup() || authority_ || backup_server_ == nullptr || !store_ ||
+      !backup_server_->promoted())
+    return false;
+  why = "its ddprun's store went away (it exited or was killed, or its machine closed the "
+        "connections)";
+  store_lost_ = false;  // the client goes to the backup at its next call
+  authority_ = true;
+  const auto now = Clock::now();
+  lost_.assign(static_cast<size_t>(options_.nnodes), false);
+  beats_.assign(static_cast<size_t>(options_.nnodes), Beat{.value = -1, .since = now});
+  events_taken_.assign(static_cast<size_t>(options_.nnodes), 0);
+  try {
+    for (int r = 0; r < options_.nnodes; ++r) {
+      const auto i = static_cast<size_t>(r);
+      if (const std::string key = fmt::format("elastic/taken/{}", r); store_->check({key}))
+        events_taken_[i] = std::stoll(store_->get_string(key));
+      lost_[i] = r == 0 || store_->check({fmt::format("node/{}/lost", r)});
+    }
+    store_->set("node/0/lost", why);
+  } catch (const StoreError& e) {
+    store_lost_ = true;
+    why += fmt::format("; and the backup store fails too: {}", e.what());
+  }
+  return true;
 }
 
 void Rendezvous::heartbeat() {
@@ -359,12 +446,13 @@ void Rendezvous::heartbeat() {
 
 std::vector<LostNode> Rendezvous::find_lost_nodes() {
   std::vector<LostNode> out;
-  if (!multi_node() || !options_.elastic || !store_ || options_.node_rank != 0) return out;
+  if (!multi_node() || !options_.elastic || !store_ || !authority_ || store_lost_) return out;
   const auto now = Clock::now();
   lost_.resize(static_cast<size_t>(options_.nnodes), false);
   beats_.resize(static_cast<size_t>(options_.nnodes), Beat{.value = -1, .since = now});
-  for (int r = 1; r < options_.nnodes; ++r) {
+  for (int r = 0; r < options_.nnodes; ++r) {
     const auto i = static_cast<size_t>(r);
+    if (r == options_.node_rank) continue;
     if (lost_[i] || store_->check({fmt::format("done/{}", r)})) continue;
     std::string why;
     if (store_->check({fmt::format("node/{}/closed", r)})) {
@@ -389,7 +477,7 @@ std::vector<LostNode> Rendezvous::find_lost_nodes() {
 }
 
 void Rendezvous::wait_for_others_to_leave(milliseconds timeout) {
-  if (!multi_node() || !options_.elastic || !store_ || options_.node_rank != 0) return;
+  if (!multi_node() || !options_.elastic || !store_ || !authority_ || store_lost_) return;
   const auto deadline = Clock::now() + timeout;
   // Gone, not done: a node that finished waits in wait_for_other_nodes and must
   // read the failure before the store goes.
@@ -397,7 +485,8 @@ void Rendezvous::wait_for_others_to_leave(milliseconds timeout) {
     return store_->check({fmt::format("node/{}/closed", r)}) ||
            store_->check({fmt::format("node/{}/lost", r)});
   };
-  for (int r = 1; r < options_.nnodes && Clock::now() < deadline; ++r) {
+  for (int r = 0; r < options_.nnodes && Clock::now() < deadline; ++r) {
+    if (r == options_.node_rank) continue;
     while (!gone(r) && Clock::now() < deadline && SignalPipe::stop_signal() == 0)
       std::this_thread::sleep_for(kPollInterval);
   }

@@ -51,6 +51,27 @@
 // and a machine that vanished without closing it, or an agent that stopped, by
 // its missing heartbeat after --node-timeout. An agent taken out while alive
 // stops its ranks and exits 1. A node that finished (done/<r>) is never lost.
+//
+// Note [node 0 lost]
+// With --rdzv-backup HOST:PORT node 1's ddprun hosts a backup of the store there
+// (Note [store backup] in collectives/store/tcp_store.h): it mirrors every write
+// of node 0's store, and every agent and rank has it as its store's backup
+// (DDPRUN_STORE_BACKUP). Node 1 joins once the backup is in sync, so everything
+// the agents and ranks write is on both. When node 0 is lost -- its ddprun exited
+// or was killed (its ranks die with it), so that its connections closed -- the
+// backup takes over and node 1's ddprun becomes the authority
+// (take_over()): it reads the membership last published, the events node 0 had
+// applied (elastic/taken/<r>) and the nodes it had taken out, publishes the
+// next membership without node 0's ranks, and from then on does what node 0
+// did. The other agents and the ranks reach the backup through their store
+// clients (Note [store failover]): a rank waiting for the next membership gets
+// it from there. Every node must be given the same --rdzv-backup (checked at
+// the rendezvous: node/<r>/backup). A node 0 gone silent (stopped, or its machine
+// off the network, its connections never closed) is not covered: the backup
+// cannot tell it from a slow one, and the calls to it time out
+// (DDP_TIMEOUT_S for the ranks), ending the job as without a backup.
+//   elastic/taken/<r>   how many of node r's events the authority has applied
+//   node/<r>/backup     the --rdzv-backup node r was given ("" for none)
 #pragma once
 
 #include "runtime/error.h"
@@ -59,10 +80,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ddp {
 class Store;
+class TcpStore;
 class TcpStoreServer;
 }  // namespace ddp
 
@@ -94,6 +117,9 @@ struct RendezvousOptions {
   // --on-failure continue (Note [nodes lost]): node 0 watches the other nodes.
   bool elastic = false;
   std::chrono::milliseconds node_timeout{15000};
+  // --rdzv-backup (Note [node 0 lost]): node 1 hosts the store's backup there.
+  std::string backup_host{};
+  int backup_port = 0;
 };
 
 struct LostNode {
@@ -125,6 +151,17 @@ class Rendezvous {
   const std::string& run_id() const { return run_id_; }
   // The store ranks connect to this attempt: "host:port" (DDPRUN_STORE_ADDR).
   std::string endpoint() const;
+  // Its backup (DDPRUN_STORE_BACKUP); "" without --rdzv-backup.
+  std::string backup_endpoint() const;
+  // Whether this node keeps the membership (Note [nodes lost]): node 0, or node 1
+  // once it took over (Note [node 0 lost]).
+  bool authority() const { return authority_; }
+  // Node 1 with --rdzv-backup: true once, when node 0 is lost and this node
+  // becomes the authority (its backup store serves; node 0 is recorded lost);
+  // `why` says how it was seen.
+  bool take_over(std::string& why);
+  // The latest membership in the store: its epoch (0: none published) and members.
+  std::pair<int64_t, std::vector<int>> membership();
   bool multi_node() const { return options_.nnodes > 1; }
 
   // Multi-node only; no-ops (nullopt, true) on one node.
@@ -176,13 +213,18 @@ class Rendezvous {
   void check_same_local_ranks();
   std::string node_value() const;
   bool nodes_done(bool self);
+  bool hosts_backup() const { return options_.node_rank == 1 && options_.backup_port > 0; }
+  std::unique_ptr<TcpStore> connect(std::chrono::milliseconds connect_timeout) const;
+  void wait_for_backup();
 
   RendezvousOptions options_;
   std::string run_id_;
   int port_ = 0;
   std::unique_ptr<TcpStoreServer> server_;
+  std::unique_ptr<TcpStoreServer> backup_server_;  // node 1 with --rdzv-backup
   std::unique_ptr<Store> store_;
   bool store_lost_ = false;
+  bool authority_ = false;
   // Node 0, Note [nodes lost]: events applied, the nodes taken out, and each
   // node's heartbeat as last seen.
   int64_t events_posted_ = 0;          // a node but 0: its own

@@ -5,6 +5,7 @@
 //   MASTER_PORT, DDPRUN_RESTART_COUNT, DDPRUN_RUN_ID, OMP_NUM_THREADS,
 //   DDPRUN_STORE=agent (the launcher hosts the store; rank 0 must not),
 //   DDPRUN_STORE_ADDR=host:port (where; default MASTER_ADDR:MASTER_PORT),
+//   DDPRUN_STORE_BACKUP=host:port (its backup, --rdzv-backup; empty: none),
 //   TORCHELASTIC_{RESTART_COUNT,MAX_RESTARTS,RUN_ID,USE_AGENT_STORE}, ROLE_*,
 //   GROUP_WORLD_SIZE (torchrun's, read by PyTorch programs, not by ddp),
 //   DDP_STORE_SECRET (the store rejects clients without it; empty: no check),
@@ -83,6 +84,7 @@ inline constexpr const char* kHangTimeoutS = "DDPRUN_HANG_TIMEOUT_S";  // ddprun
 inline constexpr const char* kRunId = "DDPRUN_RUN_ID";
 inline constexpr const char* kStore = "DDPRUN_STORE";
 inline constexpr const char* kStoreAddr = "DDPRUN_STORE_ADDR";
+inline constexpr const char* kStoreBackup = "DDPRUN_STORE_BACKUP";
 inline constexpr const char* kStoreSecret = "DDP_STORE_SECRET";
 inline constexpr const char* kGlooHostname = "DDP_GLOO_HOSTNAME";
 inline constexpr const char* kCpuCacheMb = "DDP_CPU_CACHE_MB";

@@ -15,6 +15,11 @@
 #          all_reduce's timeout
 #   min:   rank 3 SIGKILLed under --min-ranks 4: both agents end with its status;
 #          again with one rank a node (node 1 left with none)
+#   node0: under --rdzv-backup, rank 3 SIGKILLed and replaced, then node 0's
+#          ddprun SIGKILLed (the store's host, its ranks die with it): node 1's
+#          backup store takes over, node 1 keeps the membership, ranks 2,3 go on; node1: the backup's host lost instead,
+#          node 0 goes on as without a backup; mismatch: nodes given different
+#          --rdzv-backup are refused by name
 # Each run that goes on must exit 0, log every step once, and end with the
 # checkpoint, byte for byte, of one node's `ddprun -n 4` losing the same ranks
 # after the same step (DDP_TEST_KILL_AT) and taking the replacement in at the
@@ -50,10 +55,15 @@ task=(--backend gloo --data synthetic --synthetic-size 8000 --epochs 3 --seed 5
 start() {
   local name=$1
   shift
-  local port
+  local port backup=()
   port=$(free_port)  # the agents' store takes port + 1, ddprun's default --rdzv-port
+  if [ -n "${BACKUP:-}" ]; then  # node 1 hosts the store's backup (Note [node 0 lost])
+    local b=$port
+    while [ "$b" -ge "$((port - 1))" ] && [ "$b" -le "$((port + 1))" ]; do b=$(free_port); done
+    backup=(--rdzv-backup "127.0.0.1:$b")
+  fi
   local common=(--nnodes 2 -n "${NPROC:-2}" --master-port "$port" --on-failure
-    continue --grace-period 2 --rdzv-timeout 30 "$@")
+    continue --grace-period 2 --rdzv-timeout 30 "${backup[@]}" "$@")
   local flags=("${task[@]}" ${EPOCHS:+--epochs "$EPOCHS"} --save "$dir/$name.st" --loss-log "$dir/$name.loss" --metrics "$dir/$name.jsonl")
   "$ddprun" "${common[@]}" --node-rank 1 "$train" "${flags[@]}" >"$dir/$name.node1.log" 2>&1 &
   node1=$!
@@ -179,4 +189,47 @@ echo "min: rank 3 killed under --min-ranks 4: both nodes exited 137"
 # the job failed (node 0 keeps its store up until node 1's ddprun is gone).
 NPROC=1 min_ranks min1 1 2 "this node's ranks succeeded, but the group failed"
 echo "min1: rank 1, node 1's only rank, killed under --min-ranks 2: both nodes exited 137"
+# --- node0: under --rdzv-backup, rank 3 dies and its replacement joins (node 0
+# publishes memberships 1 and 2), then node 0's ddprun dies: node 1's backup of
+# the store, which mirrored those memberships, takes over with the membership,
+# and ranks 2,3 go on.
+BACKUP=1 start node0 --max-restarts 1
+kill -KILL "$(rank_pid "$dir/node0" 3)"
+left=$(went_on_from "$dir/node0.node1.log" 1)
+joined=$(went_on_from "$dir/node0.node1.log" 2)
+[ -n "$left" ] && [ -n "$joined" ] || fail "node0: no regroup after rank 3 died, or no join"
+kill -KILL "$node0"
+wait "$node1" || fail "node0: node 1 exited $?"
+lost=$(went_on_from "$dir/node0.node1.log" 3)
+[ -n "$lost" ] || fail "node0: ranks 2,3 did not regroup after node 0 was lost"
+grep -q "^ddprun: node 0 (ranks 0,1) was lost: its ddprun's store went away.*this node hosts the store's backup (--rdzv-backup) and keeps the group's membership from now on" \
+  "$dir/node0.node1.log" || fail "node0: node 1 does not say it took over"
+grep -q "^ddprun: node 0 (ranks 0,1) was lost at .*; the group went on with ranks 2,3 (--on-failure continue: membership 3)" \
+  "$dir/node0.node1.log" || fail "node0: node 1 does not go on with ranks 2,3 in membership 3"
+grep -q "the store at 127.0.0.1:[0-9]* is gone: its backup at 127.0.0.1:[0-9]* serves now" \
+  "$dir/node0.node1.log" || fail "node0: the ranks do not say they moved to the backup"
+grep -q '"left": \[0, 1\], "joined": \[\], "world_size": 2' "$dir/node0.jsonl" || fail "node0: no --metrics row for ranks 0,1 leaving"
+check_loss_log "$dir/node0.loss"
+reference node0 "3:$left,0:$lost,1:$lost" "$joined"
+echo "node0: rank 3 left at step $left and its replacement joined at $joined; then node 0's ddprun (the store's host) was killed; node 1's backup took over, ranks 2,3 went on from step $lost; equal to one node's run"
+
+# --- node1: the backup's host is lost instead: node 0 goes on as without one.
+BACKUP=1 start node1
+kill -KILL "$node1"
+node_lost node1 "its ddprun closed its connection to the store"
+check_loss_log "$dir/node1.loss"
+reference node1 "2:$left,3:$left"
+echo "node1: node 1's ddprun (the backup's host) killed; ranks 0,1 went on from step $left; equal to one node's run"
+
+# --- mismatch: every node must be given the same --rdzv-backup.
+port=$(free_port)
+"$ddprun" --nnodes 2 -n 1 --master-port "$port" --on-failure continue --rdzv-timeout 10 \
+  --rdzv-backup 127.0.0.1:$((port + 7)) --node-rank 1 "$train" "${task[@]}" >"$dir/mismatch.node1.log" 2>&1 &
+node1=$!
+"$ddprun" --nnodes 2 -n 1 --master-port "$port" --on-failure continue --rdzv-timeout 10 \
+  --node-rank 0 "$train" "${task[@]}" >"$dir/mismatch.node0.log" 2>&1 && fail "mismatch: node 0 exited 0"
+wait "$node1" && fail "mismatch: node 1 exited 0"
+grep -q "node 1 was given --rdzv-backup '127.0.0.1:$((port + 7))' but node 0 '': give every node the same --rdzv-backup" \
+  "$dir/mismatch.node0.log" || fail "mismatch: node 0 does not name the two --rdzv-backup"
+echo "mismatch: nodes given different --rdzv-backup refused by name"
 echo "train_elastic_nnodes: ok"

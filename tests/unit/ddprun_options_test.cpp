@@ -185,6 +185,40 @@ TEST(DdprunOptions, TheAgentsStoreNeverSharesMasterPort) {
   EXPECT_EQ(o.master_port, 29500);  // no clash: the default stays
 }
 
+// Note [node 0 lost]: --rdzv-backup HOST:PORT, and what it refuses.
+TEST(DdprunOptions, RdzvBackupNeedsNodesAndContinueAndAnotherEndpoint) {
+  const std::vector<const char*> base = {"--nnodes", "2", "--on-failure", "continue"};
+  auto with = [&](std::vector<const char*> more) {
+    std::vector<const char*> args = base;
+    args.insert(args.end(), more.begin(), more.end());
+    args.push_back("train");
+    return args;
+  };
+  LaunchOptions o = parse(with({"--rdzv-backup", "node1:29600"})).options;
+  EXPECT_EQ(o.rdzv_backup_host, "node1");
+  EXPECT_EQ(o.rdzv_backup_port, 29600);
+  o = parse(with({"--rdzv-backup", "[fd00::2]:29600"})).options;
+  EXPECT_EQ(o.rdzv_backup_host, "fd00::2");
+  EXPECT_NE(parse_error({"--nnodes", "2", "--rdzv-backup", "node1:29600", "train"})
+                .find("--rdzv-backup keeps the group going when node 0 is lost, which needs "
+                      "--nnodes > 1 and --on-failure continue (given: --nnodes 2, --on-failure "
+                      "restart)"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"--on-failure", "continue", "--rdzv-backup", "node1:29600", "train"})
+                .find("(given: --nnodes 1, --on-failure continue)"),
+            std::string::npos);
+  EXPECT_NE(parse_error(with({"--rdzv-backup", "node1"}))
+                .find("--rdzv-backup 'node1': expected HOST:PORT"),
+            std::string::npos);
+  EXPECT_NE(parse_error(with({"--rdzv-backup", "node1:0"}))
+                .find("--rdzv-backup port 0: must be a TCP port in 1..65535"),
+            std::string::npos);
+  // The agents' store is on --master-addr:--master-port + 1 by default.
+  EXPECT_NE(parse_error(with({"--master-addr", "head", "--rdzv-backup", "head:29501"}))
+                .find("--rdzv-backup head:29501 is the agents' store itself"),
+            std::string::npos);
+}
+
 TEST(DdprunOptions, RdzvEndpointIPv6HostLosesItsBrackets) {
   LaunchOptions o = parse({"--nnodes", "2", "--rdzv-endpoint", "[::1]:29400", "train"}).options;
   EXPECT_EQ(rdzv_store_host(o), "::1");
