@@ -527,6 +527,7 @@ void Watcher::check_nodes() {
       say(fmt::format("ignored a malformed event from another node: '{}'", event));
     }
   }
+  rendezvous_.record_events_applied();
   for (const LostNode& lost : rendezvous_.find_lost_nodes()) {
     std::vector<int> leaving;
     for (const int rank : members()) {
@@ -811,11 +812,12 @@ void Watcher::end_hung_job(const Hang& hang) {
 }
 
 void Watcher::check_remote() {
-  if (stopping_ || !rendezvous_.multi_node() || Clock::now() < next_remote_check_) return;
+  if (stopping_ || !rendezvous_.multi_node()) return;
+  std::string lost;  // Note [node 0 lost]: an atomic read until the backup serves
+  if (spec_.elastic && rendezvous_.take_over(lost)) return become_authority(lost);
+  if (Clock::now() < next_remote_check_) return;
   next_remote_check_ = Clock::now() + kRemoteCheckInterval;
   rendezvous_.heartbeat();  // Note [nodes lost]
-  std::string lost;
-  if (spec_.elastic && rendezvous_.take_over(lost)) return become_authority(lost);
   if (auto failure = rendezvous_.remote_failure()) {
     remote_ = failure;
     stop_all(SIGTERM, failure->what);

@@ -1,5 +1,7 @@
 #include "launcher/options.h"
 
+#include "launcher/node_address.h"
+
 #include "runtime/error.h"
 
 #include <algorithm>
@@ -281,11 +283,24 @@ void validate_on_failure(const LaunchOptions& o) {
               o.nnodes, f);
     DDP_CHECK(o.rdzv_backup_port >= 1 && o.rdzv_backup_port <= 65535,
               "--rdzv-backup port {}: must be a TCP port in 1..65535", o.rdzv_backup_port);
-    DDP_CHECK(o.rdzv_backup_host != rdzv_store_host(o) ||
-                  o.rdzv_backup_port != rdzv_store_port(o),
-              "--rdzv-backup {}:{} is the agents' store itself; give node 1's address, or another "
-              "port when both nodes are one machine",
-              o.rdzv_backup_host, o.rdzv_backup_port);
+    const std::string& host = o.rdzv_backup_host;
+    DDP_CHECK(host != "0.0.0.0" && host != "::",
+              "--rdzv-backup {}: every node and rank connects to HOST, so it must be node 1's "
+              "address, not a wildcard",
+              host);
+    // The same address under two spellings (localhost and 127.0.0.1) is the same store.
+    std::string error;
+    const auto numeric = [&error](const std::string& name) {
+      std::vector<std::string> found = resolve_host(name, error);
+      return found.empty() ? name : found.front();
+    };
+    if (o.rdzv_backup_port == rdzv_store_port(o)) {  // resolved only then: no DNS otherwise
+      const std::string store = rdzv_store_host(o);
+      DDP_CHECK(host != store && numeric(host) != numeric(store),
+                "--rdzv-backup {}:{} is the agents' store itself; give node 1's address, or "
+                "another port when both nodes are one machine",
+                host, o.rdzv_backup_port);
+    }
   }
   if (f != "continue") return;
   const std::string& n = o.nproc_per_node;

@@ -167,7 +167,7 @@ bool Rendezvous::try_join_once(int restart, std::string& error) {
   try {
     // With a backup, a longer wait: a client whose call finds node 0 gone waits
     // for the backup to take over (at most 0.1 s after the stream ends).
-    auto store = connect(milliseconds(options_.backup_port > 0 ? 5000 : 1000));
+    auto store = connect(std::min(options_.timeout, milliseconds(options_.backup_port > 0 ? 5000 : 1000)));
     if (!store->check({"attempt"}) || store->get_string("attempt") != std::to_string(restart)) {
       error = "node 0 has not opened this attempt's store yet";
       return false;
@@ -381,18 +381,31 @@ std::vector<std::string> Rendezvous::take_events() {
   if (!multi_node() || !store_ || store_lost_) return out;
   events_taken_.resize(static_cast<size_t>(options_.nnodes), 0);
   for (int r = 0; r < options_.nnodes; ++r) {
-    if (r == options_.node_rank) continue;
+    if (r == options_.node_rank && !took_over_) continue;
     const std::string count = fmt::format("elastic/events/{}", r);
     if (!store_->check({count})) continue;
     const int64_t posted = std::stoll(store_->get_string(count));
-    int64_t& taken = events_taken_[static_cast<size_t>(r)];
-    if (taken >= posted) continue;
-    for (; taken < posted; ++taken)
+    for (int64_t& taken = events_taken_[static_cast<size_t>(r)]; taken < posted; ++taken)
       out.push_back(store_->get_string(fmt::format("elastic/event/{}/{}", r, taken + 1)));
-    if (options_.backup_port > 0)
-      store_->set(fmt::format("elastic/taken/{}", r), std::to_string(taken));
   }
   return out;
+}
+
+// After the events are applied, not when taken: a node 1 taking over applies
+// again the ones node 0 may not have (applying one twice changes nothing:
+// a rank that left is gone, one admitted is a member), never skips one.
+void Rendezvous::record_events_applied() {
+  if (options_.backup_port == 0 || !store_ || store_lost_) return;
+  events_recorded_.resize(events_taken_.size(), 0);
+  try {
+    for (size_t r = 0; r < events_taken_.size(); ++r) {
+      if (events_taken_[r] == events_recorded_[r]) continue;
+      store_->set(fmt::format("elastic/taken/{}", r), std::to_string(events_taken_[r]));
+      events_recorded_[r] = events_taken_[r];
+    }
+  } catch (const StoreError&) {
+    store_lost_ = true;
+  }
 }
 
 std::pair<int64_t, std::vector<int>> Rendezvous::membership() {
@@ -402,16 +415,25 @@ std::pair<int64_t, std::vector<int>> Rendezvous::membership() {
 }
 
 bool Rendezvous::take_over(std::string& why) {
-  // Only a stream that ended: a node 0 gone silent ends the job as without a
-  // backup (its store's calls time out), since the ranks' calls to it would too.
+  // Only once the backup serves: it took over because node 0's store could not
+  // be reached after its stream ended (Note [store backup]).
   if (!hosts_backup() || authority_ || backup_server_ == nullptr || !store_ ||
       !backup_server_->promoted())
     return false;
-  why = "its ddprun's store went away (it exited or was killed, or its machine closed the "
-        "connections)";
-  store_lost_ = false;  // the client goes to the backup at its next call
-  authority_ = true;
   const auto now = Clock::now();
+  if (now < next_takeover_check_) return false;
+  next_takeover_check_ = now + kPollInterval;
+  try {
+    // This node's own client must have moved too (a call fails over); and a
+    // node that node 0 took out of the group leaves, as without a backup.
+    const bool out = store_->check({fmt::format("node/{}/lost", options_.node_rank)});
+    if (out || !store_->on_backup()) return false;
+  } catch (const StoreError&) {
+    return false;  // remote_failure() reports a store lost both ways
+  }
+  why = "its ddprun's store went away (it exited or was killed, or its machine is down)";
+  store_lost_ = false;
+  authority_ = took_over_ = true;
   lost_.assign(static_cast<size_t>(options_.nnodes), false);
   beats_.assign(static_cast<size_t>(options_.nnodes), Beat{.value = -1, .since = now});
   events_taken_.assign(static_cast<size_t>(options_.nnodes), 0);
@@ -496,9 +518,18 @@ std::optional<std::string> Rendezvous::taken_out() {
   if (!multi_node() || !options_.elastic || !store_ || store_lost_) return std::nullopt;
   try {
     const std::string key = fmt::format("node/{}/lost", options_.node_rank);
-    // Once the group finished (elastic/done) this node's ranks finish too: one
-    // may be writing the final checkpoint.
-    if (!store_->check({key}) || store_->check({elastic::kDoneKey})) return std::nullopt;
+    if (!store_->check({key})) return std::nullopt;
+    // Found lost once the group finished (elastic/done), this node's ranks are
+    // still members and finish too (one may be writing the final checkpoint);
+    // taken out before, they are not.
+    if (store_->check({elastic::kDoneKey})) {
+      const int first = options_.node_rank * options_.local_ranks;
+      const auto [epoch, members] = membership();
+      if (epoch == 0) return std::nullopt;  // every launch rank
+      for (const int rank : members) {
+        if (rank >= first && rank < first + options_.local_ranks) return std::nullopt;
+      }
+    }
     return store_->get_string(key);
   } catch (const StoreError&) {
     store_lost_ = true;

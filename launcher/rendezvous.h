@@ -157,8 +157,9 @@ class Rendezvous {
   // once it took over (Note [node 0 lost]).
   bool authority() const { return authority_; }
   // Node 1 with --rdzv-backup: true once, when node 0 is lost and this node
-  // becomes the authority (its backup store serves; node 0 is recorded lost);
-  // `why` says how it was seen.
+  // becomes the authority (its backup store serves, and serves this node's own
+  // client; node 0 is recorded lost); `why` says how it was seen. Not when node
+  // 0 had taken this node out of the group: taken_out() says so then.
   bool take_over(std::string& why);
   // The latest membership in the store: its epoch (0: none published) and members.
   std::pair<int64_t, std::vector<int>> membership();
@@ -186,8 +187,12 @@ class Rendezvous {
   // --on-failure continue across nodes (Note [nodes lost]); no-ops on one node.
   // A node but 0: posts an event for node 0 ("left ...", "ready ...").
   void post_event(const std::string& event);
-  // Node 0: the events posted since the last call, in order.
+  // The authority: the events posted since the last call, in order (after a
+  // take-over, this node's own that node 0 had not applied too).
   std::vector<std::string> take_events();
+  // The authority, once the events taken are applied: their count, for a node 1
+  // that takes over (Note [node 0 lost]; with --rdzv-backup only).
+  void record_events_applied();
   // A node but 0: adds to its heartbeat when due (8 per node_timeout, at most 1/s).
   void heartbeat();
   // Node 0: the nodes found lost since the last call, each recorded (node/<r>/lost).
@@ -222,9 +227,12 @@ class Rendezvous {
   int port_ = 0;
   std::unique_ptr<TcpStoreServer> server_;
   std::unique_ptr<TcpStoreServer> backup_server_;  // node 1 with --rdzv-backup
-  std::unique_ptr<Store> store_;
+  std::unique_ptr<TcpStore> store_;
   bool store_lost_ = false;
   bool authority_ = false;
+  bool took_over_ = false;
+  std::chrono::steady_clock::time_point next_takeover_check_{};
+  std::vector<int64_t> events_recorded_;  // elastic/taken/<r> as last written
   // Node 0, Note [nodes lost]: events applied, the nodes taken out, and each
   // node's heartbeat as last seen.
   int64_t events_posted_ = 0;          // a node but 0: its own

@@ -102,21 +102,27 @@ TcpStore::TcpStore(TcpStoreOptions options)
 }
 
 std::string TcpStore::where() const {
-  if (on_backup_.load()) return store_detail::endpoint(options_.backup_host, options_.backup_port);
+  if (!current_.empty()) return current_;
   return store_detail::endpoint(options_.host, options_.port);
 }
 
-// Note [store failover]: with a backup, the primary and the backup in turn.
+// Note [store failover]: with a backup, the primary and the backup in turn --
+// the backup first once it served this client (a primary gone does not come
+// back; a new store on its port would be another job's).
 void TcpStore::connect_locked() {
   const auto deadline = Clock::now() + options_.connect_timeout;
   auto backoff = std::chrono::duration_cast<std::chrono::milliseconds>(kFirstBackoff);
   std::string error = "not attempted", backup_error;
   for (int attempt = 1;; ++attempt) {
-    bool backup = false;
-    bool connected = try_connect_once(options_.host, options_.port, deadline, error);
+    bool backup = on_backup_.load();
+    bool connected = backup ? try_connect_once(options_.backup_host, options_.backup_port,
+                                               deadline, backup_error)
+                            : try_connect_once(options_.host, options_.port, deadline, error);
     if (!connected && has_backup()) {
-      backup = connected =
-          try_connect_once(options_.backup_host, options_.backup_port, deadline, backup_error);
+      backup = !backup;
+      connected = backup ? try_connect_once(options_.backup_host, options_.backup_port, deadline,
+                                            backup_error)
+                         : try_connect_once(options_.host, options_.port, deadline, error);
     }
     if (connected) {
       const bool moved = backup != on_backup_.load();
@@ -164,6 +170,7 @@ bool TcpStore::try_connect_once(const std::string& host, int port, Clock::time_p
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
   addrinfo* result = nullptr;
+  current_ = store_detail::endpoint(host, port);  // where() in this attempt's errors
   const std::string service = std::to_string(port);
   if (const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &result); rc != 0) {
     error = fmt::format("cannot resolve '{}': {}", host, gai_strerror(rc));

@@ -55,13 +55,17 @@ std::string store_secret_from_env();
 // every key (a SET each, then OK: in sync) and from then on every write as it
 // makes it -- SET with the key's new value (an ADD or a COMPARE_SET travels as
 // the value it left, so a write is applied once), DELETE -- handed to the kernel
-// before the writer's reply. The backup stands by meanwhile: it refuses every
-// other client ("standby ..."), so clients never split between two stores while
-// the primary lives. It takes over (promoted()) when the stream from the primary
-// ends after it was in sync -- the primary's process exited or was killed, or its
-// machine closed the connection -- or when promote() is called (its host saw the
-// primary gone silent). From then on it serves the keys it mirrored; it does not
-// follow again. A TcpStore given `backup_host`/`backup_port` goes to the backup
+// before the writer's reply (a backup whose socket takes no write for 1 s is
+// dropped, and follows again from a fresh copy). The backup stands by meanwhile:
+// it refuses every other client ("standby ..."), so clients never split between
+// two stores while the primary lives. When a stream that was in sync ends, it
+// connects again (the primary may have dropped it, or the link broken) and takes
+// over (promoted()) only when the primary cannot be reached for 0.5 s: its
+// process exited or was killed, or its machine is down. promote() makes it serve
+// at once. From then on it serves the keys it mirrored; it does not follow again.
+// Not covered: a partition that leaves the primary alive but out of the backup's
+// reach (both serve then), and a backup dropped as too slow whose primary dies
+// before it is in sync again (it has not taken over: the store is lost). A TcpStore given `backup_host`/`backup_port` goes to the backup
 // when it loses the primary (Note [store failover] below).
 struct TcpStoreServerOptions {
   std::string host = "127.0.0.1";  // the only address bound; "0.0.0.0" for every interface
@@ -99,6 +103,8 @@ class TcpStoreServer {
   // A backup (Note [store backup]): whether it has every key of the primary and
   // follows its writes; whether it serves clients (always true for a primary).
   bool in_sync() const { return in_sync_.load(); }
+  // A backup: how many of the primary's writes its loop has applied (tests).
+  uint64_t applied_writes() const { return applied_.load(); }
   bool promoted() const { return promoted_.load(); }
   // A backup: serve from now on, whatever the primary does (idempotent).
   void promote();
@@ -116,6 +122,7 @@ class TcpStoreServer {
   store_detail::UniqueFd wake_write_;  // a byte here wakes the loop (to stop, or for the inbox)
   std::atomic<bool> stopping_{false};
   std::atomic<bool> in_sync_{false};
+  std::atomic<uint64_t> applied_{0};
   std::atomic<bool> promoted_{true};
   std::thread thread_;
   std::thread follower_;
@@ -141,7 +148,7 @@ class StoreConnectionLost : public StoreError {
 // ~~~~~~~~~~~~~~~~~~~~~
 // A TcpStore with a backup tries the primary and the backup in turn whenever it
 // connects (a backup on standby refuses, "standby ...", which counts as not
-// there yet), and a call whose connection is lost (not one that timed out) is
+// there yet; once the backup served it, the backup first), and a call whose connection is lost (not one that timed out) is
 // sent once more over the new connection: a GET or WAIT parked on a primary
 // that died waits on, on the backup. The ON_CLOSE keys the client registered are
 // registered again on every new connection, so the backup sets them when this
@@ -213,6 +220,7 @@ class TcpStore : public Store {
   MessageParser parser_;
   Bytes read_buffer_;
   std::atomic<bool> on_backup_{false};
+  std::string current_;  // the endpoint connected to, or being tried
   bool connected_before_ = false;
   std::vector<std::pair<std::string, Bytes>> on_close_;  // registered, for a new connection
 };

@@ -31,6 +31,12 @@ constexpr size_t kMaxHelloBytes = size_t{64} << 10;   // frame limit before a cl
 constexpr size_t kMaxBacklogBytes = size_t{1} << 20;  // stop serving a client that does not read
 constexpr auto kLingerTime = std::chrono::seconds(1);
 constexpr int64_t kMaxTimeoutMs = int64_t{30} * 24 * 3600 * 1000;
+// Note [store backup]: how long a write waits for the backup's socket to take it
+// before that backup is dropped (it follows again, from a fresh copy).
+constexpr auto kReplicaWait = std::chrono::seconds(1);
+// How long a backup whose stream ended tries to reach the primary again before
+// it concludes that the primary is gone and takes over.
+constexpr auto kPrimaryGoneAfter = std::chrono::milliseconds(500);
 
 // Note [lingering close]: closing a socket whose receive queue still holds
 // bytes sends RST, and the peer may then lose our final ERROR reply. So a
@@ -95,6 +101,7 @@ using store_detail::Waiter;
 struct TcpStoreServer::Inbox {
   std::mutex mutex;
   std::vector<Message> messages;
+  std::atomic<uint64_t>* applied = nullptr;  // TcpStoreServer::applied_
 };
 
 class TcpStoreServer::Loop {
@@ -442,6 +449,7 @@ void TcpStoreServer::Loop::handle(Client& c, Message& m) {
                                        std::chrono::steady_clock::now().time_since_epoch())
                                        .count()));
     case Command::kOnClose:
+      if (c.replica) return reject(c, "ON_CLOSE on a REPLICATE stream");
       c.on_close.emplace_back(std::move(m.key), std::move(m.value));
       return reply(c, msg::ok());
     case Command::kReplicate:
@@ -488,6 +496,8 @@ void TcpStoreServer::Loop::handle_compare_set(Client& c, const Message& m) {
 // Note [store backup]: every key now, OK, then every write as it is made.
 void TcpStoreServer::Loop::start_replica(Client& c) {
   if (c.replica) return reject(c, "REPLICATE sent twice on one connection");
+  // Closing a replica must set nothing: a write inside mirror() would nest.
+  if (!c.on_close.empty()) return reject(c, "REPLICATE on a connection that registered ON_CLOSE");
   DDP_LOG_DEBUG("store server: client {} ({}) replicates {} keys", c.id, c.peer, data_.size());
   c.replica = true;
   for (const auto& [key, value] : data_) encode(msg::set(key, value), c.out);
@@ -509,13 +519,30 @@ bool TcpStoreServer::Loop::erase(const std::string& key) {
   return true;
 }
 
+// The write is in the kernel toward each backup before the writer gets its
+// reply: a backup whose socket does not take it within kReplicaWait (a stopped
+// or far too slow backup) is dropped, and follows again from a fresh copy.
 void TcpStoreServer::Loop::mirror(const Message& m) {
   std::erase_if(replicas_, [this, &m](uint64_t id) {
     auto it = clients_.find(id);
     if (it == clients_.end() || it->second.closed) return true;
-    encode(m, it->second.out);
-    flush(it->second);
-    return false;
+    Client& r = it->second;
+    encode(m, r.out);
+    flush(r);
+    const auto deadline = Clock::now() + store_detail::kReplicaWait;
+    while (!r.closed && r.backlog() > 0) {
+      pollfd p{r.fd.get(), POLLOUT, 0};
+      const int rc = ::poll(&p, 1, store_detail::poll_ms_until(deadline));
+      if (rc == 0 || (rc < 0 && errno != EINTR)) break;
+      flush(r);
+    }
+    if (r.closed) return true;
+    if (r.backlog() == 0) return false;
+    DDP_LOG_WARN("store server: its backup at {} took no write for {} s: dropped; it follows "
+                 "again from a fresh copy",
+                 r.peer, std::chrono::duration<double>(store_detail::kReplicaWait).count());
+    close(r);  // a replica registers no ON_CLOSE: nothing is written here
+    return true;
   });
 }
 
@@ -531,8 +558,10 @@ void TcpStoreServer::Loop::apply_inbox() {
       data_.clear();
     } else if (m.command == Command::kSet) {
       write(m.key, std::move(m.value));
+      inbox_.applied->fetch_add(1);
     } else if (m.command == Command::kDelete) {
       erase(m.key);
+      inbox_.applied->fetch_add(1);
     }
   }
 }
@@ -624,6 +653,7 @@ TcpStoreServer::TcpStoreServer(TcpStoreServerOptions options) {
     ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   }
   inbox_ = std::make_unique<Inbox>();
+  inbox_->applied = &applied_;
   promoted_.store(options.follow_port == 0);
   loop_ = std::make_unique<Loop>(std::move(listen_fd), std::move(wake_read), options, stopping_,
                                  promoted_, *inbox_);
@@ -654,61 +684,66 @@ void TcpStoreServer::wake() {
 void TcpStoreServer::promote() {
   if (!promoted_.exchange(true))
     DDP_LOG_INFO("store server on port {}: the backup serves from now on", port_);
+  wake();
 }
 
 // Note [store backup]: the follower thread. Connects to the primary until it is
-// in sync, hands the loop what the primary sends, and promotes this server when
-// the stream ends after it was in sync (before that, the primary may not be up
-// yet, or was reached halfway: it tries again).
+// in sync and hands the loop what the primary sends. When a stream that was in
+// sync ends, the primary may be gone -- or it dropped this backup (too slow), or
+// the link broke: so it connects again, and only when the primary cannot be
+// reached for kPrimaryGoneAfter does it take over. Before the first sync the
+// primary may not be up yet: it keeps trying.
 void TcpStoreServer::follow(TcpStoreServerOptions options) {
   const std::string primary = store_detail::endpoint(options.follow_host, options.follow_port);
+  bool was_synced = false;  // the last stream was in sync when it ended
   while (!stopping_.load() && !promoted_.load()) {
-    bool synced = false;
+    bool synced = false, connected = false;
     try {
       TcpStore store({.host = options.follow_host,
                       .port = options.follow_port,
                       .secret = options.secret,
-                      .timeout = std::chrono::milliseconds(10000),
-                      .connect_timeout = std::chrono::milliseconds(1000)});
+                      .timeout = std::chrono::milliseconds(2000),
+                      .connect_timeout = was_synced ? store_detail::kPrimaryGoneAfter
+                                                    : std::chrono::milliseconds(1000)});
+      connected = true;
+      const auto push = [this](Message&& m) {
+        std::lock_guard<std::mutex> lock(inbox_->mutex);
+        inbox_->messages.push_back(std::move(m));
+        wake();  // the loop drains the pipe: one byte per message is fine
+      };
+      push(msg::replicate());  // a fresh snapshot follows: clear
       const auto apply = [&](Message&& m) {
         if (m.command == Command::kOk) {
           synced = true;
           in_sync_.store(true);
-          return;
+        } else if ((m.command == Command::kSet || m.command == Command::kDelete) &&
+                   !promoted_.load()) {  // once promoted it serves its own writes
+          push(std::move(m));
         }
-        if (m.command != Command::kSet && m.command != Command::kDelete) return;
-        if (promoted_.load()) return;  // it serves its own writes now
-        std::lock_guard<std::mutex> lock(inbox_->mutex);
-        inbox_->messages.push_back(std::move(m));
-        if (inbox_->messages.size() == 1) wake();
       };
-      {
-        std::lock_guard<std::mutex> lock(inbox_->mutex);
-        inbox_->messages.push_back(msg::replicate());  // a fresh snapshot follows: clear
-      }
       const auto stop = [this] { return stopping_.load() || promoted_.load(); };
-      if (!store.replicate(apply, stop)) {  // stopped, or promoted
-        in_sync_.store(false);
-        return;
-      }
+      if (!store.replicate(apply, stop)) break;  // stopped, or promoted
     } catch (const StoreError& e) {
       if (std::string_view(e.what()).find("refused this client") != std::string_view::npos) {
         DDP_LOG_ERROR("store backup: the store at {} refused it: {}; it stays on standby",
                       primary, e.what());
-        return;  // the secret differs: trying again cannot help
+        break;  // the secret differs: trying again cannot help
       }
-      DDP_LOG_DEBUG("store backup: cannot follow the store at {} yet: {}", primary, e.what());
+      DDP_LOG_DEBUG("store backup: cannot follow the store at {}: {}", primary, e.what());
     }
     in_sync_.store(false);
-    if (synced && !stopping_.load()) {
-      DDP_LOG_INFO("store backup: the stream from the primary store at {} ended: taking over",
-                   primary);
+    if (stopping_.load()) break;
+    if (!connected && was_synced) {
+      DDP_LOG_INFO("store backup: the primary store at {} is gone (unreachable for {} s after "
+                   "its stream ended): taking over",
+                   primary, std::chrono::duration<double>(store_detail::kPrimaryGoneAfter).count());
       promote();
-      return;
+      break;
     }
-    for (int i = 0; i < 5 && !stopping_.load() && !promoted_.load(); ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (connected) was_synced = synced;
+    if (!was_synced) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+  in_sync_.store(false);
 }
 
 }  // namespace ddp

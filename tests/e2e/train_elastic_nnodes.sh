@@ -18,8 +18,10 @@
 #   node0: under --rdzv-backup, rank 3 SIGKILLed and replaced, then node 0's
 #          ddprun SIGKILLed (the store's host, its ranks die with it): node 1's
 #          backup store takes over, node 1 keeps the membership, ranks 2,3 go on; node1: the backup's host lost instead,
-#          node 0 goes on as without a backup; mismatch: nodes given different
-#          --rdzv-backup are refused by name
+#          node 0 goes on as without a backup; stop_backup: the stop case
+#          under --rdzv-backup (node 1, taken out, does not take over when node
+#          0 ends); mismatch: nodes given different --rdzv-backup are refused
+#          by name
 # Each run that goes on must exit 0, log every step once, and end with the
 # checkpoint, byte for byte, of one node's `ddprun -n 4` losing the same ranks
 # after the same step (DDP_TEST_KILL_AT) and taking the replacement in at the
@@ -220,6 +222,22 @@ node_lost node1 "its ddprun closed its connection to the store"
 check_loss_log "$dir/node1.loss"
 reference node1 "2:$left,3:$left"
 echo "node1: node 1's ddprun (the backup's host) killed; ranks 0,1 went on from step $left; equal to one node's run"
+
+# --- stop_backup: the stop case under --rdzv-backup. Node 1, taken out while
+# stopped, must not take over when node 0 ends (its store's stream ends then):
+# it leaves non-zero, as without a backup.
+export EPOCHS=12
+BACKUP=1 start stop_backup --node-timeout 2
+kill -STOP "$node1"
+node_lost stop_backup "its ddprun sent no heartbeat for 2 s (--node-timeout)"
+kill -CONT "$node1"
+wait "$node1" && fail "stop_backup: node 1, taken out of the group, exited 0"
+grep -q "keeps the group's membership" "$dir/stop_backup.node1.log" &&
+  fail "stop_backup: node 1, taken out of the group, took over when node 0 ended"
+check_loss_log "$dir/stop_backup.loss"
+reference stop_backup "2:$left,3:$left"
+unset EPOCHS
+echo "stop_backup: node 1 stopped under --rdzv-backup, taken out, went on from step $left without it; node 1 did not take over and exited non-zero"
 
 # --- mismatch: every node must be given the same --rdzv-backup.
 port=$(free_port)

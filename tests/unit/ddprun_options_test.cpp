@@ -217,6 +217,13 @@ TEST(DdprunOptions, RdzvBackupNeedsNodesAndContinueAndAnotherEndpoint) {
   EXPECT_NE(parse_error(with({"--master-addr", "head", "--rdzv-backup", "head:29501"}))
                 .find("--rdzv-backup head:29501 is the agents' store itself"),
             std::string::npos);
+  EXPECT_NE(parse_error(with({"--rdzv-backup", "localhost:29501"}))  // 127.0.0.1 by default
+                .find("--rdzv-backup localhost:29501 is the agents' store itself"),
+            std::string::npos);
+  EXPECT_NE(parse_error(with({"--rdzv-backup", "0.0.0.0:29600"}))
+                .find("--rdzv-backup 0.0.0.0: every node and rank connects to HOST, so it must "
+                      "be node 1's address, not a wildcard"),
+            std::string::npos);
 }
 
 TEST(DdprunOptions, RdzvEndpointIPv6HostLosesItsBrackets) {
