@@ -134,6 +134,8 @@ job() {
   [ "$case" = node0 ] && survivor=$node1 lost=$agent0
   wait "$survivor" || code=$?
   { kill -KILL "$lost" $(pgrep -P "$lost"); kill -CONT "$lost"; } 2>/dev/null || true
+  # script(1) stops itself while its child is stopped: continue it, so it reaps it.
+  pkill -CONT -f -- "--save $dir/$name.st" 2>/dev/null || true
   wait "$node0" "$node1" 2>/dev/null || true
   if [ "$case" = resubmit ]; then
     ((code != 0)) || { echo "elastic_nodes.sh: $name: the job went on without node 1" >&2; exit 1; }

@@ -27,6 +27,7 @@ namespace {
 constexpr auto kReplySlack = std::chrono::seconds(5);
 constexpr auto kFirstBackoff = std::chrono::milliseconds(10);
 constexpr auto kMaxBackoff = std::chrono::milliseconds(1000);
+constexpr auto kMaxBackoffWithBackup = std::chrono::milliseconds(100);
 constexpr size_t kReadChunkBytes = size_t{64} << 10;
 constexpr size_t kKeysNamedInErrors = 16;
 
@@ -144,8 +145,9 @@ void TcpStore::connect_locked() {
     const auto now = Clock::now();
     if (now >= deadline) break;
     std::this_thread::sleep_for(std::min<Clock::duration>(jittered(backoff), deadline - now));
-    backoff =
-        std::min(backoff * 2, std::chrono::duration_cast<std::chrono::milliseconds>(kMaxBackoff));
+    // With a backup, often: it serves within a second of the primary's loss.
+    backoff = std::min(backoff * 2, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        has_backup() ? kMaxBackoffWithBackup : kMaxBackoff));
   }
   if (has_backup()) {
     throw StoreError(fmt::format(
