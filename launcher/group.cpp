@@ -853,11 +853,12 @@ void Watcher::become_authority(const std::string& why) {
   for (const int rank : members()) {
     if (node_of(rank) == 0) leaving.push_back(rank);
   }
-  const std::string who =
-      leaving.empty() ? "node 0"
-                      : fmt::format("node 0 (rank{} {})", leaving.size() == 1 ? "" : "s",
-                                    fmt::join(leaving, ","));
-  say(fmt::format("{} was lost: {}; this node hosts the store's backup (--rdzv-backup) and keeps "
+  const std::string who = leaving.empty()
+                              ? "node 0"
+                              : fmt::format("node 0 (rank{} {})", leaving.size() == 1 ? "" : "s",
+                                            fmt::join(leaving, ","));
+  say(
+      fmt::format("{} was lost: {}; this node hosts the store's backup (--rdzv-backup) and keeps "
                   "the group's membership from now on",
                   who, why));
   next_node_check_ = Clock::now();  // the events node 0 had not applied, at once

@@ -16,7 +16,7 @@ struct RankEnvInputs {
   int group_world_size = 1;  // the number of nodes
   std::string master_addr;
   int master_port = 0;
-  std::string store_addr;  // "host:port" of ddprun's store (Note [two stores])
+  std::string store_addr;      // "host:port" of ddprun's store (Note [two stores])
   std::string store_backup{};  // "host:port" of its backup (--rdzv-backup); empty: none
   int restart_count = 0;
   int max_restarts = 0;

@@ -134,12 +134,12 @@ void Rendezvous::host(int restart) {
 void Rendezvous::join(int restart) {
   if (hosts_backup()) {  // Note [node 0 lost]: it follows node 0's store from now on
     try {
-      backup_server_ = std::make_unique<TcpStoreServer>(
-          TcpStoreServerOptions{.host = options_.backup_host,
-                                .port = options_.backup_port,
-                                .secret = options_.secret,
-                                .follow_host = options_.host,
-                                .follow_port = port_});
+      backup_server_ =
+          std::make_unique<TcpStoreServer>(TcpStoreServerOptions{.host = options_.backup_host,
+                                                                 .port = options_.backup_port,
+                                                                 .secret = options_.secret,
+                                                                 .follow_host = options_.host,
+                                                                 .follow_port = port_});
     } catch (const StoreError& e) {
       throw LaunchError(fmt::format(
           "cannot host the store's backup (--rdzv-backup {}): {}. HOST must be an address of "
@@ -167,7 +167,8 @@ bool Rendezvous::try_join_once(int restart, std::string& error) {
   try {
     // With a backup, a longer wait: a client whose call finds node 0 gone waits
     // for the backup to take over (at most 0.1 s after the stream ends).
-    auto store = connect(std::min(options_.timeout, milliseconds(options_.backup_port > 0 ? 5000 : 1000)));
+    auto store =
+        connect(std::min(options_.timeout, milliseconds(options_.backup_port > 0 ? 5000 : 1000)));
     if (!store->check({"attempt"}) || store->get_string("attempt") != std::to_string(restart)) {
       error = "node 0 has not opened this attempt's store yet";
       return false;

@@ -116,8 +116,8 @@ void TcpStore::connect_locked() {
   std::string error = "not attempted", backup_error;
   for (int attempt = 1;; ++attempt) {
     bool backup = on_backup_.load();
-    bool connected = backup ? try_connect_once(options_.backup_host, options_.backup_port,
-                                               deadline, backup_error)
+    bool connected = backup ? try_connect_once(options_.backup_host, options_.backup_port, deadline,
+                                               backup_error)
                             : try_connect_once(options_.host, options_.port, deadline, error);
     if (!connected && has_backup()) {
       backup = !backup;

@@ -19,8 +19,8 @@
 #include "runtime/env.h"
 
 #include <atomic>
-#include <functional>
 #include <chrono>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <mutex>
@@ -65,8 +65,9 @@ std::string store_secret_from_env();
 // at once. From then on it serves the keys it mirrored; it does not follow again.
 // Not covered: a partition that leaves the primary alive but out of the backup's
 // reach (both serve then), and a backup dropped as too slow whose primary dies
-// before it is in sync again (it has not taken over: the store is lost). A TcpStore given `backup_host`/`backup_port` goes to the backup
-// when it loses the primary (Note [store failover] below).
+// before it is in sync again (it has not taken over: the store is lost). A TcpStore given
+// `backup_host`/`backup_port` goes to the backup when it loses the primary (Note [store failover]
+// below).
 struct TcpStoreServerOptions {
   std::string host = "127.0.0.1";  // the only address bound; "0.0.0.0" for every interface
   int port = 0;                    // 0: an ephemeral port, see port()
@@ -109,7 +110,7 @@ class TcpStoreServer {
   // A backup: serve from now on, whatever the primary does (idempotent).
   void promote();
 
-  class Loop;  // the event loop, private to tcp_store_server.cpp
+  class Loop;    // the event loop, private to tcp_store_server.cpp
   struct Inbox;  // what the follower thread hands the loop
 
  private:
@@ -148,8 +149,8 @@ class StoreConnectionLost : public StoreError {
 // ~~~~~~~~~~~~~~~~~~~~~
 // A TcpStore with a backup tries the primary and the backup in turn whenever it
 // connects (a backup on standby refuses, "standby ...", which counts as not
-// there yet; once the backup served it, the backup first), and a call whose connection is lost (not one that timed out) is
-// sent once more over the new connection: a GET or WAIT parked on a primary
+// there yet; once the backup served it, the backup first), and a call whose connection is lost (not
+// one that timed out) is sent once more over the new connection: a GET or WAIT parked on a primary
 // that died waits on, on the backup. The ON_CLOSE keys the client registered are
 // registered again on every new connection, so the backup sets them when this
 // client goes. A write whose reply was lost with the primary is sent again: SET,

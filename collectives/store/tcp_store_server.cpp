@@ -175,7 +175,7 @@ class TcpStoreServer::Loop {
   const std::atomic<bool>& stopping_;
   const std::atomic<bool>& promoted_;  // false: a backup on standby (Note [store backup])
   Inbox& inbox_;
-  std::string primary_;          // a backup's primary, for its refusals
+  std::string primary_;             // a backup's primary, for its refusals
   std::vector<uint64_t> replicas_;  // clients that asked REPLICATE
   std::vector<uint8_t> read_buffer_;
   std::map<uint64_t, Client> clients_;
@@ -538,9 +538,10 @@ void TcpStoreServer::Loop::mirror(const Message& m) {
     }
     if (r.closed) return true;
     if (r.backlog() == 0) return false;
-    DDP_LOG_WARN("store server: its backup at {} took no write for {} s: dropped; it follows "
-                 "again from a fresh copy",
-                 r.peer, std::chrono::duration<double>(store_detail::kReplicaWait).count());
+    DDP_LOG_WARN(
+        "store server: its backup at {} took no write for {} s: dropped; it follows "
+        "again from a fresh copy",
+        r.peer, std::chrono::duration<double>(store_detail::kReplicaWait).count());
     close(r);  // a replica registers no ON_CLOSE: nothing is written here
     return true;
   });
@@ -725,8 +726,8 @@ void TcpStoreServer::follow(TcpStoreServerOptions options) {
       if (!store.replicate(apply, stop)) break;  // stopped, or promoted
     } catch (const StoreError& e) {
       if (std::string_view(e.what()).find("refused this client") != std::string_view::npos) {
-        DDP_LOG_ERROR("store backup: the store at {} refused it: {}; it stays on standby",
-                      primary, e.what());
+        DDP_LOG_ERROR("store backup: the store at {} refused it: {}; it stays on standby", primary,
+                      e.what());
         break;  // the secret differs: trying again cannot help
       }
       DDP_LOG_DEBUG("store backup: cannot follow the store at {}: {}", primary, e.what());
@@ -734,9 +735,10 @@ void TcpStoreServer::follow(TcpStoreServerOptions options) {
     in_sync_.store(false);
     if (stopping_.load()) break;
     if (!connected && was_synced) {
-      DDP_LOG_INFO("store backup: the primary store at {} is gone (unreachable for {} s after "
-                   "its stream ended): taking over",
-                   primary, std::chrono::duration<double>(store_detail::kPrimaryGoneAfter).count());
+      DDP_LOG_INFO(
+          "store backup: the primary store at {} is gone (unreachable for {} s after "
+          "its stream ended): taking over",
+          primary, std::chrono::duration<double>(store_detail::kPrimaryGoneAfter).count());
       promote();
       break;
     }

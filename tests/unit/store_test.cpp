@@ -596,7 +596,6 @@ TEST(StoreTcp, SecretComesFromTheEnvironment) {
   ::unsetenv(kStoreSecretEnv);
 }
 
-
 // Note [store backup]
 TcpStoreServerOptions backup_options(int primary_port, std::string secret = "") {
   TcpStoreServerOptions options = server_options(std::move(secret));
@@ -714,7 +713,6 @@ TEST(StoreBackup, AWrongSecretKeepsTheBackupOnStandby) {
   EXPECT_FALSE(backup.in_sync());
   EXPECT_FALSE(backup.promoted());
 }
-
 
 // The follower's writes are applied as they come, not when a client happens to
 // wake the backup's loop.
