@@ -115,6 +115,7 @@ class Watcher {
   void become_authority(const std::string& why);
   bool across_nodes() const { return spec_.elastic && rendezvous_.multi_node(); }
   bool keep_group();
+  bool stand_by();
   std::vector<int> members() const;
   BlamePolicy policy() const;
   std::vector<size_t> local_suspects() const;
@@ -164,12 +165,13 @@ class Watcher {
   std::vector<int> left_;  // ranks that left the group and were not replaced (ascending)
   int replacements_ = 0;   // started, of spec_.replacements
   Clock::time_point next_join_check_ = Clock::now();
+  bool said_done_ = false;  // stand_by()
 };
 
 GroupResult Watcher::run() {
   for (int r = 0; r < spec_.world_size; ++r) group_.push_back(r);
   spawn_all();
-  while (!all_exited() || streams_open() || keep_group()) {
+  while (!all_exited() || streams_open() || keep_group() || stand_by()) {
     poll_once();
     if (all_exited() && Clock::now() - last_exit_ >= kDrainAfterExit) {
       for (auto& r : ranks_) {
@@ -589,6 +591,19 @@ void Watcher::admit_remote(int rank) {
   say(fmt::format("{} (membership {})", what, membership_));
 }
 
+// Note [node 0 lost]: node 1 with the store's backup, its ranks done, stays
+// while node 0 has not finished, so that it can still take over; it says it is
+// done (done/1), so that node 0 can finish.
+bool Watcher::stand_by() {
+  if (!across_nodes() || authority() || stopping_ || !rendezvous_.backs_up()) return false;
+  if (result().outcome != Outcome::success) return false;
+  if (!said_done_) {
+    rendezvous_.publish_done();
+    said_done_ = true;
+  }
+  return !rendezvous_.authority_finished();
+}
+
 // Node 0 across nodes: the group goes on while another node runs ranks, so node
 // 0 keeps its membership after its own ranks are gone.
 bool Watcher::keep_group() {
@@ -862,11 +877,27 @@ void Watcher::become_authority(const std::string& why) {
                   "the group's membership from now on",
                   who, why));
   next_node_check_ = Clock::now();  // the events node 0 had not applied, at once
-  if (leaving.empty() || rendezvous_.elastic_done()) {
+  if (rendezvous_.elastic_done()) {
     departures_.push_back(fmt::format("{} was lost", who));
     return;
   }
-  remote_leave(leaving, who + " was lost", 1);
+  if (!leaving.empty()) {
+    remote_leave(leaving, who + " was lost", 1);
+    return;
+  }
+  // Node 0 had no ranks left, but this node's own departures it had not applied
+  // yet are not in the membership (members() leaves them out).
+  std::vector<int> now = members();
+  if (now == group_) {
+    departures_.push_back(fmt::format("{} was lost", who));
+    return;
+  }
+  if (std::string too = too_few(now, who + " was lost"); !too.empty()) {
+    remote_ = GroupFailure{.node = spec_.node_rank, .exit_code = 1, .what = std::move(too)};
+    rendezvous_.publish_failure(*remote_);
+    return stop_all(SIGTERM, remote_->what + ": ending the job");
+  }
+  publish_group(std::move(now), who + " was lost");
 }
 
 // Sends `sig` to every running rank's process group; SIGKILL follows at the

@@ -409,6 +409,16 @@ void Rendezvous::record_events_applied() {
   }
 }
 
+bool Rendezvous::authority_finished() {
+  if (!store_ || store_lost_) return true;
+  try {
+    return store_->check({"done/0"}) || store_->check({"node/0/lost"}) || store_->check({"failed"});
+  } catch (const StoreError&) {
+    store_lost_ = true;
+    return true;
+  }
+}
+
 std::pair<int64_t, std::vector<int>> Rendezvous::membership() {
   const int64_t epoch = elastic::latest_epoch(*store_);
   if (epoch == 0) return {0, {}};
@@ -432,7 +442,7 @@ bool Rendezvous::take_over(std::string& why) {
   } catch (const StoreError&) {
     return false;  // remote_failure() reports a store lost both ways
   }
-  why = "its ddprun's store went away (it exited or was killed, or its machine is down)";
+  why = "its ddprun's store went away (its ddprun exited or was killed)";
   store_lost_ = false;
   authority_ = took_over_ = true;
   lost_.assign(static_cast<size_t>(options_.nnodes), false);
@@ -502,6 +512,14 @@ std::vector<LostNode> Rendezvous::find_lost_nodes() {
 void Rendezvous::wait_for_others_to_leave(milliseconds timeout) {
   if (!multi_node() || !options_.elastic || !store_ || !authority_ || store_lost_) return;
   const auto deadline = Clock::now() + timeout;
+  try {
+    wait_for_others_to_leave_until(deadline);
+  } catch (const StoreError&) {
+    store_lost_ = true;  // nothing more to wait for
+  }
+}
+
+void Rendezvous::wait_for_others_to_leave_until(Clock::time_point deadline) {
   // Gone, not done: a node that finished waits in wait_for_other_nodes and must
   // read the failure before the store goes.
   const auto gone = [this](int r) {

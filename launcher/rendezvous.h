@@ -161,6 +161,10 @@ class Rendezvous {
   // client; node 0 is recorded lost); `why` says how it was seen. Not when node
   // 0 had taken this node out of the group: taken_out() says so then.
   bool take_over(std::string& why);
+  // Whether this node hosts the store's backup (node 1 with --rdzv-backup).
+  bool backs_up() const { return hosts_backup(); }
+  // Node 0 finished (done/0), was lost, or the group failed; or the store is gone.
+  bool authority_finished();
   // The latest membership in the store: its epoch (0: none published) and members.
   std::pair<int64_t, std::vector<int>> membership();
   bool multi_node() const { return options_.nnodes > 1; }
@@ -221,6 +225,7 @@ class Rendezvous {
   bool hosts_backup() const { return options_.node_rank == 1 && options_.backup_port > 0; }
   std::unique_ptr<TcpStore> connect(std::chrono::milliseconds connect_timeout) const;
   void wait_for_backup();
+  void wait_for_others_to_leave_until(std::chrono::steady_clock::time_point deadline);
 
   RendezvousOptions options_;
   std::string run_id_;

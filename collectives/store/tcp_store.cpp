@@ -28,6 +28,8 @@ constexpr auto kReplySlack = std::chrono::seconds(5);
 constexpr auto kFirstBackoff = std::chrono::milliseconds(10);
 constexpr auto kMaxBackoff = std::chrono::milliseconds(1000);
 constexpr auto kMaxBackoffWithBackup = std::chrono::milliseconds(100);
+constexpr auto kEndpointSlice = std::chrono::milliseconds(2000);
+constexpr auto kMinEndpointSlice = std::chrono::milliseconds(200);
 constexpr size_t kReadChunkBytes = size_t{64} << 10;
 constexpr size_t kKeysNamedInErrors = 16;
 
@@ -107,23 +109,31 @@ std::string TcpStore::where() const {
   return store_detail::endpoint(options_.host, options_.port);
 }
 
+// One attempt at the primary or the backup. With a backup each gets its own
+// slice of at most kEndpointSlice (connecting and HELLO), so that one that never
+// answers leaves time for the other.
+bool TcpStore::try_endpoint(bool backup, Clock::time_point deadline, std::string& error) {
+  if (has_backup()) {
+    const auto now = Clock::now();
+    deadline = std::min(now + kEndpointSlice, std::max(deadline, now + kMinEndpointSlice));
+  }
+  return backup ? try_connect_once(options_.backup_host, options_.backup_port, deadline, error)
+                : try_connect_once(options_.host, options_.port, deadline, error);
+}
+
 // Note [store failover]: with a backup, the primary and the backup in turn --
-// the backup first once it served this client (a primary gone does not come
+// only the backup once it served this client (a primary gone does not come
 // back; a new store on its port would be another job's).
 void TcpStore::connect_locked() {
   const auto deadline = Clock::now() + options_.connect_timeout;
   auto backoff = std::chrono::duration_cast<std::chrono::milliseconds>(kFirstBackoff);
-  std::string error = "not attempted", backup_error;
+  std::string error = "not attempted", backup_error = "not attempted";
   for (int attempt = 1;; ++attempt) {
     bool backup = on_backup_.load();
-    bool connected = backup ? try_connect_once(options_.backup_host, options_.backup_port, deadline,
-                                               backup_error)
-                            : try_connect_once(options_.host, options_.port, deadline, error);
-    if (!connected && has_backup()) {
-      backup = !backup;
-      connected = backup ? try_connect_once(options_.backup_host, options_.backup_port, deadline,
-                                            backup_error)
-                         : try_connect_once(options_.host, options_.port, deadline, error);
+    bool connected = try_endpoint(backup, deadline, backup ? backup_error : error);
+    if (!connected && has_backup() && !on_backup_.load()) {
+      backup = true;
+      connected = try_endpoint(backup, deadline, backup_error);
     }
     if (connected) {
       const bool moved = backup != on_backup_.load();
@@ -186,7 +196,9 @@ bool TcpStore::try_connect_once(const std::string& host, int port, Clock::time_p
   parser_.reset();
   Message reply;
   try {
-    const auto handshake_deadline = Clock::now() + options_.timeout;
+    // With a backup, within the attempt's slice: a primary that takes connections
+    // but never answers must not hold the client for its whole call timeout.
+    const auto handshake_deadline = has_backup() ? deadline : Clock::now() + options_.timeout;
     send_all(encode(msg::hello(options_.secret)), handshake_deadline, "HELLO");
     reply = read_reply(handshake_deadline, "HELLO");
   } catch (const StoreError& e) {
@@ -365,8 +377,8 @@ void TcpStore::set_on_close(const std::string& key, const Bytes& value) {
   on_close_.emplace_back(key, value);
 }
 
-bool TcpStore::replicate(const std::function<void(Message&&)>& apply,
-                         const std::function<bool()>& stop) {
+TcpStore::StreamEnd TcpStore::replicate(const std::function<void(Message&&)>& apply,
+                                        const std::function<bool()>& stop) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!fd_) connect_locked();
   send_all(encode(msg::replicate()), Clock::now() + options_.timeout, "REPLICATE");
@@ -377,7 +389,7 @@ bool TcpStore::replicate(const std::function<void(Message&&)>& apply,
         m = parser_.next();
       } catch (const ProtocolError&) {
         fd_.reset();
-        return true;
+        return StreamEnd::reset;  // garbage: not a primary that exited
       }
       if (!m) break;
       if (m->command == Command::kError) {
@@ -386,16 +398,19 @@ bool TcpStore::replicate(const std::function<void(Message&&)>& apply,
       }
       apply(std::move(*m));
     }
-    if (stop()) return false;
+    if (stop()) return StreamEnd::stopped;
     pollfd p{fd_.get(), POLLIN, 0};
     const int rc = ::poll(&p, 1, 100);
     if (rc == 0 || (rc < 0 && errno == EINTR)) continue;
     const ssize_t n = rc < 0 ? -1 : ::recv(fd_.get(), read_buffer_.data(), read_buffer_.size(), 0);
     if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (n <= 0) {
+      // A process that exits closes with FIN (this side sent nothing unread); a
+      // primary that drops a backup resets the connection (Note [store backup]).
+      const bool reset = n < 0 && errno == ECONNRESET;
       fd_.reset();
       parser_.reset();
-      return true;
+      return reset ? StreamEnd::reset : StreamEnd::closed;
     }
     parser_.feed(read_buffer_.data(), static_cast<size_t>(n));
   }

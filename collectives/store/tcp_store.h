@@ -148,12 +148,13 @@ class StoreConnectionLost : public StoreError {
 // Note [store failover]
 // ~~~~~~~~~~~~~~~~~~~~~
 // A TcpStore with a backup tries the primary and the backup in turn whenever it
-// connects (a backup on standby refuses, "standby ...", which counts as not
-// there yet; once the backup served it, the backup first), and a call whose connection is lost (not
-// one that timed out) is sent once more over the new connection: a GET or WAIT parked on a primary
-// that died waits on, on the backup. The ON_CLOSE keys the client registered are
-// registered again on every new connection, so the backup sets them when this
-// client goes. A write whose reply was lost with the primary is sent again: SET,
+// connects, each attempt within 2 s (a backup on standby refuses, "standby ...",
+// which counts as not there yet); once the backup served it, only the backup (a
+// store on the primary's port again would be another job's). A call whose
+// connection is lost (not one that timed out) is sent once more over the new
+// connection: a GET or WAIT parked on a primary that died waits on, on the backup. The ON_CLOSE
+// keys the client registered are registered again on every new connection, so the backup sets them
+// when this client goes. A write whose reply was lost with the primary is sent again: SET,
 // COMPARE_SET and DELETE leave the same state, an ADD may count twice.
 
 // The client. Connects in the constructor, retrying refused connections with
@@ -194,9 +195,10 @@ class TcpStore : public Store {
 
   // A backup's side of REPLICATE (Note [store backup]): sends it, then hands every
   // message the primary sends to `apply` (SETs, OK once in sync, SETs and DELETEs)
-  // until the connection ends or `stop()` is true (asked every 100 ms). Returns
-  // whether the connection ended (false: stopped).
-  bool replicate(const std::function<void(Message&&)>& apply, const std::function<bool()>& stop);
+  // until the connection ends or `stop()` is true (asked every 100 ms).
+  enum class StreamEnd { stopped, closed, reset };  // reset: the primary dropped it
+  StreamEnd replicate(const std::function<void(Message&&)>& apply,
+                      const std::function<bool()>& stop);
 
  private:
   // Sends `request` and returns the reply (never ERROR: that throws StoreError).
@@ -206,6 +208,7 @@ class TcpStore : public Store {
   void connect_locked();
   bool try_connect_once(const std::string& host, int port, store_detail::Clock::time_point deadline,
                         std::string& error);
+  bool try_endpoint(bool backup, store_detail::Clock::time_point deadline, std::string& error);
   Message exchange_locked(const Bytes& frame, store_detail::Clock::time_point deadline,
                           const std::string& what);
   bool has_backup() const { return options_.backup_port > 0; }

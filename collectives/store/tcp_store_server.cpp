@@ -34,8 +34,8 @@ constexpr int64_t kMaxTimeoutMs = int64_t{30} * 24 * 3600 * 1000;
 // Note [store backup]: how long a write waits for the backup's socket to take it
 // before that backup is dropped (it follows again, from a fresh copy).
 constexpr auto kReplicaWait = std::chrono::seconds(1);
-// How long a backup whose stream ended tries to reach the primary again before
-// it concludes that the primary is gone and takes over.
+// How long the primary must refuse a backup whose stream ended (as an exit
+// ends it) before the backup concludes that it is gone and takes over.
 constexpr auto kPrimaryGoneAfter = std::chrono::milliseconds(500);
 
 // Note [lingering close]: closing a socket whose receive queue still holds
@@ -161,6 +161,7 @@ class TcpStoreServer::Loop {
   void reply(Client& c, const Message& m) { encode(m, c.out); }
   void reply_error(Client& c, std::string text) { reply(c, msg::error(std::move(text))); }
   void reject(Client& c, const std::string& why);
+  void refuse(Client& c, const std::string& why);
   void close(Client& c);
 
   UniqueFd listen_fd_;
@@ -419,7 +420,8 @@ bool TcpStoreServer::Loop::authenticate(Client& c, const Message& m) {
 
 void TcpStoreServer::Loop::handle(Client& c, Message& m) {
   if (!promoted_.load()) {  // Note [store backup]: TcpStore tries the primary again
-    return reject(c, fmt::format("standby: this is the backup of the store at {}; it serves "
+    DDP_LOG_DEBUG("store server: standby: refusing the connection from {}", c.peer);
+    return refuse(c, fmt::format("standby: this is the backup of the store at {}; it serves "
                                  "only once that store is gone",
                                  primary_));
   }
@@ -542,6 +544,9 @@ void TcpStoreServer::Loop::mirror(const Message& m) {
         "store server: its backup at {} took no write for {} s: dropped; it follows "
         "again from a fresh copy",
         r.peer, std::chrono::duration<double>(store_detail::kReplicaWait).count());
+    // Reset, not closed: the backup must not take this for the primary's exit.
+    const linger reset{.l_onoff = 1, .l_linger = 0};
+    ::setsockopt(r.fd.get(), SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
     close(r);  // a replica registers no ON_CLOSE: nothing is written here
     return true;
   });
@@ -621,6 +626,11 @@ void TcpStoreServer::Loop::expire(Clock::time_point now) {
 
 void TcpStoreServer::Loop::reject(Client& c, const std::string& why) {
   DDP_LOG_WARN("store server: closing the connection from {}: {}", c.peer, why);
+  refuse(c, why);
+}
+
+// ERROR(why), then the lingering close, without a warning.
+void TcpStoreServer::Loop::refuse(Client& c, const std::string& why) {
   reply_error(c, why);
   c.phase = Phase::kFlushing;
   flush(c);
@@ -690,23 +700,32 @@ void TcpStoreServer::promote() {
 
 // Note [store backup]: the follower thread. Connects to the primary until it is
 // in sync and hands the loop what the primary sends. When a stream that was in
-// sync ends, the primary may be gone -- or it dropped this backup (too slow), or
-// the link broke: so it connects again, and only when the primary cannot be
-// reached for kPrimaryGoneAfter does it take over. Before the first sync the
-// primary may not be up yet: it keeps trying.
+// sync ends as a primary's exit does (closed, not reset: a primary that drops a
+// slow backup resets the connection), the primary may be gone -- or the link
+// broke: so it connects again, and takes over only once the primary has refused
+// connections for kPrimaryGoneAfter (its port is closed: the process is gone). A
+// connection that times out says nothing (a lost SYN, a full accept queue, a
+// machine gone silent): it keeps trying, on standby. Before the first sync the
+// primary may not be up yet: it keeps trying too.
 void TcpStoreServer::follow(TcpStoreServerOptions options) {
   const std::string primary = store_detail::endpoint(options.follow_host, options.follow_port);
-  bool was_synced = false;  // the last stream was in sync when it ended
+  const std::string refused = store_detail::errno_text(ECONNREFUSED);
+  bool was_synced = false;   // the last stream was in sync and ended as an exit does
+  bool ever_synced = false;  // then a refusal cannot be the secret's
+  bool refusing = false;     // since refused_since
+  Clock::time_point refused_since{};
   while (!stopping_.load() && !promoted_.load()) {
     bool synced = false, connected = false;
+    auto end = TcpStore::StreamEnd::closed;
+    std::string error;
     try {
       TcpStore store({.host = options.follow_host,
                       .port = options.follow_port,
                       .secret = options.secret,
                       .timeout = std::chrono::milliseconds(2000),
-                      .connect_timeout = was_synced ? store_detail::kPrimaryGoneAfter
-                                                    : std::chrono::milliseconds(1000)});
+                      .connect_timeout = std::chrono::milliseconds(was_synced ? 100 : 1000)});
       connected = true;
+      refusing = false;
       const auto push = [this](Message&& m) {
         std::lock_guard<std::mutex> lock(inbox_->mutex);
         inbox_->messages.push_back(std::move(m));
@@ -723,27 +742,43 @@ void TcpStoreServer::follow(TcpStoreServerOptions options) {
         }
       };
       const auto stop = [this] { return stopping_.load() || promoted_.load(); };
-      if (!store.replicate(apply, stop)) break;  // stopped, or promoted
+      end = store.replicate(apply, stop);
+      if (end == TcpStore::StreamEnd::stopped) break;
     } catch (const StoreError& e) {
-      if (std::string_view(e.what()).find("refused this client") != std::string_view::npos) {
+      error = e.what();
+      if (!ever_synced && error.find("refused this client") != std::string::npos) {
         DDP_LOG_ERROR("store backup: the store at {} refused it: {}; it stays on standby", primary,
-                      e.what());
+                      error);
         break;  // the secret differs: trying again cannot help
       }
-      DDP_LOG_DEBUG("store backup: cannot follow the store at {}: {}", primary, e.what());
+      DDP_LOG_DEBUG("store backup: cannot follow the store at {}: {}", primary, error);
     }
     in_sync_.store(false);
     if (stopping_.load()) break;
-    if (!connected && was_synced) {
+    if (connected) {
+      was_synced = synced && end == TcpStore::StreamEnd::closed;
+      ever_synced = ever_synced || synced;
+      if (!was_synced) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
+    }
+    if (!was_synced) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
+    }
+    const auto now = Clock::now();
+    if (error.find(refused) == std::string::npos) {
+      refusing = false;  // inconclusive
+    } else if (!refusing) {
+      refusing = true;
+      refused_since = now;
+    } else if (now - refused_since >= store_detail::kPrimaryGoneAfter) {
       DDP_LOG_INFO(
-          "store backup: the primary store at {} is gone (unreachable for {} s after "
-          "its stream ended): taking over",
+          "store backup: the primary store at {} refuses connections ({} s after its "
+          "stream ended): taking over",
           primary, std::chrono::duration<double>(store_detail::kPrimaryGoneAfter).count());
       promote();
       break;
     }
-    if (connected) was_synced = synced;
-    if (!was_synced) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   in_sync_.store(false);
 }

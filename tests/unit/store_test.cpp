@@ -743,7 +743,8 @@ TEST(StoreBackup, AnAcknowledgedLargeWriteIsOnTheBackup) {
 }
 
 // A TCP relay to `target` whose current connection the test can cut; it takes
-// new connections until it is destroyed.
+// new connections until it is destroyed, or until the target refuses one (then
+// it closes its port, so that connections to it are refused too).
 class Relay {
  public:
   explicit Relay(int target) : target_(target) {
@@ -768,7 +769,11 @@ class Relay {
       a.sin_family = AF_INET;
       a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
       a.sin_port = htons(static_cast<uint16_t>(target_));
-      if (!in || ::connect(out.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) continue;
+      if (!in) continue;
+      if (::connect(out.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+        listen_.reset();  // the target is gone: refuse as it does
+        return;
+      }
       cut_ = false;
       char buf[65536];
       while (!stop_ && !cut_) {
@@ -807,6 +812,56 @@ TEST(StoreBackup, ABrokenStreamToALivePrimaryIsFollowedAgain) {
   ASSERT_TRUE(eventually([&] { return backup.promoted(); }));
   TcpStore reader(client_options(backup.port()));
   EXPECT_EQ(reader.get_string("epoch"), "2");
+}
+
+// Note [store backup]: a primary that exits closes the stream; one that drops a
+// too slow backup resets it, which the backup must not take for an exit.
+TEST(StoreBackup, TheStreamsEndTellsAnExitFromADrop) {
+  for (const bool drop : {false, true}) {
+    int port = 0;
+    UniqueFd listener = bound_socket(true, port);
+    std::thread primary([&] {
+      UniqueFd c(::accept(listener.get(), nullptr, nullptr));
+      MessageParser parser;
+      uint8_t buf[4096];
+      for (int seen = 0; seen < 2;) {  // HELLO, then REPLICATE
+        const ssize_t n = ::recv(c.get(), buf, sizeof(buf), 0);
+        ASSERT_GT(n, 0);
+        parser.feed(buf, static_cast<size_t>(n));
+        while (auto m = parser.next()) {
+          ++seen;
+          if (m->command == Command::kHello) {
+            const Bytes ok = encode(msg::ok());
+            ASSERT_EQ(::send(c.get(), ok.data(), ok.size(), MSG_NOSIGNAL),
+                      static_cast<ssize_t>(ok.size()));
+          }
+        }
+      }
+      Bytes out;
+      encode(msg::set("k", bytes_of("v")), out);
+      encode(msg::ok(), out);
+      ASSERT_EQ(::send(c.get(), out.data(), out.size(), MSG_NOSIGNAL),
+                static_cast<ssize_t>(out.size()));
+      std::this_thread::sleep_for(200ms);  // read before the end
+      if (drop) {
+        const linger reset{.l_onoff = 1, .l_linger = 0};
+        ::setsockopt(c.get(), SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+      }
+    });
+    TcpStore follower(client_options(port));
+    int sets = 0, oks = 0;
+    const auto end = follower.replicate(
+        [&](Message&& m) {
+          sets += m.command == Command::kSet ? 1 : 0;
+          oks += m.command == Command::kOk ? 1 : 0;
+        },
+        [] { return false; });
+    primary.join();
+    EXPECT_EQ(sets, 1);
+    EXPECT_EQ(oks, 1);
+    EXPECT_EQ(end, drop ? TcpStore::StreamEnd::reset : TcpStore::StreamEnd::closed)
+        << (drop ? "a drop" : "an exit");
+  }
 }
 
 }  // namespace
