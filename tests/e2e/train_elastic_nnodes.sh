@@ -20,8 +20,9 @@
 #          backup store takes over, node 1 keeps the membership, ranks 2,3 go on; node1: the backup's host lost instead,
 #          node 0 goes on as without a backup; stop_backup: the stop case
 #          under --rdzv-backup (node 1, taken out, does not take over when node
-#          0 ends); mismatch: nodes given different --rdzv-backup are refused
-#          by name
+#          0 ends); standby: three nodes, node 1's only rank dies, then node
+#          0: node 1, with no rank left, still takes over and node 2's rank goes
+#          on; mismatch: nodes given different --rdzv-backup are refused by name
 # Each run that goes on must exit 0, log every step once, and end with the
 # checkpoint, byte for byte, of one node's `ddprun -n 4` losing the same ranks
 # after the same step (DDP_TEST_KILL_AT) and taking the replacement in at the
@@ -238,6 +239,46 @@ check_loss_log "$dir/stop_backup.loss"
 reference stop_backup "2:$left,3:$left"
 unset EPOCHS
 echo "stop_backup: node 1 stopped under --rdzv-backup, taken out, went on from step $left without it; node 1 did not take over and exited non-zero"
+
+# --- standby: three nodes, one rank each, under --rdzv-backup. Rank 1 (node 1's
+# only rank) dies: node 1, the backup's host, has no rank left but stands by;
+# then node 0's ddprun dies: node 1 takes over, and rank 2 (node 2) goes on
+# alone, its agent's store client moved to the backup.
+# One thread a rank, as the reference's 3 ranks on one node get (one rank a node
+# would get both cores, and other sums).
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+port=$(free_port)
+b=$port
+while [ "$b" -ge "$((port - 1))" ] && [ "$b" -le "$((port + 1))" ]; do b=$(free_port); done
+three=(--nnodes 3 -n 1 --master-port "$port" --on-failure continue --grace-period 2
+  --rdzv-timeout 30 --rdzv-backup "127.0.0.1:$b")
+flags=("${task[@]}" --save "$dir/standby.st" --loss-log "$dir/standby.loss")
+for n in 2 1 0; do
+  "$ddprun" "${three[@]}" --node-rank $n "$train" "${flags[@]}" >"$dir/standby.node$n.log" 2>&1 &
+  eval "standby$n=\$!"
+done
+for _ in $(seq 1000); do [ "$(rows "$dir/standby.loss")" -ge 6 ] && break; sleep 0.02; done
+kill -KILL "$(rank_pid "$dir/standby" 1)"
+left=$(went_on_from "$dir/standby.node0.log" 1)
+[ -n "$left" ] || fail "standby: ranks 0,2 did not regroup after rank 1 died"
+kill -KILL "$standby0"
+wait "$standby2" || fail "standby: node 2 exited $?"
+wait "$standby1" || fail "standby: node 1 exited $?"
+lost=$(went_on_from "$dir/standby.node2.log" 2)
+[ -n "$lost" ] || fail "standby: rank 2 did not go on after node 0 was lost"
+grep -q "^ddprun: node 0 (rank 0) was lost: .*this node hosts the store's backup (--rdzv-backup) and keeps the group's membership from now on" \
+  "$dir/standby.node1.log" || fail "standby: node 1, with no rank left, did not take over"
+check_loss_log "$dir/standby.loss"
+# The reference: one node's run losing the same ranks after the same steps.
+DDP_TEST_KILL_AT="1:$left,0:$lost" "$ddprun" --standalone -n 3 --on-failure continue "$train" \
+  "${task[@]}" --save "$dir/standby.ref.st" --loss-log "$dir/standby.ref.loss" \
+  >"$dir/standby.ref.log" 2>&1 || fail "standby: the reference exited $?"
+cmp "$dir/standby.st" "$dir/standby.ref.st" ||
+  fail "standby: the final checkpoint differs from one node's run losing ranks 1 and 0"
+cmp <(cut -d' ' -f1,2 "$dir/standby.loss") <(cut -d' ' -f1,2 "$dir/standby.ref.loss") ||
+  fail "standby: the loss log's steps differ from the reference's"
+unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS
+echo "standby: rank 1 (node 1's only) left at step $left, node 1 stood by; node 0's ddprun killed; node 1 took over and rank 2 went on from step $lost; equal to one node's run"
 
 # --- mismatch: every node must be given the same --rdzv-backup.
 port=$(free_port)
