@@ -284,8 +284,10 @@ void Watcher::poll_once() {
     }
   }
   // Node 0 across nodes: a node lost is seen within kNodeCheckInterval, even while
-  // the ranks, waiting for the next membership, print nothing.
-  auto wait = across_nodes() && authority() ? kNodeCheckInterval : kMaxPollWait;
+  // the ranks, waiting for the next membership, print nothing; node 1 with the
+  // store's backup sees node 0 lost, or finished, as soon (Note [node 0 lost]).
+  auto wait =
+      across_nodes() && (authority() || rendezvous_.backs_up()) ? kNodeCheckInterval : kMaxPollWait;
   if (stopping_ && !killed_) {
     const auto left = std::chrono::ceil<milliseconds>(kill_deadline_ - Clock::now());
     wait = std::clamp(left, milliseconds(0), kMaxPollWait);
