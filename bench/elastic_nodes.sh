@@ -78,9 +78,7 @@ agents() {
   local port backup=()
   port=$(free_port)  # the agents' store takes port + 1, ddprun's default --rdzv-port
   if [ "${1:-}" = --rdzv-backup ]; then  # node 1 hosts the store's backup: a port of its own
-    local b=$port
-    while [ "$b" -ge "$((port - 1))" ] && [ "$b" -le "$((port + 1))" ]; do b=$(free_port); done
-    backup=(--rdzv-backup "127.0.0.1:$b")
+    backup=(--rdzv-backup "127.0.0.1:$(free_port_besides "$port")")
     shift
   fi
   local common=(--nnodes 2 -n 2 --master-port "$port" --grace-period 2

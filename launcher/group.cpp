@@ -883,13 +883,9 @@ void Watcher::become_authority(const std::string& why) {
     departures_.push_back(fmt::format("{} was lost", who));
     return;
   }
-  if (!leaving.empty()) {
-    remote_leave(leaving, who + " was lost", 1);
-    return;
-  }
-  // Node 0 had no ranks left, but this node's own departures it had not applied
-  // yet are not in the membership (members() leaves them out).
-  std::vector<int> now = members();
+  // Without node 0's ranks, and without this node's own departures node 0 had
+  // not applied yet (members() leaves them out).
+  std::vector<int> now = members_without(leaving);
   if (now == group_) {
     departures_.push_back(fmt::format("{} was lost", who));
     return;

@@ -140,28 +140,27 @@ double parse_seconds(const std::string& flag, const std::string& text) {
   return parse_number<double>(flag, text, "a number of seconds");
 }
 
-void parse_endpoint(LaunchOptions& o, const std::string& text) {
+// FLAG's HOST:PORT; `what` follows "expected HOST:PORT" in the error.
+void parse_host_port(const std::string& flag, const std::string& text, const char* what,
+                     std::string& host, int& port) {
   const auto colon = text.rfind(':');
-  DDP_CHECK(colon != std::string::npos && colon > 0, "--rdzv-endpoint '{}': expected HOST:PORT",
-            text);
-  o.rdzv_host = text.substr(0, colon);
+  DDP_CHECK(colon != std::string::npos && colon > 0, "{} '{}': expected HOST:PORT{}", flag, text,
+            what);
+  host = text.substr(0, colon);
   // "[::1]:29400": the host is "::1"; the brackets are endpoint syntax, added
   // back wherever an endpoint is written (store_detail::endpoint).
-  if (o.rdzv_host.size() > 2 && o.rdzv_host.front() == '[' && o.rdzv_host.back() == ']')
-    o.rdzv_host = o.rdzv_host.substr(1, o.rdzv_host.size() - 2);
-  o.rdzv_port = parse_int("--rdzv-endpoint port", text.substr(colon + 1));
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  port = parse_int(flag + " port", text.substr(colon + 1));
+}
+
+void parse_endpoint(LaunchOptions& o, const std::string& text) {
+  parse_host_port("--rdzv-endpoint", text, "", o.rdzv_host, o.rdzv_port);
 }
 
 void parse_backup(LaunchOptions& o, const std::string& text) {
-  const auto colon = text.rfind(':');
-  DDP_CHECK(colon != std::string::npos && colon > 0,
-            "--rdzv-backup '{}': expected HOST:PORT (an address of node 1 and a free port there)",
-            text);
-  o.rdzv_backup_host = text.substr(0, colon);
-  if (o.rdzv_backup_host.size() > 2 && o.rdzv_backup_host.front() == '[' &&
-      o.rdzv_backup_host.back() == ']')
-    o.rdzv_backup_host = o.rdzv_backup_host.substr(1, o.rdzv_backup_host.size() - 2);
-  o.rdzv_backup_port = parse_int("--rdzv-backup port", text.substr(colon + 1));
+  parse_host_port("--rdzv-backup", text, " (an address of node 1 and a free port there)",
+                  o.rdzv_backup_host, o.rdzv_backup_port);
 }
 
 using Setter = std::function<void(LaunchOptions&, const std::string&)>;

@@ -382,7 +382,8 @@ std::vector<std::string> Rendezvous::take_events() {
   if (!multi_node() || !store_ || store_lost_) return out;
   events_taken_.resize(static_cast<size_t>(options_.nnodes), 0);
   for (int r = 0; r < options_.nnodes; ++r) {
-    if (r == options_.node_rank && !took_over_) continue;
+    // Node 0 posts none; a node 1 that took over applies its own node 0 had not.
+    if (r == options_.node_rank && r == 0) continue;
     const std::string count = fmt::format("elastic/events/{}", r);
     if (!store_->check({count})) continue;
     const int64_t posted = std::stoll(store_->get_string(count));
@@ -444,7 +445,7 @@ bool Rendezvous::take_over(std::string& why) {
   }
   why = "its ddprun's store went away (its ddprun exited or was killed)";
   store_lost_ = false;
-  authority_ = took_over_ = true;
+  authority_ = true;
   lost_.assign(static_cast<size_t>(options_.nnodes), false);
   beats_.assign(static_cast<size_t>(options_.nnodes), Beat{.value = -1, .since = now});
   events_taken_.assign(static_cast<size_t>(options_.nnodes), 0);
@@ -512,24 +513,20 @@ std::vector<LostNode> Rendezvous::find_lost_nodes() {
 void Rendezvous::wait_for_others_to_leave(milliseconds timeout) {
   if (!multi_node() || !options_.elastic || !store_ || !authority_ || store_lost_) return;
   const auto deadline = Clock::now() + timeout;
-  try {
-    wait_for_others_to_leave_until(deadline);
-  } catch (const StoreError&) {
-    store_lost_ = true;  // nothing more to wait for
-  }
-}
-
-void Rendezvous::wait_for_others_to_leave_until(Clock::time_point deadline) {
   // Gone, not done: a node that finished waits in wait_for_other_nodes and must
   // read the failure before the store goes.
   const auto gone = [this](int r) {
     return store_->check({fmt::format("node/{}/closed", r)}) ||
            store_->check({fmt::format("node/{}/lost", r)});
   };
-  for (int r = 0; r < options_.nnodes && Clock::now() < deadline; ++r) {
-    if (r == options_.node_rank) continue;
-    while (!gone(r) && Clock::now() < deadline && SignalPipe::stop_signal() == 0)
-      std::this_thread::sleep_for(kPollInterval);
+  try {
+    for (int r = 0; r < options_.nnodes && Clock::now() < deadline; ++r) {
+      if (r == options_.node_rank) continue;
+      while (!gone(r) && Clock::now() < deadline && SignalPipe::stop_signal() == 0)
+        std::this_thread::sleep_for(kPollInterval);
+    }
+  } catch (const StoreError&) {
+    store_lost_ = true;  // nothing more to wait for
   }
 }
 

@@ -225,7 +225,6 @@ class Rendezvous {
   bool hosts_backup() const { return options_.node_rank == 1 && options_.backup_port > 0; }
   std::unique_ptr<TcpStore> connect(std::chrono::milliseconds connect_timeout) const;
   void wait_for_backup();
-  void wait_for_others_to_leave_until(std::chrono::steady_clock::time_point deadline);
 
   RendezvousOptions options_;
   std::string run_id_;
@@ -235,7 +234,6 @@ class Rendezvous {
   std::unique_ptr<TcpStore> store_;
   bool store_lost_ = false;
   bool authority_ = false;
-  bool took_over_ = false;
   std::chrono::steady_clock::time_point next_takeover_check_{};
   std::vector<int64_t> events_recorded_;  // elastic/taken/<r> as last written
   // Node 0, Note [nodes lost]: events applied, the nodes taken out, and each

@@ -1,5 +1,5 @@
-# free_port, sourced by the e2e tests and benchmarks that start ddprun (lib_ddprun.sh,
-# train_elastic_nnodes.sh, bench/elastic_nodes.sh).
+# free_port and free_port_besides, sourced by the e2e tests and benchmarks that
+# start ddprun (lib_ddprun.sh, train_elastic_nnodes.sh, bench/elastic_nodes.sh).
 # A port P with P + 1 free too: ddprun's agents' store listens on --master-port + 1
 # (--rdzv-port's default), and a P + 1 taken by another test's connection made
 # e2e.ddprun_torch fail once ("cannot listen on 127.0.0.1:P+1: Address already in use").
@@ -28,4 +28,12 @@ for _ in range(200):
     break
 else:
     raise SystemExit("no free pair of ports")'
+}
+
+# free_port_besides P: a free port pair as above, other than P - 1, P and P + 1 (a
+# second store on the same machine: ddprun --rdzv-backup in the tests and benchmarks).
+free_port_besides() {
+  local b=$1
+  while [ "$b" -ge "$(($1 - 1))" ] && [ "$b" -le "$(($1 + 1))" ]; do b=$(free_port); done
+  echo "$b"
 }

@@ -61,9 +61,7 @@ start() {
   local port backup=()
   port=$(free_port)  # the agents' store takes port + 1, ddprun's default --rdzv-port
   if [ -n "${BACKUP:-}" ]; then  # node 1 hosts the store's backup (Note [node 0 lost])
-    local b=$port
-    while [ "$b" -ge "$((port - 1))" ] && [ "$b" -le "$((port + 1))" ]; do b=$(free_port); done
-    backup=(--rdzv-backup "127.0.0.1:$b")
+    backup=(--rdzv-backup "127.0.0.1:$(free_port_besides "$port")")
   fi
   local common=(--nnodes 2 -n "${NPROC:-2}" --master-port "$port" --on-failure
     continue --grace-period 2 --rdzv-timeout 30 "${backup[@]}" "$@")
@@ -248,8 +246,7 @@ echo "stop_backup: node 1 stopped under --rdzv-backup, taken out, went on from s
 # would get both cores, and other sums).
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 port=$(free_port)
-b=$port
-while [ "$b" -ge "$((port - 1))" ] && [ "$b" -le "$((port + 1))" ]; do b=$(free_port); done
+b=$(free_port_besides "$port")
 three=(--nnodes 3 -n 1 --master-port "$port" --on-failure continue --grace-period 2
   --rdzv-timeout 30 --rdzv-backup "127.0.0.1:$b")
 flags=("${task[@]}" --save "$dir/standby.st" --loss-log "$dir/standby.loss")
