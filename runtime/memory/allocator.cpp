@@ -134,6 +134,20 @@ CachingAllocator::Backend pinned_backend() {
 
 }  // namespace
 
+uint64_t Allocator::begin_capture(const Stream& capture, const Stream&, uint64_t) {
+  throw DeviceError(fmt::format(
+      "CUDA graph capture on {}: its allocator cannot capture; capture on a CUDA device",
+      capture.device().str()));
+}
+
+void Allocator::end_capture(const Stream& capture) {
+  begin_capture(capture, capture, 0);
+}
+
+void Allocator::release_pool(uint64_t) {
+  throw DeviceError("release_pool: this allocator has no graph pools (only CUDA devices capture)");
+}
+
 Allocator& device_allocator(const Device& device) {
   if (device.is_cpu()) {
     if (device.index != 0) check_available(device);  // Note [virtual cpu devices]

@@ -58,6 +58,17 @@ class Allocator {
   virtual void reset_peak_stats() = 0;
   virtual void empty_cache() {}
 
+  // CUDA graph capture (Note [capture pools] in memory/caching_allocator.h). Only the
+  // CUDA allocators capture; the others throw DeviceError naming themselves.
+  // From now until end_capture(capture), allocations made while `capture` is the
+  // current stream come from graph pool `pool` (a new pool when 0); returns its id.
+  // `after` is the stream whose work the graph is ordered after at every replay.
+  virtual uint64_t begin_capture(const Stream& capture, const Stream& after, uint64_t pool);
+  virtual void end_capture(const Stream& capture);
+  // The graph that held `pool` is gone and none of its replays still run: the pool's
+  // blocks go back.
+  virtual void release_pool(uint64_t pool);
+
   // Note [memory limit]: the most bytes `allocated` may reach; 0: no limit. A limit
   // below what is allocated now frees nothing: later allocations fail until enough is freed.
   void set_memory_limit(uint64_t bytes) { memory_limit_.store(bytes, std::memory_order_relaxed); }

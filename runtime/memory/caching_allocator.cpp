@@ -28,8 +28,8 @@ size_t CachingAllocator::round_size(size_t bytes) {
 }
 
 bool CachingAllocator::BySizeOrder::operator()(const Block* a, const Block* b) const {
-  return std::tuple_cat(stream_key(a->stream), std::tie(a->size, a->ptr)) <
-         std::tuple_cat(stream_key(b->stream), std::tie(b->size, b->ptr));
+  return std::tuple_cat(std::tie(a->pool), stream_key(a->stream), std::tie(a->size, a->ptr)) <
+         std::tuple_cat(std::tie(b->pool), stream_key(b->stream), std::tie(b->size, b->ptr));
 }
 
 CachingAllocator::CachingAllocator(Backend backend) : backend_(std::move(backend)) {}
@@ -44,15 +44,16 @@ CachingAllocator::~CachingAllocator() {
   }
 }
 
-CachingAllocator::Block* CachingAllocator::take_cached(const Stream& stream, size_t size,
-                                                       uint64_t room) {
+CachingAllocator::Block* CachingAllocator::take_cached(uint64_t pool, const Stream& stream,
+                                                       size_t size, uint64_t room) {
   Block key;
+  key.pool = pool;
   key.stream = stream;
   key.size = size;
   key.ptr = nullptr;
   auto it = free_.lower_bound(&key);
-  if (it == free_.end() || (*it)->stream != stream || (*it)->size / 2 > size ||
-      (*it)->size > room) {
+  if (it == free_.end() || (*it)->pool != pool || (*it)->stream != stream ||
+      (*it)->size / 2 > size || (*it)->size > room) {
     return nullptr;
   }
   Block* block = *it;
@@ -68,12 +69,20 @@ void* CachingAllocator::allocate(size_t bytes) {
   if (size > room) throw_past_limit(backend_.name, bytes, stats_);
   process_pending();
   const Stream stream = backend_.current_stream ? backend_.current_stream() : Stream();
-  Block* block = take_cached(stream, size, room);
+  const Capture* capture = capture_of(stream);  // Note [capture pools]
+  const uint64_t pool = capture != nullptr ? capture->pool : 0;
+  Block* block = take_cached(pool, stream, size, room);
+  if (block == nullptr && capture != nullptr) {
+    block = take_cached(0, stream, size, room);
+    if (block == nullptr) block = take_cached(0, capture->after, size, room);
+  }
   if (block != nullptr) {
     ++stats_.num_cache_hits;
+    block->pool = pool;
+    block->stream = stream;
   } else {
     void* ptr = backend_.raw_alloc(size);
-    if (ptr == nullptr) {
+    if (ptr == nullptr && captures_.empty()) {
       release_cached();
       ptr = backend_.raw_alloc(size);
     }
@@ -81,14 +90,18 @@ void* CachingAllocator::allocate(size_t bytes) {
       const std::string hint = backend_.oom_hint ? backend_.oom_hint() : "";
       throw OutOfMemoryError(fmt::format(
           "{} out of memory: tried to allocate {} ({} bytes); {} allocated by ddp, {} reserved by "
-          "its caching allocator{}. Reduce the batch size or the model, or free tensors you no "
+          "its caching allocator{}{}. Reduce the batch size or the model, or free tensors you no "
           "longer need.",
           backend_.name, format_bytes(bytes), bytes, format_bytes(stats_.allocated),
-          format_bytes(stats_.reserved), hint.empty() ? "" : "; " + hint));
+          format_bytes(stats_.reserved), hint.empty() ? "" : "; " + hint,
+          captures_.empty() ? ""
+                            : "; a CUDA graph capture is running, so the cache was not "
+                              "returned to the system (capture once memory is free)"));
     }
     block = new Block;
     block->ptr = ptr;
     block->size = size;
+    block->pool = pool;
     block->stream = stream;
     ++stats_.num_raw_allocs;
     stats_.reserved += size;
@@ -109,6 +122,19 @@ void CachingAllocator::deallocate(void* ptr) {
   Block* block = it->second;
   live_.erase(it);
   stats_.allocated -= block->size;
+  if (!captures_.empty()) {
+    keep_in_pool(block);
+    return;
+  }
+  if (block->pool != 0) {  // a graph's: reused by its pool only, parked if others used it
+    if (block->other_streams.empty()) {
+      free_.insert(block);
+    } else {
+      block->other_streams.clear();
+      pools_[block->pool].parked.push_back(block);
+    }
+    return;
+  }
   if (block->other_streams.empty()) {
     free_.insert(block);
     return;
@@ -146,7 +172,36 @@ void CachingAllocator::record_stream(void* ptr, const Stream& stream) {
   if (std::find(others.begin(), others.end(), stream) == others.end()) others.push_back(stream);
 }
 
+const CachingAllocator::Capture* CachingAllocator::capture_of(const Stream& stream) const {
+  for (const Capture& c : captures_) {
+    if (c.stream == stream) return &c;
+  }
+  return nullptr;
+}
+
+void CachingAllocator::keep_in_pool(Block* block) {
+  bool reusable = block->other_streams.empty();
+  if (block->pool == 0) {  // adopted by a capture: a captured kernel may use it at replays
+    const Capture* capture = capture_of(block->stream);
+    if (capture == nullptr && backend_.current_stream) {
+      capture = capture_of(backend_.current_stream());
+    }
+    if (capture == nullptr) capture = &captures_.front();
+    block->pool = capture->pool;
+    if (block->stream == capture->after) block->stream = capture->stream;
+    // Work of another stream is not ordered before the replays.
+    reusable = reusable && block->stream == capture->stream;
+  }
+  if (reusable) {
+    free_.insert(block);  // for its pool's captures, in their stream's order
+  } else {
+    block->other_streams.clear();
+    pools_[block->pool].parked.push_back(block);
+  }
+}
+
 void CachingAllocator::process_pending() {
+  if (!captures_.empty()) return;  // Note [capture pools]: no event queries
   // By index rather than remove_if: event_done may throw, and pending_ must stay whole.
   for (size_t i = 0; i < pending_.size();) {
     Block* block = pending_[i];
@@ -166,13 +221,18 @@ void CachingAllocator::process_pending() {
 }
 
 void CachingAllocator::release_cached() {
-  for (Block* block : free_) {
+  for (auto it = free_.begin(); it != free_.end();) {
+    Block* block = *it;
+    if (block->pool != 0) {  // a graph's (Note [capture pools])
+      ++it;
+      continue;
+    }
+    it = free_.erase(it);
     backend_.raw_free(block->ptr);
     stats_.reserved -= block->size;
     ++stats_.num_raw_frees;
     delete block;
   }
-  free_.clear();
 }
 
 void CachingAllocator::update_peaks() {
@@ -193,8 +253,69 @@ void CachingAllocator::reset_peak_stats() {
 
 void CachingAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!captures_.empty()) return;  // cudaFree would break the capture
   process_pending();
   release_cached();
+}
+
+uint64_t CachingAllocator::begin_capture(const Stream& capture, const Stream& after,
+                                         uint64_t pool) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  DDP_CHECK(capture_of(capture) == nullptr,
+            "{}: a capture is already running on this stream; end it before beginning another",
+            backend_.name);
+  DDP_CHECK(pool == 0 || pools_.count(pool) != 0,
+            "{}: no graph pool {} (released, or never made); pass 0 for a new pool", backend_.name,
+            pool);
+  if (pool == 0) pool = next_pool_++;
+  Pool& p = pools_[pool];
+  DDP_CHECK(!p.capturing, "{}: graph pool {} is already capturing on another stream", backend_.name,
+            pool);
+  p.capturing = true;
+  ++p.users;
+  captures_.push_back(Capture{capture, after, pool});
+  return pool;
+}
+
+void CachingAllocator::end_capture(const Stream& capture) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = std::find_if(captures_.begin(), captures_.end(),
+                               [&](const Capture& c) { return c.stream == capture; });
+  DDP_CHECK(it != captures_.end(), "{}: end_capture without a capture running on the stream",
+            backend_.name);
+  pools_[it->pool].capturing = false;
+  captures_.erase(it);
+}
+
+void CachingAllocator::release_pool(uint64_t pool) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = pools_.find(pool);
+  DDP_CHECK(it != pools_.end() && !it->second.capturing && it->second.users > 0,
+            "{}: release_pool({}): no such pool, or it is still capturing", backend_.name, pool);
+  if (--it->second.users > 0) return;  // another graph still replays its blocks
+  DDP_CHECK(captures_.empty(),
+            "{}: graph pool {} released while a capture runs (cudaFree would break it); release "
+            "it after the capture",
+            backend_.name, pool);
+  std::vector<Block*> gone = std::move(it->second.parked);
+  pools_.erase(it);
+  for (auto b = free_.begin(); b != free_.end();) {
+    if ((*b)->pool == pool) {
+      gone.push_back(*b);
+      b = free_.erase(b);
+    } else {
+      ++b;
+    }
+  }
+  for (Block* block : gone) {
+    backend_.raw_free(block->ptr);
+    stats_.reserved -= block->size;
+    ++stats_.num_raw_frees;
+    delete block;
+  }
+  for (auto& [ptr, block] : live_) {
+    if (block->pool == pool) block->pool = 0;  // an output still referenced
+  }
 }
 
 }  // namespace ddp

@@ -23,6 +23,27 @@
 // - Under a memory limit (Note [memory limit] in memory/allocator.h) a request whose
 //   rounded size passes it throws before any block is taken, and a cached block
 //   that would pass it is not handed out (a new block of the rounded size is).
+//
+// Note [capture pools]: a CUDA graph (runtime/cuda_graph.h) replays the addresses it
+// captured, so the blocks its kernels use must stay its own while it lives. As in
+// PyTorch's private graph pools:
+// - Between begin_capture(S, A, pool) and end_capture(S), an allocation made while the
+//   capture stream S is current takes a block of the pool: a free one of the pool, else
+//   a free ordinary block of S or A (A's work is ordered before every replay, since a
+//   replay waits for A), else new memory. The block is the pool's from then on: freed,
+//   it returns to the pool's free list, for that pool's captures only.
+// - A block freed while any capture runs is kept by a capturing pool (S's when the
+//   block's stream or the current stream is S, else the first) whatever the stream it
+//   was made on: a captured kernel may still use it at every replay. Blocks of S or A
+//   join the pool's free list; others, and blocks that other streams used
+//   (record_stream), are parked until the pool is released.
+// - While a capture runs, no event is queried (cudaEventQuery is not allowed to the
+//   capturing thread), no memory is returned to the system (cudaFree synchronizes the
+//   device) and an allocation that finds no memory throws at once.
+// - release_pool(id), once no replay runs any more: the pool's free and parked blocks
+//   are returned to the system; its live blocks (a graph's outputs still referenced)
+//   become ordinary blocks of S.
+// - The pool counts in allocated/reserved as any block.
 #pragma once
 
 #include "runtime/memory/allocator.h"
@@ -61,6 +82,9 @@ class CachingAllocator : public Allocator {
   MemoryStats stats() const override;
   void reset_peak_stats() override;
   void empty_cache() override;
+  uint64_t begin_capture(const Stream& capture, const Stream& after, uint64_t pool) override;
+  void end_capture(const Stream& capture) override;
+  void release_pool(uint64_t pool) override;
 
   static size_t round_size(size_t bytes);
 
@@ -68,6 +92,7 @@ class CachingAllocator : public Allocator {
   struct Block {
     void* ptr = nullptr;
     size_t size = 0;  // rounded
+    uint64_t pool{};  // Note [capture pools]: 0 for an ordinary block
     Stream stream;
     std::vector<Stream> other_streams;
     std::vector<void*> pending_events;
@@ -76,7 +101,19 @@ class CachingAllocator : public Allocator {
     bool operator()(const Block* a, const Block* b) const;
   };
 
-  Block* take_cached(const Stream& stream, size_t size, uint64_t room);
+  struct Capture {
+    Stream stream;  // S
+    Stream after;   // A
+    uint64_t pool = 0;
+  };
+  struct Pool {
+    std::vector<Block*> parked;  // freed, not reusable until the pool is released
+    int users = 0;               // graphs captured into it, not yet released
+    bool capturing = false;
+  };
+  Block* take_cached(uint64_t pool, const Stream& stream, size_t size, uint64_t room);
+  const Capture* capture_of(const Stream& stream) const;
+  void keep_in_pool(Block* block);  // a block freed during a capture
   void process_pending();
   void release_cached();
   void update_peaks();
@@ -85,7 +122,10 @@ class CachingAllocator : public Allocator {
   mutable std::mutex mutex_;
   std::unordered_map<void*, Block*> live_;
   std::set<Block*, BySizeOrder> free_;
-  std::vector<Block*> pending_;  // freed, waiting for other streams' events
+  std::vector<Block*> pending_;    // freed, waiting for other streams' events
+  std::vector<Capture> captures_;  // running
+  std::unordered_map<uint64_t, Pool> pools_;
+  uint64_t next_pool_ = 1;
   MemoryStats stats_;
 };
 

@@ -33,6 +33,8 @@ struct FakeDevice {
   Stream stream = fake_stream(1);
   std::set<FakeEvent*> events;
   int fail_record_after = -1;  // record_event throws after this many, as a CUDA error would
+  int event_queries = 0;
+  int raw_frees = 0;
 
   // After the allocator (declared later, destroyed first): what it still holds, such
   // as a leaked block, goes back so that sanitizer builds see no leak.
@@ -63,6 +65,7 @@ struct FakeDevice {
     b.raw_free = [this](void* p) {
       used -= live.at(p);
       live.erase(p);
+      ++raw_frees;
       std::free(p);
     };
     b.current_stream = [this] { return stream; };
@@ -73,7 +76,10 @@ struct FakeDevice {
       events.insert(e);
       return e;
     };
-    b.event_done = [](void* e) { return static_cast<FakeEvent*>(e)->done; };
+    b.event_done = [this](void* e) {
+      ++event_queries;
+      return static_cast<FakeEvent*>(e)->done;
+    };
     b.destroy_event = [this](void* e) {
       events.erase(static_cast<FakeEvent*>(e));
       delete static_cast<FakeEvent*>(e);
@@ -347,6 +353,169 @@ TEST(CpuAllocator, OutOfMemoryIsATypedErrorWithTheSize) {
 
 // Note [cpu block cache]: large blocks come back for the same size without a raw
 // allocation; small ones, or any block past the limit, go back to the C library.
+// Note [capture pools]: the capture stream is 2, the stream it is ordered after 1.
+TEST(CapturePools, ACapturedBlockIsThePoolsUntilReleased) {
+  FakeDevice dev;
+  CachingAllocator alloc(dev.backend());
+  void* a = alloc.allocate(4096);  // an eager step's block of stream 1, cached
+  alloc.deallocate(a);
+  const uint64_t pool = alloc.begin_capture(fake_stream(2), fake_stream(1), 0);
+  EXPECT_NE(pool, 0u);
+  dev.stream = fake_stream(2);
+  void* x = alloc.allocate(4096);
+  EXPECT_EQ(x, a) << "the capture should take the free block of the stream it follows";
+  alloc.deallocate(x);
+  void* y = alloc.allocate(4096);
+  EXPECT_EQ(y, a) << "a block freed in the capture is reused by it, in stream order";
+  alloc.deallocate(y);
+  alloc.end_capture(fake_stream(2));
+  EXPECT_EQ(alloc.stats().num_raw_allocs, 1u);
+  alloc.empty_cache();
+  EXPECT_EQ(dev.live.count(a), 1u) << "empty_cache returned the graph's block to the system";
+
+  // After the capture the graph replays at `a`: no eager allocation may have it.
+  void* on_2 = alloc.allocate(4096);
+  dev.stream = fake_stream(1);
+  void* on_1 = alloc.allocate(4096);
+  EXPECT_NE(on_2, a);
+  EXPECT_NE(on_1, a);
+  // A second capture into the same pool gets it back.
+  EXPECT_EQ(alloc.begin_capture(fake_stream(2), fake_stream(1), pool), pool);
+  dev.stream = fake_stream(2);
+  void* again = alloc.allocate(4096);
+  EXPECT_EQ(again, a);
+  alloc.deallocate(again);
+  alloc.end_capture(fake_stream(2));
+
+  // Released by one graph, the pool still belongs to the other; then it goes back.
+  const int frees = dev.raw_frees;
+  alloc.release_pool(pool);
+  EXPECT_EQ(dev.raw_frees, frees) << "a graph still replays in the pool";
+  alloc.release_pool(pool);
+  EXPECT_EQ(dev.raw_frees, frees + 1);
+  EXPECT_EQ(dev.live.count(a), 0u);
+  EXPECT_EQ(alloc.stats().reserved, 2 * 4096u);
+  alloc.deallocate(on_1);
+  alloc.deallocate(on_2);
+}
+
+TEST(CapturePools, BlocksFreedDuringACaptureStayWithIt) {
+  FakeDevice dev;
+  CachingAllocator alloc(dev.backend());
+  void* before = alloc.allocate(4096);  // stream 1, used by captured kernels, then freed
+  dev.stream = fake_stream(3);
+  void* other = alloc.allocate(4096);  // stream 3: not ordered before the replays
+  dev.stream = fake_stream(1);
+  void* shared = alloc.allocate(8192);
+  alloc.record_stream(shared, fake_stream(5));
+
+  const uint64_t pool = alloc.begin_capture(fake_stream(2), fake_stream(1), 0);
+  dev.stream = fake_stream(2);
+  alloc.deallocate(before);
+  alloc.deallocate(other);
+  alloc.deallocate(shared);
+  EXPECT_TRUE(dev.events.empty()) << "no event may be recorded for a block freed in a capture";
+  void* reused = alloc.allocate(4096);
+  EXPECT_EQ(reused, before) << "stream 1's block is ordered before every replay";
+  void* fresh = alloc.allocate(4096);
+  EXPECT_NE(fresh, other) << "stream 3's block may still be in use at a replay";
+  void* big = alloc.allocate(8192);
+  EXPECT_NE(big, shared) << "stream 5 used it";
+  alloc.deallocate(reused);
+  alloc.deallocate(fresh);
+  alloc.deallocate(big);
+  alloc.end_capture(fake_stream(2));
+
+  for (int s : {1, 2, 3, 5}) {  // no eager allocation gets any of them
+    dev.stream = fake_stream(s);
+    void* p = alloc.allocate(4096);
+    void* q = alloc.allocate(8192);
+    for (void* kept : {before, other, shared, fresh, big}) {
+      EXPECT_NE(p, kept) << "stream " << s;
+      EXPECT_NE(q, kept) << "stream " << s;
+    }
+    alloc.deallocate(p);
+    alloc.deallocate(q);
+  }
+  alloc.release_pool(pool);
+  for (void* kept : {before, other, shared, fresh, big}) {
+    EXPECT_EQ(dev.live.count(kept), 0u) << "the pool's blocks go back to the system";
+  }
+}
+
+TEST(CapturePools, NoEventQueryNoFreeAndNoRetryWhileCapturing) {
+  FakeDevice dev;
+  dev.capacity = 16 << 10;
+  CachingAllocator alloc(dev.backend());
+  void* a = alloc.allocate(4096);
+  alloc.record_stream(a, fake_stream(7));
+  alloc.deallocate(a);  // parked on an event of stream 7
+  dev.stream = fake_stream(4);
+  void* b = alloc.allocate(8192);
+  alloc.deallocate(b);  // cached for stream 4
+  const int queries = dev.event_queries;
+
+  const uint64_t pool = alloc.begin_capture(fake_stream(2), fake_stream(1), 0);
+  dev.stream = fake_stream(2);
+  alloc.empty_cache();
+  EXPECT_EQ(dev.raw_frees, 0) << "cudaFree would break the capture";
+  void* c = alloc.allocate(2048);
+  EXPECT_EQ(dev.event_queries, queries) << "cudaEventQuery is not allowed while capturing";
+  try {
+    alloc.allocate(8192);  // 4 + 8 + 0.5 KiB held: the fake device has no room
+    ADD_FAILURE() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA graph capture is running"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(dev.raw_frees, 0);
+  alloc.deallocate(c);
+  alloc.end_capture(fake_stream(2));
+  alloc.release_pool(pool);
+
+  dev.stream = fake_stream(1);
+  dev.finish(fake_stream(7));
+  void* d = alloc.allocate(8192);  // now the cache goes back and the retry succeeds
+  EXPECT_GT(dev.event_queries, queries);
+  alloc.deallocate(d);
+}
+
+TEST(CapturePools, ALiveOutputOutlivesItsPool) {
+  FakeDevice dev;
+  CachingAllocator alloc(dev.backend());
+  const uint64_t pool = alloc.begin_capture(fake_stream(2), fake_stream(1), 0);
+  dev.stream = fake_stream(2);
+  void* out = alloc.allocate(4096);  // the graph's output, read after each replay
+  alloc.end_capture(fake_stream(2));
+  alloc.release_pool(pool);
+  EXPECT_EQ(dev.live.count(out), 1u) << "a live block must not go back to the system";
+  alloc.deallocate(out);
+  void* next = alloc.allocate(4096);  // an ordinary block of stream 2 now
+  EXPECT_EQ(next, out);
+  alloc.deallocate(next);
+}
+
+TEST(CapturePools, MisuseIsNamed) {
+  FakeDevice dev;
+  CachingAllocator alloc(dev.backend());
+  EXPECT_THROW(alloc.begin_capture(fake_stream(2), fake_stream(1), 42), Error);
+  const uint64_t pool = alloc.begin_capture(fake_stream(2), fake_stream(1), 0);
+  EXPECT_THROW(alloc.begin_capture(fake_stream(2), fake_stream(1), 0), Error);
+  EXPECT_THROW(alloc.begin_capture(fake_stream(3), fake_stream(1), pool), Error)
+      << "one pool, two captures at once";
+  EXPECT_THROW(alloc.release_pool(pool), Error) << "released while it captures";
+  EXPECT_THROW(alloc.end_capture(fake_stream(3)), Error);
+  alloc.end_capture(fake_stream(2));
+  alloc.release_pool(pool);
+  EXPECT_THROW(alloc.release_pool(pool), Error);
+  try {
+    device_allocator(Device::cpu()).begin_capture(Stream(), Stream(), 0);
+    ADD_FAILURE() << "the CPU allocator cannot capture";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("cpu"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CpuAllocator, LargeBlocksAreReusedForTheSameSize) {
   CpuAllocator alloc({.min_cached_bytes = 1 << 20, .cache_limit_bytes = 8 << 20});
   void* a = alloc.allocate(3 << 20);
