@@ -1,6 +1,7 @@
 #include "runtime/autograd/functions.h"
 
 #include "runtime/autograd/autocast.h"
+#include "runtime/cuda_graph.h"
 #include "runtime/ops/nn_ops.h"
 #include "runtime/ops/ops.h"
 #include "runtime/ops/transformer_ops.h"
@@ -333,6 +334,12 @@ Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride) {
 Tensor dropout(const Tensor& x, float p, bool training, Generator& gen) {
   DDP_CHECK(p >= 0.0f && p < 1.0f, "dropout: probability {} is outside [0, 1)", p);
   if (!training || p == 0.0f) return x;
+  // Note [cuda graphs]: the seed and offset are kernel arguments, so every replay of a
+  // captured graph would draw this one mask.
+  DDP_CHECK(!is_capturing(x.device()),
+            "dropout (p = {}) while capturing a CUDA graph: every replay would drop the same "
+            "elements; train without --cuda-graph, or without dropout",
+            p);
   Tensor mask = dropout_mask(x.shape(), gen.seed(), gen.take(x.numel()), p, x.device());
   // A 16-bit x keeps its dtype (the product is rounded once; its gradient, f32 from
   // the f32 mask, is cast back by the engine).

@@ -165,10 +165,32 @@ void device_synchronize(int device) {
   DDP_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+// Note [allocation during capture]: cudaMalloc is among the calls that break a capture
+// of the calling thread, since a graph cannot replay it. The caching allocator does
+// allocate memory for a graph's pool while it captures, on purpose: the memory is the
+// graph's from then on (Note [capture pools] in memory/caching_allocator.h). So the
+// thread's capture mode is relaxed for the one call and restored after it.
+namespace {
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() { DDP_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode_)); }
+  ~RelaxedCaptureMode() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+}  // namespace
+
 void* malloc_device(int device, size_t bytes) {
   DeviceGuard guard(device);
   void* ptr = nullptr;
-  const cudaError_t err = cudaMalloc(&ptr, bytes);
+  cudaError_t err = cudaSuccess;
+  {
+    RelaxedCaptureMode relaxed;  // Note [allocation during capture]
+    err = cudaMalloc(&ptr, bytes);
+  }
   if (err == cudaErrorMemoryAllocation) {
     // The caller (the caching allocator) frees its cache and retries, or throws
     // OutOfMemoryError with the numbers; the error must not linger.
@@ -304,6 +326,60 @@ float event_elapsed_ms(int device, EventHandle start, EventHandle end) {
 void stream_wait_event(int stream_device, StreamHandle stream, EventHandle event) {
   DeviceGuard guard(stream_device);
   DDP_CUDA_CHECK(cudaStreamWaitEvent(to_stream(stream), to_event(event), 0));
+}
+
+void stream_begin_capture(int device, StreamHandle stream) {
+  if (stream == nullptr) {
+    throw CudaError(fmt::format(
+        "cudaStreamBeginCapture on cuda:{}: the legacy default stream cannot be captured; "
+        "capture on a stream ddp created (Stream::create)",
+        device));
+  }
+  DeviceGuard guard(device);
+  DDP_CUDA_CHECK(cudaStreamBeginCapture(to_stream(stream), cudaStreamCaptureModeThreadLocal));
+}
+
+GraphHandle stream_end_capture(int device, StreamHandle stream) {
+  DeviceGuard guard(device);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t err = cudaStreamEndCapture(to_stream(stream), &graph);
+  if (err != cudaSuccess) {
+    if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    (void)cudaGetLastError();  // a broken capture leaves its error behind
+    detail::throw_cuda_error(
+        err,
+        fmt::format("cudaStreamEndCapture on cuda:{}: the capture broke. While capturing, "
+                    "the work may not wait for the device or read from it (synchronize, "
+                    "item(), a copy to pageable host memory), query an event, or use the "
+                    "legacy default stream (docs/cuda_graphs.md lists what a captured step may do)",
+                    device));
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  (void)cudaGraphDestroy(graph);  // the instantiated graph does not need it
+  if (inst != cudaSuccess) {
+    (void)cudaGetLastError();
+    detail::throw_cuda_error(inst, fmt::format("cudaGraphInstantiate on cuda:{}", device));
+  }
+  return exec;
+}
+
+bool stream_is_capturing(int device, StreamHandle stream) {
+  DeviceGuard guard(device);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  DDP_CUDA_CHECK(cudaStreamIsCapturing(to_stream(stream), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+void graph_launch(int device, GraphHandle graph, StreamHandle stream) {
+  DeviceGuard guard(device);
+  DDP_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), to_stream(stream)));
+}
+
+void graph_destroy(int device, GraphHandle graph) {
+  if (graph == nullptr) return;
+  DeviceGuard guard(device);
+  DDP_CUDA_CHECK(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph)));
 }
 
 void check_last_error(const char* what) {

@@ -86,6 +86,23 @@ void check_last_error(const char* what);
 // as DDP's backward, never stalls the host. Always 0 in a build without CUDA.
 uint64_t host_sync_count();
 
+// ---- CUDA graphs (runtime/cuda_graph.h) ----
+using GraphHandle = void*;  // cudaGraphExec_t: an instantiated graph
+
+// Begins capturing the work queued on `stream` (not the legacy default stream, which
+// cannot capture) in thread-local mode: a call of this thread that a capture does not
+// allow (a host synchronization, an event query) breaks the capture. Raw allocations
+// are allowed (Note [allocation during capture] in cuda_api.cpp).
+void stream_begin_capture(int device, StreamHandle stream);
+// Ends the capture begun on `stream` and instantiates what it recorded. Throws
+// CudaError when the capture broke, naming the likely causes; the stream is out of
+// capture either way.
+GraphHandle stream_end_capture(int device, StreamHandle stream);
+// Whether `stream` is capturing (or its capture broke and has not ended).
+bool stream_is_capturing(int device, StreamHandle stream);
+void graph_launch(int device, GraphHandle graph, StreamHandle stream);
+void graph_destroy(int device, GraphHandle graph);
+
 // ---- The calling thread's device, peer access ----
 
 // Makes `device` current for the scope and then restores the previous device, so that

@@ -113,6 +113,22 @@ void stream_wait_event(int, StreamHandle, EventHandle) {
   no_cuda("stream_wait_event");
 }
 
+void stream_begin_capture(int, StreamHandle) {
+  no_cuda("stream_begin_capture");
+}
+GraphHandle stream_end_capture(int, StreamHandle) {
+  no_cuda("stream_end_capture");
+}
+bool stream_is_capturing(int, StreamHandle) {
+  no_cuda("stream_is_capturing");
+}
+void graph_launch(int, GraphHandle, StreamHandle) {
+  no_cuda("graph_launch");
+}
+void graph_destroy(int, GraphHandle) {
+  no_cuda("graph_destroy");
+}
+
 void check_last_error(const char*) {
   no_cuda("check_last_error");
 }

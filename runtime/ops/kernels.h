@@ -30,6 +30,9 @@ struct SgdStep {
   float lr = 0.01f, momentum = 0.0f, weight_decay = 0.0f;
   bool nesterov = false;
   bool first_step = false;  // the momentum buffer is initialised from this gradient
+  // Note [captured optimizer steps]: when set, the lr is read from here (one f32 on the
+  // parameter's device) when the kernel runs, and `lr` is not used.
+  const float* lr_on_device{};
 };
 
 struct AdamWStep {

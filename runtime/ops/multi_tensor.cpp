@@ -2,11 +2,13 @@
 // ops/cpu/multi_tensor.cpp and ops/cuda/multi_tensor.cu.
 #include "runtime/ops/multi_tensor.h"
 
+#include "runtime/ops/adamw_constants.h"
 #include "runtime/ops/dispatch.h"
 #include "runtime/ops/nn_ops.h"
 #include "runtime/ops/ops.h"
 
 #include <cmath>
+#include <cstring>
 
 namespace ddp {
 namespace {
@@ -56,13 +58,22 @@ void scale_by_(const std::vector<Tensor>& xs, const Tensor& scalar) {
 
 void adamw_update_all_(std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                        std::vector<Tensor>& m, std::vector<Tensor>& v,
-                       const std::vector<kernels::AdamWStep>& steps) {
+                       const std::vector<kernels::AdamWStep>& steps, const Tensor& constants) {
   if (params.empty()) return;
   DDP_CHECK(grads.size() == params.size() && m.size() == params.size() &&
                 v.size() == params.size() && steps.size() == params.size(),
             "adamw_update_all_: {} params with {} grads, {} m, {} v and {} steps", params.size(),
             grads.size(), m.size(), v.size(), steps.size());
-  if (!params.front().device().is_cuda()) {  // the CPU: one kernel per tensor is the loop
+  if (constants.defined()) {  // Note [captured optimizer steps]
+    check_same_device({&params.front(), &constants});
+    check_dtype("adamw_update_all_", constants, DType::f32, "the constants table");
+    DDP_CHECK(constants.numel() == static_cast<int64_t>(8 * params.size()),
+              "adamw_update_all_: the constants table has {} floats; {} tensors need 8 each "
+              "(adamw_constants_table)",
+              constants.numel(), params.size());
+  }
+  if (!params.front().device().is_cuda() && !constants.defined()) {
+    // The CPU: one kernel per tensor is the loop.
     for (size_t i = 0; i < params.size(); ++i)
       adamw_update_(params[i], grads[i], m[i], v[i], steps[i]);
     return;
@@ -84,7 +95,17 @@ void adamw_update_all_(std::vector<Tensor>& params, const std::vector<Tensor>& g
               "weight_decay {} >= 0 and step {} >= 1",
               i, s.beta1, s.beta2, s.lr, s.eps, s.weight_decay, s.step);
   }
-  DDP_DISPATCH(params.front().device(), adamw_update_multi, params, grads, m, v, steps);
+  DDP_DISPATCH(params.front().device(), adamw_update_multi, params, grads, m, v, steps, constants);
+}
+
+std::vector<float> adamw_constants_table(const std::vector<kernels::AdamWStep>& steps) {
+  static_assert(sizeof(kernels::math::AdamWConstants) == 8 * sizeof(float));
+  std::vector<float> table(8 * steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const kernels::math::AdamWConstants k = kernels::adamw_constants(steps[i]);
+    std::memcpy(&table[8 * i], &k, sizeof(k));
+  }
+  return table;
 }
 
 }  // namespace ddp

@@ -37,8 +37,15 @@ void scale_by_(const std::vector<Tensor>& xs, const Tensor& scalar);
 
 // adamw_update_ on each (params[i], grads[i], m[i], v[i]) with steps[i]: the same
 // bits as one adamw_update_ per tensor, in one launch per list chunk on CUDA.
+// With `constants` (Note [captured optimizer steps] in optim/optimizer.h), the
+// kernels read tensor i's constants from it when they run: f32, on the
+// tensors' device, adamw_constants_table's 8 floats per tensor; steps are then only
+// checked.
 void adamw_update_all_(std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                        std::vector<Tensor>& m, std::vector<Tensor>& v,
-                       const std::vector<kernels::AdamWStep>& steps);
+                       const std::vector<kernels::AdamWStep>& steps,
+                       const Tensor& constants = Tensor());
+// The constants of each step (kernels::adamw_constants), 8 floats each, in order.
+std::vector<float> adamw_constants_table(const std::vector<kernels::AdamWStep>& steps);
 
 }  // namespace ddp

@@ -1,5 +1,6 @@
 #include "runtime/optim/optimizer.h"
 
+#include "runtime/cuda_graph.h"
 #include "runtime/ops/multi_tensor.h"
 #include "runtime/ops/nn_ops.h"
 #include "runtime/ops/ops.h"
@@ -62,6 +63,62 @@ void Optimizer::set_lr(float lr) {
   lr_ = lr;
 }
 
+void Optimizer::set_capturable(bool on) {
+  DDP_CHECK(!on || can_capture(),
+            "optimizer {} cannot be captured in a CUDA graph (Note [captured optimizer steps]); "
+            "sgd and adamw can",
+            name());
+  capturable_ = on;
+}
+
+void Optimizer::prepare_step() {
+  throw ValueError(
+      fmt::format("optimizer {} has no prepare_step(): it cannot be captured", name()));
+}
+
+void Optimizer::apply_step() {
+  throw ValueError(fmt::format("optimizer {} has no apply_step(): it cannot be captured", name()));
+}
+
+namespace {
+
+void check_capturable(bool capturable, const std::string& name, const char* call) {
+  DDP_CHECK(capturable,
+            "{}: {}() is the half of a capturable optimizer's step; call "
+            "set_capturable(true) first (Note [captured optimizer steps])",
+            name, call);
+}
+
+// The one device of a capturable optimizer's parameters.
+Device capture_device(const std::vector<Tensor>& params, const std::string& name) {
+  DDP_CHECK(!params.empty(), "{}: a capturable optimizer needs parameters", name);
+  for (const Tensor& p : params) {
+    DDP_CHECK(p.device() == params.front().device(),
+              "{}: a capturable optimizer's parameters share one device; found {} and {}", name,
+              params.front().device().str(), p.device().str());
+  }
+  return params.front().device();
+}
+
+// Host values copied to `on_device` (allocated on `device` once, or again when the size
+// changes) without waiting: from pinned staging, ordered by the current stream.
+void upload(Tensor& on_device, const std::vector<float>& values, const Device& device) {
+  const auto n = static_cast<int64_t>(values.size());
+  if (!on_device.defined() || on_device.numel() != n) on_device = empty({n}, {.device = device});
+  copy_(on_device, from_vector<float>(values, {n}), /*non_blocking=*/true);
+}
+
+// A capture records what the first update makes (a buffer, its first values) once.
+void check_not_capturing(const Tensor& param, const std::string& name, size_t index,
+                         const char* state) {
+  DDP_CHECK(!is_capturing(param.device()),
+            "{}: parameter {} has no {} yet, and a CUDA graph is being captured; run one step "
+            "before capturing (Note [captured optimizer steps])",
+            name, index, state);
+}
+
+}  // namespace
+
 void Optimizer::zero_grad(bool set_to_none) {
   for (Tensor& p : params_) {
     Tensor g = grad(p);
@@ -83,6 +140,28 @@ SGD::SGD(std::vector<Tensor> params, SgdOptions options)
 }
 
 void SGD::step() {
+  if (capturable_) {
+    prepare_step();
+    apply_step();
+    return;
+  }
+  update(nullptr);
+  ++steps_;
+}
+
+void SGD::prepare_step() {
+  check_capturable(capturable_, name(), "prepare_step");
+  upload(lr_on_device_, {lr_}, capture_device(params_, name()));
+  ++steps_;
+}
+
+void SGD::apply_step() {
+  check_capturable(capturable_, name(), "apply_step");
+  DDP_CHECK(lr_on_device_.defined(), "{}: apply_step() before any prepare_step()", name());
+  update(static_cast<const float*>(lr_on_device_.data_ptr()));
+}
+
+void SGD::update(const float* lr_on_device) {
   NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor g = grad(params_[i]);
@@ -91,15 +170,16 @@ void SGD::step() {
                        .momentum = options_.momentum,
                        .weight_decay = options_.weight_decay,
                        .nesterov = options_.nesterov,
-                       .first_step = false};
+                       .first_step = false,
+                       .lr_on_device = lr_on_device};
     if (options_.momentum != 0.0f && !momentum_[i].defined()) {
+      check_not_capturing(params_[i], name(), i, "momentum buffer");
       momentum_[i] = empty(params_[i].shape(), {.device = params_[i].device()});
       s.first_step = true;
     }
     Tensor& buf = options_.momentum != 0.0f ? momentum_[i] : params_[i];
     sgd_update_(params_[i], g, buf, s);
   }
-  ++steps_;
 }
 
 nn::NamedTensors SGD::state() const {
@@ -154,6 +234,11 @@ AdamW::AdamW(const std::vector<ParamGroup>& groups, AdamWOptions options)
 // All parameters that have a gradient in one adamw_update_all_: on CUDA one launch
 // per list of tensors, on the CPU a kernel per tensor (ops/multi_tensor.h).
 void AdamW::step() {
+  if (capturable_) {
+    prepare_step();
+    apply_step();
+    return;
+  }
   NoGradGuard no_grad;
   std::vector<Tensor> params, grads, m, v;
   std::vector<kernels::AdamWStep> steps;
@@ -161,6 +246,7 @@ void AdamW::step() {
     const Tensor g = grad(params_[i]);
     if (!g.defined()) continue;
     if (!exp_avg_[i].defined()) {
+      check_not_capturing(params_[i], name(), i, "moments");
       exp_avg_[i] = zeros_like(params_[i]);
       exp_avg_sq_[i] = zeros_like(params_[i]);
     }
@@ -177,15 +263,60 @@ void AdamW::step() {
     grads.push_back(g);
     m.push_back(exp_avg_[i]);
     v.push_back(exp_avg_sq_[i]);
-    steps.push_back({.lr = lr_,
-                     .beta1 = options_.beta1,
-                     .beta2 = options_.beta2,
-                     .eps = options_.eps,
-                     .weight_decay = weight_decay_[i],
-                     .step = ++param_steps_[i]});
+    ++param_steps_[i];
+    steps.push_back(step_of(i));
   }
   adamw_update_all_(params, grads, m, v, steps);
   ++steps_;
+}
+
+kernels::AdamWStep AdamW::step_of(size_t i) const {
+  return {.lr = lr_,
+          .beta1 = options_.beta1,
+          .beta2 = options_.beta2,
+          .eps = options_.eps,
+          .weight_decay = weight_decay_[i],
+          .step = param_steps_[i]};
+}
+
+void AdamW::prepare_step() {
+  check_capturable(capturable_, name(), "prepare_step");
+  const Device device = capture_device(params_, name());
+  NoGradGuard no_grad;
+  prepared_params_.clear();
+  std::vector<kernels::AdamWStep> steps;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!grad(params_[i]).defined()) continue;
+    if (!exp_avg_[i].defined()) {  // made here, before any capture of apply_step()
+      exp_avg_[i] = zeros_like(params_[i]);
+      exp_avg_sq_[i] = zeros_like(params_[i]);
+    }
+    ++param_steps_[i];
+    prepared_params_.push_back(i);
+    steps.push_back(step_of(i));
+  }
+  if (!steps.empty()) upload(constants_, adamw_constants_table(steps), device);
+  ++steps_;
+}
+
+void AdamW::apply_step() {
+  check_capturable(capturable_, name(), "apply_step");
+  NoGradGuard no_grad;
+  std::vector<Tensor> params, grads, m, v;
+  std::vector<kernels::AdamWStep> steps;
+  for (size_t i : prepared_params_) {
+    const Tensor g = grad(params_[i]);
+    DDP_CHECK(g.defined(),
+              "{}: parameter {} had a gradient at prepare_step() and has none now; the "
+              "parameters with gradients must stay the same from one to the other",
+              name(), i);
+    params.push_back(params_[i]);
+    grads.push_back(g);
+    m.push_back(exp_avg_[i]);
+    v.push_back(exp_avg_sq_[i]);
+    steps.push_back(step_of(i));
+  }
+  adamw_update_all_(params, grads, m, v, steps, constants_);
 }
 
 nn::NamedTensors AdamW::state() const {

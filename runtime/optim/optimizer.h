@@ -3,18 +3,40 @@
 #pragma once
 
 #include "runtime/nn/module.h"
+#include "runtime/ops/kernels.h"
 
 #include <string>
 #include <vector>
 
 namespace ddp::optim {
 
+// Note [captured optimizer steps]: a CUDA graph replays kernels with the arguments
+// they had at the capture (Note [cuda graphs] in runtime/cuda_graph.h), but an
+// update's learning rate (a schedule) and AdamW's bias corrections (the step count)
+// change every step. A capturable optimizer (set_capturable(true); SGD and AdamW,
+// as torch's capturable=True) splits step() in two:
+// - prepare_step(), the host's part: counts the step, computes the numbers of this
+//   update (SGD: the lr; AdamW: adamw_constants per tensor, in double, rounded once)
+//   and copies them into a device tensor of its own, allocated once, with an
+//   asynchronous copy from pinned memory ordered before the kernels by the stream;
+// - apply_step(), the device's part: kernels that read those numbers when they run.
+// step() is one then the other, the same bits as without capture. train --cuda-graph
+// captures apply_step() and calls prepare_step() before each replay. State made on
+// the first update (SGD's momentum, AdamW's moments) must exist before a capture:
+// apply_step() under a capture without it throws.
 class Optimizer {
  public:
   explicit Optimizer(std::vector<Tensor> params, float lr);
   virtual ~Optimizer() = default;
   // One update of every parameter that has a gradient (others are skipped, as torch does).
   virtual void step() = 0;
+  // Note [captured optimizer steps]. Throws ValueError for an optimizer that cannot.
+  void set_capturable(bool on);
+  bool capturable() const { return capturable_; }
+  virtual bool can_capture() const { return false; }
+  // The two halves of step() of a capturable optimizer; throw ValueError otherwise.
+  virtual void prepare_step();
+  virtual void apply_step();
   virtual void zero_grad(bool set_to_none = false);
   float lr() const { return lr_; }
   void set_lr(float lr);
@@ -32,6 +54,8 @@ class Optimizer {
   std::vector<Tensor> params_;
   float lr_;
   int64_t steps_ = 0;
+  bool capturable_ = false;
+  bool prepared_ = false;  // prepare_step() ran, apply_step() not yet
 };
 
 struct SgdOptions {
@@ -45,14 +69,20 @@ class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, SgdOptions options);
   void step() override;
+  bool can_capture() const override { return true; }
+  void prepare_step() override;
+  void apply_step() override;
   nn::NamedTensors state() const override;
   void load_state(const nn::NamedTensors& state, int64_t steps) override;
   std::string name() const override { return "sgd"; }
   const SgdOptions& options() const { return options_; }
 
  private:
+  void update(const float* lr_on_device);
+
   SgdOptions options_;
   std::vector<Tensor> momentum_;  // undefined until the parameter's first step
+  Tensor lr_on_device_;           // capturable: [1] f32 on the parameters' device
 };
 
 struct AdamWOptions {
@@ -78,6 +108,9 @@ class AdamW : public Optimizer {
   // numbered group after group, in state() too, as torch's state_dict numbers them.
   AdamW(const std::vector<ParamGroup>& groups, AdamWOptions options);
   void step() override;
+  bool can_capture() const override { return true; }
+  void prepare_step() override;
+  void apply_step() override;
   nn::NamedTensors state() const override;
   void load_state(const nn::NamedTensors& state, int64_t steps) override;
   std::string name() const override { return "adamw"; }
@@ -87,9 +120,13 @@ class AdamW : public Optimizer {
 
  private:
   AdamWOptions options_;
-  std::vector<float> weight_decay_;  // per parameter
+  std::vector<float> weight_decay_;            // per parameter
+  kernels::AdamWStep step_of(size_t i) const;  // parameter i's step as it stands
+
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
   std::vector<int64_t> param_steps_;
+  std::vector<size_t> prepared_params_;  // capturable: prepare_step()'s parameters
+  Tensor constants_;                     // capturable: adamw_constants_table on the device
 };
 
 // torch.nn.utils.clip_grad_norm_(params, max_norm) for the L2 norm: the norm of all

@@ -1,4 +1,5 @@
 #include "runtime/memory/allocator.h"
+#include "runtime/cuda_graph.h"
 #include "runtime/error.h"
 #include "runtime/memory/caching_allocator.h"
 #include "runtime/memory/cpu_allocator.h"
@@ -508,6 +509,13 @@ TEST(CapturePools, MisuseIsNamed) {
   alloc.end_capture(fake_stream(2));
   alloc.release_pool(pool);
   EXPECT_THROW(alloc.release_pool(pool), Error);
+  try {
+    CudaGraph graph;
+    graph.capture(Device::cpu(), [] {});
+    ADD_FAILURE() << "a CUDA graph of the CPU";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("need a CUDA device"), std::string::npos) << e.what();
+  }
   try {
     device_allocator(Device::cpu()).begin_capture(Stream(), Stream(), 0);
     ADD_FAILURE() << "the CPU allocator cannot capture";

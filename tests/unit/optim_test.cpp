@@ -281,5 +281,100 @@ TEST(Optim, TrainingAnMlpLowersTheLoss) {
   EXPECT_LT(last, 0.2f * first);
 }
 
+// Note [captured optimizer steps]: a capturable optimizer takes the same steps, bit for
+// bit, as the plain one, and its kernels read the numbers prepare_step() uploaded,
+// not the host's values at apply_step() (what a graph's replay would have baked).
+namespace captured {
+
+std::vector<Tensor> params(uint64_t seed) {
+  std::vector<Tensor> ps;
+  for (const Shape& s : {Shape{7, 5}, Shape{5}, Shape{0}, Shape{300}}) {
+    Tensor p = randn(s, seed++);
+    set_requires_grad(p, true);
+    ps.push_back(p);
+  }
+  return ps;
+}
+
+void set_grads(std::vector<Tensor>& ps, int step) {
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (i == 1 && step == 2) {
+      set_grad(ps[i], Tensor());  // no gradient this step: skipped, as torch does
+      continue;
+    }
+    set_grad(ps[i], randn(ps[i].shape(), 1000 + 10 * step + i));
+  }
+}
+
+void expect_same_bits(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  for (size_t i = 0; i < a.size(); ++i) {
+    const auto va = a[i].to_vector<float>(), vb = b[i].to_vector<float>();
+    for (size_t j = 0; j < va.size(); ++j)
+      ASSERT_EQ(va[j], vb[j]) << "param " << i << " [" << j << "]";
+  }
+}
+
+template <typename Make>
+void check_capturable(Make make) {
+  std::vector<Tensor> a = params(1), b = params(1);
+  auto plain = make(a);
+  auto capt = make(b);
+  capt->set_capturable(true);
+  EXPECT_TRUE(capt->capturable());
+  const float lrs[] = {0.1f, 0.05f, 0.02f, 0.2f, 0.01f};
+  for (int step = 0; step < 5; ++step) {
+    set_grads(a, step);
+    set_grads(b, step);
+    plain->set_lr(lrs[step]);
+    plain->step();
+    if (step % 2 == 0) {
+      capt->set_lr(lrs[step]);
+      capt->step();
+    } else {  // as a replay: the host's lr changes after the upload and is not used
+      capt->set_lr(lrs[step]);
+      capt->prepare_step();
+      capt->set_lr(123.0f);
+      capt->apply_step();
+    }
+    expect_same_bits(a, b);
+    EXPECT_EQ(capt->steps(), plain->steps());
+  }
+}
+
+}  // namespace captured
+
+TEST(Optim, CapturableSgdStepsAsThePlainOne) {
+  captured::check_capturable([](const std::vector<Tensor>& ps) {
+    return std::make_unique<optim::SGD>(
+        ps,
+        optim::SgdOptions{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 1e-2f, .nesterov = true});
+  });
+  captured::check_capturable([](const std::vector<Tensor>& ps) {
+    return std::make_unique<optim::SGD>(ps, optim::SgdOptions{.lr = 0.1f});
+  });
+}
+
+TEST(Optim, CapturableAdamWStepsAsThePlainOne) {
+  captured::check_capturable([](const std::vector<Tensor>& ps) {
+    return std::make_unique<optim::AdamW>(
+        std::vector<optim::ParamGroup>{{.params = {ps[0], ps[2]}, .weight_decay = 0.1f},
+                                       {.params = {ps[1], ps[3]}, .weight_decay = 0.0f}},
+        optim::AdamWOptions{.lr = 0.1f, .beta1 = 0.8f, .beta2 = 0.95f});
+  });
+}
+
+TEST(Optim, CapturableHalvesNeedTheMode) {
+  std::vector<Tensor> ps = captured::params(3);
+  optim::AdamW opt(ps, {});
+  EXPECT_NE(message_of<ValueError>([&] { opt.prepare_step(); }).find("set_capturable(true)"),
+            std::string::npos);
+  EXPECT_NE(message_of<ValueError>([&] { opt.apply_step(); }).find("set_capturable(true)"),
+            std::string::npos);
+  optim::SGD sgd(ps, {.lr = 0.1f});
+  sgd.set_capturable(true);
+  EXPECT_NE(message_of<ValueError>([&] { sgd.apply_step(); }).find("before any prepare_step"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace ddp

@@ -31,11 +31,4 @@ void scale_by_multi(const std::vector<Tensor>& xs, const Tensor& scalar) {
   }
 }
 
-void adamw_update_multi(std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-                        std::vector<Tensor>& m, std::vector<Tensor>& v,
-                        const std::vector<AdamWStep>& steps) {
-  for (size_t i = 0; i < params.size(); ++i)
-    adamw_update(params[i], grads[i], m[i], v[i], steps[i]);
-}
-
 }  // namespace ddp::kernels::cpu

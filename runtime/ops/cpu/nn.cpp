@@ -1,6 +1,7 @@
 // CPU kernels of the model zoo's layers and fused optimizer steps. A CNN trains
 // on the CPU through im2col / col2im, so those walk the column matrix row by row
 // (contiguous in cols), clipping each kernel row against the image once.
+#include "runtime/ops/adamw_constants.h"
 #include "runtime/ops/cpu/clones.h"
 #include "runtime/ops/kernels.h"
 #include "runtime/rng/philox.h"
@@ -479,7 +480,9 @@ void dropout_mask(Tensor& mask, uint64_t seed, uint64_t offset, float p) {
 }
 
 DDP_CPU_CLONES
-void sgd_update(Tensor& param, const Tensor& grad, Tensor& buf, const SgdStep& s) {
+void sgd_update(Tensor& param, const Tensor& grad, Tensor& buf, const SgdStep& step) {
+  SgdStep s = step;  // Note [captured optimizer steps]: the lr where it is kept
+  if (s.lr_on_device != nullptr) s.lr = *s.lr_on_device;
   float* p = param.data<float>();
   const float* g = grad.data<float>();
   const int64_t n = param.numel();
@@ -496,15 +499,12 @@ void sgd_update(Tensor& param, const Tensor& grad, Tensor& buf, const SgdStep& s
   sgd_momentum_loop<false, false>(p, g, b, n, s);
 }
 
-// The constants in double, rounded once, so that the CUDA kernel uses the same floats.
-DDP_CPU_CLONES
-void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s) {
-  const double t = static_cast<double>(s.step);
-  const auto decay = static_cast<float>(1.0 - static_cast<double>(s.lr) * s.weight_decay);
-  const auto step_size = static_cast<float>(s.lr / (1.0 - std::pow(double{s.beta1}, t)));
-  const auto bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double{s.beta2}, t)));
-  const float b1 = s.beta1, b2 = s.beta2, eps = s.eps;
-  const auto c1 = static_cast<float>(1.0 - s.beta1), c2 = static_cast<float>(1.0 - s.beta2);
+namespace {
+
+DDP_CPU_INLINE void adamw_loop(const math::AdamWConstants& k, Tensor& param, const Tensor& grad,
+                               Tensor& m, Tensor& v) {
+  const float decay = k.decay, step_size = k.step_size, bc2_sqrt = k.bc2_sqrt;
+  const float b1 = k.b1, b2 = k.b2, c1 = k.c1, c2 = k.c2, eps = k.eps;
   float* p = param.data<float>();
   const float* g = grad.data<float>();
   float* m1 = m.data<float>();
@@ -519,4 +519,42 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
   }
 }
 
+}  // namespace
+
+// The constants in double, rounded once (adamw_constants), as the CUDA kernels use them.
+DDP_CPU_CLONES
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s) {
+  adamw_loop(kernels::adamw_constants(s), param, grad, m, v);
+}
+
+DDP_CPU_CLONES
+void adamw_update_multi(std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                        std::vector<Tensor>& m, std::vector<Tensor>& v,
+                        const std::vector<AdamWStep>& steps, const Tensor& constants) {
+  const auto* table = constants.defined()
+                          ? reinterpret_cast<const math::AdamWConstants*>(constants.data<float>())
+                          : nullptr;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].numel() == 0) continue;
+    adamw_loop(table != nullptr ? table[i] : kernels::adamw_constants(steps[i]), params[i],
+               grads[i], m[i], v[i]);
+  }
+}
+
 }  // namespace ddp::kernels::cpu
+
+namespace ddp::kernels {
+
+math::AdamWConstants adamw_constants(const AdamWStep& s) {
+  const double t = static_cast<double>(s.step);
+  return {static_cast<float>(1.0 - static_cast<double>(s.lr) * s.weight_decay),
+          static_cast<float>(s.lr / (1.0 - std::pow(double{s.beta1}, t))),
+          static_cast<float>(std::sqrt(1.0 - std::pow(double{s.beta2}, t))),
+          s.beta1,
+          s.beta2,
+          static_cast<float>(1.0 - s.beta1),
+          static_cast<float>(1.0 - s.beta2),
+          s.eps};
+}
+
+}  // namespace ddp::kernels

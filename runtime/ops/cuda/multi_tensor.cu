@@ -11,7 +11,7 @@
 // so the bits depend only on the tensors' sizes.
 #include "runtime/ops/cuda/launch.cuh"  // first (see its top)
 
-#include "runtime/ops/cuda/adamw_constants.h"
+#include "runtime/ops/adamw_constants.h"
 #include "runtime/ops/cuda/row_reduce.cuh"
 #include "runtime/ops/kernels.h"
 #include "runtime/ops/mixed_math.h"
@@ -35,6 +35,10 @@ struct TensorList {
   int64_t n[kListMax];
   int64_t chunk_end[kListMax];
   math::AdamWConstants adamw[kListMax];  // AdamW only
+  // AdamW from a device table (Note [captured optimizer steps]): tensor t's constants
+  // are table[index[t]]; nullptr: adamw[t].
+  const math::AdamWConstants* table;
+  int index[kListMax];
   int count;
 };
 static_assert(sizeof(TensorList) <= 4000, "kernel parameters are limited to 4 KiB");
@@ -90,7 +94,8 @@ __global__ void adamw_kernel(TensorList l) {
   const float* grad = l.p[1][c.tensor];
   float* m = l.p[2][c.tensor];
   float* v = l.p[3][c.tensor];
-  const math::AdamWConstants k = l.adamw[c.tensor];
+  const math::AdamWConstants k =
+      l.table != nullptr ? l.table[l.index[c.tensor]] : l.adamw[c.tensor];
   for (int64_t i = c.begin + threadIdx.x; i < c.end; i += blockDim.x) {
     math::adamw_element(k, grad[i], param[i], m[i], v[i]);
   }
@@ -175,7 +180,10 @@ void scale_by_multi(const std::vector<Tensor>& xs, const Tensor& scalar) {
 
 void adamw_update_multi(std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                         std::vector<Tensor>& m, std::vector<Tensor>& v,
-                        const std::vector<AdamWStep>& steps) {
+                        const std::vector<AdamWStep>& steps, const Tensor& constants) {
+  const auto* table = constants.defined()
+                          ? static_cast<const math::AdamWConstants*>(constants.data_ptr())
+                          : nullptr;
   cuda_api::DeviceGuard guard(params.front().device().index);
   const cudaStream_t stream = stream_of(params.front());
   for_each_list(
@@ -185,7 +193,12 @@ void adamw_update_multi(std::vector<Tensor>& params, const std::vector<Tensor>& 
         l.p[1][slot] = const_cast<float*>(ptr<const float>(grads[i]));  // read only
         l.p[2][slot] = ptr<float>(m[i]);
         l.p[3][slot] = ptr<float>(v[i]);
-        l.adamw[slot] = detail::adamw_constants(steps[i]);
+        if (table != nullptr) {
+          l.table = table;
+          l.index[slot] = static_cast<int>(i);
+        } else {
+          l.adamw[slot] = kernels::adamw_constants(steps[i]);
+        }
       },
       [&](const TensorList& l, int64_t chunks) {
         adamw_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(l);

@@ -3,7 +3,7 @@
 // adjoints (col2im, max_pool2d_backward) run one thread per input pixel that gathers
 // from the windows covering it, so there are no atomics, results are deterministic
 // and each pixel sums in the order the CPU kernels use (windows by (oh, ow)).
-#include "runtime/ops/cuda/adamw_constants.h"
+#include "runtime/ops/adamw_constants.h"
 #include "runtime/ops/cuda/launch.cuh"
 #include "runtime/ops/kernels.h"
 #include "runtime/ops/mixed_math.h"
@@ -196,7 +196,8 @@ struct SgdFn {
       buf[i] = b;
       d = s.nesterov ? d + s.momentum * b : b;
     }
-    param[i] -= s.lr * d;
+    // Note [captured optimizer steps]: a capturable SGD's lr is read from the device.
+    param[i] -= (s.lr_on_device != nullptr ? *s.lr_on_device : s.lr) * d;
   }
 };
 
@@ -264,23 +265,9 @@ void sgd_update(Tensor& param, const Tensor& grad, Tensor& buf, const SgdStep& s
   for_each_index(param, param.numel(), fn, "sgd_update");
 }
 
-namespace detail {
-math::AdamWConstants adamw_constants(const AdamWStep& s) {
-  const double t = static_cast<double>(s.step);
-  return {static_cast<float>(1.0 - static_cast<double>(s.lr) * s.weight_decay),
-          static_cast<float>(s.lr / (1.0 - std::pow(double{s.beta1}, t))),
-          static_cast<float>(std::sqrt(1.0 - std::pow(double{s.beta2}, t))),
-          s.beta1,
-          s.beta2,
-          static_cast<float>(1.0 - s.beta1),
-          static_cast<float>(1.0 - s.beta2),
-          s.eps};
-}
-}  // namespace detail
-
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s) {
   const AdamWFn fn{ptr<float>(param), ptr<const float>(grad), ptr<float>(m), ptr<float>(v),
-                   detail::adamw_constants(s)};
+                   kernels::adamw_constants(s)};
   for_each_index(param, param.numel(), fn, "adamw_update");
 }
 

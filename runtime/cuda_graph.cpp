@@ -1,0 +1,86 @@
+#include "runtime/cuda_graph.h"
+
+#include "runtime/cuda/cuda_api.h"
+#include "runtime/error.h"
+#include "runtime/logging.h"
+#include "runtime/memory/allocator.h"
+
+namespace ddp {
+
+bool is_capturing(const Device& device) {
+  if (!device.is_cuda()) return false;
+  const Stream stream = current_stream(device);
+  return stream.handle() != nullptr && cuda_api::stream_is_capturing(device.index, stream.handle());
+}
+
+void CudaGraph::order_after(const Stream& stream) const {
+  Event event(device_, /*enable_timing=*/false);
+  event.record(stream);
+  event.block(stream_);
+}
+
+void CudaGraph::capture(const Device& device, const std::function<void()>& work, uint64_t pool) {
+  DDP_CHECK_T(DeviceError, device.is_cuda(),
+              "CudaGraph::capture on {}: CUDA graphs need a CUDA device; on the CPU run the "
+              "work directly",
+              device.str());
+  DDP_CHECK_T(DeviceError, graph_ == nullptr,
+              "CudaGraph::capture: this graph is captured already; make a new CudaGraph for "
+              "other work");
+  check_available(device);
+  device_ = device;
+  after_ = current_stream(device);
+  stream_ = Stream::create(device);
+  order_after(after_);
+  Allocator& allocator = device_allocator(device);
+  pool_ = allocator.begin_capture(stream_, after_, pool);
+  void* graph = nullptr;
+  try {
+    cuda_api::stream_begin_capture(device.index, stream_.handle());
+    try {
+      StreamGuard on_capture_stream(stream_);
+      work();
+    } catch (...) {
+      try {
+        cuda_api::graph_destroy(device.index,
+                                cuda_api::stream_end_capture(device.index, stream_.handle()));
+      } catch (...) {
+        // The capture is out of the stream either way; `work`'s error says what happened.
+      }
+      throw;
+    }
+    graph = cuda_api::stream_end_capture(device.index, stream_.handle());
+  } catch (...) {
+    allocator.end_capture(stream_);
+    allocator.release_pool(pool_);
+    pool_ = 0;
+    throw;
+  }
+  allocator.end_capture(stream_);
+  graph_ = graph;
+}
+
+void CudaGraph::replay() {
+  DDP_CHECK(graph_ != nullptr, "CudaGraph::replay: nothing captured; call capture() first");
+  // Note [cuda graphs]: after the current stream's work, and before what follows it.
+  const Stream current = current_stream(device_);
+  order_after(after_);
+  if (!(current == after_)) order_after(current);
+  cuda_api::graph_launch(device_.index, graph_, stream_.handle());
+  Event done(device_, /*enable_timing=*/false);
+  done.record(stream_);
+  done.block(current);
+}
+
+CudaGraph::~CudaGraph() {
+  if (graph_ == nullptr) return;
+  try {
+    stream_.synchronize();  // the pool's blocks go back: no replay may still use them
+    cuda_api::graph_destroy(device_.index, graph_);
+    device_allocator(device_).release_pool(pool_);
+  } catch (const std::exception& e) {
+    DDP_LOG_WARN("CUDA graph on {} not released: {}", device_.str(), e.what());
+  }
+}
+
+}  // namespace ddp
