@@ -4,6 +4,7 @@
 #include "collectives/collective_events.h"
 #include "collectives/flight/flight_recorder.h"
 #include "runtime/autograd/functions.h"
+#include "runtime/logging.h"
 #include "runtime/ops/ops.h"
 #include "runtime/stream.h"
 #include "runtime/trace.h"
@@ -114,8 +115,10 @@ std::vector<Tensor> step_gradients(Run& r) {
 }
 
 // The end of a step on every rank, shadowing or not: the non-finite check, then
-// clipping and the optimizer's update unless the check skips it.
-void update(Run& r, int64_t step, int64_t epoch, const Tensor& step_loss, StepTiming& timing) {
+// clipping and the optimizer's update unless the check skips it. `prepared`: the
+// optimizer's prepare_step() ran for this step already (Note [graphed steps]).
+void update(Run& r, int64_t step, int64_t epoch, const Tensor& step_loss, StepTiming& timing,
+            bool prepared = false) {
   timing.phase.next("optimizer");
   if (!r.nonfinite->after_backward(step, epoch + 1, step_loss, step_gradients(r))) {
     // After DDP's all_reduce has been waited for: every rank clips the same
@@ -132,10 +135,14 @@ void update(Run& r, int64_t step, int64_t epoch, const Tensor& step_loss, StepTi
         r.grad_norm = optim::clip_grad_norm_(r.model->parameters(), r.o.clip_grad_norm);
       }
     }
-    r.optimizer->set_lr(r.schedule.lr_at(r.optimizer->steps()));
+    if (!prepared) r.optimizer->set_lr(r.schedule.lr_at(r.optimizer->steps()));
     const int64_t before = r.optimizer->steps();
     try {
-      r.optimizer->step();
+      if (prepared) {
+        r.optimizer->apply_step();
+      } else {
+        r.optimizer->step();
+      }
     } catch (const CommError&) {
       // --zero-replicas 2: past its commit the update counts on every rank even
       // when the all-gather fails (Note [zero replicas] in collectives/ddp/zero.h).
@@ -150,11 +157,116 @@ void update(Run& r, int64_t step, int64_t epoch, const Tensor& step_loss, StepTi
   timing.t.optimizer += timing.clock.lap();
 }
 
+// Note [graphed steps]: train --cuda-graph (docs/cuda_graphs.md). The first
+// kEagerSteps steps run eagerly: they make the gradients, the optimizer's state,
+// the cuBLAS handles and cuBLASLt's and cuDNN's plans. The next step is captured
+// into a CUDA graph (runtime/cuda_graph.h) -- zero_grad, the forward and the loss,
+// the backward, clipping on the device, the optimizer's apply_step() -- and
+// replayed, and so is every later one: its batch is copied into the graph's inputs,
+// the host's part of the update runs (the learning rate, the step counts: Note
+// [captured optimizer steps] in runtime/optim/optimizer.h), the graph is launched
+// and its loss copied out. The gradients are zeroed in place, never set to none, so
+// the same tensors serve the eager and the replayed steps; a value differs from an
+// eager run's only in the sign of a zero gradient, which no update sees. A batch of
+// another shape (a padded or partial last batch) and the DDP_TEST_NAN_STEP step run
+// eagerly. A capture that fails (a host read in the step, dropout, which would draw
+// one mask for every replay) prints one line with the reason, and the run goes on
+// eagerly from the same state: nothing captured ran.
+constexpr int64_t kEagerSteps = 2;
+
+// One step of one micro-batch without a graph, on `batch`: --cuda-graph's eager
+// steps. `prepared`: as update()'s.
+void eager_step(Run& r, const Batch& batch, int64_t step, int64_t epoch, Tensor& step_loss,
+                Tensor& last_loss, StepTiming& timing, bool prepared) {
+  r.optimizer->zero_grad(/*set_to_none=*/false);
+  timing.phase.next("forward");
+  const Tensor loss = micro_batch_loss(r, batch, /*sync=*/true, step);
+  timing.t.forward += timing.clock.lap();
+  timing.phase.next("backward");
+  backward(loss);
+  timing.t.backward += timing.clock.lap();
+  step_loss = loss;
+  last_loss = loss;
+  update(r, step, epoch, step_loss, timing, prepared);
+}
+
+// Whether `batch` fits the graph's inputs.
+bool fits(const Batch& graph_inputs, const Batch& batch) {
+  const auto same = [](const Tensor& a, const Tensor& b) {
+    return a.shape() == b.shape() && a.dtype() == b.dtype() && a.device() == b.device();
+  };
+  return graph_inputs.inputs.defined() && same(graph_inputs.inputs, batch.inputs) &&
+         same(graph_inputs.labels, batch.labels);
+}
+
+// A step under --cuda-graph (Note [graphed steps]); returns train_step's answer.
+int64_t graphed_step(Run& r, Tensor& step_loss, Tensor& last_loss, PhaseTotals& t, int64_t epoch) {
+  GraphedStep& g = *r.graphed;
+  const int64_t step = r.step + 1;
+  StepTiming timing(r, t, {{"step", step}});
+  timing.phase.next("data wait");
+  Batch batch;
+  if (!r.task->next(batch)) return 0;
+  t.data += timing.clock.lap();
+  const int64_t samples = batch.labels.size(0);
+  const bool capture = !g.off && !g.graph.captured() && g.eager_steps >= kEagerSteps;
+  const bool replay = g.graph.captured() && fits(g.batch, batch);
+  if (step == r.faults.nan_step || !(capture || replay)) {
+    if (!g.graph.captured()) ++g.eager_steps;
+    eager_step(r, batch, step, epoch, step_loss, last_loss, timing, /*prepared=*/false);
+    return samples;
+  }
+  if (capture) {  // a batch requires no gradient: the copies record nothing
+    g.batch = {batch.inputs.clone(), batch.labels.clone()};
+  } else {
+    copy_(g.batch.inputs, batch.inputs);
+    copy_(g.batch.labels, batch.labels);
+  }
+  r.optimizer->set_lr(r.schedule.lr_at(r.optimizer->steps()));
+  r.optimizer->prepare_step();
+  if (capture) {
+    timing.phase.next("graph capture");
+    try {
+      g.graph.capture(r.device, [&] {
+        r.optimizer->zero_grad(/*set_to_none=*/false);
+        g.loss = micro_batch_loss(r, g.batch, /*sync=*/true, step);
+        backward(g.loss);
+        if (r.o.clip_grad_norm > 0) {
+          g.grad_norm = optim::clip_grad_norm_on_device(r.model->parameters(), r.o.clip_grad_norm);
+        }
+        r.optimizer->apply_step();
+      });
+    } catch (const std::exception& e) {
+      g.off = true;
+      g.loss = Tensor();
+      g.grad_norm = Tensor();
+      DDP_LOG_WARN(
+          "--cuda-graph: step {} could not be captured ({}); training goes on without "
+          "a graph",
+          step, e.what());
+      eager_step(r, g.batch, step, epoch, step_loss, last_loss, timing, /*prepared=*/true);
+      return samples;
+    }
+  }
+  timing.phase.next("graph replay");
+  g.graph.replay();
+  {
+    NoGradGuard no_grad;
+    step_loss = g.loss.clone();  // the next replay rewrites g.loss
+    if (g.grad_norm.defined()) r.grad_norm_on_device = g.grad_norm.clone();
+  }
+  last_loss = step_loss;
+  r.nonfinite->after_backward(step, epoch + 1, step_loss, {});  // stop: records the loss
+  t.forward += timing.clock.lap();  // a replayed step's time is all forward_ms
+  return samples;
+}
+
 // One training step: o.grad_accum micro-batches, each loss scaled by 1 /
 // grad_accum so the gradient is the mean over the step's samples; then update().
 // Returns the samples this rank used (0: the loader ran out). `step_loss` gets
 // the step's loss (the sum of its micro-batches').
 int64_t train_step(Run& r, Tensor& step_loss, Tensor& last_loss, PhaseTotals& t, int64_t epoch) {
+  if (r.graphed) return graphed_step(r, step_loss, last_loss, t, epoch);
   const int64_t k = r.o.grad_accum;
   const int64_t step = r.step + 1;
   StepTiming timing(r, t, {{"step", step}});

@@ -9,6 +9,7 @@
 #include "collectives/ddp/join.h"
 #include "collectives/ddp/zero.h"
 #include "runtime/autograd/autocast.h"
+#include "runtime/cuda_graph.h"
 #include "trainer/checkpoint.h"
 #include "trainer/faults.h"
 #include "trainer/nonfinite.h"
@@ -40,6 +41,16 @@ struct EpochPosition {
   int64_t reports = 2;
 };
 
+// --cuda-graph: the captured training step (Note [graphed steps] in epoch.cpp).
+struct GraphedStep {
+  CudaGraph graph;
+  Batch batch{};            // the graph's inputs: each step's batch is copied in
+  Tensor loss{};            // the graph's loss, rewritten by each replay
+  Tensor grad_norm{};       // its gradient norm before clipping (--clip-grad-norm)
+  int64_t eager_steps = 0;  // steps taken before the capture
+  bool off = false;         // the capture failed: every step is eager
+};
+
 struct Run {
   const TrainOptions& o;
   std::ostream& out;
@@ -50,6 +61,7 @@ struct Run {
   std::unique_ptr<Task> task{};
   std::shared_ptr<nn::Module> model{};
   std::unique_ptr<optim::Optimizer> optimizer{};
+  std::unique_ptr<GraphedStep> graphed{};  // --cuda-graph
   optim::LrSchedule schedule{};
   int64_t first_epoch = 0;
   // World size > 1 only (launched by ddprun, mpirun, srun): the process group and

@@ -121,6 +121,13 @@ device and files:
                            matmuls and convolutions multiply in bf16 (oneDNN,
                            f32 accumulation, everything else f32); needs
                            oneDNN and a CPU with AVX512_BF16 (default fp32)
+  --cuda-graph             on CUDA, capture the training step (zero_grad, forward,
+                           loss, backward, clipping, the optimizer's update) in a
+                           CUDA graph after 2 eager steps and replay it: one
+                           launch a step instead of one per kernel, the same
+                           numbers (docs/cuda_graphs.md). One process on one GPU,
+                           --grad-accum 1, --on-nonfinite stop; a batch of
+                           another shape runs eagerly
   --save PATH              write a safetensors checkpoint after every epoch (never
                            over a checkpoint of a later step); the directory
                            must exist
@@ -516,6 +523,23 @@ void validate(const TrainOptions& o) {
       "{} (pass --zero 3, or drop them)",
       o.zero);
   DDP_CHECK(o.grad_accum >= 1, "--grad-accum {}: must be at least 1", o.grad_accum);
+  if (o.cuda_graph) {  // Note [graphed steps] in epoch.cpp
+    DDP_CHECK(o.device == "auto" || o.device.starts_with("cuda"),
+              "--cuda-graph captures CUDA work; this run has --device {} (use --device cuda, or "
+              "drop --cuda-graph)",
+              o.device);
+    DDP_CHECK(o.mode == "auto" || o.mode == "single",
+              "--cuda-graph captures one process's step on one GPU; this run has --mode {} (use "
+              "--mode single, or drop --cuda-graph)",
+              o.mode);
+    DDP_CHECK(o.grad_accum == 1,
+              "--cuda-graph captures a step of one micro-batch; this run has --grad-accum {} "
+              "(raise --batch-size instead, or drop --cuda-graph)",
+              o.grad_accum);
+    DDP_CHECK(o.on_nonfinite == "stop",
+              "--on-nonfinite skip reads each step's verdict on the host, which a replayed "
+              "step cannot; use --on-nonfinite stop with --cuda-graph");
+  }
   DDP_CHECK(o.early_stop >= 0,
             "--early-stop {}: must be >= 0 (evaluations without improvement; 0: never)",
             o.early_stop);
@@ -562,7 +586,8 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 // "unknown option '--epoch'; did you mean --epochs?": the nearest flag within two
 // edits (or the one the text starts, for an abbreviation), else nothing to suggest.
 std::string unknown_option(const std::string& arg) {
-  std::vector<std::string> flags = {"--help", "--quiet", "--nesterov", "--save-sharded"};
+  std::vector<std::string> flags = {"--help",         "--quiet",   "--nesterov",
+                                    "--save-sharded", "--summary", "--cuda-graph"};
   for (const auto& [flag, setter] : setters()) flags.push_back(flag);
   std::string best;
   size_t best_distance = 3;
@@ -598,12 +623,14 @@ std::optional<TrainOptions> parse_train_args(int argc, const char* const* argv,
       has_value = true;
     }
     if (arg == "-h" || arg == "--help") return std::nullopt;
-    if (arg == "--quiet" || arg == "--nesterov" || arg == "--save-sharded" || arg == "--summary") {
+    if (arg == "--quiet" || arg == "--nesterov" || arg == "--save-sharded" || arg == "--summary" ||
+        arg == "--cuda-graph") {
       DDP_CHECK(!has_value, "{} takes no value", arg);
-      (arg == "--quiet"      ? o.quiet
-       : arg == "--nesterov" ? o.nesterov
-       : arg == "--summary"  ? o.summary
-                             : o.save_sharded) = true;
+      (arg == "--quiet"        ? o.quiet
+       : arg == "--nesterov"   ? o.nesterov
+       : arg == "--summary"    ? o.summary
+       : arg == "--cuda-graph" ? o.cuda_graph
+                               : o.save_sharded) = true;
       o.given.insert(arg);
       continue;
     }

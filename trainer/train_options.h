@@ -114,6 +114,9 @@ struct TrainOptions {
   // fp32 | bf16: bf16 multiplies the CPU's matmuls and convolutions in bf16 with f32
   // accumulation and f32 weights (Note [cpu bf16] in runtime/ops/cpu/onednn.cpp).
   std::string precision = "fp32";
+  // --cuda-graph: capture the training step in a CUDA graph and replay it (Note
+  // [graphed steps] in trainer/epoch.cpp).
+  bool cuda_graph = false;
   // Parallelism (docs/train.md): auto = ddp when WORLD_SIZE > 1, else single.
   std::string mode = "auto";  // auto | single | ddp | dp
   std::string devices;        // dp: comma-separated devices, e.g. "cpu,cpu" or "cuda:0,cuda:1"

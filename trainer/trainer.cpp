@@ -306,6 +306,18 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
   r.task = make_task(o, r.device, rank, r.world_size);
   r.model = r.task->model();
   r.optimizer = r.task->make_optimizer(o);
+  if (o.cuda_graph) {  // Note [graphed steps] in epoch.cpp
+    DDP_CHECK_T(DeviceError, r.device.is_cuda(),
+                "--cuda-graph captures CUDA work; this run is on {} (pass --device cuda on a "
+                "machine with a GPU, or drop --cuda-graph)",
+                r.device.str());
+    DDP_CHECK(pg == nullptr && !dp,
+              "--cuda-graph captures one process's step on one GPU; this run is {} (train one "
+              "process, or drop --cuda-graph)",
+              pg ? fmt::format("rank {} of {} under a launcher", rank, r.world_size) : "--mode dp");
+    r.optimizer->set_capturable(true);  // Note [captured optimizer steps]
+    r.graphed = std::make_unique<GraphedStep>();
+  }
   r.faults = TestFaults::from_env(rank);
   // A replacement has no communicator yet: its ZeroOptimizer comes with the group it
   // joins (Note [zero replicas] in collectives/ddp/zero.h).

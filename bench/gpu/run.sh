@@ -39,6 +39,9 @@ Steps (each under `timeout`, sized so that the run fits --budget on an H100):
   ddp_bf16_nccl_w1, zero2_bf16_nccl_w1 (= reference_bf16, rtol 1e-4), ddp_bf16_shm_w2,
   dp_bf16_2replicas (half batches round their bf16 apart: no further from
                 reference_bf16 than twice the fp32 reference is, checkpoint_distance.py)
+  graph_mlp     train with and without --cuda-graph (mlp, cnn: Fashion-MNIST; gpt-mini:
+  graph_cnn     bf16, batch 16, synthetic tokens): 30 steps' losses equal, exactly, and
+  graph_gpt     no capture fallback; then ms/step of each over a longer run
   train_mlp     train --model mlp --epochs 3 on cuda:0; test accuracy vs the CPU's
   train_cnn     train --model cnn --epochs 1 on cuda:0; likewise
   parity_mlp    the same 50 (mlp) or 15 (cnn: max pooling's near-ties part the runs
@@ -77,9 +80,9 @@ options:
   --out DIR         results (default: $OUT when set, else build-gpu-results in the
                     repository, which .gitignore's /build*/ covers)
   --only LIST       run only these steps (comma-separated names above; preflight always runs)
-  --quick           the steps that fit a short device loan: --only gpu_tests, the bf16
-                    steps, parity_mlp, parity_gpt, reference, ddp_nccl_w1,
-                    elastic_nccl_w1
+  --quick           the steps that fit a short device loan: --only gpu_tests,
+                    graph_mlp, graph_gpt, the bf16 steps, parity_mlp, parity_gpt,
+                    reference, ddp_nccl_w1, elastic_nccl_w1
   --budget S        seconds for all steps after the build (default: 540, so that a run
                     fits a 10-minute command with --prebuilt); each step's time limit is
                     cut to what is left, and steps with nothing left fail as "not run";
@@ -122,7 +125,7 @@ while [[ $# -gt 0 ]]; do
     --data) need_value "$@"; data="$2"; shift 2 ;;
     --out) need_value "$@"; out="$2"; shift 2 ;;
     --only) need_value "$@"; only=",$2,"; shift 2 ;;
-    --quick) only=",gpu_tests,gpt2_bf16,gpt_mini_bf16,bf16_loss,reference_bf16,ddp_bf16_nccl_w1,zero2_bf16_nccl_w1,ddp_bf16_shm_w2,dp_bf16_2replicas,parity_mlp,parity_gpt,reference,ddp_nccl_w1,elastic_nccl_w1,"; shift ;;
+    --quick) only=",gpu_tests,graph_mlp,graph_gpt,gpt2_bf16,gpt_mini_bf16,bf16_loss,reference_bf16,ddp_bf16_nccl_w1,zero2_bf16_nccl_w1,ddp_bf16_shm_w2,dp_bf16_2replicas,parity_mlp,parity_gpt,reference,ddp_nccl_w1,elastic_nccl_w1,"; shift ;;
     --allow-no-gpu) allow_no_gpu=1; shift ;;
     --device) need_value "$@"; dev="$2"; shift 2 ;;
     --budget) need_value "$@"; budget="$2"; shift 2 ;;
@@ -130,7 +133,7 @@ while [[ $# -gt 0 ]]; do
     *) die_usage "unknown option '$1'; valid: --prebuilt, --build-dir, --arch, --prefix, --no-tests, --jobs, --data, --out, --only, --quick, --allow-no-gpu, --device, --budget, --help" ;;
   esac
 done
-readonly kSteps=",gpu_tests,gpt2_bf16,gpt_mini_bf16,bf16_loss,reference_bf16,ddp_bf16_nccl_w1,zero2_bf16_nccl_w1,ddp_bf16_shm_w2,dp_bf16_2replicas,train_mlp,train_cnn,parity_mlp,parity_cnn,reference,ddp_nccl_w1,elastic_nccl_w1,ddp_shm_w2,dp_2replicas,zero2_nccl_w1,zero1_shm_w2,zero2_shm_w2,parity_gpt,ddp_gpt_nccl_w1,bench_device,bench_gemm,torch_mlp,torch_cnn,gpt_mini,gpt2,"
+readonly kSteps=",gpu_tests,gpt2_bf16,gpt_mini_bf16,bf16_loss,reference_bf16,ddp_bf16_nccl_w1,zero2_bf16_nccl_w1,ddp_bf16_shm_w2,dp_bf16_2replicas,graph_mlp,graph_cnn,graph_gpt,train_mlp,train_cnn,parity_mlp,parity_cnn,reference,ddp_nccl_w1,elastic_nccl_w1,ddp_shm_w2,dp_2replicas,zero2_nccl_w1,zero1_shm_w2,zero2_shm_w2,parity_gpt,ddp_gpt_nccl_w1,bench_device,bench_gemm,torch_mlp,torch_cnn,gpt_mini,gpt2,"
 for name in ${only//,/ }; do
   [[ $kSteps == *",$name,"* ]] || die_usage "--only: unknown step '$name'; valid: ${kSteps:1:-1}"
 done

@@ -96,6 +96,49 @@ train_step() {
   fi
 }
 
+# graph_step STEP STEPS TRAIN_ARGS... (graph_mlp, graph_cnn, graph_gpt; Note [graphed
+# steps] in trainer/epoch.cpp): `train TRAIN_ARGS` with and without --cuda-graph on the
+# device. 30 steps with --loss-log: every step's loss equal (a replay runs the eager
+# step's kernels on the same numbers), and no "could not be captured" fallback; then
+# STEPS steps of each without --loss-log (its read of every loss would time the host's
+# waits too): ms per step from --metrics, where capturing the step pays.
+graph_step() {
+  local step=$1 steps=$2 rc line mode eager_ms graph_ms
+  shift 2
+  selected "$step" || return
+  [[ " $* " == *" $data "* ]] && { have_data "$step" || return; }
+  skip_cuda "$step" "losses equal; ms/step eager vs graph" && return
+  if [[ $dev == cpu ]]; then record "$step" "skipped: --cuda-graph needs CUDA (--device cpu)"; return; fi
+  for mode in eager graph; do
+    local graph_flag=()
+    [[ $mode == graph ]] && graph_flag=(--cuda-graph)
+    run_logged "$step.$mode" 180 "$bin/train" "$@" --device "$dev" "${graph_flag[@]}" --max-steps 30 \
+      --loss-log "$logs/$step.$mode.loss"
+    rc=$?
+    if [[ $rc -ne 0 ]]; then record "$step" "FAILED: the $mode run: $(why_failed "$step.$mode" "$rc")"; return; fi
+  done
+  if grep -q "could not be captured" "$logs/$step.graph.log"; then
+    record "$step" "FAILED: the step was not captured: $(grep -m1 'could not be captured' "$logs/$step.graph.log" |
+      cut -c1-200 | tr '|\t' '/ ')"
+    return
+  fi
+  line=$(results losses "$logs/$step.eager.loss" "$logs/$step.graph.loss" 0)
+  rc=$?
+  if [[ $rc -ne 0 ]]; then record "$step" "FAILED: the replayed steps' losses differ" "$line" "= eager, exactly"; return; fi
+  for mode in eager graph; do
+    local graph_flag=()
+    [[ $mode == graph ]] && graph_flag=(--cuda-graph)
+    run_logged "$step.$mode.timed" 180 "$bin/train" "$@" --device "$dev" "${graph_flag[@]}" --max-steps "$steps" \
+      --metrics "$logs/$step.$mode.metrics.jsonl"
+    rc=$?
+    if [[ $rc -ne 0 ]]; then record "$step" "FAILED: the timed $mode run: $(why_failed "$step.$mode.timed" "$rc")"; return; fi
+  done
+  eager_ms=$(results metric "$logs/$step.eager.metrics.jsonl" step_ms)
+  graph_ms=$(results metric "$logs/$step.graph.metrics.jsonl" step_ms)
+  record "$step" "ok" "$graph_ms ms/step with --cuda-graph vs $eager_ms eager ($(awk -v e="$eager_ms" \
+    -v g="$graph_ms" 'BEGIN { printf "%.2fx", e / g }')); 30 steps' losses equal" "= eager, exactly"
+}
+
 # parity_step STEP MODEL STEPS: STEPS steps on cpu and on cuda:0, losses step by step.
 # The CNN's runs part after ~15 steps on an H200 (2026-11-26): equal to 4e-6 through
 # step 16, then 5e-5 at step 18 and ~1e-4..1e-3 after. That is max pooling taking
@@ -476,6 +519,11 @@ run_steps() {
   selected gpu_tests && step_gpu_tests
   # bf16 first (issue 29): they are what a lent GPU is for now; --budget cuts the tail.
   run_bf16_steps
+  # Issue 29's CUDA graphs: replays equal to eager steps, and what they save.
+  graph_step graph_mlp 400 --model mlp --data "$data" --epochs 1 --seed 3 --quiet
+  graph_step graph_cnn 200 --model cnn --data "$data" --epochs 1 --seed 3 --quiet
+  graph_step graph_gpt 150 --model gpt-mini --data synthetic --precision bf16 --batch-size 16 --epochs 1 \
+    --seed 3 --quiet
   train_step train_mlp mlp 3 "$kMlpCpuAcc"
   train_step train_cnn cnn 1 "$kCnnCpuAcc"
   parity_step parity_mlp mlp 50

@@ -99,6 +99,28 @@ TEST(TrainOptions, DropLastDefaultsAndErrors) {
             std::string::npos);
 }
 
+TEST(TrainOptions, CudaGraphNamesWhatItCannotCapture) {
+  EXPECT_FALSE(parse({}).cuda_graph);
+  EXPECT_TRUE(parse({"--cuda-graph", "--device", "cuda:0", "--model", "gpt-tiny"}).cuda_graph);
+  auto error = [](std::vector<const char*> args) {
+    args.insert(args.begin(), "train");
+    args.push_back("--cuda-graph");
+    try {
+      parse_train_args(static_cast<int>(args.size()), args.data(), models::zoo_catalog());
+    } catch (const ValueError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error({"--device", "cpu"}).find("this run has --device cpu"), std::string::npos);
+  EXPECT_NE(error({"--mode", "dp", "--devices", "cuda:0,cuda:1"}).find("this run has --mode dp"),
+            std::string::npos);
+  EXPECT_NE(error({"--grad-accum", "4"}).find("this run has --grad-accum 4"), std::string::npos);
+  EXPECT_NE(error({"--on-nonfinite", "skip"}).find("use --on-nonfinite stop with --cuda-graph"),
+            std::string::npos);
+  EXPECT_NE(error({"--cuda-graph=yes"}).find("--cuda-graph takes no value"), std::string::npos);
+}
+
 TEST(TrainOptions, BadGptSpecIsAUsageError) {
   EXPECT_THROW(
       parse_train_args(3, std::vector<const char*>{"train", "--model", "gpt:layers=0"}.data(),
