@@ -6,6 +6,7 @@
 #include "models/gpt.h"
 #include "runtime/autograd/autocast.h"
 #include "runtime/autograd/functions.h"
+#include "runtime/cuda_graph.h"
 #include "runtime/memory/allocator.h"
 #include "runtime/ops/cuda/linear_lt.h"
 #include "runtime/ops/ops.h"
@@ -248,13 +249,25 @@ int run_gpt_bench(const BenchOptions& o, const Reporter& reporter) {
   const std::string ops_flag = o.flag("--ops", "no");
   DDP_CHECK(ops_flag == "yes" || ops_flag == "no", "--ops expects yes or no, got '{}'", ops_flag);
   const bool ops = ops_flag == "yes";
+  const std::string graph_flag = o.flag("--cuda-graph", "no");
+  DDP_CHECK(graph_flag == "yes" || graph_flag == "no", "--cuda-graph expects yes or no, got '{}'",
+            graph_flag);
+  const bool graphed = graph_flag == "yes";
+  DDP_CHECK(!graphed || o.device.is_cuda(),
+            "--cuda-graph yes captures CUDA work; this run is on {} (pass --device cuda)",
+            o.device.str());
   const TimingOptions timing = o.timing(2, 10);
+  DDP_CHECK(!graphed || timing.warmup >= 2,
+            "--cuda-graph yes captures after the warm-up steps, which make the optimizer's "
+            "state and the libraries' plans: --warmup {} must be at least 2",
+            timing.warmup);
   Generator gen(1234);
   auto model = models::make_gpt(config, gen);
   model->to(o.device);
   const models::DecayGroups groups = models::decay_groups(*model);
   optim::AdamW optimizer({{groups.decay, 0.1f}, {groups.no_decay, 0.0f}},
                          {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f});
+  optimizer.set_capturable(graphed);  // Note [captured optimizer steps]
   // Fixed pseudo-random tokens: a step's work does not depend on their values.
   std::mt19937_64 rng(99);
   std::vector<int64_t> ids(static_cast<size_t>(batch * config.context));
@@ -268,7 +281,32 @@ int run_gpt_bench(const BenchOptions& o, const Reporter& reporter) {
                   bf16 ? "bf16 autocast" : "fp32", timing.warmup, timing.repeats));
   if (o.device.is_cuda()) reset_peak_memory_stats(o.device);
   std::vector<Phases> steps;
+  CudaGraph graph;
   for (int s = 0; s < timing.warmup + timing.repeats; ++s) {
+    if (graphed && s >= timing.warmup) {  // Note [graphed steps] in trainer/epoch.cpp
+      if (!graph.captured()) {
+        graph.capture(o.device, [&] {
+          optimizer.zero_grad();  // in place
+          Tensor loss;
+          {
+            const AutocastGuard mixed_precision(DType::bf16, bf16);
+            const Tensor logits = (*model)(inputs);
+            loss =
+                functional::cross_entropy(functional::reshape(logits, {-1, config.vocab}), targets);
+          }
+          backward(loss);
+          optim::clip_grad_norm_on_device(model->parameters(), 1.0);
+          optimizer.apply_step();
+        });
+      }
+      Phases p;
+      const auto start = Clock::now();
+      optimizer.prepare_step();
+      graph.replay();
+      p.forward = ms_since(start, o.device);  // the whole step
+      steps.push_back(p);
+      continue;
+    }
     Phases p;
     auto start = Clock::now();
     optimizer.zero_grad();
@@ -308,6 +346,7 @@ int run_gpt_bench(const BenchOptions& o, const Reporter& reporter) {
       .add("parameters", model->num_parameters())
       .add("batch", batch)
       .add("precision", bf16 ? "bf16" : "fp32")
+      .add("cuda_graph", graphed ? "yes" : "no")
       .add("tokens_per_s", tokens_per_s, 0)
       .add("step_ms", median.total(), 1)
       .add("forward_ms", median.forward, 1)

@@ -361,12 +361,13 @@ bf16_peak_tflops() {
   esac
 }
 
-# gpt_bf16_step STEP MODEL BATCH: tokens/s, MFU and peak device memory of `bench gpt
-# --precision bf16` against PyTorch at its strictest (torch.compile, bf16 autocast,
+# gpt_bf16_step STEP MODEL BATCH [graph]: tokens/s, MFU and peak device memory of `bench
+# gpt --precision bf16` against PyTorch at its strictest (torch.compile, bf16 autocast,
 # flash SDPA, fused AdamW, TF32: torch_gpt_train.py --strict) and its eager bf16 form,
-# same model, batch and optimizer, on the same GPU.
+# same model, batch and optimizer, on the same GPU. With `graph`, also ours with the
+# step captured in a CUDA graph (bench gpt --cuda-graph yes), and its ratio to PyTorch.
 gpt_bf16_step() {
-  local step=$1 model=$2 batch=$3 rc peak ours ms mfu mem figure
+  local step=$1 model=$2 batch=$3 rc peak ours ms mfu mem figure graphed=""
   selected "$step" || return
   skip_cuda "$step" && return
   [[ $dev == cpu ]] && { record "$step" "skipped: bf16 autocast is for CUDA (--device cpu)"; return; }
@@ -399,6 +400,18 @@ $(results json-key "$logs/$step.packed.jsonl" peak_device_mib 2>/dev/null || ech
   else
     figure+="; packed attention FAILED: $(why_failed "$step.packed" "$?")"
   fi
+  if [[ ${4:-} == graph ]]; then
+    # shellcheck disable=SC2016
+    if run_logged "$step.graph" 180 sh -c '"$1" gpt --device "$2" --model "$3" --batch-size "$4" \
+      --precision bf16 --peak-tflops "$6" --warmup 3 --repeats 10 --cuda-graph yes --json >"$5"' sh \
+      "$bin/bench" "$dev" "$model" "$batch" "$logs/$step.graph.jsonl" "$peak"; then
+      graphed=$(results json-key "$logs/$step.graph.jsonl" tokens_per_s)
+      figure+="; with --cuda-graph $graphed tokens/s ($(results json-key "$logs/$step.graph.jsonl" step_ms) \
+ms/step)"
+    else
+      figure+="; --cuda-graph FAILED: $(why_failed "$step.graph" "$?")"
+    fi
+  fi
   if ! torch_can_run; then record "$step" "ok" "$figure" "no CUDA PyTorch for $python"; return; fi
   local form reference="" theirs tmem
   for form in strict eager; do
@@ -414,7 +427,8 @@ $(results json-key "$logs/$step.packed.jsonl" peak_device_mib 2>/dev/null || ech
     theirs=$(results json-key "$logs/$step.torch_$form.log" tokens_per_s)
     tmem=$(results json-key "$logs/$step.torch_$form.log" peak_memory_mib 2>/dev/null || echo "?")
     reference+="${reference:+; }PyTorch $form $theirs tokens/s, peak $tmem MiB (ours/PyTorch $(awk -v a="$ours" \
-      -v b="$theirs" 'BEGIN { printf "%.2f", a / b }'))"
+      -v b="$theirs" 'BEGIN { printf "%.2f", a / b }')${graphed:+, with --cuda-graph $(awk -v a="$graphed" \
+      -v b="$theirs" 'BEGIN { printf "%.2f", a / b }')})"
   done
   record "$step" "ok" "$figure" "$reference"
 }
@@ -498,7 +512,7 @@ bf16_compare_steps() {
 
 run_bf16_steps() {
   gpt_bf16_step gpt2_bf16 gpt2 16
-  gpt_bf16_step gpt_mini_bf16 gpt-mini 16
+  gpt_bf16_step gpt_mini_bf16 gpt-mini 16 graph
   step_bf16_loss
   if selected reference_bf16 || selected ddp_bf16_nccl_w1 || selected zero2_bf16_nccl_w1 ||
     selected ddp_bf16_shm_w2 || selected dp_bf16_2replicas; then
