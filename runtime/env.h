@@ -113,6 +113,10 @@ inline constexpr const char* kTestBf16Emulate = "DDP_TEST_BF16_EMULATE";
 // (Note [autocast]; the CPU widens 16-bit tensors, so it is slow) instead of oneDNN's bf16
 // matmuls, so DDP, ZeRO and DataParallel under autocast are tested on CPU ranks.
 inline constexpr const char* kTestCpuAutocast = "DDP_TEST_CPU_AUTOCAST";
+// Testing aid: "1" lets `train --cuda-graph` run on the CPU, where every capture fails
+// (the CPU has no graphs): the run takes the failed capture's eager path (Note [graphed
+// steps] in trainer/epoch.cpp), whose numbers a test compares with a run without it.
+inline constexpr const char* kTestCudaGraphOnCpu = "DDP_TEST_CUDA_GRAPH_ON_CPU";
 
 // The value of a variable, or nullopt when unset or empty.
 std::optional<std::string> get(const char* name);

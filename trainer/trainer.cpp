@@ -307,7 +307,8 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
   r.model = r.task->model();
   r.optimizer = r.task->make_optimizer(o);
   if (o.cuda_graph) {  // Note [graphed steps] in epoch.cpp
-    DDP_CHECK_T(DeviceError, r.device.is_cuda(),
+    DDP_CHECK_T(DeviceError,
+                r.device.is_cuda() || env::get(env::kTestCudaGraphOnCpu).value_or("") == "1",
                 "--cuda-graph captures CUDA work; this run is on {} (pass --device cuda on a "
                 "machine with a GPU, or drop --cuda-graph)",
                 r.device.str());
