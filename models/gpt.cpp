@@ -18,6 +18,8 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <map>
+#include <tuple>
 #include <utility>
 
 namespace ddp::models {
@@ -156,17 +158,23 @@ class Transformer : public nn::Cloneable<Transformer> {
  private:
   // Positions 0..t-1 in every row of [b, t], on the tokens' device, made once per (b, t,
   // device): a host-to-device copy per forward would block the host until the device
-  // had run everything queued (Note [copy semantics] in runtime/ops/copy.cpp).
+  // had run everything queued (Note [copy semantics] in runtime/ops/copy.cpp). Each is
+  // kept, never replaced: a captured CUDA graph reads the one it was captured with at
+  // every replay, while a batch of another shape runs eagerly between replays (Note
+  // [graphed steps] in trainer/epoch.cpp).
   const Tensor& positions(int64_t b, int64_t t, const Device& device) {
-    if (!positions_.defined() || positions_.size(0) != b || positions_.size(1) != t ||
-        positions_.device() != device) {
+    const auto key = std::make_tuple(b, t, static_cast<int>(device.type), device.index);
+    auto it = positions_.find(key);
+    if (it == positions_.end()) {
       std::vector<int64_t> ids(static_cast<size_t>(b * t));
       for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i) % t;
-      positions_ = from_vector(ids, {b, t}, {.dtype = DType::i64, .device = device});
+      it =
+          positions_.emplace(key, from_vector(ids, {b, t}, {.dtype = DType::i64, .device = device}))
+              .first;
     }
-    return positions_;
+    return it->second;
   }
-  Tensor positions_;
+  std::map<std::tuple<int64_t, int64_t, int, int>, Tensor> positions_;
 
  public:
   Tensor token_embedding() const { return typed<nn::Embedding>(own_child("wte"))->weight; }

@@ -41,12 +41,7 @@ void CudaGraph::capture(const Device& device, const std::function<void()>& work,
       StreamGuard on_capture_stream(stream_);
       work();
     } catch (...) {
-      try {
-        cuda_api::graph_destroy(device.index,
-                                cuda_api::stream_end_capture(device.index, stream_.handle()));
-      } catch (...) {
-        // The capture is out of the stream either way; `work`'s error says what happened.
-      }
+      cuda_api::stream_abort_capture(device.index, stream_.handle());  // `work`'s error says why
       throw;
     }
     graph = cuda_api::stream_end_capture(device.index, stream_.handle());
@@ -75,7 +70,9 @@ void CudaGraph::replay() {
 CudaGraph::~CudaGraph() {
   if (graph_ == nullptr) return;
   try {
-    stream_.synchronize();  // the pool's blocks go back: no replay may still use them
+    // The pool's blocks go back to the system: no replay, and no work of another stream
+    // that read the graph's outputs (after_), may still use them.
+    synchronize(device_);
     cuda_api::graph_destroy(device_.index, graph_);
     device_allocator(device_).release_pool(pool_);
   } catch (const std::exception& e) {

@@ -169,9 +169,10 @@ void update(Run& r, int64_t step, int64_t epoch, const Tensor& step_loss, StepTi
 // the same tensors serve the eager and the replayed steps; a value differs from an
 // eager run's only in the sign of a zero gradient, which no update sees. A batch of
 // another shape (a padded or partial last batch) and the DDP_TEST_NAN_STEP step run
-// eagerly. A capture that fails (a host read in the step, dropout, which would draw
-// one mask for every replay) prints one line with the reason, and the run goes on
-// eagerly from the same state: nothing captured ran.
+// eagerly, and the capture waits for a batch of the shape the eager step before it
+// had. A capture or a replay that fails (a host read in the step, dropout, which would
+// draw one mask for every replay) prints one line with the reason, and the run goes
+// on eagerly from the same state: nothing captured ran.
 constexpr int64_t kEagerSteps = 2;
 
 // One step of one micro-batch without a graph, on `batch`: --cuda-graph's eager
@@ -199,6 +200,21 @@ bool fits(const Batch& graph_inputs, const Batch& batch) {
          same(graph_inputs.labels, batch.labels);
 }
 
+// The step whose capture or replay failed (`what`): one warning, then this step and
+// every later one eagerly; nothing captured ran, and prepare_step() did this step's
+// host half. Returns the step's samples.
+int64_t graph_failed(Run& r, int64_t step, int64_t epoch, Tensor& step_loss, Tensor& last_loss,
+                     StepTiming& timing, const char* what, const std::exception& e) {
+  GraphedStep& g = *r.graphed;
+  g.off = true;
+  g.loss = Tensor();
+  g.grad_norm = Tensor();
+  DDP_LOG_WARN("--cuda-graph: step {} could not be {} ({}); training goes on without a graph", step,
+               what, e.what());
+  eager_step(r, g.batch, step, epoch, step_loss, last_loss, timing, /*prepared=*/true);
+  return g.batch.labels.size(0);
+}
+
 // A step under --cuda-graph (Note [graphed steps]); returns train_step's answer.
 int64_t graphed_step(Run& r, Tensor& step_loss, Tensor& last_loss, PhaseTotals& t, int64_t epoch) {
   GraphedStep& g = *r.graphed;
@@ -209,10 +225,15 @@ int64_t graphed_step(Run& r, Tensor& step_loss, Tensor& last_loss, PhaseTotals& 
   if (!r.task->next(batch)) return 0;
   t.data += timing.clock.lap();
   const int64_t samples = batch.labels.size(0);
-  const bool capture = !g.off && !g.graph.captured() && g.eager_steps >= kEagerSteps;
-  const bool replay = g.graph.captured() && fits(g.batch, batch);
+  // Captured on a batch of the shape the last eager step had: not on a short last batch.
+  const bool capture =
+      !g.off && !g.graph.captured() && g.eager_steps >= kEagerSteps && fits(g.batch, batch);
+  const bool replay = !g.off && g.graph.captured() && fits(g.batch, batch);
   if (step == r.faults.nan_step || !(capture || replay)) {
-    if (!g.graph.captured()) ++g.eager_steps;
+    if (!g.graph.captured()) {
+      ++g.eager_steps;
+      g.batch = batch;  // its shape; the capture clones a batch of its own
+    }
     eager_step(r, batch, step, epoch, step_loss, last_loss, timing, /*prepared=*/false);
     return samples;
   }
@@ -237,19 +258,15 @@ int64_t graphed_step(Run& r, Tensor& step_loss, Tensor& last_loss, PhaseTotals& 
         r.optimizer->apply_step();
       });
     } catch (const std::exception& e) {
-      g.off = true;
-      g.loss = Tensor();
-      g.grad_norm = Tensor();
-      DDP_LOG_WARN(
-          "--cuda-graph: step {} could not be captured ({}); training goes on without "
-          "a graph",
-          step, e.what());
-      eager_step(r, g.batch, step, epoch, step_loss, last_loss, timing, /*prepared=*/true);
-      return samples;
+      return graph_failed(r, step, epoch, step_loss, last_loss, timing, "captured", e);
     }
   }
   timing.phase.next("graph replay");
-  g.graph.replay();
+  try {
+    g.graph.replay();
+  } catch (const std::exception& e) {  // a launch that failed ran nothing
+    return graph_failed(r, step, epoch, step_loss, last_loss, timing, "replayed", e);
+  }
   {
     NoGradGuard no_grad;
     step_loss = g.loss.clone();  // the next replay rewrites g.loss

@@ -147,8 +147,10 @@ class WindowBatches {
                                           static_cast<size_t>(rows_of(rank_, next_)));
     ++next_;
     TokenBatch b = window_batch(stream_, starts, sampler_.context());
-    out.inputs = b.inputs.to(device);
-    out.labels = b.targets.to(device);
+    // non_blocking: staged through pinned memory, so the host does not wait for the
+    // device's queued work at every batch (Note [copy semantics] in runtime/ops/copy.cpp).
+    out.inputs = b.inputs.to(device, /*non_blocking=*/true);
+    out.labels = b.targets.to(device, /*non_blocking=*/true);
     return true;
   }
 

@@ -25,6 +25,7 @@ CublasLibrary load() {
   api.create = lib.function<decltype(api.create)>("cublasCreate_v2");
   api.destroy = lib.function<decltype(api.destroy)>("cublasDestroy_v2");
   api.set_stream = lib.function<decltype(api.set_stream)>("cublasSetStream_v2");
+  api.set_workspace = lib.function<decltype(api.set_workspace)>("cublasSetWorkspace_v2");
   api.sgemm = lib.function<decltype(api.sgemm)>("cublasSgemm_v2");
   api.sgemm_strided_batched =
       lib.function<decltype(api.sgemm_strided_batched)>("cublasSgemmStridedBatched");

@@ -27,6 +27,7 @@ struct CublasLibrary {
   decltype(&cublasCreate_v2) create;
   decltype(&cublasDestroy_v2) destroy;
   decltype(&cublasSetStream_v2) set_stream;
+  decltype(&cublasSetWorkspace_v2) set_workspace;
   decltype(&cublasSgemm_v2) sgemm;
   decltype(&cublasSgemmStridedBatched) sgemm_strided_batched;
   CublasGemmEx gemm_ex;

@@ -355,13 +355,28 @@ GraphHandle stream_end_capture(int device, StreamHandle stream) {
                     device));
   }
   cudaGraphExec_t exec = nullptr;
-  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  // A library's allocation left in the graph (a memory node not freed in it) is freed
+  // before the next launch, which would fail otherwise; as PyTorch instantiates.
+  const cudaError_t inst =
+      cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch);
   (void)cudaGraphDestroy(graph);  // the instantiated graph does not need it
   if (inst != cudaSuccess) {
     (void)cudaGetLastError();
     detail::throw_cuda_error(inst, fmt::format("cudaGraphInstantiate on cuda:{}", device));
   }
   return exec;
+}
+
+void stream_abort_capture(int device, StreamHandle stream) noexcept {
+  try {
+    DeviceGuard guard(device);
+    cudaGraph_t graph = nullptr;
+    (void)cudaStreamEndCapture(to_stream(stream), &graph);
+    if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+  } catch (...) {
+    // DeviceGuard failed: the device is gone, and the capture with it.
+  }
 }
 
 bool stream_is_capturing(int device, StreamHandle stream) {

@@ -98,6 +98,9 @@ void stream_begin_capture(int device, StreamHandle stream);
 // CudaError when the capture broke, naming the likely causes; the stream is out of
 // capture either way.
 GraphHandle stream_end_capture(int device, StreamHandle stream);
+// Ends the capture begun on `stream` and drops what it recorded (the error path of a
+// capture: nothing is instantiated). Never throws.
+void stream_abort_capture(int device, StreamHandle stream) noexcept;
 // Whether `stream` is capturing (or its capture broke and has not ended).
 bool stream_is_capturing(int device, StreamHandle stream);
 void graph_launch(int device, GraphHandle graph, StreamHandle stream);

@@ -119,6 +119,7 @@ void stream_begin_capture(int, StreamHandle) {
 GraphHandle stream_end_capture(int, StreamHandle) {
   no_cuda("stream_end_capture");
 }
+void stream_abort_capture(int, StreamHandle) noexcept {}
 bool stream_is_capturing(int, StreamHandle) {
   no_cuda("stream_is_capturing");
 }

@@ -269,6 +269,7 @@ uint64_t CachingAllocator::begin_capture(const Stream& capture, const Stream& af
             pool);
   if (pool == 0) pool = next_pool_++;
   Pool& p = pools_[pool];
+  if (p.users == 0) p.after = after;
   DDP_CHECK(!p.capturing, "{}: graph pool {} is already capturing on another stream", backend_.name,
             pool);
   p.capturing = true;
@@ -298,6 +299,7 @@ void CachingAllocator::release_pool(uint64_t pool) {
             "it after the capture",
             backend_.name, pool);
   std::vector<Block*> gone = std::move(it->second.parked);
+  const Stream after = it->second.after;
   pools_.erase(it);
   for (auto b = free_.begin(); b != free_.end();) {
     if ((*b)->pool == pool) {
@@ -314,7 +316,9 @@ void CachingAllocator::release_pool(uint64_t pool) {
     delete block;
   }
   for (auto& [ptr, block] : live_) {
-    if (block->pool == pool) block->pool = 0;  // an output still referenced
+    if (block->pool != pool) continue;
+    block->pool = 0;  // an output still referenced: the graph is done with it
+    block->stream = after;
   }
 }
 

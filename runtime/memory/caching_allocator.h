@@ -42,7 +42,7 @@
 //   device) and an allocation that finds no memory throws at once.
 // - release_pool(id), once no replay runs any more: the pool's free and parked blocks
 //   are returned to the system; its live blocks (a graph's outputs still referenced)
-//   become ordinary blocks of S.
+//   become ordinary blocks of A (S, the capture stream, dies with the graph).
 // - The pool counts in allocated/reserved as any block.
 #pragma once
 
@@ -107,6 +107,7 @@ class CachingAllocator : public Allocator {
     uint64_t pool = 0;
   };
   struct Pool {
+    Stream after;                // A of its first capture: its live blocks' stream once released
     std::vector<Block*> parked;  // freed, not reusable until the pool is released
     int users = 0;               // graphs captured into it, not yet released
     bool capturing = false;

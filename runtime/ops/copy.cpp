@@ -24,6 +24,7 @@
 // the hardware allows it; without it the driver stages the copy, which is slower but
 // equally correct.
 #include "runtime/cuda/cuda_api.h"
+#include "runtime/cuda_graph.h"
 #include "runtime/ops/copy_plan.h"
 #include "runtime/ops/ops.h"
 #include "runtime/stream.h"
@@ -84,6 +85,14 @@ void copy_between_gpus(Tensor& dst, const Tensor& src, size_t bytes) {
 void copy_with_host(Tensor& dst, const Tensor& src, size_t bytes, const CopyPlan& plan) {
   const Device& gpu = dst.device().is_cuda() ? dst.device() : src.device();
   const Stream stream = current_stream(gpu);
+  // Note [cuda graphs]: a replay would copy the same host bytes (a staging buffer long
+  // reused, or whatever the host memory holds by then), and a pinned block's event
+  // recorded in the capture could never be queried.
+  DDP_CHECK(plan.route == CopyRoute::same_gpu || !is_capturing(gpu),
+            "copy_ between the host and {} while a CUDA graph is being captured: a replay "
+            "would repeat this copy of the host's bytes as they were; copy into the graph's "
+            "input tensors before replay() instead (docs/cuda_graphs.md)",
+            gpu.str());
   const void* from = src.data_ptr();
   // The host side of the copy (none on one GPU), or the pinned staging copy of a source.
   Tensor host_side = plan.route == CopyRoute::host_to_gpu   ? src

@@ -65,8 +65,8 @@ void Optimizer::set_lr(float lr) {
 
 void Optimizer::set_capturable(bool on) {
   DDP_CHECK(!on || can_capture(),
-            "optimizer {} cannot be captured in a CUDA graph (Note [captured optimizer steps]); "
-            "sgd and adamw can",
+            "this {} optimizer cannot be captured in a CUDA graph (Note [captured optimizer "
+            "steps]); plain SGD and AdamW can, not ZeRO's sharded ones",
             name());
   capturable_ = on;
 }
@@ -119,6 +119,64 @@ void check_not_capturing(const Tensor& param, const std::string& name, size_t in
 
 }  // namespace
 
+std::vector<size_t> Optimizer::begin_prepare(const char* call) {
+  check_capturable(capturable_, name(), call);
+  const Device device = capture_device(params_, name());
+  DDP_CHECK(!is_capturing(device),
+            "{}: prepare_step() is the host's half of a step and runs before each replay, not "
+            "inside a capture (capture apply_step(); Note [captured optimizer steps])",
+            name());
+  std::vector<size_t> updated;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (grad(params_[i]).defined()) updated.push_back(i);
+  }
+  DDP_CHECK(!captured_ || updated == updated_,
+            "{}: {} parameters have a gradient now, {} when apply_step() was captured (or "
+            "others); a graph updates the parameters it captured: capture again after such a "
+            "change (Note [captured optimizer steps])",
+            name(), updated.size(), updated_.size());
+  return updated;
+}
+
+void Optimizer::end_prepare(std::vector<size_t> updated) {
+  updated_ = std::move(updated);
+  prepared_ = true;
+  ++steps_;
+}
+
+const std::vector<size_t>& Optimizer::begin_apply() {
+  check_capturable(capturable_, name(), "apply_step");
+  DDP_CHECK(prepared_,
+            "{}: apply_step() without a prepare_step() before it; each update is one of each "
+            "(Note [captured optimizer steps])",
+            name());
+  size_t k = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const bool prepared = k < updated_.size() && updated_[k] == i;
+    DDP_CHECK(grad(params_[i]).defined() == prepared,
+              "{}: parameter {} {} at prepare_step() and {} now; the parameters with "
+              "gradients must stay the same from one half to the other",
+              name(), i, prepared ? "had a gradient" : "had no gradient",
+              prepared ? "has none" : "has one");
+    if (prepared) ++k;
+  }
+  return updated_;
+}
+
+void Optimizer::end_apply() {
+  prepared_ = false;
+  if (is_capturing(params_.front().device())) captured_ = true;
+}
+
+void Optimizer::check_not_captured_plain() const {
+  if (params_.empty()) return;
+  DDP_CHECK(!is_capturing(params_.front().device()),
+            "{}: step() inside a CUDA graph capture would fix this step's learning rate and "
+            "step counts for every replay; call set_capturable(true), then prepare_step() "
+            "before each replay and capture apply_step() (Note [captured optimizer steps])",
+            name());
+}
+
 void Optimizer::zero_grad(bool set_to_none) {
   for (Tensor& p : params_) {
     Tensor g = grad(p);
@@ -145,27 +203,31 @@ void SGD::step() {
     apply_step();
     return;
   }
-  update(nullptr);
+  check_not_captured_plain();
+  std::vector<size_t> all;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (grad(params_[i]).defined()) all.push_back(i);
+  }
+  update(all, nullptr);
   ++steps_;
 }
 
 void SGD::prepare_step() {
-  check_capturable(capturable_, name(), "prepare_step");
-  upload(lr_on_device_, {lr_}, capture_device(params_, name()));
-  ++steps_;
+  std::vector<size_t> updated = begin_prepare("prepare_step");
+  upload(lr_on_device_, {lr_}, params_.front().device());  // one float: never reallocated
+  end_prepare(std::move(updated));
 }
 
 void SGD::apply_step() {
-  check_capturable(capturable_, name(), "apply_step");
-  DDP_CHECK(lr_on_device_.defined(), "{}: apply_step() before any prepare_step()", name());
-  update(static_cast<const float*>(lr_on_device_.data_ptr()));
+  const std::vector<size_t>& which = begin_apply();
+  update(which, static_cast<const float*>(lr_on_device_.data_ptr()));
+  end_apply();
 }
 
-void SGD::update(const float* lr_on_device) {
+void SGD::update(const std::vector<size_t>& which, const float* lr_on_device) {
   NoGradGuard no_grad;
-  for (size_t i = 0; i < params_.size(); ++i) {
+  for (size_t i : which) {
     const Tensor g = grad(params_[i]);
-    if (!g.defined()) continue;
     kernels::SgdStep s{.lr = lr_,
                        .momentum = options_.momentum,
                        .weight_decay = options_.weight_decay,
@@ -239,6 +301,7 @@ void AdamW::step() {
     apply_step();
     return;
   }
+  check_not_captured_plain();
   NoGradGuard no_grad;
   std::vector<Tensor> params, grads, m, v;
   std::vector<kernels::AdamWStep> steps;
@@ -246,7 +309,6 @@ void AdamW::step() {
     const Tensor g = grad(params_[i]);
     if (!g.defined()) continue;
     if (!exp_avg_[i].defined()) {
-      check_not_capturing(params_[i], name(), i, "moments");
       exp_avg_[i] = zeros_like(params_[i]);
       exp_avg_sq_[i] = zeros_like(params_[i]);
     }
@@ -280,43 +342,39 @@ kernels::AdamWStep AdamW::step_of(size_t i) const {
 }
 
 void AdamW::prepare_step() {
-  check_capturable(capturable_, name(), "prepare_step");
-  const Device device = capture_device(params_, name());
+  std::vector<size_t> updated = begin_prepare("prepare_step");
   NoGradGuard no_grad;
-  prepared_params_.clear();
   std::vector<kernels::AdamWStep> steps;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (!grad(params_[i]).defined()) continue;
+  for (size_t i : updated) {
     if (!exp_avg_[i].defined()) {  // made here, before any capture of apply_step()
       exp_avg_[i] = zeros_like(params_[i]);
       exp_avg_sq_[i] = zeros_like(params_[i]);
     }
-    ++param_steps_[i];
-    prepared_params_.push_back(i);
-    steps.push_back(step_of(i));
+    kernels::AdamWStep s = step_of(i);
+    ++s.step;
+    steps.push_back(s);
   }
-  if (!steps.empty()) upload(constants_, adamw_constants_table(steps), device);
-  ++steps_;
+  // The table's size follows the fixed set of parameters once captured: its address
+  // stays the one the graph reads (begin_prepare checked the set).
+  if (!steps.empty()) upload(constants_, adamw_constants_table(steps), params_.front().device());
+  for (size_t i : updated) ++param_steps_[i];  // counted once the upload is queued
+  end_prepare(std::move(updated));
 }
 
 void AdamW::apply_step() {
-  check_capturable(capturable_, name(), "apply_step");
+  const std::vector<size_t>& which = begin_apply();
   NoGradGuard no_grad;
   std::vector<Tensor> params, grads, m, v;
   std::vector<kernels::AdamWStep> steps;
-  for (size_t i : prepared_params_) {
-    const Tensor g = grad(params_[i]);
-    DDP_CHECK(g.defined(),
-              "{}: parameter {} had a gradient at prepare_step() and has none now; the "
-              "parameters with gradients must stay the same from one to the other",
-              name(), i);
+  for (size_t i : which) {
     params.push_back(params_[i]);
-    grads.push_back(g);
+    grads.push_back(grad(params_[i]));
     m.push_back(exp_avg_[i]);
     v.push_back(exp_avg_sq_[i]);
     steps.push_back(step_of(i));
   }
   adamw_update_all_(params, grads, m, v, steps, constants_);
+  end_apply();
 }
 
 nn::NamedTensors AdamW::state() const {

@@ -17,13 +17,23 @@ namespace ddp::optim {
 // as torch's capturable=True) splits step() in two:
 // - prepare_step(), the host's part: counts the step, computes the numbers of this
 //   update (SGD: the lr; AdamW: adamw_constants per tensor, in double, rounded once)
-//   and copies them into a device tensor of its own, allocated once, with an
+//   and copies them into a device tensor of its own (one per set of parameters), with an
 //   asynchronous copy from pinned memory ordered before the kernels by the stream;
 // - apply_step(), the device's part: kernels that read those numbers when they run.
 // step() is one then the other, the same bits as without capture. train --cuda-graph
-// captures apply_step() and calls prepare_step() before each replay. State made on
-// the first update (SGD's momentum, AdamW's moments) must exist before a capture:
-// apply_step() under a capture without it throws.
+// captures apply_step() and calls prepare_step() before each replay. The rules the
+// halves check:
+// - each apply_step() follows a prepare_step() (a replay stands for one);
+// - prepare_step() never runs inside a capture (the graph would replay one upload
+//   from a staging buffer long reused), nor does the plain step() of a CUDA optimizer
+//   (its lr and step counts would be fixed);
+// - state made on the first update (SGD's momentum, AdamW's moments) must exist before
+//   a capture: apply_step() under a capture without it throws;
+// - once apply_step() is captured (by a capture that then succeeds or not: the
+//   optimizer cannot tell), the parameters with gradients are fixed: the graph
+//   updates those, from a table laid out for them, so prepare_step() throws when the
+//   set changes (capture again after such a change, or after load_state(), which
+//   replaces the state tensors the graph writes).
 class Optimizer {
  public:
   explicit Optimizer(std::vector<Tensor> params, float lr);
@@ -51,11 +61,24 @@ class Optimizer {
   virtual std::string name() const = 0;
 
  protected:
+  // Note [captured optimizer steps]: the bookkeeping of the two halves.
+  // The parameters this prepare_step() updates (those with a gradient), after the checks.
+  std::vector<size_t> begin_prepare(const char* call);
+  // Records `updated` as prepared and counts the step.
+  void end_prepare(std::vector<size_t> updated);
+  // The prepared parameters, checked against the gradients now.
+  const std::vector<size_t>& begin_apply();
+  void end_apply();  // under a capture: the set of parameters is fixed from now on
+  // A plain step() of a CUDA optimizer may not be captured.
+  void check_not_captured_plain() const;
+
   std::vector<Tensor> params_;
   float lr_;
   int64_t steps_ = 0;
   bool capturable_ = false;
-  bool prepared_ = false;  // prepare_step() ran, apply_step() not yet
+  bool prepared_ = false;        // prepare_step() ran, apply_step() not yet
+  bool captured_ = false;        // apply_step() was captured: updated_ is fixed
+  std::vector<size_t> updated_;  // prepare_step()'s parameters
 };
 
 struct SgdOptions {
@@ -78,7 +101,8 @@ class SGD : public Optimizer {
   const SgdOptions& options() const { return options_; }
 
  private:
-  void update(const float* lr_on_device);
+  // One update of parameters `which`, the lr read from `lr_on_device` when set.
+  void update(const std::vector<size_t>& which, const float* lr_on_device);
 
   SgdOptions options_;
   std::vector<Tensor> momentum_;  // undefined until the parameter's first step
@@ -125,8 +149,7 @@ class AdamW : public Optimizer {
 
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
   std::vector<int64_t> param_steps_;
-  std::vector<size_t> prepared_params_;  // capturable: prepare_step()'s parameters
-  Tensor constants_;                     // capturable: adamw_constants_table on the device
+  Tensor constants_;  // capturable: adamw_constants_table of updated_, on the device
 };
 
 // torch.nn.utils.clip_grad_norm_(params, max_norm) for the L2 norm: the norm of all

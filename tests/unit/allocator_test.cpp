@@ -491,9 +491,13 @@ TEST(CapturePools, ALiveOutputOutlivesItsPool) {
   alloc.release_pool(pool);
   EXPECT_EQ(dev.live.count(out), 1u) << "a live block must not go back to the system";
   alloc.deallocate(out);
-  void* next = alloc.allocate(4096);  // an ordinary block of stream 2 now
+  void* on_2 = alloc.allocate(4096);  // stream 2 dies with its graph: not its block
+  EXPECT_NE(on_2, out);
+  dev.stream = fake_stream(1);
+  void* next = alloc.allocate(4096);  // an ordinary block of stream 1, which the graph followed
   EXPECT_EQ(next, out);
   alloc.deallocate(next);
+  alloc.deallocate(on_2);
 }
 
 TEST(CapturePools, MisuseIsNamed) {

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <memory>
 
 namespace ddp {
 namespace {
@@ -306,14 +308,27 @@ void set_grads(std::vector<Tensor>& ps, int step) {
   }
 }
 
-void expect_same_bits(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+void expect_same_bits(const std::vector<Tensor>& a, const std::vector<Tensor>& b,
+                      const char* what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
   for (size_t i = 0; i < a.size(); ++i) {
-    const auto va = a[i].to_vector<float>(), vb = b[i].to_vector<float>();
-    for (size_t j = 0; j < va.size(); ++j)
-      ASSERT_EQ(va[j], vb[j]) << "param " << i << " [" << j << "]";
+    ASSERT_EQ(a[i].dtype(), b[i].dtype()) << what << " " << i;
+    const Tensor x = a[i].cpu(), y = b[i].cpu();
+    ASSERT_EQ(x.numel(), y.numel()) << what << " " << i;
+    ASSERT_EQ(std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()), 0)
+        << what << " " << i << ": the bits differ";
   }
 }
 
+std::vector<Tensor> state_tensors(const optim::Optimizer& opt) {
+  std::vector<Tensor> out;
+  for (const auto& [name, t] : opt.state()) out.push_back(t);  // the .step counts too
+  return out;
+}
+
+// Five steps of `plain` and of the capturable `capt` from the same parameters, the lr
+// changing every step; every odd step as a replay would run it (the host's lr changed
+// after the upload), and from step 3 on `capt` continues from the plain one's state.
 template <typename Make>
 void check_capturable(Make make) {
   std::vector<Tensor> a = params(1), b = params(1);
@@ -323,6 +338,11 @@ void check_capturable(Make make) {
   EXPECT_TRUE(capt->capturable());
   const float lrs[] = {0.1f, 0.05f, 0.02f, 0.2f, 0.01f};
   for (int step = 0; step < 5; ++step) {
+    if (step == 3) {  // a resume: a new capturable one from the plain one's state
+      capt = make(b);
+      capt->set_capturable(true);
+      capt->load_state(plain->state(), plain->steps());
+    }
     set_grads(a, step);
     set_grads(b, step);
     plain->set_lr(lrs[step]);
@@ -336,11 +356,11 @@ void check_capturable(Make make) {
       capt->set_lr(123.0f);
       capt->apply_step();
     }
-    expect_same_bits(a, b);
+    expect_same_bits(a, b, "parameters");
+    expect_same_bits(state_tensors(*plain), state_tensors(*capt), "state");
     EXPECT_EQ(capt->steps(), plain->steps());
   }
 }
-
 }  // namespace captured
 
 TEST(Optim, CapturableSgdStepsAsThePlainOne) {
@@ -351,6 +371,9 @@ TEST(Optim, CapturableSgdStepsAsThePlainOne) {
   });
   captured::check_capturable([](const std::vector<Tensor>& ps) {
     return std::make_unique<optim::SGD>(ps, optim::SgdOptions{.lr = 0.1f});
+  });
+  captured::check_capturable([](const std::vector<Tensor>& ps) {
+    return std::make_unique<optim::SGD>(ps, optim::SgdOptions{.lr = 0.1f, .momentum = 0.5f});
   });
 }
 
@@ -363,16 +386,50 @@ TEST(Optim, CapturableAdamWStepsAsThePlainOne) {
   });
 }
 
-TEST(Optim, CapturableHalvesNeedTheMode) {
+TEST(Optim, CapturableHalvesNeedTheModeAndEachOther) {
   std::vector<Tensor> ps = captured::params(3);
+  captured::set_grads(ps, 0);
   optim::AdamW opt(ps, {});
   EXPECT_NE(message_of<ValueError>([&] { opt.prepare_step(); }).find("set_capturable(true)"),
             std::string::npos);
   EXPECT_NE(message_of<ValueError>([&] { opt.apply_step(); }).find("set_capturable(true)"),
             std::string::npos);
-  optim::SGD sgd(ps, {.lr = 0.1f});
-  sgd.set_capturable(true);
-  EXPECT_NE(message_of<ValueError>([&] { sgd.apply_step(); }).find("before any prepare_step"),
+  std::vector<std::unique_ptr<optim::Optimizer>> capturable;
+  capturable.push_back(std::make_unique<optim::AdamW>(ps, optim::AdamWOptions{}));
+  capturable.push_back(std::make_unique<optim::SGD>(ps, optim::SgdOptions{.lr = 0.1f}));
+  for (auto& o : capturable) {
+    o->set_capturable(true);
+    SCOPED_TRACE(o->name());
+    EXPECT_NE(message_of<ValueError>([&] {
+                o->apply_step();
+              }).find("apply_step() without a prepare_step() before it"),
+              std::string::npos);
+    o->prepare_step();
+    o->apply_step();
+    EXPECT_NE(message_of<ValueError>([&] {
+                o->apply_step();
+              }).find("apply_step() without a prepare_step() before it"),
+              std::string::npos)
+        << "one prepare_step, two updates";
+    o->prepare_step();
+    set_grad(ps[1], Tensor());  // a gradient gone between the halves
+    EXPECT_NE(message_of<ValueError>([&] {
+                o->apply_step();
+              }).find("parameter 1 had a gradient at prepare_step() and has none now"),
+              std::string::npos);
+    o->prepare_step();
+    set_grad(ps[1], randn(ps[1].shape(), 5));  // one that appeared
+    EXPECT_NE(message_of<ValueError>([&] {
+                o->apply_step();
+              }).find("parameter 1 had no gradient at prepare_step() and has one now"),
+              std::string::npos);
+  }
+  EXPECT_NE(message_of<ValueError>([&] {
+              optim::SGD plain(ps, {.lr = 0.1f});
+              plain.set_capturable(true);
+              plain.set_capturable(false);
+              plain.prepare_step();
+            }).find("set_capturable(true)"),
             std::string::npos);
 }
 

@@ -11,7 +11,9 @@
 #include "runtime/ops/kernels.h"
 
 #include <climits>
+#include <map>
 #include <unordered_map>
+#include <utility>
 
 namespace ddp::kernels::cuda {
 namespace {
@@ -55,13 +57,44 @@ cudaDataType_t cublas_type(DType dtype) {
 
 namespace detail {
 
+// Note [cublas workspace]: cublasSetStream puts a handle back on cuBLAS's own
+// workspace, which cuBLAS then allocates and frees as nodes of a CUDA graph being
+// captured, outside ddp's caching allocator and its memory limit. As PyTorch does,
+// each (thread, device, stream) gets a workspace from the caching allocator instead,
+// set after every cublasSetStream and kept while the thread lives: made while a graph
+// is captured, it is that graph's (Note [capture pools]). The size is cuBLAS's
+// recommendation: 32 MiB on Hopper and later, 4 MiB before.
+const Tensor& cublas_workspace(int device, cudaStream_t stream) {
+  thread_local std::map<std::pair<int, cudaStream_t>, Tensor> workspaces;
+  auto it = workspaces.find({device, stream});
+  if (it == workspaces.end()) {
+    // Asked once per device, on its first gemm (an eager one: graphs capture after warm-up).
+    thread_local std::unordered_map<int, int64_t> sizes;
+    auto size = sizes.find(device);
+    if (size == sizes.end()) {
+      size = sizes.emplace(device, int64_t{cuda_api::properties(device).major >= 9 ? 32 : 4} << 20)
+                 .first;
+    }
+    const int64_t bytes = size->second;
+    it = workspaces
+             .emplace(std::make_pair(device, stream),
+                      empty({bytes / 8}, {.dtype = DType::i64, .device = Device::cuda(device)}))
+             .first;
+  }
+  return it->second;
+}
+
 cublasHandle_t cublas_handle_for(const Tensor& t) {
   thread_local std::unordered_map<int, CublasHandle> handles;
   const int device = t.device().index;
   auto it = handles.find(device);
   if (it == handles.end()) it = handles.try_emplace(device, device).first;
   cublasHandle_t handle = it->second.get();
-  DDP_CUBLAS_CHECK(cuda_api::cublas().set_stream(handle, stream_of(t)));
+  const cudaStream_t stream = stream_of(t);
+  DDP_CUBLAS_CHECK(cuda_api::cublas().set_stream(handle, stream));
+  const Tensor& workspace = cublas_workspace(device, stream);  // Note [cublas workspace]
+  DDP_CUBLAS_CHECK(
+      cuda_api::cublas().set_workspace(handle, workspace.data_ptr(), workspace.nbytes()));
   return handle;
 }
 
