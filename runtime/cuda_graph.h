@@ -12,8 +12,9 @@
 // - Fixed values. A host value passed to a kernel (a learning rate, a step count, a
 //   seed) is recorded as it was at the capture: values that change must live in
 //   device memory.
-// - No host waits or reads while capturing (synchronize, item(), a copy to pageable
-//   host memory): the capture breaks and capture() throws CudaError saying so.
+// - No host waits or reads while capturing: copy_ between the host and the device
+//   refuses (ValueError naming the capture: item(), cpu(), a batch's upload), and a
+//   wait (synchronize) breaks the capture in CUDA (CudaError). capture() throws either.
 // - Warm-up first: work that makes handles, plans or caches on its first run (cuBLAS
 //   handles, cuBLASLt's algorithm choice, cuDNN plans) must have run once eagerly.
 // The capture runs on a stream of its own, made current for the scope; work queued on
