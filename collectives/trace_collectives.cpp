@@ -299,7 +299,9 @@ void trace_process_group(const ProcessGroup& pg) {
 }
 
 std::string finish_trace(const ProcessGroup* pg) {
-  const bool collective = pg != nullptr && pg->comm->size() > 1 && trace::requested();
+  // No communicator: a replacement that found its group finished (trainer/elastic.cpp).
+  const bool collective =
+      pg != nullptr && pg->comm != nullptr && pg->comm->size() > 1 && trace::requested();
   const bool writes = trace::enabled() && !trace::directory().empty();
   if (!collective && !writes) return "";
   if (pg == nullptr && writes) {

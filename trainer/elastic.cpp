@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <bit>
 #include <chrono>
@@ -365,6 +367,9 @@ void rejoin(Run& r, const CommError& failure) {
     try {
       const Regroup g = regroup(pg, progress(r), wait, cause);
       go_on(r, g, old_rank, start);
+      // DDP_TEST_KILL_AT at the step DDP_TEST_JOIN_AT takes a replacement in: after the
+      // join (after_step in epoch.cpp), so a test's schedule does not race.
+      if (r.step == r.faults.kill_step && r.step == r.join_at_step) ::raise(SIGKILL);
       return;
     } catch (const CommError& again) {
       if (again.op() == "regroup") throw;  // no membership to go on with

@@ -9,9 +9,9 @@ namespace ddp::train {
 
 // Testing aids (docs/train.md, "Fault injection"): DDP_TEST_KILL_AT=RANK:STEP
 // makes that rank SIGKILL itself after training step STEP (and its checkpoint, if
-// one is due); DDP_TEST_NAN_AT=RANK:STEP makes its loss NaN at step STEP;
-// DDP_TEST_NAN_WEIGHT_AT=RANK:STEP makes a weight NaN after step STEP's update (as
-// a non-finite gradient with a finite loss would); DDP_TEST_KILL_IN_UPDATE=RANK:STEP
+// one is due, and a join DDP_TEST_JOIN_AT pins to that step); DDP_TEST_NAN_AT=RANK:STEP makes its
+// loss NaN at step STEP; DDP_TEST_NAN_WEIGHT_AT=RANK:STEP makes a weight NaN after step STEP's
+// update (as a non-finite gradient with a finite loss would); DDP_TEST_KILL_IN_UPDATE=RANK:STEP
 // (--zero-replicas 2) makes that rank SIGKILL itself inside step STEP's optimizer
 // step, its update counted, before the parameters' all-gather (Note [zero replicas]);
 // DDP_TEST_KILL_IN_EVAL=RANK:STEP makes it SIGKILL itself as step STEP's
