@@ -281,48 +281,36 @@ int run_gpt_bench(const BenchOptions& o, const Reporter& reporter) {
                   bf16 ? "bf16 autocast" : "fp32", timing.warmup, timing.repeats));
   if (o.device.is_cuda()) reset_peak_memory_stats(o.device);
   std::vector<Phases> steps;
+  const auto loss_of = [&] {                                 // the forward and the loss
+    const AutocastGuard mixed_precision(DType::bf16, bf16);  // Note [autocast]
+    const Tensor logits = (*model)(inputs);
+    return functional::cross_entropy(functional::reshape(logits, {-1, config.vocab}), targets);
+  };
   CudaGraph graph;
   for (int s = 0; s < timing.warmup + timing.repeats; ++s) {
     if (graphed && s >= timing.warmup) {  // Note [graphed steps] in trainer/epoch.cpp
-      if (!graph.captured()) {
+      const bool capture = !graph.captured();
+      if (capture) {
         // The first replay's host half, before the capture (untimed, with the capture).
         optimizer.prepare_step();
         graph.capture(o.device, [&] {
           optimizer.zero_grad();  // in place
-          Tensor loss;
-          {
-            const AutocastGuard mixed_precision(DType::bf16, bf16);
-            const Tensor logits = (*model)(inputs);
-            loss =
-                functional::cross_entropy(functional::reshape(logits, {-1, config.vocab}), targets);
-          }
-          backward(loss);
+          backward(loss_of());
           optim::clip_grad_norm_on_device(model->parameters(), 1.0);
           optimizer.apply_step();
         });
         synchronize(o.device);
-        const auto start = Clock::now();
-        graph.replay();
-        steps.push_back({.forward = ms_since(start, o.device)});
-        continue;
       }
-      Phases p;
       const auto start = Clock::now();
-      optimizer.prepare_step();
+      if (!capture) optimizer.prepare_step();
       graph.replay();
-      p.forward = ms_since(start, o.device);  // the whole step
-      steps.push_back(p);
+      steps.push_back({.forward = ms_since(start, o.device)});  // the whole step
       continue;
     }
     Phases p;
     auto start = Clock::now();
     optimizer.zero_grad();
-    Tensor loss;
-    {
-      const AutocastGuard mixed_precision(DType::bf16, bf16);  // Note [autocast]
-      const Tensor logits = (*model)(inputs);
-      loss = functional::cross_entropy(functional::reshape(logits, {-1, config.vocab}), targets);
-    }
+    const Tensor loss = loss_of();
     p.forward = ms_since(start, o.device);
     start = Clock::now();
     backward(loss);

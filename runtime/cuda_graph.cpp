@@ -13,10 +13,9 @@ bool is_capturing(const Device& device) {
   return stream.handle() != nullptr && cuda_api::stream_is_capturing(device.index, stream.handle());
 }
 
-void CudaGraph::order_after(const Stream& stream) const {
-  Event event(device_, /*enable_timing=*/false);
-  event.record(stream);
-  event.block(stream_);
+void CudaGraph::order_after(const Stream& stream) {
+  ordered_.record(stream);
+  ordered_.block(stream_);
 }
 
 void CudaGraph::capture(const Device& device, const std::function<void()>& work, uint64_t pool) {
@@ -31,6 +30,8 @@ void CudaGraph::capture(const Device& device, const std::function<void()>& work,
   device_ = device;
   after_ = current_stream(device);
   stream_ = Stream::create(device);
+  ordered_ = Event(device, /*enable_timing=*/false);
+  done_ = Event(device, /*enable_timing=*/false);
   order_after(after_);
   Allocator& allocator = device_allocator(device);
   pool_ = allocator.begin_capture(stream_, after_, pool);
@@ -62,9 +63,8 @@ void CudaGraph::replay() {
   order_after(after_);
   if (!(current == after_)) order_after(current);
   cuda_api::graph_launch(device_.index, graph_, stream_.handle());
-  Event done(device_, /*enable_timing=*/false);
-  done.record(stream_);
-  done.block(current);
+  done_.record(stream_);
+  done_.block(current);
 }
 
 CudaGraph::~CudaGraph() {

@@ -59,13 +59,16 @@ class CudaGraph {
   const Stream& stream() const { return stream_; }
 
  private:
-  void order_after(const Stream& stream) const;  // stream_ waits for `stream`'s work so far
+  void order_after(const Stream& stream);  // stream_ waits for `stream`'s work so far
 
   Device device_ = Device::cpu();
   Stream stream_;  // the capture stream, where replays run
   Stream after_;   // the current stream at the capture
   void* graph_ = nullptr;
   uint64_t pool_ = 0;
+  // Made once at the capture, recorded again at every replay: a wait takes the
+  // record the event had when it was queued.
+  Event ordered_, done_;
 };
 
 }  // namespace ddp

@@ -228,11 +228,15 @@ void CachingAllocator::release_cached() {
       continue;
     }
     it = free_.erase(it);
-    backend_.raw_free(block->ptr);
-    stats_.reserved -= block->size;
-    ++stats_.num_raw_frees;
-    delete block;
+    free_raw(block);
   }
+}
+
+void CachingAllocator::free_raw(Block* block) {
+  backend_.raw_free(block->ptr);
+  stats_.reserved -= block->size;
+  ++stats_.num_raw_frees;
+  delete block;
 }
 
 void CachingAllocator::update_peaks() {
@@ -309,12 +313,7 @@ void CachingAllocator::release_pool(uint64_t pool) {
       ++b;
     }
   }
-  for (Block* block : gone) {
-    backend_.raw_free(block->ptr);
-    stats_.reserved -= block->size;
-    ++stats_.num_raw_frees;
-    delete block;
-  }
+  for (Block* block : gone) free_raw(block);
   for (auto& [ptr, block] : live_) {
     if (block->pool != pool) continue;
     block->pool = 0;  // an output still referenced: the graph is done with it

@@ -117,6 +117,7 @@ class CachingAllocator : public Allocator {
   void keep_in_pool(Block* block);  // a block freed during a capture
   void process_pending();
   void release_cached();
+  void free_raw(Block* block);  // back to the system, counted
   void update_peaks();
 
   Backend backend_;

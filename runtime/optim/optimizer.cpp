@@ -119,6 +119,14 @@ void check_not_capturing(const Tensor& param, const std::string& name, size_t in
 
 }  // namespace
 
+std::vector<size_t> Optimizer::with_gradients() const {
+  std::vector<size_t> which;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (grad(params_[i]).defined()) which.push_back(i);
+  }
+  return which;
+}
+
 std::vector<size_t> Optimizer::begin_prepare(const char* call) {
   check_capturable(capturable_, name(), call);
   const Device device = capture_device(params_, name());
@@ -126,10 +134,7 @@ std::vector<size_t> Optimizer::begin_prepare(const char* call) {
             "{}: prepare_step() is the host's half of a step and runs before each replay, not "
             "inside a capture (capture apply_step(); Note [captured optimizer steps])",
             name());
-  std::vector<size_t> updated;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (grad(params_[i]).defined()) updated.push_back(i);
-  }
+  std::vector<size_t> updated = with_gradients();
   DDP_CHECK(!captured_ || updated == updated_,
             "{}: {} parameters have a gradient now, {} when apply_step() was captured (or "
             "others); a graph updates the parameters it captured: capture again after such a "
@@ -204,11 +209,7 @@ void SGD::step() {
     return;
   }
   check_not_captured_plain();
-  std::vector<size_t> all;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (grad(params_[i]).defined()) all.push_back(i);
-  }
-  update(all, nullptr);
+  update(with_gradients(), nullptr);
   ++steps_;
 }
 

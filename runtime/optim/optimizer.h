@@ -61,6 +61,7 @@ class Optimizer {
   virtual std::string name() const = 0;
 
  protected:
+  std::vector<size_t> with_gradients() const;  // the parameters that have a gradient
   // Note [captured optimizer steps]: the bookkeeping of the two halves.
   // The parameters this prepare_step() updates (those with a gradient), after the checks.
   std::vector<size_t> begin_prepare(const char* call);
