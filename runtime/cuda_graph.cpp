@@ -4,6 +4,7 @@
 #include "runtime/error.h"
 #include "runtime/logging.h"
 #include "runtime/memory/allocator.h"
+#include "runtime/profile.h"
 
 namespace ddp {
 
@@ -58,6 +59,7 @@ void CudaGraph::capture(const Device& device, const std::function<void()>& work,
 
 void CudaGraph::replay() {
   DDP_CHECK(graph_ != nullptr, "CudaGraph::replay: nothing captured; call capture() first");
+  const profile::Scope op_scope("cuda_graph_replay", device_);  // Note [op profile]
   // Note [cuda graphs]: after the current stream's work, and before what follows it.
   const Stream current = current_stream(device_);
   order_after(after_);

@@ -2,6 +2,7 @@
 // kernels, never built on the host and copied.
 #include "runtime/ops/kernels.h"
 #include "runtime/ops/ops.h"
+#include "runtime/profile.h"
 
 #include <cmath>
 
@@ -55,6 +56,7 @@ Tensor arange(double start, double end, double step, const TensorOptions& option
   const auto n = static_cast<int64_t>(std::ceil((end - start) / step));
   Tensor t = empty({n}, options);
   if (n == 0) return t;
+  const profile::Scope op_scope("arange", t.device(), t);
   if (t.device().is_cuda()) {
     kernels::cuda::arange(t, start, step);
   } else {
@@ -72,7 +74,10 @@ Tensor random_tensor(const char* op, const Shape& shape, const TensorOptions& op
   TensorOptions f32 = options;
   f32.dtype = DType::f32;
   Tensor t = empty(shape, f32);
-  if (t.numel() > 0) fill(t);
+  if (t.numel() > 0) {
+    const profile::Scope op_scope(op, t.device(), t);
+    fill(t);
+  }
   return options.dtype == DType::f32 ? t : cast(t, options.dtype);
 }
 

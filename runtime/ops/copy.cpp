@@ -27,6 +27,7 @@
 #include "runtime/cuda_graph.h"
 #include "runtime/ops/copy_plan.h"
 #include "runtime/ops/ops.h"
+#include "runtime/profile.h"
 #include "runtime/stream.h"
 
 #include <cstring>
@@ -122,6 +123,12 @@ void copy_(Tensor& dst, const Tensor& src, bool non_blocking) {
   if (bytes == 0 || (dst.data_ptr() == src.data_ptr() && dst.device() == src.device())) return;
   const CopyPlan plan = ops_detail::plan_copy(dst.device(), dst.is_pinned(), src.device(),
                                               src.is_pinned(), non_blocking);
+  // One op of Note [op profile], timed on the GPU's stream (between GPUs: the
+  // destination's, which runs the copy).
+  static constexpr const char* kNames[] = {"copy (host)", "copy (same gpu)", "copy (between gpus)",
+                                           "copy (host to gpu)", "copy (gpu to host)"};
+  const profile::Scope op_scope(kNames[static_cast<int>(plan.route)],
+                                dst.device().is_cuda() ? dst.device() : src.device(), src);
   switch (plan.route) {
     case CopyRoute::host:
       std::memcpy(dst.data_ptr(), src.data_ptr(), bytes);

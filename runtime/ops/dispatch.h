@@ -3,24 +3,27 @@
 #pragma once
 
 #include "runtime/ops/kernels.h"
+#include "runtime/profile.h"
 
 #include <initializer_list>
 #include <string_view>
 
-// Calls kernels::cpu::NAME or kernels::cuda::NAME for `device`.
-#define DDP_DISPATCH(device, name, ...)                 \
-  do {                                                  \
-    switch ((device).type) {                            \
-      case ::ddp::DeviceType::cpu:                      \
-        ::ddp::kernels::cpu::name(__VA_ARGS__);         \
-        break;                                          \
-      case ::ddp::DeviceType::cuda:                     \
-        ::ddp::kernels::cuda::name(__VA_ARGS__);        \
-        break;                                          \
-      case ::ddp::DeviceType::mps:                      \
-        ::ddp::check_available(device);                 \
-        DDP_ASSERT(false, "no mps kernels for " #name); \
-    }                                                   \
+// Calls kernels::cpu::NAME or kernels::cuda::NAME for `device`, as one op of the op
+// profile (Note [op profile] in runtime/profile.h).
+#define DDP_DISPATCH(device, name, ...)                                           \
+  do {                                                                            \
+    const ::ddp::profile::Scope ddp_profile_scope_(#name, (device), __VA_ARGS__); \
+    switch ((device).type) {                                                      \
+      case ::ddp::DeviceType::cpu:                                                \
+        ::ddp::kernels::cpu::name(__VA_ARGS__);                                   \
+        break;                                                                    \
+      case ::ddp::DeviceType::cuda:                                               \
+        ::ddp::kernels::cuda::name(__VA_ARGS__);                                  \
+        break;                                                                    \
+      case ::ddp::DeviceType::mps:                                                \
+        ::ddp::check_available(device);                                           \
+        DDP_ASSERT(false, "no mps kernels for " #name);                           \
+    }                                                                             \
   } while (0)
 
 namespace ddp::ops_detail {

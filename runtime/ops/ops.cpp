@@ -159,6 +159,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& options) {
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   check_same_device({&x, &weight});
+  const profile::Scope op_scope("linear", x.device(), x, weight, bias);
   DDP_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1),
             "linear: input {} does not match weight {} (expected input [N, {}])",
             shape_str(x.shape()), shape_str(weight.shape()),
@@ -194,6 +195,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 LinearParamGrads linear_param_grads(const Tensor& grad, const Tensor& x, DType weight_dtype,
                                     bool with_bias, Tensor into) {
   check_same_device({&grad, &x});
+  const profile::Scope op_scope("linear_param_grads", x.device(), grad, x);
   DDP_CHECK(grad.dim() == 2 && x.dim() == 2 && grad.size(0) == x.size(0),
             "linear backward: the output's gradient {} and the input {} must be [N, out] and "
             "[N, in] with the same N",

@@ -132,6 +132,7 @@ bool gelu_epilogue_fits(std::initializer_list<const Tensor*> ts) {
 
 LinearGelu linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   check_same_device({&x, &weight, &bias});
+  const profile::Scope op_scope("linear_gelu", x.device(), x, weight, bias);
   DDP_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1) && bias.dim() == 1 &&
                 bias.size(0) == weight.size(0),
             "linear_gelu: input {}, weight {} and bias {} do not fit (expected [N, in], [out, "
@@ -148,6 +149,7 @@ LinearGelu linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias
 
 Tensor linear_input_grad_gelu(const Tensor& grad, const Tensor& weight, const Tensor& pre) {
   check_same_device({&grad, &weight, &pre});
+  const profile::Scope op_scope("linear_input_grad_gelu", grad.device(), grad, weight, pre);
   DDP_CHECK(grad.dim() == 2 && weight.dim() == 2 && pre.dim() == 2 &&
                 grad.size(1) == weight.size(0) && pre.size(0) == grad.size(0) &&
                 pre.size(1) == weight.size(1),
@@ -378,6 +380,7 @@ bool fused_asked(const Tensor& qkv, AttentionPath path) {
 
 AttentionResult causal_self_attention(const Tensor& qkv, int64_t heads, AttentionPath path) {
   check_same_device({&qkv});
+  const profile::Scope op_scope("causal_self_attention", qkv.device(), qkv);
   const int64_t c = attention_width(qkv, heads), b = qkv.size(0), t = qkv.size(1);
   if (fused_asked(qkv, path) && qkv.numel() > 0) {  // Note [fused attention]
     AttentionResult r{empty({b, t, c}, {.dtype = qkv.dtype(), .device = qkv.device()}), Tensor(),
@@ -408,6 +411,7 @@ Tensor causal_self_attention_backward(const Tensor& grad_y, const Tensor& qkv,
                                       const AttentionResult& forward, int64_t heads) {
   if (!forward.fused()) return causal_self_attention_backward(grad_y, qkv, forward.probs, heads);
   check_same_device({&grad_y, &qkv, &forward.y, &forward.stats});
+  const profile::Scope op_scope("causal_self_attention_backward", qkv.device(), grad_y, qkv);
   const int64_t c = attention_width(qkv, heads), b = qkv.size(0), t = qkv.size(1);
   DDP_CHECK(grad_y.shape() == Shape({b, t, c}) && forward.y.shape() == Shape({b, t, c}) &&
                 forward.stats.shape() == Shape({b, heads, t, 1}) &&
@@ -443,6 +447,7 @@ Tensor causal_self_attention_backward(const Tensor& grad_y, const Tensor& qkv, c
             "causal_self_attention_backward: probs is undefined, as in a fused forward's result "
             "(Note [fused attention]); pass the whole AttentionResult instead");
   check_same_device({&grad_y, &qkv, &probs});
+  const profile::Scope op_scope("causal_self_attention_backward", qkv.device(), grad_y, qkv);
   const int64_t c = attention_width(qkv, heads), b = qkv.size(0), t = qkv.size(1);
   DDP_CHECK(grad_y.shape() == Shape({b, t, c}) && probs.shape() == Shape({b, heads, t, t}),
             "causal_self_attention_backward: qkv {} with {} heads expects grad_y [{}, {}, {}] "

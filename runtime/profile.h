@@ -1,0 +1,121 @@
+// The op profile: where a step's device time goes, op by op, inside the real step.
+//
+//   profile::start();
+//   ... run some steps ...
+//   const profile::Report report = profile::stop();  // waits for the devices
+//   fmt::print("{}", profile::format_table(report, 15));
+//
+// Note [op profile]
+// ~~~~~~~~~~~~~~~~~
+// While the profile is on, every op entry point (the device switch of
+// ops/dispatch.h, and the CUDA library calls that bypass it: the cuBLASLt linear
+// layers, cuDNN attention, copies, the random fills) records an event on its device's
+// current stream before and after the op, and the op's time is the elapsed time
+// between the two, as torch.cuda.Event(enable_timing=True) pairs measure it. So on a
+// GPU it is the device's time from reaching the op to finishing it, not the host's
+// launch time; on the CPU (whose events record the host clock) it is the op's wall
+// time. An op is keyed by its name, its device and its tensors' dtypes and shapes
+// ("gemm" on cuda:0, "bf16[8192, 768] f32[2304, 768] bf16[8192, 2304]"), and the report
+// sums calls and time per key.
+// What it measures, and what it does not:
+// - Only the outermost op counts: an op that calls others (cuBLASLt's linear falling
+//   back to gemm + add_bias_rows) is one entry, so the times never count twice and their
+//   sum is at most the wall time of the steps.
+// - A GPU op's time includes any wait of the device for the host to launch its
+//   kernels, so on a launch-bound step (a small model) the ops' times add up to nearly
+//   the wall time; the gaps between ops (the host's own work) are the wall time minus
+//   that sum. Collectives (NCCL, shm) and work of other streams are not ops.
+// - Work captured in a CUDA graph is not recorded op by op (an event inside a capture
+//   becomes a graph node); a replay is one entry, "cuda_graph_replay".
+// - The cost: off, one relaxed load per op. On, two event records per op (a few
+//   microseconds of host time on CUDA), a lookup under one process-wide mutex, and
+//   the shapes formatted as text. Finished pairs are added up every few thousand ops,
+//   never waiting for the device; stop() waits for the rest.
+// Threads: any thread's ops are recorded (DataParallel's workers, DDP's comm thread),
+// each thread's nesting kept apart.
+#pragma once
+
+#include "runtime/device.h"
+#include "runtime/tensor.h"
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ddp::profile {
+
+namespace detail {
+extern std::atomic<bool> g_on;
+}  // namespace detail
+
+// Whether ops are being recorded.
+inline bool enabled() noexcept {
+  return detail::g_on.load(std::memory_order_relaxed);
+}
+
+struct OpTime {
+  std::string op{};      // "gemm", "layer_norm_backward", "linear_lt", ...
+  std::string device{};  // "cuda:0", "cpu"
+  std::string shapes{};  // its tensors' dtypes and shapes, in argument order
+  int64_t calls = 0;
+  double total_ms = 0.0;
+  double max_ms = 0.0;  // the longest call
+};
+
+struct Report {
+  std::vector<OpTime> ops;  // one per (op, device, shapes), the longest total first
+  double wall_ms = 0.0;     // from start() to the end of stop()'s wait
+  double ops_ms() const;    // the sum of every op's total
+  // The same calls summed over shapes: one entry per (op, device), longest first
+  // (shapes empty).
+  std::vector<OpTime> by_op() const;
+};
+
+// Begins recording (ValueError when already on).
+void start();
+// Ends recording, waits for the ops still running on the devices and returns what was
+// recorded since start() (ValueError when it is not on).
+Report stop();
+
+// A table of the `top` longest entries of `ops` (every entry when top is 0): op,
+// device, shapes, calls, total ms, mean us, share of `total_ms`; then a line with the
+// rest summed.
+std::string format_table(const std::vector<OpTime>& ops, double total_ms, size_t top);
+
+namespace detail {
+void describe(std::string& out, const Tensor& t);
+void describe(std::string& out, const std::vector<Tensor>& ts);
+template <typename T>
+void describe(std::string&, const T&) {}  // other arguments are not shown
+// The bookkeeping behind Scope. begin enters an op in this thread and returns whether
+// it is recorded (not when nested in another op, or on a capturing stream); leave
+// ends it.
+bool begin(const char* op, const Device& device, std::string shapes);
+void leave(bool recorded);
+}  // namespace detail
+
+// Records one op from construction to destruction (when the profile is on). `args` are
+// the op's arguments; its tensors' dtypes and shapes form the key.
+class Scope {
+ public:
+  template <typename... Args>
+  Scope(const char* op, const Device& device, const Args&... args) {
+    if (!enabled()) return;
+    std::string shapes;
+    (detail::describe(shapes, args), ...);
+    entered_ = true;
+    recorded_ = detail::begin(op, device, std::move(shapes));
+  }
+  ~Scope() {
+    if (entered_) detail::leave(recorded_);
+  }
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+
+ private:
+  bool entered_ = false;
+  bool recorded_ = false;
+};
+
+}  // namespace ddp::profile
