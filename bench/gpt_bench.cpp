@@ -12,6 +12,7 @@
 #include "runtime/ops/ops.h"
 #include "runtime/ops/transformer_ops.h"
 #include "runtime/optim/optimizer.h"
+#include "runtime/profile.h"
 #include "runtime/rng/generator.h"
 #include "runtime/stream.h"
 
@@ -58,12 +59,13 @@ double peak_rss_mib() {
   return static_cast<double>(usage.ru_maxrss) / 1024.0;  // Linux: KiB
 }
 
-int64_t parse_batch(const BenchOptions& o) {
-  const std::string text = o.flag("--batch-size", "8");
+// The integer value of `flag` (default `fallback`), at least `min`.
+int64_t parse_count(const BenchOptions& o, const char* flag, const char* fallback, int64_t min) {
+  const std::string text = o.flag(flag, fallback);
   int64_t v = 0;
   auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  DDP_CHECK(ec == std::errc() && ptr == text.data() + text.size() && v >= 1,
-            "--batch-size expects an integer >= 1, got '{}'", text);
+  DDP_CHECK(ec == std::errc() && ptr == text.data() + text.size() && v >= min,
+            "{} expects an integer >= {}, got '{}'", flag, min, text);
   return v;
 }
 
@@ -116,6 +118,51 @@ struct OpCost {
   int64_t per_step;
   double ms;  // one run, forward + backward
 };
+
+// Note [op profile] over `steps` steps: the longest (op, shapes) entries, the rest
+// summed, the ops' sum and the time outside any op; then the same summed over shapes.
+void report_profile(const Reporter& reporter, const profile::Report& r, int64_t steps) {
+  constexpr size_t kTop = 25;
+  const double n = static_cast<double>(steps), step_ms = r.wall_ms / n;
+  const auto rows_of = [&](const std::vector<profile::OpTime>& ops, size_t top) {
+    std::vector<Row> rows;
+    const auto add = [&](const std::string& op, const std::string& device,
+                         const std::string& shapes, double calls, double ms) {
+      Row row;
+      row.add("op", op)
+          .add("device", device)
+          .add("shapes", shapes)
+          .add("calls_per_step", calls / n, 1)
+          .add("ms_per_step", ms / n, 3)
+          .add("share_of_step", ms / n / step_ms, 3);
+      rows.push_back(std::move(row));
+    };
+    double rest_ms = 0, rest_calls = 0;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const profile::OpTime& t = ops[i];
+      if (top == 0 || i < top) {
+        add(t.op, t.device, t.shapes, static_cast<double>(t.calls), t.total_ms);
+      } else {
+        rest_ms += t.total_ms;
+        rest_calls += static_cast<double>(t.calls);
+      }
+    }
+    if (rest_calls > 0) {
+      add(fmt::format("(the other {} entries)", ops.size() - top), "", "", rest_calls, rest_ms);
+    }
+    double calls = 0;
+    for (const profile::OpTime& t : ops) calls += static_cast<double>(t.calls);
+    add("(every op)", "", "", calls, r.ops_ms());
+    add("(outside any op: the host between ops)", "", "", 0, r.wall_ms - r.ops_ms());
+    add("(the whole step)", "", "", 0, r.wall_ms);
+    return rows;
+  };
+  reporter.progress(
+      fmt::format("bench gpt --profile-steps: {} steps of {:.2f} ms", steps, step_ms));
+  reporter.section("gpt step op profile: the longest ops by shape (Note [op profile])",
+                   rows_of(r.ops, kTop));
+  reporter.section("gpt step op profile: by op (summed over shapes)", rows_of(r.by_op(), 0));
+}
 
 std::vector<OpCost> op_breakdown(const models::GptConfig& c, int64_t batch, bool bf16,
                                  const Device& device, int repeats) {
@@ -243,7 +290,8 @@ std::vector<OpCost> op_breakdown(const models::GptConfig& c, int64_t batch, bool
 
 int run_gpt_bench(const BenchOptions& o, const Reporter& reporter) {
   const models::GptConfig config = models::gpt_config(o.flag("--model", "gpt-mini"));
-  const int64_t batch = parse_batch(o);
+  const int64_t batch = parse_count(o, "--batch-size", "8", 1);
+  const int64_t profile_steps = parse_count(o, "--profile-steps", "0", 0);
   const bool bf16 = parse_bf16(o);
   const double peak_tflops = parse_peak_tflops(o);
   const std::string ops_flag = o.flag("--ops", "no");
@@ -287,8 +335,10 @@ int run_gpt_bench(const BenchOptions& o, const Reporter& reporter) {
     return functional::cross_entropy(functional::reshape(logits, {-1, config.vocab}), targets);
   };
   CudaGraph graph;
-  for (int s = 0; s < timing.warmup + timing.repeats; ++s) {
-    if (graphed && s >= timing.warmup) {  // Note [graphed steps] in trainer/epoch.cpp
+  // One training step; `graphed_now`: a replay of the captured step (captured first),
+  // timed as a whole (forward_ms).
+  const auto run_step = [&](bool graphed_now) {
+    if (graphed_now) {  // Note [graphed steps] in trainer/epoch.cpp
       const bool capture = !graph.captured();
       if (capture) {
         // The first replay's host half, before the capture (untimed, with the capture).
@@ -304,8 +354,7 @@ int run_gpt_bench(const BenchOptions& o, const Reporter& reporter) {
       const auto start = Clock::now();
       if (!capture) optimizer.prepare_step();
       graph.replay();
-      steps.push_back({.forward = ms_since(start, o.device)});  // the whole step
-      continue;
+      return Phases{.forward = ms_since(start, o.device)};  // the whole step
     }
     Phases p;
     auto start = Clock::now();
@@ -327,6 +376,10 @@ int run_gpt_bench(const BenchOptions& o, const Reporter& reporter) {
     start = Clock::now();
     optimizer.step();
     p.optimizer = ms_since(start, o.device);
+    return p;
+  };
+  for (int s = 0; s < timing.warmup + timing.repeats; ++s) {
+    const Phases p = run_step(graphed && s >= timing.warmup);
     if (s >= timing.warmup) steps.push_back(p);
   }
   std::sort(steps.begin(), steps.end(),
@@ -359,6 +412,14 @@ int run_gpt_bench(const BenchOptions& o, const Reporter& reporter) {
   }
   row.add("device", o.device.str());
   reporter.section("gpt training step (median of the timed steps)", {row});
+  if (profile_steps > 0) {  // Note [op profile] in runtime/profile.h
+    reporter.progress(
+        fmt::format("bench gpt --profile-steps: {} more steps, op by op", profile_steps));
+    synchronize(o.device);
+    profile::start();
+    for (int64_t s = 0; s < profile_steps; ++s) run_step(graphed);
+    report_profile(reporter, profile::stop(), profile_steps);
+  }
   if (ops) {  // Note [gpt op breakdown]
     reporter.progress("bench gpt --ops: each op alone, forward + backward");
     const std::vector<OpCost> ops =

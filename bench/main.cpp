@@ -121,12 +121,18 @@ constexpr std::array kSubcommands = {
         "  --cuda-graph yes   CUDA: after the warm-up steps, capture one step in a CUDA\n"
         "                     graph (as train --cuda-graph, docs/cuda_graphs.md) and time\n"
         "                     its replays; forward_ms is then the whole step (default no)\n"
+        "  --profile-steps N  then run N more steps under the op profile (docs/profile.md):\n"
+        "                     each op's time inside the real step, by op and shapes, and\n"
+        "                     the time outside any op (default 0: none)\n"
         "JSON rows: model, parameters, batch, precision, cuda_graph, tokens_per_s, step_ms,\n"
         "forward_ms, backward_ms, clip_ms, optimizer_ms, gemm_gflop, gflops, model_tflops,\n"
         "mfu (with --peak-tflops), peak_rss_mib, peak_device_mib (CUDA), device; with --ops yes "
         "one\n"
-        "row per op: op, per_step, ms_each, ms_per_step, share_of_forward_backward.",
-        run_gpt_bench, "--model --batch-size --precision --peak-tflops --ops --cuda-graph"},
+        "row per op: op, per_step, ms_each, ms_per_step, share_of_forward_backward; with\n"
+        "--profile-steps one row per profiled entry: op, device, shapes, calls_per_step,\n"
+        "ms_per_step, share_of_step.",
+        run_gpt_bench,
+        "--model --batch-size --precision --peak-tflops --ops --cuda-graph --profile-steps"},
     Subcommand{"join", "what a Join adds to a DDP step when no rank has run out (its count)",
                "Run it under a launcher: `ddprun -n 2 bench join`. Trains the mlp 784-256-10\n"
                "(batch 64 per rank, SGD, gradient_as_bucket_view as train) in rounds of --steps\n"

@@ -20,6 +20,9 @@ usage: results.py COMMAND ARGS...
   top-ops JSONL N            the N ops with the largest ms_per_step of `bench gpt --ops yes
                              --json` (Note [gpt op breakdown]), with their share of the
                              step's forward + backward, and the ops' sum.
+  profile-top JSONL N        the N longest entries of an op profile, `bench gpt
+                             --profile-steps --json` (by op) or torch_gpt_train.py
+                             --profile-out (kernels), and all entries against the step.
   bench-device JSONL         "figure<TAB>reference" lines of `bench device --json`.
   bench-gemm JSONL           the same for `bench gemm --json`.
   copy-peak DEVICE           pinned 256 MiB host-to-device and device-to-host GB/s with
@@ -168,6 +171,28 @@ def cmd_top_ops(path, n):
     return 0
 
 
+def cmd_profile_top(path, n):
+    """The longest entries of an op profile: bench gpt --profile-steps (by op) or
+    torch_gpt_train.py --profile-out (kernels); then every entry's share of the step."""
+    found = [r for r in rows(path) if "share_of_step" in r
+             and r.get("section") in ("gpt step op profile: by op (summed over shapes)",
+                                      "op profile")]
+    if not found:
+        fail(f"{path}: no op profile rows (bench gpt --profile-steps N --json, or "
+             "torch_gpt_train.py --profile-steps N --profile-out FILE)")
+    entries = [r for r in found if not r["op"].startswith("(")]
+    every = [r for r in found if r["op"] in ("(every op)", "(every entry)")]
+    whole = [r for r in found if r["op"] == "(the whole step)"]
+    top = ", ".join(f"{r['op'][:60]} {r['ms_per_step']:.2f} ms ({100 * r['share_of_step']:.0f}%)"
+                    for r in entries[:int(n)])
+    tail = ""
+    if every and whole:
+        tail = (f"; every entry {every[0]['ms_per_step']:.2f} of "
+                f"{whole[0]['ms_per_step']:.2f} ms/step")
+    print(f"in the step: {top}{tail}")
+    return 0
+
+
 def fusion_figures(all_rows):
     """The alternatives bench gpt --ops times (rows counted 0 times, in parentheses):
     each linear layer with its bias gradient as a column sum, summed over the step,
@@ -278,6 +303,7 @@ COMMANDS = {
     "metric": (cmd_metric, 2),
     "json-key": (cmd_json_key, 2),
     "top-ops": (cmd_top_ops, 2),
+    "profile-top": (cmd_profile_top, 2),
     "bench-device": (cmd_bench_device, 1),
     "bench-gemm": (cmd_bench_gemm, 1),
     "copy-peak": (cmd_copy_peak, 1),

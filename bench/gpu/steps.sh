@@ -373,9 +373,10 @@ gpt_bf16_step() {
   [[ $dev == cpu ]] && { record "$step" "skipped: bf16 autocast is for CUDA (--device cpu)"; return; }
   peak=$(bf16_peak_tflops)
   # shellcheck disable=SC2016  # the positional parameters of the inner shell
-  # --ops yes: then each op alone (Note [gpt op breakdown]), after the timed steps.
+  # --profile-steps 3: then 3 steps under the op profile (Note [op profile]); --ops yes:
+  # then each op alone (Note [gpt op breakdown]); both after the timed steps.
   run_logged "$step.ours" 180 sh -c '"$1" gpt --device "$2" --model "$3" --batch-size "$4" --precision bf16 \
-    --peak-tflops "$6" --warmup 3 --repeats 10 --ops yes --json >"$5"' sh "$bin/bench" "$dev" "$model" \
+    --peak-tflops "$6" --warmup 3 --repeats 10 --profile-steps 3 --ops yes --json >"$5"' sh "$bin/bench" "$dev" "$model" \
     "$batch" "$logs/$step.ours.jsonl" "$peak"
   rc=$?
   if [[ $rc -ne 0 ]]; then record "$step" "FAILED: ours: $(why_failed "$step.ours" "$rc")"; return; fi
@@ -384,6 +385,7 @@ gpt_bf16_step() {
   mem=$(results json-key "$logs/$step.ours.jsonl" peak_device_mib 2>/dev/null || echo "?")
   mfu=$(results json-key "$logs/$step.ours.jsonl" mfu 2>/dev/null || echo "")
   figure="ours $ours tokens/s ($ms ms/step, batch $batch${mfu:+, MFU $mfu}, peak $mem MiB)"
+  figure+="; $(results profile-top "$logs/$step.ours.jsonl" 4 2>&1)"
   figure+="; $(results top-ops "$logs/$step.ours.jsonl" 4 2>&1)"
   # Note [fused attention]: the run above uses cuDNN's fused attention where it can
   # (a fallback is logged once, naming why); the same step with the packed kernels
@@ -415,7 +417,8 @@ ms/step)"
   if ! torch_can_run; then record "$step" "ok" "$figure" "no CUDA PyTorch for $python"; return; fi
   local form reference="" theirs tmem
   for form in strict eager; do
-    local flags=(--strict)
+    # The strict run then profiles 3 steps: its kernels against our ops.
+    local flags=(--strict --profile-steps 3 --profile-out "$logs/$step.torch_strict.profile.jsonl")
     [[ $form == eager ]] && flags=(--precision bf16 --sdpa --fused-adamw --tf32)
     run_logged "$step.torch_$form" 240 "$python" "$repo_root/bench/peer/torch_gpt_train.py" --model "$model" \
       --device "$dev" --batch "$batch" --steps 10 --warmup 3 --peak-tflops "$peak" "${flags[@]}"
@@ -429,6 +432,9 @@ ms/step)"
     reference+="${reference:+; }PyTorch $form $theirs tokens/s, peak $tmem MiB (ours/PyTorch $(awk -v a="$ours" \
       -v b="$theirs" 'BEGIN { printf "%.2f", a / b }')${graphed:+, with --cuda-graph $(awk -v a="$graphed" \
       -v b="$theirs" 'BEGIN { printf "%.2f", a / b }')})"
+    if [[ $form == strict ]]; then
+      reference+=", its kernels $(results profile-top "$logs/$step.torch_strict.profile.jsonl" 4 2>&1)"
+    fi
   done
   record "$step" "ok" "$figure" "$reference"
 }

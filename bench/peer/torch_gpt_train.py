@@ -65,6 +65,15 @@ parameter of the model (the tied token embedding once, the position embedding in
 as llm.c's num_parameters), L layers, C = d_model and T = the context; mfu = FLOPs per
 token * tokens_per_s (all ranks) / (world_size * X * 1e12).
 
+--profile-steps N runs N more steps after the timed ones under torch.profiler (the peer
+of `bench gpt --profile-steps`, Note [op profile] in runtime/profile.h) and prints the
+longest entries to stderr; --profile-out FILE also writes them as JSON lines (op,
+device, calls_per_step, ms_per_step, share_of_step, then "(every entry)" and the rest of
+the step). On CUDA an entry is a kernel (a compiled model's are Triton's and cuBLAS's)
+with its device time, so their sum is the time the GPU was busy; on the CPU an entry is
+an aten op with its self time (no op's time counted twice). The profiler's own host
+cost slows these steps; the timed ones above are unaffected.
+
 Distributed: if WORLD_SIZE > 1 in the environment (set RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT yourself, or launch it with ddprun), torch.distributed is initialized with
 gloo, the model is wrapped in DistributedDataParallel(bucket_cap_mb=...), each rank
@@ -196,6 +205,11 @@ def parse_args(argv):
                              "(fp32 matmuls, TF32 off unless --tf32) (default %(default)s)")
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0,
                         help="DistributedDataParallel bucket_cap_mb (default %(default)s)")
+    parser.add_argument("--profile-steps", type=int, default=0,
+                        help="then N more steps under torch.profiler: the longest kernels "
+                             "(CUDA) or ops (CPU) on stderr (default 0: none)")
+    parser.add_argument("--profile-out", default=None,
+                        help="with --profile-steps: also write the entries as JSON lines here")
     strict = parser.add_argument_group(
         "PyTorch at its strictest", "each part alone, or all with --strict; a part this torch "
         "or device cannot run is an error, never a silent fallback")
@@ -221,6 +235,10 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.warmup < 0:
         parser.error("--warmup must be >= 0")
+    if args.profile_steps < 0:
+        parser.error(f"--profile-steps {args.profile_steps}: must be >= 0")
+    if args.profile_out and args.profile_steps == 0:
+        parser.error("--profile-out writes what --profile-steps records: give --profile-steps N")
     try:
         args.config = torch_gpt.parse_model(args.model)
     except ValueError as e:
@@ -357,6 +375,66 @@ def modes_row(args, device, world_size, parameters, tokens_per_s):
     return row
 
 
+PROFILE_TOP = 25
+
+
+def profile_entries(prof, cuda):
+    """(name, calls, ms) of each kernel (CUDA: device time) or aten op (CPU: self time)."""
+    from torch.autograd import DeviceType
+    out = []
+    for e in prof.key_averages():
+        if cuda:
+            if getattr(e, "device_type", None) != DeviceType.CUDA:
+                continue
+            us = (getattr(e, "self_device_time_total", None)
+                  or getattr(e, "self_cuda_time_total", 0) or getattr(e, "device_time_total", 0))
+        else:
+            us = e.self_cpu_time_total
+        if us > 0:
+            out.append((e.key, e.count, us / 1e3))
+    out.sort(key=lambda x: x[2], reverse=True)
+    return out
+
+
+def run_profile(args, step, device):
+    """--profile-steps: the rows of the longest entries (the module docstring)."""
+    from torch.profiler import ProfilerActivity, profile
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for _ in range(args.profile_steps):
+            step()  # loss.item() waits for the device
+        wall_ms = 1e3 * (time.perf_counter() - start)
+    entries = profile_entries(prof, cuda)
+    n = args.profile_steps
+    step_ms = wall_ms / n
+
+    def row(op, calls, ms):
+        return {"impl": "torch", "section": "op profile", "op": op, "device": str(device),
+                "calls_per_step": round(calls / n, 1), "ms_per_step": round(ms / n, 4),
+                "share_of_step": round(ms / n / step_ms, 4)}
+
+    rows = [row(name, calls, ms) for name, calls, ms in entries[:PROFILE_TOP]]
+    rest = entries[PROFILE_TOP:]
+    if rest:
+        rows.append(row(f"(the other {len(rest)} entries)", sum(c for _, c, _ in rest),
+                        sum(m for _, _, m in rest)))
+    busy = sum(m for _, _, m in entries)
+    rows.append(row("(every entry)", sum(c for _, c, _ in entries), busy))
+    rows.append(row("(outside any entry)" if not cuda else "(the GPU idle)", 0, wall_ms - busy))
+    rows.append(row("(the whole step)", 0, wall_ms))
+    print(f"torch.profiler over {n} steps of {step_ms:.2f} ms ({'kernels, device time' if cuda else 'ops, self CPU time'}):",
+          file=sys.stderr)
+    for r in rows:
+        print(f"  {r['ms_per_step']:10.3f} ms/step {100 * r['share_of_step']:5.1f}%  "
+              f"{r['calls_per_step']:7.1f} calls  {r['op'][:110]}", file=sys.stderr)
+    if args.profile_out:
+        with open(args.profile_out, "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+
+
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -386,6 +464,8 @@ def main(argv=None):
         if args.report_modes:
             row.update(modes_row(args, device, world_size, parameters, row["tokens_per_s"]))
         print(json.dumps(row), flush=True)
+    if args.profile_steps > 0 and rank == 0:
+        run_profile(args, step, device)
     if world_size > 1:
         torch.distributed.destroy_process_group()
     return 0
