@@ -6,6 +6,7 @@
 #include "runtime/autograd/functions.h"
 #include "runtime/logging.h"
 #include "runtime/ops/ops.h"
+#include "runtime/profile.h"
 #include "runtime/stream.h"
 #include "runtime/trace.h"
 #include "trainer/elastic.h"
@@ -521,6 +522,23 @@ void step_reports(Run& r, EpochState& e, int64_t step, int64_t steps) {
   r.position.reports = 2;
 }
 
+// --profile-steps (docs/profile.md): the op profile from step o.profile_start on,
+// started before that step (or the first after a resume past it).
+void begin_profile(Run& r) {
+  if (r.o.profile_steps == 0 || r.profile_taken || r.step + 1 < r.o.profile_start) return;
+  r.profile_taken = true;
+  if (profile::enabled()) {  // a program around train_main profiles already
+    if (!r.o.quiet) {
+      r.out << "note: --profile-steps: the op profile is already on in this process "
+               "(profile::start() of the program); train leaves it to the program\n";
+    }
+    return;
+  }
+  profile::start();
+  r.profiling = true;
+  r.profile_first = r.step + 1;
+}
+
 // After step `step` of `steps`, on every rank at the same steps: the progress
 // line, the --eval-every report, the --save-every checkpoint, the kill fault.
 void after_step(Run& r, EpochState& e, Progress& progress, int64_t step, int64_t steps,
@@ -595,6 +613,7 @@ EpochMetrics train_epoch(Run& r, int64_t epoch) {
   // again, or before the epoch's report the group takes again): no more steps.
   while (e.step < steps && !r.stop_early) {
     const int64_t skipped_before = r.nonfinite->skipped();
+    begin_profile(r);
     int64_t used = 0;
     if (r.join != nullptr && e.step - offset >= plan.mine) {
       // Not a step for the flight recorder's marks (Note [uneven epochs]).
@@ -608,6 +627,7 @@ EpochMetrics train_epoch(Run& r, int64_t epoch) {
     const int64_t global = step_samples(plan, e.step - offset, r.o.grad_accum, rows);
     const int64_t step = count_step(r, e, used, global, skipped_before, step_loss, last_loss);
     if (r.failed_after_update) std::rethrow_exception(std::exchange(r.failed_after_update, {}));
+    if (r.profiling && r.step >= r.profile_first + r.o.profile_steps - 1) finish_profile(r);
     after_step(r, e, progress, step, steps, last_loss);
     if (r.stop_early) break;  // --early-stop, decided alike on every rank
   }
@@ -621,6 +641,25 @@ EpochMetrics train_epoch(Run& r, int64_t epoch) {
   r.nonfinite->check_weights(r.step, weights(r));
   r.loss_log->flush();
   return measure(r, e);
+}
+
+void finish_profile(Run& r, bool print) {
+  if (!r.profiling) return;
+  r.profiling = false;
+  const profile::Report report = profile::stop();  // waits for the device
+  if (!print || r.o.quiet) return;
+  const int64_t steps = r.step - r.profile_first + 1;
+  if (steps <= 0) return;
+  const double wall = report.wall_ms, ops = report.ops_ms();
+  r.out << fmt::format(
+      "profile: steps {}-{} ({} step{} of {:.2f} ms{}; docs/profile.md): the ops {:.2f} ms a "
+      "step ({:.0f}%), outside any op {:.2f} ms; totals over the {} step{}\n",
+      r.profile_first, r.step, steps, steps == 1 ? "" : "s", wall / static_cast<double>(steps),
+      steps < r.o.profile_steps ? fmt::format(", the run ended after step {}", r.step) : "",
+      ops / static_cast<double>(steps), wall > 0 ? 100.0 * ops / wall : 0.0,
+      (wall - ops) / static_cast<double>(steps), steps, steps == 1 ? "" : "s");
+  r.out << profile::format_table(report.ops, wall, 15) << "by op:\n"
+        << profile::format_table(report.by_op(), wall, 0);
 }
 
 namespace {

@@ -62,6 +62,11 @@ struct Run {
   std::shared_ptr<nn::Module> model{};
   std::unique_ptr<optim::Optimizer> optimizer{};
   std::unique_ptr<GraphedStep> graphed{};  // --cuda-graph
+  // --profile-steps: the op profile is on from step profile_first (docs/profile.md);
+  // profile_taken: it was (or could not be) started, once a run.
+  bool profiling = false;
+  bool profile_taken = false;
+  int64_t profile_first = 0;
   optim::LrSchedule schedule{};
   int64_t first_epoch = 0;
   // World size > 1 only (launched by ddprun, mpirun, srun): the process group and
@@ -135,6 +140,9 @@ std::unique_ptr<ZeroOptimizer> make_zero(Run& r, std::unique_ptr<optim::Optimize
 // counts differ (Note [uneven epochs] in uneven.h), with progress lines and the
 // --eval-every and --save-every reports inside it; returns its metrics.
 EpochMetrics train_epoch(Run& r, int64_t epoch);
+// --profile-steps: stops the op profile if it is on and prints it (unless quiet, or
+// `print` is false: a run that failed).
+void finish_profile(Run& r, bool print = true);
 // Metrics, checkpoint (epoch_end) and the report line (each only where the options
 // ask for it). The metrics row goes first, so the checkpoint never covers a row not
 // on disk (Note [rows cut back] in run_log.cpp).

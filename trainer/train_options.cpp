@@ -128,6 +128,12 @@ device and files:
                            numbers (docs/cuda_graphs.md). One process on one GPU,
                            --grad-accum 1, --on-nonfinite stop; a batch of
                            another shape runs eagerly
+  --profile-steps N        the op profile of N training steps (docs/profile.md):
+                           each op's time inside the step, by op and shapes, and
+                           the time outside any op, printed after them (default 0)
+  --profile-start S        the first profiled step of the run (default 3: after
+                           the first steps' plans and caches, and the capture of
+                           --cuda-graph)
   --save PATH              write a safetensors checkpoint after every epoch (never
                            over a checkpoint of a later step); the directory
                            must exist
@@ -321,6 +327,10 @@ const std::map<std::string, Setter>& setters() {
       {"--seed", [](auto& o, auto& v) { o.seed = parse_number<uint64_t>("--seed", v); }},
       {"--max-steps",
        [](auto& o, auto& v) { o.max_steps = parse_number<int64_t>("--max-steps", v); }},
+      {"--profile-steps",
+       [](auto& o, auto& v) { o.profile_steps = parse_number<int64_t>("--profile-steps", v); }},
+      {"--profile-start",
+       [](auto& o, auto& v) { o.profile_start = parse_number<int64_t>("--profile-start", v); }},
       {"--drop-last",
        [](auto& o, auto& v) {
          check_choice("--drop-last", v, {"pad", "true", "false"});
@@ -540,6 +550,13 @@ void validate(const TrainOptions& o) {
               "--on-nonfinite skip reads each step's verdict on the host, which a replayed "
               "step cannot; use --on-nonfinite stop with --cuda-graph");
   }
+  DDP_CHECK(o.profile_steps >= 0,
+            "--profile-steps {}: must be >= 0 (the steps to profile; 0: none)", o.profile_steps);
+  DDP_CHECK(o.profile_start >= 1, "--profile-start {}: must be >= 1 (the first profiled step)",
+            o.profile_start);
+  DDP_CHECK(o.profile_steps > 0 || o.given.count("--profile-start") == 0,
+            "--profile-start {} says where --profile-steps begins; give --profile-steps N too",
+            o.profile_start);
   DDP_CHECK(o.early_stop >= 0,
             "--early-stop {}: must be >= 0 (evaluations without improvement; 0: never)",
             o.early_stop);

@@ -117,6 +117,10 @@ struct TrainOptions {
   // --cuda-graph: capture the training step in a CUDA graph and replay it (Note
   // [graphed steps] in trainer/epoch.cpp).
   bool cuda_graph = false;
+  // --profile-steps N from --profile-start S: the op profile of N steps, printed after
+  // them (docs/profile.md; 0: none).
+  int64_t profile_steps = 0;
+  int64_t profile_start = 3;
   // Parallelism (docs/train.md): auto = ddp when WORLD_SIZE > 1, else single.
   std::string mode = "auto";  // auto | single | ddp | dp
   std::string devices;        // dp: comma-separated devices, e.g. "cpu,cpu" or "cuda:0,cuda:1"

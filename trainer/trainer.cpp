@@ -361,7 +361,20 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
   if (pg != nullptr && pg->env.joining) {  // a replacement: Note [elastic training]
     r.first_epoch = join_group(r) ? r.rejoin_at->epoch : o.epochs;
   }
-  train_epochs(r, result);
+  {
+    // --profile-steps: a run that ends (or fails) inside the window stops the profile.
+    struct ProfileOff {
+      Run& r;
+      ~ProfileOff() {
+        try {
+          finish_profile(r, /*print=*/false);
+        } catch (...) {  // the device failed too: the error on its way says so
+        }
+      }
+    } off{r};
+    train_epochs(r, result);
+    finish_profile(r);
+  }
   mark_done(r);
   result.stopped_early = r.stop_early;
   result.total_s = seconds_since(start);

@@ -121,6 +121,29 @@ TEST(TrainOptions, CudaGraphNamesWhatItCannotCapture) {
   EXPECT_NE(error({"--cuda-graph=yes"}).find("--cuda-graph takes no value"), std::string::npos);
 }
 
+TEST(TrainOptions, ProfileStepsNameTheirValues) {
+  EXPECT_EQ(parse({}).profile_steps, 0);
+  const TrainOptions o = parse({"--profile-steps", "4", "--profile-start", "7"});
+  EXPECT_EQ(o.profile_steps, 4);
+  EXPECT_EQ(o.profile_start, 7);
+  EXPECT_EQ(parse({"--profile-steps", "2"}).profile_start, 3);
+  auto error = [](std::vector<const char*> args) {
+    args.insert(args.begin(), "train");
+    try {
+      parse_train_args(static_cast<int>(args.size()), args.data(), models::zoo_catalog());
+    } catch (const ValueError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error({"--profile-steps", "-1"}).find("--profile-steps -1: must be >= 0"),
+            std::string::npos);
+  EXPECT_NE(error({"--profile-steps", "2", "--profile-start", "0"})
+                .find("--profile-start 0: must be >= 1"),
+            std::string::npos);
+  EXPECT_NE(error({"--profile-start", "5"}).find("give --profile-steps N too"), std::string::npos);
+}
+
 TEST(TrainOptions, BadGptSpecIsAUsageError) {
   EXPECT_THROW(
       parse_train_args(3, std::vector<const char*>{"train", "--model", "gpt:layers=0"}.data(),
