@@ -162,6 +162,10 @@ void report_profile(const Reporter& reporter, const profile::Report& r, int64_t 
   reporter.section("gpt step op profile: the longest ops by shape (Note [op profile])",
                    rows_of(r.ops, kTop));
   reporter.section("gpt step op profile: by op (summed over shapes)", rows_of(r.by_op(), 0));
+  if (r.dropped > 0) {
+    reporter.note(fmt::format("op profile: {} op(s) not recorded, the first because: {}", r.dropped,
+                              r.first_error));
+  }
 }
 
 std::vector<OpCost> op_breakdown(const models::GptConfig& c, int64_t batch, bool bf16,

@@ -41,6 +41,11 @@ void CudaGraph::capture(const Device& device, const std::function<void()>& work,
     cuda_api::stream_begin_capture(device.index, stream_.handle());
     try {
       StreamGuard on_capture_stream(stream_);
+      // Note [op profile]: this thread records nothing while it captures.
+      struct ProfileQuiet {
+        ProfileQuiet() { profile::detail::set_thread_capturing(true); }
+        ~ProfileQuiet() { profile::detail::set_thread_capturing(false); }
+      } quiet;
       work();
     } catch (...) {
       cuda_api::stream_abort_capture(device.index, stream_.handle());  // `work`'s error says why

@@ -660,6 +660,10 @@ void finish_profile(Run& r, bool print) {
       (wall - ops) / static_cast<double>(steps), steps, steps == 1 ? "" : "s");
   r.out << profile::format_table(report.ops, wall, 15) << "by op:\n"
         << profile::format_table(report.by_op(), wall, 0);
+  if (report.dropped > 0) {
+    r.out << fmt::format("profile: {} op(s) not recorded, the first because: {}\n", report.dropped,
+                         report.first_error);
+  }
 }
 
 namespace {

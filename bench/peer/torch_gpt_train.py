@@ -379,12 +379,21 @@ PROFILE_TOP = 25
 
 
 def profile_entries(prof, cuda):
-    """(name, calls, ms) of each kernel (CUDA: device time) or aten op (CPU: self time)."""
+    """(name, calls, ms) of each kernel (CUDA: device time) or aten op (CPU: self time).
+
+    On CUDA a user annotation (record_function: "Optimizer.step#AdamW.step", compiled
+    regions) also has a GPU-side span of device type CUDA covering its kernels
+    (pytorch/pytorch#130730); it is left out, by is_user_annotation where torch has it
+    and, for older torch, by its name also being a CPU-side entry's (a kernel's never is)."""
     from torch.autograd import DeviceType
+    averages = prof.key_averages()
+    cpu_names = {e.key for e in averages if getattr(e, "device_type", None) != DeviceType.CUDA}
     out = []
-    for e in prof.key_averages():
+    for e in averages:
         if cuda:
             if getattr(e, "device_type", None) != DeviceType.CUDA:
+                continue
+            if getattr(e, "is_user_annotation", False) or e.key in cpu_names:
                 continue
             us = (getattr(e, "self_device_time_total", None)
                   or getattr(e, "self_cuda_time_total", 0) or getattr(e, "device_time_total", 0))
@@ -396,8 +405,9 @@ def profile_entries(prof, cuda):
     return out
 
 
-def run_profile(args, step, device):
-    """--profile-steps: the rows of the longest entries (the module docstring)."""
+def run_profile(args, step, device, rank):
+    """--profile-steps: the rows of the longest entries (the module docstring). Every rank
+    runs the profiled steps (their DDP collectives need each other); rank 0 reports."""
     from torch.profiler import ProfilerActivity, profile
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -406,6 +416,8 @@ def run_profile(args, step, device):
         for _ in range(args.profile_steps):
             step()  # loss.item() waits for the device
         wall_ms = 1e3 * (time.perf_counter() - start)
+    if rank != 0:
+        return
     entries = profile_entries(prof, cuda)
     n = args.profile_steps
     step_ms = wall_ms / n
@@ -464,8 +476,8 @@ def main(argv=None):
         if args.report_modes:
             row.update(modes_row(args, device, world_size, parameters, row["tokens_per_s"]))
         print(json.dumps(row), flush=True)
-    if args.profile_steps > 0 and rank == 0:
-        run_profile(args, step, device)
+    if args.profile_steps > 0:
+        run_profile(args, step, device, rank)
     if world_size > 1:
         torch.distributed.destroy_process_group()
     return 0

@@ -9,7 +9,9 @@
 #include <string_view>
 
 // Calls kernels::cpu::NAME or kernels::cuda::NAME for `device`, as one op of the op
-// profile (Note [op profile] in runtime/profile.h).
+// profile (Note [op profile] in runtime/profile.h). `device` and the arguments are
+// evaluated twice (the profile reads them too): pass names, not expressions with
+// side effects or a cost (x.contiguous()).
 #define DDP_DISPATCH(device, name, ...)                                           \
   do {                                                                            \
     const ::ddp::profile::Scope ddp_profile_scope_(#name, (device), __VA_ARGS__); \

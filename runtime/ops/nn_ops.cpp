@@ -217,6 +217,7 @@ Tensor conv2d_onednn(const Tensor& x, const Tensor& weight, const Tensor& bias,
   }
   Tensor y = empty_f32(conv_out_shape(g, c_out), x.device());
   if (x.numel() > 0 && y.numel() > 0) {
+    const profile::Scope op_scope("conv2d_onednn", x.device(), x, weight, y);
     kernels::cpu::onednn::conv2d_forward(x, weight, bias, g, y);
   } else if (y.numel() > 0) {  // no input channels: the bias alone, as PyTorch gives
     ddp::fill_(y, 0.0);
@@ -238,6 +239,7 @@ Tensor conv2d_backward_input_onednn(const Tensor& grad_y, const Tensor& weight,
               g);
   Tensor grad_x = empty_f32(input_shape(g), grad_y.device());
   if (grad_y.numel() > 0 && grad_x.numel() > 0) {
+    const profile::Scope op_scope("conv2d_backward_input_onednn", grad_y.device(), grad_y, weight);
     kernels::cpu::onednn::conv2d_backward_data(grad_y, weight, g, grad_x);
   } else if (grad_x.numel() > 0) {  // no output channels: nothing flows back
     ddp::fill_(grad_x, 0.0);
@@ -274,6 +276,7 @@ Conv2dParamGrads conv2d_backward_params_onednn(const Tensor& grad_y, const Tenso
     into.bias = Tensor();
   }
   if (!empty_input) {
+    const profile::Scope op_scope("conv2d_backward_params_onednn", x.device(), grad_y, x);
     kernels::cpu::onednn::conv2d_backward_weights(grad_y, x, g, into.weight, into.bias);
   }
   return into;

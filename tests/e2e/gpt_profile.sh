@@ -4,19 +4,19 @@
 # gpt-tiny (2 layers) records each block's attention twice a step, forward and
 # backward, and its shares add up to the step; torch_gpt_train.py --profile-steps 2
 # --profile-out writes torch.profiler's entries; results.py profile-top reads both.
-# Exit code 77 (skip) with the reason when /usr/bin/python3 (or $PYTHON) cannot import torch.
+# Exit code 77 (skip) with the reason when /usr/bin/python3 (or $PYTHON) cannot import torch
+# (after our half has passed).
 # usage: gpt_profile.sh BENCH_BINARY
 set -euo pipefail
 bench=$1
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-. "$(dirname "${BASH_SOURCE[0]}")/lib_torch.sh"
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 fail() { echo "FAILED: $*" >&2; exit 1; }
 
 "$bench" gpt --model gpt-tiny --batch-size 2 --repeats 1 --warmup 1 --profile-steps 2 --json \
   >"$dir/ours.jsonl"
-"$python" - "$dir/ours.jsonl" <<'PY'
+python3 - "$dir/ours.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 by_op = {r["op"]: r for r in rows
@@ -42,12 +42,14 @@ ours=$(python3 "$root/bench/gpu/results.py" profile-top "$dir/ours.jsonl" 3)
 echo "$ours"
 [[ $ours =~ ^"in the step: ".*" ms (".*"every entry ".*" ms/step"$ ]] || fail "results.py on ours: $ours"
 
+. "$(dirname "${BASH_SOURCE[0]}")/lib_torch.sh"  # the peer's half needs torch
+
 "$python" "$root/bench/peer/torch_gpt_train.py" --model gpt-tiny --batch 2 --steps 1 --warmup 1 \
   --profile-steps 2 --profile-out "$dir/torch.jsonl" >"$dir/torch.out" 2>"$dir/torch.err"
 grep -q "torch.profiler over 2 steps" "$dir/torch.err" || fail "no profile table: $(cat "$dir/torch.err")"
 theirs=$(python3 "$root/bench/gpu/results.py" profile-top "$dir/torch.jsonl" 3)
 echo "$theirs"
-[[ $theirs =~ ^"in the step: aten::".*"every entry ".*" ms/step"$ ]] || fail "results.py on torch's: $theirs"
+[[ $theirs =~ ^"in the step: ".*"aten::".*"every entry ".*" ms/step"$ ]] || fail "results.py on torch's: $theirs"
 # --profile-out alone is a usage error naming what it needs.
 if "$python" "$root/bench/peer/torch_gpt_train.py" --profile-out "$dir/x" 2>"$dir/err"; then
   fail "--profile-out without --profile-steps was accepted"

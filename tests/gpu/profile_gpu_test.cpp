@@ -26,8 +26,16 @@ const profile::OpTime* find(const std::vector<profile::OpTime>& ops, const std::
   return nullptr;
 }
 
+// Stops the profile if a test left it on (a failed assertion between start and stop).
+struct StopAtEnd {
+  ~StopAtEnd() {
+    if (profile::enabled()) profile::stop();
+  }
+};
+
 TEST(OpProfileGpu, AnOpsTimeIsTheDevicesNotTheLaunch) {
   DDP_REQUIRE_CUDA();
+  StopAtEnd guard;
   const Tensor a = randn({4096, 4096}, 1, {.device = kGpu});
   matmul(a, a);  // warm-up: the cuBLAS handle and workspace
   synchronize(kGpu);
@@ -55,9 +63,10 @@ TEST(OpProfileGpu, AnOpsTimeIsTheDevicesNotTheLaunch) {
 
 TEST(OpProfileGpu, ACapturedGraphIsOneEntry) {
   DDP_REQUIRE_CUDA();
+  StopAtEnd guard;
   const Tensor x = randn({256, 256}, 2, {.device = kGpu});
   Tensor y;
-  matmul(x, x);  // warm-up
+  relu(matmul(x, x));  // warm-up: the cuBLAS handle, the kernels' modules
   CudaGraph graph;
   profile::start();
   graph.capture(kGpu, [&] { y = relu(matmul(x, x)); });
@@ -72,6 +81,7 @@ TEST(OpProfileGpu, ACapturedGraphIsOneEntry) {
   const profile::OpTime* eager = find(r.ops, "relu");
   ASSERT_NE(eager, nullptr);
   EXPECT_EQ(eager->calls, 1);
+  EXPECT_EQ(r.dropped, 0) << r.first_error;
 }
 
 }  // namespace

@@ -135,6 +135,54 @@ TEST(OpProfile, RecordsTheBackwardAndOtherThreads) {
   EXPECT_EQ(relu_26->calls, 1);
 }
 
+TEST(OpProfile, AnOpThatThrowsIsNotCountedAndLeavesNoTrace) {
+  StopAtEnd guard;
+  const Tensor x = randn({3, 4}, 13), w = randn({5, 3}, 14);  // w does not fit x
+  profile::start();
+  EXPECT_THROW(linear(x, w, Tensor()), ValueError);
+  matmul(x, randn({4, 2}, 15));  // the next op is outermost again, and counted
+  const profile::Report r = profile::stop();
+  EXPECT_EQ(find(r.ops, "linear"), nullptr);
+  const profile::OpTime* gemm = find(r.ops, "gemm");
+  ASSERT_NE(gemm, nullptr);
+  EXPECT_EQ(gemm->calls, 1);
+  EXPECT_EQ(r.dropped, 0);
+}
+
+TEST(OpProfile, AThreadCapturingAGraphRecordsNothing) {
+  StopAtEnd guard;
+  const Tensor a = randn({6}, 16);
+  profile::start();
+  profile::detail::set_thread_capturing(true);  // as CudaGraph::capture does
+  relu(a);
+  profile::detail::set_thread_capturing(false);
+  relu(a);
+  relu(a);
+  const profile::Report r = profile::stop();
+  const profile::OpTime* relu_6 = find(r.ops, "relu");
+  ASSERT_NE(relu_6, nullptr);
+  EXPECT_EQ(relu_6->calls, 2);
+}
+
+TEST(OpProfile, ThousandsOfOpsFromTwoThreadsAreEachCountedOnce) {
+  StopAtEnd guard;
+  // More than the 4096 pairs after which finished ones are added up as ops run.
+  constexpr int kEach = 3000;
+  profile::start();
+  const auto work = [](uint64_t seed) {
+    const Tensor x = randn({2}, seed);
+    for (int i = 0; i < kEach; ++i) relu(x);
+  };
+  std::thread other(work, 17);
+  work(18);
+  other.join();
+  const profile::Report r = profile::stop();
+  const profile::OpTime* relu_2 = find(r.ops, "relu");
+  ASSERT_NE(relu_2, nullptr);
+  EXPECT_EQ(relu_2->calls, 2 * kEach);
+  EXPECT_EQ(r.dropped, 0);
+}
+
 TEST(OpProfile, StartsAfreshAndNamesMisuse) {
   StopAtEnd guard;
   const Tensor a = randn({3}, 12);

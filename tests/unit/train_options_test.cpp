@@ -23,6 +23,17 @@ TrainOptions parse(std::vector<const char*> args) {
   return *o;
 }
 
+// The ValueError's message of parsing `args`, or "no error".
+std::string error(std::vector<const char*> args) {
+  args.insert(args.begin(), "train");
+  try {
+    parse_train_args(static_cast<int>(args.size()), args.data(), models::zoo_catalog());
+  } catch (const ValueError& e) {
+    return std::string(e.what());
+  }
+  return std::string("no error");
+}
+
 TEST(TrainOptions, MlpKeepsItsDefaults) {
   const TrainOptions o = parse({});
   EXPECT_EQ(o.optimizer, "sgd");
@@ -75,15 +86,6 @@ TEST(TrainOptions, DropLastDefaultsAndErrors) {
   EXPECT_EQ(parse({"--model", "gpt-tiny", "--drop-last", "false"}).drop_last, DropLast::uneven);
   EXPECT_STREQ(drop_last_name(DropLast::uneven), "false");
   EXPECT_STREQ(join_divide_name(JoinDivide::active), "active");
-  auto error = [](std::vector<const char*> args) {
-    args.insert(args.begin(), "train");
-    try {
-      parse_train_args(static_cast<int>(args.size()), args.data(), models::zoo_catalog());
-    } catch (const ValueError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   EXPECT_NE(error({"--drop-last", "maybe"})
                 .find("--drop-last 'maybe': valid values are pad, true, "
                       "false"),
@@ -102,23 +104,21 @@ TEST(TrainOptions, DropLastDefaultsAndErrors) {
 TEST(TrainOptions, CudaGraphNamesWhatItCannotCapture) {
   EXPECT_FALSE(parse({}).cuda_graph);
   EXPECT_TRUE(parse({"--cuda-graph", "--device", "cuda:0", "--model", "gpt-tiny"}).cuda_graph);
-  auto error = [](std::vector<const char*> args) {
-    args.insert(args.begin(), "train");
+  const auto graph_error = [](std::vector<const char*> args) {
     args.push_back("--cuda-graph");
-    try {
-      parse_train_args(static_cast<int>(args.size()), args.data(), models::zoo_catalog());
-    } catch (const ValueError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
+    return error(args);
   };
-  EXPECT_NE(error({"--device", "cpu"}).find("this run has --device cpu"), std::string::npos);
-  EXPECT_NE(error({"--mode", "dp", "--devices", "cuda:0,cuda:1"}).find("this run has --mode dp"),
+  EXPECT_NE(graph_error({"--device", "cpu"}).find("this run has --device cpu"), std::string::npos);
+  EXPECT_NE(
+      graph_error({"--mode", "dp", "--devices", "cuda:0,cuda:1"}).find("this run has --mode dp"),
+      std::string::npos);
+  EXPECT_NE(graph_error({"--grad-accum", "4"}).find("this run has --grad-accum 4"),
             std::string::npos);
-  EXPECT_NE(error({"--grad-accum", "4"}).find("this run has --grad-accum 4"), std::string::npos);
-  EXPECT_NE(error({"--on-nonfinite", "skip"}).find("use --on-nonfinite stop with --cuda-graph"),
+  EXPECT_NE(
+      graph_error({"--on-nonfinite", "skip"}).find("use --on-nonfinite stop with --cuda-graph"),
+      std::string::npos);
+  EXPECT_NE(graph_error({"--cuda-graph=yes"}).find("--cuda-graph takes no value"),
             std::string::npos);
-  EXPECT_NE(error({"--cuda-graph=yes"}).find("--cuda-graph takes no value"), std::string::npos);
 }
 
 TEST(TrainOptions, ProfileStepsNameTheirValues) {
@@ -127,15 +127,6 @@ TEST(TrainOptions, ProfileStepsNameTheirValues) {
   EXPECT_EQ(o.profile_steps, 4);
   EXPECT_EQ(o.profile_start, 7);
   EXPECT_EQ(parse({"--profile-steps", "2"}).profile_start, 3);
-  auto error = [](std::vector<const char*> args) {
-    args.insert(args.begin(), "train");
-    try {
-      parse_train_args(static_cast<int>(args.size()), args.data(), models::zoo_catalog());
-    } catch (const ValueError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   EXPECT_NE(error({"--profile-steps", "-1"}).find("--profile-steps -1: must be >= 0"),
             std::string::npos);
   EXPECT_NE(error({"--profile-steps", "2", "--profile-start", "0"})
