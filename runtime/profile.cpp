@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -25,7 +24,7 @@ std::atomic<bool> g_on{false};
 
 namespace {
 
-// Finished pairs are added up once this many wait, from the oldest, as far as the
+// Finished pairs are added up once this many more wait, from the oldest, as far as the
 // devices have passed them (never waiting).
 constexpr size_t kResolveEvery = 4096;
 
@@ -34,18 +33,17 @@ struct Pending {
   Event start, end;
 };
 
-// Everything behind the mutex. No CUDA call is made while holding it (Note [op
-// profile]): events are taken from the pool under it and recorded, queried or
-// waited for outside.
+// Everything behind the mutex. No CUDA call that can wait for a device is made while
+// holding it (Note [op profile]): events are recorded and waited for outside; under
+// it only cudaEventQuery and cudaEventElapsedTime, which return at once.
 struct State {
   std::mutex mutex;
-  uint64_t generation = 0;  // one per start(): a pair begun before a stop() is dropped
+  uint64_t generation = 0;  // one per start() and stop(): older pairs are dropped
   std::chrono::steady_clock::time_point started;
   std::vector<OpTime> ops;
   std::map<std::tuple<std::string, std::string, std::string>, size_t> index;
   std::deque<Pending> pending;
-  bool resolving = false;            // a thread is adding up pairs outside the mutex
-  std::condition_variable resolved;  // resolving became false
+  size_t resolve_at = kResolveEvery;  // add up finished pairs when pending reaches it
   std::map<std::string, std::vector<Event>> free_events;  // by device
   int64_t dropped = 0;
   std::string first_error;
@@ -67,67 +65,81 @@ thread_local int t_depth = 0;
 thread_local int t_capturing = 0;  // CudaGraph::capture is running in this thread
 thread_local Open t_open;
 
-// Under the mutex.
-Event take_event(State& s, const Device& device) {
+// The message of the exception being handled.
+std::string current_error() noexcept {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    try {
+      return e.what();
+    } catch (...) {
+    }
+  } catch (...) {
+  }
+  return {};
+}
+
+// Counts a pair that could not be recorded (under the mutex).
+void drop_locked(State& s, const std::string& why) noexcept {
+  if (s.dropped++ > 0) return;
+  try {
+    s.first_error = why.empty() ? "an unknown error" : why;
+  } catch (...) {
+  }
+}
+
+// The same from outside the mutex, for a pair of profile `generation` (0: the current
+// one; start() makes generations from 1).
+void drop(State& s, uint64_t generation, const std::string& why) noexcept {
+  try {
+    const std::lock_guard<std::mutex> lock(s.mutex);
+    if (enabled() && (generation == 0 || generation == s.generation)) drop_locked(s, why);
+  } catch (...) {
+  }
+}
+
+// A timing event of `device`: from the pool (under the mutex) or, when it is empty, a
+// new one (outside it: cudaEventCreate).
+std::optional<Event> pooled_event(State& s, const Device& device) {
   std::vector<Event>& pool = s.free_events[device.str()];
-  if (pool.empty()) return Event(device, /*enable_timing=*/true);  // outside: CUDA
-  Event e = std::move(pool.back());
+  if (pool.empty()) return std::nullopt;
+  std::optional<Event> e(std::move(pool.back()));
   pool.pop_back();
   return e;
 }
 
-// Under the mutex.
-void drop(State& s, const char* what) {
-  if (s.dropped++ == 0) s.first_error = what;
+void add(OpTime& t, double ms) {
+  ++t.calls;
+  t.total_ms += ms;
+  t.max_ms = std::max(t.max_ms, ms);
+}
+
+void give_back(State& s, Event e) {
+  const std::string device = e.device().str();
+  s.free_events[device].push_back(std::move(e));
+}
+
+// Under the mutex: adds up the oldest pairs as far as the devices have passed them.
+void resolve_ready(State& s) {
+  while (!s.pending.empty()) {
+    Pending& p = s.pending.front();
+    try {
+      if (!p.end.query()) break;
+      add(s.ops[p.key], p.start.elapsed_ms(p.end));
+      give_back(s, std::move(p.start));
+      give_back(s, std::move(p.end));
+    } catch (...) {
+      drop_locked(s, current_error());
+    }
+    s.pending.pop_front();
+  }
+  s.resolve_at = s.pending.size() + kResolveEvery;
 }
 
 // Whether `stream` is capturing now (an op's stream that joined a capture).
 bool capturing(const Stream& stream) {
   return stream.device().is_cuda() && stream.handle() != nullptr &&
          cuda_api::stream_is_capturing(stream.device().index, stream.handle());
-}
-
-// Adds up pairs from the front of `batch` (all of them with `wait`, else as far as
-// the devices have passed them); the rest stay in `batch`. Outside the mutex: `adds`
-// collects (key, ms), the events go to `done`.
-void measure(std::deque<Pending>& batch, bool wait, std::vector<std::pair<size_t, double>>& adds,
-             std::vector<Event>& done, std::string& error) {
-  while (!batch.empty()) {
-    Pending& p = batch.front();
-    try {
-      if (wait) {
-        p.end.synchronize();
-      } else if (!p.end.query()) {
-        return;
-      }
-      adds.emplace_back(p.key, p.start.elapsed_ms(p.end));
-    } catch (const std::exception& e) {
-      if (error.empty()) error = e.what();
-      adds.emplace_back(p.key, -1.0);  // dropped
-    }
-    done.push_back(std::move(p.start));
-    done.push_back(std::move(p.end));
-    batch.pop_front();
-  }
-}
-
-// Under the mutex: the measured pairs into their keys, their events back to the pool.
-void settle(State& s, const std::vector<std::pair<size_t, double>>& adds, std::vector<Event>& done,
-            const std::string& error) {
-  for (const auto& [key, ms] : adds) {
-    if (ms < 0) {
-      drop(s, error.c_str());
-      continue;
-    }
-    OpTime& t = s.ops[key];
-    ++t.calls;
-    t.total_ms += ms;
-    t.max_ms = std::max(t.max_ms, ms);
-  }
-  for (Event& e : done) {
-    const std::string device = e.device().str();
-    s.free_events[device].push_back(std::move(e));
-  }
 }
 
 }  // namespace
@@ -163,6 +175,10 @@ void start() {
             "profile::start: the op profile is already on (call profile::stop() "
             "first)");
   ++s.generation;
+  s.ops.clear();
+  s.index.clear();
+  s.pending.clear();
+  s.resolve_at = kResolveEvery;
   s.dropped = 0;
   s.first_error.clear();
   s.started = std::chrono::steady_clock::now();
@@ -172,35 +188,41 @@ void start() {
 Report stop() {
   State& s = state();
   std::deque<Pending> batch;
-  std::vector<OpTime> ops;
+  Report r;
+  std::chrono::steady_clock::time_point started;
   {
-    std::unique_lock<std::mutex> lock(s.mutex);
+    // Everything of this profile leaves the state here, so a start() while this waits
+    // begins a profile of its own.
+    const std::lock_guard<std::mutex> lock(s.mutex);
     DDP_CHECK(enabled(), "profile::stop: the op profile is not on (call profile::start() first)");
     detail::g_on.store(false, std::memory_order_relaxed);
-    // A thread adding up a batch outside the mutex puts what is left back first.
-    s.resolved.wait(lock, [&] { return !s.resolving; });
     ++s.generation;  // an op still open in another thread is dropped when it ends
     batch.swap(s.pending);
-  }
-  std::vector<std::pair<size_t, double>> adds;
-  std::vector<Event> done;
-  std::string error;
-  measure(batch, /*wait=*/true, adds, done, error);
-  Report r;
-  {
-    const std::lock_guard<std::mutex> lock(s.mutex);
-    settle(s, adds, done, error);
-    r.wall_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s.started)
-            .count();
-    for (const OpTime& t : s.ops) {
-      if (t.calls > 0) r.ops.push_back(t);
-    }
-    r.dropped = s.dropped;
-    r.first_error = s.first_error;
+    r.ops = std::move(s.ops);
     s.ops.clear();
     s.index.clear();
+    r.dropped = s.dropped;
+    r.first_error = s.first_error;
+    started = s.started;
   }
+  std::vector<Event> done;  // outside the mutex: waits for the devices
+  for (Pending& p : batch) {
+    try {
+      p.end.synchronize();
+      add(r.ops[p.key], p.start.elapsed_ms(p.end));
+      done.push_back(std::move(p.start));
+      done.push_back(std::move(p.end));
+    } catch (...) {
+      if (r.dropped++ == 0) r.first_error = current_error();
+    }
+  }
+  {
+    const std::lock_guard<std::mutex> lock(s.mutex);
+    for (Event& e : done) give_back(s, std::move(e));
+  }
+  r.wall_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+  std::erase_if(r.ops, [](const OpTime& t) { return t.calls == 0; });
   std::stable_sort(r.ops.begin(), r.ops.end(),
                    [](const OpTime& a, const OpTime& b) { return a.total_ms > b.total_ms; });
   return r;
@@ -262,6 +284,7 @@ void set_thread_capturing(bool on) noexcept {
 bool begin(const char* op, const Device& device, std::string shapes) noexcept {
   if (++t_depth > 1 || t_capturing > 0) return false;  // nested, or capturing
   State& s = state();
+  uint64_t generation = 0;
   try {
     if (is_capturing(device)) return false;
     const Stream stream = current_stream(device);
@@ -270,28 +293,24 @@ bool begin(const char* op, const Device& device, std::string shapes) noexcept {
     {
       const std::lock_guard<std::mutex> lock(s.mutex);
       if (!enabled()) return false;  // stopped meanwhile
+      generation = s.generation;
       auto it = s.index.find(key);
       if (it == s.index.end()) {
         s.ops.push_back(
             {.op = std::get<0>(key), .device = std::get<1>(key), .shapes = std::get<2>(key)});
         it = s.index.emplace(std::move(key), s.ops.size() - 1).first;
       }
-      std::vector<Event>& pool = s.free_events[device.str()];
-      if (!pool.empty()) {
-        start.emplace(std::move(pool.back()));
-        pool.pop_back();
-      }
+      start = pooled_event(s, device);
       t_open.key = it->second;
-      t_open.generation = s.generation;
     }
     if (!start) start.emplace(device, /*enable_timing=*/true);
     start->record(stream);
+    t_open.generation = generation;
     t_open.stream = stream;
     t_open.start = std::move(start);
     return true;
-  } catch (const std::exception& e) {
-    const std::lock_guard<std::mutex> lock(s.mutex);
-    drop(s, e.what());
+  } catch (...) {
+    drop(s, generation, current_error());
     return false;
   }
 }
@@ -303,42 +322,23 @@ void leave(bool recorded, bool threw) noexcept {
   std::optional<Event> start = std::move(t_open.start);
   t_open.start.reset();
   const Stream stream = std::exchange(t_open.stream, Stream());
+  const uint64_t generation = t_open.generation;
   try {
     if (threw || capturing(stream)) return;  // the op failed, or its stream joined a capture
     std::optional<Event> end;
     {
       const std::lock_guard<std::mutex> lock(s.mutex);
-      if (t_open.generation != s.generation || !enabled()) return;  // stopped meanwhile
-      end.emplace(take_event(s, start->device()));
+      if (generation != s.generation) return;  // stopped meanwhile
+      end = pooled_event(s, start->device());
     }
+    if (!end) end.emplace(start->device(), /*enable_timing=*/true);
     end->record(stream);
-    std::deque<Pending> batch;
-    {
-      const std::lock_guard<std::mutex> lock(s.mutex);
-      if (t_open.generation != s.generation || !enabled()) return;
-      s.pending.push_back({t_open.key, std::move(*start), std::move(*end)});
-      if (s.pending.size() < kResolveEvery || s.resolving) return;
-      s.resolving = true;
-      batch.swap(s.pending);
-    }
-    // Adds up what the devices have passed, outside the mutex; the rest goes back to the
-    // front of the queue, older than what other threads added meanwhile.
-    std::vector<std::pair<size_t, double>> adds;
-    std::vector<Event> done;
-    std::string error;
-    measure(batch, /*wait=*/false, adds, done, error);
     const std::lock_guard<std::mutex> lock(s.mutex);
-    s.resolving = false;
-    s.resolved.notify_all();
-    settle(s, adds, done, error);  // stop() waited for this: still the same profile
-    s.pending.insert(s.pending.begin(), std::make_move_iterator(batch.begin()),
-                     std::make_move_iterator(batch.end()));
-  } catch (const std::exception& e) {
-    try {
-      const std::lock_guard<std::mutex> lock(s.mutex);
-      drop(s, e.what());
-    } catch (...) {
-    }
+    if (generation != s.generation) return;
+    s.pending.push_back({t_open.key, std::move(*start), std::move(*end)});
+    if (s.pending.size() >= s.resolve_at) resolve_ready(s);
+  } catch (...) {
+    drop(s, generation, current_error());
   }
 }
 

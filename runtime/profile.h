@@ -34,11 +34,12 @@
 // - An op that throws is not counted. A CUDA call of the profile itself that fails (a
 //   device already broken by a kernel fault) never throws from an op: the pair is
 //   dropped and the report says how many were (Report::dropped, first_error).
-// - The cost: off, one relaxed load per op. On, two event records per op (a few
-//   microseconds of host time on CUDA), a lookup under a process-wide mutex (never
-//   held across a CUDA call), and the shapes formatted as text. Finished pairs are
-//   added up every few thousand ops, never waiting for the device; stop() waits for
-//   the rest.
+// - The cost: off, one relaxed load per op. On, per op: two event records and two
+//   cudaStreamIsCapturing calls (a few microseconds of host time on CUDA), a lookup
+//   under a process-wide mutex (never held across a CUDA call that can wait for a
+//   device), and the shapes formatted as text. Finished pairs are added up every
+//   few thousand ops, never waiting for the device; stop() waits for the rest,
+//   outside the mutex (a start() meanwhile begins a profile of its own).
 // Threads: any thread's ops are recorded, each thread's nesting kept apart.
 #pragma once
 
@@ -116,7 +117,11 @@ class Scope {
   Scope(const char* op, const Device& device, const Args&... args) {
     if (!enabled()) return;
     std::string shapes;
-    (detail::describe(shapes, args), ...);
+    try {
+      (detail::describe(shapes, args), ...);
+    } catch (...) {  // no memory for the text: the op is keyed without it
+      shapes.clear();
+    }
     exceptions_ = std::uncaught_exceptions();
     entered_ = true;
     recorded_ = detail::begin(op, device, std::move(shapes));
