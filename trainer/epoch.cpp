@@ -508,11 +508,13 @@ void step_reports(Run& r, EpochState& e, int64_t step, int64_t steps) {
   if (r.position.reports < 1 && r.o.eval_every > 0 && r.step % r.o.eval_every == 0 &&
       step < steps) {
     if (r.step == r.faults.kill_in_eval_step) ::raise(SIGKILL);
+    finish_profile(r, "an evaluation follows");
     r.nonfinite->check();
     report(r, measure(r, e), /*epoch_end=*/false, step, e.loss_sum, e.micro_batches);
   }
   r.position.reports = 1;
   if (r.o.save_every > 0 && r.step % r.o.save_every == 0 && step < steps) {
+    finish_profile(r, "a checkpoint follows");
     // On every rank (--save-every is kept where --save is not), so no checkpoint
     // holds non-finite weights and every rank stops at the same step.
     r.nonfinite->check();
@@ -523,20 +525,27 @@ void step_reports(Run& r, EpochState& e, int64_t step, int64_t steps) {
 }
 
 // --profile-steps (docs/profile.md): the op profile from step o.profile_start on,
-// started before that step (or the first after a resume past it).
+// started before that step. This process's first steps make plans, caches and
+// --cuda-graph's capture: they are never profiled (Note [profiled steps]).
 void begin_profile(Run& r) {
-  if (r.o.profile_steps == 0 || r.profile_taken || r.step + 1 < r.o.profile_start) return;
+  if (r.o.profile_steps == 0 || r.profile_taken) return;
+  if (r.profile_from < 0) r.profile_from = first_profiled_step(r.o, r.step, r.graphed != nullptr);
+  if (r.step + 1 < r.profile_from) return;
   r.profile_taken = true;
-  if (profile::enabled()) {  // a program around train_main profiles already
-    if (!r.o.quiet) {
-      r.out << "note: --profile-steps: the op profile is already on in this process "
-               "(profile::start() of the program); train leaves it to the program\n";
+  try {
+    if (!profile::enabled()) {
+      synchronize(r.device);  // the window's time starts with the device caught up
+      profile::start();
+      r.profiling = true;
+      r.profile_first = r.step + 1;
+      return;
     }
-    return;
+  } catch (const ValueError&) {  // another thread of the program started it meanwhile
   }
-  profile::start();
-  r.profiling = true;
-  r.profile_first = r.step + 1;
+  if (!r.o.quiet) {  // a program around train_main profiles already
+    r.out << "note: --profile-steps: the op profile is already on in this process "
+             "(profile::start() of the program); train leaves it to the program\n";
+  }
 }
 
 // After step `step` of `steps`, on every rank at the same steps: the progress
@@ -627,10 +636,11 @@ EpochMetrics train_epoch(Run& r, int64_t epoch) {
     const int64_t global = step_samples(plan, e.step - offset, r.o.grad_accum, rows);
     const int64_t step = count_step(r, e, used, global, skipped_before, step_loss, last_loss);
     if (r.failed_after_update) std::rethrow_exception(std::exchange(r.failed_after_update, {}));
-    if (r.profiling && r.step >= r.profile_first + r.o.profile_steps - 1) finish_profile(r);
+    if (r.profiling && r.step - r.profile_first + 1 >= r.o.profile_steps) finish_profile(r);
     after_step(r, e, progress, step, steps, last_loss);
     if (r.stop_early) break;  // --early-stop, decided alike on every rank
   }
+  finish_profile(r, "the epoch ended");  // before its evaluation and checkpoint
   if (r.join) {
     r.join->finish();  // every rank is out of data: the last joiner's model everywhere
     r.join.reset();
@@ -643,21 +653,39 @@ EpochMetrics train_epoch(Run& r, int64_t epoch) {
   return measure(r, e);
 }
 
-void finish_profile(Run& r, bool print) {
+int64_t first_profiled_step(const TrainOptions& o, int64_t process_start, bool graphed) {
+  const int64_t warm = graphed ? kEagerSteps + 1 : 2;  // + the capture
+  return std::max(o.profile_start, process_start + warm + 1);
+}
+
+void finish_profile(Run& r, std::string_view cut, bool print) {
   if (!r.profiling) return;
   r.profiling = false;
-  const profile::Report report = profile::stop();  // waits for the device
+  if (!profile::enabled()) return;  // the program stopped it
+  profile::Report report;
+  try {
+    report = profile::stop();    // waits for the device
+  } catch (const ValueError&) {  // the program stopped it meanwhile
+    return;
+  }
   if (!print || r.o.quiet) return;
   const int64_t steps = r.step - r.profile_first + 1;
-  if (steps <= 0) return;
+  if (steps <= 0) {
+    r.out << fmt::format("profile: no step profiled ({} before step {})\n", cut, r.profile_first);
+    return;
+  }
   const double wall = report.wall_ms, ops = report.ops_ms();
+  const char* plural = steps == 1 ? "" : "s";
   r.out << fmt::format(
       "profile: steps {}-{} ({} step{} of {:.2f} ms{}; docs/profile.md): the ops {:.2f} ms a "
       "step ({:.0f}%), outside any op {:.2f} ms; totals over the {} step{}\n",
-      r.profile_first, r.step, steps, steps == 1 ? "" : "s", wall / static_cast<double>(steps),
-      steps < r.o.profile_steps ? fmt::format(", the run ended after step {}", r.step) : "",
+      r.profile_first, r.step, steps, plural, wall / static_cast<double>(steps),
+      steps < r.o.profile_steps ? fmt::format(", cut short of {}", r.o.profile_steps) : "",
       ops / static_cast<double>(steps), wall > 0 ? 100.0 * ops / wall : 0.0,
-      (wall - ops) / static_cast<double>(steps), steps, steps == 1 ? "" : "s");
+      (wall - ops) / static_cast<double>(steps), steps, plural);
+  if (steps < r.o.profile_steps) {
+    r.out << fmt::format("profile: cut short after step {}: {} (docs/profile.md)\n", r.step, cut);
+  }
   r.out << profile::format_table(report.ops, wall, 15) << "by op:\n"
         << profile::format_table(report.by_op(), wall, 0);
   if (report.dropped > 0) {

@@ -24,6 +24,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <string_view>
 
 namespace ddp::train {
 
@@ -63,10 +64,12 @@ struct Run {
   std::unique_ptr<optim::Optimizer> optimizer{};
   std::unique_ptr<GraphedStep> graphed{};  // --cuda-graph
   // --profile-steps: the op profile is on from step profile_first (docs/profile.md);
-  // profile_taken: it was (or could not be) started, once a run.
+  // profile_taken: it was (or could not be) started, once a run; profile_from: the
+  // first step it may start at (first_profiled_step; -1 until the first step).
   bool profiling = false;
   bool profile_taken = false;
   int64_t profile_first = 0;
+  int64_t profile_from = -1;
   optim::LrSchedule schedule{};
   int64_t first_epoch = 0;
   // World size > 1 only (launched by ddprun, mpirun, srun): the process group and
@@ -140,9 +143,18 @@ std::unique_ptr<ZeroOptimizer> make_zero(Run& r, std::unique_ptr<optim::Optimize
 // counts differ (Note [uneven epochs] in uneven.h), with progress lines and the
 // --eval-every and --save-every reports inside it; returns its metrics.
 EpochMetrics train_epoch(Run& r, int64_t epoch);
-// --profile-steps: stops the op profile if it is on and prints it (unless quiet, or
-// `print` is false: a run that failed).
-void finish_profile(Run& r, bool print = true);
+// Note [profiled steps]: train --profile-steps N profiles N steps from
+// --profile-start, never one of the first 2 steps of this process (3 with
+// --cuda-graph: the 2 eager steps and the capture), which make plans, caches and the
+// graph: after a resume, a restart or a join the window moves past them. It covers
+// steps only: an evaluation, a checkpoint, the epoch's end or a regroup inside the
+// window ends it there ("cut short after step S: why"), and what ran is printed.
+// The first step the window may start at, for a process whose first step is
+// process_start + 1.
+int64_t first_profiled_step(const TrainOptions& o, int64_t process_start, bool graphed);
+// Stops the op profile if train started it and prints it (unless quiet, or `print`
+// is false); `cut`: why the window ended before its N steps.
+void finish_profile(Run& r, std::string_view cut = "the run ended", bool print = true);
 // Metrics, checkpoint (epoch_end) and the report line (each only where the options
 // ask for it). The metrics row goes first, so the checkpoint never covers a row not
 // on disk (Note [rows cut back] in run_log.cpp).

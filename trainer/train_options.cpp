@@ -131,9 +131,11 @@ device and files:
   --profile-steps N        the op profile of N training steps (docs/profile.md):
                            each op's time inside the step, by op and shapes, and
                            the time outside any op, printed after them (default 0)
-  --profile-start S        the first profiled step of the run (default 3: after
-                           the first steps' plans and caches, and the capture of
-                           --cuda-graph)
+  --profile-start S        the first profiled step of the run (default 3); never
+                           one of this process's first 2 steps (3 with
+                           --cuda-graph: its capture), which make plans and
+                           caches; an evaluation, a checkpoint or the epoch's end
+                           inside the window cuts it short
   --save PATH              write a safetensors checkpoint after every epoch (never
                            over a checkpoint of a later step); the directory
                            must exist

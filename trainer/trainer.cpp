@@ -273,6 +273,13 @@ void train_epochs(Run& r, TrainResult& result) {
       r.position = EpochPosition{.epoch = epoch + 1};
     } catch (const CommError& e) {
       if (!r.elastic) throw;
+      if (r.profiling) {  // Note [profiled steps]: a regroup ends the window
+        finish_profile(r, "a regroup", /*print=*/false);
+        if (!r.o.quiet) {
+          r.out << fmt::format("profile: cut short at step {} by a regroup; nothing printed\n",
+                               r.step);
+        }
+      }
       rejoin(r, e);
       // --early-stop decided in a report completed everywhere: the run is over.
       if (r.stop_early && r.rejoin_at->step == 0 && r.rejoin_at->epoch > 0) break;
@@ -367,13 +374,19 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
       Run& r;
       ~ProfileOff() {
         try {
-          finish_profile(r, /*print=*/false);
+          finish_profile(r, "the run failed", /*print=*/false);
         } catch (...) {  // the device failed too: the error on its way says so
         }
       }
     } off{r};
     train_epochs(r, result);
     finish_profile(r);
+    if (o.profile_steps > 0 && !r.profile_taken && !o.quiet) {
+      out << fmt::format(
+          "profile: nothing profiled: the run ended after step {}, before the "
+          "first step --profile-steps may take ({}; Note [profiled steps])\n",
+          r.step, r.profile_from < 0 ? o.profile_start : r.profile_from);
+    }
   }
   mark_done(r);
   result.stopped_early = r.stop_early;

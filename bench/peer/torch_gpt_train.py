@@ -419,6 +419,9 @@ def run_profile(args, step, device, rank):
     if rank != 0:
         return
     entries = profile_entries(prof, cuda)
+    if not entries:
+        print("torch_gpt_train.py: torch.profiler recorded no "
+              f"{'kernels (is CUPTI available?)' if cuda else 'ops'}", file=sys.stderr)
     n = args.profile_steps
     step_ms = wall_ms / n
 
@@ -477,7 +480,11 @@ def main(argv=None):
             row.update(modes_row(args, device, world_size, parameters, row["tokens_per_s"]))
         print(json.dumps(row), flush=True)
     if args.profile_steps > 0:
-        run_profile(args, step, device, rank)
+        try:  # the row above is the run's figure: a failed profile does not undo it
+            run_profile(args, step, device, rank)
+        except Exception as e:  # noqa: BLE001 (torch.profiler raises many kinds)
+            print(f"torch_gpt_train.py: --profile-steps failed: {type(e).__name__}: {e}",
+                  file=sys.stderr)
     if world_size > 1:
         torch.distributed.destroy_process_group()
     return 0
