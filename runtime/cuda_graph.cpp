@@ -9,9 +9,12 @@
 namespace ddp {
 
 bool is_capturing(const Device& device) {
-  if (!device.is_cuda()) return false;
-  const Stream stream = current_stream(device);
-  return stream.handle() != nullptr && cuda_api::stream_is_capturing(device.index, stream.handle());
+  return device.is_cuda() && is_capturing(current_stream(device));
+}
+
+bool is_capturing(const Stream& stream) {
+  return stream.device().is_cuda() && stream.handle() != nullptr &&
+         cuda_api::stream_is_capturing(stream.device().index, stream.handle());
 }
 
 void CudaGraph::order_after(const Stream& stream) {

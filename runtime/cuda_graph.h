@@ -35,6 +35,8 @@ namespace ddp {
 // Whether the current stream of `device` is capturing a CUDA graph (false on the CPU
 // and on the legacy default stream, which cannot capture).
 bool is_capturing(const Device& device);
+// Whether `stream` is capturing (false on the CPU and on the legacy default stream).
+bool is_capturing(const Stream& stream);
 
 class CudaGraph {
  public:

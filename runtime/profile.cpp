@@ -1,7 +1,6 @@
 // The op profile (Note [op profile] in profile.h).
 #include "runtime/profile.h"
 
-#include "runtime/cuda/cuda_api.h"
 #include "runtime/cuda_graph.h"
 #include "runtime/error.h"
 #include "runtime/stream.h"
@@ -98,10 +97,10 @@ void drop(State& s, uint64_t generation, const std::string& why) noexcept {
   }
 }
 
-// A timing event of `device`: from the pool (under the mutex) or, when it is empty, a
-// new one (outside it: cudaEventCreate).
-std::optional<Event> pooled_event(State& s, const Device& device) {
-  std::vector<Event>& pool = s.free_events[device.str()];
+// A timing event of `device` (its str()) from the pool, under the mutex; none when the
+// pool is empty (the caller makes one outside it: cudaEventCreate).
+std::optional<Event> pooled_event(State& s, const std::string& device) {
+  std::vector<Event>& pool = s.free_events[device];
   if (pool.empty()) return std::nullopt;
   std::optional<Event> e(std::move(pool.back()));
   pool.pop_back();
@@ -134,12 +133,6 @@ void resolve_ready(State& s) {
     s.pending.pop_front();
   }
   s.resolve_at = s.pending.size() + kResolveEvery;
-}
-
-// Whether `stream` is capturing now (an op's stream that joined a capture).
-bool capturing(const Stream& stream) {
-  return stream.device().is_cuda() && stream.handle() != nullptr &&
-         cuda_api::stream_is_capturing(stream.device().index, stream.handle());
 }
 
 }  // namespace
@@ -286,9 +279,10 @@ bool begin(const char* op, const Device& device, std::string shapes) noexcept {
   State& s = state();
   uint64_t generation = 0;
   try {
-    if (is_capturing(device)) return false;
     const Stream stream = current_stream(device);
-    auto key = std::make_tuple(std::string(op), device.str(), std::move(shapes));
+    if (is_capturing(stream)) return false;
+    std::string device_name = device.str();
+    auto key = std::make_tuple(std::string(op), device_name, std::move(shapes));
     std::optional<Event> start;
     {
       const std::lock_guard<std::mutex> lock(s.mutex);
@@ -300,7 +294,7 @@ bool begin(const char* op, const Device& device, std::string shapes) noexcept {
             {.op = std::get<0>(key), .device = std::get<1>(key), .shapes = std::get<2>(key)});
         it = s.index.emplace(std::move(key), s.ops.size() - 1).first;
       }
-      start = pooled_event(s, device);
+      start = pooled_event(s, device_name);
       t_open.key = it->second;
     }
     if (!start) start.emplace(device, /*enable_timing=*/true);
@@ -324,12 +318,12 @@ void leave(bool recorded, bool threw) noexcept {
   const Stream stream = std::exchange(t_open.stream, Stream());
   const uint64_t generation = t_open.generation;
   try {
-    if (threw || capturing(stream)) return;  // the op failed, or its stream joined a capture
+    if (threw || is_capturing(stream)) return;  // the op failed, or its stream joined a capture
     std::optional<Event> end;
     {
       const std::lock_guard<std::mutex> lock(s.mutex);
       if (generation != s.generation) return;  // stopped meanwhile
-      end = pooled_event(s, start->device());
+      end = pooled_event(s, start->device().str());
     }
     if (!end) end.emplace(start->device(), /*enable_timing=*/true);
     end->record(stream);
