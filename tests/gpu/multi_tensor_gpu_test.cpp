@@ -2,7 +2,9 @@
 // per-tensor kernels, on lists longer than one launch takes (kListMax) with sizes
 // around a chunk (8192 elements) and empty tensors: the sum of squares (the same bits
 // twice), clipping without a host synchronization, and AdamW bit for bit with one
-// update per tensor. Without a GPU every test skips and says why.
+// update per tensor; both also on views that start off a 16-byte vector (the kernels'
+// one-element path, Note [vectorized rows]). Without a GPU every test skips and says
+// why.
 #include "runtime/autograd/autograd.h"
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/ops/multi_tensor.h"
@@ -95,6 +97,41 @@ TEST(MultiTensorGpu, AdamWOverAListEqualsOneUpdatePerTensorBitForBit) {
   adamw_update_all_(p2, g, m2, v2, steps);
   for (size_t i = 0; i < p1.size(); ++i) {
     adamw_update_(p1[i], g[i], m1[i], v1[i], steps[i]);
+    ASSERT_EQ(p1[i].cpu().to_vector<float>(), p2[i].cpu().to_vector<float>()) << "param " << i;
+    ASSERT_EQ(m1[i].cpu().to_vector<float>(), m2[i].cpu().to_vector<float>()) << "m " << i;
+    ASSERT_EQ(v1[i].cpu().to_vector<float>(), v2[i].cpu().to_vector<float>()) << "v " << i;
+  }
+}
+
+// The same tensors as tensors_on, each a view one element into a buffer of its own:
+// no tensor starts on a 16-byte vector.
+std::vector<Tensor> off_vector(const std::vector<Tensor>& xs) {
+  std::vector<Tensor> views;
+  for (const Tensor& x : xs) {
+    Tensor buffer = zeros({x.numel() + 1}, {.device = x.device()});
+    Tensor view = buffer.slice(1, x.numel() + 1);
+    copy_(view, x);
+    views.push_back(view);
+  }
+  return views;
+}
+
+TEST(MultiTensorGpu, ViewsOffAVectorGiveTheSameSumOfSquaresAndAdamW) {
+  DDP_REQUIRE_CUDA();
+  const std::vector<Tensor> cpu = tensors_on(Device::cpu(), 1), gpu = tensors_on(kGpu, 1);
+  const float want = sum_squares_all(cpu).item<float>();
+  EXPECT_NEAR(sum_squares_all(off_vector(gpu)).cpu().item<float>(), want, 1e-6 * want);
+  std::vector<Tensor> p1 = tensors_on(kGpu, 100), g1 = tensors_on(kGpu, 300);
+  std::vector<Tensor> m1 = tensors_on(kGpu, 500), v1 = tensors_on(kGpu, 900);
+  for (Tensor& v : v1) v = mul(v, v);  // a second moment is never negative
+  std::vector<Tensor> p2 = off_vector(p1), g2 = off_vector(g1), m2 = off_vector(m1);
+  std::vector<Tensor> v2 = off_vector(v1);
+  std::vector<kernels::AdamWStep> steps(
+      p1.size(),
+      {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .step = 2});
+  adamw_update_all_(p1, g1, m1, v1, steps);
+  adamw_update_all_(p2, g2, m2, v2, steps);
+  for (size_t i = 0; i < p1.size(); ++i) {
     ASSERT_EQ(p1[i].cpu().to_vector<float>(), p2[i].cpu().to_vector<float>()) << "param " << i;
     ASSERT_EQ(m1[i].cpu().to_vector<float>(), m2[i].cpu().to_vector<float>()) << "m " << i;
     ASSERT_EQ(v1[i].cpu().to_vector<float>(), v2[i].cpu().to_vector<float>()) << "v " << i;

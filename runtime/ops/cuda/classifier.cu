@@ -4,7 +4,9 @@
 // is ops/mixed_math.h's, which the CPU kernels (ops/cpu/reduce.cpp) run too.
 //
 // Forward, one block per row (grid-stride over rows): each thread folds its columns
-// j = t, t + kThreads, ... into online softmax statistics (max, sum of exp(x - max)),
+// into online softmax statistics (max, sum of exp(x - max)): 16-byte vectors of the
+// row, as Note [vectorized rows] in vec_map.h cuts it (GPT-2's 50257 columns leave
+// most rows' starts mid-vector),
 // the block merges them by a fixed tree (so the bits never depend on timing), and
 // thread 0 writes lse = max + log(sum) and the row's loss lse - x[label] (NaN for a
 // label outside [0, C)). One read of the logits: N*C*2 bytes, ~2 exp per element.
@@ -52,15 +54,20 @@ __device__ SoftmaxStats block_all_stats(SoftmaxStats s) {
   return result;
 }
 
-template <typename T>
+// V elements per vector (Note [vectorized rows]); V = 1 reads one element at a time.
+template <int V, typename T>
 __global__ void xent_lse_rows_kernel(const T* logits, const int64_t* labels, int64_t rows,
                                      int64_t cols, float* lse, float* row_loss) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* x = logits + r * cols;
     SoftmaxStats s{-CUDART_INF_F, 0.0f};
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-      s = math::softmax_stats_add(s, to_float(x[j]));
-    }
+    vec::row_thread<V>(
+        x, cols, threadIdx.x, blockDim.x,
+        [&](int64_t j) { s = math::softmax_stats_add(s, to_float(x[j])); },
+        [&](int64_t, const vec::Pack<T, V>& p) {
+#pragma unroll
+          for (int e = 0; e < V; ++e) s = math::softmax_stats_add(s, to_float(p.v[e]));
+        });
     s = block_all_stats(s);
     if (threadIdx.x == 0) {
       const float row_lse = s.max + logf(s.sum);
@@ -79,7 +86,9 @@ __global__ void mean_kernel(const float* row_loss, int64_t n, float* out) {
   if (threadIdx.x == 0) out[0] = static_cast<float>(acc / static_cast<double>(n));
 }
 
-template <typename T>
+// The logits and grad bases are aligned for V, so each row of both splits alike
+// (Note [vectorized rows]); grad may be the logits (in place).
+template <int V, typename T>
 __global__ void xent_lse_backward_kernel(const T* logits, const float* lse, const int64_t* labels,
                                          const float* grad_loss, int64_t rows, int64_t cols,
                                          T* grad) {
@@ -90,11 +99,26 @@ __global__ void xent_lse_backward_kernel(const T* logits, const float* lse, cons
     T* g = grad + r * cols;
     const float row_lse = lse[r];
     const int64_t label = labels[r];
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-      g[j] = from_float<T>(math::xent_grad(to_float(x[j]), row_lse, j == label, scale));
-    }
+    vec::row_thread<V>(
+        x, cols, threadIdx.x, blockDim.x,
+        [&](int64_t j) {
+          g[j] = from_float<T>(math::xent_grad(to_float(x[j]), row_lse, j == label, scale));
+        },
+        [&](int64_t j0, const vec::Pack<T, V>& p) {
+          vec::Pack<T, V> out;
+#pragma unroll
+          for (int e = 0; e < V; ++e) {
+            out.v[e] =
+                from_float<T>(math::xent_grad(to_float(p.v[e]), row_lse, j0 + e == label, scale));
+          }
+          *reinterpret_cast<vec::Pack<T, V>*>(g + j0) = out;
+        });
   }
 }
+
+// Elements per vector of the row kernels: 16 bytes of T.
+template <typename T>
+constexpr int kRowVector = vec::widest_map<T>();
 
 }  // namespace
 
@@ -106,9 +130,12 @@ void softmax_xent_lse_forward(const Tensor& logits, const Tensor& labels, Tensor
   const Tensor row_loss = empty({rows}, {.dtype = DType::f32, .device = logits.device()});
   dispatch_float(logits.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    xent_lse_rows_kernel<T><<<row_blocks(rows), kThreads, 0, stream>>>(
-        ptr<const T>(logits), ptr<const int64_t>(labels), rows, cols, ptr<float>(lse),
-        ptr<float>(row_loss));
+    constexpr int kV = kRowVector<T>;
+    const auto kernel = vec::aligned_for<kV>(ptr<const T>(logits)) ? xent_lse_rows_kernel<kV, T>
+                                                                   : xent_lse_rows_kernel<1, T>;
+    kernel<<<row_blocks(rows), kThreads, 0, stream>>>(ptr<const T>(logits),
+                                                      ptr<const int64_t>(labels), rows, cols,
+                                                      ptr<float>(lse), ptr<float>(row_loss));
   });
   cuda_api::check_last_error("xent_lse_rows_kernel");
   mean_kernel<<<1, kThreads, 0, stream>>>(ptr<const float>(row_loss), rows, ptr<float>(loss));
@@ -121,7 +148,11 @@ void softmax_xent_lse_backward(const Tensor& logits, const Tensor& lse, const Te
   cuda_api::DeviceGuard guard(logits.device().index);
   dispatch_float(logits.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    xent_lse_backward_kernel<T><<<row_blocks(rows), kThreads, 0, stream_of(grad_logits)>>>(
+    constexpr int kV = kRowVector<T>;
+    const bool whole = vec::aligned_for<kV>(ptr<const T>(logits)) &&
+                       vec::aligned_for<kV>(ptr<const T>(grad_logits));
+    const auto kernel = whole ? xent_lse_backward_kernel<kV, T> : xent_lse_backward_kernel<1, T>;
+    kernel<<<row_blocks(rows), kThreads, 0, stream_of(grad_logits)>>>(
         ptr<const T>(logits), ptr<const float>(lse), ptr<const int64_t>(labels),
         ptr<const float>(grad_loss), rows, cols, ptr<T>(grad_logits));
   });

@@ -1,6 +1,8 @@
 // Elementwise CUDA kernels: arithmetic (f32, bf16, f16), casts, fill and arange (any
 // dtype).
-// One grid-stride kernel template (launch.cuh) runs a small functor per element.
+// Grid-stride kernel templates (launch.cuh) run a small functor per element: of the
+// values (map_elements, in 16-byte vectors: Note [vectorized elementwise]) where the
+// arrays are contiguous and the element's index does not matter, else of the index.
 #include "runtime/ops/cuda/launch.cuh"  // first (see its top)
 
 #include "runtime/ops/cuda/float_types.cuh"
@@ -16,6 +18,7 @@ namespace ddp::kernels::cuda {
 namespace {
 
 using detail::for_each_index;
+using detail::map_elements;
 using detail::ptr;
 
 // ---- arithmetic: f32, bf16 and f16, each element in f32 and rounded once ------
@@ -26,21 +29,18 @@ using detail::to_float;
 
 template <BinaryOp Op, typename A, typename B, typename Out>
 struct BinaryFn {
-  const A* a;
-  const B* b;
-  Out* out;
-  __device__ void operator()(int64_t i) const {
-    const float x = to_float(a[i]), y = to_float(b[i]);
+  __device__ Out operator()(A a, B b) const {
+    const float x = to_float(a), y = to_float(b);
     if constexpr (Op == BinaryOp::add) {
-      out[i] = from_float<Out>(x + y);
+      return from_float<Out>(x + y);
     } else if constexpr (Op == BinaryOp::sub) {
-      out[i] = from_float<Out>(x - y);
+      return from_float<Out>(x - y);
     } else if constexpr (Op == BinaryOp::mul) {
-      out[i] = from_float<Out>(x * y);
+      return from_float<Out>(x * y);
     } else if constexpr (Op == BinaryOp::bce_logits) {
-      out[i] = from_float<Out>(math::bce_logits_value(x, y));
+      return from_float<Out>(math::bce_logits_value(x, y));
     } else {
-      out[i] = from_float<Out>(math::bce_logits_grad(x, y));
+      return from_float<Out>(math::bce_logits_grad(x, y));
     }
   }
 };
@@ -56,39 +56,30 @@ void launch_binary(const Tensor& a, const Tensor& b, Tensor& out) {
       DDP_ASSERT(out.dtype() == (std::is_same_v<A, B> ? a.dtype() : DType::f32),
                  "binary: out dtype {} for inputs {} and {}", dtype_name(out.dtype()),
                  dtype_name(a.dtype()), dtype_name(b.dtype()));
-      const BinaryFn<Op, A, B, Out> fn{ptr<const A>(a), ptr<const B>(b), ptr<Out>(out)};
-      for_each_index(out, out.numel(), fn, "binary");
+      map_elements("binary", out, out.numel(), BinaryFn<Op, A, B, Out>{}, ptr<Out>(out),
+                   ptr<const A>(a), ptr<const B>(b));
     });
   });
 }
 
 template <typename T>
 struct UnaryFn {
-  const T* x;
-  T* out;
   int op;
-  __device__ void operator()(int64_t i) const {
-    out[i] = from_float<T>(math::unary_value(op, to_float(x[i])));
-  }
+  __device__ T operator()(T x) const { return from_float<T>(math::unary_value(op, to_float(x))); }
 };
 
 template <typename T>
 struct UnaryBackwardFn {
-  const T* grad;
-  const T* x;
-  T* out;
   int op;
-  __device__ void operator()(int64_t i) const {
-    out[i] = from_float<T>(to_float(grad[i]) * math::unary_derivative(op, to_float(x[i])));
+  __device__ T operator()(T grad, T x) const {
+    return from_float<T>(to_float(grad) * math::unary_derivative(op, to_float(x)));
   }
 };
 
 template <typename T>
 struct ScaleFn {
-  const T* a;
   float s;
-  T* out;
-  __device__ void operator()(int64_t i) const { out[i] = from_float<T>(to_float(a[i]) * s); }
+  __device__ T operator()(T a) const { return from_float<T>(to_float(a) * s); }
 };
 
 // Reads the value on the device: no host round trip (and no sync) for a scalar
@@ -99,11 +90,10 @@ struct BroadcastScalarFn {
   __device__ void operator()(int64_t i) const { out[i] = *scalar; }
 };
 
+// y + alpha * x, into y.
 struct AxpyFn {
   float alpha;
-  const float* x;
-  float* y;
-  __device__ void operator()(int64_t i) const { y[i] += alpha * x[i]; }
+  __device__ float operator()(float x, float y) const { return y + alpha * x; }
 };
 
 // x, bias and out each f32 or 16-bit: linear's bias epilogue (ops.cpp) adds an f32
@@ -121,23 +111,15 @@ struct AddBiasRowsFn {
 
 template <typename T>
 struct ReluFn {
-  const T* x;
-  T* out;
   // As the CPU's std::max(x, 0) and torch.relu: NaN stays NaN (x > 0 ? x : 0 made
   // it 0, hiding a NaN from every check after it), -0.0 stays -0.0.
-  __device__ void operator()(int64_t i) const {
-    const float v = to_float(x[i]);
-    out[i] = v < 0.0f ? from_float<T>(0.0f) : x[i];
-  }
+  __device__ T operator()(T x) const { return to_float(x) < 0.0f ? from_float<T>(0.0f) : x; }
 };
 
 template <typename T>
 struct ReluBackwardFn {
-  const T* grad;
-  const T* x;
-  T* out;
-  __device__ void operator()(int64_t i) const {
-    out[i] = to_float(x[i]) > 0.0f ? grad[i] : from_float<T>(0.0f);
+  __device__ T operator()(T grad, T x) const {
+    return to_float(x) > 0.0f ? grad : from_float<T>(0.0f);
   }
 };
 
@@ -184,21 +166,18 @@ __device__ __forceinline__ Dst convert(Src v) {
 
 template <typename Src, typename Dst>
 struct CastFn {
-  const Src* src;
-  Dst* dst;
-  __device__ void operator()(int64_t i) const { dst[i] = convert<Dst>(src[i]); }
+  __device__ Dst operator()(Src src) const { return convert<Dst>(src); }
 };
 
 template <typename T>
 struct FillFn {
-  T* out;
   T value;
-  __device__ void operator()(int64_t i) const { out[i] = value; }
+  __device__ T operator()() const { return value; }
 };
 
 template <typename T>
 void launch_fill(Tensor& t, T value) {
-  for_each_index(t, t.numel(), FillFn<T>{ptr<T>(t), value}, "fill");
+  map_elements("fill", t, t.numel(), FillFn<T>{value}, ptr<T>(t));
 }
 
 template <typename T>
@@ -234,7 +213,7 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
 void scale(const Tensor& a, float s, Tensor& out) {
   dispatch_float(a.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    for_each_index(out, out.numel(), ScaleFn<T>{ptr<const T>(a), s, ptr<T>(out)}, "scale");
+    map_elements("scale", out, out.numel(), ScaleFn<T>{s}, ptr<T>(out), ptr<const T>(a));
   });
 }
 
@@ -244,7 +223,8 @@ void broadcast_scalar(const Tensor& scalar, Tensor& out) {
 }
 
 void axpy(float alpha, const Tensor& x, Tensor& y) {
-  for_each_index(y, y.numel(), AxpyFn{alpha, ptr<const float>(x), ptr<float>(y)}, "axpy");
+  map_elements("axpy", y, y.numel(), AxpyFn{alpha}, ptr<float>(y), ptr<const float>(x),
+               ptr<const float>(y));
 }
 
 void add_bias_rows(const Tensor& x, const Tensor& bias, Tensor& out) {
@@ -267,32 +247,31 @@ void add_bias_rows(const Tensor& x, const Tensor& bias, Tensor& out) {
 void unary(UnaryOp op, const Tensor& x, Tensor& out) {
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const UnaryFn<T> fn{ptr<const T>(x), ptr<T>(out), static_cast<int>(op)};
-    for_each_index(out, out.numel(), fn, "unary");
+    map_elements("unary", out, out.numel(), UnaryFn<T>{static_cast<int>(op)}, ptr<T>(out),
+                 ptr<const T>(x));
   });
 }
 
 void unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, Tensor& out) {
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const UnaryBackwardFn<T> fn{ptr<const T>(grad), ptr<const T>(x), ptr<T>(out),
-                                static_cast<int>(op)};
-    for_each_index(out, out.numel(), fn, "unary_backward");
+    map_elements("unary_backward", out, out.numel(), UnaryBackwardFn<T>{static_cast<int>(op)},
+                 ptr<T>(out), ptr<const T>(grad), ptr<const T>(x));
   });
 }
 
 void relu(const Tensor& x, Tensor& out) {
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    for_each_index(out, out.numel(), ReluFn<T>{ptr<const T>(x), ptr<T>(out)}, "relu");
+    map_elements("relu", out, out.numel(), ReluFn<T>{}, ptr<T>(out), ptr<const T>(x));
   });
 }
 
 void relu_backward(const Tensor& grad, const Tensor& x, Tensor& out) {
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const ReluBackwardFn<T> fn{ptr<const T>(grad), ptr<const T>(x), ptr<T>(out)};
-    for_each_index(out, out.numel(), fn, "relu_backward");
+    map_elements("relu_backward", out, out.numel(), ReluBackwardFn<T>{}, ptr<T>(out),
+                 ptr<const T>(grad), ptr<const T>(x));
   });
 }
 
@@ -302,8 +281,8 @@ void cast(const Tensor& src, Tensor& dst) {
     using Src = typename decltype(src_tag)::type;
     dispatch_dtype(dst.dtype(), [&](auto dst_tag) {
       using Dst = typename decltype(dst_tag)::type;
-      for_each_index(dst, dst.numel(), CastFn<Src, Dst>{ptr<const Src>(src), ptr<Dst>(dst)},
-                     "cast");
+      map_elements("cast", dst, dst.numel(), CastFn<Src, Dst>{}, ptr<Dst>(dst),
+                   ptr<const Src>(src));
     });
   });
 }

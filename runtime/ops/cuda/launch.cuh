@@ -2,6 +2,10 @@
 //
 //   for_each_index(t, n, fn, "relu")   runs fn(i) for i in [0, n) on t's device and
 //                                      current stream, then checks the launch.
+//   map_elements("gelu", t, n, f, out, x)   out[i] = f(x[i]) for i in [0, n), each
+//                                      array in 16-byte vectors (Note [vectorized
+//                                      elementwise] in vec_map.h): for contiguous
+//                                      arrays and a function of the values alone.
 #pragma once
 
 // Include this header first in every .cu file. fmt 9 turns constexpr off when it
@@ -14,6 +18,7 @@
 
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/ops/cuda/vec_map.h"
 #include "runtime/stream.h"
 #include "runtime/tensor.h"
 
@@ -61,6 +66,32 @@ void for_each_index(const Tensor& on, int64_t n, const Fn& fn, const char* name)
   if (n == 0) return;
   cuda_api::DeviceGuard guard(on.device().index);
   for_each_index_kernel<<<blocks_for(n), kThreads, 0, stream_of(on)>>>(n, fn);
+  cuda_api::check_last_error(name);
+}
+
+template <int V, typename F, typename Out, typename... In>
+__global__ void map_kernel(int64_t n, F f, Out* out, const In*... in) {
+  vec::map_thread<V>(global_thread(), grid_threads(), n, f, out, in...);
+}
+
+// out[i] = f(in[i]...) for i in [0, n): F is a struct with `__device__ Out
+// operator()(In...) const` (values, not indices), every array contiguous with n
+// elements (out may be one of the inputs: each element is read before it is
+// written, by the same thread). Vectors of vec::widest_map<Out, In...>() elements
+// where every address allows, else one element at a time.
+template <typename F, typename Out, typename... In>
+void map_elements(const char* name, const Tensor& on, int64_t n, const F& f, Out* out,
+                  const In*... in) {
+  if (n == 0) return;
+  constexpr int kWidth = vec::widest_map<Out, In...>();
+  const int width = vec::map_width<kWidth>(out, in...);
+  cuda_api::DeviceGuard guard(on.device().index);
+  const int blocks = blocks_for(vec::map_threads(n, width));
+  if (width == kWidth) {
+    map_kernel<kWidth><<<blocks, kThreads, 0, stream_of(on)>>>(n, f, out, in...);
+  } else {
+    map_kernel<1><<<blocks, kThreads, 0, stream_of(on)>>>(n, f, out, in...);
+  }
   cuda_api::check_last_error(name);
 }
 

@@ -11,6 +11,10 @@
 // and every thread then adds the kWarps warp results in warp order. The order of
 // every addition depends only on the row length, so results are deterministic
 // (run to run and GPU to GPU), and every thread of the block holds the same bits.
+// (The row kernels that read in 16-byte vectors -- LayerNorm's, the classifier's --
+// give thread t the elements Note [vectorized rows] in vec_map.h gives it instead;
+// their order then also depends on where each row starts within a vector, which is
+// fixed by the tensor's layout: still the same bits on every run.)
 // Each call ends with a barrier, so a kernel may reduce several times, and a row
 // may be overwritten in place after its last reduction.
 #pragma once

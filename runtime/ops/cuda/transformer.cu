@@ -3,9 +3,11 @@
 // softmax, and the sum of squares. The math and the order of operations follow the
 // CPU kernels (ops/cpu/transformer.cpp, ops/cpu/attention.cpp), with row statistics
 // in double as there. Row kernels run one block per row (Note [row reduce] in
-// row_reduce.cuh); LayerNorm's weight and bias gradients are column sums with a fixed
-// partition (Note [column sums] in column_sum.h). No float atomics anywhere: every
-// result is the same bits on every run.
+// row_reduce.cuh), LayerNorm's in 16-byte vectors (Note [vectorized rows] in
+// vec_map.h); GELU is an elementwise map (Note [vectorized elementwise]).
+// LayerNorm's weight and bias gradients are column sums with a fixed partition
+// (Note [column sums] in column_sum.h). No float atomics anywhere: every result is
+// the same bits on every run.
 #include "runtime/ops/cuda/launch.cuh"  // first (see its top)
 
 #include "runtime/ops/cuda/column_sum.h"
@@ -42,104 +44,172 @@ Rows rows_of(const Tensor& x) {
 }
 
 // T: float, __nv_bfloat16 or __half; computed in f32, rounded once.
+// Both run through map_elements (Note [vectorized elementwise]).
 template <typename T>
 struct GeluFn {
-  const T* x;
-  T* out;
-  __device__ void operator()(int64_t i) const {
-    const float v = to_float(x[i]);
-    out[i] = from_float<T>(0.5f * v * (1.0f + tanhf(kSqrt2OverPi * (v + kGeluCubic * v * v * v))));
+  __device__ T operator()(T x) const {
+    const float v = to_float(x);
+    return from_float<T>(0.5f * v * (1.0f + tanhf(kSqrt2OverPi * (v + kGeluCubic * v * v * v))));
   }
 };
 
 template <typename T>
 struct GeluBackwardFn {
-  const T* grad;
-  const T* x;
-  T* out;
-  __device__ void operator()(int64_t i) const {
-    const float v = to_float(x[i]);
+  __device__ T operator()(T grad, T x) const {
+    const float v = to_float(x);
     const float t = tanhf(kSqrt2OverPi * (v + kGeluCubic * v * v * v));
     const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
-    out[i] =
-        from_float<T>(to_float(grad[i]) * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du));
+    return from_float<T>(to_float(grad) * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du));
   }
 };
 
+// The row kernels of LayerNorm read and write their [rows, d] arrays in vectors of
+// kNormVector elements (16 bytes of f32), each row cut by Note [vectorized rows] in
+// vec_map.h, when every such array's base allows (norm_vector below), else one
+// element at a time (V = 1). All the arrays of one call then share each row's split,
+// so a thread reads of each exactly the elements it reads of the others, and the
+// reductions' order depends only on (d, r * d mod V): deterministic, as before.
+constexpr int kNormVector = 4;
+
+// V for arrays of [rows, d] elements at these bases (Note [vectorized rows]).
+template <typename... T>
+int norm_vector(const T*... p) {
+  return (vec::aligned_for<kNormVector>(p) && ...) ? kNormVector : 1;
+}
+
+// The V elements from column j0 of a row at p (aligned for them: the row's split).
+template <int V, typename T>
+__device__ __forceinline__ vec::Pack<T, V> pack_at(const T* p, int64_t j0) {
+  return *reinterpret_cast<const vec::Pack<T, V>*>(p + j0);
+}
+template <int V, typename T>
+__device__ __forceinline__ void store_at(T* p, int64_t j0, const vec::Pack<T, V>& v) {
+  *reinterpret_cast<vec::Pack<T, V>*>(p + j0) = v;
+}
+
 // One row of layer_norm for the calling block: two passes over src, as the CPU: var =
 // E[(x - mu)^2] does not cancel. Out: the output's type (bf16 under autocast: Note
-// [autocast]), each element rounded once. Thread t reads only the columns t, t +
-// blockDim.x, ..., so src may be what the same thread has just written.
-template <typename Out>
+// [autocast]), each element rounded once. A thread reads of src only the elements its
+// split hands it (Note [vectorized rows]), so src may be what the same thread has just
+// written through the same split.
+template <int V, typename Out>
 __device__ void norm_row(const float* src, const float* w, const float* b, float eps, int64_t d,
                          Out* dst, float* mean, float* rstd) {
+  const int64_t t = threadIdx.x, threads = blockDim.x;
   double sum = 0.0;
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) sum += src[j];
+  vec::row_thread<V>(
+      src, d, t, threads, [&](int64_t j) { sum += src[j]; },
+      [&](int64_t, const vec::Pack<float, V>& p) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) sum += p.v[e];
+      });
   const double mu = block_all_sum(sum) / static_cast<double>(d);
   double sq = 0.0;
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-    const double c = src[j] - mu;
-    sq += c * c;
-  }
+  vec::row_thread<V>(
+      src, d, t, threads,
+      [&](int64_t j) {
+        const double c = src[j] - mu;
+        sq += c * c;
+      },
+      [&](int64_t, const vec::Pack<float, V>& p) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          const double c = p.v[e] - mu;
+          sq += c * c;
+        }
+      });
   sq = block_all_sum(sq);
   const auto inv = static_cast<float>(1.0 / sqrt(sq / static_cast<double>(d) + eps));
   const auto m = static_cast<float>(mu);
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-    dst[j] = from_float<Out>((src[j] - m) * inv * w[j] + b[j]);
-  }
+  vec::row_thread<V>(
+      src, d, t, threads,
+      [&](int64_t j) { dst[j] = from_float<Out>((src[j] - m) * inv * w[j] + b[j]); },
+      [&](int64_t j0, const vec::Pack<float, V>& p) {
+        vec::Pack<Out, V> o;
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          o.v[e] = from_float<Out>((p.v[e] - m) * inv * w[j0 + e] + b[j0 + e]);
+        }
+        store_at<V>(dst, j0, o);
+      });
   if (threadIdx.x == 0) {
     *mean = m;
     *rstd = inv;
   }
 }
 
-template <typename Out>
+template <int V, typename Out>
 __global__ void layer_norm_kernel(const float* x, const float* w, const float* b, float eps,
                                   int64_t rows, int64_t d, Out* out, float* mean, float* rstd) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    norm_row(x + r * d, w, b, eps, d, out + r * d, mean + r, rstd + r);
+    norm_row<V>(x + r * d, w, b, eps, d, out + r * d, mean + r, rstd + r);
   }
 }
 
 // sum = x + y, rounded to f32 as the binary add rounds it, then norm_row over the
 // row of sum each thread has just written (Note [residual layer norm]).
-template <typename Y, typename Out>
+template <int V, typename Y, typename Out>
 __global__ void residual_layer_norm_kernel(const float* x, const Y* y, const float* w,
                                            const float* b, float eps, int64_t rows, int64_t d,
                                            float* sum, Out* out, float* mean, float* rstd) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     float* s = sum + r * d;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
-      s[j] = x[r * d + j] + to_float(y[r * d + j]);
-    norm_row(s, w, b, eps, d, out + r * d, mean + r, rstd + r);
+    const float* xr = x + r * d;
+    const Y* yr = y + r * d;
+    vec::row_thread<V>(
+        xr, d, threadIdx.x, blockDim.x, [&](int64_t j) { s[j] = xr[j] + to_float(yr[j]); },
+        [&](int64_t j0, const vec::Pack<float, V>& p) {
+          const vec::Pack<Y, V> q = pack_at<V>(yr, j0);
+          vec::Pack<float, V> o;
+#pragma unroll
+          for (int e = 0; e < V; ++e) o.v[e] = p.v[e] + to_float(q.v[e]);
+          store_at<V>(s, j0, o);
+        });
+    norm_row<V>(s, w, b, eps, d, out + r * d, mean + r, rstd + r);
   }
 }
 
 // grad_x = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = grad * weight.
 // G: the incoming gradient's type (bf16 under autocast), read as f32.
-template <typename G>
+template <int V, typename G>
 __global__ void layer_norm_grad_x_kernel(const G* grad, const float* x, const float* mean,
                                          const float* rstd, const float* w, int64_t rows, int64_t d,
                                          float* grad_x) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const G* g = grad + r * d;
     const float* src = x + r * d;
+    float* gx = grad_x + r * d;
     const float mu = mean[r], inv = rstd[r];
     double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-      const float xhat = (src[j] - mu) * inv;
-      const float dxhat = __fmul_rn(to_float(g[j]), w[j]);  // never fused: the sums and the
-      sum_dxhat += dxhat;                                   // second loop use the same product
+    const auto add = [&](float xv, G gv, float wv) {
+      const float xhat = (xv - mu) * inv;
+      const float dxhat = __fmul_rn(to_float(gv), wv);  // never fused: the sums and the
+      sum_dxhat += dxhat;                               // second pass use the same product
       sum_dxhat_xhat += static_cast<double>(dxhat) * xhat;
-    }
+    };
+    vec::row_thread<V>(
+        src, d, threadIdx.x, blockDim.x, [&](int64_t j) { add(src[j], g[j], w[j]); },
+        [&](int64_t j0, const vec::Pack<float, V>& p) {
+          const vec::Pack<G, V> q = pack_at<V>(g, j0);
+#pragma unroll
+          for (int e = 0; e < V; ++e) add(p.v[e], q.v[e], w[j0 + e]);
+        });
     const auto mean_dxhat = static_cast<float>(block_all_sum(sum_dxhat) / static_cast<double>(d));
     const auto mean_dxhat_xhat =
         static_cast<float>(block_all_sum(sum_dxhat_xhat) / static_cast<double>(d));
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-      const float xhat = (src[j] - mu) * inv;
-      grad_x[r * d + j] =
-          inv * (__fmul_rn(to_float(g[j]), w[j]) - mean_dxhat - xhat * mean_dxhat_xhat);
-    }
+    const auto one = [&](float xv, G gv, float wv) {
+      const float xhat = (xv - mu) * inv;
+      return inv * (__fmul_rn(to_float(gv), wv) - mean_dxhat - xhat * mean_dxhat_xhat);
+    };
+    vec::row_thread<V>(
+        src, d, threadIdx.x, blockDim.x, [&](int64_t j) { gx[j] = one(src[j], g[j], w[j]); },
+        [&](int64_t j0, const vec::Pack<float, V>& p) {
+          const vec::Pack<G, V> q = pack_at<V>(g, j0);
+          vec::Pack<float, V> o;
+#pragma unroll
+          for (int e = 0; e < V; ++e) o.v[e] = one(p.v[e], q.v[e], w[j0 + e]);
+          store_at<V>(gx, j0, o);
+        });
   }
 }
 
@@ -293,7 +363,11 @@ void layer_norm_backward_typed(const Tensor& grad, const Tensor& x, const Tensor
   cuda_api::DeviceGuard guard(grad_x.device().index);
   const cudaStream_t stream = stream_of(grad_x);
   if (rows > 0) {
-    layer_norm_grad_x_kernel<G><<<row_blocks(rows), kThreads, 0, stream>>>(
+    const bool whole = norm_vector(ptr<const G>(grad), ptr<const float>(x),
+                                   ptr<const float>(grad_x)) == kNormVector;
+    const auto kernel =
+        whole ? layer_norm_grad_x_kernel<kNormVector, G> : layer_norm_grad_x_kernel<1, G>;
+    kernel<<<row_blocks(rows), kThreads, 0, stream>>>(
         ptr<const G>(grad), ptr<const float>(x), ptr<const float>(mean), ptr<const float>(rstd),
         ptr<const float>(weight), rows, d, ptr<float>(grad_x));
     cuda_api::check_last_error("layer_norm_grad_x_kernel");
@@ -317,15 +391,15 @@ void layer_norm_backward_typed(const Tensor& grad, const Tensor& x, const Tensor
 void gelu(const Tensor& x, Tensor& out) {
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    detail::for_each_index(out, out.numel(), GeluFn<T>{ptr<const T>(x), ptr<T>(out)}, "gelu");
+    detail::map_elements("gelu", out, out.numel(), GeluFn<T>{}, ptr<T>(out), ptr<const T>(x));
   });
 }
 
 void gelu_backward(const Tensor& grad, const Tensor& x, Tensor& out) {
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const GeluBackwardFn<T> fn{ptr<const T>(grad), ptr<const T>(x), ptr<T>(out)};
-    detail::for_each_index(out, out.numel(), fn, "gelu_backward");
+    detail::map_elements("gelu_backward", out, out.numel(), GeluBackwardFn<T>{}, ptr<T>(out),
+                         ptr<const T>(grad), ptr<const T>(x));
   });
 }
 
@@ -336,7 +410,9 @@ void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float
   cuda_api::DeviceGuard guard(out.device().index);
   dispatch_float(out.dtype(), [&](auto tag) {
     using Out = typename decltype(tag)::type;
-    layer_norm_kernel<Out><<<row_blocks(rows), kThreads, 0, stream_of(out)>>>(
+    const bool whole = norm_vector(ptr<const float>(x), ptr<const Out>(out)) == kNormVector;
+    const auto kernel = whole ? layer_norm_kernel<kNormVector, Out> : layer_norm_kernel<1, Out>;
+    kernel<<<row_blocks(rows), kThreads, 0, stream_of(out)>>>(
         ptr<const float>(x), ptr<const float>(weight), ptr<const float>(bias), eps, rows, d,
         ptr<Out>(out), ptr<float>(mean), ptr<float>(rstd));
   });
@@ -352,7 +428,11 @@ void residual_layer_norm(const Tensor& x, const Tensor& y, const Tensor& weight,
     using Y = typename decltype(y_tag)::type;
     dispatch_float(out.dtype(), [&](auto out_tag) {
       using Out = typename decltype(out_tag)::type;
-      residual_layer_norm_kernel<Y, Out><<<row_blocks(rows), kThreads, 0, stream_of(out)>>>(
+      const bool whole = norm_vector(ptr<const float>(x), ptr<const Y>(y), ptr<const float>(sum),
+                                     ptr<const Out>(out)) == kNormVector;
+      const auto kernel = whole ? residual_layer_norm_kernel<kNormVector, Y, Out>
+                                : residual_layer_norm_kernel<1, Y, Out>;
+      kernel<<<row_blocks(rows), kThreads, 0, stream_of(out)>>>(
           ptr<const float>(x), ptr<const Y>(y), ptr<const float>(weight), ptr<const float>(bias),
           eps, rows, d, ptr<float>(sum), ptr<Out>(out), ptr<float>(mean), ptr<float>(rstd));
     });

@@ -1,0 +1,151 @@
+// The vectorized elementwise map of the CUDA kernels: out[i] = f(in0[i], in1[i], ...)
+// with every array read and written in 16-byte vectors. Shared by the kernel in
+// launch.cuh (map_elements) and the unit test that replays it on the CPU
+// (tests/unit/vec_map_test.cpp). Plain C++ plus host/device markers: no CUDA
+// headers, so the test compiles without nvcc.
+//
+// Note [vectorized elementwise]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A memory-bound kernel moves bytes at the rate of the bytes it keeps in flight
+// (Little's law: bandwidth x latency). A Hopper GPU needs several MB in flight
+// (H200: 4.8 TB/s x ~0.7 us), and holds about 132 x 2048 resident threads; one
+// 2-byte load per thread at a time (a bf16 grid-stride loop: the compiler cannot
+// move the next element's load above this element's store, which may alias it)
+// keeps ~0.5 MB in flight: a fraction of the bandwidth. So each thread here loads
+// a whole vector of every input (16 bytes of the narrowest type, as Pack) before it
+// computes, then stores a vector: ~16-32 bytes per array in flight per thread (the
+// device library's HOPPER.md: "16-byte accesses per thread ... several independent
+// loads in flight before the first use"; llm.c's Packed128 does the same).
+//
+// The partition: with V elements per vector, vector k = thread, thread + threads,
+// ... covers elements [kV, kV + V) of the first floor(n / V) V; the last n mod V
+// elements are the tail, element vectors*V + thread (one each, for the first
+// threads). Each element is computed exactly once, by the same per-element
+// function as before, so the values are the scalar kernel's bits. A vector access
+// needs every array's address aligned to V elements (the caching allocator's blocks
+// are 512-byte aligned; a view may not be): map_width() falls back to V = 1, the
+// plain grid-stride loop, when one is not.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define DDP_VEC_HD __host__ __device__ __forceinline__
+#else
+#define DDP_VEC_HD inline
+#endif
+#if defined(__CUDA_ARCH__)  // the device pass (the host compiler does not know it)
+#define DDP_VEC_UNROLL _Pragma("unroll")
+#else
+#define DDP_VEC_UNROLL
+#endif
+
+namespace ddp::kernels::cuda::vec {
+
+inline constexpr int kVectorBytes = 16;
+
+// V elements of T, aligned as one access of V * sizeof(T) bytes.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+// Elements per vector for these element types: a 16-byte vector of the narrowest
+// (the wider arrays move 2 or 4 vectors per thread), at least 1.
+template <typename... T>
+constexpr int widest_map() {
+  size_t narrowest = kVectorBytes;
+  ((narrowest = sizeof(T) < narrowest ? sizeof(T) : narrowest), ...);
+  return static_cast<int>(kVectorBytes / narrowest);
+}
+
+// Whether p can be read or written V elements at a time.
+template <int V, typename T>
+bool aligned_for(const T* p) {
+  return reinterpret_cast<uintptr_t>(p) % (sizeof(T) * V) == 0;
+}
+
+// V when every array is aligned for it, else 1 (Note [vectorized elementwise]).
+template <int V, typename Out, typename... In>
+int map_width(const Out* out, const In*... in) {
+  return aligned_for<V>(out) && (aligned_for<V>(in) && ...) ? V : 1;
+}
+
+// Vector k of p: one aligned access.
+template <int V, typename T>
+DDP_VEC_HD Pack<T, V> load_pack(const T* p, int64_t k) {
+  return reinterpret_cast<const Pack<T, V>*>(p)[k];
+}
+
+// The per-element function over whole packs: all inputs are in registers by now.
+template <int V, typename Out, typename F, typename... In>
+DDP_VEC_HD Pack<Out, V> apply_pack(const F& f, const Pack<In, V>&... p) {
+  Pack<Out, V> o;
+  DDP_VEC_UNROLL
+  for (int j = 0; j < V; ++j) o.v[j] = f(p.v[j]...);
+  return o;
+}
+
+// One thread's share of the map (`thread` of `threads`), in the partition above.
+// The kernel calls it with its global index and the grid's size; the CPU test calls
+// it for every thread of a grid.
+template <int V, typename F, typename Out, typename... In>
+DDP_VEC_HD void map_thread(int64_t thread, int64_t threads, int64_t n, const F& f, Out* out,
+                           const In*... in) {
+  const int64_t vectors = n / V;
+  for (int64_t k = thread; k < vectors; k += threads) {
+    // The loads are the arguments: every vector is read before f runs.
+    reinterpret_cast<Pack<Out, V>*>(out)[k] = apply_pack<V, Out>(f, load_pack<V>(in, k)...);
+  }
+  for (int64_t i = vectors * V + thread; i < n; i += threads) out[i] = f(in[i]...);
+}
+
+// Note [vectorized rows]: a row kernel (one block per row) over a row of `len`
+// elements at p reads it as an unaligned head (the elements before the first
+// V-aligned address, at most V - 1), whole aligned vectors, and a tail (at most
+// V - 1): thread t takes head element t, vectors t, t + threads, ..., then tail
+// element t, always in that order. The split depends on the row's length and on
+// its start's position within a vector (for a [rows, cols] tensor in a block of
+// the caching allocator: on r * cols mod V), never on timing, so a row reduction
+// over it keeps one order run to run. Arrays read or written with the same split
+// must share their start's position within a vector (the host checks that their
+// bases are aligned for V, else it runs V = 1: no head, no tail, one element at a
+// time).
+struct RowSplit {
+  int64_t head, vectors, tail;
+};
+template <int V, typename T>
+DDP_VEC_HD RowSplit split_row(const T* p, int64_t len) {
+  const auto into = static_cast<int64_t>((reinterpret_cast<uintptr_t>(p) / sizeof(T)) % V);
+  int64_t head = into == 0 ? 0 : V - into;
+  if (head > len) head = len;
+  const int64_t vectors = (len - head) / V;
+  return {head, vectors, len - head - vectors * V};
+}
+
+// Thread `thread` of `threads` over a row at p of len elements, split as above:
+// element(j) for each of its head and tail elements, vector(j0, pack) for each of its
+// vectors (pack: the elements j0 .. j0 + V - 1, loaded in one access), in the order
+// head, vectors, tail.
+template <int V, typename T, typename Element, typename Vector>
+DDP_VEC_HD void row_thread(const T* p, int64_t len, int64_t thread, int64_t threads,
+                           Element&& element, Vector&& vector) {
+  const RowSplit split = split_row<V>(p, len);
+  for (int64_t j = thread; j < split.head; j += threads) element(j);
+  for (int64_t k = thread; k < split.vectors; k += threads) {
+    const int64_t j0 = split.head + k * V;
+    const Pack<T, V> pack = *reinterpret_cast<const Pack<T, V>*>(p + j0);  // one access
+    vector(j0, pack);
+  }
+  const int64_t tail0 = split.head + split.vectors * V;
+  for (int64_t j = thread; j < split.tail; j += threads) element(tail0 + j);
+}
+
+// Threads a launch needs for one sweep: one per vector, and one per tail element.
+inline int64_t map_threads(int64_t n, int width) {
+  const int64_t vectors = n / width, tail = n % width;
+  return vectors > tail ? vectors : tail;
+}
+
+}  // namespace ddp::kernels::cuda::vec
