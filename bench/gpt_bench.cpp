@@ -20,6 +20,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <chrono>
 #include <functional>
@@ -86,9 +87,14 @@ double parse_peak_tflops(const BenchOptions& o) {
   return v;
 }
 
+// Note [gpt step timing]: a step is timed by the host's clock from its start to the
+// device's end (one synchronize, as PyTorch's peer waits once, for loss.item());
+// its phases by events on the stream between them (on the CPU, events read the host
+// clock), so that timing them never drains the device in the middle of the step.
 struct Phases {
   double forward = 0, backward = 0, clip = 0, optimizer = 0;
-  double total() const { return forward + backward + clip + optimizer; }
+  double wall = 0;  // the whole step
+  double total() const { return wall; }
 };
 
 using Clock = std::chrono::steady_clock;
@@ -96,6 +102,13 @@ double ms_since(Clock::time_point start, const Device& device) {
   synchronize(device);
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
+
+// Events at the boundaries of a step's phases (Note [gpt step timing]).
+struct PhaseMarks {
+  explicit PhaseMarks(const Device& device)
+      : marks{Event(device), Event(device), Event(device), Event(device), Event(device)} {}
+  std::array<Event, 5> marks;
+};
 
 // Note [gpt op breakdown]
 // ~~~~~~~~~~~~~~~~~~~~~~~
@@ -339,6 +352,7 @@ int run_gpt_bench(const BenchOptions& o, const Reporter& reporter) {
     return functional::cross_entropy(functional::reshape(logits, {-1, config.vocab}), targets);
   };
   CudaGraph graph;
+  PhaseMarks phase_marks(o.device);
   // One training step; `graphed_now`: a replay of the captured step (captured first),
   // timed as a whole (forward_ms).
   const auto run_step = [&](bool graphed_now) {
@@ -358,17 +372,19 @@ int run_gpt_bench(const BenchOptions& o, const Reporter& reporter) {
       const auto start = Clock::now();
       if (!capture) optimizer.prepare_step();
       graph.replay();
-      return Phases{.forward = ms_since(start, o.device)};  // the whole step
+      const double whole = ms_since(start, o.device);
+      return Phases{.forward = whole, .wall = whole};
     }
-    Phases p;
-    auto start = Clock::now();
-    optimizer.zero_grad();
+    auto& m = phase_marks.marks;
+    const auto start = Clock::now();
+    m[0].record();
+    // As train and PyTorch's default: backward hands .grad its fresh tensors (no fill,
+    // no accumulation into zeros).
+    optimizer.zero_grad(/*set_to_none=*/true);
     const Tensor loss = loss_of();
-    p.forward = ms_since(start, o.device);
-    start = Clock::now();
+    m[1].record();
     backward(loss);
-    p.backward = ms_since(start, o.device);
-    start = Clock::now();
+    m[2].record();
     // As train: on CUDA the norm never comes back to the host (Note [clipping on the
     // device]).
     if (o.device.is_cuda()) {
@@ -376,10 +392,15 @@ int run_gpt_bench(const BenchOptions& o, const Reporter& reporter) {
     } else {
       optim::clip_grad_norm_(model->parameters(), 1.0);
     }
-    p.clip = ms_since(start, o.device);
-    start = Clock::now();
+    m[3].record();
     optimizer.step();
-    p.optimizer = ms_since(start, o.device);
+    m[4].record();
+    Phases p;
+    p.wall = ms_since(start, o.device);  // the step's one synchronize
+    p.forward = m[0].elapsed_ms(m[1]);
+    p.backward = m[1].elapsed_ms(m[2]);
+    p.clip = m[2].elapsed_ms(m[3]);
+    p.optimizer = m[3].elapsed_ms(m[4]);
     return p;
   };
   for (int s = 0; s < timing.warmup + timing.repeats; ++s) {

@@ -327,7 +327,7 @@ def make_step(args, model, optimizer, device, rank):
                                generator=gen).to(device)
         windows = stream[starts + offsets]  # [batch, ctx + 1]
         x, y = windows[:, :-1], windows[:, 1:]
-        optimizer.zero_grad(set_to_none=False)
+        optimizer.zero_grad(set_to_none=True)  # PyTorch's default; bench gpt does the same
         with autocast():
             logits, _ = model(x)
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
