@@ -4,11 +4,14 @@
 // host<->device bandwidth with pageable and pinned host memory; the caching
 // allocator vs raw cudaMalloc/cudaFree. On the CPU: rand, memcpy bandwidth as
 // the physical reference next to ddp::copy_, and ddp::empty vs aligned_alloc.
+// On both: the memory-bound kernels of a bf16 training step (Note [vectorized
+// elementwise]) in bytes moved per second, against a copy on the same device.
 #include "bench/subcommands.h"
 
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/memory/allocator.h"
 #include "runtime/ops/ops.h"
+#include "runtime/ops/transformer_ops.h"
 #include "runtime/tensor.h"
 
 #include <fmt/format.h>
@@ -222,6 +225,82 @@ void bench_alloc(const BenchOptions& options, const Reporter& reporter) {
   reporter.section("allocate+free pair", rows);
 }
 
+// Note [kernel bandwidth]: the memory-bound kernels of a bf16 GPT step, each moving
+// the fewest bytes it can (every input read once, every output written once: the
+// bytes column), over a copy between two buffers of the same device, which is the
+// ceiling a kernel's bytes per second can approach (the device library's METHOD.md).
+// Sizes: GPT-2's at batch 16 on a GPU ([16384, 768] rows, the MLP's [16384, 3072],
+// the logits [2048, 50257]); a sixteenth of the rows on the CPU.
+void bench_kernel_bandwidth(const BenchOptions& options, const Reporter& reporter) {
+  const Device device = options.device;
+  const int64_t rows = device.is_cuda() ? 16384 : 1024, d = 768, hidden = 4 * d;
+  const int64_t logit_rows = rows / 8, vocab = 50257;
+  const TimingOptions timing = options.timing(2, device.is_cuda() ? 20 : 5, 0.0);
+  reporter.progress(fmt::format("kernel bandwidth on {} ({} rows)", device.str(), rows));
+  const auto make = [&](const Shape& shape, DType dtype, uint64_t seed) {
+    return cast(randn(shape, seed, {.device = device}), dtype);
+  };
+  const int64_t n = rows * hidden;  // the MLP's activations
+  const Tensor x32 = make({n}, DType::f32, 1), y16 = make({n}, DType::bf16, 2);
+  const Tensor g16 = make({n}, DType::bf16, 3);
+  Tensor copy_dst = empty({n}, {.device = device}), acc = make({n}, DType::f32, 4);
+  const Tensor stream32 = make({rows, d}, DType::f32, 5),
+               branch16 = make({rows, d}, DType::bf16, 6);
+  const Tensor w = make({d}, DType::f32, 7), b = make({d}, DType::f32, 8);
+  const Tensor logits = make({logit_rows, vocab}, DType::bf16, 9);
+  std::vector<int64_t> label_ids(static_cast<size_t>(logit_rows));
+  for (size_t i = 0; i < label_ids.size(); ++i)
+    label_ids[i] = static_cast<int64_t>(i * 7919 % vocab);
+  const Tensor labels = from_vector(label_ids, {logit_rows}).to(device);
+  const CrossEntropyResult xent = softmax_cross_entropy(logits, labels);
+  const Tensor one = full({}, 1.0f, {.device = device});
+  const double f4 = 4, f2 = 2, nd = static_cast<double>(n), rd = static_cast<double>(rows * d);
+  const double ld = static_cast<double>(logit_rows * vocab);
+  struct Case {
+    std::string op;
+    double bytes;
+    std::function<void()> fn;
+  };
+  const std::vector<Case> cases = {
+      {"copy f32 (the ceiling)", 2 * f4 * nd, [&] { copy_(copy_dst, x32); }},
+      {"fill f32", f4 * nd, [&] { fill_(copy_dst, 0.0); }},
+      {"cast f32 -> bf16", (f4 + f2) * nd,
+       [&] { do_not_optimize(cast(x32, DType::bf16).data_ptr()); }},
+      {"add f32 + bf16 -> f32", (f4 + f2 + f4) * nd,
+       [&] { do_not_optimize(add(x32, y16).data_ptr()); }},
+      {"axpy f32 (in place)", 3 * f4 * nd, [&] { axpy_(0.5f, x32, acc); }},
+      {"gelu bf16", 2 * f2 * nd, [&] { do_not_optimize(gelu(y16).data_ptr()); }},
+      {"gelu_backward bf16", 3 * f2 * nd,
+       [&] { do_not_optimize(gelu_backward(g16, y16).data_ptr()); }},
+      {"layer_norm f32 -> bf16", (f4 + f2) * rd,
+       [&] { do_not_optimize(layer_norm(stream32, w, b, 1e-5f, DType::bf16).out.data_ptr()); }},
+      {"residual add + layer_norm", (f4 + f2 + f4 + f2) * rd,
+       [&] {
+         do_not_optimize(
+             add_layer_norm(stream32, branch16, w, b, 1e-5f, DType::bf16).sum.data_ptr());
+       }},
+      {"cross-entropy forward bf16 logits", f2 * ld,
+       [&] { do_not_optimize(softmax_cross_entropy(logits, labels).loss.data_ptr()); }},
+      {"cross-entropy backward bf16 logits", 2 * f2 * ld, [&] {
+         do_not_optimize(
+             softmax_cross_entropy_backward_from_logits(logits, xent.lse, labels, one).data_ptr());
+       }}};
+  std::vector<Row> out;
+  double ceiling = 0;
+  for (const Case& c : cases) {
+    reporter.progress(fmt::format("kernel bandwidth: {}", c.op));
+    const Timing t = time_op(device, timing, c.fn);
+    const double rate = gb_per_s(c.bytes, t.median_ms);
+    if (ceiling == 0) ceiling = rate;
+    Row row;
+    row.add("op", c.op).add("bytes", static_cast<int64_t>(c.bytes));
+    add_ms(row, t).add("gb_per_s", rate, 1).add("vs_copy", ceiling > 0 ? rate / ceiling : 0.0, 2);
+    out.push_back(std::move(row));
+  }
+  reporter.section("kernel bandwidth (bytes read + written per second; Note [kernel bandwidth])",
+                   out);
+}
+
 }  // namespace
 
 int run_device_bench(const BenchOptions& options, const Reporter& reporter) {
@@ -241,6 +320,7 @@ int run_device_bench(const BenchOptions& options, const Reporter& reporter) {
     bench_memcpy_cpu(options, reporter);
   }
   bench_alloc(options, reporter);
+  bench_kernel_bandwidth(options, reporter);
   return 0;
 }
 

@@ -36,8 +36,15 @@ constexpr std::array kSubcommands = {
         "On the CPU (no GPU, or --device cpu): rand 10000x10000 (ms, GB/s written),\n"
         "memcpy bandwidth as the physical reference next to ddp::copy_, and ddp::empty\n"
         "vs std::aligned_alloc/free for 1 MiB and 64 MiB.\n"
+        "On both, the memory-bound kernels of a bf16 GPT step (fill, cast, the residual\n"
+        "add, axpy, gelu and its backward, layer_norm, the fused residual add +\n"
+        "layer_norm, the cross-entropy over bf16 logits and its backward) at GPT-2's\n"
+        "batch-16 sizes on a GPU (a sixteenth of the rows on the CPU): bytes read +\n"
+        "written per second (each input read once, each output written once) and the\n"
+        "fraction of a copy's on the same device.\n"
         "Defaults: rand 1 warmup + 3 repeats on the host (2 + 10 on a GPU); copies and\n"
-        "allocations 2 warmups + 20 repeats, each repeat at least 5 ms of back-to-back calls.",
+        "allocations 2 warmups + 20 repeats, each repeat at least 5 ms of back-to-back calls;\n"
+        "kernels 2 warmups + 20 repeats (5 on the CPU).",
         run_device_bench},
     Subcommand{"gemm",
                "GEMM GFLOP/s of ddp::matmul_out next to bare BLAS (cblas_sgemm / cublasSgemm)",

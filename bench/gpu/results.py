@@ -229,7 +229,9 @@ def rows(path):
 
 
 def cmd_bench_device(path):
-    """Lines 'label<TAB>figure': the rand speedup and the 256 MiB copies."""
+    """Lines 'label<TAB>figure': the rand speedup, the 256 MiB copies, the allocator
+    and each memory-bound kernel's bytes per second against a copy's (Note [kernel
+    bandwidth] in bench/device_bench.cpp)."""
     out = []
     for r in rows(path):
         section = r.get("section")
@@ -245,6 +247,9 @@ def cmd_bench_device(path):
         elif section == "allocate+free pair" and "speedup_vs_raw" in r:
             out.append((f"allocate+free {r['size']} (caching allocator)",
                         f"{r['us_median']:.2f} us, {r['speedup_vs_raw']:.1f}x faster than raw"))
+        elif (section or "").startswith("kernel bandwidth") and "gb_per_s" in r:
+            out.append((f"kernel {r['op']}",
+                        f"{r['gb_per_s']:.0f} GB/s, {r['vs_copy']:.2f} of the copy's"))
     for label, figure in out:
         print(f"{label}\t{figure}")
     return 0 if out else 1
