@@ -64,7 +64,8 @@ Steps (each under `timeout`, sized so that the run fits --budget on an H100):
   parity_gpt    gpt-tiny, 30 steps on cpu and cuda:0 (synthetic tokens): losses within 1e-3
   ddp_gpt_nccl_w1  the same under ddprun -n 1, nccl, several buckets: = the cuda:0 losses
   bench_device  bench device: rand on the device vs host + copy, pinned vs pageable
-                copies against PyTorch's pinned copy peak, the caching allocator
+                copies against PyTorch's pinned copy peak, the caching allocator, the
+                memory-bound kernels' bytes per second against a device copy's
   bench_gemm    bench gemm: ours vs bare cuBLAS
   torch_mlp     ms per training step, ours vs PyTorch eager on the same GPU
   torch_cnn     (bench/peer/torch_train.py; skipped without a CUDA PyTorch)
@@ -85,7 +86,9 @@ options:
   --only LIST       run only these steps (comma-separated names above; preflight always runs)
   --quick           the steps that fit a short device loan: --only gpu_tests,
                     graph_mlp, graph_gpt, the bf16 steps, parity_mlp, parity_gpt,
-                    reference, ddp_nccl_w1, elastic_nccl_w1
+                    reference, ddp_nccl_w1, elastic_nccl_w1, and bench_device last
+                    (its kernels' bytes per second against a copy) where --budget
+                    leaves time
   --budget S        seconds for all steps after the build (default: 540, so that a run
                     fits a 10-minute command with --prebuilt); each step's time limit is
                     cut to what is left, and steps with nothing left fail as "not run";
@@ -128,7 +131,7 @@ while [[ $# -gt 0 ]]; do
     --data) need_value "$@"; data="$2"; shift 2 ;;
     --out) need_value "$@"; out="$2"; shift 2 ;;
     --only) need_value "$@"; only=",$2,"; shift 2 ;;
-    --quick) only=",gpu_tests,graph_mlp,graph_gpt,gpt2_bf16,gpt_mini_bf16,bf16_loss,reference_bf16,ddp_bf16_nccl_w1,zero2_bf16_nccl_w1,ddp_bf16_shm_w2,dp_bf16_2replicas,parity_mlp,parity_gpt,reference,ddp_nccl_w1,elastic_nccl_w1,"; shift ;;
+    --quick) only=",gpu_tests,graph_mlp,graph_gpt,gpt2_bf16,gpt_mini_bf16,bf16_loss,reference_bf16,ddp_bf16_nccl_w1,zero2_bf16_nccl_w1,ddp_bf16_shm_w2,dp_bf16_2replicas,parity_mlp,parity_gpt,reference,ddp_nccl_w1,elastic_nccl_w1,bench_device,"; shift ;;
     --allow-no-gpu) allow_no_gpu=1; shift ;;
     --device) need_value "$@"; dev="$2"; shift 2 ;;
     --budget) need_value "$@"; budget="$2"; shift 2 ;;
