@@ -184,66 +184,102 @@ TEST(VecMap, AnAddressThatIsNotAVectorsFallsBackToOneElement) {
 // Note [vectorized rows]: a row kernel's block over rows of every length and every
 // start within a vector, as the classifier's kernels walk GPT-2's 50257-column rows.
 // Each element is handed over exactly once (alone or inside the vector that holds
-// it, with its own value), vectors start at aligned addresses, and each thread goes
-// head, vectors, tail.
+// it, with its own value), each thread goes head, vectors, tail, and with `whole`
+// every vector starts on an aligned address. The cut is the same whether the
+// tensor's base is aligned (whole vectors) or not (element by element): what each
+// thread sees, in what order, is recorded and compared.
 template <int V>
-void replay_rows(int64_t threads) {
-  std::vector<uint16_t> storage(4096 + 64);
+std::vector<std::vector<int64_t>> replay_rows(const uint16_t* base, int64_t first, int64_t len,
+                                              bool whole, int64_t threads) {
+  const uint16_t* row = base + first;
+  const RowSplit split = split_row<V>(first, len);
+  EXPECT_EQ(split.head + split.vectors * V + split.tail, len);
+  EXPECT_LT(split.head, V);
+  EXPECT_LT(split.tail, V);
+  EXPECT_EQ((first + split.head) % V == 0 || split.vectors == 0, true);
+  std::vector<int> seen(static_cast<size_t>(len), 0);
+  std::vector<std::vector<int64_t>> order(static_cast<size_t>(threads));
+  for (int64_t t = 0; t < threads; ++t) {
+    int phase = 0;  // 0 head, 1 vectors, 2 tail
+    int64_t last = -1;
+    auto& mine = order[static_cast<size_t>(t)];
+    row_thread<V>(
+        row, first, len, whole, t, threads,
+        [&](int64_t j) {
+          ASSERT_TRUE(j >= 0 && j < len) << j;
+          ++seen[static_cast<size_t>(j)];
+          const int now = j < split.head ? 0 : 2;
+          ASSERT_GE(now, phase) << "thread " << t << " went back to the head";
+          ASSERT_GT(j, last) << "thread " << t << " out of order";
+          phase = now;
+          last = j;
+          mine.push_back(j);
+        },
+        [&](int64_t j0, const Pack<uint16_t, V>& pack) {
+          ASSERT_GE(1, phase) << "a vector after the tail";
+          ASSERT_GT(j0, last) << "thread " << t << " out of order";
+          if (whole) {
+            ASSERT_TRUE(aligned_for<V>(row + j0)) << "a whole vector off its address";
+          }
+          phase = 1;
+          for (int e = 0; e < V; ++e) {
+            ASSERT_LT(j0 + e, len);
+            ++seen[static_cast<size_t>(j0 + e)];
+            ASSERT_EQ(pack.v[e], row[j0 + e]) << "the vector's element " << e;
+            mine.push_back(j0 + e);
+          }
+          last = j0 + V - 1;
+        });
+  }
+  for (int64_t j = 0; j < len; ++j) {
+    EXPECT_EQ(seen[static_cast<size_t>(j)], 1) << "column " << j << " of " << len << ", row start "
+                                               << first << ", " << threads << " threads";
+  }
+  return order;
+}
+
+template <int V>
+void replay_rows_everywhere(int64_t threads) {
+  std::vector<uint16_t> storage(8192);
   for (size_t i = 0; i < storage.size(); ++i) storage[i] = static_cast<uint16_t>(i * 7 + 3);
-  auto* base =
+  const auto* aligned =
       reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) / 64 * 64);
   for (const int64_t len : {0, 1, 2, 5, 7, 8, 9, 15, 16, 17, 100, 257, 1000, 2053}) {
-    for (int64_t into = 0; into < V + 1; ++into) {
-      const uint16_t* row = base + into;
-      const RowSplit split = split_row<V>(row, len);
-      ASSERT_EQ(split.head + split.vectors * V + split.tail, len);
-      ASSERT_LT(split.head, V);
-      ASSERT_LT(split.tail, V);
-      if (split.vectors > 0) {
-        ASSERT_TRUE(aligned_for<V>(row + split.head)) << "len " << len << ", into " << into;
-      }
-      std::vector<int> seen(static_cast<size_t>(len), 0);
-      for (int64_t t = 0; t < threads; ++t) {
-        int phase = 0;  // 0 head, 1 vectors, 2 tail
-        int64_t last = -1;
-        row_thread<V>(
-            row, len, t, threads,
-            [&](int64_t j) {
-              ASSERT_TRUE(j >= 0 && j < len) << j;
-              ++seen[static_cast<size_t>(j)];
-              const int now = j < split.head ? 0 : 2;
-              ASSERT_GE(now, phase) << "thread " << t << " went back to the head";
-              ASSERT_GT(j, last) << "thread " << t << " out of order";
-              phase = now;
-              last = j;
-            },
-            [&](int64_t j0, const Pack<uint16_t, V>& pack) {
-              ASSERT_GE(1, phase) << "a vector after the tail";
-              ASSERT_GT(j0, last) << "thread " << t << " out of order";
-              ASSERT_TRUE(aligned_for<V>(row + j0));
-              phase = 1;
-              for (int e = 0; e < V; ++e) {
-                ASSERT_LT(j0 + e, len);
-                ++seen[static_cast<size_t>(j0 + e)];
-                ASSERT_EQ(pack.v[e], row[j0 + e]) << "the vector's element " << e;
-              }
-              last = j0 + V - 1;
-            });
-      }
-      for (int64_t j = 0; j < len; ++j) {
-        ASSERT_EQ(seen[static_cast<size_t>(j)], 1)
-            << "column " << j << " of " << len << ", row start " << into << " into a vector, "
-            << threads << " threads";
-      }
+    for (int64_t first = 0; first < 2 * V + 1; ++first) {
+      SCOPED_TRACE(testing::Message() << "V " << V << ", len " << len << ", first " << first);
+      const auto on_vectors = replay_rows<V>(aligned, first, len, true, threads);
+      // The same tensor one element further in memory (or a view that starts there).
+      const auto off_vectors = replay_rows<V>(aligned + 1, first, len, false, threads);
+      ASSERT_EQ(on_vectors, off_vectors) << "the cut depends on the address";
     }
   }
 }
 
-TEST(VecMap, RowsAreCutIntoHeadVectorsAndTailAtEveryStart) {
+TEST(VecMap, RowsAreCutByIndexIntoHeadVectorsAndTailWhateverTheAddress) {
   for (const int64_t threads : {1, 3, 32, 256}) {
-    replay_rows<1>(threads);
-    replay_rows<4>(threads);
-    replay_rows<8>(threads);
+    replay_rows_everywhere<1>(threads);
+    replay_rows_everywhere<4>(threads);
+    replay_rows_everywhere<8>(threads);
+  }
+}
+
+// load_at and store_at: the same values whole or element by element.
+TEST(VecMap, LoadAndStoreGiveTheSameValuesWholeOrNot) {
+  alignas(64) float a[16];
+  alignas(64) float b[16] = {};
+  alignas(64) float c[16] = {};
+  for (int i = 0; i < 16; ++i) a[i] = static_cast<float>(i) + 0.5f;
+  const Pack<float, 4> whole = load_at<4>(a + 4, true);
+  const Pack<float, 4> apart = load_at<4>(a + 5, false);
+  for (int e = 0; e < 4; ++e) {
+    EXPECT_EQ(whole.v[e], a[4 + e]);
+    EXPECT_EQ(apart.v[e], a[5 + e]);
+  }
+  store_at<4>(b + 8, whole, true);
+  store_at<4>(c + 3, whole, false);
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(b[i], i >= 8 && i < 12 ? a[i - 4] : 0.0f) << i;
+    EXPECT_EQ(c[i], i >= 3 && i < 7 ? a[i + 1] : 0.0f) << i;
   }
 }
 

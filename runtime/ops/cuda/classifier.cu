@@ -4,13 +4,12 @@
 // is ops/mixed_math.h's, which the CPU kernels (ops/cpu/reduce.cpp) run too.
 //
 // Forward, one block per row (grid-stride over rows): each thread folds its columns
-// into online softmax statistics (max, sum of exp(x - max)): 16-byte vectors of the
-// row, as Note [vectorized rows] in vec_map.h cuts it (GPT-2's 50257 columns leave
-// most rows' starts mid-vector),
-// the block merges them by a fixed tree (so the bits never depend on timing), and
-// thread 0 writes lse = max + log(sum) and the row's loss lse - x[label] (NaN for a
-// label outside [0, C)). One read of the logits: N*C*2 bytes, ~2 exp per element.
-// A second one-block kernel takes the mean of the row losses in double.
+// into online softmax statistics (max, sum of exp(x - max)), reading the row in
+// 16-byte vectors as Note [vectorized rows] in vec_map.h cuts it (GPT-2's 50257
+// columns start most rows mid-vector); the block merges them by a fixed tree (so
+// the bits never depend on timing or on the layout), and thread 0 writes lse = max + log(sum) and
+// the row's loss lse - x[label] (NaN for a label outside [0, C)). One read of the logits: N*C*2
+// bytes, ~2 exp per element. A second one-block kernel takes the mean of the row losses in double.
 // Backward, one block per row: grad = grad_loss / N * (exp(x - lse) - onehot) in the
 // logits' dtype: N*C*2 bytes read and written, one exp per element.
 #include "runtime/ops/cuda/launch.cuh"  // first (see its top)
@@ -54,15 +53,20 @@ __device__ SoftmaxStats block_all_stats(SoftmaxStats s) {
   return result;
 }
 
-// V elements per vector (Note [vectorized rows]); V = 1 reads one element at a time.
-template <int V, typename T>
+// Elements per vector of the row kernels: 16 bytes of T (Note [vectorized rows]).
+template <typename T>
+constexpr int kRowVector = vec::widest_map<T>();
+
+// whole: the logits' base is aligned for a vector (Note [vectorized rows]).
+template <typename T>
 __global__ void xent_lse_rows_kernel(const T* logits, const int64_t* labels, int64_t rows,
-                                     int64_t cols, float* lse, float* row_loss) {
+                                     int64_t cols, bool whole, float* lse, float* row_loss) {
+  constexpr int V = kRowVector<T>;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* x = logits + r * cols;
     SoftmaxStats s{-CUDART_INF_F, 0.0f};
     vec::row_thread<V>(
-        x, cols, threadIdx.x, blockDim.x,
+        x, r * cols, cols, whole, threadIdx.x, blockDim.x,
         [&](int64_t j) { s = math::softmax_stats_add(s, to_float(x[j])); },
         [&](int64_t, const vec::Pack<T, V>& p) {
 #pragma unroll
@@ -86,12 +90,13 @@ __global__ void mean_kernel(const float* row_loss, int64_t n, float* out) {
   if (threadIdx.x == 0) out[0] = static_cast<float>(acc / static_cast<double>(n));
 }
 
-// The logits and grad bases are aligned for V, so each row of both splits alike
-// (Note [vectorized rows]); grad may be the logits (in place).
-template <int V, typename T>
+// whole: the logits' and grad's bases are aligned for a vector (Note [vectorized
+// rows]); grad may be the logits (in place).
+template <typename T>
 __global__ void xent_lse_backward_kernel(const T* logits, const float* lse, const int64_t* labels,
                                          const float* grad_loss, int64_t rows, int64_t cols,
-                                         T* grad) {
+                                         bool whole, T* grad) {
+  constexpr int V = kRowVector<T>;
   // Read on the device: the backward never waits for the host.
   const float scale = grad_loss[0] / static_cast<float>(rows);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -100,7 +105,7 @@ __global__ void xent_lse_backward_kernel(const T* logits, const float* lse, cons
     const float row_lse = lse[r];
     const int64_t label = labels[r];
     vec::row_thread<V>(
-        x, cols, threadIdx.x, blockDim.x,
+        x, r * cols, cols, whole, threadIdx.x, blockDim.x,
         [&](int64_t j) {
           g[j] = from_float<T>(math::xent_grad(to_float(x[j]), row_lse, j == label, scale));
         },
@@ -111,14 +116,10 @@ __global__ void xent_lse_backward_kernel(const T* logits, const float* lse, cons
             out.v[e] =
                 from_float<T>(math::xent_grad(to_float(p.v[e]), row_lse, j0 + e == label, scale));
           }
-          *reinterpret_cast<vec::Pack<T, V>*>(g + j0) = out;
+          vec::store_at<V>(g + j0, out, whole);
         });
   }
 }
-
-// Elements per vector of the row kernels: 16 bytes of T.
-template <typename T>
-constexpr int kRowVector = vec::widest_map<T>();
 
 }  // namespace
 
@@ -130,12 +131,10 @@ void softmax_xent_lse_forward(const Tensor& logits, const Tensor& labels, Tensor
   const Tensor row_loss = empty({rows}, {.dtype = DType::f32, .device = logits.device()});
   dispatch_float(logits.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    constexpr int kV = kRowVector<T>;
-    const auto kernel = vec::aligned_for<kV>(ptr<const T>(logits)) ? xent_lse_rows_kernel<kV, T>
-                                                                   : xent_lse_rows_kernel<1, T>;
-    kernel<<<row_blocks(rows), kThreads, 0, stream>>>(ptr<const T>(logits),
-                                                      ptr<const int64_t>(labels), rows, cols,
-                                                      ptr<float>(lse), ptr<float>(row_loss));
+    const bool whole = vec::aligned_for<kRowVector<T>>(ptr<const T>(logits));
+    xent_lse_rows_kernel<T><<<row_blocks(rows), kThreads, 0, stream>>>(
+        ptr<const T>(logits), ptr<const int64_t>(labels), rows, cols, whole, ptr<float>(lse),
+        ptr<float>(row_loss));
   });
   cuda_api::check_last_error("xent_lse_rows_kernel");
   mean_kernel<<<1, kThreads, 0, stream>>>(ptr<const float>(row_loss), rows, ptr<float>(loss));
@@ -151,10 +150,9 @@ void softmax_xent_lse_backward(const Tensor& logits, const Tensor& lse, const Te
     constexpr int kV = kRowVector<T>;
     const bool whole = vec::aligned_for<kV>(ptr<const T>(logits)) &&
                        vec::aligned_for<kV>(ptr<const T>(grad_logits));
-    const auto kernel = whole ? xent_lse_backward_kernel<kV, T> : xent_lse_backward_kernel<1, T>;
-    kernel<<<row_blocks(rows), kThreads, 0, stream_of(grad_logits)>>>(
+    xent_lse_backward_kernel<T><<<row_blocks(rows), kThreads, 0, stream_of(grad_logits)>>>(
         ptr<const T>(logits), ptr<const float>(lse), ptr<const int64_t>(labels),
-        ptr<const float>(grad_loss), rows, cols, ptr<T>(grad_logits));
+        ptr<const float>(grad_loss), rows, cols, whole, ptr<T>(grad_logits));
   });
   cuda_api::check_last_error("xent_lse_backward_kernel");
 }

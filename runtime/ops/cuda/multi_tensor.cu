@@ -8,10 +8,10 @@
 // moved: the sum of squares reads every element once (4 B), the scale reads and
 // writes it (8 B), AdamW reads param, grad, m, v and writes param, m, v (28 B). The
 // sum of squares writes one double per chunk; one block then adds the chunks in order,
-// so the bits depend only on the tensors' sizes (and where each starts within a
-// vector). The sum of squares and AdamW read and write 16-byte vectors (Note
-// [vectorized rows] in vec_map.h: a chunk is a row) where all of a tensor's arrays
-// start on a vector, which the kernel checks per tensor, else one element at a time.
+// so the bits depend only on the tensors' sizes. The sum of squares and AdamW read
+// and write 16-byte vectors (Note [vectorized rows] in vec_map.h: a chunk is a row)
+// where all of a tensor's arrays start on a vector, which the kernel checks per
+// tensor, else element by element in the same order.
 #include "runtime/ops/cuda/launch.cuh"  // first (see its top)
 
 #include "runtime/ops/adamw_constants.h"
@@ -59,33 +59,27 @@ __device__ __forceinline__ ChunkOf chunk_of(const TensorList& l, int64_t block) 
 }
 
 constexpr int kVector = 4;  // f32 elements in 16 bytes
-static_assert(kChunk % kVector == 0, "a chunk starts where its tensor's vectors do");
 
 __device__ __forceinline__ bool on_vector(const float* p) {
   return reinterpret_cast<uintptr_t>(p) % (kVector * sizeof(float)) == 0;
 }
 
-// Chunk c of its tensor, V elements at a time (Note [vectorized rows]).
-template <int V>
-__device__ double chunk_sum_squares(const float* x, const ChunkOf& c) {
+__global__ void sum_squares_kernel(TensorList l, double* partials) {
+  const ChunkOf c = chunk_of(l, blockIdx.x);
+  const float* x = l.p[0][c.tensor];
   double acc = 0.0;
-  vec::row_thread<V>(
-      x + c.begin, c.end - c.begin, threadIdx.x, blockDim.x,
+  // The chunk is a row starting at element c.begin of its tensor (Note [vectorized
+  // rows]): the order depends only on the sizes, whole vectors or not.
+  vec::row_thread<kVector>(
+      x + c.begin, c.begin, c.end - c.begin, on_vector(x), threadIdx.x, blockDim.x,
       [&](int64_t j) {
         const float v = x[c.begin + j];
         acc += static_cast<double>(v) * v;
       },
-      [&](int64_t, const vec::Pack<float, V>& p) {
+      [&](int64_t, const vec::Pack<float, kVector>& p) {
 #pragma unroll
-        for (int e = 0; e < V; ++e) acc += static_cast<double>(p.v[e]) * p.v[e];
+        for (int e = 0; e < kVector; ++e) acc += static_cast<double>(p.v[e]) * p.v[e];
       });
-  return acc;
-}
-
-__global__ void sum_squares_kernel(TensorList l, double* partials) {
-  const ChunkOf c = chunk_of(l, blockIdx.x);
-  const float* x = l.p[0][c.tensor];
-  double acc = on_vector(x) ? chunk_sum_squares<kVector>(x, c) : chunk_sum_squares<1>(x, c);
   acc = detail::block_all_sum(acc);
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
@@ -112,44 +106,32 @@ __global__ void scale_kernel(TensorList l, const float* scalar) {
   for (int64_t i = c.begin + threadIdx.x; i < c.end; i += blockDim.x) x[i] *= factor;
 }
 
-// Chunk c of one tensor's AdamW step, V elements at a time: every vector of param,
-// grad, m and v is loaded before the first is computed.
-template <int V>
-__device__ void adamw_chunk(const math::AdamWConstants& k, const ChunkOf& c, float* param,
-                            const float* grad, float* m, float* v) {
-  param += c.begin;
-  grad += c.begin;
-  m += c.begin;
-  v += c.begin;
-  vec::row_thread<V>(
-      grad, c.end - c.begin, threadIdx.x, blockDim.x,
-      [&](int64_t j) { math::adamw_element(k, grad[j], param[j], m[j], v[j]); },
-      [&](int64_t j0, const vec::Pack<float, V>& g) {
-        using Pack = vec::Pack<float, V>;
-        Pack p = *reinterpret_cast<const Pack*>(param + j0);
-        Pack mp = *reinterpret_cast<const Pack*>(m + j0);
-        Pack vp = *reinterpret_cast<const Pack*>(v + j0);
-#pragma unroll
-        for (int e = 0; e < V; ++e) math::adamw_element(k, g.v[e], p.v[e], mp.v[e], vp.v[e]);
-        *reinterpret_cast<Pack*>(param + j0) = p;
-        *reinterpret_cast<Pack*>(m + j0) = mp;
-        *reinterpret_cast<Pack*>(v + j0) = vp;
-      });
-}
-
 __global__ void adamw_kernel(TensorList l) {
   const ChunkOf c = chunk_of(l, blockIdx.x);
-  float* param = l.p[0][c.tensor];
-  const float* grad = l.p[1][c.tensor];
-  float* m = l.p[2][c.tensor];
-  float* v = l.p[3][c.tensor];
+  float* param = l.p[0][c.tensor] + c.begin;
+  const float* grad = l.p[1][c.tensor] + c.begin;
+  float* m = l.p[2][c.tensor] + c.begin;
+  float* v = l.p[3][c.tensor] + c.begin;
   const math::AdamWConstants k =
       l.table != nullptr ? l.table[l.index[c.tensor]] : l.adamw[c.tensor];
-  if (on_vector(param) && on_vector(grad) && on_vector(m) && on_vector(v)) {
-    adamw_chunk<kVector>(k, c, param, grad, m, v);
-  } else {
-    adamw_chunk<1>(k, c, param, grad, m, v);
-  }
+  // Chunk c as a row (Note [vectorized rows]); every vector of param, grad, m and v
+  // is loaded before the first element is computed.
+  const bool whole = on_vector(l.p[0][c.tensor]) && on_vector(l.p[1][c.tensor]) &&
+                     on_vector(l.p[2][c.tensor]) && on_vector(l.p[3][c.tensor]);
+  constexpr int V = kVector;
+  vec::row_thread<V>(
+      grad, c.begin, c.end - c.begin, whole, threadIdx.x, blockDim.x,
+      [&](int64_t j) { math::adamw_element(k, grad[j], param[j], m[j], v[j]); },
+      [&](int64_t j0, const vec::Pack<float, V>& g) {
+        vec::Pack<float, V> p = vec::load_at<V>(param + j0, whole);
+        vec::Pack<float, V> mp = vec::load_at<V>(m + j0, whole);
+        vec::Pack<float, V> vp = vec::load_at<V>(v + j0, whole);
+#pragma unroll
+        for (int e = 0; e < V; ++e) math::adamw_element(k, g.v[e], p.v[e], mp.v[e], vp.v[e]);
+        vec::store_at<V>(param + j0, p, whole);
+        vec::store_at<V>(m + j0, mp, whole);
+        vec::store_at<V>(v + j0, vp, whole);
+      });
 }
 
 int64_t chunks_of(int64_t n) {

@@ -65,40 +65,32 @@ struct GeluBackwardFn {
 
 // The row kernels of LayerNorm read and write their [rows, d] arrays in vectors of
 // kNormVector elements (16 bytes of f32), each row cut by Note [vectorized rows] in
-// vec_map.h, when every such array's base allows (norm_vector below), else one
-// element at a time (V = 1). All the arrays of one call then share each row's split,
-// so a thread reads of each exactly the elements it reads of the others, and the
-// reductions' order depends only on (d, r * d mod V): deterministic, as before.
+// vec_map.h: one 16-byte access per vector where every array's base allows
+// (`whole`, norm_whole below), else the vector's elements one by one. All the arrays
+// of one call share each row's cut, so a thread reads of each exactly the elements
+// it reads of the others, and the reductions' order depends only on (d, r): the same
+// bits whatever the layout, run to run.
 constexpr int kNormVector = 4;
 
-// V for arrays of [rows, d] elements at these bases (Note [vectorized rows]).
+// Whether arrays of [rows, d] elements at these bases allow whole vectors.
 template <typename... T>
-int norm_vector(const T*... p) {
-  return (vec::aligned_for<kNormVector>(p) && ...) ? kNormVector : 1;
+bool norm_whole(const T*... p) {
+  return (vec::aligned_for<kNormVector>(p) && ...);
 }
 
-// The V elements from column j0 of a row at p (aligned for them: the row's split).
-template <int V, typename T>
-__device__ __forceinline__ vec::Pack<T, V> pack_at(const T* p, int64_t j0) {
-  return *reinterpret_cast<const vec::Pack<T, V>*>(p + j0);
-}
-template <int V, typename T>
-__device__ __forceinline__ void store_at(T* p, int64_t j0, const vec::Pack<T, V>& v) {
-  *reinterpret_cast<vec::Pack<T, V>*>(p + j0) = v;
-}
-
-// One row of layer_norm for the calling block: two passes over src, as the CPU: var =
-// E[(x - mu)^2] does not cancel. Out: the output's type (bf16 under autocast: Note
-// [autocast]), each element rounded once. A thread reads of src only the elements its
-// split hands it (Note [vectorized rows]), so src may be what the same thread has just
-// written through the same split.
-template <int V, typename Out>
-__device__ void norm_row(const float* src, const float* w, const float* b, float eps, int64_t d,
-                         Out* dst, float* mean, float* rstd) {
+// One row (row r: `first` = r * d) of layer_norm for the calling block: two passes
+// over src, as the CPU: var = E[(x - mu)^2] does not cancel. Out: the output's type
+// (bf16 under autocast: Note [autocast]), each element rounded once. A thread reads of
+// src only the elements its cut hands it (Note [vectorized rows]), so src may be
+// what the same thread has just written through the same cut.
+template <typename Out>
+__device__ void norm_row(const float* src, int64_t first, bool whole, const float* w,
+                         const float* b, float eps, int64_t d, Out* dst, float* mean, float* rstd) {
+  constexpr int V = kNormVector;
   const int64_t t = threadIdx.x, threads = blockDim.x;
   double sum = 0.0;
   vec::row_thread<V>(
-      src, d, t, threads, [&](int64_t j) { sum += src[j]; },
+      src, first, d, whole, t, threads, [&](int64_t j) { sum += src[j]; },
       [&](int64_t, const vec::Pack<float, V>& p) {
 #pragma unroll
         for (int e = 0; e < V; ++e) sum += p.v[e];
@@ -106,7 +98,7 @@ __device__ void norm_row(const float* src, const float* w, const float* b, float
   const double mu = block_all_sum(sum) / static_cast<double>(d);
   double sq = 0.0;
   vec::row_thread<V>(
-      src, d, t, threads,
+      src, first, d, whole, t, threads,
       [&](int64_t j) {
         const double c = src[j] - mu;
         sq += c * c;
@@ -122,7 +114,7 @@ __device__ void norm_row(const float* src, const float* w, const float* b, float
   const auto inv = static_cast<float>(1.0 / sqrt(sq / static_cast<double>(d) + eps));
   const auto m = static_cast<float>(mu);
   vec::row_thread<V>(
-      src, d, t, threads,
+      src, first, d, whole, t, threads,
       [&](int64_t j) { dst[j] = from_float<Out>((src[j] - m) * inv * w[j] + b[j]); },
       [&](int64_t j0, const vec::Pack<float, V>& p) {
         vec::Pack<Out, V> o;
@@ -130,7 +122,7 @@ __device__ void norm_row(const float* src, const float* w, const float* b, float
         for (int e = 0; e < V; ++e) {
           o.v[e] = from_float<Out>((p.v[e] - m) * inv * w[j0 + e] + b[j0 + e]);
         }
-        store_at<V>(dst, j0, o);
+        vec::store_at<V>(dst + j0, o, whole);
       });
   if (threadIdx.x == 0) {
     *mean = m;
@@ -138,43 +130,51 @@ __device__ void norm_row(const float* src, const float* w, const float* b, float
   }
 }
 
-template <int V, typename Out>
+// whole: norm_whole of x and out.
+template <typename Out>
 __global__ void layer_norm_kernel(const float* x, const float* w, const float* b, float eps,
-                                  int64_t rows, int64_t d, Out* out, float* mean, float* rstd) {
+                                  int64_t rows, int64_t d, bool whole, Out* out, float* mean,
+                                  float* rstd) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    norm_row<V>(x + r * d, w, b, eps, d, out + r * d, mean + r, rstd + r);
+    norm_row(x + r * d, r * d, whole, w, b, eps, d, out + r * d, mean + r, rstd + r);
   }
 }
 
 // sum = x + y, rounded to f32 as the binary add rounds it, then norm_row over the
-// row of sum each thread has just written (Note [residual layer norm]).
-template <int V, typename Y, typename Out>
+// row of sum each thread has just written (Note [residual layer norm]). whole:
+// norm_whole of x, y, sum and out.
+template <typename Y, typename Out>
 __global__ void residual_layer_norm_kernel(const float* x, const Y* y, const float* w,
                                            const float* b, float eps, int64_t rows, int64_t d,
-                                           float* sum, Out* out, float* mean, float* rstd) {
+                                           bool whole, float* sum, Out* out, float* mean,
+                                           float* rstd) {
+  constexpr int V = kNormVector;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     float* s = sum + r * d;
     const float* xr = x + r * d;
     const Y* yr = y + r * d;
     vec::row_thread<V>(
-        xr, d, threadIdx.x, blockDim.x, [&](int64_t j) { s[j] = xr[j] + to_float(yr[j]); },
+        xr, r * d, d, whole, threadIdx.x, blockDim.x,
+        [&](int64_t j) { s[j] = xr[j] + to_float(yr[j]); },
         [&](int64_t j0, const vec::Pack<float, V>& p) {
-          const vec::Pack<Y, V> q = pack_at<V>(yr, j0);
+          const vec::Pack<Y, V> q = vec::load_at<V>(yr + j0, whole);
           vec::Pack<float, V> o;
 #pragma unroll
           for (int e = 0; e < V; ++e) o.v[e] = p.v[e] + to_float(q.v[e]);
-          store_at<V>(s, j0, o);
+          vec::store_at<V>(s + j0, o, whole);
         });
-    norm_row<V>(s, w, b, eps, d, out + r * d, mean + r, rstd + r);
+    norm_row(s, r * d, whole, w, b, eps, d, out + r * d, mean + r, rstd + r);
   }
 }
 
 // grad_x = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = grad * weight.
-// G: the incoming gradient's type (bf16 under autocast), read as f32.
-template <int V, typename G>
+// G: the incoming gradient's type (bf16 under autocast), read as f32. whole:
+// norm_whole of grad, x and grad_x.
+template <typename G>
 __global__ void layer_norm_grad_x_kernel(const G* grad, const float* x, const float* mean,
                                          const float* rstd, const float* w, int64_t rows, int64_t d,
-                                         float* grad_x) {
+                                         bool whole, float* grad_x) {
+  constexpr int V = kNormVector;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const G* g = grad + r * d;
     const float* src = x + r * d;
@@ -188,9 +188,9 @@ __global__ void layer_norm_grad_x_kernel(const G* grad, const float* x, const fl
       sum_dxhat_xhat += static_cast<double>(dxhat) * xhat;
     };
     vec::row_thread<V>(
-        src, d, threadIdx.x, blockDim.x, [&](int64_t j) { add(src[j], g[j], w[j]); },
+        src, r * d, d, whole, threadIdx.x, blockDim.x, [&](int64_t j) { add(src[j], g[j], w[j]); },
         [&](int64_t j0, const vec::Pack<float, V>& p) {
-          const vec::Pack<G, V> q = pack_at<V>(g, j0);
+          const vec::Pack<G, V> q = vec::load_at<V>(g + j0, whole);
 #pragma unroll
           for (int e = 0; e < V; ++e) add(p.v[e], q.v[e], w[j0 + e]);
         });
@@ -202,13 +202,14 @@ __global__ void layer_norm_grad_x_kernel(const G* grad, const float* x, const fl
       return inv * (__fmul_rn(to_float(gv), wv) - mean_dxhat - xhat * mean_dxhat_xhat);
     };
     vec::row_thread<V>(
-        src, d, threadIdx.x, blockDim.x, [&](int64_t j) { gx[j] = one(src[j], g[j], w[j]); },
+        src, r * d, d, whole, threadIdx.x, blockDim.x,
+        [&](int64_t j) { gx[j] = one(src[j], g[j], w[j]); },
         [&](int64_t j0, const vec::Pack<float, V>& p) {
-          const vec::Pack<G, V> q = pack_at<V>(g, j0);
+          const vec::Pack<G, V> q = vec::load_at<V>(g + j0, whole);
           vec::Pack<float, V> o;
 #pragma unroll
           for (int e = 0; e < V; ++e) o.v[e] = one(p.v[e], q.v[e], w[j0 + e]);
-          store_at<V>(gx, j0, o);
+          vec::store_at<V>(gx + j0, o, whole);
         });
   }
 }
@@ -363,13 +364,11 @@ void layer_norm_backward_typed(const Tensor& grad, const Tensor& x, const Tensor
   cuda_api::DeviceGuard guard(grad_x.device().index);
   const cudaStream_t stream = stream_of(grad_x);
   if (rows > 0) {
-    const bool whole = norm_vector(ptr<const G>(grad), ptr<const float>(x),
-                                   ptr<const float>(grad_x)) == kNormVector;
-    const auto kernel =
-        whole ? layer_norm_grad_x_kernel<kNormVector, G> : layer_norm_grad_x_kernel<1, G>;
-    kernel<<<row_blocks(rows), kThreads, 0, stream>>>(
+    const bool whole =
+        norm_whole(ptr<const G>(grad), ptr<const float>(x), ptr<const float>(grad_x));
+    layer_norm_grad_x_kernel<G><<<row_blocks(rows), kThreads, 0, stream>>>(
         ptr<const G>(grad), ptr<const float>(x), ptr<const float>(mean), ptr<const float>(rstd),
-        ptr<const float>(weight), rows, d, ptr<float>(grad_x));
+        ptr<const float>(weight), rows, d, whole, ptr<float>(grad_x));
     cuda_api::check_last_error("layer_norm_grad_x_kernel");
   }
   const column_sum::Plan plan = column_sum::make_plan(rows, d);
@@ -410,10 +409,9 @@ void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float
   cuda_api::DeviceGuard guard(out.device().index);
   dispatch_float(out.dtype(), [&](auto tag) {
     using Out = typename decltype(tag)::type;
-    const bool whole = norm_vector(ptr<const float>(x), ptr<const Out>(out)) == kNormVector;
-    const auto kernel = whole ? layer_norm_kernel<kNormVector, Out> : layer_norm_kernel<1, Out>;
-    kernel<<<row_blocks(rows), kThreads, 0, stream_of(out)>>>(
-        ptr<const float>(x), ptr<const float>(weight), ptr<const float>(bias), eps, rows, d,
+    const bool whole = norm_whole(ptr<const float>(x), ptr<const Out>(out));
+    layer_norm_kernel<Out><<<row_blocks(rows), kThreads, 0, stream_of(out)>>>(
+        ptr<const float>(x), ptr<const float>(weight), ptr<const float>(bias), eps, rows, d, whole,
         ptr<Out>(out), ptr<float>(mean), ptr<float>(rstd));
   });
   cuda_api::check_last_error("layer_norm_kernel");
@@ -428,13 +426,11 @@ void residual_layer_norm(const Tensor& x, const Tensor& y, const Tensor& weight,
     using Y = typename decltype(y_tag)::type;
     dispatch_float(out.dtype(), [&](auto out_tag) {
       using Out = typename decltype(out_tag)::type;
-      const bool whole = norm_vector(ptr<const float>(x), ptr<const Y>(y), ptr<const float>(sum),
-                                     ptr<const Out>(out)) == kNormVector;
-      const auto kernel = whole ? residual_layer_norm_kernel<kNormVector, Y, Out>
-                                : residual_layer_norm_kernel<1, Y, Out>;
-      kernel<<<row_blocks(rows), kThreads, 0, stream_of(out)>>>(
+      const bool whole = norm_whole(ptr<const float>(x), ptr<const Y>(y), ptr<const float>(sum),
+                                    ptr<const Out>(out));
+      residual_layer_norm_kernel<Y, Out><<<row_blocks(rows), kThreads, 0, stream_of(out)>>>(
           ptr<const float>(x), ptr<const Y>(y), ptr<const float>(weight), ptr<const float>(bias),
-          eps, rows, d, ptr<float>(sum), ptr<Out>(out), ptr<float>(mean), ptr<float>(rstd));
+          eps, rows, d, whole, ptr<float>(sum), ptr<Out>(out), ptr<float>(mean), ptr<float>(rstd));
     });
   });
   cuda_api::check_last_error("residual_layer_norm_kernel");

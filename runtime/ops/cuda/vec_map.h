@@ -52,9 +52,10 @@ struct alignas(sizeof(T) * V) Pack {
 };
 
 // Elements per vector for these element types: a 16-byte vector of the narrowest
-// (the wider arrays move 2 or 4 vectors per thread), at least 1.
+// (the wider arrays move 2 or 4 vectors per thread).
 template <typename... T>
 constexpr int widest_map() {
+  static_assert(((sizeof(T) <= kVectorBytes) && ...), "an element wider than a vector");
   size_t narrowest = kVectorBytes;
   ((narrowest = sizeof(T) < narrowest ? sizeof(T) : narrowest), ...);
   return static_cast<int>(kVectorBytes / narrowest);
@@ -102,40 +103,61 @@ DDP_VEC_HD void map_thread(int64_t thread, int64_t threads, int64_t n, const F& 
 }
 
 // Note [vectorized rows]: a row kernel (one block per row) over a row of `len`
-// elements at p reads it as an unaligned head (the elements before the first
-// V-aligned address, at most V - 1), whole aligned vectors, and a tail (at most
-// V - 1): thread t takes head element t, vectors t, t + threads, ..., then tail
-// element t, always in that order. The split depends on the row's length and on
-// its start's position within a vector (for a [rows, cols] tensor in a block of
-// the caching allocator: on r * cols mod V), never on timing, so a row reduction
-// over it keeps one order run to run. Arrays read or written with the same split
-// must share their start's position within a vector (the host checks that their
-// bases are aligned for V, else it runs V = 1: no head, no tail, one element at a
-// time).
+// elements that starts `first` elements into its tensor (r * d for row r of a
+// [rows, d] tensor) cuts it by element index: a head (the elements before the next
+// multiple of V, at most V - 1), whole vectors of V, and a tail (at most V - 1).
+// Thread t takes head element t, vectors t, t + threads, ..., then tail element t,
+// always in that order. The cut depends only on (first, len), never on where the
+// tensor lies in memory, so a row reduction over it gives the same bits whatever
+// the layout (a view, DDP's bucket of gradients) and run to run. Where the tensor's
+// base is aligned for V elements (`whole`, checked once per launch) a vector is one
+// 16-byte access; elsewhere its V elements are loaded one by one: the same values
+// in the same order, only slower. Every array a kernel reads or writes through one
+// row's cut must share the tensor's indexing (all [rows, d], or all one chunk).
 struct RowSplit {
   int64_t head, vectors, tail;
 };
-template <int V, typename T>
-DDP_VEC_HD RowSplit split_row(const T* p, int64_t len) {
-  const auto into = static_cast<int64_t>((reinterpret_cast<uintptr_t>(p) / sizeof(T)) % V);
+template <int V>
+DDP_VEC_HD RowSplit split_row(int64_t first, int64_t len) {
+  const int64_t into = first % V;
   int64_t head = into == 0 ? 0 : V - into;
   if (head > len) head = len;
   const int64_t vectors = (len - head) / V;
   return {head, vectors, len - head - vectors * V};
 }
 
-// Thread `thread` of `threads` over a row at p of len elements, split as above:
-// element(j) for each of its head and tail elements, vector(j0, pack) for each of its
-// vectors (pack: the elements j0 .. j0 + V - 1, loaded in one access), in the order
-// head, vectors, tail.
+// The V elements at p: one access when `whole` (p aligned for them), else V.
+template <int V, typename T>
+DDP_VEC_HD Pack<T, V> load_at(const T* p, bool whole) {
+  if (whole) return *reinterpret_cast<const Pack<T, V>*>(p);
+  Pack<T, V> r;
+  DDP_VEC_UNROLL
+  for (int e = 0; e < V; ++e) r.v[e] = p[e];
+  return r;
+}
+template <int V, typename T>
+DDP_VEC_HD void store_at(T* p, const Pack<T, V>& v, bool whole) {
+  if (whole) {
+    *reinterpret_cast<Pack<T, V>*>(p) = v;
+    return;
+  }
+  DDP_VEC_UNROLL
+  for (int e = 0; e < V; ++e) p[e] = v.v[e];
+}
+
+// Thread `thread` of `threads` over the row at `row` (its tensor's element `first`),
+// cut as above: element(j) for each of its head and tail elements, vector(j0, pack)
+// for each of its vectors (pack: the row's elements j0 .. j0 + V - 1, loaded before
+// vector runs), in the order head, vectors, tail. `whole`: the tensor's base is
+// aligned for V (so is row + j0 for every vector).
 template <int V, typename T, typename Element, typename Vector>
-DDP_VEC_HD void row_thread(const T* p, int64_t len, int64_t thread, int64_t threads,
-                           Element&& element, Vector&& vector) {
-  const RowSplit split = split_row<V>(p, len);
+DDP_VEC_HD void row_thread(const T* row, int64_t first, int64_t len, bool whole, int64_t thread,
+                           int64_t threads, Element&& element, Vector&& vector) {
+  const RowSplit split = split_row<V>(first, len);
   for (int64_t j = thread; j < split.head; j += threads) element(j);
   for (int64_t k = thread; k < split.vectors; k += threads) {
     const int64_t j0 = split.head + k * V;
-    const Pack<T, V> pack = *reinterpret_cast<const Pack<T, V>*>(p + j0);  // one access
+    const Pack<T, V> pack = load_at<V>(row + j0, whole);
     vector(j0, pack);
   }
   const int64_t tail0 = split.head + split.vectors * V;
