@@ -98,15 +98,33 @@ void gelu_backward(const Tensor& grad, const Tensor& x, Tensor& out) {
 
 namespace {
 
+// Note [row sums in lanes]: sum over j in [0, d) of f(j) in double, as kLanes
+// interleaved partial sums (lane l takes j = l, l + kLanes, ...) added by a fixed tree
+// at the end, then the d mod kLanes last terms. One running double sum is a chain of
+// dependent adds (4 cycles each, never vectorized: the compiler may not reorder
+// floating-point adds); kLanes independent ones are one vector of adds. The order
+// depends only on d: the same bits every run.
+constexpr int64_t kLanes = 8;
+template <typename F>
+DDP_CPU_INLINE double lane_sum(int64_t d, F f) {
+  double lane[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= d; j += kLanes) {
+    for (int64_t l = 0; l < kLanes; ++l) lane[l] += f(j + l);
+  }
+  double sum =
+      ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+  for (; j < d; ++j) sum += f(j);
+  return sum;
+}
+
 // One row of layer_norm: two passes over src (var = E[(x - mu)^2] does not cancel like
-// E[x^2] - mu^2), the sums in double.
+// E[x^2] - mu^2), the sums in double (Note [row sums in lanes]).
 DDP_CPU_INLINE void norm_row(const float* src, int64_t d, const float* w, const float* b, float eps,
                              float* dst, float& mean, float& rstd) {
-  double sum = 0.0;
-  for (int64_t j = 0; j < d; ++j) sum += src[j];
+  const double sum = lane_sum(d, [src](int64_t j) { return static_cast<double>(src[j]); });
   const double mu = sum / static_cast<double>(d);
-  double sq = 0.0;
-  for (int64_t j = 0; j < d; ++j) sq += (src[j] - mu) * (src[j] - mu);
+  const double sq = lane_sum(d, [src, mu](int64_t j) { return (src[j] - mu) * (src[j] - mu); });
   const auto inv = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(d) + eps));
   const auto m = static_cast<float>(mu);
   for (int64_t j = 0; j < d; ++j) dst[j] = (src[j] - m) * inv * w[j] + b[j];
@@ -168,15 +186,16 @@ void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& mean
     const float* src = x.data<float>() + r * d;
     float* dst = grad_x.data<float>() + r * d;
     const float mu = mean.data<float>()[r], inv = rstd.data<float>()[r];
-    double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
     for (int64_t j = 0; j < d; ++j) {
-      const float xhat = (src[j] - mu) * inv;
-      const float dxhat = g[j] * w[j];
-      sum_dxhat += dxhat;
-      sum_dxhat_xhat += static_cast<double>(dxhat) * xhat;
-      gw[j] += g[j] * xhat;
+      gw[j] += g[j] * ((src[j] - mu) * inv);
       gb[j] += g[j];
     }
+    // Note [row sums in lanes].
+    const double sum_dxhat =
+        lane_sum(d, [g, w](int64_t j) { return static_cast<double>(g[j] * w[j]); });
+    const double sum_dxhat_xhat = lane_sum(d, [g, w, src, mu, inv](int64_t j) {
+      return static_cast<double>(g[j] * w[j]) * ((src[j] - mu) * inv);
+    });
     const auto mean_dxhat = static_cast<float>(sum_dxhat / static_cast<double>(d));
     const auto mean_dxhat_xhat = static_cast<float>(sum_dxhat_xhat / static_cast<double>(d));
     for (int64_t j = 0; j < d; ++j) {
