@@ -90,21 +90,48 @@ DDP_MIXED_HD float unary_derivative(int op, float x) {
   }
 }
 
+// Each operation rounded on its own, on the device too: nvcc (ptxas) may fuse a
+// multiply and an add into one rounding, and decides per call site, so one function
+// inlined in two loops could give two results (the CPU builds with
+// -ffp-contract=off).
+DDP_MIXED_HD float mul_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+DDP_MIXED_HD float add_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+DDP_MIXED_HD float sub_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
 // One element of torch.optim.AdamW's update (kernels::AdamWStep): decay = 1 - lr wd,
 // step_size = lr / (1 - b1^t), bc2_sqrt = sqrt(1 - b2^t), c1 = 1 - b1, c2 = 1 - b2.
-// The per-tensor and the multi-tensor CUDA kernels both run this function, so they
-// give the same bits.
+// The per-tensor and the multi-tensor CUDA kernels both run this function, in loops
+// of one element and of a vector's elements; every operation is rounded on its own
+// (mul_rn above), so all of them give the same bits.
 struct AdamWConstants {
   float decay, step_size, bc2_sqrt, b1, b2, c1, c2, eps;
 };
 DDP_MIXED_HD void adamw_element(const AdamWConstants& k, float g, float& param, float& m,
                                 float& v) {
-  const float p = param * k.decay;
-  const float m1 = k.b1 * m + k.c1 * g;
-  const float m2 = k.b2 * v + k.c2 * g * g;
+  const float p = mul_rn(param, k.decay);
+  const float m1 = add_rn(mul_rn(k.b1, m), mul_rn(k.c1, g));
+  const float m2 = add_rn(mul_rn(k.b2, v), mul_rn(mul_rn(k.c2, g), g));
   m = m1;
   v = m2;
-  param = p - k.step_size * m1 / (sqrtf(m2) / k.bc2_sqrt + k.eps);
+  param = sub_rn(p, mul_rn(k.step_size, m1) / add_rn(sqrtf(m2) / k.bc2_sqrt, k.eps));
 }
 
 }  // namespace ddp::kernels::math

@@ -116,11 +116,14 @@ std::vector<Tensor> off_vector(const std::vector<Tensor>& xs) {
   return views;
 }
 
-TEST(MultiTensorGpu, ViewsOffAVectorGiveTheSameSumOfSquaresAndAdamW) {
+TEST(MultiTensorGpu, ViewsOffAVectorGiveTheSameSumOfSquaresAdamWAndScale) {
   DDP_REQUIRE_CUDA();
   const std::vector<Tensor> cpu = tensors_on(Device::cpu(), 1), gpu = tensors_on(kGpu, 1);
   const float want = sum_squares_all(cpu).item<float>();
-  EXPECT_NEAR(sum_squares_all(off_vector(gpu)).cpu().item<float>(), want, 1e-6 * want);
+  const float off = sum_squares_all(off_vector(gpu)).cpu().item<float>();
+  EXPECT_NEAR(off, want, 1e-6 * want);
+  // Each chunk is cut by index (Note [vectorized rows]): the aligned tensors' bits.
+  EXPECT_EQ(off, sum_squares_all(gpu).cpu().item<float>());
   std::vector<Tensor> p1 = tensors_on(kGpu, 100), g1 = tensors_on(kGpu, 300);
   std::vector<Tensor> m1 = tensors_on(kGpu, 500), v1 = tensors_on(kGpu, 900);
   for (Tensor& v : v1) v = mul(v, v);  // a second moment is never negative
@@ -131,6 +134,12 @@ TEST(MultiTensorGpu, ViewsOffAVectorGiveTheSameSumOfSquaresAndAdamW) {
       {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .step = 2});
   adamw_update_all_(p1, g1, m1, v1, steps);
   adamw_update_all_(p2, g2, m2, v2, steps);
+  const Tensor factor = full({}, 0.375f, {.device = kGpu});
+  scale_by_(g1, factor);
+  scale_by_(g2, factor);
+  for (size_t i = 0; i < g1.size(); ++i) {
+    ASSERT_EQ(g1[i].cpu().to_vector<float>(), g2[i].cpu().to_vector<float>()) << "scaled " << i;
+  }
   for (size_t i = 0; i < p1.size(); ++i) {
     ASSERT_EQ(p1[i].cpu().to_vector<float>(), p2[i].cpu().to_vector<float>()) << "param " << i;
     ASSERT_EQ(m1[i].cpu().to_vector<float>(), m2[i].cpu().to_vector<float>()) << "m " << i;

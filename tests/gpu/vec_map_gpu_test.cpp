@@ -21,6 +21,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -70,8 +71,14 @@ TEST(VecMapGpu, ElementwiseOpsMatchTheCpuAtEveryTailAndOffset) {
       const Pair x32 = make(n, offset, DType::f32, 3), y32 = make(n, offset, DType::f32, 4);
       expect_close(gelu(x16.gpu), gelu(x16.cpu), kBf16Rounding, "gelu bf16, " + at, 1e-6);
       expect_close(gelu(x32.gpu), gelu(x32.cpu), 1e-6, "gelu f32, " + at, 1e-6);
+      // The device's 1 - tanh^2 from a rounded tanh, times the incoming gradient: a
+      // floor that scales with the largest |g|.
+      double g_max = 0;
+      for (const float g : cast(g16.cpu, DType::f32).to_vector<float>()) {
+        g_max = std::max(g_max, std::fabs(static_cast<double>(g)));
+      }
       expect_close(gelu_backward(g16.gpu, x16.gpu), gelu_backward(g16.cpu, x16.cpu), kBf16Rounding,
-                   "gelu_backward bf16, " + at, 1e-6);
+                   "gelu_backward bf16, " + at, 2e-6 * (1 + g_max));
       // The residual add's mixed form: f32 + bf16 -> f32, vectors of 8.
       expect_close(add(x32.gpu, x16.gpu), add(x32.cpu, x16.cpu), 0, "add f32 + bf16, " + at);
       // Only one array off a vector (f32 arrays need 32 bytes for vectors of 8).
@@ -144,6 +151,11 @@ Tensor shifted(const Tensor& t, int64_t offset) {
 
 // Note [vectorized rows]: the row kernels cut each row by its index, so a view off a
 // vector (element by element) gives the bits an aligned tensor (whole vectors) gives.
+// The classifier's float statistics make it the order-sensitive half (a cut that
+// moved with the address would change its bits: 50257-column rows start at every
+// position within a vector); LayerNorm's double sums of these rows round to the same
+// float in almost any order, so its half checks the element-by-element path's values
+// (unit.VecMap.RowsAreCutByIndex... checks its order on the CPU).
 TEST(VecMapGpu, RowKernelsGiveTheSameBitsOnViewsOffAVector) {
   DDP_REQUIRE_CUDA();
   for (const Shape& shape : {Shape{64, 768}, Shape{7, 33}, Shape{5, 3}}) {

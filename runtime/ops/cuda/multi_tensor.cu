@@ -8,8 +8,8 @@
 // moved: the sum of squares reads every element once (4 B), the scale reads and
 // writes it (8 B), AdamW reads param, grad, m, v and writes param, m, v (28 B). The
 // sum of squares writes one double per chunk; one block then adds the chunks in order,
-// so the bits depend only on the tensors' sizes. The sum of squares and AdamW read
-// and write 16-byte vectors (Note [vectorized rows] in vec_map.h: a chunk is a row)
+// so the bits depend only on the tensors' sizes. The sum of squares, the scale and
+// AdamW read and write 16-byte vectors (Note [vectorized rows] in vec_map.h: a chunk is a row)
 // where all of a tensor's arrays start on a vector, which the kernel checks per
 // tensor, else element by element in the same order.
 #include "runtime/ops/cuda/launch.cuh"  // first (see its top)
@@ -101,9 +101,18 @@ __global__ void clip_factor_kernel(const float* sum_squares, double max_norm, fl
 
 __global__ void scale_kernel(TensorList l, const float* scalar) {
   const ChunkOf c = chunk_of(l, blockIdx.x);
-  float* x = l.p[0][c.tensor];
+  float* x = l.p[0][c.tensor] + c.begin;
   const float factor = *scalar;
-  for (int64_t i = c.begin + threadIdx.x; i < c.end; i += blockDim.x) x[i] *= factor;
+  const bool whole = on_vector(l.p[0][c.tensor]);
+  vec::row_thread<kVector>(
+      x, c.begin, c.end - c.begin, whole, threadIdx.x, blockDim.x,
+      [&](int64_t j) { x[j] *= factor; },
+      [&](int64_t j0, const vec::Pack<float, kVector>& p) {
+        vec::Pack<float, kVector> o;
+#pragma unroll
+        for (int e = 0; e < kVector; ++e) o.v[e] = p.v[e] * factor;
+        vec::store_at<kVector>(x + j0, o, whole);
+      });
 }
 
 __global__ void adamw_kernel(TensorList l) {
