@@ -349,7 +349,8 @@ int run_gpt_bench(const BenchOptions& o, const Reporter& reporter) {
   const auto loss_of = [&] {                                 // the forward and the loss
     const AutocastGuard mixed_precision(DType::bf16, bf16);  // Note [autocast]
     const Tensor logits = (*model)(inputs);
-    return functional::cross_entropy(functional::reshape(logits, {-1, config.vocab}), targets);
+    return functional::cross_entropy(functional::reshape(logits, {-1, config.logits_width()}),
+                                     targets);
   };
   CudaGraph graph;
   PhaseMarks phase_marks(o.device);

@@ -64,7 +64,7 @@ StepModel make_step_model(const std::string& name, const Device& device) {
   m.inputs = from_vector(ids, {2, config.context}).to(device);
   std::rotate(ids.begin(), ids.begin() + 1, ids.end());
   m.labels = from_vector(ids, {2 * config.context}).to(device);
-  m.classes = config.vocab;
+  m.classes = config.logits_width();
   return m;
 }
 

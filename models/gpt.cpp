@@ -232,9 +232,11 @@ Tensor Gpt::forward(const Tensor& tokens) {
   const int64_t b = tokens.size(0), t = tokens.size(1);
   auto transformer = typed<Transformer>(own_child("transformer"));
   const Tensor x = (*transformer)(tokens);
-  // The LM head is wte itself: x wte^T, so wte's gradient gets this product's too.
-  const Tensor logits = F::linear(rows(x), transformer->token_embedding(), Tensor());
-  return F::reshape(logits, {b, t, config_.vocab});
+  // The LM head is wte itself: x wte^T, so wte's gradient gets this product's too;
+  // padded to padded_vocab columns of -inf when the config asks (Note [padded head]).
+  const int64_t width = config_.logits_width();
+  const Tensor logits = F::lm_head(rows(x), transformer->token_embedding(), width);
+  return F::reshape(logits, {b, t, width});
 }
 
 std::string Gpt::extra_repr() const {

@@ -26,7 +26,9 @@
 
 namespace ddp::models {
 
-// tokens i64 [B, T] (1 <= T <= context, ids in [0, vocab)) -> logits f32 [B, T, vocab].
+// tokens i64 [B, T] (1 <= T <= context, ids in [0, vocab)) -> logits f32 [B, T, vocab]
+// (bf16 under autocast; [B, T, padded_vocab] with -inf past vocab when the config pads
+// the head: Note [padded head] in runtime/autograd/functions.cpp).
 // Children and parameters are named as GPT-2's (above); forward works on any device its
 // parameters were moved to. The LM head is wte itself (logits = x wte^T), so wte's gradient
 // sums the embedding's and the head's. Cloneable: DataParallel replicas share the

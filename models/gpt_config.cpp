@@ -14,7 +14,7 @@ namespace {
 
 constexpr const char* kSpecPrefix = "gpt:";
 constexpr const char* kSpecExample = "gpt:layers=4,d=128,heads=4,ctx=128";
-constexpr const char* kValidKeys = "layers, d, heads, ctx, vocab, dropout";
+constexpr const char* kValidKeys = "layers, d, heads, ctx, vocab, padded_vocab, dropout";
 
 GptConfig named(const std::string& name, int64_t layers, int64_t d, int64_t heads, int64_t ctx,
                 int64_t vocab) {
@@ -65,7 +65,7 @@ std::map<std::string, std::string> split_spec(const std::string& spec) {
               "--model '{}': '{}' is not key=value; write it like {}", spec, part, kSpecExample);
     const std::string key = part.substr(0, eq);
     DDP_CHECK(key == "layers" || key == "d" || key == "heads" || key == "ctx" || key == "vocab" ||
-                  key == "dropout",
+                  key == "padded_vocab" || key == "dropout",
               "--model '{}': unknown key '{}'; valid keys are {}", spec, key, kValidKeys);
     DDP_CHECK(!out.contains(key), "--model '{}': {} is given twice; give each key once", spec, key);
     out[key] = part.substr(eq + 1);
@@ -88,6 +88,9 @@ GptConfig parse_spec(const std::string& spec) {
   c.heads = parse_whole(spec, "heads", values.at("heads"));
   c.context = parse_whole(spec, "ctx", values.at("ctx"));
   if (values.contains("vocab")) c.vocab = parse_whole(spec, "vocab", values.at("vocab"));
+  if (values.contains("padded_vocab")) {
+    c.padded_vocab = parse_whole(spec, "padded_vocab", values.at("padded_vocab"));
+  }
   if (values.contains("dropout")) c.dropout = parse_dropout(spec, values.at("dropout"));
   return c;
 }
@@ -110,7 +113,7 @@ GptConfig gpt_config(const std::string& model) {
   }
   DDP_CHECK(model.starts_with(kSpecPrefix),
             "--model '{}': valid gpt models are gpt-tiny, gpt-mini, gpt2, or a spec like {} "
-            "(optional vocab=, dropout=)",
+            "(optional vocab=, padded_vocab=, dropout=)",
             model, kSpecExample);
   GptConfig c = parse_spec(model);
   validate(c);
@@ -126,6 +129,11 @@ void validate(const GptConfig& c) {
             "dimensions); pick d a multiple of {}, like d={}, or heads dividing {}",
             c.name, c.d_model, c.heads, c.heads, c.heads * ((c.d_model + c.heads - 1) / c.heads),
             c.d_model);
+  DDP_CHECK(c.padded_vocab == 0 || c.padded_vocab >= c.vocab,
+            "gpt model '{}': padded_vocab={} is smaller than vocab={}; the LM head's logits "
+            "are padded up to it (Note [padded head]): give a value >= {}, like {}, or leave it "
+            "out",
+            c.name, c.padded_vocab, c.vocab, c.vocab, (c.vocab + 63) / 64 * 64);
   DDP_CHECK(c.dropout >= 0.0 && c.dropout < 1.0,
             "gpt model '{}': dropout={} is not a probability in [0, 1); 0 (the default) turns "
             "it off",
@@ -135,6 +143,7 @@ void validate(const GptConfig& c) {
 std::string describe(const GptConfig& c) {
   std::string out = fmt::format("gpt:layers={},d={},heads={},ctx={},vocab={}", c.layers, c.d_model,
                                 c.heads, c.context, c.vocab);
+  if (c.padded_vocab != 0) out += fmt::format(",padded_vocab={}", c.padded_vocab);
   if (c.dropout != 0.0) out += fmt::format(",dropout={}", c.dropout);
   return out;
 }

@@ -4,7 +4,7 @@
 //   gpt-tiny   2 layers, d 64,  4 heads, context 64,   vocabulary 256      (120,576 parameters)
 //   gpt-mini   6 layers, d 384, 6 heads, context 256,  vocabulary 256   (10,844,160 parameters)
 //   gpt2      12 layers, d 768, 12 heads, context 1024, vocabulary 50257 (124,439,808 parameters)
-//   gpt:layers=4,d=128,heads=4,ctx=128[,vocab=256][,dropout=0.1]   for sweeps
+//   gpt:layers=4,d=128,heads=4,ctx=128[,vocab=256][,padded_vocab=N][,dropout=0.1]   for sweeps
 //
 // The tensor names are GPT-2's (nanoGPT's state_dict without lm_head, which is tied to
 // transformer.wte.weight), so a safetensors checkpoint loads into PyTorch code by name;
@@ -33,9 +33,14 @@ struct GptConfig {
   int64_t heads = 0;
   int64_t context = 0;  // the longest sequence; the size of the position embedding
   int64_t vocab = 256;  // 256: bytes
+  // 0: none; else the LM head's logits columns (>= vocab; the columns past vocab are
+  // -inf): rows of a multiple of 8 bf16 for the head's matmuls (Note [padded head]).
+  int64_t padded_vocab = 0;
   double dropout = 0.0;
 
   int64_t head_dim() const { return d_model / heads; }
+  // The logits' last dim: padded_vocab, or vocab.
+  int64_t logits_width() const { return padded_vocab != 0 ? padded_vocab : vocab; }
 };
 
 struct GptTensor {
@@ -49,10 +54,10 @@ bool is_gpt_model(const std::string& model);
 // A named config or a `gpt:` spec; throws ValueError naming the value and the fix.
 GptConfig gpt_config(const std::string& model);
 // Throws ValueError when a field is out of range (non-positive, d_model not divisible
-// by heads, dropout outside [0, 1)).
+// by heads, padded_vocab below vocab, dropout outside [0, 1)).
 void validate(const GptConfig& config);
-// "gpt:layers=2,d=64,heads=4,ctx=64,vocab=256" (dropout when non-zero): parses back to
-// the same config; for logs and checkpoint metadata.
+// "gpt:layers=2,d=64,heads=4,ctx=64,vocab=256" (padded_vocab and dropout when non-zero): parses
+// back to the same config; for logs and checkpoint metadata.
 std::string describe(const GptConfig& config);
 
 // The parameter count with the LM head tied to the token embedding (closed form).

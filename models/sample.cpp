@@ -142,9 +142,9 @@ void generate(const Options& o) {
     const int64_t n = std::min<int64_t>(static_cast<int64_t>(tokens.size()), config.context);
     const std::vector<int64_t> window(tokens.end() - n, tokens.end());
     const Tensor input = from_vector<int64_t>(window, {1, n}, {.dtype = DType::i64}).to(device);
-    const Tensor logits = model->forward(input);  // [1, n, vocab]
+    const Tensor logits = model->forward(input);  // [1, n, vocab or padded_vocab]
     const auto all = logits.to(Device::cpu()).to_vector<float>();
-    const std::span<const float> last(all.data() + (n - 1) * config.vocab,
+    const std::span<const float> last(all.data() + (n - 1) * logits.size(2),
                                       static_cast<size_t>(choices));
     const int64_t next = models::pick_token(last, o.sampling, u[static_cast<size_t>(i)]);
     tokens.push_back(next);

@@ -56,7 +56,7 @@ import load_checkpoint  # noqa: E402  (the plain-Python safetensors reader)
 
 SPEC_PREFIX = "gpt:"
 SPEC_EXAMPLE = "gpt:layers=4,d=128,heads=4,ctx=128"
-VALID_KEYS = ("layers", "d", "heads", "ctx", "vocab", "dropout")
+VALID_KEYS = ("layers", "d", "heads", "ctx", "vocab", "padded_vocab", "dropout")
 INIT_STD = 0.02
 
 
@@ -69,6 +69,9 @@ class GptConfig:
     context: int
     vocab: int = 256
     dropout: float = 0.0
+    # ddp pads its LM head's product to this many columns (Note [padded head]): the same
+    # function, so this model computes the unpadded head; kept for the spec's round trip.
+    padded_vocab: int = 0
 
 
 # The same named configs as models/gpt_config.cpp.
@@ -85,7 +88,8 @@ def parse_model(model):
         return dataclasses.replace(NAMED[model])
     if not model.startswith(SPEC_PREFIX):
         raise ValueError(f"--model '{model}': valid gpt models are {', '.join(NAMED)}, "
-                         f"or a spec like {SPEC_EXAMPLE} (optional vocab=, dropout=)")
+                         f"or a spec like {SPEC_EXAMPLE} (optional vocab=, padded_vocab=, "
+                         "dropout=)")
     values = {}
     for part in model[len(SPEC_PREFIX):].split(","):
         key, eq, value = part.partition("=")
@@ -112,7 +116,11 @@ def parse_model(model):
 
     config = GptConfig(model, whole("layers"), whole("d"), whole("heads"), whole("ctx"),
                        whole("vocab") if "vocab" in values else 256,
-                       float(values.get("dropout", "0")))
+                       float(values.get("dropout", "0")),
+                       whole("padded_vocab") if "padded_vocab" in values else 0)
+    if config.padded_vocab and config.padded_vocab < config.vocab:
+        raise ValueError(f"gpt model '{model}': padded_vocab={config.padded_vocab} is smaller "
+                         f"than vocab={config.vocab}")
     if config.d_model % config.heads:
         raise ValueError(f"gpt model '{model}': d={config.d_model} is not divisible by "
                          f"heads={config.heads}")
@@ -126,6 +134,8 @@ def describe(config):
     """The gpt: spec ddp's describe writes (models/gpt_config.cpp)."""
     text = (f"gpt:layers={config.layers},d={config.d_model},heads={config.heads},"
             f"ctx={config.context},vocab={config.vocab}")
+    if config.padded_vocab:
+        text += f",padded_vocab={config.padded_vocab}"
     if config.dropout:
         text += f",dropout={config.dropout:g}"
     return text

@@ -34,10 +34,10 @@ Steps (each under `timeout`, sized so that the run fits --budget on an H100):
                 bf16 autocast, flash SDPA, fused AdamW, TF32: torch_gpt_train.py --strict)
                 and its eager bf16 form; gpt2 124M and gpt-mini at batch 16; gpt-mini
                 also with its step in a CUDA graph (bench gpt --cuda-graph yes); gpt2
-                also with its vocabulary padded to 50304 (ours: what aligned logits'
-                rows are worth to the head's matmuls); the longest ops of 3 profiled
-                steps of ours (--profile-steps) next to the longest kernels of the
-                strict PyTorch's (torch.profiler), per step
+                also with its head padded to 50304 columns (ours, padded_vocab=:
+                what aligned logits' rows are worth to the head's matmuls); the
+                longest ops of 3 profiled steps of ours (--profile-steps) next to the
+                longest kernels of the strict PyTorch's (torch.profiler), per step
   bf16_loss     gpt-mini, 300 steps from one seed in fp32 and bf16 on the device: the
                 mean loss of the last 50 steps within 2%
   reference_bf16  the reference below with --precision bf16, which the next four reproduce:

@@ -366,9 +366,10 @@ bf16_peak_tflops() {
 # autocast, flash SDPA, fused AdamW, TF32: torch_gpt_train.py --strict) and its eager bf16
 # form, same model, batch and optimizer, on the same GPU. With `graph`, also ours with the
 # step captured in a CUDA graph (bench gpt --cuda-graph yes), and its ratio to PyTorch.
-# With a model spec (gpt:...), also ours on that model: GPT-2 with its vocabulary padded
-# to 50304 (nanoGPT's and llm.c's), whose logits' rows are 16-byte aligned for the
-# head's matmuls (50257 bf16 columns are not), about 30% of the step's FLOPs.
+# With a model spec (gpt:...), also ours on that model: GPT-2 with its head padded to
+# 50304 columns (Note [padded head]: the same model and loss; nanoGPT and llm.c pad
+# the vocabulary to 50304), whose logits' rows are 16-byte aligned for the head's
+# matmuls (50257 bf16 columns are not), about 30% of the step's FLOPs.
 gpt_bf16_step() {
   local step=$1 model=$2 batch=$3 rc peak ours ms mfu mem figure graphed=""
   selected "$step" || return
@@ -410,10 +411,10 @@ $(results json-key "$logs/$step.packed.jsonl" peak_device_mib 2>/dev/null || ech
     if run_logged "$step.padded" 120 sh -c '"$1" gpt --device "$2" --model "$3" --batch-size "$4" \
       --precision bf16 --peak-tflops "$6" --warmup 3 --repeats 5 --json >"$5"' sh "$bin/bench" "$dev" \
       "$4" "$batch" "$logs/$step.padded.jsonl" "$peak"; then
-      figure+="; vocabulary padded to ${4##*vocab=} $(results json-key "$logs/$step.padded.jsonl" tokens_per_s) \
-tokens/s ($(results json-key "$logs/$step.padded.jsonl" step_ms) ms/step)"
+      figure+="; head padded to ${4##*padded_vocab=} columns $(results json-key "$logs/$step.padded.jsonl" \
+tokens_per_s) tokens/s ($(results json-key "$logs/$step.padded.jsonl" step_ms) ms/step)"
     else
-      figure+="; padded vocabulary FAILED: $(why_failed "$step.padded" "$?")"
+      figure+="; padded head FAILED: $(why_failed "$step.padded" "$?")"
     fi
   fi
   if [[ ${4:-} == graph ]]; then
@@ -531,7 +532,7 @@ bf16_compare_steps() {
 }
 
 run_bf16_steps() {
-  gpt_bf16_step gpt2_bf16 gpt2 16 "gpt:layers=12,d=768,heads=12,ctx=1024,vocab=50304"
+  gpt_bf16_step gpt2_bf16 gpt2 16 "gpt:layers=12,d=768,heads=12,ctx=1024,vocab=50257,padded_vocab=50304"
   gpt_bf16_step gpt_mini_bf16 gpt-mini 16 graph
   step_bf16_loss
   if selected reference_bf16 || selected ddp_bf16_nccl_w1 || selected zero2_bf16_nccl_w1 ||

@@ -7,6 +7,7 @@
 #include "runtime/ops/transformer_ops.h"
 
 #include <cmath>
+#include <limits>
 #include <optional>
 
 namespace ddp::functional {
@@ -154,6 +155,57 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                                                      gradient_destination(weight));
                     grads[1] = std::move(p.weight);
                     grads[2] = std::move(p.bias);
+                    return grads;
+                  });
+}
+
+// Note [padded head]
+// ~~~~~~~~~~~~~~~~~~
+// GPT-2's vocabulary of 50257 makes the head's logits [N, 50257]: in bf16 a row is
+// 100514 bytes, not a multiple of 16, and every matmul that writes or reads them
+// (the forward's product, the backward's input and weight gradients; about 30% of
+// a GPT-2 step's FLOPs) gets a leading dimension off 16-byte alignment, which
+// tensor-core GEMM kernels need (cuBLAS then runs "align1" kernels, several times
+// slower: pytorch/pytorch#146817). nanoGPT and llm.c pad the vocabulary to 50304.
+// lm_head pads the product instead, not the model: the weight's bf16 copy gets
+// zero rows up to `columns`, a bias of 0 for the real columns and -inf for the
+// padding rides cuBLASLt's bias epilogue, and the logits [N, columns] have aligned
+// rows. The padded logits are -inf, so the fused cross-entropy (Note [fused
+// classifier] in ops/ops.h) adds exp(-inf) = 0 for them and gives them a zero
+// gradient: the loss and every gradient are the unpadded model's, up to the order of
+// the row sums. The parameters keep their shapes (checkpoints, exports and the
+// optimizer see GPT-2's), and the weight's gradient is the first vocab rows of the
+// padded product's, in the weight's dtype.
+Tensor lm_head(const Tensor& x, const Tensor& weight, int64_t columns) {
+  const int64_t vocab = weight.size(0), d = weight.size(1);
+  if (columns == vocab) return functional::linear(x, weight, Tensor());
+  DDP_CHECK(columns > vocab,
+            "lm_head: {} columns for a weight of {} rows; give at least as many columns as "
+            "the vocabulary",
+            columns, vocab);
+  const Tensor xl = autocast::lower(x), wl = autocast::lower(weight);
+  const TensorOptions like{.dtype = wl.dtype(), .device = wl.device()};
+  Tensor padded = empty({columns, d}, like);
+  {
+    Tensor head = padded.slice(0, vocab), rest = padded.slice(vocab, columns);
+    copy_(head, wl);
+    fill_(rest, 0.0);
+  }
+  Tensor bias = zeros({columns}, like);
+  {
+    Tensor rest = bias.slice(vocab, columns);
+    fill_(rest, -std::numeric_limits<double>::infinity());
+  }
+  Tensor y = ddp::linear(xl, padded, bias);
+  return recorded(y, "LmHeadBackward", {&x, &weight},
+                  [padded, xl, vocab, weight_dtype = weight.dtype(), x_dtype = x.dtype(),
+                   x_needs = requires_grad(x)](const Tensor& g) {
+                    std::vector<Tensor> grads(2);
+                    if (x_needs) grads[0] = matmul_into(x_dtype, g, padded, {});
+                    // The padding's rows of the weight gradient are zero (their logits'
+                    // gradients are): the first vocab rows are the weight's gradient.
+                    grads[1] =
+                        ddp::linear_param_grads(g, xl, weight_dtype, false).weight.slice(0, vocab);
                     return grads;
                   });
 }

@@ -28,6 +28,11 @@ Tensor flatten(const Tensor& x);
 Tensor relu(const Tensor& x);
 // x [N, in], weight [out, in], bias [out] or undefined: x weight^T + bias.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// A language model's head over `columns` >= vocab logits: x [N, d], weight [vocab, d]
+// (the token embedding, tied): logits [N, columns], x weight^T in the first vocab
+// columns and -inf in the rest, which a cross-entropy then weighs as nothing (Note
+// [padded head]). columns == vocab: linear(x, weight, {}).
+Tensor lm_head(const Tensor& x, const Tensor& weight, int64_t columns);
 // Mean softmax cross-entropy of logits [N, C] against i64 labels [N].
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels);
 // Activations, elementwise in the input's dtype (torch.tanh, torch.sigmoid, F.silu, abs).

@@ -1,13 +1,16 @@
 // The whole GPT (models/gpt.h) on cuda:0 against the same model on the CPU: from the
 // same initialisation and tokens, the logits, the loss and every parameter's
 // gradient after one backward, at gpt-mini (B=4, T=256) and with GPT-2's 50257-token
-// vocabulary. Every transformer kernel runs here in the order a training step runs
-// them, so a kernel that passes its own test but mishandles a layout the model
-// produces fails here. Without a GPU the test skips and says why.
+// vocabulary; and GPT-2's head padded to 50304 columns against the unpadded one under
+// bf16 (Note [padded head]). Every transformer kernel runs here in the order a
+// training step runs them, so a kernel that passes its own test but mishandles a
+// layout the model produces fails here. Without a GPU the test skips and says why.
 #include "models/gpt.h"
+#include "runtime/autograd/autocast.h"
 #include "runtime/autograd/autograd.h"
 #include "runtime/autograd/functions.h"
 #include "runtime/device.h"
+#include "runtime/ops/ops.h"
 #include "runtime/rng/generator.h"
 #include "runtime/tensor.h"
 #include "tests/gpu/require_gpu.h"
@@ -97,6 +100,53 @@ TEST(GptGpu, LogitsLossAndEveryGradientMatchCpu) {
       expect_close(cpu_params[i].first + " gradient", grad(gpu_params[i].second),
                    grad(cpu_params[i].second), 1e-3);
     }
+  }
+}
+
+// Note [padded head]: GPT-2's head padded to 50304 columns under bf16 autocast on
+// cuda:0 against the unpadded head there, from the same initialisation: the real
+// columns' logits, the loss and every gradient within bf16's rounding (the padded
+// product may take other GEMM kernels), the padding columns -inf.
+TEST(GptGpu, APaddedHeadGivesTheUnpaddedLossAndGradientsUnderBf16) {
+  DDP_REQUIRE_CUDA();
+  const std::string spec = "gpt:layers=1,d=64,heads=4,ctx=64,vocab=50257";
+  Generator gen_plain(5), gen_padded(5);
+  const auto plain = models::make_gpt(models::gpt_config(spec), gen_plain);
+  const auto padded =
+      models::make_gpt(models::gpt_config(spec + ",padded_vocab=50304"), gen_padded);
+  plain->to(kGpu);
+  padded->to(kGpu);
+  const Tensor tokens = tokens_of(2, 64, 50257, 6).to(kGpu);
+  const Tensor targets = tokens_of(2, 64, 50257, 7).to(kGpu);
+  Step want, got;
+  {
+    const AutocastGuard bf16(DType::bf16);
+    want = forward_backward(*plain, tokens, targets);
+    got = forward_backward(*padded, tokens, targets);
+  }
+  ASSERT_EQ(got.logits.shape(), (Shape{2, 64, 50304}));
+  const auto w = cast(want.logits, DType::f32).cpu().to_vector<float>();
+  const auto g = cast(got.logits, DType::f32).cpu().to_vector<float>();
+  double worst = 0, scale = 0;
+  for (int64_t row = 0; row < 128; ++row) {
+    for (int64_t j = 0; j < 50304; ++j) {
+      const float v = g[static_cast<size_t>(row * 50304 + j)];
+      if (j >= 50257) {
+        ASSERT_TRUE(std::isinf(v) && v < 0)
+            << "row " << row << ": padding column " << j << " is " << v;
+        continue;
+      }
+      const float e = w[static_cast<size_t>(row * 50257 + j)];
+      scale = std::max(scale, static_cast<double>(std::fabs(e)));
+      worst = std::max(worst, static_cast<double>(std::fabs(v - e)));
+    }
+  }
+  EXPECT_LE(worst, (1.0 / 128) * scale) << "the real columns' logits";
+  EXPECT_NEAR(got.loss.item<float>(), want.loss.item<float>(), 1e-3 * want.loss.item<float>());
+  const auto a = plain->named_parameters(), b = padded->named_parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    expect_close(a[i].first + " gradient", grad(b[i].second), grad(a[i].second).cpu(), 2e-2);
   }
 }
 

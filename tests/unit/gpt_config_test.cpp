@@ -74,6 +74,15 @@ TEST(GptConfig, SpecParsesAndDescribesBack) {
   const GptConfig back = gpt_config(describe(gpt_config("gpt2")));
   EXPECT_EQ(parameter_count(back), 124'439'808);
   EXPECT_EQ(gpt_config("gpt:ctx=8,heads=2,d=4,layers=1,dropout=0.25,vocab=7").dropout, 0.25);
+  // Note [padded head]: the logits' width, not the parameters.
+  const GptConfig padded = gpt_config("gpt:layers=1,d=8,heads=2,ctx=4,vocab=11,padded_vocab=16");
+  EXPECT_EQ(padded.padded_vocab, 16);
+  EXPECT_EQ(padded.logits_width(), 16);
+  EXPECT_EQ(c.logits_width(), 256);
+  EXPECT_EQ(describe(padded), "gpt:layers=1,d=8,heads=2,ctx=4,vocab=11,padded_vocab=16");
+  EXPECT_EQ(gpt_config(describe(padded)).padded_vocab, 16);
+  EXPECT_EQ(parameter_count(padded),
+            parameter_count(gpt_config("gpt:layers=1,d=8,heads=2,ctx=4,vocab=11")));
   EXPECT_TRUE(is_gpt_model("gpt-mini"));
   EXPECT_TRUE(is_gpt_model("gpt:layers=1"));
   EXPECT_FALSE(is_gpt_model("mlp"));
@@ -101,6 +110,14 @@ TEST(GptConfig, BadSpecsNameTheValueAndTheFix) {
   EXPECT_NE(error_of(base + ",vocab").find("'vocab' is not key=value"), std::string::npos);
   EXPECT_NE(error_of(base + ",dropout=1.5").find("dropout=1.5 is not a probability in [0, 1)"),
             std::string::npos);
+  EXPECT_NE(error_of(base + ",vocab=50257,padded_vocab=50000")
+                .find("padded_vocab=50000 is smaller than vocab=50257; the LM head's logits are "
+                      "padded up to it (Note [padded head]): give a value >= 50257, like 50304"),
+            std::string::npos)
+      << error_of(base + ",vocab=50257,padded_vocab=50000");
+  EXPECT_NE(
+      error_of(base + ",padded_vocab=0").find("padded_vocab=0 is not a positive whole number"),
+      std::string::npos);
   EXPECT_NE(error_of("gpt:layers=2,d=64,heads=4,ctx=6x4")
                 .find("--model 'gpt:layers=2,d=64,heads=4,"
                       "ctx=6x4': ctx=6x4 is not a positive"),

@@ -5,6 +5,7 @@
 // e2e.gpt_parity (models/gpt_parity.cpp, models/torch_gpt.py parity).
 #include "models/gpt.h"
 
+#include "runtime/autograd/autocast.h"
 #include "runtime/autograd/functions.h"
 #include "runtime/ops/ops.h"
 
@@ -199,6 +200,60 @@ TEST(Gpt, TheLmHeadIsTiedToTheTokenEmbedding) {
   double unused_row = 0;
   for (int64_t j = 0; j < 8; ++j) unused_row += std::fabs(g[static_cast<size_t>(10 * 8 + j)]);
   EXPECT_GT(unused_row, 0.0) << "wte row 10 (no input token) must get the head's gradient";
+}
+
+// Note [padded head]: a config with padded_vocab is the same model (the same
+// parameters from the same seed), its logits wider by columns of -inf; the loss and
+// every parameter's gradient are the unpadded model's, in f32 and under bf16 autocast.
+TEST(Gpt, APaddedHeadGivesTheUnpaddedModelsLossAndGradients) {
+  const std::string spec = "gpt:layers=1,d=8,heads=2,ctx=5,vocab=11";
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16 autocast" : "f32");
+    const auto plain = model_of(spec), padded = model_of(spec + ",padded_vocab=24");
+    randomize(*plain, 100);
+    randomize(*padded, 100);
+    const Tensor tokens = tokens_of(2, 5, 11, 3), targets = tokens_of(2, 5, 11, 4);
+    Tensor want_logits, got_logits, want_loss, got_loss;
+    {
+      const AutocastGuard autocast(DType::bf16, bf16);
+      want_logits = plain->forward(tokens);
+      got_logits = padded->forward(tokens);
+      want_loss = lm_loss(want_logits, targets);
+      got_loss = lm_loss(got_logits, targets);
+    }
+    ASSERT_EQ(got_logits.shape(), (Shape{2, 5, 24}));
+    const auto w = cast(want_logits, DType::f32).to_vector<float>();
+    const auto g = cast(got_logits, DType::f32).to_vector<float>();
+    for (int64_t row = 0; row < 10; ++row) {
+      for (int64_t j = 0; j < 24; ++j) {
+        const float v = g[static_cast<size_t>(row * 24 + j)];
+        if (j < 11) {
+          ASSERT_EQ(v, w[static_cast<size_t>(row * 11 + j)]) << "row " << row << " column " << j;
+        } else {
+          ASSERT_TRUE(std::isinf(v) && v < 0) << "padding column " << j << " is " << v;
+        }
+      }
+    }
+    EXPECT_NEAR(got_loss.item<float>(), want_loss.item<float>(), 1e-6);
+    backward(want_loss);
+    backward(got_loss);
+    const auto a = plain->named_parameters(), b = padded->named_parameters();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(a[i].second.shape(), b[i].second.shape()) << a[i].first;
+      const auto ga = grad(a[i].second).to_vector<float>(),
+                 gb = grad(b[i].second).to_vector<float>();
+      for (size_t k = 0; k < ga.size(); ++k) {
+        ASSERT_NEAR(gb[k], ga[k], 1e-6 + 1e-5 * std::fabs(ga[k])) << a[i].first << " element " << k;
+      }
+    }
+  }
+  EXPECT_NE(value_error([] {
+              Generator gen(1);
+              const Tensor w = randn({11, 8}, 1), x = randn({3, 8}, 2);
+              return F::lm_head(x, w, 10);
+            }).find("lm_head: 10 columns for a weight of 11 rows"),
+            std::string::npos);
 }
 
 TEST(Gpt, InitIsGpt2s) {
