@@ -242,7 +242,14 @@ std::vector<OpCost> op_breakdown(const models::GptConfig& c, int64_t batch, bool
   linear("linear attn c_proj", l, d, d, true);
   linear("linear c_fc", l, d, 4 * d, true);
   linear("linear mlp c_proj", l, 4 * d, d, true);
-  linear("linear head (tied wte)", 1, d, v, false);
+  if (c.logits_width() == v) {
+    linear("linear head (tied wte)", 1, d, v, false);
+  } else {  // Note [padded head]
+    const Tensor x = leaf({rows, d}, act), w = leaf({v, d}, DType::f32);
+    out.push_back({fmt::format("head (tied wte) [{}, {}] x [{}, {}]^T padded to {} columns", rows,
+                               d, v, d, c.logits_width()),
+                   1, time({x, w}, [&] { return F::lm_head(x, w, c.logits_width()); })});
+  }
   {
     const Tensor qkv = leaf({b, t, 3 * d}, act);
     out.push_back({fmt::format("attention [{}, {}, {}], {} heads", b, t, 3 * d, c.heads), l,
@@ -285,11 +292,11 @@ std::vector<OpCost> op_breakdown(const models::GptConfig& c, int64_t batch, bool
                    time({x, y}, [&] { return F::add(x, y); })});
   }
   {
-    const Tensor logits = leaf({rows, v}, act);
+    const Tensor logits = leaf({rows, c.logits_width()}, act);
     std::vector<int64_t> labels(static_cast<size_t>(rows));
     for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int64_t>(i * 7919 % v);
     const Tensor targets = from_vector(labels, {rows}).to(device);
-    out.push_back({fmt::format("cross_entropy [{}, {}]", rows, v), 1,
+    out.push_back({fmt::format("cross_entropy [{}, {}]", rows, c.logits_width()), 1,
                    time({logits}, [&] { return F::cross_entropy(logits, targets); })});
   }
   {

@@ -115,6 +115,11 @@ TEST(GptConfig, BadSpecsNameTheValueAndTheFix) {
                       "padded up to it (Note [padded head]): give a value >= 50257, like 50304"),
             std::string::npos)
       << error_of(base + ",vocab=50257,padded_vocab=50000");
+  EXPECT_NE(error_of(base + ",vocab=50257,padded_vocab=50260")
+                .find("padded_vocab=50260 is not a multiple of 8; the padding is for rows of bf16 "
+                      "logits that are 16-byte aligned (Note [padded head]): give 50264 (or 50304"),
+            std::string::npos)
+      << error_of(base + ",vocab=50257,padded_vocab=50260");
   EXPECT_NE(
       error_of(base + ",padded_vocab=0").find("padded_vocab=0 is not a positive whole number"),
       std::string::npos);
