@@ -227,20 +227,28 @@ void bench_alloc(const BenchOptions& options, const Reporter& reporter) {
 
 // Note [kernel bandwidth]: the memory-bound kernels of a bf16 GPT step, each moving
 // the fewest bytes it can (every input read once, every output written once: the
-// bytes column), over a copy between two buffers of the same device, which is the
-// ceiling a kernel's bytes per second can approach (the device library's METHOD.md).
-// Sizes: GPT-2's at batch 16 on a GPU ([16384, 768] rows, the MLP's [16384, 3072],
-// the logits [2048, 50257]); a sixteenth of the rows on the CPU.
+// bytes column), over a copy between two buffers of the same device: the ceiling a
+// memory-bound kernel's bytes per second can approach. On a GPU every array is
+// larger than 4 times an H100's or H200's L2 cache (50-60 MB), so no case runs from
+// it: the elementwise ops over 64M elements (GPT-2's MLP activations at batch 16 are
+// 50M), LayerNorm over [65536, 768] rows (GPT-2's width), the cross-entropy over
+// [8192, 50257] bf16 logits (GPT-2's vocabulary); a sixteenth of each on the CPU.
+// Each sample runs the kernel back to back for at least 5 ms, so the host's work
+// before a launch overlaps the device's (as in a training step) instead of counting
+// as kernel time.
 void bench_kernel_bandwidth(const BenchOptions& options, const Reporter& reporter) {
   const Device device = options.device;
-  const int64_t rows = device.is_cuda() ? 16384 : 1024, d = 768, hidden = 4 * d;
-  const int64_t logit_rows = rows / 8, vocab = 50257;
-  const TimingOptions timing = options.timing(2, device.is_cuda() ? 20 : 5, 0.0);
-  reporter.progress(fmt::format("kernel bandwidth on {} ({} rows)", device.str(), rows));
+  const int64_t scale = device.is_cuda() ? 1 : 16;
+  const int64_t n = (int64_t{64} << 20) / scale;  // the elementwise ops' elements
+  const int64_t rows = 65536 / scale, d = 768;
+  const int64_t logit_rows = 8192 / scale, vocab = 50257;
+  const TimingOptions timing = options.timing(2, device.is_cuda() ? 20 : 5, kMinSampleMs);
+  reporter.progress(
+      fmt::format("kernel bandwidth on {}: {} elements, rows [{}, {}], logits [{}, {}]",
+                  device.str(), n, rows, d, logit_rows, vocab));
   const auto make = [&](const Shape& shape, DType dtype, uint64_t seed) {
     return cast(randn(shape, seed, {.device = device}), dtype);
   };
-  const int64_t n = rows * hidden;  // the MLP's activations
   const Tensor x32 = make({n}, DType::f32, 1), y16 = make({n}, DType::bf16, 2);
   const Tensor g16 = make({n}, DType::bf16, 3);
   Tensor copy_dst = empty({n}, {.device = device}), acc = make({n}, DType::f32, 4);
@@ -266,7 +274,7 @@ void bench_kernel_bandwidth(const BenchOptions& options, const Reporter& reporte
       {"fill f32", f4 * nd, [&] { fill_(copy_dst, 0.0); }},
       {"cast f32 -> bf16", (f4 + f2) * nd,
        [&] { do_not_optimize(cast(x32, DType::bf16).data_ptr()); }},
-      {"add f32 + bf16 -> f32", (f4 + f2 + f4) * nd,
+      {"add f32 + bf16 -> f32 (the residual add's)", (f4 + f2 + f4) * nd,
        [&] { do_not_optimize(add(x32, y16).data_ptr()); }},
       {"axpy f32 (in place)", 3 * f4 * nd, [&] { axpy_(0.5f, x32, acc); }},
       {"gelu bf16", 2 * f2 * nd, [&] { do_not_optimize(gelu(y16).data_ptr()); }},

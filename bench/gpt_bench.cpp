@@ -387,8 +387,9 @@ int run_gpt_bench(const BenchOptions& o, const Reporter& reporter) {
     const auto start = Clock::now();
     m[0].record();
     // As train and PyTorch's default: backward hands .grad its fresh tensors (no fill,
-    // no accumulation into zeros).
-    optimizer.zero_grad(/*set_to_none=*/true);
+    // no accumulation into zeros); before a capture, in place as the captured step
+    // zeroes them (as train's eager steps do then: Note [graphed steps]).
+    optimizer.zero_grad(/*set_to_none=*/!graphed);
     const Tensor loss = loss_of();
     m[1].record();
     backward(loss);

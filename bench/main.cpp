@@ -37,14 +37,14 @@ constexpr std::array kSubcommands = {
         "memcpy bandwidth as the physical reference next to ddp::copy_, and ddp::empty\n"
         "vs std::aligned_alloc/free for 1 MiB and 64 MiB.\n"
         "On both, the memory-bound kernels of a bf16 GPT step (fill, cast, the residual\n"
-        "add, axpy, gelu and its backward, layer_norm, the fused residual add +\n"
-        "layer_norm, the cross-entropy over bf16 logits and its backward) at GPT-2's\n"
-        "batch-16 sizes on a GPU (a sixteenth of the rows on the CPU): bytes read +\n"
-        "written per second (each input read once, each output written once) and the\n"
-        "fraction of a copy's on the same device.\n"
+        "add's f32 + bf16, axpy, gelu and its backward over 64M elements; layer_norm and\n"
+        "the fused residual add + layer_norm over [65536, 768]; the cross-entropy over\n"
+        "[8192, 50257] bf16 logits and its backward; a sixteenth of each on the CPU):\n"
+        "bytes read + written per second (each input read once, each output written\n"
+        "once) and the fraction of a copy's on the same device.\n"
         "Defaults: rand 1 warmup + 3 repeats on the host (2 + 10 on a GPU); copies and\n"
         "allocations 2 warmups + 20 repeats, each repeat at least 5 ms of back-to-back calls;\n"
-        "kernels 2 warmups + 20 repeats (5 on the CPU).",
+        "kernels 2 warmups + 20 repeats (5 on the CPU), each at least 5 ms of calls.",
         run_device_bench},
     Subcommand{"gemm",
                "GEMM GFLOP/s of ddp::matmul_out next to bare BLAS (cblas_sgemm / cublasSgemm)",

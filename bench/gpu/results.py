@@ -249,7 +249,7 @@ def cmd_bench_device(path):
                         f"{r['us_median']:.2f} us, {r['speedup_vs_raw']:.1f}x faster than raw"))
         elif (section or "").startswith("kernel bandwidth") and "gb_per_s" in r:
             out.append((f"kernel {r['op']}",
-                        f"{r['gb_per_s']:.0f} GB/s, {r['vs_copy']:.2f} of the copy's"))
+                        f"{r['gb_per_s']:.3g} GB/s, {r['vs_copy']:.2f} of the copy's"))
     for label, figure in out:
         print(f"{label}\t{figure}")
     return 0 if out else 1

@@ -90,7 +90,7 @@ options:
                     graph_mlp, graph_gpt, the bf16 steps, parity_mlp, parity_gpt,
                     reference, ddp_nccl_w1, elastic_nccl_w1, and bench_device last
                     (its kernels' bytes per second against a copy) where --budget
-                    leaves time
+                    leaves it 90 s (else it is skipped, not failed)
   --budget S        seconds for all steps after the build (default: 540, so that a run
                     fits a 10-minute command with --prebuilt); each step's time limit is
                     cut to what is left, and steps with nothing left fail as "not run";
@@ -118,6 +118,7 @@ EOF
 prebuilt="" build_dir="${repo_root}/build-gpu" arch="90" with_tests=1
 jobs="$(nproc 2>/dev/null || echo 4)" data="" out="" only="" allow_no_gpu=0
 prefixes=() dev=cuda:0 budget=540
+optional="" # --quick's steps that run only where --budget leaves time (skipped, not failed)
 python="${PYTHON:-python3}"
 
 die_usage() { echo "run.sh: $*" >&2; exit 2; }
@@ -133,7 +134,11 @@ while [[ $# -gt 0 ]]; do
     --data) need_value "$@"; data="$2"; shift 2 ;;
     --out) need_value "$@"; out="$2"; shift 2 ;;
     --only) need_value "$@"; only=",$2,"; shift 2 ;;
-    --quick) only=",gpu_tests,graph_mlp,graph_gpt,gpt2_bf16,gpt_mini_bf16,bf16_loss,reference_bf16,ddp_bf16_nccl_w1,zero2_bf16_nccl_w1,ddp_bf16_shm_w2,dp_bf16_2replicas,parity_mlp,parity_gpt,reference,ddp_nccl_w1,elastic_nccl_w1,bench_device,"; shift ;;
+    --quick)
+      only=",gpu_tests,graph_mlp,graph_gpt,gpt2_bf16,gpt_mini_bf16,bf16_loss,reference_bf16,ddp_bf16_nccl_w1,zero2_bf16_nccl_w1,ddp_bf16_shm_w2,dp_bf16_2replicas,parity_mlp,parity_gpt,reference,ddp_nccl_w1,elastic_nccl_w1,bench_device,"
+      optional=",bench_device,"
+      shift
+      ;;
     --allow-no-gpu) allow_no_gpu=1; shift ;;
     --device) need_value "$@"; dev="$2"; shift 2 ;;
     --budget) need_value "$@"; budget="$2"; shift 2 ;;

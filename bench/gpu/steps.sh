@@ -236,6 +236,10 @@ step_bench() {
   local sub=$1 rc
   selected "bench_$sub" || return
   skip_cuda "bench_$sub" && return
+  if [[ $optional == *",bench_$sub,"* && $budget -gt 0 && $(remaining) -lt 90 ]]; then
+    record "bench_$sub" "skipped: --quick runs it with 90 s of the --budget left, $(remaining) s were"
+    return
+  fi
   # shellcheck disable=SC2016  # the positional parameters of the inner shell
   run_logged "bench_$sub" 300 sh -c '"$1" "$2" --device "$3" --json >"$4"' sh "$bin/bench" "$sub" "$dev" \
     "$out/bench_$sub.jsonl"
@@ -408,10 +412,12 @@ $(results json-key "$logs/$step.packed.jsonl" peak_device_mib 2>/dev/null || ech
   fi
   if [[ ${4:-} == gpt:* ]]; then
     # shellcheck disable=SC2016
-    if run_logged "$step.padded" 120 sh -c '"$1" gpt --device "$2" --model "$3" --batch-size "$4" \
+    if run_logged "$step.padded" 90 sh -c '"$1" gpt --device "$2" --model "$3" --batch-size "$4" \
       --precision bf16 --peak-tflops "$6" --warmup 3 --repeats 5 --json >"$5"' sh "$bin/bench" "$dev" \
       "$4" "$batch" "$logs/$step.padded.jsonl" "$peak"; then
-      figure+="; head padded to ${4##*padded_vocab=} columns $(results json-key "$logs/$step.padded.jsonl" \
+      local columns=${4##*padded_vocab=}
+      columns=${columns%%,*}
+      figure+="; head padded to $columns columns $(results json-key "$logs/$step.padded.jsonl" \
 tokens_per_s) tokens/s ($(results json-key "$logs/$step.padded.jsonl" step_ms) ms/step)"
     else
       figure+="; padded head FAILED: $(why_failed "$step.padded" "$?")"

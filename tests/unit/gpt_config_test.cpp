@@ -117,7 +117,8 @@ TEST(GptConfig, BadSpecsNameTheValueAndTheFix) {
       << error_of(base + ",vocab=50257,padded_vocab=50000");
   EXPECT_NE(error_of(base + ",vocab=50257,padded_vocab=50260")
                 .find("padded_vocab=50260 is not a multiple of 8; the padding is for rows of bf16 "
-                      "logits that are 16-byte aligned (Note [padded head]): give 50264 (or 50304"),
+                      "logits that are 16-byte aligned (Note [padded head]): give a multiple of "
+                      "64, like 50304"),
             std::string::npos)
       << error_of(base + ",vocab=50257,padded_vocab=50260");
   EXPECT_NE(

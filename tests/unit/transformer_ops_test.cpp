@@ -106,6 +106,78 @@ TEST(TransformerOps, LayerNormMatchesAHandComputedCase) {
   EXPECT_FLOAT_EQ(r.rstd.to_vector<float>()[1], static_cast<float>(1.0 / std::sqrt(2.00001)));
 }
 
+void expect_same_bits(const Tensor& got, const Tensor& want, const std::string& what);
+
+// Note [row sums in lanes]: at every width around the 8 lanes (the lanes alone, the
+// tail alone, both) and at GPT-2's, the CPU kernels' mean, rstd, output and
+// gradients against long double, from rows centred far from 0 (where a one-pass
+// variance would lose digits), and the same bits run to run.
+TEST(TransformerOps, LayerNormMatchesLongDoubleAtEveryWidth) {
+  for (const int64_t d : {1, 2, 7, 8, 9, 15, 16, 17, 23, 64, 768, 1023}) {
+    SCOPED_TRACE(fmt::format("d {}", d));
+    const int64_t rows = 3;
+    const Tensor x = add(randn({rows, d}, 70 + static_cast<uint64_t>(d)), full({rows, d}, 40.0f));
+    const Tensor w = randn({d}, 71), b = randn({d}, 72), g = randn({rows, d}, 73);
+    const LayerNormResult r = layer_norm(x, w, b);
+    const LayerNormGrads grads = layer_norm_backward(g, x, r, w);
+    const auto xs = x.to_vector<float>(), ws = w.to_vector<float>(), bs = b.to_vector<float>();
+    const auto gs = g.to_vector<float>(), out = r.out.to_vector<float>();
+    const auto mean = r.mean.to_vector<float>(), rstd = r.rstd.to_vector<float>();
+    const auto gx = grads.x.to_vector<float>(), gw = grads.weight.to_vector<float>();
+    std::vector<long double> want_gw(static_cast<size_t>(d), 0.0L);
+    for (int64_t row = 0; row < rows; ++row) {
+      const auto at = [&](const std::vector<float>& v, int64_t j) {
+        return static_cast<long double>(v[static_cast<size_t>(row * d + j)]);
+      };
+      long double mu = 0, var = 0;
+      for (int64_t j = 0; j < d; ++j) mu += at(xs, j);
+      mu /= static_cast<long double>(d);
+      for (int64_t j = 0; j < d; ++j) var += (at(xs, j) - mu) * (at(xs, j) - mu);
+      var /= static_cast<long double>(d);
+      const long double inv = 1.0L / std::sqrt(var + 1e-5L);
+      EXPECT_NEAR(mean[static_cast<size_t>(row)], static_cast<double>(mu),
+                  1e-6 * std::fabs(static_cast<double>(mu)));
+      EXPECT_NEAR(rstd[static_cast<size_t>(row)], static_cast<double>(inv),
+                  1e-5 * static_cast<double>(inv));
+      // The backward from the forward's saved f32 statistics (as PyTorch's): its own
+      // sums against long double, not the statistics' rounding again.
+      const long double saved_mu = mean[static_cast<size_t>(row)];
+      const long double saved_inv = rstd[static_cast<size_t>(row)];
+      long double mean_dxhat = 0, mean_dxhat_xhat = 0;
+      for (int64_t j = 0; j < d; ++j) {
+        const long double want =
+            (at(xs, j) - mu) * inv * ws[static_cast<size_t>(j)] + bs[static_cast<size_t>(j)];
+        EXPECT_NEAR(out[static_cast<size_t>(row * d + j)], static_cast<double>(want), 1e-4)
+            << "out[" << row << ", " << j << "]";
+        const long double xhat = (at(xs, j) - saved_mu) * saved_inv;
+        const long double dxhat = at(gs, j) * ws[static_cast<size_t>(j)];
+        mean_dxhat += dxhat;
+        mean_dxhat_xhat += dxhat * xhat;
+        want_gw[static_cast<size_t>(j)] += at(gs, j) * xhat;
+      }
+      mean_dxhat /= static_cast<long double>(d);
+      mean_dxhat_xhat /= static_cast<long double>(d);
+      for (int64_t j = 0; j < d; ++j) {
+        const long double xhat = (at(xs, j) - saved_mu) * saved_inv;
+        const long double want = saved_inv * (at(gs, j) * ws[static_cast<size_t>(j)] - mean_dxhat -
+                                              xhat * mean_dxhat_xhat);
+        EXPECT_NEAR(gx[static_cast<size_t>(row * d + j)], static_cast<double>(want),
+                    1e-3 * static_cast<double>(inv))
+            << "grad x[" << row << ", " << j << "]";
+      }
+    }
+    for (int64_t j = 0; j < d; ++j) {
+      EXPECT_NEAR(gw[static_cast<size_t>(j)], static_cast<double>(want_gw[static_cast<size_t>(j)]),
+                  1e-4)
+          << "grad weight[" << j << "]";
+    }
+    const LayerNormResult again = layer_norm(x, w, b);
+    expect_same_bits(again.out, r.out, "out, run twice");
+    expect_same_bits(again.rstd, r.rstd, "rstd, run twice");
+    expect_same_bits(layer_norm_backward(g, x, again, w).x, grads.x, "grad x, run twice");
+  }
+}
+
 TEST(TransformerOps, LayerNormGradientsMatchFiniteDifferences) {
   gradcheck([](auto& in) { return F::layer_norm(in[0], in[1], in[2]); },
             {randn({2, 3, 6}, 42), randn({6}, 43), randn({6}, 44)}, 1e-2, 3e-3);

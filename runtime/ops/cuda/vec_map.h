@@ -13,9 +13,10 @@
 // move the next element's load above this element's store, which may alias it)
 // keeps ~0.5 MB in flight: a fraction of the bandwidth. So each thread here loads
 // a whole vector of every input (16 bytes of the narrowest type, as Pack) before it
-// computes, then stores a vector: ~16-32 bytes per array in flight per thread (the
-// device library's HOPPER.md: "16-byte accesses per thread ... several independent
-// loads in flight before the first use"; llm.c's Packed128 does the same).
+// computes, then stores a vector: ~16-32 bytes per array in flight per thread (16-byte
+// accesses and several independent loads in flight before the first use: NVIDIA's
+// CUDA C++ Best Practices Guide on coalescing and memory-level parallelism; llm.c's
+// Packed128 and PyTorch's vectorized elementwise kernels do the same).
 //
 // The partition: with V elements per vector, vector k = thread, thread + threads,
 // ... covers elements [kV, kV + V) of the first floor(n / V) V; the last n mod V
