@@ -228,10 +228,10 @@ void bench_alloc(const BenchOptions& options, const Reporter& reporter) {
 // Note [kernel bandwidth]: the memory-bound kernels of a bf16 GPT step, each moving
 // the fewest bytes it can (every input read once, every output written once: the
 // bytes column), over a copy between two buffers of the same device: the ceiling a
-// memory-bound kernel's bytes per second can approach. On a GPU every array is
-// larger than 4 times an H100's or H200's L2 cache (50-60 MB), so no case runs from
-// it: the elementwise ops over 64M elements (GPT-2's MLP activations at batch 16 are
-// 50M), LayerNorm over [65536, 768] rows (GPT-2's width), the cross-entropy over
+// memory-bound kernel's bytes per second can approach. On a GPU every case reads and
+// writes more than 4 times an H100's or H200's L2 cache (50-60 MB; at least 268 MB),
+// so little of it runs from there: the elementwise ops over 64M elements (GPT-2's MLP activations
+// at batch 16 are 50M), LayerNorm over [65536, 768] rows (GPT-2's width), the cross-entropy over
 // [8192, 50257] bf16 logits (GPT-2's vocabulary); a sixteenth of each on the CPU.
 // Each sample runs the kernel back to back for at least 5 ms, so the host's work
 // before a launch overlaps the device's (as in a training step) instead of counting

@@ -137,8 +137,8 @@ void validate(const GptConfig& c) {
   DDP_CHECK(c.padded_vocab == 0 || c.padded_vocab == c.vocab || c.padded_vocab % 8 == 0,
             "gpt model '{}': padded_vocab={} is not a multiple of 8; the padding is for rows "
             "of bf16 logits that are 16-byte aligned (Note [padded head]): give a multiple of "
-            "64, like {} (nanoGPT's and llm.c's for GPT-2)",
-            c.name, c.padded_vocab, (c.vocab + 63) / 64 * 64);
+            "64, like {} (vocab={} rounded up; 50304 for GPT-2, as nanoGPT and llm.c)",
+            c.name, c.padded_vocab, (c.vocab + 63) / 64 * 64, c.vocab);
   DDP_CHECK(c.dropout >= 0.0 && c.dropout < 1.0,
             "gpt model '{}': dropout={} is not a probability in [0, 1); 0 (the default) turns "
             "it off",

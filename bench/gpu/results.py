@@ -228,6 +228,11 @@ def rows(path):
         return [json.loads(x) for x in f if x.strip().startswith("{")]
 
 
+def rate(gb_per_s):
+    """A bytes-per-second figure: whole GB/s from 100 up, 3 digits below (a CPU's)."""
+    return f"{gb_per_s:.0f}" if gb_per_s >= 100 else f"{gb_per_s:.3g}"
+
+
 def cmd_bench_device(path):
     """Lines 'label<TAB>figure': the rand speedup, the 256 MiB copies, the allocator
     and each memory-bound kernel's bytes per second against a copy's (Note [kernel
@@ -249,7 +254,7 @@ def cmd_bench_device(path):
                         f"{r['us_median']:.2f} us, {r['speedup_vs_raw']:.1f}x faster than raw"))
         elif (section or "").startswith("kernel bandwidth") and "gb_per_s" in r:
             out.append((f"kernel {r['op']}",
-                        f"{r['gb_per_s']:.3g} GB/s, {r['vs_copy']:.2f} of the copy's"))
+                        f"{rate(r['gb_per_s'])} GB/s, {r['vs_copy']:.2f} of the copy's"))
     for label, figure in out:
         print(f"{label}\t{figure}")
     return 0 if out else 1
