@@ -103,13 +103,6 @@ double ms_since(Clock::time_point start, const Device& device) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
-// Events at the boundaries of a step's phases (Note [gpt step timing]).
-struct PhaseMarks {
-  explicit PhaseMarks(const Device& device)
-      : marks{Event(device), Event(device), Event(device), Event(device), Event(device)} {}
-  std::array<Event, 5> marks;
-};
-
 // Note [gpt op breakdown]
 // ~~~~~~~~~~~~~~~~~~~~~~~
 // bench gpt --ops: each kind of op of a GPT training step timed alone, forward and
@@ -360,7 +353,9 @@ int run_gpt_bench(const BenchOptions& o, const Reporter& reporter) {
                                      targets);
   };
   CudaGraph graph;
-  PhaseMarks phase_marks(o.device);
+  // Events at the boundaries of a step's phases (Note [gpt step timing]).
+  std::array<Event, 5> marks{Event(o.device), Event(o.device), Event(o.device), Event(o.device),
+                             Event(o.device)};
   // One training step; `graphed_now`: a replay of the captured step (captured first),
   // timed as a whole (forward_ms).
   const auto run_step = [&](bool graphed_now) {
@@ -383,7 +378,7 @@ int run_gpt_bench(const BenchOptions& o, const Reporter& reporter) {
       const double whole = ms_since(start, o.device);
       return Phases{.forward = whole, .wall = whole};
     }
-    auto& m = phase_marks.marks;
+    auto& m = marks;
     const auto start = Clock::now();
     m[0].record();
     // As train and PyTorch's default: backward hands .grad its fresh tensors (no fill,

@@ -10,6 +10,7 @@
 #include "runtime/ops/cuda/linear_lt.h"
 #include "runtime/ops/ops.h"
 #include "runtime/ops/transformer_ops.h"
+#include "tests/gpu/elementwise_compare.h"
 #include "tests/gpu/require_gpu.h"
 
 #include <gtest/gtest.h>
@@ -36,23 +37,7 @@ Tensor bf16(const Tensor& t) {
   return cast(t, DType::bf16);
 }
 
-// |a - e| <= rtol * |e| + atol elementwise, a on the GPU, e on the CPU, same dtype.
-void expect_close(const Tensor& actual, const Tensor& expected, double rtol, double atol,
-                  const std::string& what) {
-  ASSERT_TRUE(actual.device().is_cuda()) << what;
-  ASSERT_EQ(actual.dtype(), expected.dtype()) << what;
-  ASSERT_EQ(actual.shape(), expected.shape()) << what;
-  const auto a = cast(actual.cpu(), DType::f32).to_vector<float>();
-  const auto e = cast(expected, DType::f32).to_vector<float>();
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::isnan(e[i])) {
-      ASSERT_TRUE(std::isnan(a[i])) << what << ": element " << i << " should be NaN";
-      continue;
-    }
-    ASSERT_NEAR(a[i], e[i], rtol * std::fabs(e[i]) + atol)
-        << what << ": element " << i << " of " << a.size();
-  }
-}
+using gpu_test::expect_close;
 
 double max_abs(const Tensor& t);
 

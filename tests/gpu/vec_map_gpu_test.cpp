@@ -15,6 +15,7 @@
 #include "runtime/ops/ops.h"
 #include "runtime/ops/transformer_ops.h"
 #include "runtime/tensor.h"
+#include "tests/gpu/elementwise_compare.h"
 #include "tests/gpu/require_gpu.h"
 
 #include <gtest/gtest.h>
@@ -24,7 +25,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -34,23 +34,8 @@ namespace {
 const Device kGpu = Device::cuda(0);
 constexpr double kBf16Rounding = 1.0 / 128;
 
-// |a - e| <= rtol * |e| + atol elementwise (both 0: the same value), a on the GPU.
-void expect_close(const Tensor& actual, const Tensor& expected, double rtol,
-                  const std::string& what, double atol = 0) {
-  ASSERT_TRUE(actual.device().is_cuda()) << what;
-  ASSERT_EQ(actual.dtype(), expected.dtype()) << what;
-  ASSERT_EQ(actual.shape(), expected.shape()) << what;
-  const auto a = cast(actual.cpu(), DType::f32).to_vector<float>();
-  const auto e = cast(expected, DType::f32).to_vector<float>();
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (rtol == 0 && atol == 0) {
-      ASSERT_EQ(a[i], e[i]) << what << ": element " << i << " of " << a.size();
-    } else {
-      ASSERT_NEAR(a[i], e[i], rtol * std::fabs(e[i]) + atol)
-          << what << ": element " << i << " of " << a.size();
-    }
-  }
-}
+using gpu_test::expect_close;
+using gpu_test::expect_same_bytes;
 
 // n elements of a fresh 1-D tensor starting `offset` elements into its storage, on
 // the CPU and the same values on the GPU (the same offset there).
@@ -69,8 +54,8 @@ TEST(VecMapGpu, ElementwiseOpsMatchTheCpuAtEveryTailAndOffset) {
       const std::string at = fmt::format("n {}, offset {}", n, offset);
       const Pair x16 = make(n, offset, DType::bf16, 1), g16 = make(n, offset, DType::bf16, 2);
       const Pair x32 = make(n, offset, DType::f32, 3), y32 = make(n, offset, DType::f32, 4);
-      expect_close(gelu(x16.gpu), gelu(x16.cpu), kBf16Rounding, "gelu bf16, " + at, 1e-6);
-      expect_close(gelu(x32.gpu), gelu(x32.cpu), 1e-6, "gelu f32, " + at, 1e-6);
+      expect_close(gelu(x16.gpu), gelu(x16.cpu), kBf16Rounding, 1e-6, "gelu bf16, " + at);
+      expect_close(gelu(x32.gpu), gelu(x32.cpu), 1e-6, 1e-6, "gelu f32, " + at);
       // The device's 1 - tanh^2 from a rounded tanh, times the incoming gradient: a
       // floor that scales with the largest |g|.
       double g_max = 0;
@@ -78,19 +63,21 @@ TEST(VecMapGpu, ElementwiseOpsMatchTheCpuAtEveryTailAndOffset) {
         g_max = std::max(g_max, std::fabs(static_cast<double>(g)));
       }
       expect_close(gelu_backward(g16.gpu, x16.gpu), gelu_backward(g16.cpu, x16.cpu), kBf16Rounding,
-                   "gelu_backward bf16, " + at, 2e-6 * (1 + g_max));
+                   2e-6 * (1 + g_max), "gelu_backward bf16, " + at);
       // The residual add's mixed form: f32 + bf16 -> f32, vectors of 8.
-      expect_close(add(x32.gpu, x16.gpu), add(x32.cpu, x16.cpu), 0, "add f32 + bf16, " + at);
+      expect_close(add(x32.gpu, x16.gpu), add(x32.cpu, x16.cpu), 0, 0, "add f32 + bf16, " + at);
       // Only one array off a vector (f32 arrays need 32 bytes for vectors of 8).
       const Pair a32 = make(n, 0, DType::f32, 5), a16 = make(n, 0, DType::bf16, 6);
-      expect_close(add(a32.gpu, x16.gpu), add(a32.cpu, x16.cpu), 0, "add, bf16 alone off, " + at);
-      expect_close(add(x32.gpu, a16.gpu), add(x32.cpu, a16.cpu), 0, "add, f32 alone off, " + at);
-      expect_close(mul(x16.gpu, g16.gpu), mul(x16.cpu, g16.cpu), 0, "mul bf16, " + at);
-      expect_close(cast(x32.gpu, DType::bf16), cast(x32.cpu, DType::bf16), 0,
+      expect_close(add(a32.gpu, x16.gpu), add(a32.cpu, x16.cpu), 0, 0,
+                   "add, bf16 alone off, " + at);
+      expect_close(add(x32.gpu, a16.gpu), add(x32.cpu, a16.cpu), 0, 0, "add, f32 alone off, " + at);
+      expect_close(mul(x16.gpu, g16.gpu), mul(x16.cpu, g16.cpu), 0, 0, "mul bf16, " + at);
+      expect_close(cast(x32.gpu, DType::bf16), cast(x32.cpu, DType::bf16), 0, 0,
                    "cast to bf16, " + at);
-      expect_close(cast(x16.gpu, DType::f32), cast(x16.cpu, DType::f32), 0, "cast to f32, " + at);
-      expect_close(relu(x32.gpu), relu(x32.cpu), 0, "relu f32, " + at);
-      expect_close(scale(x16.gpu, 0.375f), scale(x16.cpu, 0.375f), 0, "scale bf16, " + at);
+      expect_close(cast(x16.gpu, DType::f32), cast(x16.cpu, DType::f32), 0, 0,
+                   "cast to f32, " + at);
+      expect_close(relu(x32.gpu), relu(x32.cpu), 0, 0, "relu f32, " + at);
+      expect_close(scale(x16.gpu, 0.375f), scale(x16.cpu, 0.375f), 0, 0, "scale bf16, " + at);
       // In place on views: axpy_ and fill_ write through the offset. The device fuses
       // y + alpha x into one rounding where the CPU rounds twice: a rounding of the
       // larger term apart.
@@ -105,7 +92,7 @@ TEST(VecMapGpu, ElementwiseOpsMatchTheCpuAtEveryTailAndOffset) {
       }
       Tensor fg = x16.gpu;
       fill_(fg, 2.5);
-      expect_close(fg, full({n}, 2.5f, {.dtype = DType::bf16}), 0, "fill bf16, " + at);
+      expect_close(fg, full({n}, 2.5f, {.dtype = DType::bf16}), 0, 0, "fill bf16, " + at);
     }
   }
 }
@@ -125,18 +112,6 @@ TEST(VecMapGpu, AViewsNeighboursAreLeftAlone) {
             << "element " << i << " of a view [" << offset << ", " << offset + n << ")";
       }
     }
-  }
-}
-
-void expect_same_bytes(const Tensor& actual, const Tensor& expected, const std::string& what) {
-  const Tensor a = actual.cpu(), e = expected.cpu();
-  ASSERT_EQ(a.dtype(), e.dtype()) << what;
-  ASSERT_EQ(a.shape(), e.shape()) << what;
-  const auto* pa = static_cast<const unsigned char*>(a.data_ptr());
-  const auto* pe = static_cast<const unsigned char*>(e.data_ptr());
-  const size_t width = element_size(a.dtype());
-  for (size_t i = 0; i < a.nbytes(); i += width) {
-    ASSERT_EQ(std::memcmp(pa + i, pe + i, width), 0) << what << ": element " << i / width;
   }
 }
 

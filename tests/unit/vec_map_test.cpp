@@ -39,16 +39,18 @@ struct Visit {
   }
 };
 
+// shift 0: aligned arrays, whole vectors; 1: both a element off, element by element.
 template <int V>
-void replay(int64_t n, int64_t threads) {
+void replay(int64_t n, int64_t threads, int64_t shift = 0) {
   Guarded<int64_t> in(n, -1), out(n, -7);
-  int64_t* x = in.span();
-  int64_t* y = out.span();
+  int64_t* x = in.span(shift);
+  int64_t* y = out.span(shift);
   for (int64_t i = 0; i < n; ++i) x[i] = i;
   std::vector<int> visits(static_cast<size_t>(n) + 1, 0);
-  ASSERT_EQ(map_width<V>(y, static_cast<const int64_t*>(x)), V);
+  const bool whole = map_whole<V>(y, static_cast<const int64_t*>(x));
+  ASSERT_EQ(whole, shift == 0 || V == 1);
   for (int64_t t = 0; t < threads; ++t) {
-    map_thread<V>(t, threads, n, Visit{visits.data()}, y, static_cast<const int64_t*>(x));
+    map_thread<V>(t, threads, n, whole, Visit{visits.data()}, y, static_cast<const int64_t*>(x));
   }
   for (int64_t i = 0; i < n; ++i) {
     ASSERT_EQ(visits[static_cast<size_t>(i)], 1)
@@ -66,10 +68,12 @@ void replay(int64_t n, int64_t threads) {
 TEST(VecMap, EveryElementOnceWhateverTheLengthWidthAndGrid) {
   for (const int64_t n : {0, 1, 2, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 1000, 4099}) {
     for (const int64_t threads : {1, 3, 8, 32, 256, 1000}) {
-      replay<1>(n, threads);
-      replay<2>(n, threads);
-      replay<4>(n, threads);
-      replay<8>(n, threads);
+      for (const int64_t shift : {0, 1}) {
+        replay<1>(n, threads, shift);
+        replay<2>(n, threads, shift);
+        replay<4>(n, threads, shift);
+        replay<8>(n, threads, shift);
+      }
     }
   }
 }
@@ -114,10 +118,9 @@ TEST(VecMap, MixedTypesTakeTheNarrowestTypesVector) {
       pb[i] = static_cast<uint16_t>(1000 + i);
     }
     constexpr int kV = widest_map<float, uint16_t>();
-    ASSERT_EQ(map_width<kV>(po, static_cast<const float*>(pa), static_cast<const uint16_t*>(pb)),
-              kV);
+    ASSERT_TRUE(map_whole<kV>(po, static_cast<const float*>(pa), static_cast<const uint16_t*>(pb)));
     for (int64_t t = 0; t < 5; ++t) {
-      map_thread<kV>(t, 5, n, AddHalfToFloat{}, po, static_cast<const float*>(pa),
+      map_thread<kV>(t, 5, n, true, AddHalfToFloat{}, po, static_cast<const float*>(pa),
                      static_cast<const uint16_t*>(pb));
     }
     for (int64_t i = 0; i < n; ++i) {
@@ -142,7 +145,7 @@ TEST(VecMap, InPlaceReadsEachVectorBeforeWritingIt) {
     py[i] = 100.0f;
   }
   for (int64_t t = 0; t < 4; ++t) {
-    map_thread<4>(t, 4, n, Axpy{2.0f}, py, static_cast<const float*>(px),
+    map_thread<4>(t, 4, n, true, Axpy{2.0f}, py, static_cast<const float*>(px),
                   static_cast<const float*>(py));
   }
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(py[i], 100.0f + 2.0f * static_cast<float>(i)) << i;
@@ -158,27 +161,28 @@ TEST(VecMap, NoInputsFillsEveryElement) {
   for (const int64_t n : {1, 3, 4, 5, 99}) {
     Guarded<int32_t> out(n, -1);
     int32_t* p = out.span();
-    for (int64_t t = 0; t < 2; ++t) map_thread<4>(t, 2, n, Value{42}, p);
+    for (int64_t t = 0; t < 2; ++t) map_thread<4>(t, 2, n, true, Value{42}, p);
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(p[i], 42) << i;
     ASSERT_EQ(p[-1], -1);
     ASSERT_EQ(p[n], -1);
   }
 }
 
-// A view that starts mid-vector (any array of the call) runs one element at a time.
-TEST(VecMap, AnAddressThatIsNotAVectorsFallsBackToOneElement) {
+// A view that starts mid-vector (any array of the call) is read and written element by
+// element (the same partition: EveryElementOnce... replays it).
+TEST(VecMap, AnAddressThatIsNotAVectorsGoesElementByElement) {
   Guarded<float> a(64, 0.0f), out(64, 0.0f);
   Guarded<uint16_t> b(64, 0);
   const float* pa = a.span();
   const uint16_t* pb = b.span();
   float* po = out.span();
-  EXPECT_EQ(map_width<8>(po, pa, pb), 8);
-  EXPECT_EQ(map_width<8>(po + 4, pa + 4, pb + 4), 1) << "f32 arrays need 32 bytes for 8";
-  EXPECT_EQ(map_width<4>(po + 4, pa + 4), 4);
-  EXPECT_EQ(map_width<8>(po, pa, pb + 1), 1) << "the bf16 input alone is off";
-  EXPECT_EQ(map_width<8>(po, pa + 8, pb + 8), 8);
-  EXPECT_EQ(map_width<8>(po + 1, pa, pb), 1) << "the output alone is off";
-  EXPECT_EQ(map_width<2>(reinterpret_cast<int64_t*>(po) + 1), 1);
+  EXPECT_TRUE(map_whole<8>(po, pa, pb));
+  EXPECT_FALSE(map_whole<8>(po + 4, pa + 4, pb + 4)) << "f32 arrays need 32 bytes for 8";
+  EXPECT_TRUE(map_whole<4>(po + 4, pa + 4));
+  EXPECT_FALSE(map_whole<8>(po, pa, pb + 1)) << "the bf16 input alone is off";
+  EXPECT_TRUE(map_whole<8>(po, pa + 8, pb + 8));
+  EXPECT_FALSE(map_whole<8>(po + 1, pa, pb)) << "the output alone is off";
+  EXPECT_FALSE(map_whole<2>(reinterpret_cast<int64_t*>(po) + 1));
 }
 
 // Note [vectorized rows]: a row kernel's block over rows of every length and every

@@ -70,28 +70,24 @@ void for_each_index(const Tensor& on, int64_t n, const Fn& fn, const char* name)
 }
 
 template <int V, typename F, typename Out, typename... In>
-__global__ void map_kernel(int64_t n, F f, Out* out, const In*... in) {
-  vec::map_thread<V>(global_thread(), grid_threads(), n, f, out, in...);
+__global__ void map_kernel(int64_t n, bool whole, F f, Out* out, const In*... in) {
+  vec::map_thread<V>(global_thread(), grid_threads(), n, whole, f, out, in...);
 }
 
 // out[i] = f(in[i]...) for i in [0, n): F is a struct with `__device__ Out
 // operator()(In...) const` (values, not indices), every array contiguous with n
 // elements (out may be one of the inputs: each element is read before it is
-// written, by the same thread). Vectors of vec::widest_map<Out, In...>() elements
-// where every address allows, else one element at a time.
+// written, by the same thread). Vectors of vec::widest_map<Out, In...>() elements,
+// each one access where every address allows, else element by element.
 template <typename F, typename Out, typename... In>
 void map_elements(const char* name, const Tensor& on, int64_t n, const F& f, Out* out,
                   const In*... in) {
   if (n == 0) return;
   constexpr int kWidth = vec::widest_map<Out, In...>();
-  const int width = vec::map_width<kWidth>(out, in...);
+  const bool whole = vec::map_whole<kWidth>(out, in...);
   cuda_api::DeviceGuard guard(on.device().index);
-  const int blocks = blocks_for(vec::map_threads(n, width));
-  if (width == kWidth) {
-    map_kernel<kWidth><<<blocks, kThreads, 0, stream_of(on)>>>(n, f, out, in...);
-  } else {
-    map_kernel<1><<<blocks, kThreads, 0, stream_of(on)>>>(n, f, out, in...);
-  }
+  map_kernel<kWidth><<<blocks_for(vec::map_threads(n, kWidth)), kThreads, 0, stream_of(on)>>>(
+      n, whole, f, out, in...);
   cuda_api::check_last_error(name);
 }
 

@@ -59,10 +59,7 @@ __device__ __forceinline__ ChunkOf chunk_of(const TensorList& l, int64_t block) 
 }
 
 constexpr int kVector = 4;  // f32 elements in 16 bytes
-
-__device__ __forceinline__ bool on_vector(const float* p) {
-  return reinterpret_cast<uintptr_t>(p) % (kVector * sizeof(float)) == 0;
-}
+using vec::aligned_for;
 
 __global__ void sum_squares_kernel(TensorList l, double* partials) {
   const ChunkOf c = chunk_of(l, blockIdx.x);
@@ -71,7 +68,7 @@ __global__ void sum_squares_kernel(TensorList l, double* partials) {
   // The chunk is a row starting at element c.begin of its tensor (Note [vectorized
   // rows]): the order depends only on the sizes, whole vectors or not.
   vec::row_thread<kVector>(
-      x + c.begin, c.begin, c.end - c.begin, on_vector(x), threadIdx.x, blockDim.x,
+      x + c.begin, c.begin, c.end - c.begin, aligned_for<kVector>(x), threadIdx.x, blockDim.x,
       [&](int64_t j) {
         const float v = x[c.begin + j];
         acc += static_cast<double>(v) * v;
@@ -103,7 +100,7 @@ __global__ void scale_kernel(TensorList l, const float* scalar) {
   const ChunkOf c = chunk_of(l, blockIdx.x);
   float* x = l.p[0][c.tensor] + c.begin;
   const float factor = *scalar;
-  const bool whole = on_vector(l.p[0][c.tensor]);
+  const bool whole = aligned_for<kVector>(l.p[0][c.tensor]);
   vec::row_thread<kVector>(
       x, c.begin, c.end - c.begin, whole, threadIdx.x, blockDim.x,
       [&](int64_t j) { x[j] *= factor; },
@@ -125,8 +122,8 @@ __global__ void adamw_kernel(TensorList l) {
       l.table != nullptr ? l.table[l.index[c.tensor]] : l.adamw[c.tensor];
   // Chunk c as a row (Note [vectorized rows]); every vector of param, grad, m and v
   // is loaded before the first element is computed.
-  const bool whole = on_vector(l.p[0][c.tensor]) && on_vector(l.p[1][c.tensor]) &&
-                     on_vector(l.p[2][c.tensor]) && on_vector(l.p[3][c.tensor]);
+  const bool whole = vec::map_whole<kVector>(l.p[0][c.tensor], l.p[1][c.tensor], l.p[2][c.tensor],
+                                             l.p[3][c.tensor]);
   constexpr int V = kVector;
   vec::row_thread<V>(
       grad, c.begin, c.end - c.begin, whole, threadIdx.x, blockDim.x,

@@ -22,10 +22,11 @@
 // ... covers elements [kV, kV + V) of the first floor(n / V) V; the last n mod V
 // elements are the tail, element vectors*V + thread (one each, for the first
 // threads). Each element is computed exactly once, by the same per-element
-// function as before, so the values are the scalar kernel's bits. A vector access
-// needs every array's address aligned to V elements (the caching allocator's blocks
-// are 512-byte aligned; a view may not be): map_width() falls back to V = 1, the
-// plain grid-stride loop, when one is not.
+// function as before, so the values are the scalar kernel's bits. A vector is one
+// access where every array's address is aligned to V elements (the caching
+// allocator's blocks are 512-byte aligned; a view may not be: map_whole()), else its
+// V elements are loaded and stored one by one (load_at, store_at below): the same
+// partition and values, only slower.
 #pragma once
 
 #include <cstddef>
@@ -64,20 +65,33 @@ constexpr int widest_map() {
 
 // Whether p can be read or written V elements at a time.
 template <int V, typename T>
-bool aligned_for(const T* p) {
+DDP_VEC_HD bool aligned_for(const T* p) {
   return reinterpret_cast<uintptr_t>(p) % (sizeof(T) * V) == 0;
 }
 
-// V when every array is aligned for it, else 1 (Note [vectorized elementwise]).
+// Whether every array is aligned for vectors of V (Note [vectorized elementwise]).
 template <int V, typename Out, typename... In>
-int map_width(const Out* out, const In*... in) {
-  return aligned_for<V>(out) && (aligned_for<V>(in) && ...) ? V : 1;
+DDP_VEC_HD bool map_whole(const Out* out, const In*... in) {
+  return aligned_for<V>(out) && (aligned_for<V>(in) && ...);
 }
 
-// Vector k of p: one aligned access.
+// The V elements at p: one access when `whole` (p aligned for them), else V.
 template <int V, typename T>
-DDP_VEC_HD Pack<T, V> load_pack(const T* p, int64_t k) {
-  return reinterpret_cast<const Pack<T, V>*>(p)[k];
+DDP_VEC_HD Pack<T, V> load_at(const T* p, bool whole) {
+  if (whole) return *reinterpret_cast<const Pack<T, V>*>(p);
+  Pack<T, V> r;
+  DDP_VEC_UNROLL
+  for (int e = 0; e < V; ++e) r.v[e] = p[e];
+  return r;
+}
+template <int V, typename T>
+DDP_VEC_HD void store_at(T* p, const Pack<T, V>& v, bool whole) {
+  if (whole) {
+    *reinterpret_cast<Pack<T, V>*>(p) = v;
+    return;
+  }
+  DDP_VEC_UNROLL
+  for (int e = 0; e < V; ++e) p[e] = v.v[e];
 }
 
 // The per-element function over whole packs: all inputs are in registers by now.
@@ -89,16 +103,16 @@ DDP_VEC_HD Pack<Out, V> apply_pack(const F& f, const Pack<In, V>&... p) {
   return o;
 }
 
-// One thread's share of the map (`thread` of `threads`), in the partition above.
-// The kernel calls it with its global index and the grid's size; the CPU test calls
-// it for every thread of a grid.
+// One thread's share of the map (`thread` of `threads`), in the partition above;
+// whole: map_whole of the arrays. The kernel calls it with its global index and the
+// grid's size; the CPU test calls it for every thread of a grid.
 template <int V, typename F, typename Out, typename... In>
-DDP_VEC_HD void map_thread(int64_t thread, int64_t threads, int64_t n, const F& f, Out* out,
-                           const In*... in) {
+DDP_VEC_HD void map_thread(int64_t thread, int64_t threads, int64_t n, bool whole, const F& f,
+                           Out* out, const In*... in) {
   const int64_t vectors = n / V;
   for (int64_t k = thread; k < vectors; k += threads) {
     // The loads are the arguments: every vector is read before f runs.
-    reinterpret_cast<Pack<Out, V>*>(out)[k] = apply_pack<V, Out>(f, load_pack<V>(in, k)...);
+    store_at<V>(out + k * V, apply_pack<V, Out>(f, load_at<V>(in + k * V, whole)...), whole);
   }
   for (int64_t i = vectors * V + thread; i < n; i += threads) out[i] = f(in[i]...);
 }
@@ -125,25 +139,6 @@ DDP_VEC_HD RowSplit split_row(int64_t first, int64_t len) {
   if (head > len) head = len;
   const int64_t vectors = (len - head) / V;
   return {head, vectors, len - head - vectors * V};
-}
-
-// The V elements at p: one access when `whole` (p aligned for them), else V.
-template <int V, typename T>
-DDP_VEC_HD Pack<T, V> load_at(const T* p, bool whole) {
-  if (whole) return *reinterpret_cast<const Pack<T, V>*>(p);
-  Pack<T, V> r;
-  DDP_VEC_UNROLL
-  for (int e = 0; e < V; ++e) r.v[e] = p[e];
-  return r;
-}
-template <int V, typename T>
-DDP_VEC_HD void store_at(T* p, const Pack<T, V>& v, bool whole) {
-  if (whole) {
-    *reinterpret_cast<Pack<T, V>*>(p) = v;
-    return;
-  }
-  DDP_VEC_UNROLL
-  for (int e = 0; e < V; ++e) p[e] = v.v[e];
 }
 
 // Thread `thread` of `threads` over the row at `row` (its tensor's element `first`),
