@@ -153,6 +153,11 @@ std::string describe(const GptConfig& c) {
   return out;
 }
 
+bool same_model(const GptConfig& a, const GptConfig& b) {
+  return a.layers == b.layers && a.d_model == b.d_model && a.heads == b.heads &&
+         a.context == b.context && a.vocab == b.vocab && a.dropout == b.dropout;
+}
+
 int64_t parameter_count(const GptConfig& c) {
   const int64_t d = c.d_model;
   const int64_t per_layer = 2 * d                                     // ln_1

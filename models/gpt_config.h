@@ -59,6 +59,10 @@ void validate(const GptConfig& config);
 // "gpt:layers=2,d=64,heads=4,ctx=64,vocab=256" (padded_vocab and dropout when non-zero): parses
 // back to the same config; for logs and checkpoint metadata.
 std::string describe(const GptConfig& config);
+// Whether a and b are the same model: the same parameters and the same loss for the
+// same weights. padded_vocab is left out (it only pads the LM head's product: Note
+// [padded head]), so a checkpoint resumes across it.
+bool same_model(const GptConfig& a, const GptConfig& b);
 
 // The parameter count with the LM head tied to the token embedding (closed form).
 int64_t parameter_count(const GptConfig& config);

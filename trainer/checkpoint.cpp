@@ -193,7 +193,8 @@ void load_model_weights(const std::string& path, nn::Module& model) {
 }
 
 CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model,
-                               optim::Optimizer& optimizer, const std::string& expected_model) {
+                               optim::Optimizer& optimizer, const std::string& expected_model,
+                               const std::function<bool(const std::string&)>& same_model) {
   const SafetensorsFile f = load_safetensors(path);
   const auto& m = f.metadata;
   const std::string format = meta_str(m, path, "format");
@@ -213,9 +214,9 @@ CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model,
   info.best_metric =
       meta_number<double>(m, path, "best_metric", std::numeric_limits<double>::quiet_NaN());
   info.evals_since_best = meta_number<int64_t>(m, path, "evals_since_best", 0);
-  DDP_CHECK(info.model == expected_model,
-            "{}: the checkpoint holds model '{}', but this run builds '{}'; pass the same --model "
-            "and --hidden",
+  DDP_CHECK(same_model ? same_model(info.model) : info.model == expected_model,
+            "{}: the checkpoint holds model '{}', but this run builds '{}'; pass the --model "
+            "(and --hidden) it was trained with",
             path, info.model, expected_model);
   DDP_CHECK(info.optimizer == optimizer.name(),
             "{}: the checkpoint was written with --optimizer {}, this run uses {}", path,

@@ -8,6 +8,7 @@
 #include "runtime/nn/module.h"
 #include "runtime/optim/optimizer.h"
 
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
@@ -79,7 +80,10 @@ void load_model_weights(const std::string& path, nn::Module& model);
 // Files without the mid-epoch fields (older ones) load as epoch boundaries. A
 // sharded checkpoint (optimizer_shards) is read with its shard files, whatever
 // the world size, ZeRO stage or mode of this run (trainer/sharded_checkpoint.h).
+// `same_model(saved)` says whether the checkpoint's model spec is this run's model
+// (Task::resumes_from); empty: the spec must equal expected_model.
 CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model,
-                               optim::Optimizer& optimizer, const std::string& expected_model);
+                               optim::Optimizer& optimizer, const std::string& expected_model,
+                               const std::function<bool(const std::string&)>& same_model = {});
 
 }  // namespace ddp::train

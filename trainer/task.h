@@ -71,6 +71,10 @@ class Task {
   virtual ~Task() = default;
   // "784-256-10" or "gpt:layers=2,d=64,..."; for logs and the checkpoint's metadata.
   virtual std::string model_spec() const = 0;
+  // Whether a checkpoint of the model spec `saved` resumes into this model: the same
+  // spec, or (a gpt) one that differs only in what changes speed and not the
+  // parameters or the loss (padded_vocab: Note [padded head]).
+  virtual bool resumes_from(const std::string& saved) const { return saved == model_spec(); }
   virtual std::shared_ptr<nn::Module> model() const = 0;
   virtual bool is_language_model() const = 0;
   // Targets are values (MSE), evaluated by Evaluation::loss, the test set's mean

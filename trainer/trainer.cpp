@@ -110,7 +110,9 @@ void wrap_zero(Run& r) {
 void resume(Run& r, const std::string& path) {
   const TrainOptions& o = r.o;
   if (!path.empty()) {
-    r.resumed = load_checkpoint(path, *r.model, *r.optimizer, r.task->model_spec());
+    r.resumed =
+        load_checkpoint(path, *r.model, *r.optimizer, r.task->model_spec(),
+                        [&r](const std::string& saved) { return r.task->resumes_from(saved); });
     r.did_resume = true;
     r.first_epoch = r.resumed.epoch;
     r.step = r.resumed.step;

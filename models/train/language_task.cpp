@@ -195,6 +195,14 @@ class LanguageTask : public Task {
   LanguageTask& operator=(const LanguageTask&) = delete;
 
   std::string model_spec() const override { return models::describe(config_); }
+  bool resumes_from(const std::string& saved) const override {
+    if (!models::is_gpt_model(saved)) return false;
+    try {
+      return models::same_model(models::gpt_config(saved), config_);
+    } catch (const ValueError&) {
+      return false;  // not a spec this build reads: load_checkpoint names both
+    }
+  }
   std::shared_ptr<nn::Module> model() const override { return model_; }
   bool is_language_model() const override { return true; }
   std::string data_summary() const override { return data_.summary; }

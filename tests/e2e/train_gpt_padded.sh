@@ -10,6 +10,10 @@
 #    kernel's summation order decides (measured 9e-5 under OpenBLAS's Haswell and
 #    Zen kernels, 0 under Cooperlake's);
 #  - sample from the padded checkpoint gives the unpadded one's text for the seed;
+#  - the plain checkpoint (one epoch of 12 steps) resumes under padded_vocab (the
+#    same model: only the spec's padding differs) and the 4 steps of its second
+#    epoch log the plain resume's losses; a
+#    checkpoint of another vocab is still refused, naming both specs;
 #  - padded_vocab below vocab is a usage error naming the value.
 # usage: train_gpt_padded.sh TRAIN SAMPLE
 set -uo pipefail
@@ -50,6 +54,33 @@ python3 "$here/compare_checkpoints.py" "$dir/plain.st" "$dir/padded.st" --rtol 1
   fail "sample (padded) exited $?: $(cat "$dir/padded.txt")"
 cmp -s "$dir/plain.txt" "$dir/padded.txt" ||
   fail "sample's text differs: $(cat -v "$dir/plain.txt") vs $(cat -v "$dir/padded.txt")"
+for form in plain padded; do
+  model=$base
+  [ "$form" = padded ] && model="$base,padded_vocab=264"
+  "$train" --model "$model" --data synthetic --epochs 2 --max-steps 4 --batch-size 4 \
+    --seed 3 --device cpu --resume "$dir/plain.st" --loss-log "$dir/resumed_$form.loss" \
+    >"$dir/resumed_$form.log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || { tail -20 "$dir/resumed_$form.log"; fail "resume ($form) exited $rc"; }
+done
+python3 - "$dir/resumed_plain.loss" "$dir/resumed_padded.loss" <<'PY' || fail "the resumed losses differ"
+import sys
+def losses(path):
+    rows = [l.split() for l in open(path)]
+    return {(int(r[0]), int(r[1])): float(r[-1]) for r in rows if r and r[0].isdigit()}
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+want = [(2, s) for s in range(1, 5)]
+assert sorted(a) == sorted(b) == want, (sorted(a), sorted(b))
+for k in want:
+    assert abs(a[k] - b[k]) <= 1e-5 * abs(a[k]), f"epoch {k[0]} step {k[1]}: {a[k]} vs {b[k]}"
+print(f"resumed under padded_vocab: epoch 2's 4 steps agree (last {a[want[-1]]})")
+PY
+other="gpt:layers=2,d=32,heads=2,ctx=32,vocab=264"
+out=$("$train" --model "$other" --data synthetic --epochs 2 --max-steps 1 --device cpu --resume "$dir/padded.st" 2>&1)
+rc=$?
+[ $rc -ne 0 ] || fail "a checkpoint of vocab=256 resumed into vocab=264"
+grep -q "the checkpoint holds model '$base,padded_vocab=264', but this run builds '$other'" <<<"$out" ||
+  fail "the refusal's message: $out"
 out=$("$train" --model "$base,padded_vocab=100" --data synthetic --max-steps 1 --device cpu 2>&1)
 rc=$?
 [ $rc -eq 2 ] || fail "padded_vocab=100 exited $rc, not 2: $out"

@@ -88,6 +88,25 @@ TEST(GptConfig, SpecParsesAndDescribesBack) {
   EXPECT_FALSE(is_gpt_model("mlp"));
 }
 
+// A checkpoint resumes across padded_vocab (Note [padded head]), not across anything
+// that changes the parameters or the loss.
+TEST(GptConfig, SameModelLeavesOutOnlyThePadding) {
+  const std::string base = "gpt:layers=2,d=64,heads=4,ctx=64,vocab=50257";
+  const GptConfig plain = gpt_config(base);
+  EXPECT_TRUE(same_model(plain, gpt_config(base + ",padded_vocab=50304")));
+  EXPECT_TRUE(same_model(gpt_config(base + ",padded_vocab=50304"), plain));
+  EXPECT_TRUE(same_model(gpt_config("gpt2"), gpt_config(describe(gpt_config("gpt2")))));
+  for (const std::string& other :
+       {std::string("gpt:layers=3,d=64,heads=4,ctx=64,vocab=50257"),
+        std::string("gpt:layers=2,d=128,heads=4,ctx=64,vocab=50257"),
+        std::string("gpt:layers=2,d=64,heads=8,ctx=64,vocab=50257"),
+        std::string("gpt:layers=2,d=64,heads=4,ctx=32,vocab=50257"),
+        std::string("gpt:layers=2,d=64,heads=4,ctx=64,vocab=50304"), base + ",dropout=0.1"}) {
+    EXPECT_FALSE(same_model(plain, gpt_config(other))) << other;
+    EXPECT_FALSE(same_model(gpt_config(other), plain)) << other;
+  }
+}
+
 TEST(GptConfig, BadSpecsNameTheValueAndTheFix) {
   const std::string base = "gpt:layers=2,d=64,heads=4,ctx=64";
   EXPECT_NE(error_of("gpt-huge").find("valid gpt models are gpt-tiny, gpt-mini, gpt2"),
