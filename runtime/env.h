@@ -117,6 +117,10 @@ inline constexpr const char* kTestCpuAutocast = "DDP_TEST_CPU_AUTOCAST";
 // (the CPU has no graphs): the run takes the failed capture's eager path (Note [graphed
 // steps] in trainer/epoch.cpp), whose numbers a test compares with a run without it.
 inline constexpr const char* kTestCudaGraphOnCpu = "DDP_TEST_CUDA_GRAPH_ON_CPU";
+// Testing aid: DEVICE:OP:ARG:MODE corrupts op OP's tensor ARG on that device type after
+// every call, so a test can be seen failing without a rebuild (Note [planted faults]
+// in runtime/planted_fault.h; bench/gpu/planted_faults.sh).
+inline constexpr const char* kTestPlantFault = "DDP_TEST_PLANT_FAULT";
 
 // The value of a variable, or nullopt when unset or empty.
 std::optional<std::string> get(const char* name);

@@ -555,6 +555,37 @@ run_bf16_steps() {
   bf16_compare_steps
 }
 
+# Note [planted faults] (runtime/planted_fault.h): each kernel's gpu tests must fail
+# with a fault planted in its output (bench/gpu/planted_faults.txt). With --device
+# cpu, the table's CPU column against ddp_unit_tests (what CI checks too).
+step_planted_faults() {
+  local step=planted_faults exe="$bin/ddp_gpu_tests" device=cuda rc figure why
+  selected "$step" || return
+  skip_cuda "$step" && return
+  [[ $dev == cpu ]] && exe="$bin/ddp_unit_tests" device=cpu
+  if [[ ! -x "$exe" ]]; then
+    record "$step" "$([[ $with_tests -eq 0 ]] && echo "skipped: --no-tests" || echo "FAILED: $exe is missing")"
+    return
+  fi
+  if [[ $optional == *",$step,"* && $budget -gt 0 && $(remaining) -lt 120 ]]; then
+    record "$step" "skipped: --quick runs it with 120 s of the --budget left, $(remaining) s were"
+    return
+  fi
+  run_logged "$step" 240 "$here/planted_faults.sh" --tests "$exe" --device "$device" --timeout 60 \
+    --log "$logs/planted_faults.runs.log"
+  rc=$?
+  figure=$(grep '^planted faults on' "$logs/$step.log" | tail -1)
+  if [[ $rc -eq 0 ]]; then
+    record "$step" "ok" "${figure:-?}" "every fault caught by its tests"
+  else
+    why=$(grep -E '^(NOT CAUGHT|not reached)' "$logs/$step.log" | awk '{print $3}' |
+      head -4 | tr '\n' ' ')
+    [[ -z "$why" ]] && why="$(why_failed "$step" "$rc") "
+    record "$step" "FAILED: ${why}(logs/$step.log, logs/planted_faults.runs.log)" "${figure:-?}" \
+      "every fault caught by its tests"
+  fi
+}
+
 # run_steps: every step after the preflight, in order (--only picks some).
 run_steps() {
   selected gpu_tests && step_gpu_tests
@@ -613,6 +644,7 @@ run_steps() {
   step_parity_gpt
   step_ddp_gpt
   step_bench device
+  step_planted_faults
   step_bench gemm
   torch_step torch_mlp mlp
   torch_step torch_cnn cnn

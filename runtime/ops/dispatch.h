@@ -3,14 +3,16 @@
 #pragma once
 
 #include "runtime/ops/kernels.h"
+#include "runtime/planted_fault.h"
 #include "runtime/profile.h"
 
 #include <initializer_list>
 #include <string_view>
 
 // Calls kernels::cpu::NAME or kernels::cuda::NAME for `device`, as one op of the op
-// profile (Note [op profile] in runtime/profile.h). `device` and the arguments are
-// evaluated twice (the profile reads them too): pass names, not expressions with
+// profile (Note [op profile] in runtime/profile.h), where a planted fault may hit it
+// (Note [planted faults] in runtime/planted_fault.h). `device` and the arguments are
+// evaluated three times (the profile and the fault read them too): pass names, not expressions with
 // side effects or a cost (x.contiguous()).
 #define DDP_DISPATCH(device, name, ...)                                           \
   do {                                                                            \
@@ -26,6 +28,7 @@
         ::ddp::check_available(device);                                           \
         DDP_ASSERT(false, "no mps kernels for " #name);                           \
     }                                                                             \
+    ::ddp::planted_fault::after(#name, (device), __VA_ARGS__);                    \
   } while (0)
 
 namespace ddp::ops_detail {

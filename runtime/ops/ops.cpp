@@ -6,6 +6,7 @@
 #include "runtime/ops/cuda/linear_lt.h"
 #include "runtime/ops/dispatch.h"
 #include "runtime/ops/kernels.h"
+#include "runtime/planted_fault.h"
 
 namespace ddp {
 
@@ -172,7 +173,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                 "linear: bias has shape {}, expected [{}] (the weight's rows)",
                 shape_str(bias.shape()), weight.size(0));
     }
-    if (kernels::cuda::linear_lt(x, weight, bias, out)) return out;  // Note [cublasLt linear]
+    if (kernels::cuda::linear_lt(x, weight, bias, out)) {  // Note [cublasLt linear]
+      planted_fault::after("linear", x.device(), out);     // Note [planted faults]
+      return out;
+    }
   }
   if (!bias.defined()) return matmul(x, weight, {.trans_b = true});
   if (!is_16bit(x.dtype())) return add_bias_rows(matmul(x, weight, {.trans_b = true}), bias);
@@ -212,7 +216,10 @@ LinearParamGrads linear_param_grads(const Tensor& grad, const Tensor& x, DType w
   if (with_bias && grad.device().is_cuda() && is_16bit(grad.dtype()) && x.dtype() == grad.dtype() &&
       weight_dtype == DType::f32) {
     Tensor bias = empty({out}, {.device = grad.device()});
-    if (kernels::cuda::linear_weight_grad_lt(grad, x, into, bias)) return {into, bias};
+    if (kernels::cuda::linear_weight_grad_lt(grad, x, into, bias)) {
+      planted_fault::after("linear_param_grads", x.device(), into, bias);
+      return {into, bias};
+    }
   }
   matmul_out(grad, x, into, {.trans_a = true});
   return {into, with_bias ? sum(grad, 0) : Tensor()};

@@ -9,6 +9,7 @@
 #include "runtime/ops/cuda/sdpa_cudnn.h"
 #include "runtime/ops/dispatch.h"
 #include "runtime/ops/ops.h"
+#include "runtime/planted_fault.h"
 
 #include <algorithm>
 #include <mutex>
@@ -141,7 +142,10 @@ LinearGelu linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias
   if (gelu_epilogue_fits({&x, &weight, &bias})) {
     Tensor out = empty({x.size(0), weight.size(0)}, {.dtype = x.dtype(), .device = x.device()});
     Tensor pre = like(out);
-    if (kernels::cuda::linear_gelu_lt(x, weight, bias, out, pre)) return {out, pre};
+    if (kernels::cuda::linear_gelu_lt(x, weight, bias, out, pre)) {
+      planted_fault::after("linear_gelu", x.device(), out, pre);  // Note [planted faults]
+      return {out, pre};
+    }
   }
   Tensor pre = linear(x, weight, bias);
   return {gelu(pre), pre};
@@ -158,7 +162,10 @@ Tensor linear_input_grad_gelu(const Tensor& grad, const Tensor& weight, const Te
             shape_str(grad.shape()), shape_str(weight.shape()), shape_str(pre.shape()));
   if (gelu_epilogue_fits({&grad, &weight, &pre})) {
     Tensor grad_pre = like(pre);
-    if (kernels::cuda::linear_input_grad_dgelu_lt(grad, weight, pre, grad_pre)) return grad_pre;
+    if (kernels::cuda::linear_input_grad_dgelu_lt(grad, weight, pre, grad_pre)) {
+      planted_fault::after("linear_input_grad_gelu", grad.device(), grad_pre);
+      return grad_pre;
+    }
   }
   return gelu_backward(matmul(grad, weight), pre);
 }
@@ -386,7 +393,10 @@ AttentionResult causal_self_attention(const Tensor& qkv, int64_t heads, Attentio
     AttentionResult r{empty({b, t, c}, {.dtype = qkv.dtype(), .device = qkv.device()}), Tensor(),
                       empty({b, heads, t, 1}, {.device = qkv.device()}), path};
     std::string why;
-    if (kernels::cuda::fused_attention_forward(qkv, heads, r.y, r.stats, &why)) return r;
+    if (kernels::cuda::fused_attention_forward(qkv, heads, r.y, r.stats, &why)) {
+      planted_fault::after("causal_self_attention", qkv.device(), r.y, r.stats);
+      return r;
+    }
     if (path == AttentionPath::fused) {
       throw DeviceError(
           fmt::format("causal_self_attention: the fused attention cannot run: {}", why));
@@ -428,6 +438,7 @@ Tensor causal_self_attention_backward(const Tensor& grad_y, const Tensor& qkv,
   std::string why;
   if (kernels::cuda::fused_attention_backward(grad_y, qkv, forward.y, forward.stats, heads,
                                               grad_qkv, &why)) {
+    planted_fault::after("causal_self_attention_backward", qkv.device(), grad_qkv);
     return grad_qkv;
   }
   // A forward that ran fused whose backward cannot (the forward builds both plans, so

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Plants each fault of a table in an op's output and checks that the tests named for
+# it fail (Note [planted faults] in runtime/planted_fault.h). See --help.
+set -uo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+usage() {
+  cat <<'EOF'
+usage: bench/gpu/planted_faults.sh --tests BIN [options]
+
+For every line of the table (default bench/gpu/planted_faults.txt: OP:ARG:MODE, gpu
+tests, cpu tests), runs BIN --gtest_filter=<that device's tests> with
+DDP_TEST_PLANT_FAULT=DEVICE:OP:ARG:MODE, which corrupts that op's output on that
+device after every call, and reports each fault as
+  caught       the tests failed, and the fault was applied
+  NOT CAUGHT   the tests passed although the fault was applied: a test that cannot fail
+  not reached  the tests never ran the op on DEVICE (a wrong filter, ARG or op name,
+               or tests that skipped)
+A line ends with "applied N time(s)" from the process. Lines whose tests for DEVICE
+are "-" are left out.
+
+options:
+  --tests BIN       the gtest binary: ddp_gpu_tests with --device cuda (on a GPU),
+                    ddp_unit_tests with --device cpu (the CPU check of the table)
+  --device D        cuda (default) or cpu: which column, and the fault's device
+  --table FILE      the table (default: planted_faults.txt next to this script)
+  --only REGEX      only the lines whose fault matches REGEX (grep -E)
+  --timeout S       seconds for each run (default 120)
+  --log FILE        every run's output, appended (default: none)
+  -h, --help        this help
+
+Exit code: 0 when every fault was caught, 1 otherwise, 2 usage error.
+EOF
+}
+
+tests="" device=cuda table="$here/planted_faults.txt" only="" timeout_s=120 log=/dev/null
+die_usage() { echo "planted_faults.sh: $*" >&2; exit 2; }
+need_value() { [[ $# -ge 2 && -n "$2" ]] || die_usage "$1 needs a value (see --help)"; }
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --tests) need_value "$@"; tests="$2"; shift 2 ;;
+    --device) need_value "$@"; device="$2"; shift 2 ;;
+    --table) need_value "$@"; table="$2"; shift 2 ;;
+    --only) need_value "$@"; only="$2"; shift 2 ;;
+    --timeout) need_value "$@"; timeout_s="$2"; shift 2 ;;
+    --log) need_value "$@"; log="$2"; shift 2 ;;
+    -h | --help) usage; exit 0 ;;
+    *) die_usage "unknown option '$1'; valid: --tests, --device, --table, --only, --timeout, --log, --help" ;;
+  esac
+done
+[[ -n "$tests" ]] || die_usage "--tests BIN is required (ddp_gpu_tests or ddp_unit_tests)"
+[[ -x "$tests" ]] || die_usage "--tests $tests: not an executable file"
+[[ $device == cuda || $device == cpu ]] || die_usage "--device '$device': valid values are cuda, cpu"
+[[ -r "$table" ]] || die_usage "--table $table: no such file"
+[[ $timeout_s =~ ^[0-9]+$ && $timeout_s -gt 0 ]] || die_usage "--timeout '$timeout_s': expected whole seconds > 0"
+
+column=2
+[[ $device == cpu ]] && column=3
+caught=0 missed=0 unreached=0 total=0
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+while read -r fault gpu cpu rest; do
+  [[ -z "$fault" || "$fault" == \#* ]] && continue
+  [[ -n "$rest" || -z "$cpu" ]] && { echo "planted_faults.sh: $table: '$fault $gpu $cpu $rest': expected three columns" >&2; exit 2; }
+  [[ -n "$only" ]] && ! grep -qE -- "$only" <<<"$fault" && continue
+  filter=$gpu
+  [[ $column -eq 3 ]] && filter=$cpu
+  [[ "$filter" == "-" ]] && continue
+  total=$((total + 1))
+  spec="$device:$fault"
+  DDP_TEST_PLANT_FAULT="$spec" timeout "$timeout_s" "$tests" --gtest_filter="$filter" >"$out" 2>&1
+  rc=$?
+  { echo "==== $spec ($filter): exit $rc"; cat "$out"; } >>"$log"
+  applied=$(sed -n 's/^ddp: planted fault .* applied \([0-9][0-9]*\) time(s)$/\1/p' "$out" | tail -1)
+  applied=${applied:-0}
+  passed=$(sed -n 's/^\[  PASSED  \] \([0-9][0-9]*\) test.*/\1/p' "$out" | tail -1)
+  failed=$(grep -c '^\[  FAILED  \] .* ([0-9]* ms)$' "$out")
+  if [[ $applied -eq 0 ]]; then
+    verdict="not reached"
+    unreached=$((unreached + 1))
+  elif [[ $rc -ne 0 ]]; then
+    verdict="caught"
+    caught=$((caught + 1))
+  else
+    verdict="NOT CAUGHT"
+    missed=$((missed + 1))
+  fi
+  printf '%-12s %-44s %s passed, %s failed, exit %s, applied %s time(s)\n' "$verdict" "$spec" \
+    "${passed:-0}" "$failed" "$rc" "$applied"
+done <"$table"
+echo "planted faults on $device: $caught of $total caught, $missed not caught, $unreached not reached"
+[[ $total -gt 0 && $caught -eq $total ]]
