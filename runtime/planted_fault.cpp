@@ -1,6 +1,7 @@
 // Note [planted faults] in planted_fault.h.
 #include "runtime/planted_fault.h"
 
+#include "runtime/cuda/cuda_api.h"
 #include "runtime/cuda_graph.h"
 #include "runtime/env.h"
 #include "runtime/error.h"
@@ -12,6 +13,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <exception>
 #include <mutex>
 
 namespace ddp::planted_fault {
@@ -39,36 +42,28 @@ struct Fault {
 
 struct State {
   std::mutex mutex;
-  bool parsed = false;
-  std::string pending;     // the variable's spec, parsed at the first op
-  bool malformed = false;  // it did not parse
+  std::string from_env;    // the variable's value ("" when unset)
+  bool malformed = false;  // it did not parse (reported at startup)
   Fault fault;
   std::atomic<int64_t> applied{0};
-  ~State() {
-    if (malformed) {
-      std::fprintf(stderr, "ddp: planted fault %s is malformed: applied 0 time(s)\n",
-                   pending.c_str());
-    } else if (!fault.spec.empty()) {
-      std::fprintf(stderr, "ddp: planted fault %s applied %lld time(s)\n", fault.spec.c_str(),
-                   static_cast<long long>(applied.load()));
-    }
-  }
 };
 
+// Never destroyed: an op may still run while static objects are being destroyed.
 State& state() {
-  static State s;
-  return s;
+  static State* s = new State();
+  return *s;
 }
 
-// Reads the variable once, as the process starts (a malformed value is reported at
-// the first op, where a ValueError can reach the caller).
-[[maybe_unused]] const bool g_from_env = [] {
-  const char* value = std::getenv(env::kTestPlantFault);
-  if (value == nullptr || *value == '\0') return false;
-  state().pending = value;
-  detail::g_armed.store(true, std::memory_order_relaxed);
-  return true;
-}();
+void report_at_exit() {
+  State& s = state();
+  if (s.malformed) {
+    std::fprintf(stderr, "ddp: planted fault %s is malformed: applied 0 time(s)\n",
+                 s.from_env.c_str());
+  } else if (!s.fault.spec.empty()) {
+    std::fprintf(stderr, "ddp: planted fault %s applied %lld time(s)\n", s.fault.spec.c_str(),
+                 static_cast<long long>(s.applied.load()));
+  }
+}
 
 Fault parse(const std::string& spec) {
   std::vector<std::string> parts;
@@ -107,35 +102,66 @@ Fault parse(const std::string& spec) {
   return f;
 }
 
-// v + 1 + |v| for the element at `index` of t's logical order, or every element times
-// `factor`; through the host, in f32 for the 16-bit types.
-void corrupt(const Tensor& t, const Fault& f) {
-  if (!t.defined() || t.numel() == 0) return;
+// Reads and parses the variable once, as the process starts. A malformed value is
+// reported there (a ValueError from an op could end a thread that cannot take one)
+// and leaves the process without a fault.
+[[maybe_unused]] const bool g_from_env = [] {
+  const char* value = std::getenv(env::kTestPlantFault);
+  if (value == nullptr || *value == '\0') return false;
+  State& s = state();
+  s.from_env = value;
+  std::atexit(report_at_exit);
+  try {
+    s.fault = parse(value);
+  } catch (const std::exception& e) {
+    s.malformed = true;
+    std::fprintf(stderr, "ddp: %s\n", e.what());
+    return false;
+  }
+  detail::g_armed.store(true, std::memory_order_relaxed);
+  return true;
+}();
+
+// v + 1 + |v| for the tensor's first or last element, or every element times
+// `factor`; through the host (in f32 for the 16-bit types) on the current stream.
+// Whether anything changed: not for an empty tensor, an infinity or a NaN at the end,
+// or integers a scale keeps.
+bool corrupt(const Tensor& t, const Fault& f) {
+  if (!t.defined() || t.numel() == 0) return false;
   const Tensor host = t.cpu();
-  const int64_t n = host.numel();
-  const int64_t at = f.mode == Mode::first ? 0 : n - 1;
-  Tensor changed;
+  const auto n = static_cast<size_t>(host.numel());
+  const size_t at = f.mode == Mode::first ? 0 : n - 1;
+  bool changed = false;
+  Tensor out;
   if (is_floating(t.dtype())) {
-    std::vector<float> v = cast(host, DType::f32).to_vector<float>();
+    const std::vector<float> before = cast(host, DType::f32).to_vector<float>();
+    std::vector<float> v = before;
     if (f.mode == Mode::scale) {
       for (float& x : v) x = static_cast<float>(x * f.factor);
     } else {
-      v[static_cast<size_t>(at)] += 1.0f + std::fabs(v[static_cast<size_t>(at)]);
+      v[at] += 1.0f + std::fabs(v[at]);
     }
-    changed = cast(from_vector(v, host.shape()), t.dtype());
+    out = cast(from_vector(v, host.shape()), t.dtype());
+    const std::vector<float> after = cast(out, DType::f32).to_vector<float>();
+    for (size_t i = 0; i < n && !changed; ++i) {
+      changed = std::memcmp(&after[i], &before[i], sizeof(float)) != 0;
+    }
   } else {
-    Tensor wide = cast(host, DType::i64);
-    std::vector<int64_t> v = wide.to_vector<int64_t>();
+    const std::vector<int64_t> before = cast(host, DType::i64).to_vector<int64_t>();
+    std::vector<int64_t> v = before;
     if (f.mode == Mode::scale) {
       for (int64_t& x : v) x = static_cast<int64_t>(static_cast<double>(x) * f.factor);
     } else {
-      v[static_cast<size_t>(at)] += 1;
+      v[at] += 1;
     }
-    changed = cast(from_vector(v, host.shape()), t.dtype());
+    out = cast(from_vector(v, host.shape()), t.dtype());
+    changed = cast(out, DType::i64).to_vector<int64_t>() != before;
   }
+  if (!changed) return false;
   Tensor dst = t;
-  copy_(dst, changed.to(t.device()));
-  synchronize(t.device());
+  copy_(dst, out.to(t.device()));
+  current_stream(t.device()).synchronize();
+  return true;
 }
 
 thread_local bool t_inside = false;  // the fault's own copies are ops too
@@ -150,44 +176,44 @@ void apply(const char* op, const Device& device, const std::vector<std::vector<T
   Fault f;
   {
     const std::lock_guard<std::mutex> lock(s.mutex);
-    if (!s.parsed) {
-      s.parsed = true;
-      try {
-        s.fault = parse(s.pending);
-      } catch (...) {  // reported once, here and at exit; the process runs on without it
-        s.malformed = true;
-        detail::g_armed.store(false, std::memory_order_relaxed);
-        throw;
-      }
-    }
     f = s.fault;
   }
   if (f.spec.empty() || device.type != f.device || f.op != op || f.arg >= tensors.size()) return;
   if (is_capturing(device)) return;
   t_inside = true;
+  const cuda_api::UncountedSyncs uncounted;  // the fault's syncs are not the op's
+  bool changed = false;
   try {
     const std::vector<Tensor>& target = tensors[f.arg];
     if (f.mode == Mode::scale) {
-      for (const Tensor& t : target) corrupt(t, f);
-    } else if (!target.empty()) {
-      // A list: its first tensor's first element, or its last tensor's last.
-      corrupt(f.mode == Mode::first ? target.front() : target.back(), f);
+      for (const Tensor& t : target) changed = corrupt(t, f) || changed;
+    } else if (f.mode == Mode::first) {  // a list: its first non-empty tensor's first
+      for (auto it = target.begin(); it != target.end() && !changed; ++it)
+        changed = corrupt(*it, f);
+    } else {  // its last non-empty tensor's last
+      for (auto it = target.rbegin(); it != target.rend() && !changed; ++it)
+        changed = corrupt(*it, f);
     }
   } catch (...) {
     t_inside = false;
     throw;
   }
   t_inside = false;
-  s.applied.fetch_add(1);
+  if (changed && s.applied.fetch_add(1) == 0) {
+    // At once too: a run that crashes or times out never reaches the line at exit.
+    std::fprintf(stderr, "ddp: planted fault %s applied for the first time\n", f.spec.c_str());
+    std::fflush(stderr);
+  }
 }
 
 }  // namespace detail
 
 void set(const std::string& spec) {
+  Fault f = spec.empty() ? Fault{} : parse(spec);  // throws before changing anything
   State& s = state();
   const std::lock_guard<std::mutex> lock(s.mutex);
-  s.fault = spec.empty() ? Fault{} : parse(spec);
-  s.parsed = true;
+  s.fault = std::move(f);
+  s.malformed = false;
   s.applied.store(0);
   detail::g_armed.store(!spec.empty(), std::memory_order_relaxed);
 }

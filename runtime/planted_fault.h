@@ -17,20 +17,22 @@
 //   linear, linear_param_grads, linear_gelu, linear_input_grad_gelu,
 //   causal_self_attention, causal_self_attention_backward (their results);
 // - ARG: which tensor, 0-based among the op's tensor arguments in the profile's order
-//   (a list of tensors counts as one; the fault then hits its first tensor for `first`,
-//   its last for `last`, every one for `scale`); for the ops of the second kind above,
-//   among their results;
+//   (a list of tensors counts as one; the fault then hits its first non-empty tensor
+//   for `first`, its last for `last`, every one for `scale`); for the ops of the
+//   second kind above, among their results (linear:0 is its output);
 // - MODE: `first` or `last` (that element, in the tensor's logical order, becomes
 //   v + 1 + |v|: a wrong or unwritten element at either end, where vector heads and
 //   tails go wrong), or `scale=X` (every element times X: a numerical error of 1 - X).
 //
-// Every call of OP on DEVICE is corrupted, through host copies (the device is
-// synchronized; a thread capturing a CUDA graph is left alone). At exit the process
-// prints to stderr "ddp: planted fault SPEC applied N time(s)", so that a harness
-// tells a fault its test caught from one its test never reached
-// (bench/gpu/planted_faults.sh). Off (the variable unset), an op pays one relaxed
-// load. A malformed value is a ValueError at the first op, naming the form; the
-// process then runs without a fault, and says so at exit.
+// Every call of OP on DEVICE is corrupted, through host copies on the current stream
+// (whose synchronizations cuda_api::host_sync_count does not count); a thread
+// capturing a CUDA graph is left alone, and a call where nothing changes (an empty
+// tensor, an infinity at the end) does not count. The process prints to stderr
+// "ddp: planted fault SPEC applied for the first time" when it first applies and
+// "... applied N time(s)" at exit, so that a harness tells a fault its tests caught
+// from one they never reached, even after a crash (bench/gpu/planted_faults.sh). Off
+// (the variable unset), an op pays one relaxed load. A malformed value is reported on
+// stderr as the process starts, which then runs without a fault.
 #pragma once
 
 #include "runtime/device.h"
@@ -74,7 +76,8 @@ void after(const char* op, const Device& device, const Args&... args) {
 }
 
 // Arms `spec` (the variable's form) for this process, or disarms with ""; for tests.
-// ValueError naming the form when spec is malformed. Resets the count.
+// ValueError naming the form when spec is malformed (nothing changes then). Resets the
+// count.
 void set(const std::string& spec);
 // How often the armed fault was applied since it was armed.
 int64_t applied();

@@ -12,11 +12,14 @@ usage: bench/gpu/planted_faults.sh --tests BIN [options]
 For every line of the table (default bench/gpu/planted_faults.txt: OP:ARG:MODE, gpu
 tests, cpu tests), runs BIN --gtest_filter=<that device's tests> with
 DDP_TEST_PLANT_FAULT=DEVICE:OP:ARG:MODE, which corrupts that op's output on that
-device after every call, and reports each fault as
-  caught       the tests failed, and the fault was applied
-  NOT CAUGHT   the tests passed although the fault was applied: a test that cannot fail
-  not reached  the tests never ran the op on DEVICE (a wrong filter, ARG or op name,
-               or tests that skipped)
+device after every call. Each filter first runs once without a fault and must pass
+(else its lines are "no baseline"). Then each fault is reported as
+  caught       the tests failed (or crashed) with the fault applied
+  NOT CAUGHT   the tests passed although the fault changed the op's output: tests
+               that do not look at that output, or too loosely
+  not reached  the fault never changed an output (a wrong filter, ARG or op name,
+               tests that skipped, or outputs it cannot change: empty, infinite)
+  timed out    the run took longer than --timeout
 A line ends with "applied N time(s)" from the process. Lines whose tests for DEVICE
 are "-" are left out.
 
@@ -57,9 +60,11 @@ done
 
 column=2
 [[ $device == cpu ]] && column=3
-caught=0 missed=0 unreached=0 total=0
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
+
+# The table's lines for this device: fault and filter.
+faults=() filters=()
 while read -r fault gpu cpu rest; do
   [[ -z "$fault" || "$fault" == \#* ]] && continue
   [[ -n "$rest" || -z "$cpu" ]] && { echo "planted_faults.sh: $table: '$fault $gpu $cpu $rest': expected three columns" >&2; exit 2; }
@@ -67,16 +72,54 @@ while read -r fault gpu cpu rest; do
   filter=$gpu
   [[ $column -eq 3 ]] && filter=$cpu
   [[ "$filter" == "-" ]] && continue
-  total=$((total + 1))
-  spec="$device:$fault"
-  DDP_TEST_PLANT_FAULT="$spec" timeout "$timeout_s" "$tests" --gtest_filter="$filter" >"$out" 2>&1
+  faults+=("$fault") filters+=("$filter")
+done <"$table"
+
+# run SPEC FILTER: the tests under the fault SPEC ("" for none) into $out; sets rc,
+# applied (how often the fault changed an output), passed and failed.
+run() {
+  if [[ -n "$1" ]]; then
+    DDP_TEST_PLANT_FAULT="$1" timeout -k 10 "$timeout_s" "$tests" --gtest_filter="$2" >"$out" 2>&1 </dev/null
+  else
+    timeout -k 10 "$timeout_s" "$tests" --gtest_filter="$2" >"$out" 2>&1 </dev/null
+  fi
   rc=$?
-  { echo "==== $spec ($filter): exit $rc"; cat "$out"; } >>"$log"
+  { echo "==== ${1:-no fault} ($2): exit $rc"; cat "$out"; } >>"$log"
   applied=$(sed -n 's/^ddp: planted fault .* applied \([0-9][0-9]*\) time(s)$/\1/p' "$out" | tail -1)
+  # A run that crashed or timed out never printed the count: the first application says it was reached.
+  [[ -z "$applied" ]] && grep -q '^ddp: planted fault .* applied for the first time$' "$out" && applied="1+"
   applied=${applied:-0}
   passed=$(sed -n 's/^\[  PASSED  \] \([0-9][0-9]*\) test.*/\1/p' "$out" | tail -1)
+  passed=${passed:-0}
   failed=$(grep -c '^\[  FAILED  \] .* ([0-9]* ms)$' "$out")
-  if [[ $applied -eq 0 ]]; then
+}
+
+# Each filter once without a fault: it must pass, or its failures say nothing.
+declare -A baseline=()
+for filter in "${filters[@]}"; do
+  [[ -n "${baseline[$filter]+x}" ]] && continue
+  run "" "$filter"
+  if [[ $rc -eq 0 && $passed -gt 0 ]]; then
+    baseline[$filter]=ok
+  else
+    baseline[$filter]="exit $rc, $passed passed, $failed failed"
+    printf '%-12s %-44s %s\n' "BASELINE" "$filter" "fails without a fault: ${baseline[$filter]}"
+  fi
+done
+
+caught=0 missed=0 unreached=0 other=0
+for i in "${!faults[@]}"; do
+  spec="$device:${faults[$i]}" filter=${filters[$i]}
+  if [[ ${baseline[$filter]} != ok ]]; then
+    printf '%-12s %-44s its tests fail without it (%s)\n' "no baseline" "$spec" "${baseline[$filter]}"
+    other=$((other + 1))
+    continue
+  fi
+  run "$spec" "$filter"
+  if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+    verdict="timed out"
+    other=$((other + 1))
+  elif [[ $applied == 0 ]]; then
     verdict="not reached"
     unreached=$((unreached + 1))
   elif [[ $rc -ne 0 ]]; then
@@ -87,7 +130,8 @@ while read -r fault gpu cpu rest; do
     missed=$((missed + 1))
   fi
   printf '%-12s %-44s %s passed, %s failed, exit %s, applied %s time(s)\n' "$verdict" "$spec" \
-    "${passed:-0}" "$failed" "$rc" "$applied"
-done <"$table"
-echo "planted faults on $device: $caught of $total caught, $missed not caught, $unreached not reached"
+    "$passed" "$failed" "$rc" "$applied"
+done
+total=${#faults[@]}
+echo "planted faults on $device: $caught of $total caught, $missed not caught, $unreached not reached, $other timed out or without a passing baseline"
 [[ $total -gt 0 && $caught -eq $total ]]

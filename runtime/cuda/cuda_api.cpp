@@ -75,6 +75,10 @@ const DeviceCount& device_count_once() {
 }
 
 std::atomic<uint64_t> g_host_syncs{0};
+thread_local int t_uncounted_syncs = 0;  // UncountedSyncs scopes open in this thread
+void count_host_sync() {
+  if (t_uncounted_syncs == 0) ++g_host_syncs;
+}
 
 bool has_primary_context(int device);  // below, with the driver query
 
@@ -161,7 +165,7 @@ void set_device(int device) {
 
 void device_synchronize(int device) {
   DeviceGuard guard(device);
-  ++g_host_syncs;
+  count_host_sync();
   DDP_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -275,7 +279,7 @@ void stream_destroy(int device, StreamHandle stream) {
 
 void stream_synchronize(int device, StreamHandle stream) {
   DeviceGuard guard(device);
-  ++g_host_syncs;
+  count_host_sync();
   DDP_CUDA_CHECK(cudaStreamSynchronize(to_stream(stream)));
 }
 
@@ -307,7 +311,7 @@ void event_record(int device, EventHandle event, StreamHandle stream) {
 
 void event_synchronize(int device, EventHandle event) {
   DeviceGuard guard(device);
-  ++g_host_syncs;
+  count_host_sync();
   DDP_CUDA_CHECK(cudaEventSynchronize(to_event(event)));
 }
 
@@ -400,6 +404,13 @@ void graph_destroy(int device, GraphHandle graph) {
 void check_last_error(const char* what) {
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) detail::throw_cuda_error(err, fmt::format("launch of {}", what));
+}
+
+UncountedSyncs::UncountedSyncs() {
+  ++t_uncounted_syncs;
+}
+UncountedSyncs::~UncountedSyncs() {
+  --t_uncounted_syncs;
 }
 
 uint64_t host_sync_count() {

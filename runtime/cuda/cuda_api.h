@@ -85,6 +85,15 @@ void check_last_error(const char* what);
 // synchronizations, in every thread): tests count them to show that a path, such
 // as DDP's backward, never stalls the host. Always 0 in a build without CUDA.
 uint64_t host_sync_count();
+// While one lives, this thread's synchronizations are not counted: a testing aid's own
+// (Note [planted faults]) must not look like the path's.
+class UncountedSyncs {
+ public:
+  UncountedSyncs();
+  ~UncountedSyncs();
+  UncountedSyncs(const UncountedSyncs&) = delete;
+  UncountedSyncs& operator=(const UncountedSyncs&) = delete;
+};
 
 // ---- CUDA graphs (runtime/cuda_graph.h) ----
 using GraphHandle = void*;  // cudaGraphExec_t: an instantiated graph

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 namespace ddp {
@@ -56,6 +57,24 @@ TEST(PlantedFault, ScaleMultipliesEveryElementOfEveryTensorInAList) {
   const std::vector<float> a1 = xs[0].to_vector<float>(), b1 = xs[1].to_vector<float>();
   for (size_t i = 0; i < a0.size(); ++i) EXPECT_EQ(a1[i], a0[i] * 3.0f * 2.0f);
   for (size_t i = 0; i < b0.size(); ++i) EXPECT_EQ(b1[i], b0[i] * 3.0f * 2.0f);
+}
+
+// A list's first (last) non-empty tensor takes `first` (`last`); a call that changes
+// nothing (an empty tensor, infinities) is not counted as applied.
+TEST(PlantedFault, EmptyTensorsAndInfinitiesAreSkippedAndNotCounted) {
+  const Disarm disarm;
+  const Tensor empty_one = zeros({0}), a = randn({4}, 3);
+  const std::vector<float> a0 = a.to_vector<float>();
+  planted_fault::set("cpu:scale_by_multi:0:first");
+  scale_by_(std::vector<Tensor>{empty_one, a}, full({}, 1.0));
+  EXPECT_EQ(planted_fault::applied(), 1);
+  const std::vector<float> a1 = a.to_vector<float>();
+  EXPECT_EQ(a1[0], a0[0] + (1.0f + std::fabs(a0[0])));
+  for (size_t i = 1; i < a0.size(); ++i) EXPECT_EQ(a1[i], a0[i]) << "element " << i;
+  const Tensor inf = full({3}, std::numeric_limits<double>::infinity());
+  planted_fault::set("cpu:scale_by_multi:0:last");
+  scale_by_(std::vector<Tensor>{inf, empty_one}, full({}, 1.0));
+  EXPECT_EQ(planted_fault::applied(), 0) << "an infinity at the end does not change";
 }
 
 TEST(PlantedFault, OtherOpsArgumentsAndDevicesAreLeftAlone) {
