@@ -108,6 +108,10 @@ inline constexpr const char* kLtBiasGrad = "DDP_LT_BIAS_GRAD";
 // epilogue and c_proj's input gradient applies GELU's derivative in its own (Note
 // [gelu epilogues] in ops/cuda/lt_plan.h); default 0 until measured.
 inline constexpr const char* kLtGelu = "DDP_LT_GELU";
+// "0": the autograd engine sums every gradient of a tensor used twice with an add,
+// instead of letting a LayerNorm's backward add x's into the waiting one in its kernel
+// (Note [accumulating into a pending gradient] in runtime/autograd/autograd.h).
+inline constexpr const char* kPendingGradients = "DDP_PENDING_GRADIENTS";
 inline constexpr const char* kTestBf16Emulate = "DDP_TEST_BF16_EMULATE";
 // Testing aid: "1" makes `train --precision bf16` on the CPU run CUDA's autocast rules
 // (Note [autocast]; the CPU widens 16-bit tensors, so it is slow) instead of oneDNN's bf16

@@ -1,7 +1,9 @@
 #include "runtime/autograd/autograd.h"
 
+#include "runtime/env.h"
 #include "runtime/ops/ops.h"
 
+#include <algorithm>
 #include <atomic>
 #include <limits>
 #include <mutex>
@@ -187,6 +189,64 @@ void register_post_accumulate_grad_hook(Tensor& param, GradHook hook) {
   meta(param).post_accumulate_hooks.push_back(std::move(hook));
 }
 
+namespace {
+// The node backward() is running, and the gradients waiting for the nodes its inputs
+// lead to (Note [accumulating into a pending gradient]).
+struct PendingOffer {
+  Node* node = nullptr;
+  std::unordered_map<Node*, Tensor>* buffers = nullptr;
+  std::vector<Node*> handed;  // the children whose waiting gradient was handed out
+};
+thread_local PendingOffer* t_offer = nullptr;
+
+std::atomic<bool>& pending_switch() {  // DDP_PENDING_GRADIENTS, default on
+  static std::atomic<bool> on{env::get_int(env::kPendingGradients).value_or(1) != 0};
+  return on;
+}
+
+class OfferScope {
+ public:
+  OfferScope(PendingOffer& offer) : previous_(t_offer) { t_offer = &offer; }
+  ~OfferScope() { t_offer = previous_; }
+  OfferScope(const OfferScope&) = delete;
+  OfferScope& operator=(const OfferScope&) = delete;
+
+ private:
+  PendingOffer* previous_;
+};
+}  // namespace
+
+bool pending_gradients_enabled() {
+  return pending_switch().load(std::memory_order_relaxed);
+}
+void set_pending_gradients_enabled(bool enabled) {
+  pending_switch().store(enabled, std::memory_order_relaxed);
+}
+
+Tensor pending_gradient(size_t edge, const Tensor& like) {
+  PendingOffer* offer = t_offer;
+  if (!pending_gradients_enabled()) return Tensor();
+  if (offer == nullptr || offer->node == nullptr || edge >= offer->node->next.size()) {
+    return Tensor();
+  }
+  const Edge& e = offer->node->next[edge];
+  Node* child = e.node.get();
+  if (child == nullptr || e.dtype != like.dtype()) return Tensor();
+  if (std::find(offer->handed.begin(), offer->handed.end(), child) != offer->handed.end()) {
+    return Tensor();
+  }
+  const auto it = offer->buffers->find(child);
+  if (it == offer->buffers->end() || !it->second.defined()) return Tensor();
+  const Tensor& waiting = it->second;
+  const bool sole_owner = waiting.impl_ptr().use_count() == 1 && waiting.storage().use_count() == 1;
+  if (!sole_owner || waiting.dtype() != like.dtype() || waiting.shape() != like.shape() ||
+      waiting.device() != like.device()) {
+    return Tensor();
+  }
+  offer->handed.push_back(child);
+  return waiting;
+}
+
 void backward(const Tensor& root, const Tensor& grad_root) {
   DDP_CHECK(requires_grad(root),
             "backward: the tensor does not require grad and has no grad_fn; did a parameter miss "
@@ -212,7 +272,11 @@ void backward(const Tensor& root, const Tensor& grad_root) {
     Tensor g = std::move(buffers[node.get()]);
     buffers.erase(node.get());
     std::vector<Tensor> outs;
-    if (g.defined()) outs = node->apply(g);
+    if (g.defined()) {
+      PendingOffer offer{.node = node.get(), .buffers = &buffers, .handed = {}};
+      const OfferScope offering(offer);
+      outs = node->apply(g);
+    }
     node->release();
     for (size_t i = 0; i < node->next.size(); ++i) {
       const auto& child = node->next[i].node;
@@ -221,7 +285,11 @@ void backward(const Tensor& root, const Tensor& grad_root) {
         // Note [gradient dtypes]
         if (outs[i].dtype() != node->next[i].dtype) outs[i] = cast(outs[i], node->next[i].dtype);
         Tensor& buf = buffers[child.get()];
-        buf = buf.defined() ? add(buf, outs[i]) : outs[i];
+        // The waiting gradient itself comes back when the op added into it (Note
+        // [accumulating into a pending gradient]): nothing left to add.
+        if (!buf.defined() || buf.impl_ptr() != outs[i].impl_ptr()) {
+          buf = buf.defined() ? add(buf, outs[i]) : outs[i];
+        }
       }
       if (--deps[child.get()] == 0) ready.push({child, order++});
     }

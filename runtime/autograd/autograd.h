@@ -90,6 +90,29 @@ Tensor gradient_destination(const Tensor& param);
 // the seed gradient is 1. Throws ValueError if root does not require grad.
 void backward(const Tensor& root, const Tensor& grad_root = Tensor());
 
+// Note [accumulating into a pending gradient]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A tensor used twice (GPT's residual stream: by the next residual add and by a
+// LayerNorm) gets two gradients, which the engine sums: the op's gradient written
+// out, then read again with the waiting one by an add (12 bytes an f32 element of
+// traffic beyond the op's own, and a launch). Instead, while backward() runs a node,
+// the gradient already waiting for its input `edge` may be handed to it: the node's
+// op adds its own gradient into that tensor in the same kernel that computes it, and
+// returns that tensor; the engine, getting back the tensor it holds, adds nothing.
+// llm.c's LayerNorm backward accumulates into the residual stream's gradient so.
+// - Handed out only when nobody else holds it (the engine's buffer is its only
+//   reference, so the write in place cannot change a tensor anyone sees), when its
+//   shape, dtype and device are those of `like` (the input), and once per input.
+// - An op that takes it adds its value v to the waiting w as w + v, rounded once (no
+//   fused multiply-add): the bits of the engine's add(w, v). Results do not change.
+// - An op may also ignore it and return a new gradient: the engine adds as before.
+// Returns undefined outside a node's backward, or when there is no such gradient.
+Tensor pending_gradient(size_t edge, const Tensor& like);
+// Whether backward() hands waiting gradients out (DDP_PENDING_GRADIENTS, default on);
+// off, every sum is an add (for tests and measurements that compare the two).
+bool pending_gradients_enabled();
+void set_pending_gradients_enabled(bool enabled);
+
 // Grad mode: while disabled (NoGradGuard), ops record nothing. Per thread
 // (Note [autograd and threads] in autograd.cpp: forward may record in several threads).
 bool grad_mode_enabled();

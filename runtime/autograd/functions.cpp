@@ -420,7 +420,11 @@ Tensor recorded_norm(const LayerNormResult& r, const Tensor& x, const Tensor& we
   LayerNormResult saved{Tensor(), r.mean, r.rstd};
   return recorded(r.out, "LayerNormBackward", {&x, &weight, &bias},
                   [x, weight, saved = std::move(saved)](const Tensor& g) {
-                    auto grads = ddp::layer_norm_backward(g, x, saved, weight);
+                    // x's gradient added into the one waiting from x's other use (the
+                    // residual stream's): Note [accumulating into a pending gradient].
+                    auto grads = ddp::layer_norm_backward(
+                        g, x, saved, weight,
+                        x.dtype() == DType::f32 ? pending_gradient(0, x) : Tensor());
                     return std::vector<Tensor>{grads.x, grads.weight, grads.bias};
                   });
 }

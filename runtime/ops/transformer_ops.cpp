@@ -225,7 +225,8 @@ AddLayerNormResult add_layer_norm(const Tensor& x, const Tensor& y, const Tensor
 }
 
 LayerNormGrads layer_norm_backward(const Tensor& grad, const Tensor& x,
-                                   const LayerNormResult& saved, const Tensor& weight) {
+                                   const LayerNormResult& saved, const Tensor& weight,
+                                   const Tensor& into_x) {
   check_same_device({&grad, &x, &saved.mean, &saved.rstd, &weight});
   check_float("layer_norm_backward", grad, "grad");
   if (is_16bit(x.dtype())) {  // the forward widened it: so does the backward
@@ -234,7 +235,7 @@ LayerNormGrads layer_norm_backward(const Tensor& grad, const Tensor& x,
     return g;
   }
   check_f32("layer_norm_backward", x, "input");
-  if (widen_on_cpu({&grad})) return layer_norm_backward(widened(grad), x, saved, weight);
+  if (widen_on_cpu({&grad})) return layer_norm_backward(widened(grad), x, saved, weight, into_x);
   check_same_shape("layer_norm_backward", grad, x);
   check_last_dim("layer_norm_backward", x);
   check_row_param(weight, x, "weight");
@@ -246,10 +247,17 @@ LayerNormGrads layer_norm_backward(const Tensor& grad, const Tensor& x,
               "pass the LayerNormResult of the forward",
               shape_str(stat->shape()), rows, shape_str(x.shape()));
   }
-  LayerNormGrads g{like(x), like(weight), like(weight)};
+  const bool accumulate = into_x.defined();
+  if (accumulate) {
+    check_same_device({&x, &into_x});
+    DDP_CHECK(into_x.dtype() == DType::f32 && into_x.shape() == x.shape(),
+              "layer_norm_backward: the gradient to add into is {} {}, expected f32 {} (x's)",
+              dtype_name(into_x.dtype()), shape_str(into_x.shape()), shape_str(x.shape()));
+  }
+  LayerNormGrads g{accumulate ? into_x : like(x), like(weight), like(weight)};
   if (rows > 0) {
     DDP_DISPATCH(x.device(), layer_norm_backward, grad, x, saved.mean, saved.rstd, weight, g.x,
-                 g.weight, g.bias);
+                 g.weight, g.bias, accumulate);
   } else {
     fill_(g.weight, 0.0);
     fill_(g.bias, 0.0);

@@ -69,8 +69,13 @@ AddLayerNormResult add_layer_norm(const Tensor& x, const Tensor& y, const Tensor
 struct LayerNormGrads {
   Tensor x, weight, bias;
 };
+// into_x: a gradient of x already summed elsewhere (f32, x's shape and device), or
+// undefined; when given for an f32 x, x's gradient is added into it in place and it is
+// returned as .x (one kernel instead of the gradient and an add: Note [accumulating
+// into a pending gradient] in autograd.h); else .x is new.
 LayerNormGrads layer_norm_backward(const Tensor& grad, const Tensor& x,
-                                   const LayerNormResult& saved, const Tensor& weight);
+                                   const LayerNormResult& saved, const Tensor& weight,
+                                   const Tensor& into_x = Tensor());
 
 // weight [V, d], indices i64 of any shape -> indices.shape + [d]. An index outside
 // [0, V) throws ValueError naming it, its position and V on the CPU; on CUDA (where

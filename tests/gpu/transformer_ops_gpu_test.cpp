@@ -100,6 +100,43 @@ TEST(TransformerOpsGpu, LayerNormAndBackwardMatchCpuAndAreDeterministic) {
   }
 }
 
+// Note [accumulating into a pending gradient]: on the GPU, x's gradient added into a
+// waiting one in the same kernel has the bits of the gradient then an add there (no
+// fused multiply-add), for an f32 and a bf16 incoming gradient, on a view off a
+// 16-byte vector too (the element-by-element path), and matches the CPU.
+TEST(TransformerOpsGpu, LayerNormBackwardAddsIntoAWaitingGradientAsTheAdd) {
+  DDP_REQUIRE_CUDA();
+  uint64_t seed = 60;
+  for (const Shape& shape : {Shape{4, 64, 768}, Shape{3, 7, 33}, Shape{9, 1}}) {
+    for (DType g_dtype : {DType::f32, DType::bf16}) {
+      for (const int64_t offset : {0, 1}) {
+        SCOPED_TRACE(shape_str(shape) + " grad " + std::string(dtype_name(g_dtype)) + " offset " +
+                     std::to_string(offset));
+        const int64_t d = shape.back();
+        const Tensor x = add(randn(shape, ++seed), full(shape, 20.0f));
+        const Tensor w = randn({d}, ++seed), b = randn({d}, ++seed);
+        const Tensor g = cast(randn(shape, ++seed), g_dtype), waiting = randn(shape, ++seed);
+        const Tensor gx = x.to(kGpu), gw = w.to(kGpu), gg = g.to(kGpu);
+        const LayerNormResult r = layer_norm(gx, gw, b.to(kGpu));
+        const LayerNormGrads plain = layer_norm_backward(gg, gx, r, gw);
+        const Tensor want = add(waiting.to(kGpu), plain.x);
+        // The waiting gradient `offset` floats into a bigger buffer: off a vector.
+        int64_t n = 1;
+        for (const int64_t e : shape) n *= e;
+        const Tensor buffer = zeros({n + offset}, {.device = kGpu});
+        Tensor into = buffer.flat_view(offset, shape);
+        copy_(into, waiting.to(kGpu));
+        const LayerNormGrads got = layer_norm_backward(gg, gx, r, gw, into);
+        EXPECT_EQ(got.x.data_ptr(), into.data_ptr());
+        expect_same_bytes(got.x, want);
+        expect_same_bytes(got.weight, plain.weight);
+        const LayerNormResult cpu = layer_norm(x, w, b);
+        expect_close(got.x, add(waiting, layer_norm_backward(g, x, cpu, w).x), 1e-4);
+      }
+    }
+  }
+}
+
 // Note [residual layer norm]: on the GPU the fused kernel gives the bits of add then
 // layer_norm there (the same device code), and matches the CPU's fused op, for an f32
 // and a bf16 branch and an f32 and a bf16 output, at GPT-2's row (768) and odd shapes.

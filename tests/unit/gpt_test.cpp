@@ -8,9 +8,11 @@
 #include "runtime/autograd/autocast.h"
 #include "runtime/autograd/functions.h"
 #include "runtime/ops/ops.h"
+#include "runtime/profile.h"
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -257,6 +259,51 @@ TEST(Gpt, APaddedHeadGivesTheUnpaddedModelsLossAndGradients) {
               return F::lm_head(x, w, 10);
             }).find("lm_head: 10 columns for a weight of 11 rows"),
             std::string::npos);
+}
+
+// Note [accumulating into a pending gradient]: each LayerNorm adds x's gradient into
+// the residual stream's waiting one (ln_1 and ln_2 of every layer), so a step runs
+// 2 x layers fewer adds, and every gradient keeps its bits; f32 and bf16 autocast.
+TEST(Gpt, LayerNormsAddIntoTheResidualGradientWithTheBitsOfTheAdds) {
+  const std::string spec = "gpt:layers=3,d=16,heads=2,ctx=6,vocab=13";
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16 autocast" : "f32");
+    std::vector<std::vector<Tensor>> grads;
+    std::vector<int64_t> adds;
+    for (const bool pending : {false, true}) {
+      set_pending_gradients_enabled(pending);
+      const auto model = model_of(spec);
+      randomize(*model, 100);
+      const Tensor tokens = tokens_of(2, 6, 13, 3), targets = tokens_of(2, 6, 13, 4);
+      Tensor loss;
+      {
+        const AutocastGuard autocast(DType::bf16, bf16);
+        loss = lm_loss(model->forward(tokens), targets);
+      }
+      profile::start();
+      backward(loss);
+      const profile::Report report = profile::stop();
+      int64_t binary = 0;
+      for (const profile::OpTime& t : report.by_op()) {
+        if (t.op == "binary") binary += t.calls;
+      }
+      adds.push_back(binary);
+      std::vector<Tensor> g;
+      for (const auto& [name, p] : model->named_parameters()) g.push_back(grad(p));
+      grads.push_back(std::move(g));
+    }
+    set_pending_gradients_enabled(true);
+    EXPECT_EQ(adds[0] - adds[1], 2 * 3) << "adds without " << adds[0] << ", with " << adds[1];
+    ASSERT_EQ(grads[0].size(), grads[1].size());
+    for (size_t i = 0; i < grads[0].size(); ++i) {
+      const auto a = grads[0][i].to_vector<float>(), b = grads[1][i].to_vector<float>();
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t k = 0; k < a.size(); ++k) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(a[k]), std::bit_cast<uint32_t>(b[k]))
+            << "parameter " << i << " element " << k;
+      }
+    }
+  }
 }
 
 TEST(Gpt, InitIsGpt2s) {

@@ -202,6 +202,41 @@ void expect_same_bits(const Tensor& got, const Tensor& want, const std::string& 
   }
 }
 
+// Note [accumulating into a pending gradient]: a gradient to add into gets x's
+// gradient added in place, with the bits of the gradient then add; it is returned as
+// .x, and a bad one is named.
+TEST(TransformerOps, LayerNormBackwardAddsIntoAGivenGradientWithTheBitsOfAnAdd) {
+  for (const int64_t d : {1, 7, 8, 33, 768}) {
+    SCOPED_TRACE(fmt::format("d = {}", d));
+    const Tensor x = randn({5, d}, 1), w = randn({d}, 2), b = randn({d}, 3);
+    const Tensor g = randn({5, d}, 4), waiting = randn({5, d}, 5);
+    const LayerNormResult r = layer_norm(x, w, b);
+    const LayerNormGrads plain = layer_norm_backward(g, x, r, w);
+    const Tensor want = add(waiting, plain.x);
+    Tensor into = waiting.clone();
+    const LayerNormGrads got = layer_norm_backward(g, x, r, w, into);
+    EXPECT_EQ(got.x.data_ptr(), into.data_ptr()) << "added in place";
+    expect_same_bits(got.x, want, "grad x + waiting");
+    expect_same_bits(got.weight, plain.weight, "grad weight");
+    expect_same_bits(got.bias, plain.bias, "grad bias");
+    // A bf16 gradient (autocast's) is widened first: the same bits again.
+    const Tensor g16 = cast(g, DType::bf16);
+    Tensor into16 = waiting.clone();
+    expect_same_bits(layer_norm_backward(g16, x, r, w, into16).x,
+                     add(waiting, layer_norm_backward(g16, x, r, w).x), "bf16 grad");
+  }
+  const Tensor x = randn({2, 4}, 1), w = ones({4});
+  const LayerNormResult r = layer_norm(x, w, zeros({4}));
+  for (const Tensor& bad : {cast(randn({2, 4}, 6), DType::bf16), randn({2, 5}, 7)}) {
+    const std::string msg = value_error([&] {
+      layer_norm_backward(randn({2, 4}, 8), x, r, w, bad);
+    });
+    EXPECT_NE(msg.find("layer_norm_backward: the gradient to add into is"), std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("expected f32 [2, 4] (x's)"), std::string::npos) << msg;
+  }
+}
+
 TEST(TransformerOps, AddLayerNormGivesTheBitsOfAddThenLayerNorm) {
   const Tensor x = scale(randn({3, 5, 37}, 51), 3.0f), w = randn({37}, 52), b = randn({37}, 53);
   for (DType y_dtype : {DType::f32, DType::bf16}) {

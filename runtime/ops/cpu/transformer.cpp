@@ -173,10 +173,12 @@ void residual_layer_norm(const Tensor& x, const Tensor& y, const Tensor& weight,
 // With xhat = (x - mean) rstd and dxhat = grad * weight:
 // grad_x = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)),
 // grad_weight = sum over rows of grad xhat, grad_bias = sum over rows of grad.
+// accumulate: grad_x += grad_x's value, one rounding (Note [accumulating into a pending
+// gradient]; -ffp-contract=off keeps the product and the add apart, as an add would).
 DDP_CPU_CLONES
 void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& mean,
                          const Tensor& rstd, const Tensor& weight, Tensor& grad_x,
-                         Tensor& grad_weight, Tensor& grad_bias) {
+                         Tensor& grad_weight, Tensor& grad_bias, bool accumulate) {
   const auto [rows, d] = rows_of(x);
   const float* w = weight.data<float>();
   float* gw = grad_weight.data<float>();
@@ -204,7 +206,8 @@ void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& mean
     const auto mean_dxhat_xhat = static_cast<float>(sum_dxhat_xhat / static_cast<double>(d));
     for (int64_t j = 0; j < d; ++j) {
       const float xhat = (src[j] - mu) * inv;
-      dst[j] = inv * (g[j] * w[j] - mean_dxhat - xhat * mean_dxhat_xhat);
+      const float v = inv * (g[j] * w[j] - mean_dxhat - xhat * mean_dxhat_xhat);
+      dst[j] = accumulate ? dst[j] + v : v;
     }
   }
 }

@@ -169,11 +169,13 @@ __global__ void residual_layer_norm_kernel(const float* x, const Y* y, const flo
 
 // grad_x = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = grad * weight.
 // G: the incoming gradient's type (bf16 under autocast), read as f32. whole:
-// norm_whole of grad, x and grad_x.
+// norm_whole of grad, x and grad_x. accumulate: grad_x's old value w becomes w + the
+// gradient, in one rounded add (__fadd_rn: never fused into the product before it,
+// so the bits are add(w, gradient)'s; Note [accumulating into a pending gradient]).
 template <typename G>
 __global__ void layer_norm_grad_x_kernel(const G* grad, const float* x, const float* mean,
                                          const float* rstd, const float* w, int64_t rows, int64_t d,
-                                         bool whole, float* grad_x) {
+                                         bool whole, bool accumulate, float* grad_x) {
   constexpr int V = kNormVector;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const G* g = grad + r * d;
@@ -203,12 +205,20 @@ __global__ void layer_norm_grad_x_kernel(const G* grad, const float* x, const fl
     };
     vec::row_thread<V>(
         src, r * d, d, whole, threadIdx.x, blockDim.x,
-        [&](int64_t j) { gx[j] = one(src[j], g[j], w[j]); },
+        [&](int64_t j) {
+          const float v = one(src[j], g[j], w[j]);
+          gx[j] = accumulate ? __fadd_rn(gx[j], v) : v;
+        },
         [&](int64_t j0, const vec::Pack<float, V>& p) {
           const vec::Pack<G, V> q = vec::load_at<V>(g + j0, whole);
           vec::Pack<float, V> o;
 #pragma unroll
           for (int e = 0; e < V; ++e) o.v[e] = one(p.v[e], q.v[e], w[j0 + e]);
+          if (accumulate) {
+            const vec::Pack<float, V> before = vec::load_at<V>(gx + j0, whole);
+#pragma unroll
+            for (int e = 0; e < V; ++e) o.v[e] = __fadd_rn(before.v[e], o.v[e]);
+          }
           vec::store_at<V>(gx + j0, o, whole);
         });
   }
@@ -359,7 +369,7 @@ Tensor double_scratch(int64_t count, const Tensor& on) {
 template <typename G>
 void layer_norm_backward_typed(const Tensor& grad, const Tensor& x, const Tensor& mean,
                                const Tensor& rstd, const Tensor& weight, Tensor& grad_x,
-                               Tensor& grad_weight, Tensor& grad_bias) {
+                               Tensor& grad_weight, Tensor& grad_bias, bool accumulate) {
   const auto [rows, d] = rows_of(x);
   cuda_api::DeviceGuard guard(grad_x.device().index);
   const cudaStream_t stream = stream_of(grad_x);
@@ -368,7 +378,7 @@ void layer_norm_backward_typed(const Tensor& grad, const Tensor& x, const Tensor
         norm_whole(ptr<const G>(grad), ptr<const float>(x), ptr<const float>(grad_x));
     layer_norm_grad_x_kernel<G><<<row_blocks(rows), kThreads, 0, stream>>>(
         ptr<const G>(grad), ptr<const float>(x), ptr<const float>(mean), ptr<const float>(rstd),
-        ptr<const float>(weight), rows, d, whole, ptr<float>(grad_x));
+        ptr<const float>(weight), rows, d, whole, accumulate, ptr<float>(grad_x));
     cuda_api::check_last_error("layer_norm_grad_x_kernel");
   }
   const column_sum::Plan plan = column_sum::make_plan(rows, d);
@@ -438,10 +448,11 @@ void residual_layer_norm(const Tensor& x, const Tensor& y, const Tensor& weight,
 
 void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& mean,
                          const Tensor& rstd, const Tensor& weight, Tensor& grad_x,
-                         Tensor& grad_weight, Tensor& grad_bias) {
+                         Tensor& grad_weight, Tensor& grad_bias, bool accumulate) {
   dispatch_float(grad.dtype(), [&](auto tag) {
     using G = typename decltype(tag)::type;
-    layer_norm_backward_typed<G>(grad, x, mean, rstd, weight, grad_x, grad_weight, grad_bias);
+    layer_norm_backward_typed<G>(grad, x, mean, rstd, weight, grad_x, grad_weight, grad_bias,
+                                 accumulate);
   });
 }
 

@@ -24,7 +24,7 @@ void residual_layer_norm(const Tensor&, const Tensor&, const Tensor&, const Tens
   DDP_NO_CUDA_TRANSFORMER_KERNEL("residual_layer_norm");
 }
 void layer_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         Tensor&, Tensor&, Tensor&) {
+                         Tensor&, Tensor&, Tensor&, bool) {
   DDP_NO_CUDA_TRANSFORMER_KERNEL("layer_norm_backward");
 }
 void embedding(const Tensor&, const Tensor&, Tensor&) {
