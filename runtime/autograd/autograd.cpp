@@ -195,7 +195,8 @@ namespace {
 struct PendingOffer {
   Node* node = nullptr;
   std::unordered_map<Node*, Tensor>* buffers = nullptr;
-  std::vector<Node*> handed;  // the children whose waiting gradient was handed out
+  // The children whose waiting gradient was handed out, and that gradient's impl.
+  std::vector<std::pair<Node*, const TensorImpl*>> handed;
 };
 thread_local PendingOffer* t_offer = nullptr;
 
@@ -232,8 +233,13 @@ Tensor pending_gradient(size_t edge, const Tensor& like) {
   const Edge& e = offer->node->next[edge];
   Node* child = e.node.get();
   if (child == nullptr || e.dtype != like.dtype()) return Tensor();
-  if (std::find(offer->handed.begin(), offer->handed.end(), child) != offer->handed.end()) {
+  // A child reached by two of this node's edges gets both gradients: none is handed out.
+  if (std::count_if(offer->node->next.begin(), offer->node->next.end(),
+                    [&](const Edge& o) { return o.node.get() == child; }) != 1) {
     return Tensor();
+  }
+  for (const auto& h : offer->handed) {
+    if (h.first == child) return Tensor();
   }
   const auto it = offer->buffers->find(child);
   if (it == offer->buffers->end() || !it->second.defined()) return Tensor();
@@ -243,7 +249,7 @@ Tensor pending_gradient(size_t edge, const Tensor& like) {
       waiting.device() != like.device()) {
     return Tensor();
   }
-  offer->handed.push_back(child);
+  offer->handed.emplace_back(child, waiting.impl_ptr().get());
   return waiting;
 }
 
@@ -272,8 +278,8 @@ void backward(const Tensor& root, const Tensor& grad_root) {
     Tensor g = std::move(buffers[node.get()]);
     buffers.erase(node.get());
     std::vector<Tensor> outs;
+    PendingOffer offer{.node = node.get(), .buffers = &buffers, .handed = {}};
     if (g.defined()) {
-      PendingOffer offer{.node = node.get(), .buffers = &buffers, .handed = {}};
       const OfferScope offering(offer);
       outs = node->apply(g);
     }
@@ -287,7 +293,12 @@ void backward(const Tensor& root, const Tensor& grad_root) {
         Tensor& buf = buffers[child.get()];
         // The waiting gradient itself comes back when the op added into it (Note
         // [accumulating into a pending gradient]): nothing left to add.
-        if (!buf.defined() || buf.impl_ptr() != outs[i].impl_ptr()) {
+        const bool added_in_place =
+            buf.defined() && buf.is_same(outs[i]) &&
+            std::any_of(offer.handed.begin(), offer.handed.end(), [&](const auto& h) {
+              return h.first == child.get() && h.second == outs[i].impl_ptr().get();
+            });
+        if (!added_in_place) {
           buf = buf.defined() ? add(buf, outs[i]) : outs[i];
         }
       }

@@ -94,22 +94,26 @@ void backward(const Tensor& root, const Tensor& grad_root = Tensor());
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A tensor used twice (GPT's residual stream: by the next residual add and by a
 // LayerNorm) gets two gradients, which the engine sums: the op's gradient written
-// out, then read again with the waiting one by an add (12 bytes an f32 element of
-// traffic beyond the op's own, and a launch). Instead, while backward() runs a node,
-// the gradient already waiting for its input `edge` may be handed to it: the node's
-// op adds its own gradient into that tensor in the same kernel that computes it, and
-// returns that tensor; the engine, getting back the tensor it holds, adds nothing.
-// llm.c's LayerNorm backward accumulates into the residual stream's gradient so.
+// out, then read again with the waiting one by an add (12 bytes an f32 element, and a
+// launch). Instead, while backward() runs a node, the gradient already waiting for
+// its input `edge` may be handed to it: the node's op reads it and adds its own
+// gradient into it in the same kernel that computes it (4 bytes an element more
+// there: 8 saved), and returns that tensor; the engine, getting back the very tensor
+// it handed out for that input, adds nothing (any other tensor it adds, even the same
+// tensor handed by AddBackward to two inputs). llm.c's LayerNorm backward
+// accumulates into the residual stream's gradient so.
 // - Handed out only when nobody else holds it (the engine's buffer is its only
 //   reference, so the write in place cannot change a tensor anyone sees), when its
-//   shape, dtype and device are those of `like` (the input), and once per input.
+//   shape, dtype and device are those of `like` (the input) and the edge's dtype, when
+//   the input is the node's only edge to that child, and once per node and child.
 // - An op that takes it adds its value v to the waiting w as w + v, rounded once (no
 //   fused multiply-add): the bits of the engine's add(w, v). Results do not change.
 // - An op may also ignore it and return a new gradient: the engine adds as before.
 // Returns undefined outside a node's backward, or when there is no such gradient.
 Tensor pending_gradient(size_t edge, const Tensor& like);
-// Whether backward() hands waiting gradients out (DDP_PENDING_GRADIENTS, default on);
-// off, every sum is an add (for tests and measurements that compare the two).
+// Whether backward() hands waiting gradients out (DDP_PENDING_GRADIENTS, read once, at
+// the first call; default on); off, every sum is an add (for tests and measurements
+// that compare the two). The setter overrides the variable.
 bool pending_gradients_enabled();
 void set_pending_gradients_enabled(bool enabled);
 

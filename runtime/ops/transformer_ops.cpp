@@ -253,6 +253,11 @@ LayerNormGrads layer_norm_backward(const Tensor& grad, const Tensor& x,
     DDP_CHECK(into_x.dtype() == DType::f32 && into_x.shape() == x.shape(),
               "layer_norm_backward: the gradient to add into is {} {}, expected f32 {} (x's)",
               dtype_name(into_x.dtype()), shape_str(into_x.shape()), shape_str(x.shape()));
+    // The kernels read grad and x after writing into it (the column sums on CUDA).
+    DDP_CHECK(into_x.storage() != grad.storage() && into_x.storage() != x.storage(),
+              "layer_norm_backward: the gradient to add into shares memory with {}; pass a "
+              "tensor of its own",
+              into_x.storage() == grad.storage() ? "grad" : "x");
   }
   LayerNormGrads g{accumulate ? into_x : like(x), like(weight), like(weight)};
   if (rows > 0) {

@@ -130,6 +130,10 @@ TEST(TransformerOpsGpu, LayerNormBackwardAddsIntoAWaitingGradientAsTheAdd) {
         EXPECT_EQ(got.x.data_ptr(), into.data_ptr());
         expect_same_bytes(got.x, want);
         expect_same_bytes(got.weight, plain.weight);
+        if (offset > 0) {
+          EXPECT_EQ(buffer.flat_view(0, {1}).cpu().to_vector<float>()[0], 0.0f)
+              << "the float before the view";
+        }
         const LayerNormResult cpu = layer_norm(x, w, b);
         expect_close(got.x, add(waiting, layer_norm_backward(g, x, cpu, w).x), 1e-4);
       }

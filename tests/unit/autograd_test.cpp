@@ -3,12 +3,15 @@
 #include "runtime/autograd/functions.h"
 #include "runtime/nn/layers.h"
 #include "runtime/ops/ops.h"
+#include "runtime/profile.h"
 #include "tests/unit/gradcheck.h"
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <functional>
+#include <vector>
 
 namespace ddp {
 namespace {
@@ -27,6 +30,76 @@ Tensor away_from_zero(const Shape& shape, uint64_t seed, float gap = 0.05f) {
 Tensor leaf(Tensor t) {
   set_requires_grad(t, true);
   return t;
+}
+
+// Restores the engine's pending-gradient switch at the end of a scope.
+class PendingGradients {
+ public:
+  explicit PendingGradients(bool on) : before_(pending_gradients_enabled()) {
+    set_pending_gradients_enabled(on);
+  }
+  ~PendingGradients() { set_pending_gradients_enabled(before_); }
+  PendingGradients(const PendingGradients&) = delete;
+  PendingGradients& operator=(const PendingGradients&) = delete;
+
+ private:
+  bool before_;
+};
+
+// Note [accumulating into a pending gradient]: a node that hands the same tensor to
+// two inputs (AddBackward) never makes the engine skip an add; a gradient is skipped
+// only when it is the one handed to that node for that input.
+TEST(Autograd, PendingGradientsNeverDropAGradient) {
+  for (const bool on : {false, true}) {
+    SCOPED_TRACE(on ? "handing out" : "off");
+    const PendingGradients switch_(on);
+    Tensor x = from_vector(std::vector<float>{1.0f, -2.0f}, {2});
+    const Tensor z = from_vector(std::vector<float>{3.0f, 4.0f}, {2});
+    set_requires_grad(x, true);
+    backward(F::sum(F::add(x, x)));
+    EXPECT_EQ(grad(x).to_vector<float>(), (std::vector<float>{2.0f, 2.0f}));
+    set_grad(x, Tensor());
+    backward(F::sum(F::add(x, F::add(x, z))));
+    EXPECT_EQ(grad(x).to_vector<float>(), (std::vector<float>{2.0f, 2.0f}));
+    set_grad(x, Tensor());
+    backward(F::sum(F::add(x, F::sub(x, z))));
+    EXPECT_EQ(grad(x).to_vector<float>(), (std::vector<float>{2.0f, 2.0f}));
+  }
+}
+
+// A residual and a LayerNorm of it, also used once more after: the LayerNorm adds into
+// the waiting gradient (one add fewer) and every gradient keeps its bits.
+TEST(Autograd, PendingGradientsKeepTheBitsOfTheAdds) {
+  std::vector<std::vector<float>> grads;
+  std::vector<int64_t> adds;
+  for (const bool on : {false, true}) {
+    const PendingGradients switch_(on);
+    Tensor x = randn({3, 8}, 1), w = randn({8}, 2), b = randn({8}, 3);
+    for (Tensor* t : {&x, &w, &b}) set_requires_grad(*t, true);
+    const Tensor r = randn({3, 8}, 4), q = randn({3, 8}, 5);
+    const Tensor h = F::scale(x, 1.5f);
+    const Tensor out = F::add(F::add(h, F::mul(F::layer_norm(h, w, b), r)), h);
+    const Tensor loss = F::sum(F::mul(out, q));
+    profile::start();
+    backward(loss);
+    int64_t binary = 0;
+    for (const profile::OpTime& t : profile::stop().by_op()) {
+      if (t.op == "binary") binary += t.calls;
+    }
+    adds.push_back(binary);
+    std::vector<float> all;
+    for (const Tensor* t : {&x, &w, &b}) {
+      const auto v = grad(*t).to_vector<float>();
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    grads.push_back(std::move(all));
+  }
+  EXPECT_EQ(adds[0] - adds[1], 1) << "adds off " << adds[0] << ", on " << adds[1];
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    EXPECT_EQ(std::bit_cast<uint32_t>(grads[0][i]), std::bit_cast<uint32_t>(grads[1][i]))
+        << "element " << i;
+  }
 }
 
 TEST(Autograd, ElementwiseOps) {

@@ -266,6 +266,7 @@ TEST(Gpt, APaddedHeadGivesTheUnpaddedModelsLossAndGradients) {
 // 2 x layers fewer adds, and every gradient keeps its bits; f32 and bf16 autocast.
 TEST(Gpt, LayerNormsAddIntoTheResidualGradientWithTheBitsOfTheAdds) {
   const std::string spec = "gpt:layers=3,d=16,heads=2,ctx=6,vocab=13";
+  const bool before = pending_gradients_enabled();
   for (const bool bf16 : {false, true}) {
     SCOPED_TRACE(bf16 ? "bf16 autocast" : "f32");
     std::vector<std::vector<Tensor>> grads;
@@ -292,7 +293,7 @@ TEST(Gpt, LayerNormsAddIntoTheResidualGradientWithTheBitsOfTheAdds) {
       for (const auto& [name, p] : model->named_parameters()) g.push_back(grad(p));
       grads.push_back(std::move(g));
     }
-    set_pending_gradients_enabled(true);
+    set_pending_gradients_enabled(before);
     EXPECT_EQ(adds[0] - adds[1], 2 * 3) << "adds without " << adds[0] << ", with " << adds[1];
     ASSERT_EQ(grads[0].size(), grads[1].size());
     for (size_t i = 0; i < grads[0].size(); ++i) {

@@ -227,6 +227,10 @@ TEST(TransformerOps, LayerNormBackwardAddsIntoAGivenGradientWithTheBitsOfAnAdd) 
   }
   const Tensor x = randn({2, 4}, 1), w = ones({4});
   const LayerNormResult r = layer_norm(x, w, zeros({4}));
+  const Tensor g = randn({2, 4}, 9);
+  const std::string alias = value_error([&] { layer_norm_backward(g, x, r, w, g); });
+  EXPECT_NE(alias.find("the gradient to add into shares memory with grad"), std::string::npos)
+      << alias;
   for (const Tensor& bad : {cast(randn({2, 4}, 6), DType::bf16), randn({2, 5}, 7)}) {
     const std::string msg = value_error([&] {
       layer_norm_backward(randn({2, 4}, 8), x, r, w, bad);

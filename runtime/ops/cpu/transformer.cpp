@@ -173,8 +173,9 @@ void residual_layer_norm(const Tensor& x, const Tensor& y, const Tensor& weight,
 // With xhat = (x - mean) rstd and dxhat = grad * weight:
 // grad_x = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)),
 // grad_weight = sum over rows of grad xhat, grad_bias = sum over rows of grad.
-// accumulate: grad_x += grad_x's value, one rounding (Note [accumulating into a pending
-// gradient]; -ffp-contract=off keeps the product and the add apart, as an add would).
+// accumulate: grad_x holds a waiting gradient w and becomes w + x's gradient, one
+// rounding (Note [accumulating into a pending gradient]; -ffp-contract=off keeps the
+// product and the add apart, as the engine's add would).
 DDP_CPU_CLONES
 void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& mean,
                          const Tensor& rstd, const Tensor& weight, Tensor& grad_x,
