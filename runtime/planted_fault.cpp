@@ -56,6 +56,7 @@ State& state() {
 
 void report_at_exit() {
   State& s = state();
+  const std::lock_guard<std::mutex> lock(s.mutex);
   if (s.malformed) {
     std::fprintf(stderr, "ddp: planted fault %s is malformed: applied 0 time(s)\n",
                  s.from_env.c_str());

@@ -17,8 +17,9 @@
 //   linear, linear_param_grads, linear_gelu, linear_input_grad_gelu,
 //   causal_self_attention, causal_self_attention_backward (their results);
 // - ARG: which tensor, 0-based among the op's tensor arguments in the profile's order
-//   (a list of tensors counts as one; the fault then hits its first non-empty tensor
-//   for `first`, its last for `last`, every one for `scale`); for the ops of the
+//   (a list of tensors counts as one; the fault then hits the first tensor it can
+//   change for `first` (not empty, no infinity or NaN there), the last one for `last`,
+//   every one for `scale`); for the ops of the
 //   second kind above, among their results (linear:0 is its output);
 // - MODE: `first` or `last` (that element, in the tensor's logical order, becomes
 //   v + 1 + |v|: a wrong or unwritten element at either end, where vector heads and

@@ -30,14 +30,17 @@ options:
   --table FILE      the table (default: planted_faults.txt next to this script)
   --only REGEX      only the lines whose fault matches REGEX (grep -E)
   --timeout S       seconds for each run (default 120)
+  --budget S        seconds for the whole script (default 0: none): no run starts after
+                    S - --timeout seconds; the lines left are reported "not run"
   --log FILE        every run's output, appended (default: none)
   -h, --help        this help
 
-Exit code: 0 when every fault was caught, 1 otherwise, 2 usage error.
+Exit code: 0 when every fault was caught, 1 when one was not (or a baseline failed),
+3 when every fault that ran was caught but --budget left some not run, 2 usage error.
 EOF
 }
 
-tests="" device=cuda table="$here/planted_faults.txt" only="" timeout_s=120 log=/dev/null
+tests="" device=cuda table="$here/planted_faults.txt" only="" timeout_s=120 log=/dev/null budget=0
 die_usage() { echo "planted_faults.sh: $*" >&2; exit 2; }
 need_value() { [[ $# -ge 2 && -n "$2" ]] || die_usage "$1 needs a value (see --help)"; }
 while [[ $# -gt 0 ]]; do
@@ -48,8 +51,9 @@ while [[ $# -gt 0 ]]; do
     --only) need_value "$@"; only="$2"; shift 2 ;;
     --timeout) need_value "$@"; timeout_s="$2"; shift 2 ;;
     --log) need_value "$@"; log="$2"; shift 2 ;;
+    --budget) need_value "$@"; budget="$2"; shift 2 ;;
     -h | --help) usage; exit 0 ;;
-    *) die_usage "unknown option '$1'; valid: --tests, --device, --table, --only, --timeout, --log, --help" ;;
+    *) die_usage "unknown option '$1'; valid: --tests, --device, --table, --only, --timeout, --budget, --log, --help" ;;
   esac
 done
 [[ -n "$tests" ]] || die_usage "--tests BIN is required (ddp_gpu_tests or ddp_unit_tests)"
@@ -57,6 +61,9 @@ done
 [[ $device == cuda || $device == cpu ]] || die_usage "--device '$device': valid values are cuda, cpu"
 [[ -r "$table" ]] || die_usage "--table $table: no such file"
 [[ $timeout_s =~ ^[0-9]+$ && $timeout_s -gt 0 ]] || die_usage "--timeout '$timeout_s': expected whole seconds > 0"
+[[ $budget =~ ^[0-9]+$ ]] || die_usage "--budget '$budget': expected whole seconds (0: none)"
+# time_left: whether another run of up to --timeout seconds fits the --budget.
+time_left() { [[ $budget -eq 0 || $((SECONDS + timeout_s)) -le $budget ]]; }
 
 column=2
 [[ $device == cpu ]] && column=3
@@ -81,7 +88,7 @@ run() {
   if [[ -n "$1" ]]; then
     DDP_TEST_PLANT_FAULT="$1" timeout -k 10 "$timeout_s" "$tests" --gtest_filter="$2" >"$out" 2>&1 </dev/null
   else
-    timeout -k 10 "$timeout_s" "$tests" --gtest_filter="$2" >"$out" 2>&1 </dev/null
+    env -u DDP_TEST_PLANT_FAULT timeout -k 10 "$timeout_s" "$tests" --gtest_filter="$2" >"$out" 2>&1 </dev/null
   fi
   rc=$?
   { echo "==== ${1:-no fault} ($2): exit $rc"; cat "$out"; } >>"$log"
@@ -98,6 +105,7 @@ run() {
 declare -A baseline=()
 for filter in "${filters[@]}"; do
   [[ -n "${baseline[$filter]+x}" ]] && continue
+  time_left || break
   run "" "$filter"
   if [[ $rc -eq 0 && $passed -gt 0 ]]; then
     baseline[$filter]=ok
@@ -107,9 +115,14 @@ for filter in "${filters[@]}"; do
   fi
 done
 
-caught=0 missed=0 unreached=0 other=0
+caught=0 missed=0 unreached=0 other=0 not_run=0
 for i in "${!faults[@]}"; do
   spec="$device:${faults[$i]}" filter=${filters[$i]}
+  if [[ -z "${baseline[$filter]+x}" ]] || ! time_left; then
+    printf '%-12s %-44s the --budget of %s s ran out\n' "not run" "$spec" "$budget"
+    not_run=$((not_run + 1))
+    continue
+  fi
   if [[ ${baseline[$filter]} != ok ]]; then
     printf '%-12s %-44s its tests fail without it (%s)\n' "no baseline" "$spec" "${baseline[$filter]}"
     other=$((other + 1))
@@ -133,5 +146,7 @@ for i in "${!faults[@]}"; do
     "$passed" "$failed" "$rc" "$applied"
 done
 total=${#faults[@]}
-echo "planted faults on $device: $caught of $total caught, $missed not caught, $unreached not reached, $other timed out or without a passing baseline"
-[[ $total -gt 0 && $caught -eq $total ]]
+echo "planted faults on $device: $caught of $total caught, $missed not caught, $unreached not reached, $other timed out or without a passing baseline, $not_run not run"
+[[ $total -gt 0 && $caught -eq $total ]] && exit 0
+[[ $total -gt 0 && $not_run -gt 0 && $((caught + not_run)) -eq $total ]] && exit 3
+exit 1

@@ -207,7 +207,7 @@ std::atomic<bool>& pending_switch() {  // DDP_PENDING_GRADIENTS, default on
 
 class OfferScope {
  public:
-  OfferScope(PendingOffer& offer) : previous_(t_offer) { t_offer = &offer; }
+  explicit OfferScope(PendingOffer& offer) : previous_(t_offer) { t_offer = &offer; }
   ~OfferScope() { t_offer = previous_; }
   OfferScope(const OfferScope&) = delete;
   OfferScope& operator=(const OfferScope&) = delete;

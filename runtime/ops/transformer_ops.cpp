@@ -253,11 +253,19 @@ LayerNormGrads layer_norm_backward(const Tensor& grad, const Tensor& x,
     DDP_CHECK(into_x.dtype() == DType::f32 && into_x.shape() == x.shape(),
               "layer_norm_backward: the gradient to add into is {} {}, expected f32 {} (x's)",
               dtype_name(into_x.dtype()), shape_str(into_x.shape()), shape_str(x.shape()));
-    // The kernels read grad and x after writing into it (the column sums on CUDA).
-    DDP_CHECK(into_x.storage() != grad.storage() && into_x.storage() != x.storage(),
-              "layer_norm_backward: the gradient to add into shares memory with {}; pass a "
-              "tensor of its own",
-              into_x.storage() == grad.storage() ? "grad" : "x");
+    // The kernels read the inputs while and after writing into it (CUDA's blocks,
+    // the column sums).
+    const std::pair<const Tensor*, const char*> inputs[] = {{&grad, "grad"},
+                                                            {&x, "x"},
+                                                            {&weight, "weight"},
+                                                            {&saved.mean, "the saved mean"},
+                                                            {&saved.rstd, "the saved rstd"}};
+    for (const auto& [input, name] : inputs) {
+      DDP_CHECK(into_x.storage() != input->storage(),
+                "layer_norm_backward: the gradient to add into shares memory with {}; pass a "
+                "tensor of its own",
+                name);
+    }
   }
   LayerNormGrads g{accumulate ? into_x : like(x), like(weight), like(weight)};
   if (rows > 0) {

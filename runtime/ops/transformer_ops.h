@@ -69,10 +69,10 @@ AddLayerNormResult add_layer_norm(const Tensor& x, const Tensor& y, const Tensor
 struct LayerNormGrads {
   Tensor x, weight, bias;
 };
-// into_x: a gradient of x already summed elsewhere (f32, x's shape and device), or
-// undefined; when given for an f32 x, x's gradient is added into it in place and it is
-// returned as .x (one kernel instead of the gradient and an add: Note [accumulating
-// into a pending gradient] in autograd.h); else .x is new.
+// into_x: a gradient of x already summed elsewhere (f32, x's shape and device, sharing
+// no memory with the other arguments), or undefined; when given for an f32 x, x's
+// gradient is added into it in place and it is returned as .x (one kernel instead of the gradient
+// and an add: Note [accumulating into a pending gradient] in autograd.h); else .x is new.
 LayerNormGrads layer_norm_backward(const Tensor& grad, const Tensor& x,
                                    const LayerNormResult& saved, const Tensor& weight,
                                    const Tensor& into_x = Tensor());

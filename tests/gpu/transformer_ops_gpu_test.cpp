@@ -123,17 +123,18 @@ TEST(TransformerOpsGpu, LayerNormBackwardAddsIntoAWaitingGradientAsTheAdd) {
         // The waiting gradient `offset` floats into a bigger buffer: off a vector.
         int64_t n = 1;
         for (const int64_t e : shape) n *= e;
-        const Tensor buffer = zeros({n + offset}, {.device = kGpu});
+        const Tensor buffer = zeros({n + offset + 1}, {.device = kGpu});
         Tensor into = buffer.flat_view(offset, shape);
         copy_(into, waiting.to(kGpu));
         const LayerNormGrads got = layer_norm_backward(gg, gx, r, gw, into);
         EXPECT_EQ(got.x.data_ptr(), into.data_ptr());
         expect_same_bytes(got.x, want);
         expect_same_bytes(got.weight, plain.weight);
+        const std::vector<float> all = buffer.cpu().to_vector<float>();
         if (offset > 0) {
-          EXPECT_EQ(buffer.flat_view(0, {1}).cpu().to_vector<float>()[0], 0.0f)
-              << "the float before the view";
+          EXPECT_EQ(all.front(), 0.0f) << "the float before the view";
         }
+        EXPECT_EQ(all.back(), 0.0f) << "the float after the view";
         const LayerNormResult cpu = layer_norm(x, w, b);
         expect_close(got.x, add(waiting, layer_norm_backward(g, x, cpu, w).x), 1e-4);
       }

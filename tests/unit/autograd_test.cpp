@@ -5,6 +5,7 @@
 #include "runtime/ops/ops.h"
 #include "runtime/profile.h"
 #include "tests/unit/gradcheck.h"
+#include "tests/unit/pending_gradients.h"
 
 #include <gtest/gtest.h>
 
@@ -32,19 +33,7 @@ Tensor leaf(Tensor t) {
   return t;
 }
 
-// Restores the engine's pending-gradient switch at the end of a scope.
-class PendingGradients {
- public:
-  explicit PendingGradients(bool on) : before_(pending_gradients_enabled()) {
-    set_pending_gradients_enabled(on);
-  }
-  ~PendingGradients() { set_pending_gradients_enabled(before_); }
-  PendingGradients(const PendingGradients&) = delete;
-  PendingGradients& operator=(const PendingGradients&) = delete;
-
- private:
-  bool before_;
-};
+using test_util::PendingGradients;
 
 // Note [accumulating into a pending gradient]: a node that hands the same tensor to
 // two inputs (AddBackward) never makes the engine skip an add; a gradient is skipped

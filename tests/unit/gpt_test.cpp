@@ -9,6 +9,7 @@
 #include "runtime/autograd/functions.h"
 #include "runtime/ops/ops.h"
 #include "runtime/profile.h"
+#include "tests/unit/pending_gradients.h"
 
 #include <gtest/gtest.h>
 
@@ -266,13 +267,12 @@ TEST(Gpt, APaddedHeadGivesTheUnpaddedModelsLossAndGradients) {
 // 2 x layers fewer adds, and every gradient keeps its bits; f32 and bf16 autocast.
 TEST(Gpt, LayerNormsAddIntoTheResidualGradientWithTheBitsOfTheAdds) {
   const std::string spec = "gpt:layers=3,d=16,heads=2,ctx=6,vocab=13";
-  const bool before = pending_gradients_enabled();
   for (const bool bf16 : {false, true}) {
     SCOPED_TRACE(bf16 ? "bf16 autocast" : "f32");
     std::vector<std::vector<Tensor>> grads;
     std::vector<int64_t> adds;
     for (const bool pending : {false, true}) {
-      set_pending_gradients_enabled(pending);
+      const test_util::PendingGradients switch_(pending);
       const auto model = model_of(spec);
       randomize(*model, 100);
       const Tensor tokens = tokens_of(2, 6, 13, 3), targets = tokens_of(2, 6, 13, 4);
@@ -293,7 +293,6 @@ TEST(Gpt, LayerNormsAddIntoTheResidualGradientWithTheBitsOfTheAdds) {
       for (const auto& [name, p] : model->named_parameters()) g.push_back(grad(p));
       grads.push_back(std::move(g));
     }
-    set_pending_gradients_enabled(before);
     EXPECT_EQ(adds[0] - adds[1], 2 * 3) << "adds without " << adds[0] << ", with " << adds[1];
     ASSERT_EQ(grads[0].size(), grads[1].size());
     for (size_t i = 0; i < grads[0].size(); ++i) {
