@@ -55,16 +55,17 @@ python3 "$here/compare_checkpoints.py" "$dir/plain.st" "$dir/padded.st" --rtol 1
   fail "sample (padded) exited $?: $(cat "$dir/padded.txt")"
 cmp -s "$dir/plain.txt" "$dir/padded.txt" ||
   fail "sample's text differs: $(cat -v "$dir/plain.txt") vs $(cat -v "$dir/padded.txt")"
-for form in plain padded; do
-  model=$base
-  [ "$form" = padded ] && model="$base,padded_vocab=264"
-  "$train" --model "$model" --data synthetic --epochs 2 --max-steps 4 --batch-size 4 \
-    --seed 3 --device cpu --resume "$dir/plain.st" --loss-log "$dir/resumed_$form.loss" \
-    >"$dir/resumed_$form.log" 2>&1
-  rc=$?
-  [ $rc -eq 0 ] || { tail -20 "$dir/resumed_$form.log"; fail "resume ($form) exited $rc"; }
-done
-python3 - "$dir/resumed_plain.loss" "$dir/resumed_padded.loss" <<'PY' || fail "the resumed losses differ"
+# resume_epoch2 NAME MODEL CHECKPOINT: epoch 2's 4 steps from CHECKPOINT under MODEL,
+# losses to $dir/NAME.loss.
+resume_epoch2() {
+  "$train" --model "$2" --data synthetic --epochs 2 --max-steps 4 --batch-size 4 --seed 3 \
+    --device cpu --resume "$3" --loss-log "$dir/$1.loss" >"$dir/$1.log" 2>&1
+  local rc=$?
+  [ $rc -eq 0 ] || { tail -20 "$dir/$1.log"; fail "resuming $3 under $2 exited $rc"; }
+}
+# same_epoch2 A B: the two runs logged epoch 2's 4 steps with the same losses (1e-5).
+same_epoch2() {
+  python3 - "$dir/$1.loss" "$dir/$2.loss" <<'PY'
 import sys
 def losses(path):
     rows = [l.split() for l in open(path)]
@@ -74,29 +75,18 @@ want = [(2, s) for s in range(1, 5)]
 assert sorted(a) == sorted(b) == want, (sorted(a), sorted(b))
 for k in want:
     assert abs(a[k] - b[k]) <= 1e-5 * abs(a[k]), f"epoch {k[0]} step {k[1]}: {a[k]} vs {b[k]}"
-print(f"resumed under padded_vocab: epoch 2's 4 steps agree (last {a[want[-1]]})")
+print(f"{sys.argv[1]} and {sys.argv[2]}: epoch 2's 4 steps agree (last {a[want[-1]]})")
 PY
+}
+padded="$base,padded_vocab=264"
+resume_epoch2 resumed_plain "$base" "$dir/plain.st"
+resume_epoch2 resumed_padded "$padded" "$dir/plain.st"
+same_epoch2 resumed_plain resumed_padded || fail "the plain checkpoint's losses differ under padded_vocab"
 # And back: the padded checkpoint resumes under the plain spec, with the losses it
 # gives under its own.
-for form in back same; do
-  model=$base
-  [ "$form" = same ] && model="$base,padded_vocab=264"
-  "$train" --model "$model" --data synthetic --epochs 2 --max-steps 4 --batch-size 4 --seed 3 \
-    --device cpu --resume "$dir/padded.st" --loss-log "$dir/$form.loss" >"$dir/$form.log" 2>&1
-  rc=$?
-  [ $rc -eq 0 ] || { tail -20 "$dir/$form.log"; fail "resuming the padded checkpoint ($form) exited $rc"; }
-done
-python3 - "$dir/same.loss" "$dir/back.loss" <<'PY' || fail "the padded checkpoint's losses differ under the plain spec"
-import sys
-def losses(path):
-    rows = [l.split() for l in open(path)]
-    return {(int(r[0]), int(r[1])): float(r[-1]) for r in rows if r and r[0].isdigit()}
-a, b = losses(sys.argv[1]), losses(sys.argv[2])
-assert sorted(a) == sorted(b) == [(2, s) for s in range(1, 5)], (sorted(a), sorted(b))
-for k in a:
-    assert abs(a[k] - b[k]) <= 1e-5 * abs(a[k]), f"epoch {k[0]} step {k[1]}: {a[k]} vs {b[k]}"
-print("the padded checkpoint resumed under the plain spec: epoch 2's 4 steps agree")
-PY
+resume_epoch2 back "$base" "$dir/padded.st"
+resume_epoch2 same "$padded" "$dir/padded.st"
+same_epoch2 same back || fail "the padded checkpoint's losses differ under the plain spec"
 other="gpt:layers=2,d=32,heads=2,ctx=32,vocab=264"
 out=$("$train" --model "$other" --data synthetic --epochs 2 --max-steps 1 --device cpu --resume "$dir/padded.st" 2>&1)
 rc=$?
