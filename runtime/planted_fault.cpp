@@ -123,42 +123,33 @@ Fault parse(const std::string& spec) {
   return true;
 }();
 
-// v + 1 + |v| for the tensor's first or last element, or every element times
-// `factor`; through the host (in f32 for the 16-bit types) on the current stream.
-// Whether anything changed: not for an empty tensor, an infinity or a NaN at the end,
-// or integers a scale keeps.
+// host's values in T (f32 for the float dtypes, i64 for the integers) with the fault
+// applied: v + 1 + |v| at the first or last element, or every element times `factor`;
+// back in host's dtype. Undefined when that changes nothing (an infinity or a NaN at
+// the end, integers a scale keeps, a rounding back to 16 bits).
+template <typename T>
+Tensor corrupted(const Tensor& host, DType wide, const Fault& f) {
+  const std::vector<T> before = cast(host, wide).to_vector<T>();
+  std::vector<T> v = before;
+  if (f.mode == Mode::scale) {
+    for (T& x : v) x = static_cast<T>(static_cast<double>(x) * f.factor);
+  } else {
+    T& x = f.mode == Mode::first ? v.front() : v.back();
+    x += static_cast<T>(1) + static_cast<T>(std::abs(x));
+  }
+  Tensor out = cast(from_vector(v, host.shape()), host.dtype());
+  const std::vector<T> after = cast(out, wide).to_vector<T>();
+  return std::memcmp(after.data(), before.data(), before.size() * sizeof(T)) == 0 ? Tensor() : out;
+}
+
+// Applies the fault to t through the host, on the current stream; whether anything
+// changed (nothing does for an empty tensor).
 bool corrupt(const Tensor& t, const Fault& f) {
   if (!t.defined() || t.numel() == 0) return false;
   const Tensor host = t.cpu();
-  const auto n = static_cast<size_t>(host.numel());
-  const size_t at = f.mode == Mode::first ? 0 : n - 1;
-  bool changed = false;
-  Tensor out;
-  if (is_floating(t.dtype())) {
-    const std::vector<float> before = cast(host, DType::f32).to_vector<float>();
-    std::vector<float> v = before;
-    if (f.mode == Mode::scale) {
-      for (float& x : v) x = static_cast<float>(x * f.factor);
-    } else {
-      v[at] += 1.0f + std::fabs(v[at]);
-    }
-    out = cast(from_vector(v, host.shape()), t.dtype());
-    const std::vector<float> after = cast(out, DType::f32).to_vector<float>();
-    for (size_t i = 0; i < n && !changed; ++i) {
-      changed = std::memcmp(&after[i], &before[i], sizeof(float)) != 0;
-    }
-  } else {
-    const std::vector<int64_t> before = cast(host, DType::i64).to_vector<int64_t>();
-    std::vector<int64_t> v = before;
-    if (f.mode == Mode::scale) {
-      for (int64_t& x : v) x = static_cast<int64_t>(static_cast<double>(x) * f.factor);
-    } else {
-      v[at] += 1;
-    }
-    out = cast(from_vector(v, host.shape()), t.dtype());
-    changed = cast(out, DType::i64).to_vector<int64_t>() != before;
-  }
-  if (!changed) return false;
+  const Tensor out = is_floating(t.dtype()) ? corrupted<float>(host, DType::f32, f)
+                                            : corrupted<int64_t>(host, DType::i64, f);
+  if (!out.defined()) return false;
   Tensor dst = t;
   copy_(dst, out.to(t.device()));
   current_stream(t.device()).synchronize();

@@ -85,11 +85,8 @@ done <"$table"
 # run SPEC FILTER: the tests under the fault SPEC ("" for none) into $out; sets rc,
 # applied (how often the fault changed an output), passed and failed.
 run() {
-  if [[ -n "$1" ]]; then
-    DDP_TEST_PLANT_FAULT="$1" timeout -k 10 "$timeout_s" "$tests" --gtest_filter="$2" >"$out" 2>&1 </dev/null
-  else
-    env -u DDP_TEST_PLANT_FAULT timeout -k 10 "$timeout_s" "$tests" --gtest_filter="$2" >"$out" 2>&1 </dev/null
-  fi
+  env -u DDP_TEST_PLANT_FAULT ${1:+"DDP_TEST_PLANT_FAULT=$1"} timeout -k 10 "$timeout_s" "$tests" \
+    --gtest_filter="$2" >"$out" 2>&1 </dev/null
   rc=$?
   { echo "==== ${1:-no fault} ($2): exit $rc"; cat "$out"; } >>"$log"
   applied=$(sed -n 's/^ddp: planted fault .* applied \([0-9][0-9]*\) time(s)$/\1/p' "$out" | tail -1)

@@ -227,7 +227,7 @@ void set_pending_gradients_enabled(bool enabled) {
 Tensor pending_gradient(size_t edge, const Tensor& like) {
   PendingOffer* offer = t_offer;
   if (!pending_gradients_enabled()) return Tensor();
-  if (offer == nullptr || offer->node == nullptr || edge >= offer->node->next.size()) {
+  if (offer == nullptr || edge >= offer->node->next.size()) {
     return Tensor();
   }
   const Edge& e = offer->node->next[edge];
