@@ -36,7 +36,10 @@ no_process_left() {
   deadline=$(awk -v n="$(now)" -v s="$1" 'BEGIN { print n + s }')
   while pgrep -f "$MARKER" >/dev/null; do
     if ! at_most "$(now)" "$deadline"; then
-      ps -o pid,ppid,pgid,stat,args -p "$(pgrep -d, -f "$MARKER")" >&2
+      local left
+      # Gone between the loop's look and this one (seen under ASan): none left.
+      left=$(pgrep -d, -f "$MARKER") || return 0
+      ps -o pid,ppid,pgid,stat,args -p "$left" >&2
       fail "processes left after ${1} s"
     fi
     sleep 0.05
