@@ -118,6 +118,9 @@ bool ready(cudaError_t err, std::string_view call) {
 bool compiled() {
   return true;
 }
+bool emulated() {
+  return false;
+}
 
 int device_count() {
   return device_count_once().count;

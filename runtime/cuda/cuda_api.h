@@ -19,6 +19,10 @@ using StreamHandle = void*;  // cudaStream_t; nullptr is the legacy default stre
 using EventHandle = void*;   // cudaEvent_t
 
 bool compiled();  // this build has CUDA
+// The CUDA device is emulated on the CPU (Note [emulated CUDA device] in
+// runtime/cuda/emu/kernel_emu.h): kernels run, but streams do not overlap and time
+// means nothing.
+bool emulated();
 int device_count();
 std::string unavailable_reason();
 

@@ -24,6 +24,9 @@ constexpr const char* kNoCuda =
 bool compiled() {
   return false;
 }
+bool emulated() {
+  return false;
+}
 int device_count() {
   return 0;
 }
