@@ -251,19 +251,19 @@ void stress_pinned_reuse(Source source, bool on_side_stream) {
 }
 
 TEST(PinnedReuse, CopyFromPinnedTensorsFreedRightAfterTheCopy) {
-  DDP_REQUIRE_CUDA();
+  DDP_REQUIRE_REAL_CUDA("copies queued behind a busy stream");
   stress_pinned_reuse(Source::pinned_copy, false);
   stress_pinned_reuse(Source::pinned_copy, true);
 }
 
 TEST(PinnedReuse, ToFromPinnedTensorsFreedRightAfterTheCopy) {
-  DDP_REQUIRE_CUDA();
+  DDP_REQUIRE_REAL_CUDA("copies queued behind a busy stream");
   stress_pinned_reuse(Source::pinned_to, false);
   stress_pinned_reuse(Source::pinned_to, true);
 }
 
 TEST(PinnedReuse, PageableSourcesStagedThroughPinnedBlocks) {
-  DDP_REQUIRE_CUDA();
+  DDP_REQUIRE_REAL_CUDA("copies queued behind a busy stream");
   stress_pinned_reuse(Source::pageable_staged, false);
   stress_pinned_reuse(Source::pageable_staged, true);
 }

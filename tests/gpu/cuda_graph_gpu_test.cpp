@@ -37,7 +37,7 @@ void expect_same_bits(const Tensor& a, const Tensor& b, const char* what) {
 }
 
 TEST(CudaGraphGpu, AReplayRunsTheCapturedWorkOnNewInputs) {
-  DDP_REQUIRE_CUDA();
+  DDP_REQUIRE_REAL_CUDA("CUDA graphs");
   Tensor x = randn({64, 32}, 1, {.device = kGpu});
   const Tensor w = randn({32, 16}, 2, {.device = kGpu});
   forward(x, w);  // warm-up: the cuBLAS handle
@@ -132,14 +132,14 @@ void check_captured_training(Make make) {
 }
 
 TEST(CudaGraphGpu, ACapturedSgdStepReplaysBitForBitAsTheEagerStep) {
-  DDP_REQUIRE_CUDA();
+  DDP_REQUIRE_REAL_CUDA("CUDA graphs");
   check_captured_training([](const std::vector<Tensor>& ps) -> std::unique_ptr<optim::Optimizer> {
     return std::make_unique<optim::SGD>(ps, optim::SgdOptions{.lr = 0.05f, .momentum = 0.9f});
   });
 }
 
 TEST(CudaGraphGpu, ACapturedAdamWStepReplaysBitForBitAsTheEagerStep) {
-  DDP_REQUIRE_CUDA();
+  DDP_REQUIRE_REAL_CUDA("CUDA graphs");
   check_captured_training([](const std::vector<Tensor>& ps) -> std::unique_ptr<optim::Optimizer> {
     return std::make_unique<optim::AdamW>(ps, optim::AdamWOptions{.lr = 0.05f});
   });
@@ -150,7 +150,7 @@ TEST(CudaGraphGpu, ACapturedAdamWStepReplaysBitForBitAsTheEagerStep) {
 // differ (parameter 5 has no gradient at the first step): a capturable AdamW, eager
 // and then replayed, takes the plain one's steps bit for bit, state included.
 TEST(CudaGraphGpu, ACapturableAdamWOverManyTensorsReplaysThePlainOne) {
-  DDP_REQUIRE_CUDA();
+  DDP_REQUIRE_REAL_CUDA("CUDA graphs");
   const auto make_params = [] {
     std::vector<Tensor> ps;
     for (int i = 0; i < 100; ++i) {
@@ -215,7 +215,7 @@ TEST(CudaGraphGpu, ACapturableAdamWOverManyTensorsReplaysThePlainOne) {
 }
 
 TEST(CudaGraphGpu, CapturingBeforeTheFirstUpdateIsNamed) {
-  DDP_REQUIRE_CUDA();
+  DDP_REQUIRE_REAL_CUDA("CUDA graphs");
   Mlp model(20);
   optim::SGD opt(model.params(), {.lr = 0.05f, .momentum = 0.9f});
   opt.set_capturable(true);
@@ -237,7 +237,7 @@ TEST(CudaGraphGpu, CapturingBeforeTheFirstUpdateIsNamed) {
 // breaks the capture in CUDA (CudaError). Either way the capture ends, its pool goes
 // back, and the device, the stream and the allocator work as before.
 TEST(CudaGraphGpu, AHostReadOrWaitWhileCapturingFailsAndLeavesTheDeviceUsable) {
-  DDP_REQUIRE_CUDA();
+  DDP_REQUIRE_REAL_CUDA("CUDA graphs");
   const Tensor x = randn({256}, 4, {.device = kGpu});
   sum(x).cpu();  // warm-up
   const uint64_t allocated = memory_allocated(kGpu);

@@ -182,7 +182,7 @@ TEST(MixedPrecisionGpu, FusedClassifierMatchesTheCpu) {
 // column sums in double). The fused path must be the one that ran: a cuBLASLt that
 // refuses the epilogue fails here, naming the shape (the runtime would fall back).
 TEST(MixedPrecisionGpu, WeightAndBiasGradientsFromOneMatmulMatchTheCpu) {
-  DDP_REQUIRE_CUDA();
+  DDP_REQUIRE_REAL_CUDA("cuBLASLt");
   const SwitchGuard on(kernels::cuda::lt_bias_grad_enabled, kernels::cuda::set_lt_bias_grad_enabled,
                        true);
   for (const auto& [n, in, out] : std::vector<std::array<int64_t, 3>>{
@@ -221,7 +221,7 @@ TEST(MixedPrecisionGpu, WeightAndBiasGradientsFromOneMatmulMatchTheCpu) {
 // shape; the runtime would fall back). The GELU must be GPT-2's tanh form: at x = -3
 // it and the erf form differ by 11%, far beyond a bf16 rounding.
 TEST(MixedPrecisionGpu, GeluEpiloguesMatchTheCpu) {
-  DDP_REQUIRE_CUDA();
+  DDP_REQUIRE_REAL_CUDA("cuBLASLt");
   const SwitchGuard on(gelu_epilogues_enabled, set_gelu_epilogues_enabled, true);
   for (const auto& [n, c] : std::vector<std::array<int64_t, 2>>{{512, 768}, {256, 384}}) {
     const std::string shape = fmt::format("[{}, {}] -> [{}, {}]", n, c, n, 4 * c);
@@ -354,7 +354,7 @@ std::vector<double> row_log_sum_exp(const Tensor& qkv, int64_t heads) {
 // T] tensor kept, and the backward deterministic: two runs equal bit for bit. The
 // shapes: gpt-mini's heads, GPT-2's (T 1024, D 64), an odd T and a head of 16.
 TEST(MixedPrecisionGpu, FusedAttentionMatchesTheCpu) {
-  DDP_REQUIRE_CUDA();
+  DDP_REQUIRE_REAL_CUDA("cuDNN's fused attention");
   struct Shape4 {
     int64_t b, t, heads, d;
   };
@@ -389,7 +389,7 @@ TEST(MixedPrecisionGpu, FusedAttentionMatchesTheCpu) {
 // What the fused attention cannot take falls back to the packed kernels under the
 // automatic path (probs kept), and is an error naming it when asked for by name.
 TEST(MixedPrecisionGpu, FusedAttentionRefusesHeadsItCannotTake) {
-  DDP_REQUIRE_CUDA();
+  DDP_REQUIRE_REAL_CUDA("cuDNN's fused attention");
   const Tensor qkv = bf16(randn({2, 16, 3 * 36}, 70)).to(kGpu);  // 3 heads of 12
   const AttentionResult packed = causal_self_attention(qkv, 3);
   EXPECT_FALSE(packed.fused());

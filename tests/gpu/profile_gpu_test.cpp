@@ -34,7 +34,7 @@ struct StopAtEnd {
 };
 
 TEST(OpProfileGpu, AnOpsTimeIsTheDevicesNotTheLaunch) {
-  DDP_REQUIRE_CUDA();
+  DDP_REQUIRE_REAL_CUDA("launches that return before the kernel ends");
   StopAtEnd guard;
   const Tensor a = randn({4096, 4096}, 1, {.device = kGpu});
   matmul(a, a);  // warm-up: the cuBLAS handle and workspace
@@ -62,7 +62,7 @@ TEST(OpProfileGpu, AnOpsTimeIsTheDevicesNotTheLaunch) {
 }
 
 TEST(OpProfileGpu, ACapturedGraphIsOneEntry) {
-  DDP_REQUIRE_CUDA();
+  DDP_REQUIRE_REAL_CUDA("CUDA graphs");
   StopAtEnd guard;
   const Tensor x = randn({256, 256}, 2, {.device = kGpu});
   Tensor y;
