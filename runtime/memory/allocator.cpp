@@ -100,6 +100,7 @@ CachingAllocator::Backend cuda_backend(int device) {
   b.record_event = record_cuda_event;
   b.event_done = cuda_event_done;
   b.destroy_event = destroy_cuda_event;
+  b.host_memory = cuda_api::emulated();  // Note [emulated CUDA device]
   b.oom_hint = [device] {
     uint64_t free_bytes = 0, total = 0;
     cuda_api::mem_get_info(device, &free_bytes, &total);
@@ -115,6 +116,7 @@ CachingAllocator::Backend pinned_backend() {
   CachingAllocator::Backend b;
   b.name = "pinned host memory";
   b.current_stream = [] { return Stream(); };
+  b.host_memory = true;
   if (cuda_api::device_count() > 0) {
     b.raw_alloc = [](size_t bytes) { return cuda_api::malloc_pinned(bytes); };
     b.raw_free = [](void* p) { cuda_api::free_pinned(p); };

@@ -5,8 +5,30 @@
 #include <algorithm>
 #include <tuple>
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
+
 namespace ddp {
 namespace {
+
+// Marks host memory unusable (or usable again) for AddressSanitizer; nothing without it.
+void poison(const void* p, size_t n) {
+#if defined(__SANITIZE_ADDRESS__)
+  ASAN_POISON_MEMORY_REGION(p, n);
+#else
+  (void)p;
+  (void)n;
+#endif
+}
+void unpoison(const void* p, size_t n) {
+#if defined(__SANITIZE_ADDRESS__)
+  ASAN_UNPOISON_MEMORY_REGION(p, n);
+#else
+  (void)p;
+  (void)n;
+#endif
+}
 
 constexpr size_t kSmallLimit = size_t{1} << 20;  // 1 MiB
 constexpr size_t kSmallRound = 512;
@@ -106,6 +128,10 @@ void* CachingAllocator::allocate(size_t bytes) {
     ++stats_.num_raw_allocs;
     stats_.reserved += size;
   }
+  if (backend_.host_memory) {
+    unpoison(block->ptr, bytes);
+    poison(static_cast<char*>(block->ptr) + bytes, block->size - bytes);
+  }
   live_[block->ptr] = block;
   ++stats_.num_allocs;
   stats_.allocated += block->size;
@@ -122,6 +148,7 @@ void CachingAllocator::deallocate(void* ptr) {
   Block* block = it->second;
   live_.erase(it);
   stats_.allocated -= block->size;
+  if (backend_.host_memory) poison(block->ptr, block->size);
   if (!captures_.empty()) {
     keep_in_pool(block);
     return;
@@ -233,6 +260,7 @@ void CachingAllocator::release_cached() {
 }
 
 void CachingAllocator::free_raw(Block* block) {
+  if (backend_.host_memory) unpoison(block->ptr, block->size);
   backend_.raw_free(block->ptr);
   stats_.reserved -= block->size;
   ++stats_.num_raw_frees;

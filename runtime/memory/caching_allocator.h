@@ -69,6 +69,11 @@ class CachingAllocator : public Allocator {
     std::function<bool(void*)> event_done;
     std::function<void(void*)> destroy_event;
     std::function<std::string()> oom_hint;  // extra text for the OOM message (free/total)
+    // The blocks are host memory (pinned, the emulated CUDA device): under
+    // AddressSanitizer a block's bytes past the request, and a whole cached block, are
+    // poisoned, so that a kernel reading past its tensor or into a freed one is
+    // reported although the block itself is still allocated.
+    bool host_memory = false;
   };
 
   explicit CachingAllocator(Backend backend);
