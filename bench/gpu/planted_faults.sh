@@ -33,6 +33,11 @@ options:
   --budget S        seconds for the whole script (default 0: none): no run starts after
                     S - --timeout seconds; the lines left are reported "not run"
   --log FILE        every run's output, appended (default: none)
+  --emulated        the CUDA device is the CPU's emulation (Note [emulated CUDA device]
+                    in runtime/cuda/emu/kernel_emu.h; a -DDDP_CUDA=EMULATE build): runs
+                    with DDP_CUDA_EMULATION=2 unless it is set, and leaves out the
+                    library lines (cuBLASLt, cuDNN: "-" in the cpu column), which the
+                    emulation does not have
   -h, --help        this help
 
 Exit code: 0 when every fault was caught, 1 when one was not (or a baseline failed),
@@ -41,6 +46,7 @@ EOF
 }
 
 tests="" device=cuda table="$here/planted_faults.txt" only="" timeout_s=120 log=/dev/null budget=0
+emulated=0
 die_usage() { echo "planted_faults.sh: $*" >&2; exit 2; }
 need_value() { [[ $# -ge 2 && -n "$2" ]] || die_usage "$1 needs a value (see --help)"; }
 while [[ $# -gt 0 ]]; do
@@ -52,8 +58,9 @@ while [[ $# -gt 0 ]]; do
     --timeout) need_value "$@"; timeout_s="$2"; shift 2 ;;
     --log) need_value "$@"; log="$2"; shift 2 ;;
     --budget) need_value "$@"; budget="$2"; shift 2 ;;
+    --emulated) emulated=1; shift ;;
     -h | --help) usage; exit 0 ;;
-    *) die_usage "unknown option '$1'; valid: --tests, --device, --table, --only, --timeout, --budget, --log, --help" ;;
+    *) die_usage "unknown option '$1'; valid: --tests, --device, --table, --only, --timeout, --budget, --log, --emulated, --help" ;;
   esac
 done
 [[ -n "$tests" ]] || die_usage "--tests BIN is required (ddp_gpu_tests or ddp_unit_tests)"
@@ -62,6 +69,8 @@ done
 [[ -r "$table" ]] || die_usage "--table $table: no such file"
 [[ $timeout_s =~ ^[0-9]+$ && $timeout_s -gt 0 ]] || die_usage "--timeout '$timeout_s': expected whole seconds > 0"
 [[ $budget =~ ^[0-9]+$ ]] || die_usage "--budget '$budget': expected whole seconds (0: none)"
+[[ $emulated -eq 1 && $device != cuda ]] && die_usage "--emulated is for --device cuda (the emulated CUDA device)"
+[[ $emulated -eq 1 ]] && export DDP_CUDA_EMULATION="${DDP_CUDA_EMULATION:-2}"
 # time_left: whether another run of up to --timeout seconds fits the --budget.
 time_left() { [[ $budget -eq 0 || $((SECONDS + timeout_s)) -le $budget ]]; }
 
@@ -71,7 +80,7 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 
 # The table's lines for this device: fault and filter.
-faults=() filters=()
+faults=() filters=() library=0
 while read -r fault gpu cpu rest; do
   [[ -z "$fault" || "$fault" == \#* ]] && continue
   [[ -n "$rest" || -z "$cpu" ]] && { echo "planted_faults.sh: $table: '$fault $gpu $cpu $rest': expected three columns" >&2; exit 2; }
@@ -79,8 +88,10 @@ while read -r fault gpu cpu rest; do
   filter=$gpu
   [[ $column -eq 3 ]] && filter=$cpu
   [[ "$filter" == "-" ]] && continue
+  [[ $emulated -eq 1 && "$cpu" == "-" ]] && { library=$((library + 1)); continue; }
   faults+=("$fault") filters+=("$filter")
 done <"$table"
+[[ $library -gt 0 ]] && echo "left out $library library line(s) (cuBLASLt, cuDNN): the emulated device has no such libraries"
 
 # run SPEC FILTER: the tests under the fault SPEC ("" for none) into $out; sets rc,
 # applied (how often the fault changed an output), passed and failed.
@@ -108,7 +119,9 @@ for filter in "${filters[@]}"; do
     baseline[$filter]=ok
   else
     baseline[$filter]="exit $rc, $passed passed, $failed failed"
-    printf '%-12s %-44s %s\n' "BASELINE" "$filter" "fails without a fault: ${baseline[$filter]}"
+    why="fails without a fault"
+    [[ $rc -eq 0 && $passed -eq 0 ]] && why="runs no test without a fault (all skipped, or none matched)"
+    printf '%-12s %-44s %s\n' "BASELINE" "$filter" "$why: ${baseline[$filter]}"
   fi
 done
 
