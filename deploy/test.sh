@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Installs what is missing, configures, builds and runs the test suite.
 #
-#   deploy/test.sh [--build-dir DIR] [--cpu-only] [--sanitize address|thread]
+#   deploy/test.sh [--build-dir DIR] [--cpu-only | --emulate-cuda]
+#                  [--sanitize address|thread]
 #                  [--no-werror] [--label L] [--exclude-label L] [--no-install]
 #                  [--jobs N] [--no-rerun]
 #
 #   --build-dir DIR    build folder (default: build)
 #   --cpu-only         configure with -DDDP_CUDA=OFF (default: CUDA when nvcc is found)
+#   --emulate-cuda     configure with -DDDP_CUDA=EMULATE: the CUDA kernels compiled as
+#                      C++ for a CUDA device emulated on the CPU, where the gpu tests
+#                      run (Note [emulated CUDA device]; needs the toolkit's headers)
 #   --sanitize KIND    sanitizer build: address (ASan + UBSan) or thread (TSan)
 #   --no-werror        let compiler warnings pass (default: they are errors, as in CI)
 #   --label L          run only ctest tests with label L (unit, gpu, ...)
@@ -17,8 +21,8 @@
 #   --no-rerun         a failed test fails the run at once (default: it runs once
 #                      more, and one that passes then is listed as flaky at the end)
 #
-# gpu-labelled tests need a GPU; without one they are reported as skipped and
-# the reason is printed at the end.
+# gpu-labelled tests need a GPU (or --emulate-cuda); without one they are reported as
+# skipped and the reason is printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,6 +40,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) build_dir=$2; shift 2 ;;
     --cpu-only) cuda=OFF; shift ;;
+    --emulate-cuda) cuda=EMULATE; shift ;;
     --sanitize) sanitize=$2; shift 2 ;;
     --werror) werror=ON; shift ;;
     --no-werror) werror=OFF; shift ;;
@@ -44,7 +49,7 @@ while [ $# -gt 0 ]; do
     --no-install) install=0; shift ;;
     --jobs) jobs=$2; test_jobs=$2; shift 2 ;;
     --no-rerun) rerun=0; shift ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "deploy/test.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -102,7 +107,7 @@ if [ -n "$flaky" ]; then
 fi
 
 # Say why gpu tests skipped, once, rather than leaving a silent "Skipped".
-if [ -x "$build_dir/bin/ddp_gpu_tests" ]; then
+if [ "$cuda" != EMULATE ] && [ -x "$build_dir/bin/ddp_gpu_tests" ]; then
   reason=$("$build_dir/bin/ddp_gpu_tests" --gtest_brief=1 2>&1 | grep -m1 -o "no CUDA device:.*" || true)
   [ -n "$reason" ] && echo "gpu tests skipped: $reason"
 fi
