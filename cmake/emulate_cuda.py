@@ -17,22 +17,28 @@ import sys
 # launch configuration and the opening parenthesis of the arguments.
 LAUNCH = re.compile(
     r"(?P<kernel>[A-Za-z_]\w*(?:::[A-Za-z_]\w*)*(?:<(?:[^<>;]|<[^<>;]*>)*>)?)"
-    r"(?P<gap>\s*)<<<(?P<config>.*?)>>>(?P<tail>\s*)\(",
-    re.DOTALL)
+    r"(?P<gap>\s*)<<<(?P<config>[^;]*?)>>>(?P<tail>\s*)\((?P<empty>\s*\))?")
 
 
 def rewrite(text):
+    spans = []
+
     def launch(m):
-        kernel = m.group("kernel")
+        spans.append(m.span())
+        kernel = " ".join(m.group("kernel").split())
         config = " ".join(m.group("config").split())
         newlines = m.group(0).count("\n")
+        # k<<<...>>>() has no arguments to follow the call's comma.
+        rest = ")" if m.group("empty") else ", "
         return ('::ddp::cuda_emu::launch("%s", ::ddp::cuda_emu::Config(%s), '
-                '[&](auto&&... ddp_emu_args) { %s(ddp_emu_args...); }, %s'
-                % (kernel, config, kernel, "\n" * newlines))
+                '[&](auto&&... ddp_emu_args) { %s(ddp_emu_args...); }%s%s'
+                % (kernel, config, kernel, rest, "\n" * newlines))
     out, count = LAUNCH.subn(launch, text)
-    if "<<<" in out:
-        line = out[:out.index("<<<")].count("\n") + 1
-        sys.exit("emulate_cuda.py: a launch at line %d is not in a form it knows" % line)
+    for m in re.finditer("<<<", text):
+        if not any(a <= m.start() < b for a, b in spans):
+            line = text[:m.start()].count("\n") + 1
+            sys.exit("emulate_cuda.py: a launch at line %d is not in a form it knows "
+                     "(kernel<<<config>>>(args) with no ';' in the config)" % line)
     return out, count
 
 

@@ -74,7 +74,10 @@ cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t op_a, cublasOperati
   if (lda < std::max(1, op_a == CUBLAS_OP_N ? m : k) ||
       ldb < std::max(1, op_b == CUBLAS_OP_N ? k : n))
     return CUBLAS_STATUS_INVALID_VALUE;
-  if (!supported(ta) || !supported(tb) || !supported(tc)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  // cublasGemmEx's table for CUBLAS_COMPUTE_32F: A and B of one type, C of that type
+  // or fp32 (fp32 inputs: fp32 C).
+  if (!supported(ta) || ta != tb || (tc != ta && tc != CUDA_R_32F))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
   if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
   // fp32 sums through OpenBLAS (an order cuBLAS may use too); other types widen first
   // and round once at the end, as CUBLAS_COMPUTE_32F does.
@@ -144,6 +147,7 @@ cublasStatus_t sgemm_strided_batched(cublasHandle_t h, cublasOperation_t op_a,
                                      long long stride_a, const float* b, int ldb,
                                      long long stride_b, const float* beta, float* c, int ldc,
                                      long long stride_c, int batches) {
+  if (batches < 0) return CUBLAS_STATUS_INVALID_VALUE;
   for (int i = 0; i < batches; ++i) {
     const cublasStatus_t s =
         gemm(h, op_a, op_b, m, n, k, *alpha, a + i * stride_a, CUDA_R_32F, lda, b + i * stride_b,
@@ -170,6 +174,7 @@ cublasStatus_t gemm_strided_batched_ex(cublasHandle_t h, cublasOperation_t op_a,
                                        cudaDataType tc, int ldc, long long stride_c, int batches,
                                        cublasComputeType_t compute, cublasGemmAlgo_t) {
   if (compute != CUBLAS_COMPUTE_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (batches < 0) return CUBLAS_STATUS_INVALID_VALUE;
   for (int i = 0; i < batches; ++i) {
     const cublasStatus_t s =
         gemm(h, op_a, op_b, m, n, k, *static_cast<const float*>(alpha), offset(a, ta, i * stride_a),

@@ -81,8 +81,19 @@ struct Stream {
 struct Event {
   int device;
   bool timing;
+  bool recorded = false;
   std::chrono::steady_clock::time_point at{};
 };
+
+// Note [stream device]: CUDA refuses a call on a stream of another device than the
+// one it names (or, for a launch, than the current one); a real GPU would fail there.
+void check_stream(int device, StreamHandle stream, const char* call) {
+  if (stream == nullptr) return;  // the legacy default stream of `device`
+  const int owner = static_cast<Stream*>(stream)->device;
+  if (owner != device)
+    throw CudaError(
+        fmt::format("{} on cuda:{}: the stream belongs to cuda:{}", call, device, owner));
+}
 
 [[noreturn]] void no_graphs(const char* call) {
   throw CudaError(fmt::format(
@@ -178,18 +189,23 @@ void free_pinned(void* ptr) {
 }
 
 void memcpy_async(int device, void* dst, const void* src, size_t bytes, CopyKind kind,
-                  StreamHandle) {
-  if (kind != CopyKind::host_to_host) check_device(device, "memcpy_async");
+                  StreamHandle stream) {
+  if (kind != CopyKind::host_to_host) {
+    check_device(device, "memcpy_async");
+    check_stream(device, stream, "cudaMemcpyAsync");
+  }
   if (bytes != 0) std::memmove(dst, src, bytes);
 }
 void memcpy_peer_async(void* dst, int dst_device, const void* src, int src_device, size_t bytes,
-                       StreamHandle) {
+                       StreamHandle stream) {
   check_device(dst_device, "memcpy_peer_async");
   check_device(src_device, "memcpy_peer_async");
+  check_stream(dst_device, stream, "cudaMemcpyPeerAsync");
   if (bytes != 0) std::memmove(dst, src, bytes);
 }
-void memset_async(int device, void* dst, int value, size_t bytes, StreamHandle) {
+void memset_async(int device, void* dst, int value, size_t bytes, StreamHandle stream) {
   check_device(device, "memset_async");
+  check_stream(device, stream, "cudaMemsetAsync");
   if (bytes != 0) std::memset(dst, value, bytes);
 }
 
@@ -200,8 +216,9 @@ StreamHandle stream_create(int device) {
 void stream_destroy(int, StreamHandle stream) {
   delete static_cast<Stream*>(stream);
 }
-void stream_synchronize(int device, StreamHandle) {
+void stream_synchronize(int device, StreamHandle stream) {
   check_device(device, "stream_synchronize");
+  check_stream(device, stream, "cudaStreamSynchronize");
   count_host_sync();
 }
 bool stream_query(int device, StreamHandle) {
@@ -216,12 +233,14 @@ EventHandle event_create(int device, bool enable_timing) {
 void event_destroy(int, EventHandle event) {
   delete static_cast<Event*>(event);
 }
-void event_record(int device, EventHandle event, StreamHandle) {
+void event_record(int device, EventHandle event, StreamHandle stream) {
   check_device(device, "event_record");
+  check_stream(device, stream, "cudaEventRecord");
   auto* e = static_cast<Event*>(event);
   if (e->device != device)
     throw CudaError(
         fmt::format("cudaEventRecord: an event of cuda:{} recorded on cuda:{}", e->device, device));
+  e->recorded = true;
   e->at = std::chrono::steady_clock::now();
 }
 void event_synchronize(int device, EventHandle) {
@@ -238,10 +257,13 @@ float event_elapsed_ms(int device, EventHandle start, EventHandle end) {
   const auto* b = static_cast<Event*>(end);
   if (!a->timing || !b->timing)
     throw CudaError("cudaEventElapsedTime: an event created without timing");
+  if (!a->recorded || !b->recorded)
+    throw CudaError("cudaEventElapsedTime: an event that was never recorded");
   return std::chrono::duration<float, std::milli>(b->at - a->at).count();
 }
-void stream_wait_event(int stream_device, StreamHandle, EventHandle) {
+void stream_wait_event(int stream_device, StreamHandle stream, EventHandle) {
   check_device(stream_device, "stream_wait_event");
+  check_stream(stream_device, stream, "cudaStreamWaitEvent");
 }
 
 void stream_begin_capture(int, StreamHandle) {
@@ -290,6 +312,18 @@ bool enable_peer_access(int device, int peer) {
 }
 
 }  // namespace ddp::cuda_api
+
+namespace ddp::cuda_emu {
+
+std::string stream_problem(cudaStream_t stream) {
+  if (stream == nullptr) return "";
+  const int owner = static_cast<cuda_api::Stream*>(static_cast<void*>(stream))->device;
+  if (owner == cuda_api::t_current_device) return "";
+  return fmt::format("launched into a stream of cuda:{} while cuda:{} is current", owner,
+                     cuda_api::t_current_device);
+}
+
+}  // namespace ddp::cuda_emu
 
 // The CUDA runtime calls that ops/cuda makes itself (cuda_check.h's error text): no
 // emulated call fails with a cudaError_t, so there is never an error to report.

@@ -25,6 +25,7 @@
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define DDP_EMU_ASAN 1
 #else
@@ -108,15 +109,19 @@ struct Fiber {
   void* fake_stack = nullptr;
 };
 
+// A fiber's stack, with an inaccessible page below it: a kernel that overflows its
+// stack faults instead of writing over the next fiber's frames.
+constexpr size_t kGuardBytes = 4096;
 struct Stack {
-  char* base = nullptr;
+  char* base = nullptr;  // the usable kStackBytes, above the guard page
   Stack() {
-    void* p = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE,
+    void* p = mmap(nullptr, kGuardBytes + kStackBytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) throw std::runtime_error("emulated CUDA: cannot map a fiber's stack");
-    base = static_cast<char*>(p);
+    mprotect(p, kGuardBytes, PROT_NONE);
+    base = static_cast<char*>(p) + kGuardBytes;
   }
-  ~Stack() { munmap(base, kStackBytes); }
+  ~Stack() { munmap(base - kGuardBytes, kGuardBytes + kStackBytes); }
   Stack(const Stack&) = delete;
   Stack& operator=(const Stack&) = delete;
 };
@@ -203,6 +208,8 @@ void fiber_entry() {
     g.body(g.ctx);
   } catch (const std::exception& e) {
     if (g.error.empty()) g.error = e.what();
+  } catch (...) {
+    if (g.error.empty()) g.error = "a thread threw a non-standard exception";
   }
   f.state = State::done;
   --g.live;
@@ -284,6 +291,12 @@ void run_block_with_fibers(Grid& g) {
         at_block += f.state == State::at_block_barrier;
         at_warp += f.state == State::at_warp_barrier;
       }
+#if DDP_EMU_ASAN
+      // The waiting fibers are abandoned: their frames' redzones must not greet the
+      // next launch that gets their stacks.
+      for (const Fiber& f : g.threads)
+        if (f.state != State::done) __asan_unpoison_memory_region(f.stack, kStackBytes);
+#endif
       if (g.error.empty())
         g.error = block_name(g) + " deadlocked: " + std::to_string(at_block) +
                   " thread(s) wait at __syncthreads and " + std::to_string(at_warp) +
@@ -310,6 +323,9 @@ void run_block_directly(Grid& g) {
         } catch (const std::exception& e) {
           g.error = e.what();
           return;
+        } catch (...) {
+          g.error = "a thread threw a non-standard exception";
+          return;
         }
       }
 }
@@ -335,6 +351,11 @@ void run_grid(const char* name, const Config& config, void (*body)(void*), void*
     if (t_last_error.empty()) t_last_error = std::string(name) + ": " + bad;
     return;
   }
+  if (std::string bad = stream_problem(config.stream); !bad.empty()) {
+    if (t_last_error.empty()) t_last_error = std::string(name) + ": " + bad;
+    return;
+  }
+  // Kernels do not launch kernels: one launch at a time, never nested.
   std::lock_guard<std::mutex> lock(g_launch_mutex);
   Grid g;
   g.name = name;
@@ -342,8 +363,10 @@ void run_grid(const char* name, const Config& config, void (*body)(void*), void*
   g.block = config.block;
   g.body = body;
   g.ctx = ctx;
-  Grid* outer = t_grid;
-  t_grid = &g;
+  struct Running {
+    explicit Running(Grid* g) { t_grid = g; }
+    ~Running() { t_grid = nullptr; }
+  } running(&g);
   bool first = true;
   for (unsigned z = 0; z < g.grid.z && g.error.empty(); ++z)
     for (unsigned y = 0; y < g.grid.y && g.error.empty(); ++y)
@@ -358,7 +381,6 @@ void run_grid(const char* name, const Config& config, void (*body)(void*), void*
         first = false;
         if (!g.error.empty()) break;
       }
-  t_grid = outer;
   if (!g.error.empty() && t_last_error.empty()) t_last_error = std::string(name) + ": " + g.error;
 }
 

@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 namespace ddp::cuda_emu {
@@ -45,6 +46,10 @@ void run_grid(const char* name, const Config& config, void (*body)(void*), void*
 
 // The error of this thread's last failed launch since the last call, "" if none.
 const char* take_last_error();
+
+// Why a launch into `stream` is wrong ("" if it is not): cuda_api_emu.cpp's check that
+// the stream belongs to the current device, as CUDA requires.
+std::string stream_problem(cudaStream_t stream);
 
 template <typename Body, typename... Args>
 void launch(const char* name, const Config& config, Body body, Args... args) {
