@@ -87,10 +87,16 @@ struct Event {
 
 // Note [stream device]: CUDA refuses a call on a stream of another device than the
 // one it names (or, for a launch, than the current one); a real GPU would fail there.
-void check_stream(int device, StreamHandle stream, const char* call) {
-  if (stream == nullptr) return;  // the legacy default stream of `device`
+// The device a stream belongs to other than `device`, -1 if it belongs to `device`
+// (nullptr: the legacy default stream of the device that uses it).
+int foreign_owner(int device, StreamHandle stream) {
+  if (stream == nullptr) return -1;
   const int owner = static_cast<Stream*>(stream)->device;
-  if (owner != device)
+  return owner == device ? -1 : owner;
+}
+
+void check_stream(int device, StreamHandle stream, const char* call) {
+  if (const int owner = foreign_owner(device, stream); owner >= 0)
     throw CudaError(
         fmt::format("{} on cuda:{}: the stream belongs to cuda:{}", call, device, owner));
 }
@@ -316,9 +322,8 @@ bool enable_peer_access(int device, int peer) {
 namespace ddp::cuda_emu {
 
 std::string stream_problem(cudaStream_t stream) {
-  if (stream == nullptr) return "";
-  const int owner = static_cast<cuda_api::Stream*>(static_cast<void*>(stream))->device;
-  if (owner == cuda_api::t_current_device) return "";
+  const int owner = cuda_api::foreign_owner(cuda_api::t_current_device, stream);
+  if (owner < 0) return "";
   return fmt::format("launched into a stream of cuda:{} while cuda:{} is current", owner,
                      cuda_api::t_current_device);
 }

@@ -347,11 +347,9 @@ std::string check_config(const Config& c) {
 }  // namespace
 
 void run_grid(const char* name, const Config& config, void (*body)(void*), void* ctx) {
-  if (std::string bad = check_config(config); !bad.empty()) {
-    if (t_last_error.empty()) t_last_error = std::string(name) + ": " + bad;
-    return;
-  }
-  if (std::string bad = stream_problem(config.stream); !bad.empty()) {
+  std::string bad = check_config(config);
+  if (bad.empty()) bad = stream_problem(config.stream);
+  if (!bad.empty()) {
     if (t_last_error.empty()) t_last_error = std::string(name) + ": " + bad;
     return;
   }
@@ -367,19 +365,18 @@ void run_grid(const char* name, const Config& config, void (*body)(void*), void*
     explicit Running(Grid* g) { t_grid = g; }
     ~Running() { t_grid = nullptr; }
   } running(&g);
-  bool first = true;
   for (unsigned z = 0; z < g.grid.z && g.error.empty(); ++z)
     for (unsigned y = 0; y < g.grid.y && g.error.empty(); ++y)
       for (unsigned x = 0; x < g.grid.x && g.error.empty(); ++x) {
         g.block_idx = uint3{x, y, z};
         if (g.fibers) {
           run_block_with_fibers(g);
-          if (first && !g.waited) g.fibers = false;
+          // Only block 0 can end without a wait here: once a block has waited, every
+          // later one runs as fibers.
+          if (!g.waited) g.fibers = false;
         } else {
           run_block_directly(g);
         }
-        first = false;
-        if (!g.error.empty()) break;
       }
   if (!g.error.empty() && t_last_error.empty()) t_last_error = std::string(name) + ": " + g.error;
 }
