@@ -81,6 +81,35 @@ TEST(KernelEmulation, AShuffleButterflyGivesEveryLaneItsWarpsSum) {
   for (int i = 0; i < 64; ++i) EXPECT_EQ(out[i], i < 32 ? first : second) << "lane " << i;
 }
 
+// A shuffle of width 8: the butterfly over masks 4, 2, 1 sums each group of 8 lanes;
+// then mask 8 reads the earlier group's lane (allowed) or, from a later group, gives
+// the caller its own value (as __shfl_xor_sync does). 40 threads: the second warp is
+// partial, its lanes past the end giving their own value too.
+void group_sum_kernel(const float* x, float* sums, float* crossed) {
+  const unsigned t = threadIdx.x;
+  float v = x[t];
+  for (int mask = 4; mask > 0; mask /= 2) v += __shfl_xor_sync(0xffffffffu, v, mask, 8);
+  sums[t] = v;
+  crossed[t] = __shfl_xor_sync(0xffffffffu, x[t], 8, 8);
+}
+
+TEST(KernelEmulation, AShuffleOfWidthEightStaysInItsGroupOrReadsAnEarlierOne) {
+  constexpr int kThreads = 40;
+  std::vector<float> x(kThreads), sums(kThreads, -1.0f), crossed(kThreads, -1.0f);
+  for (int i = 0; i < kThreads; ++i) x[static_cast<size_t>(i)] = static_cast<float>(i * i);
+  launch("group_sum_kernel", Config(1, kThreads), group_sum_kernel, x.data(), sums.data(),
+         crossed.data());
+  ASSERT_STREQ(cuda_emu::take_last_error(), "");
+  for (int i = 0; i < kThreads; ++i) {
+    float want = 0;
+    for (int j = i / 8 * 8; j < i / 8 * 8 + 8; ++j) want += x[static_cast<size_t>(j)];
+    EXPECT_EQ(sums[static_cast<size_t>(i)], want) << "lane " << i;
+    const int lane = i % 32, src = lane ^ 8;
+    const bool own = src / 8 > lane / 8 || i - lane + src >= kThreads;
+    EXPECT_EQ(crossed[static_cast<size_t>(i)], x[static_cast<size_t>(own ? i : i - lane + src)])
+        << "lane " << i;
+  }
+}
 // Threads waiting at different barriers: thread 0 at __syncthreads, the others at a
 // shuffle that thread 0 never reaches.
 void divergent_barrier_kernel(float* out) {
