@@ -70,7 +70,12 @@ done
 [[ $timeout_s =~ ^[0-9]+$ && $timeout_s -gt 0 ]] || die_usage "--timeout '$timeout_s': expected whole seconds > 0"
 [[ $budget =~ ^[0-9]+$ ]] || die_usage "--budget '$budget': expected whole seconds (0: none)"
 [[ $emulated -eq 1 && $device != cuda ]] && die_usage "--emulated is for --device cuda (the emulated CUDA device)"
-[[ $emulated -eq 1 ]] && export DDP_CUDA_EMULATION="${DDP_CUDA_EMULATION:-2}"
+if [[ $emulated -eq 1 ]]; then
+  export DDP_CUDA_EMULATION="${DDP_CUDA_EMULATION:-2}"
+  # The emulated cuBLAS's OpenBLAS would leave idle threads spinning on the other
+  # cores between its GEMMs (docs/building.md, "The emulated CUDA device").
+  export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
+fi
 # time_left: whether another run of up to --timeout seconds fits the --budget.
 time_left() { [[ $budget -eq 0 || $((SECONDS + timeout_s)) -le $budget ]]; }
 

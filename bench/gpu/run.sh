@@ -105,6 +105,16 @@ options:
   --device DEV      the device of the CUDA steps (default: cuda:0). With --allow-no-gpu,
                     --device cpu runs those steps on the CPU instead of skipping them
                     (nccl excepted): a test of this script's logic, not of CUDA
+  --emulated        the CUDA steps on the CUDA device emulated on the CPU (Note [emulated
+                    CUDA device]): programs of a -DDDP_CUDA=EMULATE build (--prebuilt
+                    BUILD_DIR of `deploy/test.sh --emulate-cuda`, or built here into
+                    --build-dir, default build-gpu-emulated), DDP_CUDA_EMULATION=2 devices
+                    unless it is set; no nvidia-smi needed. The kernels' own source and
+                    this script's CUDA branches run before a GPU is lent; speed does not.
+                    Steps the emulation cannot run are skipped, naming why: the nccl
+                    steps, graph_* (no CUDA graphs), bf16_loss and train_cnn (too long
+                    there) and the speed steps (gpt2_bf16, gpt_mini_bf16, bench_*, torch_*, gpt_mini,
+                    gpt2). Without --only (or with --quick): every other step
   -h, --help        this help
 
 environment: PYTHON (default python3) runs PyTorch and the result parsing.
@@ -122,7 +132,7 @@ EOF
 # ---- options -------------------------------------------------------------------
 prebuilt="" build_dir="${repo_root}/build-gpu" arch="90" with_tests=1
 jobs="$(nproc 2>/dev/null || echo 4)" data="" out="" only="" allow_no_gpu=0
-prefixes=() dev=cuda:0 budget=540
+prefixes=() dev=cuda:0 budget=540 emulated=0 build_dir_set=0
 optional="" # --quick's steps that run only where --budget leaves time (skipped, not failed)
 python="${PYTHON:-python3}"
 
@@ -131,7 +141,7 @@ need_value() { [[ $# -ge 2 && -n "$2" ]] || die_usage "$1 needs a value (see --h
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --prebuilt) need_value "$@"; prebuilt="$2"; shift 2 ;;
-    --build-dir) need_value "$@"; build_dir="$2"; shift 2 ;;
+    --build-dir) need_value "$@"; build_dir="$2"; build_dir_set=1; shift 2 ;;
     --arch) need_value "$@"; arch="$2"; shift 2 ;;
     --prefix) need_value "$@"; prefixes+=("$2"); shift 2 ;;
     --no-tests) with_tests=0; shift ;;
@@ -145,10 +155,11 @@ while [[ $# -gt 0 ]]; do
       shift
       ;;
     --allow-no-gpu) allow_no_gpu=1; shift ;;
+    --emulated) emulated=1; shift ;;
     --device) need_value "$@"; dev="$2"; shift 2 ;;
     --budget) need_value "$@"; budget="$2"; shift 2 ;;
     -h | --help) usage; exit 0 ;;
-    *) die_usage "unknown option '$1'; valid: --prebuilt, --build-dir, --arch, --prefix, --no-tests, --jobs, --data, --out, --only, --quick, --allow-no-gpu, --device, --budget, --help" ;;
+    *) die_usage "unknown option '$1'; valid: --prebuilt, --build-dir, --arch, --prefix, --no-tests, --jobs, --data, --out, --only, --quick, --allow-no-gpu, --device, --emulated, --budget, --help" ;;
   esac
 done
 readonly kSteps=",gpu_tests,gpt2_bf16,gpt_mini_bf16,bf16_loss,reference_bf16,ddp_bf16_nccl_w1,zero2_bf16_nccl_w1,ddp_bf16_shm_w2,dp_bf16_2replicas,graph_mlp,graph_cnn,graph_gpt,train_mlp,train_cnn,parity_mlp,parity_cnn,reference,ddp_nccl_w1,elastic_nccl_w1,ddp_shm_w2,dp_2replicas,zero2_nccl_w1,zero1_shm_w2,zero2_shm_w2,parity_gpt,ddp_gpt_nccl_w1,bench_device,planted_faults,bench_gemm,torch_mlp,torch_cnn,gpt_mini,gpt2,"
@@ -158,6 +169,16 @@ done
 [[ $budget =~ ^[0-9]+$ ]] || die_usage "--budget '$budget': expected whole seconds (0: no budget)"
 [[ $dev == cpu || $dev =~ ^cuda(:[0-9]+)?$ ]] || die_usage "--device '$dev': valid values are cuda:N, cpu"
 [[ $dev == cpu && $allow_no_gpu -eq 0 ]] && die_usage "--device cpu is for testing this script: add --allow-no-gpu"
+[[ $dev == cpu && $emulated -eq 1 ]] && die_usage "--emulated runs the CUDA steps on the emulated CUDA device: drop --device cpu"
+[[ $emulated -eq 1 && $build_dir_set -eq 0 ]] && build_dir="${repo_root}/build-gpu-emulated"
+if [[ $emulated -eq 1 ]]; then
+  [[ -z "${DDP_CUDA_EMULATION:-}" ]] && export DDP_CUDA_EMULATION=2
+  # The emulated cuBLAS's OpenBLAS would leave idle threads spinning on the other
+  # cores between its GEMMs (docs/building.md, "The emulated CUDA device").
+  export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
+  [[ $DDP_CUDA_EMULATION =~ ^[1-8]$ ]] ||
+    die_usage "--emulated: DDP_CUDA_EMULATION='$DDP_CUDA_EMULATION' is not a device count 1..8 (unset it for 2)"
+fi
 [[ -z "$prebuilt" || -d "$prebuilt/bin" || -f "$prebuilt/ddp.tar.xz" ]] ||
   die_usage "--prebuilt $prebuilt: neither ddp.tar.xz nor bin/ there (make it with bench/gpu/prepare.sh)"
 [[ -n "$prebuilt" ]] && prebuilt="$(cd "$prebuilt" && pwd)"
@@ -290,6 +311,7 @@ describe_machine() {
     else
       echo "gpu: none (no nvidia-smi)"
     fi
+    [[ $emulated -eq 1 ]] && echo "emulated: ${DDP_CUDA_EMULATION} CUDA device(s) on the CPU (--emulated)"
     "$python" -c 'import torch; print("torch:", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>/dev/null ||
       echo "torch: not importable by $python"
   } >"$logs/env.log"
@@ -348,6 +370,7 @@ step_build() {
   fi
   local args=(-S "$repo_root" -B "$build_dir" -DDDP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch"
     -DCMAKE_BUILD_TYPE=Release)
+  [[ $emulated -eq 1 ]] && args=(-S "$repo_root" -B "$build_dir" -DDDP_CUDA=EMULATE -DCMAKE_BUILD_TYPE=Release)
   command -v ninja >/dev/null && args+=(-G Ninja)
   [[ $with_tests -eq 0 ]] && args+=(-DDDP_BUILD_TESTS=OFF)
   if [[ ${#prefixes[@]} -gt 0 ]]; then args+=("-DCMAKE_PREFIX_PATH=$(IFS=';'; echo "${prefixes[*]}")"); fi
@@ -361,7 +384,7 @@ step_build() {
   fi
   if [[ $rc -eq 0 ]]; then
     bin="$build_dir/bin"
-    record build "ok" "sm_${arch} in $build_dir" "-"
+    record build "ok" "$([[ $emulated -eq 1 ]] && echo "emulated CUDA" || echo "sm_${arch}") in $build_dir" "-"
   else
     record build "FAILED: $(why_failed "$part" "$rc")"
   fi
@@ -371,6 +394,7 @@ step_build() {
 cuda=0 # 1: CUDA steps run
 preflight() {
   local archs cc_arch a ok=0 below=0 rc
+  [[ $emulated -eq 1 ]] && { preflight_emulated; return; }
   archs=$(build_archs)
   if [[ $gpu_count -eq 0 ]]; then
     if [[ $allow_no_gpu -eq 1 ]]; then
@@ -419,6 +443,68 @@ preflight() {
   fi
   cuda=1
   record preflight "ok" "${gpu_count} x ${gpu_name}, compute capability ${gpu_cc}" "build archs ${archs}"
+}
+
+# build_emulation: 1 when the build's config.h says DDP_CUDA_EMULATION 1, 0 when it
+# says 0, empty when there is none to read (a prepare.sh bundle).
+build_emulation() {
+  local f
+  for f in "$prebuilt/generated/ddp/config.h" "$build_dir/generated/ddp/config.h"; do
+    [[ -n "$prebuilt" && $f == "$build_dir"/* ]] && continue
+    [[ -f "$f" ]] || continue
+    sed -nE 's/^#define DDP_CUDA_EMULATION ([01])$/\1/p' "$f" | head -1
+    return
+  done
+}
+
+# --emulated: the build must emulate CUDA, and its tiny train must run on cuda:0.
+preflight_emulated() {
+  local rc what="${DDP_CUDA_EMULATION} emulated CUDA device(s) (DDP_CUDA_EMULATION)"
+  gpu_name="emulated CUDA device (CPU)"
+  if [[ $(build_emulation) == 0 ]]; then
+    echo "run.sh: FAIL: --emulated, but the build in ${prebuilt:-$build_dir} compiles its CUDA kernels for a" \
+      "GPU (DDP_CUDA_EMULATION 0 in its config.h). Build one with -DDDP_CUDA=EMULATE" \
+      "(deploy/test.sh --emulate-cuda --build-dir DIR, then --prebuilt DIR), or drop --emulated on a GPU machine." >&2
+    record preflight "FAILED: --emulated needs a -DDDP_CUDA=EMULATE build" "-" "${prebuilt:-$build_dir}"
+    return 1
+  fi
+  run_logged preflight 120 "$bin/train" --data synthetic --synthetic-size 256 --epochs 1 --batch-size 64 \
+    --device "$dev" --quiet
+  rc=$?
+  if [[ $rc -ne 0 ]]; then
+    echo "run.sh: FAIL: --emulated: \`train --device $dev\` cannot use the $what: $(why_failed preflight "$rc")." \
+      "Is ${prebuilt:-$build_dir} a -DDDP_CUDA=EMULATE build (deploy/test.sh --emulate-cuda)?" >&2
+    sed 's/^/  | /' "$logs/preflight.log" | tail -15 >&2
+    record preflight "FAILED: the emulated device cannot run train: $(why_failed preflight "$rc")" "$what"
+    return 1
+  fi
+  cuda=1
+  record preflight "ok" "$what" "no GPU: the kernels' source on the CPU"
+}
+
+# emulation_lacks STEP: why the emulated CUDA device cannot run STEP; nothing when it can.
+emulation_lacks() {
+  case "$1" in
+    *nccl*) echo "nccl is absent from the emulated device" ;;
+    graph_*) echo "CUDA graphs are absent from the emulated device" ;;
+    bf16_loss) echo "600 gpt-mini steps take hours on the emulated device (e2e.train_autocast checks bf16 on the CPU)" ;;
+    train_cnn) echo "an epoch of the CNN takes about an hour on the emulated device (parity_cnn runs its kernels)" ;;
+    gpt2_bf16 | gpt_mini_bf16 | bench_* | torch_* | gpt_mini | gpt2)
+      echo "a speed step: the emulated device's speed says nothing of a GPU's" ;;
+  esac
+}
+
+# skip_emulation_lacks: with --emulated, the selected steps the emulation lacks leave the
+# selection; their "skipped" rows are recorded at the end (skipped_rows).
+skipped_rows=()
+skip_emulation_lacks() {
+  local name why kept=","
+  [[ $emulated -eq 1 ]] || return 0
+  for name in $(tr ',' ' ' <<<"${only:-$kSteps}"); do
+    why=$(emulation_lacks "$name")
+    if [[ -n "$why" ]]; then skipped_rows+=("$name"$'\t'"skipped: $why (--emulated)"); else kept+="$name,"; fi
+  done
+  only=$kept
 }
 
 # ---- steps: bench/gpu/steps.sh ---------------------------------------------------
@@ -484,5 +570,7 @@ if ! preflight; then
   finish
 fi
 
+skip_emulation_lacks
 run_steps
+for row in "${skipped_rows[@]}"; do record "${row%%$'\t'*}" "${row#*$'\t'}"; done
 finish
