@@ -4,6 +4,7 @@
 // one and none; plus the gradient destination and the errors of the checked ops.
 // bf16 precision (Note [cpu bf16]): matmuls and convolutions equal the f32
 // computation on bf16-rounded operands, and differ from plain f32.
+#include "runtime/ops/cpu/onednn.h"
 #include "runtime/autograd/autograd.h"
 #include "runtime/autograd/functions.h"
 #include "runtime/error.h"
@@ -204,23 +205,41 @@ Tensor bf16_rounded(const Tensor& t) {
   return cast(cast(t, DType::bf16), DType::f32);
 }
 
+// The two ways the bf16 precision multiplies (kernels::cpu::onednn::bf16_primitives()):
+// oneDNN's bf16 primitives where the CPU has them (avx512_core and newer; else this is
+// the second way too), and operands rounded to bf16 values multiplied in f32 (AVX2).
+class Bf16Way {
+ public:
+  explicit Bf16Way(bool rounding) { kernels::cpu::onednn::force_bf16_rounding(rounding); }
+  ~Bf16Way() { kernels::cpu::onednn::force_bf16_rounding(false); }
+};
+const char* bf16_way_name(bool rounding) {
+  if (rounding) return "rounded operands in f32";
+  return kernels::cpu::onednn::bf16_primitives() ? "bf16 primitives"
+                                                 : "rounded operands in f32 (no bf16 primitives)";
+}
+
 TEST_F(OneDnnConv, Bf16MatmulIsF32OnRoundedOperands) {
-  for (auto [ta, tb] : {std::pair{false, false}, {true, false}, {false, true}, {true, true}}) {
-    for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{70, 260, 66}, {5, 10, 3}}) {
-      SCOPED_TRACE(fmt::format("m {} n {} k {} trans_a {} trans_b {}", m, n, k, ta, tb));
-      const Tensor a = randn(ta ? Shape{k, m} : Shape{m, k}, 21);
-      const Tensor b = randn(tb ? Shape{n, k} : Shape{k, n}, 22);
-      const Tensor c0 = randn({m, n}, 23);
-      const MatmulOptions o{.trans_a = ta, .trans_b = tb, .alpha = 2.0f, .beta = 0.5f};
-      Tensor ref = c0.clone(), f32 = c0.clone(), got = c0.clone();
-      matmul_out(bf16_rounded(a), bf16_rounded(b), ref, o);  // f32: products of bf16 are exact
-      matmul_out(a, b, f32, o);
-      {
-        PrecisionGuard bf16(CpuPrecision::bf16);
-        matmul_out(a, b, got, o);
+  for (bool rounding : {false, true}) {
+    for (auto [ta, tb] : {std::pair{false, false}, {true, false}, {false, true}, {true, true}}) {
+      for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{70, 260, 66}, {5, 10, 3}}) {
+        SCOPED_TRACE(fmt::format("m {} n {} k {} trans_a {} trans_b {}, {}", m, n, k, ta, tb,
+                                 bf16_way_name(rounding)));
+        const Bf16Way way(rounding);
+        const Tensor a = randn(ta ? Shape{k, m} : Shape{m, k}, 21);
+        const Tensor b = randn(tb ? Shape{n, k} : Shape{k, n}, 22);
+        const Tensor c0 = randn({m, n}, 23);
+        const MatmulOptions o{.trans_a = ta, .trans_b = tb, .alpha = 2.0f, .beta = 0.5f};
+        Tensor ref = c0.clone(), f32 = c0.clone(), got = c0.clone();
+        matmul_out(bf16_rounded(a), bf16_rounded(b), ref, o);  // f32: products of bf16 are exact
+        matmul_out(a, b, f32, o);
+        {
+          PrecisionGuard bf16(CpuPrecision::bf16);
+          matmul_out(a, b, got, o);
+        }
+        EXPECT_LT(max_rel_diff(got, ref), 1e-5);
+        EXPECT_GT(max_rel_diff(got, f32), 1e-4) << "the bf16 precision multiplied in f32";
       }
-      EXPECT_LT(max_rel_diff(got, ref), 1e-5);
-      EXPECT_GT(max_rel_diff(got, f32), 1e-4) << "the bf16 precision multiplied in f32";
     }
   }
 }
@@ -235,14 +254,18 @@ TEST_F(OneDnnConv, Bf16ConvolutionIsF32OnRoundedOperands) {
   const auto ref_p =
       conv2d_backward_params_onednn(bf16_rounded(gy), bf16_rounded(x), weight.shape(), g, true);
   const Tensor f32_y = conv2d_onednn(x, weight, bias, g);
-  PrecisionGuard bf16(CpuPrecision::bf16);
-  const Tensor y = conv2d_onednn(x, weight, bias, g);
-  EXPECT_LT(max_rel_diff(y, ref_y), 1e-5);
-  EXPECT_GT(max_rel_diff(y, f32_y), 1e-4) << "the bf16 precision convolved in f32";
-  EXPECT_LT(max_rel_diff(conv2d_backward_input_onednn(gy, weight, g), ref_gx), 1e-5);
-  const auto p = conv2d_backward_params_onednn(gy, x, weight.shape(), g, true);
-  EXPECT_LT(max_rel_diff(p.weight, ref_p.weight), 1e-5);
-  EXPECT_LT(max_rel_diff(p.bias, ref_p.bias), 1e-5);
+  for (bool rounding : {false, true}) {
+    SCOPED_TRACE(bf16_way_name(rounding));
+    const Bf16Way way(rounding);
+    PrecisionGuard bf16(CpuPrecision::bf16);
+    const Tensor y = conv2d_onednn(x, weight, bias, g);
+    EXPECT_LT(max_rel_diff(y, ref_y), 1e-5);
+    EXPECT_GT(max_rel_diff(y, f32_y), 1e-4) << "the bf16 precision convolved in f32";
+    EXPECT_LT(max_rel_diff(conv2d_backward_input_onednn(gy, weight, g), ref_gx), 1e-5);
+    const auto p = conv2d_backward_params_onednn(gy, x, weight.shape(), g, true);
+    EXPECT_LT(max_rel_diff(p.weight, ref_p.weight), 1e-5);
+    EXPECT_LT(max_rel_diff(p.bias, ref_p.bias), 1e-5);
+  }
 }
 
 TEST_F(OneDnnConv, PrecisionIsReportedAndRestored) {

@@ -99,6 +99,15 @@ void unstage(const Arg& arg, const Staged& staged, void* data) {
           {{DNNL_ARG_FROM, staged.mem}, {DNNL_ARG_TO, memory(arg.user, engine(), data)}});
 }
 
+Tensor bf16_rounded(const float* data, int64_t rows, int64_t cols, int64_t ld) {
+  Tensor out = empty({rows, cols}, {.dtype = DType::f32});
+  float* dst = out.data<float>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      dst[r * cols + c] = bf16_to_float(float_to_bf16(data[r * ld + c]));
+  return out;
+}
+
 }  // namespace detail
 
 namespace {
@@ -106,6 +115,7 @@ namespace {
 using namespace detail;
 
 std::atomic<bool> g_bf16{false};
+std::atomic<bool> g_force_bf16_rounding{false};
 
 // A bf16 matmul of one shape, transposition, alpha and beta (Note [cpu bf16]).
 struct MatmulKey {
@@ -172,6 +182,26 @@ bool bf16() {
   return g_bf16.load(std::memory_order_relaxed);
 }
 
+bool bf16_primitives() {
+  // Asked once, of a small matmul: oneDNN makes its bf16 convolutions on the same ISAs.
+  static const bool made = [] {
+    try {
+      const auto bf16 = memory::data_type::bf16;
+      const dnnl::matmul::desc desc(any({16, 16}, bf16), any({16, 16}, bf16),
+                                    plain({16, 16}, Tag::ab));
+      const dnnl::matmul::primitive_desc pd(desc, user_scratchpad(), engine());
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return made && !g_force_bf16_rounding.load(std::memory_order_relaxed);
+}
+
+void force_bf16_rounding(bool on) {
+  g_force_bf16_rounding.store(on);
+}
+
 bool bf16_native() {
   // The ISA values are bit sets (avx2_vnni is numerically above avx512_core_bf16).
   const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
@@ -205,6 +235,14 @@ std::string isa_name() {
 void matmul_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                  const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                  int64_t ldc) {
+  if (!bf16_primitives()) {  // rounded operands, multiplied in f32 (bf16_primitives())
+    const int64_t a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
+    const Tensor a16 = bf16_rounded(a, trans_a ? k : m, a_cols, lda);
+    const Tensor b16 = bf16_rounded(b, trans_b ? n : k, b_cols, ldb);
+    sgemm(trans_a, trans_b, m, n, k, alpha, a16.data<float>(), a_cols, b16.data<float>(), b_cols,
+          beta, c, ldc);
+    return;
+  }
   try {
     const Matmul& mm = matmul_for({m, n, k, lda, ldb, ldc, trans_a, trans_b, alpha, beta});
     // Both operands differ in type from ours, so both are staged (and rounded).

@@ -24,8 +24,16 @@ std::string version();
 void set_bf16(bool on);
 bool bf16();
 // The CPU has AVX512_BF16 (oneDNN's effective ISA avx512_core_bf16 or newer); without
-// it oneDNN still runs bf16 primitives, emulated and slower.
+// it oneDNN still runs bf16 primitives on avx512_core, emulated and slower.
 bool bf16_native();
+// Whether oneDNN makes bf16 primitives here (avx512_core and newer; on an AVX2-only CPU
+// oneDNN 2.6 makes none). Where it does not, the bf16 precision rounds both operands to
+// bf16 values held in f32 and multiplies those with the f32 primitives: the same
+// products (a product of two bf16 values is exact in f32), summed in f32.
+bool bf16_primitives();
+// For tests: take that rounding path even where bf16 primitives run (false: as the CPU
+// allows). Process-wide.
+void force_bf16_rounding(bool on);
 // oneDNN's name for the ISA it dispatches to here, e.g. "avx512_core_bf16", "avx2".
 std::string isa_name();
 

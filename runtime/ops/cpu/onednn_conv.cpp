@@ -133,7 +133,9 @@ enum class Kind { forward, data, weights };
 const Direction& direction(const Conv2dGeometry& g, int64_t c_out, Kind kind, bool bias) {
   static std::mutex mutex;
   static std::map<Key, Conv> cache;
-  const bool bf16 = onednn::bf16();
+  // Without bf16 primitives the operands come rounded (run_direction), and the
+  // primitives are the f32 ones.
+  const bool bf16 = onednn::bf16() && bf16_primitives();
   const Key k{g.n,        g.c,        g.h,        g.w,     c_out,   g.kernel_h,
               g.kernel_w, g.stride_h, g.stride_w, g.pad_h, g.pad_w, bf16};
   std::lock_guard<std::mutex> lock(mutex);
@@ -154,9 +156,18 @@ const Direction& direction(const Conv2dGeometry& g, int64_t c_out, Kind kind, bo
 }
 
 // Stages in0 and in1, runs the direction with `extra` arguments (bias), unstages out.
+// Under Note [cpu bf16] without bf16 primitives (bf16_primitives()), in0 and in1 are
+// rounded to bf16 values first, as the staging would have rounded them.
 void run_direction(const Direction& dir, int in0_arg, const Tensor& in0, int in1_arg,
                    const Tensor& in1, int out_arg, Tensor& out, Args extra) {
-  Staged a = stage(dir.in0, in0.data_ptr(), true), b = stage(dir.in1, in1.data_ptr(), true);
+  Tensor rounded0, rounded1;
+  if (bf16() && !bf16_primitives()) {
+    rounded0 = bf16_rounded(in0.data<float>(), 1, in0.numel(), in0.numel());
+    rounded1 = bf16_rounded(in1.data<float>(), 1, in1.numel(), in1.numel());
+  }
+  const Tensor& x0 = rounded0.defined() ? rounded0 : in0;
+  const Tensor& x1 = rounded1.defined() ? rounded1 : in1;
+  Staged a = stage(dir.in0, x0.data_ptr(), true), b = stage(dir.in1, x1.data_ptr(), true);
   Staged o = stage(dir.out, out.data_ptr(), false);
   extra.emplace(in0_arg, a.mem);
   extra.emplace(in1_arg, b.mem);

@@ -62,4 +62,9 @@ Staged stage(const Arg& arg, void* data, bool input);
 // Copies a staged output back into data (nothing when it was data itself).
 void unstage(const Arg& arg, const Staged& staged, void* data);
 
+// A dense [rows, cols] copy of `rows` rows of `cols` values (`ld` apart), each rounded
+// to bf16 (to nearest even) and held as f32: an operand of the bf16 precision where
+// oneDNN has no bf16 primitives (bf16_primitives() in onednn.h).
+Tensor bf16_rounded(const float* data, int64_t rows, int64_t cols, int64_t ld);
+
 }  // namespace ddp::kernels::cpu::onednn::detail

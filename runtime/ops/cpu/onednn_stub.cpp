@@ -26,6 +26,12 @@ bool bf16_native() {
   return false;
 }
 
+bool bf16_primitives() {
+  return false;
+}
+
+void force_bf16_rounding(bool) {}
+
 std::string isa_name() {
   return "";
 }
