@@ -89,14 +89,16 @@ install(TARGETS ${DDP_LIBRARY_TARGETS} ddp_all ddp_warnings EXPORT ddpTargets
 # own headers (cuda_runtime.h, cublas_v2.h, cublasLt.h, cudnn_graph.h, nccl.h; also
 # cublas_handle.h, which includes cublas_library.h, and sdpa_cudnn_internal.h, which
 # includes cudnn_library.h) that the package does not
-# promise; only the implementation includes them.
+# promise; only the implementation includes them. Nor the emulated CUDA device's
+# (runtime/cuda/emu: it includes cuda_runtime.h, and only the emulated kernels use it).
 foreach(layer runtime collectives launcher trainer models)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer} DESTINATION ${DDP_INSTALL_INCLUDE_ROOT}
           COMPONENT dev FILES_MATCHING PATTERN "*.h" PATTERN "*.inc"
           PATTERN "cuda_check.h" EXCLUDE PATTERN "cublas_library.h" EXCLUDE
           PATTERN "cublaslt_library.h" EXCLUDE PATTERN "cudnn_library.h" EXCLUDE
           PATTERN "sdpa_cudnn_internal.h" EXCLUDE
-          PATTERN "nccl_library.h" EXCLUDE PATTERN "cublas_handle.h" EXCLUDE)
+          PATTERN "nccl_library.h" EXCLUDE PATTERN "cublas_handle.h" EXCLUDE
+          PATTERN "emu" EXCLUDE)
 endforeach()
 install(FILES ${PROJECT_BINARY_DIR}/generated/ddp/config.h
         DESTINATION ${DDP_INSTALL_INCLUDE_ROOT}/ddp COMPONENT dev)
