@@ -114,7 +114,7 @@ options:
                     Steps the emulation cannot run are skipped, naming why: the nccl
                     steps, graph_* (no CUDA graphs), bf16_loss and train_cnn (too long
                     there) and the speed steps (gpt2_bf16, gpt_mini_bf16, bench_*, torch_*, gpt_mini,
-                    gpt2). Without --only (or with --quick): every other step
+                    gpt2). Every other step runs (of --only's or --quick's, when given)
   -h, --help        this help
 
 environment: PYTHON (default python3) runs PyTorch and the result parsing.
@@ -462,8 +462,8 @@ preflight_emulated() {
   local rc what="${DDP_CUDA_EMULATION} emulated CUDA device(s) (DDP_CUDA_EMULATION)"
   gpu_name="emulated CUDA device (CPU)"
   if [[ $(build_emulation) == 0 ]]; then
-    echo "run.sh: FAIL: --emulated, but the build in ${prebuilt:-$build_dir} compiles its CUDA kernels for a" \
-      "GPU (DDP_CUDA_EMULATION 0 in its config.h). Build one with -DDDP_CUDA=EMULATE" \
+    echo "run.sh: FAIL: --emulated, but the build in ${prebuilt:-$build_dir} is not a -DDDP_CUDA=EMULATE one" \
+      "(DDP_CUDA_EMULATION 0 in its config.h). Build one with -DDDP_CUDA=EMULATE" \
       "(deploy/test.sh --emulate-cuda --build-dir DIR, then --prebuilt DIR), or drop --emulated on a GPU machine." >&2
     record preflight "FAILED: --emulated needs a -DDDP_CUDA=EMULATE build" "-" "${prebuilt:-$build_dir}"
     return 1
@@ -572,5 +572,5 @@ fi
 
 skip_emulation_lacks
 run_steps
-for row in "${skipped_rows[@]}"; do record "${row%%$'\t'*}" "${row#*$'\t'}"; done
+for row in ${skipped_rows[@]+"${skipped_rows[@]}"}; do record "${row%%$'\t'*}" "${row#*$'\t'}"; done
 finish

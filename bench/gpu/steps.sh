@@ -584,7 +584,7 @@ step_planted_faults() {
   local emulation=()
   [[ $emulated -eq 1 ]] && emulation=(--emulated)
   run_logged "$step" "$limit" "$here/planted_faults.sh" --tests "$exe" --device "$device" \
-    --timeout $((emulated ? 90 : 60)) "${emulation[@]}" --budget $((limit > 20 ? limit - 15 : 5)) \
+    --timeout $((emulated ? 90 : 60)) ${emulation[@]+"${emulation[@]}"} --budget $((limit > 20 ? limit - 15 : 5)) \
     --log "$logs/planted_faults.runs.log"
   rc=$?
   figure=$(grep '^planted faults on' "$logs/$step.log" | tail -1)

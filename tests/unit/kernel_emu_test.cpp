@@ -110,6 +110,7 @@ TEST(KernelEmulation, AShuffleOfWidthEightStaysInItsGroupOrReadsAnEarlierOne) {
         << "lane " << i;
   }
 }
+
 // Threads waiting at different barriers: thread 0 at __syncthreads, the others at a
 // shuffle that thread 0 never reaches.
 void divergent_barrier_kernel(float* out) {

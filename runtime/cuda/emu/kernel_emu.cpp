@@ -459,8 +459,9 @@ void warp_exchange(const void* value, void* out, size_t bytes, int src_lane_xor,
   // its own value, as __shfl_xor_sync does for a later group. (width is a power of two,
   // as CUDA requires; a division here took a tenth of the emulation's time.)
   const bool later_group =
-      (width & (width - 1)) == 0 ? (src & -width) > (lane & -width) : src / width > lane / width;
-  if (width <= 0 || later_group || src >= lanes) src = lane;
+      width <= 0 ||
+      ((width & (width - 1)) == 0 ? (src & -width) > (lane & -width) : src / width > lane / width);
+  if (later_group || src >= lanes) src = lane;
   std::memcpy(out, slot[static_cast<size_t>(src)].data(), bytes);
 }
 

@@ -29,7 +29,10 @@
 // products in f32 (AVX512_BF16's dot products) and writes f32. This is what
 // torch.autocast("cpu", bfloat16) does to linear and conv layers; parameters,
 // gradients, optimizer state and every other op stay f32 (docs/train.md
-// "Precision"). Not covered: attention's batched products (cblas_sgemm in
+// "Precision"). Where oneDNN makes no bf16 primitives (an AVX2-only CPU:
+// bf16_primitives()), the operands are rounded to bf16 values held in f32 first and
+// the f32 primitives multiply them: the same products, summed in f32. Not covered:
+// attention's batched products (cblas_sgemm in
 // transformer.cpp) and 16-bit tensors' own matmuls, which stay as they were.
 // The setting is process-wide and part of each primitive's cache key.
 

@@ -128,14 +128,24 @@ struct Conv {
 
 enum class Kind { forward, data, weights };
 
+// A direction to run, and whether its operands are rounded to bf16 first (Note [cpu
+// bf16] without bf16 primitives: bf16_primitives()), decided together.
+struct Chosen {
+  const Direction& dir;
+  bool round_operands;
+};
+
 // The direction `kind` (with or without bias) of the convolution of g, made on
-// first use. Entries are never erased, so the reference stays valid.
-const Direction& direction(const Conv2dGeometry& g, int64_t c_out, Kind kind, bool bias) {
+// first use, for the precision now. Entries are never erased, so the reference stays
+// valid.
+Chosen direction(const Conv2dGeometry& g, int64_t c_out, Kind kind, bool bias) {
   static std::mutex mutex;
   static std::map<Key, Conv> cache;
   // Without bf16 primitives the operands come rounded (run_direction), and the
   // primitives are the f32 ones.
-  const bool bf16 = onednn::bf16() && bf16_primitives();
+  const bool primitives = bf16_primitives();
+  const bool bf16 = onednn::bf16() && primitives;
+  const bool round_operands = onednn::bf16() && !primitives;
   const Key k{g.n,        g.c,        g.h,        g.w,     c_out,   g.kernel_h,
               g.kernel_w, g.stride_h, g.stride_w, g.pad_h, g.pad_w, bf16};
   std::lock_guard<std::mutex> lock(mutex);
@@ -152,16 +162,17 @@ const Direction& direction(const Conv2dGeometry& g, int64_t c_out, Kind kind, bo
                                            ? make_backward_data(conv.d, *conv.hint)
                                            : make_backward_weights(conv.d, bias, *conv.hint));
   }
-  return *slot;
+  return {*slot, round_operands};
 }
 
 // Stages in0 and in1, runs the direction with `extra` arguments (bias), unstages out.
 // Under Note [cpu bf16] without bf16 primitives (bf16_primitives()), in0 and in1 are
 // rounded to bf16 values first, as the staging would have rounded them.
-void run_direction(const Direction& dir, int in0_arg, const Tensor& in0, int in1_arg,
+void run_direction(const Chosen& chosen, int in0_arg, const Tensor& in0, int in1_arg,
                    const Tensor& in1, int out_arg, Tensor& out, Args extra) {
+  const Direction& dir = chosen.dir;
   Tensor rounded0, rounded1;
-  if (bf16() && !bf16_primitives()) {
+  if (chosen.round_operands) {
     rounded0 = bf16_rounded(in0.data<float>(), 1, in0.numel(), in0.numel());
     rounded1 = bf16_rounded(in1.data<float>(), 1, in1.numel(), in1.numel());
   }
@@ -201,7 +212,7 @@ void guarded(const char* op, const Conv2dGeometry& g, int64_t c_out, F&& f) {
 void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dGeometry& g,
                     Tensor& y) {
   guarded("conv2d", g, w.size(0), [&] {
-    const Direction& dir = direction(g, w.size(0), Kind::forward, b.defined());
+    const Chosen dir = direction(g, w.size(0), Kind::forward, b.defined());
     Args extra;
     if (b.defined()) extra.emplace(DNNL_ARG_BIAS, bias_memory(b));
     run_direction(dir, DNNL_ARG_SRC, x, DNNL_ARG_WEIGHTS, w, DNNL_ARG_DST, y, std::move(extra));
@@ -211,7 +222,7 @@ void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Con
 void conv2d_backward_data(const Tensor& grad_y, const Tensor& w, const Conv2dGeometry& g,
                           Tensor& grad_x) {
   guarded("conv2d backward (input)", g, w.size(0), [&] {
-    const Direction& dir = direction(g, w.size(0), Kind::data, false);
+    const Chosen dir = direction(g, w.size(0), Kind::data, false);
     run_direction(dir, DNNL_ARG_DIFF_DST, grad_y, DNNL_ARG_WEIGHTS, w, DNNL_ARG_DIFF_SRC, grad_x,
                   {});
   });
@@ -221,7 +232,7 @@ void conv2d_backward_weights(const Tensor& grad_y, const Tensor& x, const Conv2d
                              Tensor& grad_w, Tensor& grad_b) {
   guarded("conv2d backward (weights)", g, grad_w.size(0), [&] {
     const bool bias = grad_b.defined();
-    const Direction& dir = direction(g, grad_w.size(0), Kind::weights, bias);
+    const Chosen dir = direction(g, grad_w.size(0), Kind::weights, bias);
     Args extra;
     if (bias) extra.emplace(DNNL_ARG_DIFF_BIAS, bias_memory(grad_b));
     run_direction(dir, DNNL_ARG_DIFF_DST, grad_y, DNNL_ARG_SRC, x, DNNL_ARG_DIFF_WEIGHTS, grad_w,
