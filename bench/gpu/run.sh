@@ -168,10 +168,10 @@ for name in ${only//,/ }; do
 done
 [[ $budget =~ ^[0-9]+$ ]] || die_usage "--budget '$budget': expected whole seconds (0: no budget)"
 [[ $dev == cpu || $dev =~ ^cuda(:[0-9]+)?$ ]] || die_usage "--device '$dev': valid values are cuda:N, cpu"
-[[ $dev == cpu && $allow_no_gpu -eq 0 ]] && die_usage "--device cpu is for testing this script: add --allow-no-gpu"
 [[ $dev == cpu && $emulated -eq 1 ]] && die_usage "--emulated runs the CUDA steps on the emulated CUDA device: drop --device cpu"
-[[ $emulated -eq 1 && $build_dir_set -eq 0 ]] && build_dir="${repo_root}/build-gpu-emulated"
+[[ $dev == cpu && $allow_no_gpu -eq 0 ]] && die_usage "--device cpu is for testing this script: add --allow-no-gpu"
 if [[ $emulated -eq 1 ]]; then
+  [[ $build_dir_set -eq 0 ]] && build_dir="${repo_root}/build-gpu-emulated"
   [[ -z "${DDP_CUDA_EMULATION:-}" ]] && export DDP_CUDA_EMULATION=2
   # The emulated cuBLAS's OpenBLAS would leave idle threads spinning on the other
   # cores between its GEMMs (docs/building.md, "The emulated CUDA device").
@@ -368,9 +368,9 @@ step_build() {
     record build "ok" "prebuilt: ${info:-no BUILD_INFO}" "$prebuilt"
     return
   fi
-  local args=(-S "$repo_root" -B "$build_dir" -DDDP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch"
-    -DCMAKE_BUILD_TYPE=Release)
-  [[ $emulated -eq 1 ]] && args=(-S "$repo_root" -B "$build_dir" -DDDP_CUDA=EMULATE -DCMAKE_BUILD_TYPE=Release)
+  local cuda_args=(-DDDP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch")
+  [[ $emulated -eq 1 ]] && cuda_args=(-DDDP_CUDA=EMULATE)
+  local args=(-S "$repo_root" -B "$build_dir" "${cuda_args[@]}" -DCMAKE_BUILD_TYPE=Release)
   command -v ninja >/dev/null && args+=(-G Ninja)
   [[ $with_tests -eq 0 ]] && args+=(-DDDP_BUILD_TESTS=OFF)
   if [[ ${#prefixes[@]} -gt 0 ]]; then args+=("-DCMAKE_PREFIX_PATH=$(IFS=';'; echo "${prefixes[*]}")"); fi
