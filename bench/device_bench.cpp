@@ -14,7 +14,7 @@
 #include "runtime/ops/transformer_ops.h"
 #include "runtime/tensor.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <cstdlib>
 #include <cstring>

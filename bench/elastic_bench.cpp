@@ -20,7 +20,7 @@
 #include "trainer/elastic.h"
 #include "trainer/run_log.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <charconv>

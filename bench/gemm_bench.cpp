@@ -11,7 +11,7 @@
 #include "runtime/tensor.h"
 
 #include <cblas.h>
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <cmath>

@@ -16,8 +16,8 @@
 #include "runtime/rng/generator.h"
 #include "runtime/stream.h"
 
-#include <fmt/format.h>
 #include <sys/resource.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <array>

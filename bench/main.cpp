@@ -7,7 +7,7 @@
 #include "runtime/error.h"
 #include "runtime/trace.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <array>
 #include <charconv>

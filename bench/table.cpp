@@ -2,7 +2,7 @@
 
 #include "runtime/checkpoint/json.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <cmath>

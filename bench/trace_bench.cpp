@@ -6,7 +6,7 @@
 #include "collectives/trace_collectives.h"
 #include "runtime/trace.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <filesystem>
 #include <random>

@@ -18,7 +18,7 @@
 #include "runtime/stream.h"
 #include "runtime/trace.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <time.h>
 

@@ -7,7 +7,7 @@
 #include "runtime/error.h"
 #include "trainer/trainer.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <filesystem>

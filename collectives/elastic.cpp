@@ -3,7 +3,7 @@
 #include "collectives/communicator.h"
 #include "runtime/logging.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <charconv>

@@ -8,7 +8,7 @@
 #include "runtime/trace.h"
 #include "runtime/trace/file.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <map>
 #include <mutex>

@@ -7,7 +7,7 @@
 
 #include <fmt/ranges.h>
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <set>
 

@@ -3,8 +3,8 @@
 #include "collectives/flight/diagnosis.h"
 #include "launcher/process.h"
 
-#include <fmt/format.h>
 #include <sys/wait.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 

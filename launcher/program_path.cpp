@@ -1,8 +1,8 @@
 #include "launcher/program_path.h"
 
-#include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "runtime/fmt.h"
 
 #include <filesystem>
 #include <sstream>

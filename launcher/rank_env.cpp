@@ -3,7 +3,7 @@
 #include "collectives/store/tcp_store.h"
 #include "runtime/env.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <utility>

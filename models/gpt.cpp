@@ -15,7 +15,7 @@
 #include "runtime/ops/ops.h"
 #include "runtime/ops/transformer_ops.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <cmath>
 #include <map>

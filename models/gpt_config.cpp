@@ -2,8 +2,8 @@
 
 #include "runtime/error.h"
 
-#include <fmt/format.h>
 #include <fmt/ranges.h>
+#include "runtime/fmt.h"
 
 #include <charconv>
 #include <map>

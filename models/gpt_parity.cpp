@@ -38,7 +38,7 @@
 #include "runtime/error.h"
 #include "runtime/optim/optimizer.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <cstdlib>

@@ -7,7 +7,7 @@
 // Messages are formatted only when the check fails. Library code never exits.
 #pragma once
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <stdexcept>
 #include <string>

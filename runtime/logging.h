@@ -4,6 +4,8 @@
 // default info). Until a communicator exists the prefix is "rank 0/1".
 #pragma once
 
+#include "runtime/fmt.h"  // before spdlog: Note [fmt's engine in every object]
+
 #include <spdlog/spdlog.h>
 
 namespace ddp {

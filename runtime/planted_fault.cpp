@@ -8,7 +8,7 @@
 #include "runtime/ops/ops.h"
 #include "runtime/stream.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <cmath>
 #include <cstdio>

@@ -5,7 +5,7 @@
 #include "runtime/error.h"
 #include "runtime/stream.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <chrono>

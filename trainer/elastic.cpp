@@ -8,7 +8,7 @@
 
 #include <unistd.h>
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <signal.h>
 

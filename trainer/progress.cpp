@@ -2,7 +2,7 @@
 
 #include <unistd.h>
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <cstdio>
 

@@ -3,8 +3,8 @@
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/ops/ops.h"
 
-#include <fmt/format.h>
 #include <fmt/ranges.h>
+#include "runtime/fmt.h"
 
 #include <filesystem>
 #include <map>

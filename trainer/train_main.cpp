@@ -5,7 +5,7 @@
 #include "runtime/trace.h"
 #include "trainer/trainer.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -13,7 +13,7 @@
 
 #include <signal.h>
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <chrono>

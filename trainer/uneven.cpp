@@ -2,7 +2,7 @@
 
 #include "runtime/error.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 

@@ -5,7 +5,7 @@
 
 #include <unistd.h>
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <charconv>

@@ -13,7 +13,7 @@
 
 #include <unistd.h>
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <chrono>
 #include <cstdio>

@@ -1,6 +1,6 @@
 #include "bench/scale/svg_plot.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <array>

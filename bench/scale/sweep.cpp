@@ -3,7 +3,7 @@
 #include "models/gpt_config.h"
 #include "runtime/error.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <cmath>

@@ -5,7 +5,7 @@
 #include "collectives/ddp/reducer.h"
 #include "runtime/autograd/autograd.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 

@@ -6,8 +6,8 @@
 #include "runtime/nn/layers.h"
 #include "runtime/ops/ops.h"
 
-#include <fmt/format.h>
 #include <fmt/ranges.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <set>

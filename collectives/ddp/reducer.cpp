@@ -5,8 +5,8 @@
 #include "runtime/ops/ops.h"
 #include "runtime/trace.h"
 
-#include <fmt/format.h>
 #include <fmt/ranges.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <chrono>

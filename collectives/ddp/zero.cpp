@@ -8,8 +8,8 @@
 #include "runtime/ops/ops.h"
 #include "runtime/ops/transformer_ops.h"
 
-#include <fmt/format.h>
 #include <fmt/ranges.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <cmath>

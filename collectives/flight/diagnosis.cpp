@@ -1,7 +1,7 @@
 #include "collectives/flight/diagnosis.h"
 
-#include <fmt/format.h>
 #include <fmt/ranges.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <map>

@@ -2,7 +2,7 @@
 
 #include "collectives/flight/diagnosis.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 

@@ -1,6 +1,6 @@
 #include "collectives/store/store_protocol.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <array>

@@ -3,7 +3,7 @@
 #include "runtime/dynamic_library.h"
 #include "runtime/error.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 namespace ddp::cuda_api {
 namespace {

@@ -1,6 +1,6 @@
 #include "runtime/cuda/driver_check.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 namespace ddp::cuda_api {
 

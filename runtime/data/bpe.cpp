@@ -3,7 +3,7 @@
 #include "runtime/checkpoint/json.h"
 #include "runtime/error.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <array>

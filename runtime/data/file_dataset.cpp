@@ -4,7 +4,7 @@
 #include "runtime/data/npy.h"
 #include "runtime/error.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <cstring>

@@ -2,8 +2,8 @@
 
 #include "runtime/error.h"
 
-#include <fmt/format.h>
 #include <zlib.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <bit>

@@ -2,7 +2,7 @@
 
 #include "runtime/ops/ops.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <functional>

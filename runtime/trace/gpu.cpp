@@ -1,6 +1,6 @@
 #include "runtime/trace/gpu.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <unistd.h>
 

@@ -15,7 +15,7 @@
 
 #include <gtest/gtest.h>
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <array>

@@ -5,7 +5,7 @@
 #include "runtime/optim/optimizer.h"
 #include "tests/multirank/conformance.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <cmath>

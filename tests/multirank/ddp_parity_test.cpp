@@ -15,10 +15,10 @@
 #include "tests/multirank/conformance.h"
 #include "tests/multirank/spawn.h"
 
-#include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <chrono>

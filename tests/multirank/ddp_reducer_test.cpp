@@ -9,8 +9,8 @@
 #include "tests/multirank/ddp_parity.h"
 #include "tests/multirank/spawn.h"
 
-#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include "runtime/fmt.h"
 
 namespace ddp::test {
 namespace {

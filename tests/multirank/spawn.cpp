@@ -1,13 +1,13 @@
 #include "tests/multirank/spawn.h"
 
 #include <arpa/inet.h>
-#include <fmt/format.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "runtime/fmt.h"
 
 #include <atomic>
 #include <cstdio>

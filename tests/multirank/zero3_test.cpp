@@ -25,8 +25,8 @@
 #include "tests/multirank/spawn.h"
 #include "trainer/task.h"
 
-#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <cmath>

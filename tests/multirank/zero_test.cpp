@@ -24,8 +24,8 @@
 #include "tests/multirank/ddp_parity.h"
 #include "tests/multirank/spawn.h"
 
-#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <cmath>

@@ -6,12 +6,12 @@
 #include "runtime/trace.h"
 #include "runtime/trace/file.h"
 
-#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "runtime/fmt.h"
 
 #include <chrono>
 #include <cstdlib>

@@ -11,8 +11,8 @@
 #include "runtime/ops/ops.h"
 #include "tests/unit/gradcheck.h"
 
-#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include "runtime/fmt.h"
 
 #include <bit>
 #include <cmath>

@@ -15,7 +15,7 @@
 #include "runtime/ops/cuda/lt_plan.h"
 #include "runtime/stream.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <atomic>
 #include <cstring>

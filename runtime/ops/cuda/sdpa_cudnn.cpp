@@ -17,7 +17,7 @@
 #include "runtime/ops/cuda/sdpa_cudnn_internal.h"
 #include "runtime/stream.h"
 
-#include <fmt/format.h>
+#include "runtime/fmt.h"
 
 #include <algorithm>
 #include <initializer_list>
