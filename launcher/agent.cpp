@@ -159,12 +159,12 @@ GroupResult run_attempt(const LaunchOptions& o, const std::string& program_path,
   GroupResult result = run_local_group(spec, signals, rendezvous);
   if (result.outcome == Outcome::success) {
     result = wait_for_other_nodes(rendezvous);
-    // Note [node 0 lost]: the authority keeps its store until the other agents
-    // have read the end there -- a store gone under them would be waited out as
-    // a lost node 0 (the backup takes over only 0.5 s later).
-    if (result.outcome == Outcome::success && !o.rdzv_backup_host.empty())
+    // Note [exit barrier]: the authority keeps its store until the other agents
+    // have read the end there -- a store gone under them is a failure to them (or,
+    // under --rdzv-backup, a lost node 0: Note [node 0 lost]).
+    if (result.outcome == Outcome::success)
       rendezvous.wait_for_others_to_leave(std::chrono::seconds(5));
-  } else if (result.outcome != Outcome::interrupted) {
+  } else if (result.outcome != Outcome::interrupted && spec.elastic) {
     // Node 0 under continue: the other nodes read the failure from its store.
     rendezvous.wait_for_others_to_leave(spec.grace + std::chrono::seconds(5));
   }

@@ -176,8 +176,8 @@ bool Rendezvous::try_join_once(int restart, std::string& error) {
     run_id_ = store->get_string("run_id");
     store->set(fmt::format("node/{}/backup", options_.node_rank), backup_endpoint());
     store->set(fmt::format("node/{}", options_.node_rank), node_value());
-    if (options_.elastic)  // Note [nodes lost]
-      store->set_on_close(fmt::format("node/{}/closed", options_.node_rank), "1");
+    // Note [nodes lost]; and node 0 keeps its store up until this closes (Note [exit barrier]).
+    store->set_on_close(fmt::format("node/{}/closed", options_.node_rank), "1");
     store_ = std::move(store);
     return true;
   } catch (const StoreError& e) {
@@ -511,7 +511,7 @@ std::vector<LostNode> Rendezvous::find_lost_nodes() {
 }
 
 void Rendezvous::wait_for_others_to_leave(milliseconds timeout) {
-  if (!multi_node() || !options_.elastic || !store_ || !authority_ || store_lost_) return;
+  if (!multi_node() || !store_ || !authority_ || store_lost_) return;
   const auto deadline = Clock::now() + timeout;
   // Gone, not done: a node that finished waits in wait_for_other_nodes and must
   // read the failure before the store goes.

@@ -31,8 +31,8 @@
 //   node/<r>      agent r has joined (value: "<local ranks> <host name>")
 //   failed        "<exit code> <node> <text>": the first failure in the group
 //   done/<r>      every local rank of node r succeeded
-// and under --on-failure continue across nodes (Note [nodes lost]):
 //   node/<r>/closed    set by the store when node r's connection closes (ON_CLOSE)
+// and under --on-failure continue across nodes (Note [nodes lost]):
 //   node/<r>/beat      node r's heartbeat, a counter added to 8 times per
 //                      --node-timeout, at most once a second
 //   node/<r>/lost      node 0's reason for taking node r out of the group
@@ -51,6 +51,14 @@
 // and a machine that vanished without closing it, or an agent that stopped, by
 // its missing heartbeat after --node-timeout. An agent taken out while alive
 // stops its ranks and exits 1. A node that finished (done/<r>) is never lost.
+//
+// Note [exit barrier]
+// A node that finished reads the end (every node's done/<r>) or a failure in node
+// 0's store, so node 0's ddprun keeps the store up until every other agent has
+// closed its connection (node/<r>/closed), for at most 5 s -- torchrun's exit
+// barrier. Without it node 0 could see every node done and exit between another
+// node's two reads, and that node would report "lost the rendezvous store" for a
+// group that succeeded (e2e.netns_ddprun_2x1 caught it in CI).
 //
 // Note [node 0 lost]
 // With --rdzv-backup HOST:PORT node 1's ddprun hosts a backup of the store there
@@ -208,9 +216,9 @@ class Rendezvous {
   }
   // A node but 0: node 0's reason when it took this node out of the group.
   std::optional<std::string> taken_out();
-  // Node 0 after the group failed: keeps its store up until every other node's
-  // ddprun has gone (it read the failure there), `timeout` passed, or ddprun got
-  // a signal.
+  // Node 0 after the group ended: keeps its store up until every other node's
+  // ddprun has gone (it read the end or the failure there), `timeout` passed, or
+  // ddprun got a signal (Note [exit barrier]).
   void wait_for_others_to_leave(std::chrono::milliseconds timeout);
 
  private:

@@ -1,0 +1,65 @@
+// launcher/rendezvous.h: Note [exit barrier] -- node 0's ddprun keeps the agents'
+// store up until the other agents have read the end there. Two agents in one
+// process on 127.0.0.1; the whole launch: e2e.netns_ddprun_2x1, e2e.ddprun_nnodes.
+#include "collectives/store/tcp_store.h"
+#include "launcher/rendezvous.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+
+namespace ddp::launcher {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+// A port free a moment ago: the one an ephemeral store server was given.
+int free_port() {
+  return TcpStoreServer(TcpStoreServerOptions{.host = "127.0.0.1", .port = 0}).port();
+}
+
+RendezvousOptions agent(int node_rank, int port, bool elastic) {
+  return {.port = port,
+          .nnodes = 2,
+          .node_rank = node_rank,
+          .timeout = 20s,
+          .secret = "rendezvous-exit-test",
+          .elastic = elastic};
+}
+
+TEST(RendezvousExitBarrier, NodeZeroKeepsItsStoreUntilTheOtherAgentHasReadTheEnd) {
+  for (const bool elastic : {false, true}) {
+    SCOPED_TRACE(elastic ? "--on-failure continue" : "--on-failure restart");
+    const int port = free_port();
+    Rendezvous node0(agent(0, port, elastic));
+    Rendezvous node1(agent(1, port, elastic));
+    auto joined = std::async(std::launch::async, [&] { node1.begin_attempt(0); });
+    node0.begin_attempt(0);
+    joined.get();
+
+    // Node 1 finished first and read the end before node 0 had; node 0 then sees
+    // every node done.
+    node1.publish_done();
+    ASSERT_FALSE(node1.all_done());
+    node0.publish_done();
+    ASSERT_TRUE(node0.all_done());
+    const auto start = Clock::now();
+    auto left = std::async(std::launch::async, [&] { node0.wait_for_others_to_leave(10s); });
+    EXPECT_EQ(left.wait_for(300ms), std::future_status::timeout)
+        << "node 0 closed its store before node 1 had read the end there";
+    // Node 1's next reads: no failure, every node done -- not "lost the store".
+    const auto failure = node1.remote_failure();
+    EXPECT_FALSE(failure.has_value()) << failure->what;
+    EXPECT_TRUE(node1.all_done());
+    node1.end_attempt();  // its connection closes: node/1/closed
+    ASSERT_EQ(left.wait_for(5s), std::future_status::ready)
+        << "node 0 did not see node 1 leave (waited for its 10 s timeout)";
+    EXPECT_LT(Clock::now() - start, 5s);
+    node0.end_attempt();
+  }
+}
+
+}  // namespace
+}  // namespace ddp::launcher
