@@ -17,16 +17,18 @@ using Clock = std::chrono::steady_clock;
 
 // A port free a moment ago: the one an ephemeral store server was given.
 int free_port() {
-  return TcpStoreServer(TcpStoreServerOptions{.host = "127.0.0.1", .port = 0}).port();
+  return TcpStoreServer(TcpStoreServerOptions{}).port();  // 127.0.0.1, port 0
 }
 
 RendezvousOptions agent(int node_rank, int port, bool elastic) {
-  return {.port = port,
-          .nnodes = 2,
-          .node_rank = node_rank,
-          .timeout = 20s,
-          .secret = "rendezvous-exit-test",
-          .elastic = elastic};
+  RendezvousOptions o;
+  o.port = port;
+  o.nnodes = 2;
+  o.node_rank = node_rank;
+  o.timeout = 20s;
+  o.secret = "rendezvous-exit-test";
+  o.elastic = elastic;
+  return o;
 }
 
 TEST(RendezvousExitBarrier, NodeZeroKeepsItsStoreUntilTheOtherAgentHasReadTheEnd) {
