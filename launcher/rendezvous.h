@@ -53,12 +53,15 @@
 // stops its ranks and exits 1. A node that finished (done/<r>) is never lost.
 //
 // Note [exit barrier]
-// A node that finished reads the end (every node's done/<r>) or a failure in node
-// 0's store, so node 0's ddprun keeps the store up until every other agent has
-// closed its connection (node/<r>/closed), for at most 5 s -- torchrun's exit
+// A node that finished reads the end (every node's done/<r>) in node 0's store, so
+// after a success node 0's ddprun keeps the store up until every other agent has
+// closed its connection (node/<r>/closed), for at most 5 s: torchrun's exit
 // barrier. Without it node 0 could see every node done and exit between another
 // node's two reads, and that node would report "lost the rendezvous store" for a
-// group that succeeded (e2e.netns_ddprun_2x1 caught it in CI).
+// group that succeeded (e2e.netns_ddprun_2x1 caught it in CI). After a failure node
+// 0 waits so only under --on-failure continue, where the others read the failure
+// there; otherwise it restarts or ends at once, and a node that finds the store
+// gone ends non-zero either way.
 //
 // Note [node 0 lost]
 // With --rdzv-backup HOST:PORT node 1's ddprun hosts a backup of the store there

@@ -11,7 +11,8 @@
 // instantiation extern here makes each object call the library's copy instead.
 // fmt 10 declares it itself; a header-only fmt has no library to call.
 // runtime/logging.h includes this before spdlog, and the test
-// build.fmt_engine_compiled_once checks that no library of ours defines it.
+// lint.fmt_engine_compiled_once checks that no library or program of ours defines it
+// (and CI's CPU-only phase its own).
 #pragma once
 
 #include <fmt/format.h>

@@ -8,10 +8,11 @@ set -uo pipefail
 [ $# -gt 0 ] || { echo "usage: fmt_engine_once.sh ARCHIVE_OR_PROGRAM..." >&2; exit 2; }
 fail=0
 for file in "$@"; do
-  # -A names the member object of an archive; W/T: a (weak) definition in it.
+  # -A names the member object of an archive; W/T: a (weak) definition in it, t: a
+  # local copy (an optimised clone, "[clone .constprop.0]").
   symbols=$(nm -A -C --defined-only "$file") || { echo "FAIL: nm could not read $file" >&2; exit 1; }
-  found=$(grep -E ' [WT] void fmt::v[0-9]+::detail::vformat_to<char>\(' <<<"$symbols" |
-    sed -E 's/:[0-9a-f]+ [WT] .*//' | sort -u)
+  found=$(grep -E ' [WTt] void fmt::v[0-9]+::detail::vformat_to<char>\(' <<<"$symbols" |
+    sed -E 's/:[0-9a-f]+ [WTt] .*//' | sort -u)
   if [ -n "$found" ]; then
     echo "FAIL: fmt's engine is compiled into:" >&2
     while read -r object; do echo "  $object" >&2; done <<<"$found"

@@ -1,6 +1,7 @@
 // launcher/rendezvous.h: Note [exit barrier] -- node 0's ddprun keeps the agents'
 // store up until the other agents have read the end there. Two agents in one
 // process on 127.0.0.1; the whole launch: e2e.netns_ddprun_2x1, e2e.ddprun_nnodes.
+#include "collectives/store/store.h"
 #include "collectives/store/tcp_store.h"
 #include "launcher/rendezvous.h"
 
@@ -8,6 +9,8 @@
 
 #include <chrono>
 #include <future>
+#include <random>
+#include <stdexcept>
 
 namespace ddp::launcher {
 namespace {
@@ -15,9 +18,22 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-// A port free a moment ago: the one an ephemeral store server was given.
+// A free port below the kernel's ephemeral range (32768 by default), as
+// tests/e2e/lib_ports.sh draws one: a port from bind(0) could be handed to another
+// test's connection before node 0's store listens on it.
 int free_port() {
-  return TcpStoreServer(TcpStoreServerOptions{}).port();  // 127.0.0.1, port 0
+  std::mt19937 draw(std::random_device{}());
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    TcpStoreServerOptions probe;
+    probe.port = std::uniform_int_distribution<int>(10000, 32000)(draw);
+    try {
+      TcpStoreServer server(probe);
+      return probe.port;
+    } catch (const StoreError&) {
+      // taken: draw again
+    }
+  }
+  throw std::runtime_error("no free port in 10000-32000 after 200 draws");
 }
 
 RendezvousOptions agent(int node_rank, int port, bool elastic) {
