@@ -10,6 +10,9 @@
 #     diagnosis names the mismatch and that rank;
 #   - SIGUSR1 to every rank of a healthy job: each writes its dump and the job
 #     goes on undisturbed (loss log and checkpoint equal a run without it);
+#     also a stream of SIGUSR1 (every 3 ms for 3 s), which corrupted the heap
+#     inside oneDNN's GEMMs (Note [oneDNN and signals]) and crashed a logging
+#     dump thread at exit (Note [logger lifetime]);
 #   - a rank slowed on purpose (DDP_TEST_SLOW_RANK): the straggler report (at
 #     the end of ddprun's run, and in --metrics rows) names it;
 #   - gloo only: two agents (--nnodes 2 on this machine), rank 3 stopped: each
@@ -134,6 +137,21 @@ done
 cmp -s "$WORK/usr1.loss" "$WORK/plain.loss" || fail "SIGUSR1 changed the loss log"
 cmp -s "$WORK/usr1.st" "$WORK/plain.st" || fail "SIGUSR1 changed the checkpoint"
 echo "SIGUSR1: 4 dumps; loss log ($(wc -l <"$WORK/plain.loss") steps) and checkpoint unchanged"
+DDP_LOG_LEVEL=info DDP_FLIGHT_DIR="$WORK/storm" "$ddprun" --standalone -n 2 "$train" "${short[@]}" --loss-log "$WORK/storm.loss" \
+  --save "$WORK/storm.st" >"$WORK/storm.log" 2>&1 &
+agent=$!
+wait_lines "$WORK/storm.loss" 20
+ranks="$(rank_pid $agent 0) $(rank_pid $agent 1)"
+storm_end=$((SECONDS + 3)) sent=0
+while [ $SECONDS -lt $storm_end ] && kill -USR1 $ranks 2>/dev/null; do
+  sent=$((sent + 1))
+  sleep 0.003
+done
+wait $agent || fail "the job under a stream of SIGUSR1 ($sent signals to each rank) exited $?"
+[ $sent -ge 20 ] || fail "the job ended after $sent signals: lengthen it"
+cmp -s "$WORK/storm.loss" "$WORK/plain.loss" || fail "the stream of SIGUSR1 changed the loss log"
+cmp -s "$WORK/storm.st" "$WORK/plain.st" || fail "the stream of SIGUSR1 changed the checkpoint"
+echo "a stream of $sent SIGUSR1 to each rank: $(grep -c 'SIGUSR1: wrote' "$WORK/storm.log") dumps, loss log and checkpoint unchanged"
 
 # 4. Rank 1 of 3 sleeps 40 ms in each forward: the straggler report names it.
 # (20 ms was too little on a loaded 2-core CI machine, where 3 ranks computed

@@ -3,7 +3,8 @@
 // shapes, strides, padding, one input channel, rectangular kernels and batches of
 // one and none; plus the gradient destination and the errors of the checked ops.
 // bf16 precision (Note [cpu bf16]): matmuls and convolutions equal the f32
-// computation on bf16-rounded operands, and differ from plain f32.
+// computation on bf16-rounded operands, and differ from plain f32. Signals during
+// oneDNN's kernels run on a stack, not in its heap buffers (Note [oneDNN and signals]).
 #include "runtime/ops/cpu/onednn.h"
 #include "runtime/autograd/autograd.h"
 #include "runtime/autograd/functions.h"
@@ -12,9 +13,17 @@
 #include "runtime/ops/ops.h"
 
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -283,6 +292,119 @@ TEST_F(OneDnnConv, PrecisionIsReportedAndRestored) {
       EXPECT_NE(std::string(e.what()).find("AVX512_BF16"), std::string::npos) << e.what();
     }
   }
+}
+
+// Note [oneDNN and signals]. A child process (a death test, so it starts with no
+// OpenMP pool) runs oneDNN's sgemm at the MLP's first-layer shape (k = 784, where
+// oneDNN 2.6 moves the stack register into a heap buffer) and convolutions
+// through the primitives, while another thread sends SIGUSR2 every 20 us, to the
+// GEMM thread and to the process in turn. The handler records its thread and the
+// address of a local; every address must lie on that thread's stack. Without the
+// signal mask around oneDNN's executions the child aborts with heap corruption or
+// finds frames off the stack (seen: every run).
+struct SignalFrame {
+  pthread_t thread;
+  uintptr_t address;
+};
+constexpr int kMaxFrames = 1 << 16;
+SignalFrame g_frames[kMaxFrames];
+std::atomic<int> g_frame_count{0};
+
+void record_frame(int) {
+  volatile char local = 0;
+  const int i = g_frame_count.fetch_add(1);
+  if (i < kMaxFrames) g_frames[i] = {pthread_self(), reinterpret_cast<uintptr_t>(&local)};
+}
+
+struct StackRange {
+  uintptr_t low = 0, high = 0;
+  bool contains(uintptr_t a) const { return a >= low && a < high; }
+};
+
+StackRange stack_of(pthread_t thread) {
+  pthread_attr_t attr;
+  if (pthread_getattr_np(thread, &attr) != 0) return {};
+  void* low = nullptr;
+  size_t size = 0;
+  pthread_attr_getstack(&attr, &low, &size);
+  pthread_attr_destroy(&attr);
+  return {reinterpret_cast<uintptr_t>(low), reinterpret_cast<uintptr_t>(low) + size};
+}
+
+// Exit codes: 0 every frame on its stack; 2 no signal was handled; 3 a frame off its
+// thread's stack; 4 the GEMM thread's mask was left changed.
+void gemms_under_signals() {
+  struct sigaction action = {};
+  action.sa_handler = record_frame;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGUSR2, &action, nullptr);
+  sigset_t mask_before;
+  pthread_sigmask(SIG_SETMASK, nullptr, &mask_before);
+
+  const pthread_t gemm_thread = pthread_self();
+  std::atomic<bool> stop{false};
+  StackRange sender_stack;
+  pthread_t sender_thread{};
+  std::thread sender([&] {
+    sender_thread = pthread_self();
+    sender_stack = stack_of(sender_thread);
+    for (int i = 0; !stop.load(); ++i) {
+      if (i % 2 == 0) {
+        pthread_kill(gemm_thread, SIGUSR2);
+      } else {
+        kill(getpid(), SIGUSR2);
+      }
+      const timespec pause{0, 20'000};
+      nanosleep(&pause, nullptr);
+    }
+  });
+  const int64_t m = 64, n = 256, k = 784;
+  const std::vector<float> a(m * k, 0.5f), b(k * n, 0.25f);
+  std::vector<float> c(m * n);
+  for (int i = 0; i < 400; ++i) {
+    kernels::cpu::onednn::sgemm(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f,
+                                c.data(), n);
+  }
+  const Tensor x = randn({8, 32, 14, 14}, 71), weight = randn({64, 32, 3, 3}, 72);
+  const Tensor bias = randn({64}, 73), gy = randn({8, 64, 14, 14}, 74);
+  const auto g = conv_geometry(x, 3, 1, 1);
+  for (int i = 0; i < 20; ++i) {
+    conv2d_onednn(x, weight, bias, g);
+    conv2d_backward_input_onednn(gy, weight, g);
+    conv2d_backward_params_onednn(gy, x, weight.shape(), g, true);
+  }
+  stop = true;
+  sender.join();
+
+  sigset_t mask_after;
+  pthread_sigmask(SIG_SETMASK, nullptr, &mask_after);
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sigismember(&mask_before, sig) != sigismember(&mask_after, sig)) std::_Exit(4);
+  }
+  const int frames = std::min(g_frame_count.load(), kMaxFrames);
+  if (frames == 0) std::_Exit(2);
+  const StackRange gemm_stack = stack_of(gemm_thread);
+  int off_stack = 0;
+  for (int i = 0; i < frames; ++i) {
+    const SignalFrame& f = g_frames[i];
+    const StackRange range = pthread_equal(f.thread, gemm_thread)     ? gemm_stack
+                             : pthread_equal(f.thread, sender_thread) ? sender_stack
+                                                                      : stack_of(f.thread);
+    if (!range.contains(f.address)) ++off_stack;
+  }
+  std::fprintf(stderr, "%d signals handled, %d of them off their thread's stack\n", frames,
+               off_stack);
+  std::_Exit(off_stack == 0 ? 0 : 3);
+}
+
+TEST(OneDnnSignalsDeathTest, HandlersRunOnTheThreadsStackDuringGemms) {
+  if (!onednn_convolutions()) {
+    GTEST_SKIP() << "this build has no oneDNN (configure found no libdnnl-dev; "
+                    "deploy/install-deps.sh installs it) or DDP_ONEDNN=0 is set";
+  }
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(gemms_under_signals(), ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace

@@ -6,6 +6,9 @@
 #include "runtime/env.h"
 #include "runtime/error.h"
 
+#include <pthread.h>
+#include <signal.h>
+
 #include <atomic>
 #include <map>
 #include <memory>
@@ -35,6 +38,30 @@
 // attention's batched products (cblas_sgemm in
 // transformer.cpp) and 16-bit tensors' own matmuls, which stay as they were.
 // The setting is process-wide and part of each primitive's cache key.
+//
+// Note [oneDNN and signals]
+// Debian's oneDNN 2.6's f32 GEMM kernels (dnnl_sgemm, and the matmul, inner
+// product and convolution primitives built on them) point the stack register
+// into a heap work buffer while they run when the inner dimension is above 84
+// (the MLP's k = 784): upstream oneDNN issue #4845, fixed in 3.11.2. A signal
+// handled on that thread meanwhile pushes its frame into the heap, whatever the
+// handler does: the flight recorder's SIGUSR1 dump aborted rank 1 with
+// "malloc(): smallbin double linked list corrupted" in CI, and a signal every
+// 3 ms to `ddprun -n 2 train` corrupted the heap in 8 runs of 8. So every oneDNN
+// execution runs inside an AsyncSignalsBlocked: the asynchronous signals are
+// blocked on the calling thread and a process-directed one (kill -USR1, ddprun's
+// SIGTERM) goes to another thread or waits, at most one GEMM, until the mask is
+// restored; a thread-directed one waits likewise. The synchronous signals (SEGV,
+// BUS, FPE, ILL, TRAP, SYS, ABRT) stay unblocked: blocking them would not defer
+// a fault, it would kill the process without its handler. OpenMP's worker
+// threads, which run the same kernels, are created by oneDNN's first parallel
+// region, which is inside an execution (creating a primitive starts no thread),
+// and they keep the mask they inherit from it: blocked. Nothing else in the
+// process uses OpenMP (Debian's OpenBLAS here is the pthread build). Cost: two
+// pthread_sigmask calls per execution, 0.54 us the pair on an AMD EPYC (AVX2),
+// against at least 20 us for the smallest GEMM sent to oneDNN (Note [gemm
+// choice]). Tests: unit.OneDnnSignalsDeathTest, and e2e.flight_recorder_* sends
+// its ranks a stream of SIGUSR1.
 
 namespace ddp::kernels::cpu::onednn {
 
@@ -63,12 +90,25 @@ Tensor bytes_buffer(size_t bytes) {
 }
 }  // namespace
 
+AsyncSignalsBlocked::AsyncSignalsBlocked() {
+  sigset_t async;
+  sigfillset(&async);
+  for (const int synchronous : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT})
+    sigdelset(&async, synchronous);
+  pthread_sigmask(SIG_BLOCK, &async, &previous_);
+}
+
+AsyncSignalsBlocked::~AsyncSignalsBlocked() {
+  pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+}
+
 void execute(const Prim& p, Args args) {
   Tensor scratch;
   if (p.scratchpad.get_size() > 0) {
     scratch = bytes_buffer(p.scratchpad.get_size());
     args.emplace(DNNL_ARG_SCRATCHPAD, memory(p.scratchpad, engine(), scratch.data_ptr()));
   }
+  const AsyncSignalsBlocked blocked;
   p.prim.execute(thread_stream(), args);
   thread_stream().wait();
 }
@@ -277,6 +317,7 @@ bool sgemm_preferred(int64_t m, int64_t n, int64_t k) {
 
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const AsyncSignalsBlocked blocked;
   const dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha,
                                           a, lda, b, ldb, beta, c, ldc);
   if (status != dnnl_success) {
