@@ -35,9 +35,16 @@ std::shared_ptr<spdlog::logger> make_logger() {
 
 }  // namespace
 
+// Note [logger lifetime]
+// The logger is made on first use and never destroyed. Threads may still log
+// while the process exits: the flight recorder's detached SIGUSR1 dump thread
+// (collectives/flight/flight_recorder.cpp), whose dump may end as exit() runs
+// the static destructors. A function-static shared_ptr was destroyed there and
+// the thread's next line called through a freed logger: a SIGSEGV at exit, seen
+// once in six runs under a stream of SIGUSR1. Test: unit.LoggingDeathTest.
 spdlog::logger& logger() {
-  static std::shared_ptr<spdlog::logger> log = make_logger();
-  return *log;
+  static std::shared_ptr<spdlog::logger>* log = new std::shared_ptr<spdlog::logger>(make_logger());
+  return **log;
 }
 
 void set_log_rank(int rank, int world_size) {
