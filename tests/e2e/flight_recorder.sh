@@ -149,6 +149,7 @@ while [ $SECONDS -lt $storm_end ] && kill -USR1 $ranks 2>/dev/null; do
 done
 wait $agent || fail "the job under a stream of SIGUSR1 ($sent signals to each rank) exited $?"
 [ $sent -ge 20 ] || fail "the job ended after $sent signals: lengthen it"
+grep -q 'flight recorder: SIGUSR1: wrote' "$WORK/storm.log" || fail "no SIGUSR1 dump in the stream"
 cmp -s "$WORK/storm.loss" "$WORK/plain.loss" || fail "the stream of SIGUSR1 changed the loss log"
 cmp -s "$WORK/storm.st" "$WORK/plain.st" || fail "the stream of SIGUSR1 changed the checkpoint"
 echo "a stream of $sent SIGUSR1 to each rank: $(grep -c 'SIGUSR1: wrote' "$WORK/storm.log") dumps, loss log and checkpoint unchanged"

@@ -298,10 +298,11 @@ TEST_F(OneDnnConv, PrecisionIsReportedAndRestored) {
 // OpenMP pool) runs oneDNN's sgemm at the MLP's first-layer shape (k = 784, where
 // oneDNN 2.6 moves the stack register into a heap buffer) and convolutions
 // through the primitives, while another thread sends SIGUSR2 every 20 us, to the
-// GEMM thread and to the process in turn. The handler records its thread and the
-// address of a local; every address must lie on that thread's stack. Without the
-// signal mask around oneDNN's executions the child aborts with heap corruption or
-// finds frames off the stack (seen: every run).
+// GEMM thread and to the process in turn. The handler records its thread and
+// where the kernel put the signal frame (its ucontext, the frame the bug
+// misplaces; a local's address would lie on ASan's fake stack where that is on);
+// every frame must lie on that thread's stack. Without the signal mask around
+// oneDNN's executions the child died of SIGSEGV (seen: every run).
 struct SignalFrame {
   pthread_t thread;
   uintptr_t address;
@@ -310,10 +311,9 @@ constexpr int kMaxFrames = 1 << 16;
 SignalFrame g_frames[kMaxFrames];
 std::atomic<int> g_frame_count{0};
 
-void record_frame(int) {
-  volatile char local = 0;
+void record_frame(int, siginfo_t*, void* context) {
   const int i = g_frame_count.fetch_add(1);
-  if (i < kMaxFrames) g_frames[i] = {pthread_self(), reinterpret_cast<uintptr_t>(&local)};
+  if (i < kMaxFrames) g_frames[i] = {pthread_self(), reinterpret_cast<uintptr_t>(context)};
 }
 
 struct StackRange {
@@ -334,10 +334,11 @@ StackRange stack_of(pthread_t thread) {
 // Exit codes: 0 every frame on its stack; 2 no signal was handled; 3 a frame off its
 // thread's stack; 4 the GEMM thread's mask was left changed.
 void gemms_under_signals() {
+  ::alarm(120);  // a child whose heap was corrupted ends (SIGALRM) instead of hanging
   struct sigaction action = {};
-  action.sa_handler = record_frame;
+  action.sa_sigaction = record_frame;
   sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;
+  action.sa_flags = SA_RESTART | SA_SIGINFO;
   sigaction(SIGUSR2, &action, nullptr);
   sigset_t mask_before;
   pthread_sigmask(SIG_SETMASK, nullptr, &mask_before);

@@ -56,8 +56,10 @@
 // a fault, it would kill the process without its handler. OpenMP's worker
 // threads, which run the same kernels, are created by oneDNN's first parallel
 // region, which is inside an execution (creating a primitive starts no thread),
-// and they keep the mask they inherit from it: blocked. Nothing else in the
-// process uses OpenMP (Debian's OpenBLAS here is the pthread build). Cost: two
+// and they keep the mask they inherit from it: blocked. That holds while
+// nothing else in the process starts OpenMP's pool first: Debian's OpenBLAS
+// (libopenblas0-pthread, what deploy/install-deps.sh installs) runs on threads
+// of its own; its OpenMP build would start the pool unguarded in cblas_sgemm. Cost: two
 // pthread_sigmask calls per execution, 0.54 us the pair on an AMD EPYC (AVX2),
 // against at least 20 us for the smallest GEMM sent to oneDNN (Note [gemm
 // choice]). Tests: unit.OneDnnSignalsDeathTest, and e2e.flight_recorder_* sends
