@@ -262,8 +262,12 @@ void MetricsLog::write(const EpochMetrics& m, int64_t step, int world_size,
   // has one already (a resumed or repeated run) must have the same columns.
   std::string header, cells;
   for (const auto& [key, value] : f) {
-    header += (header.empty() ? "" : ",") + key;
-    cells += (cells.empty() ? "" : ",") + csv_cell(value);
+    if (!header.empty()) {
+      header += ',';
+      cells += ',';
+    }
+    header += key;
+    cells += csv_cell(value);
   }
   if (header_.empty()) {
     file_ << header << "\n";
