@@ -59,11 +59,11 @@
 // and they keep the mask they inherit from it: blocked. That holds while
 // nothing else in the process starts OpenMP's pool first: Debian's OpenBLAS
 // (libopenblas0-pthread, what deploy/install-deps.sh installs) runs on threads
-// of its own; its OpenMP build would start the pool unguarded in cblas_sgemm. Cost: two
-// pthread_sigmask calls per execution, 0.54 us the pair on an AMD EPYC (AVX2),
-// against at least 20 us for the smallest GEMM sent to oneDNN (Note [gemm
-// choice]). Tests: unit.OneDnnSignalsDeathTest, and e2e.flight_recorder_* sends
-// its ranks a stream of SIGUSR1.
+// of its own; its OpenMP build would start the pool unguarded in cblas_sgemm.
+// Cost: two pthread_sigmask calls per execution, 0.54 us the pair on an AMD
+// EPYC (AVX2), against at least 20 us for the smallest GEMM sent to oneDNN (Note
+// [gemm choice]). Tests: unit.OneDnnSignalsDeathTest, and
+// e2e.flight_recorder_shm and _gloo send their ranks a stream of SIGUSR1.
 
 namespace ddp::kernels::cpu::onednn {
 
@@ -90,19 +90,32 @@ Tensor bytes_buffer(size_t bytes) {
   return empty({static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float))},
                {.dtype = DType::f32});
 }
+
+// Blocks the asynchronous signals on the calling thread for its lifetime and
+// restores the thread's mask after (Note [oneDNN and signals]).
+class AsyncSignalsBlocked {
+ public:
+  AsyncSignalsBlocked() { pthread_sigmask(SIG_BLOCK, &asynchronous(), &previous_); }
+  ~AsyncSignalsBlocked() { pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
+  AsyncSignalsBlocked(const AsyncSignalsBlocked&) = delete;
+  AsyncSignalsBlocked& operator=(const AsyncSignalsBlocked&) = delete;
+
+ private:
+  // Every signal but the synchronous ones, which must reach their handlers.
+  static const sigset_t& asynchronous() {
+    static const sigset_t set = [] {
+      sigset_t s;
+      sigfillset(&s);
+      for (const int synchronous : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT})
+        sigdelset(&s, synchronous);
+      return s;
+    }();
+    return set;
+  }
+  sigset_t previous_;
+};
+
 }  // namespace
-
-AsyncSignalsBlocked::AsyncSignalsBlocked() {
-  sigset_t async;
-  sigfillset(&async);
-  for (const int synchronous : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT})
-    sigdelset(&async, synchronous);
-  pthread_sigmask(SIG_BLOCK, &async, &previous_);
-}
-
-AsyncSignalsBlocked::~AsyncSignalsBlocked() {
-  pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
-}
 
 void execute(const Prim& p, Args args) {
   Tensor scratch;

@@ -7,8 +7,6 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
-#include <signal.h>
-
 #include <optional>
 #include <unordered_map>
 
@@ -42,20 +40,6 @@ template <class Primitive, class Pd>
 Prim make_prim(const Pd& pd) {
   return {Primitive(pd), pd.scratchpad_desc()};
 }
-// Blocks the asynchronous signals on the calling thread for its lifetime and
-// restores the thread's mask after: every oneDNN execution runs inside one (Note
-// [oneDNN and signals] in onednn.cpp).
-class AsyncSignalsBlocked {
- public:
-  AsyncSignalsBlocked();
-  ~AsyncSignalsBlocked();
-  AsyncSignalsBlocked(const AsyncSignalsBlocked&) = delete;
-  AsyncSignalsBlocked& operator=(const AsyncSignalsBlocked&) = delete;
-
- private:
-  sigset_t previous_;
-};
-
 // Runs p on this thread's stream with a scratchpad from ddp's allocator and waits.
 void execute(const Prim& p, Args args);
 
