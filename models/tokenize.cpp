@@ -33,7 +33,9 @@ const char* const kUsage = R"(usage: tokenize [options] FILE|DIR...
 
 Turns text into GPT-2 token shards (the .bin form of llm.c and nanoGPT) for
 `train --model gpt2 --data DIR`. Each file is a document, its tokens after an
-<|endoftext|>; a DIR stands for its files, sorted by name (docs/data.md).
+<|endoftext|>; a DIR stands for its files, sorted by name, without hidden files,
+token shards and subfolders (docs/data.md). Shards an earlier run wrote to the
+same --out with the same --name are removed first.
 
   --out DIR           where the shards go (default tokens)
   --name NAME         the shards' name: NAME_train_000001.bin, NAME_val_000000.bin
@@ -109,10 +111,69 @@ std::optional<Options> parse(int argc, char** argv) {
 
 std::string read_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
-  DDP_CHECK(in.good(), "tokenize: cannot read {}", path.string());
+  DDP_CHECK(in.good(), "cannot read {}", path.string());
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+// Whether `path` starts as a token shard does (the magic of token_shards.h).
+bool is_token_shard(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  int32_t magic = 0;
+  return in.read(reinterpret_cast<char*>(&magic), sizeof magic) && magic == ddp::kTokenShardMagic;
+}
+
+// Note [tokenize folders]: a folder's documents are its regular files, not its
+// hidden files (.DS_Store, an editor's swap file), nor token shards (a folder
+// given as its own --out), nor its subfolders; each kind left out is counted on
+// one line, so nothing is skipped unsaid.
+std::vector<fs::path> folder_documents(const std::string& dir) {
+  std::vector<fs::path> files;
+  int64_t hidden = 0, shards = 0, folders = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename().string().starts_with(".")) {
+      ++hidden;
+    } else if (e.is_directory()) {
+      ++folders;
+    } else if (e.is_regular_file() && is_token_shard(e.path())) {
+      ++shards;
+    } else if (e.is_regular_file()) {
+      files.push_back(e.path());
+    }
+  }
+  std::sort(files.begin(), files.end());
+  if (hidden + shards + folders > 0) {
+    std::cerr << fmt::format(
+        "tokenize: {}: left out {} hidden file(s), {} token shard(s) and {} subfolder(s) (give "
+        "a subfolder as an input of its own to tokenize it)\n",
+        dir, hidden, shards, folders);
+  }
+  return files;
+}
+
+// Removes the shards of an earlier run under the same --out and --name, so the
+// folder holds this run's shards only (train reads every .bin there).
+void remove_earlier_shards(const Options& o) {
+  int64_t removed = 0;
+  for (const auto& e : fs::directory_iterator(o.out)) {
+    const std::string file = e.path().filename().string();
+    for (const char* split : {"_train_", "_val_"}) {
+      const std::string prefix = o.name + split;
+      const bool numbered =
+          file.size() == prefix.size() + 10 && file.starts_with(prefix) && file.ends_with(".bin") &&
+          std::all_of(file.begin() + static_cast<std::ptrdiff_t>(prefix.size()), file.end() - 4,
+                      [](char c) { return c >= '0' && c <= '9'; });
+      if (numbered && e.is_regular_file() && is_token_shard(e.path())) {
+        fs::remove(e.path());
+        ++removed;
+      }
+    }
+  }
+  if (removed > 0) {
+    std::cerr << fmt::format("tokenize: removed {} shard(s) of an earlier run from {} ({}_*.bin)\n",
+                             removed, o.out, o.name);
+  }
 }
 
 std::vector<std::string> documents_of(const Options& o) {
@@ -124,15 +185,10 @@ std::vector<std::string> documents_of(const Options& o) {
   for (const std::string& input : o.inputs) {
     std::error_code ec;
     if (fs::is_directory(input, ec)) {
-      std::vector<fs::path> files;
-      for (const auto& e : fs::directory_iterator(input)) {
-        if (e.is_regular_file()) files.push_back(e.path());
-      }
-      std::sort(files.begin(), files.end());
-      for (const fs::path& f : files) documents.push_back(read_text(f));
+      for (const fs::path& f : folder_documents(input)) documents.push_back(read_text(f));
       continue;
     }
-    DDP_CHECK(fs::exists(input, ec), "tokenize: {} does not exist", input);
+    DDP_CHECK(fs::exists(input, ec), "{} does not exist", input);
     documents.push_back(read_text(input));
   }
   return documents;
@@ -181,7 +237,10 @@ int run(const Options& o) {
   }
   const auto start = std::chrono::steady_clock::now();
   const std::vector<std::string> documents = documents_of(o);
+  DDP_CHECK(!documents.empty(), "no documents to tokenize: {} hold(s) no text files",
+            fmt::join(o.inputs, ", "));
   fs::create_directories(o.out);
+  remove_earlier_shards(o);
   // llm.c numbers the validation shard 0 and train shards from 1.
   int64_t val_index = 0, train_index = 1;
   ShardWriter train(o, "train", train_index), validation(o, "val", val_index);
@@ -204,10 +263,15 @@ int run(const Options& o) {
   const int64_t tokens = train.total() + validation.total();
   std::cout << fmt::format(
       "summary: {} documents ({} validation), {} bytes -> {} tokens ({:.2f} bytes/token; {} "
-      "train, {} validation) in {:.1f} s; train with `train --model gpt2 --data {}`\n",
+      "train, {} validation) in {:.1f} s; {}\n",
       documents.size(), val_documents, bytes, tokens,
       tokens > 0 ? static_cast<double>(bytes) / static_cast<double>(tokens) : 0.0, train.total(),
-      validation.total(), s, o.out);
+      validation.total(), s,
+      train.total() > 0
+          ? fmt::format("train with `train --model gpt2 --data {}`", o.out)
+          : fmt::format("no training shard: every document went to validation (--val-every {}); "
+                        "give these to train as --test-data",
+                        o.val_every));
   return 0;
 }
 

@@ -11,10 +11,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
+#include <string_view>
 
 namespace ddp {
 namespace {
+
+constexpr std::string_view kUtf8Bom = "\xEF\xBB\xBF";
 
 // One line split at commas outside double quotes; quotes removed, "" kept as ".
 std::vector<std::string> split_fields(const std::string& line, const std::string& path,
@@ -57,7 +61,11 @@ double parse_number(const std::string& text, bool& ok) {
   char* end = nullptr;
   errno = 0;
   const double v = strtod_l(text.c_str(), &end, c_locale);
-  ok = !text.empty() && end == text.c_str() + text.size();
+  // Not strtod's hexadecimal forms (pandas reads 0x10 as text), nor a number past
+  // the double range (1e400), which it would make infinite.
+  ok = !text.empty() && end == text.c_str() + text.size() &&
+       text.find_first_of("xX") == std::string::npos &&
+       !(errno == ERANGE && std::fabs(v) == HUGE_VAL);
   return v;
 }
 
@@ -71,27 +79,36 @@ CsvTable parse_csv(const std::string& text, const std::string& path) {
   bool have_header = false;
   while (std::getline(in, line)) {
     ++line_no;
+    // Excel's "CSV UTF-8" starts with a byte-order mark; pandas drops it too.
+    if (line_no == 1 && line.starts_with(kUtf8Bom)) line.erase(0, kUtf8Bom.size());
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (trimmed(line).empty()) continue;
     auto fields = split_fields(line, path, line_no);
     if (!have_header) {
+      size_t numbers = 0;
       for (auto& f : fields) {
         f = trimmed(f);
         bool numeric = false;
         parse_number(f, numeric);
+        numbers += numeric ? 1 : 0;
         DDP_CHECK(!f.empty(),
-                  "{}:{}: the header has an empty column name (column {}); the "
-                  "first line must name every column",
-                  path, line_no, table.columns.size() + 1);
-        DDP_CHECK(!numeric,
-                  "{}:{}: the first line holds the number '{}' where a column name was expected: "
-                  "the file needs a header line naming its columns",
-                  path, line_no, f);
+                  "{}:{}: the header has an empty column name (column {}); the first line must "
+                  "name every column{}",
+                  path, line_no, table.columns.size() + 1,
+                  table.columns.empty() ? " (pandas writes an unnamed index column first: "
+                                          "save with df.to_csv(path, index=False))"
+                                        : "");
         for (const auto& seen : table.columns) {
           DDP_CHECK(seen != f, "{}:{}: the column name '{}' appears twice", path, line_no, f);
         }
         table.columns.push_back(f);
       }
+      // Names may be numbers (pandas names a bare array's columns 0, 1, ...), but a
+      // first line of numbers only is data without a header.
+      DDP_CHECK(numbers < fields.size(),
+                "{}:{}: the first line holds only numbers ({}) where column names were "
+                "expected: the file needs a header line naming its columns",
+                path, line_no, line);
       have_header = true;
       continue;
     }
@@ -112,6 +129,7 @@ CsvTable parse_csv(const std::string& text, const std::string& path) {
                 path, line_no, table.columns[c], f);
       table.values.push_back(v);
     }
+    table.lines.push_back(line_no);
     ++table.rows;
   }
   DDP_CHECK(have_header, "{}: empty: expected a header line naming the columns, then rows", path);
@@ -166,11 +184,15 @@ Tensor CsvTable::take(const std::vector<std::string>& names, DType dtype,
       const double v =
           values[static_cast<size_t>(r) * columns.size() + index[static_cast<size_t>(j)]];
       if (dtype == DType::f32) {
+        DDP_CHECK(!std::isfinite(v) || std::fabs(v) <= std::numeric_limits<float>::max(),
+                  "{}:{}: column '{}' holds {}, past float32's range (about 3.4e38): scale "
+                  "the column first",
+                  path, lines[static_cast<size_t>(r)], names[static_cast<size_t>(j)], v);
         out.data<float>()[r * k + j] = static_cast<float>(v);
       } else {
         DDP_CHECK(std::isfinite(v) && v == std::floor(v),
-                  "{}: column '{}' row {} holds {}: expected an integer class id", path,
-                  names[static_cast<size_t>(j)], r + 1, v);
+                  "{}:{}: column '{}' holds {}: expected an integer class id", path,
+                  lines[static_cast<size_t>(r)], names[static_cast<size_t>(j)], v);
         out.data<int64_t>()[r * k + j] = static_cast<int64_t>(v);
       }
     }

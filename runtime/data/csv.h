@@ -2,12 +2,15 @@
 // np.loadtxt(skiprows=1, delimiter=',') read them.
 //
 // The first line names the columns (a name may be double-quoted, "a,b" with ""
-// for a quote); each later line holds one number per column: what strtod reads
-// in the C locale (1, -2.5, 1e-3, nan, inf), surrounded by optional spaces and
-// optionally double-quoted. Blank lines and a trailing newline are skipped;
-// "\r\n" line ends are accepted. An empty field, text that is not a number, or
-// a line with too few or too many fields throws ValueError naming the file, the
-// line, the column and the text found.
+// for a quote; names may be numbers, as pandas gives a bare array's columns, but
+// not all of them: a first line of numbers only is data without a header); a
+// UTF-8 byte-order mark before it is dropped. Each later line holds one number
+// per column: what strtod reads in the C locale (1, -2.5, 1e-3, nan, inf; not its
+// hexadecimal forms, nor numbers past the double range), surrounded by optional
+// spaces and optionally double-quoted. Blank lines and a trailing newline are
+// skipped; "\r\n" line ends are accepted. An empty field, text that is not a
+// number, or a line with too few or too many fields throws ValueError naming the
+// file, the line, the column and the text found.
 #pragma once
 
 #include "runtime/tensor.h"
@@ -22,6 +25,7 @@ struct CsvTable {
   std::vector<std::string> columns;
   int64_t rows = 0;
   std::vector<double> values;  // rows x columns.size(), row-major
+  std::vector<int64_t> lines;  // each row's line in the file (1: the header), for messages
 
   // The column's index; ValueError naming the columns there are when absent.
   size_t index_of(const std::string& column, const std::string& path) const;

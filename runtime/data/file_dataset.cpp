@@ -7,6 +7,7 @@
 #include "runtime/fmt.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <filesystem>
 
@@ -16,6 +17,33 @@ namespace {
 
 bool is_integer_dtype(DType d) {
   return d == DType::i32 || d == DType::i64 || d == DType::u8;
+}
+
+// Note [how many classes]: a model has an output per class id 0..C-1, so one
+// stray large id (a sentinel, an id column that is not one) would make millions
+// of outputs; ids past this bound are refused, naming the row.
+constexpr int64_t kMaxClasses = int64_t{1} << 20;
+
+// How messages name row i of a split: as its file knows it, a CSV's line
+// ("line 7") or an array's index ("y[25]"), through the held-out split.
+struct RowNames {
+  std::string prefix = "row ", suffix;
+  std::vector<int64_t> origin;  // row i's line or index; empty: i itself
+
+  std::string operator()(int64_t i) const {
+    return fmt::format("{}{}{}", prefix, origin.empty() ? i : origin[static_cast<size_t>(i)],
+                       suffix);
+  }
+  RowNames take(const std::vector<int64_t>& rows) const {
+    RowNames out{prefix, suffix, {}};
+    for (int64_t r : rows)
+      out.origin.push_back(origin.empty() ? r : origin[static_cast<size_t>(r)]);
+    return out;
+  }
+};
+
+RowNames array_rows(const std::string& array) {
+  return {array + "[", "]", {}};
 }
 
 // Rows of `t` (dim 0) in `rows`' order, copied.
@@ -32,12 +60,18 @@ Tensor take_rows(const Tensor& t, const std::vector<int64_t>& rows) {
   return out;
 }
 
+// The extension in lower case: DATA.CSV is a CSV.
 std::string extension(const std::string& path) {
-  return fs::path(path).extension().string();
+  std::string ext = fs::path(path).extension().string();
+  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return ext;
 }
 
 struct Arrays {
   Tensor x, y, x_test, y_test;
+  RowNames rows = array_rows("y"), test_rows = array_rows("y_test");
+  // A CSV's columns as chosen (empty otherwise): a test CSV is read by these names.
+  std::vector<std::string> inputs, targets;
 };
 
 Arrays npz_arrays(const std::string& path) {
@@ -53,7 +87,9 @@ Arrays npz_arrays(const std::string& path) {
               "np.savez(path, x=inputs, y=targets)",
               path, need, names());
   }
-  Arrays a{arrays["x"], arrays["y"], {}, {}};
+  Arrays a;
+  a.x = arrays["x"];
+  a.y = arrays["y"];
   if (arrays.count("x_test") != 0 || arrays.count("y_test") != 0) {
     DDP_CHECK(arrays.count("x_test") != 0 && arrays.count("y_test") != 0,
               "{}: has {} without {}: give both for a test set, or neither", path,
@@ -65,9 +101,26 @@ Arrays npz_arrays(const std::string& path) {
   return a;
 }
 
+// The .npy files in `dir`, by name.
+std::vector<std::string> npy_files(const std::string& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (extension(e.path().string()) == ".npy") names.push_back(e.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 Arrays npy_dir_arrays(const std::string& dir) {
   const auto file = [&](const char* name) { return (fs::path(dir) / name).string(); };
+  DDP_CHECK(fs::exists(file("x.npy")),
+            "{}: has no x.npy (it holds {}): save the inputs as x.npy and the targets as y.npy "
+            "(names in lower case)",
+            dir, fmt::join(npy_files(dir), ", "));
   Arrays a;
+  a.rows = array_rows("y.npy");
+  a.test_rows = array_rows("y_test.npy");
   a.x = read_npy(file("x.npy"));
   DDP_CHECK(fs::exists(file("y.npy")),
             "{}: has x.npy but no y.npy: save the targets beside it, np.save('{}', targets)", dir,
@@ -83,14 +136,38 @@ Arrays npy_dir_arrays(const std::string& dir) {
   return a;
 }
 
+void check_distinct(const std::vector<std::string>& names, const char* flag,
+                    const std::string& path) {
+  for (size_t i = 0; i < names.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      DDP_CHECK(names[i] != names[j], "{}: {} names column '{}' twice", path, flag, names[i]);
+    }
+  }
+}
+
 // A CSV's inputs and targets by the options' columns; targets i64 when they are
-// one column of whole numbers (and not kind regress), else f32.
-std::pair<Tensor, Tensor> csv_arrays(const std::string& path, const FileDataOptions& o) {
+// one column of whole numbers (and not kind regress), else f32. `train` is the
+// training CSV when this is its test file: the columns are then the training
+// file's, by name.
+Arrays csv_arrays(const std::string& path, const FileDataOptions& o, const Arrays* train) {
   const CsvTable table = read_csv(path);
-  std::vector<std::string> targets = o.target_columns;
+  std::vector<std::string> targets = train != nullptr ? train->targets : o.target_columns;
+  std::vector<std::string> inputs = train != nullptr ? train->inputs : o.input_columns;
+  if (train != nullptr) {
+    for (const auto* names : {&inputs, &targets}) {
+      for (const auto& c : *names) {
+        DDP_CHECK(std::find(table.columns.begin(), table.columns.end(), c) != table.columns.end(),
+                  "{}: no column '{}', which the training file has as {}; its columns are {}. A "
+                  "test CSV needs the training file's columns, by name, in any order",
+                  path, c, names == &inputs ? "an input" : "a target",
+                  fmt::join(table.columns, ", "));
+      }
+    }
+  }
+  check_distinct(targets, "--target-columns", path);
+  check_distinct(inputs, "--input-columns", path);
   if (targets.empty()) targets.push_back(table.columns.back());
   for (const auto& t : targets) table.index_of(t, path);
-  std::vector<std::string> inputs = o.input_columns;
   if (inputs.empty()) {
     for (const auto& c : table.columns) {
       if (std::find(targets.begin(), targets.end(), c) == targets.end()) inputs.push_back(c);
@@ -104,16 +181,20 @@ std::pair<Tensor, Tensor> csv_arrays(const std::string& path, const FileDataOpti
   }
   const bool ids =
       targets.size() == 1 && o.kind != TargetKind::regress && table.all_integers(targets, path);
-  return {table.take(inputs, DType::f32, path),
-          table.take(targets, ids ? DType::i64 : DType::f32, path)};
+  Arrays a;
+  a.x = table.take(inputs, DType::f32, path);
+  a.y = table.take(targets, ids ? DType::i64 : DType::f32, path);
+  a.rows = RowNames{"line ", "", table.lines};
+  a.inputs = std::move(inputs);
+  a.targets = std::move(targets);
+  return a;
 }
 
-Arrays read_arrays(const std::string& path, const FileDataOptions& o) {
+Arrays read_arrays(const std::string& path, const FileDataOptions& o,
+                   const Arrays* train = nullptr) {
   const std::string ext = extension(path);
-  if (ext == ".csv") {
-    auto [x, y] = csv_arrays(path, o);
-    return {x, y, {}, {}};
-  }
+  if (ext == ".csv")
+    return csv_arrays(path, o, train != nullptr && !train->inputs.empty() ? train : nullptr);
   DDP_CHECK(o.input_columns.empty() && o.target_columns.empty(),
             "{}: input and target columns name CSV columns; this is not a .csv file (NumPy "
             "data: the arrays x and y)",
@@ -132,26 +213,25 @@ Arrays read_arrays(const std::string& path, const FileDataOptions& o) {
       path));
 }
 
-}  // namespace
-
-TargetKind parse_target_kind(const std::string& text) {
-  if (text == "auto") return TargetKind::auto_detect;
-  if (text == "classify") return TargetKind::classify;
-  if (text == "regress") return TargetKind::regress;
-  throw ValueError(fmt::format("target kind '{}': expected auto, classify or regress", text));
+// Whether targets `y` are class ids under `kind` (Note [classification or
+// regression]); auto: one integer column of values >= 0.
+bool targets_are_classes(const Tensor& y, TargetKind kind) {
+  if (kind != TargetKind::auto_detect) return kind == TargetKind::classify;
+  const bool one_column = y.dim() == 1 || (y.dim() == 2 && y.size(1) == 1);
+  if (!one_column || !is_integer_dtype(y.dtype()) || y.numel() == 0) return false;
+  const auto ids = y.cpu().to(DType::i64).to_vector<int64_t>();
+  return *std::min_element(ids.begin(), ids.end()) >= 0;
 }
 
-bool is_file_data(const std::string& path) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) return fs::exists(fs::path(path) / "x.npy", ec);
-  const std::string ext = extension(path);
-  return ext == ".npz" || ext == ".csv" || ext == ".npy";
-}
-
-Dataset make_dataset(const Tensor& inputs, const Tensor& targets, const std::string& name,
-                     TargetKind kind) {
+// A Dataset of targets that are class ids (checked, each row named by `rows`,
+// `hint` ending the message of a row that is not one) or values.
+Dataset build_dataset(const Tensor& inputs, const Tensor& targets, const std::string& name,
+                      bool classes, const RowNames& rows, const std::string& hint) {
   DDP_CHECK(inputs.defined() && targets.defined() && inputs.dim() >= 1 && targets.dim() >= 1,
-            "{}: inputs and targets must be arrays of at least one dimension (rows first)", name);
+            "{}: inputs and targets must be arrays of at least one dimension (rows first); "
+            "these are {} and {}",
+            name, inputs.defined() ? shape_str(inputs.shape()) : "undefined",
+            targets.defined() ? shape_str(targets.shape()) : "undefined");
   const int64_t n = inputs.size(0);
   DDP_CHECK(n > 0, "{}: no rows", name);
   DDP_CHECK(targets.size(0) == n,
@@ -160,6 +240,9 @@ Dataset make_dataset(const Tensor& inputs, const Tensor& targets, const std::str
   DDP_CHECK(inputs.dim() <= 4,
             "{}: inputs {} have {} dimensions: expected [N, D] or [N, C, H, W] (reshape first)",
             name, shape_str(inputs.shape()), inputs.dim());
+  DDP_CHECK(inputs.numel() > 0 && targets.numel() > 0,
+            "{}: inputs {} and targets {}: a row needs at least one input and one target", name,
+            shape_str(inputs.shape()), shape_str(targets.shape()));
   Dataset d;
   d.name = name;
   Tensor x = inputs.cpu().to(DType::f32);
@@ -168,27 +251,26 @@ Dataset make_dataset(const Tensor& inputs, const Tensor& targets, const std::str
   d.inputs = x.clone();
 
   const Tensor y = targets.cpu();
-  const bool one_column = y.dim() == 1 || (y.dim() == 2 && y.size(1) == 1);
-  bool classes = false;
-  if (kind == TargetKind::classify) {
+  if (classes) {
+    const bool one_column = y.dim() == 1 || (y.dim() == 2 && y.size(1) == 1);
     DDP_CHECK(one_column, "{}: targets {}: classification needs one class id per row ([N])", name,
               shape_str(y.shape()));
-    classes = true;
-  } else if (kind == TargetKind::auto_detect && one_column && is_integer_dtype(y.dtype())) {
-    const auto ids = y.to(DType::i64).to_vector<int64_t>();
-    classes = *std::min_element(ids.begin(), ids.end()) >= 0;
-  }
-  if (classes) {
-    const Tensor yf = y.to(DType::f32);
     const Tensor ids = y.to(DType::i64).reshape({n});
     const auto values = ids.to_vector<int64_t>();
-    const auto floats = yf.to_vector<float>();
+    const auto floats = y.to(DType::f32).to_vector<float>();
     int64_t top = 0;
     for (int64_t i = 0; i < n; ++i) {
       const auto v = values[static_cast<size_t>(i)];
-      DDP_CHECK(static_cast<float>(v) == floats[static_cast<size_t>(i)] && v >= 0,
-                "{}: target {} at row {} is not a class id (an integer >= 0)", name,
-                floats[static_cast<size_t>(i)], i);
+      const float f = floats[static_cast<size_t>(i)];
+      DDP_CHECK(static_cast<float>(v) == f && v >= 0,
+                "{}: target {} at {} is not a class id (an integer >= 0){}", name, f, rows(i),
+                hint);
+      // Note [how many classes].
+      DDP_CHECK(v < kMaxClasses,
+                "{}: target {} at {} would make {} classes, a model output each: class ids run "
+                "0..C-1 (at most {}); renumber them (np.unique(y, return_inverse=True)), or read "
+                "the targets as values (--task regress, TargetKind::regress)",
+                name, v, rows(i), v + 1, kMaxClasses);
       top = std::max(top, v);
     }
     d.labels = ids.clone();
@@ -200,58 +282,99 @@ Dataset make_dataset(const Tensor& inputs, const Tensor& targets, const std::str
   return d;
 }
 
+// Rows `rows` of x and y, and their names.
+void take_split(const Tensor& x, const Tensor& y, const RowNames& names,
+                const std::vector<int64_t>& rows, Tensor& x_out, Tensor& y_out,
+                RowNames& names_out) {
+  x_out = take_rows(x.cpu(), rows);
+  y_out = take_rows(y.cpu(), rows);
+  names_out = names.take(rows);
+}
+
+}  // namespace
+
+TargetKind parse_target_kind(const std::string& text) {
+  if (text == "auto") return TargetKind::auto_detect;
+  if (text == "classify") return TargetKind::classify;
+  if (text == "regress") return TargetKind::regress;
+  throw ValueError(fmt::format("target kind '{}': expected auto, classify or regress", text));
+}
+
+bool is_file_data(const std::string& path) {
+  std::error_code ec;
+  // A directory of .npy files, x.npy or not (npy_dir_arrays names what is missing).
+  if (fs::is_directory(path, ec)) return !npy_files(path).empty();
+  const std::string ext = extension(path);
+  return ext == ".npz" || ext == ".csv" || ext == ".npy";
+}
+
+Dataset make_dataset(const Tensor& inputs, const Tensor& targets, const std::string& name,
+                     TargetKind kind) {
+  DDP_CHECK(targets.defined(), "{}: targets undefined", name);
+  return build_dataset(inputs, targets, name, targets_are_classes(targets, kind), RowNames{}, "");
+}
+
 FileData load_file_data(const std::string& path, const FileDataOptions& o) {
   Arrays a = read_arrays(path, o);
   FileData out;
+  const std::string base = fs::path(path).filename().string();
+  for (const Tensor* t : {&a.x, &a.y}) {
+    DDP_CHECK(t->dim() >= 1, "{}: {} is a single value (shape []): expected an array of rows", path,
+              t == &a.x ? "x" : "y");
+  }
+  // Note [classification or regression]: the training targets decide, for every
+  // split; the test set's rows must then be class ids too.
+  const bool classes = targets_are_classes(a.y, o.kind);
+  std::string test_name = base + "/test";
   if (!o.test_path.empty()) {
     DDP_CHECK(!a.x_test.defined(),
               "{}: holds a test set (x_test, y_test) and a test file {} was given too: keep one",
               path, o.test_path);
-    const Arrays t = read_arrays(o.test_path, o);
+    FileDataOptions test_options = o;
+    test_options.kind = classes ? TargetKind::classify : TargetKind::regress;
+    Arrays t = read_arrays(o.test_path, test_options, &a);
     DDP_CHECK(!t.x_test.defined(), "{}: the test file holds a test set of its own (x_test)",
               o.test_path);
     a.x_test = t.x;
     a.y_test = t.y;
+    a.test_rows = t.rows;
     out.test_source = o.test_path;
+    test_name = fs::path(o.test_path).filename().string();
   } else if (a.x_test.defined()) {
     out.test_source = "x_test/y_test";
   } else {
     // Note [held-out rows].
     const int64_t n = a.x.size(0);
-    DDP_CHECK(a.y.dim() >= 1 && a.y.size(0) == n,
+    DDP_CHECK(a.y.size(0) == n,
               "{}: {} rows of inputs but {} of targets: they must have one target per row", path, n,
-              a.y.dim() >= 1 ? a.y.size(0) : 0);
+              a.y.size(0));
     DDP_CHECK(n >= 10,
               "{}: {} rows: holding every 10th row out as the test set needs at least 10; give "
               "a test set (x_test and y_test, or a test file)",
               path, n);
     std::vector<int64_t> train_rows, test_rows;
     for (int64_t i = 0; i < n; ++i) (i % 10 == 9 ? test_rows : train_rows).push_back(i);
-    a.x_test = take_rows(a.x.cpu(), test_rows);
-    a.y_test = take_rows(a.y.cpu(), test_rows);
-    a.x = take_rows(a.x.cpu(), train_rows);
-    a.y = take_rows(a.y.cpu(), train_rows);
+    take_split(a.x, a.y, a.rows, test_rows, a.x_test, a.y_test, a.test_rows);
+    take_split(a.x, a.y, a.rows, train_rows, a.x, a.y, a.rows);
     out.test_source = "every 10th row held out";
   }
-  const std::string base = fs::path(path).filename().string();
-  out.train = make_dataset(a.x, a.y, base + "/train", o.kind);
-  out.test = make_dataset(a.x_test, a.y_test, base + "/test", o.kind);
-  // The test set's classes are the training set's: a model has one output per class.
-  const bool train_classes = out.train.num_classes > 0, test_classes = out.test.num_classes > 0;
-  if (train_classes != test_classes) {
-    // One split looked like class ids and the other not (negative or fractional
-    // values): treat both as values.
-    out.train = make_dataset(a.x, a.y, base + "/train", TargetKind::regress);
-    out.test = make_dataset(a.x_test, a.y_test, base + "/test", TargetKind::regress);
-  }
-  const int64_t classes = std::max(out.train.num_classes, out.test.num_classes);
-  out.train.num_classes = out.test.num_classes = classes;
+  out.train = build_dataset(a.x, a.y, base + "/train", classes, a.rows, "");
+  const std::string hint =
+      classes && o.kind == TargetKind::auto_detect
+          ? fmt::format(
+                ", while the training targets are class ids 0..{}: fix that row, or "
+                "read every target as a value (--task regress, TargetKind::regress)",
+                out.train.num_classes - 1)
+          : "";
+  out.test = build_dataset(a.x_test, a.y_test, test_name, classes, a.test_rows, hint);
+  const int64_t num_classes = std::max(out.train.num_classes, out.test.num_classes);
+  out.train.num_classes = out.test.num_classes = num_classes;
   DDP_CHECK(out.train.inputs.shape().size() == out.test.inputs.shape().size() &&
                 std::equal(out.train.inputs.shape().begin() + 1, out.train.inputs.shape().end(),
                            out.test.inputs.shape().begin() + 1),
             "{}: the training inputs are {} per row and the test inputs {}: they must match", path,
             shape_str(out.train.inputs.shape()), shape_str(out.test.inputs.shape()));
-  DDP_CHECK(classes > 0 || out.train.labels.size(1) == out.test.labels.size(1),
+  DDP_CHECK(num_classes > 0 || out.train.labels.size(1) == out.test.labels.size(1),
             "{}: the training targets have {} columns and the test targets {}: they must match",
             path, out.train.labels.size(1), out.test.labels.size(1));
   return out;

@@ -19,8 +19,12 @@
 // cross-entropy and the evaluation accuracy. Otherwise (floating targets, or
 // several columns) it is a regression: targets f32 [N, k] (a 1-D y becomes
 // [N, 1]), num_classes 0, the loss MSE. Integer targets meant as values (counts,
-// years) need kind regress. Inputs become f32 [N, D] (1-D: [N, 1]) or, for image
-// arrays, [N, C, H, W] ([N, H, W]: one channel); integer inputs are converted as
+// years) need kind regress. The training targets decide for the test set too: a
+// test target that is not a class id, where the training targets are, is an error
+// naming its row (not a silent switch to regression). Class ids must be below
+// 2^20 (Note [how many classes] in file_dataset.cpp). A test CSV is read by the
+// training CSV's column names, in whatever order it has them. Inputs become f32 [N, D] (1-D: [N,
+// 1]) or, for image arrays, [N, C, H, W] ([N, H, W]: one channel); integer inputs are converted as
 // they are (u8 pixels stay 0..255: scale them in the file if the model wants 0..1).
 #pragma once
 
@@ -47,13 +51,16 @@ struct FileData {
   std::string test_source;  // "x_test/y_test", "test.csv", "every 10th row held out"
 };
 
-// Whether `path` names data this file reads: an .npz or .csv file, or a directory
-// holding x.npy. (The Fashion-MNIST directory and "synthetic" are not.)
+// Whether `path` names data this file reads: an .npz or .csv file (the extension
+// in any case), or a directory holding .npy files. (The Fashion-MNIST directory
+// and "synthetic" are not.)
 bool is_file_data(const std::string& path);
 
 // Reads the train and test sets. ValueError for any malformed file (npy.h, csv.h),
 // a missing array or column (naming those there are), inputs and targets of
-// different lengths, class ids < 0, or inputs of more than 4 dimensions.
+// different lengths, a target that is not a class id where the training targets
+// are (named by its CSV line or array index, y[i]), or inputs of more than 4
+// dimensions.
 FileData load_file_data(const std::string& path, const FileDataOptions& options = {});
 
 // A Dataset from arrays in memory, by Note [classification or regression]; the

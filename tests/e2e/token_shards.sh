@@ -4,7 +4,9 @@
 #     (several train shards, one validation shard of every 10th document), each
 #     document after an <|endoftext|>; --decode of the validation shard gives
 #     back 50 documents, the first of them cats.txt's 10th (its words in order),
-#     and a text file of one's own round-trips byte for byte;
+#     a text file of one's own round-trips byte for byte, and a folder tokenized
+#     into itself twice holds its one document once (earlier shards replaced,
+#     shards and hidden files not read as text);
 #  2. a shard written by NumPy as llm.c's scripts write them (int32 header, uint16
 #     tokens): a sequence over tokens 256..511 (past the byte range) whose next
 #     token is determined by the last: gpt with vocab=512 learns it (the val
@@ -78,6 +80,26 @@ printf 'naïve café — “quotes”, 2024\tI\x27m here.\n\n  ok  ' >"$dir/mine
   fail "tokenize --decode exited $?"
 cmp -s <(printf '<|endoftext|>'; cat "$dir/mine.txt") "$dir/mine.back" ||
   fail "a text file did not round-trip: $(od -c "$dir/mine.back" | head -3)"
+# A folder given as its own --out, twice: the second run reads the text file only
+# (not the first run's shards, not a hidden file) and replaces the first run's
+# shards, so the folder holds the one document once (Note [tokenize folders]).
+mkdir "$dir/own"
+cp "$dir/mine.txt" "$dir/own/a.txt"
+printf 'not a document' >"$dir/own/.hidden"
+"$tokenize" --out "$dir/own" --val-every 0 --shard-tokens 5 "$dir/own" >"$dir/own.log" 2>&1 ||
+  fail "tokenize into its own folder exited $?"
+first=$(find "$dir/own" -name 'data_train_*.bin' | wc -l)
+[ "$first" -ge 3 ] || fail "expected several 5-token shards, found $first"
+"$tokenize" --out "$dir/own" --val-every 0 "$dir/own" >>"$dir/own.log" 2>&1 ||
+  fail "tokenize again exited $?"
+grep -q "left out 1 hidden file(s), $first token shard(s)" "$dir/own.log" ||
+  fail "the second run did not leave out the hidden file and the $first shards"
+grep -q "removed $first shard(s) of an earlier run" "$dir/own.log" || fail "no removal reported"
+[ "$(find "$dir/own" -name '*.bin' | wc -l)" = 1 ] || fail "stale shards left: $(ls "$dir/own")"
+"$tokenize" --decode "$dir/own/data_train_000001.bin" >"$dir/own.back" 2>>"$dir/own.log" ||
+  fail "tokenize --decode exited $?"
+cmp -s <(printf '<|endoftext|>'; cat "$dir/mine.txt") "$dir/own.back" ||
+  fail "the folder's shards are not its one document: $(head -c 200 "$dir/own.back")"
 
 # 2. A shard as llm.c writes it, of tokens past the byte range.
 "$python" - "$dir" <<'PY' || fail "numpy could not write the shard"

@@ -5,6 +5,7 @@
 #include "runtime/data/csv.h"
 #include "runtime/data/file_dataset.h"
 #include "runtime/data/npy.h"
+#include "runtime/fmt.h"
 #include "tests/unit/error_text.h"
 
 #include <gtest/gtest.h>
@@ -378,6 +379,171 @@ TEST_F(DataFiles, ADirectoryOfNpyFilesAndAnNpzAreTheSameData) {
   const auto single = write("one.npy", x);
   EXPECT_NE(error_text([&] { load_file_data(single); }).find("one .npy holds one array"),
             std::string::npos);
+}
+
+TEST_F(DataFiles, CsvHeadersAsPandasAndExcelWriteThem) {
+  // pandas names a bare array's columns 0, 1, ...; a first line of numbers only is data.
+  const CsvTable numbered = parse_csv("0,1,label\n5,6,1\n", "t.csv");
+  EXPECT_EQ(numbered.columns, (std::vector<std::string>{"0", "1", "label"}));
+  EXPECT_NE(error_text([&] {
+              parse_csv("0,1,2\n5,6,1\n", "t.csv");
+            }).find("t.csv:1: the first line holds only numbers (0,1,2)"),
+            std::string::npos);
+  // Excel's "CSV UTF-8" starts with a byte-order mark, which is not part of the name.
+  const CsvTable bom = parse_csv("\xEF\xBB\xBFlabel,a\n1,2\n", "t.csv");
+  EXPECT_EQ(bom.columns, (std::vector<std::string>{"label", "a"}));
+  EXPECT_EQ(bom.lines, (std::vector<int64_t>{2}));
+  EXPECT_NE(error_text([&] { parse_csv(",a,y\n0,1,2\n", "t.csv"); }).find("index=False"),
+            std::string::npos);
+  // Not strtod's hexadecimal, nor numbers past double's range or, for f32, float's.
+  EXPECT_NE(error_text([&] {
+              parse_csv("a,y\n0x10,1\n", "t.csv");
+            }).find("t.csv:2: column 'a' holds '0x10'"),
+            std::string::npos);
+  EXPECT_NE(error_text([&] {
+              parse_csv("a,y\n1e400,1\n", "t.csv");
+            }).find("t.csv:2: column 'a' holds '1e400'"),
+            std::string::npos);
+  const CsvTable big = parse_csv("a,y\n1,1\n\n1e300,1\n", "t.csv");
+  EXPECT_EQ(big.lines, (std::vector<int64_t>{2, 4}));
+  EXPECT_NE(error_text([&] {
+              big.take({"a"}, DType::f32, "t.csv");
+            }).find("t.csv:4: column 'a' holds 1e+300, past float32's range"),
+            std::string::npos);
+}
+
+TEST_F(DataFiles, ATestCsvIsReadByTheTrainingColumnNames) {
+  const auto train = write("train.csv", "a,b,label\n1,2,0\n3,4,1\n5,6,2\n");
+  // The same rows with the columns in another order.
+  const auto test = write("test.csv", "label,b,a\n0,2,1\n1,4,3\n2,6,5\n");
+  const FileData d = load_file_data(train, {.test_path = test});
+  EXPECT_EQ(d.test.inputs.to_vector<float>(), d.train.inputs.to_vector<float>());
+  EXPECT_EQ(d.test.labels.to_vector<int64_t>(), (std::vector<int64_t>{0, 1, 2}));
+  const FileData chosen =
+      load_file_data(train, {.input_columns = {"b"}, .target_columns = {"a"}, .test_path = test});
+  EXPECT_EQ(chosen.test.inputs.to_vector<float>(), (std::vector<float>{2, 4, 6}));
+  const auto other = write("other.csv", "p,q,r\n1,2,0\n");
+  EXPECT_NE(error_text([&] { load_file_data(train, {.test_path = other}); })
+                .find("other.csv: no column 'a', which the training file has as an input; its "
+                      "columns are p, q, r"),
+            std::string::npos);
+  EXPECT_NE(error_text([&] {
+              load_file_data(train, {.target_columns = {"label", "label"}});
+            }).find("--target-columns names column 'label' twice"),
+            std::string::npos);
+}
+
+TEST_F(DataFiles, TheTrainingTargetsDecideTheTestSetsKind) {
+  const auto train = write("train.csv", "a,label\n1,0\n2,1\n3,2\n");
+  // One test target that is not a class id: an error naming its line, not a regression.
+  const auto negative = write("neg.csv", "a,label\n1,0\n\n2,-1\n");
+  const std::string e = error_text([&] { load_file_data(train, {.test_path = negative}); });
+  EXPECT_NE(e.find("neg.csv: target -1 at line 4 is not a class id (an integer >= 0), while the "
+                   "training targets are class ids 0..2"),
+            std::string::npos)
+      << e;
+  const auto fraction = write("frac.csv", "a,label\n1,0.5\n");
+  EXPECT_NE(error_text([&] {
+              load_file_data(train, {.test_path = fraction});
+            }).find("frac.csv: target 0.5 at line 2 is not a class id"),
+            std::string::npos);
+  // Training targets that are values make the test set's values too, whatever they look like.
+  const auto values = write("values.csv", "a,label\n1,0.5\n2,1\n");
+  const FileData r = load_file_data(values, {.test_path = train});
+  EXPECT_EQ(r.train.num_classes, 0);
+  EXPECT_EQ(r.test.num_classes, 0);
+  EXPECT_EQ(r.test.labels.to_vector<float>(), (std::vector<float>{0, 1, 2}));
+  // x_test/y_test arrays name their index.
+  const Bytes x = npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }",
+                            le_bytes<float>({1, 2}));
+  const Bytes y = npy_bytes("{'descr': '<i8', 'fortran_order': False, 'shape': (2,), }",
+                            le_bytes<int64_t>({0, 1}));
+  const Bytes y_test = npy_bytes("{'descr': '<i8', 'fortran_order': False, 'shape': (2,), }",
+                                 le_bytes<int64_t>({1, -3}));
+  const auto npz = write(
+      "d.npz",
+      zip_bytes({{"x.npy", x}, {"y.npy", y}, {"x_test.npy", x}, {"y_test.npy", y_test}}, false));
+  EXPECT_NE(
+      error_text([&] { load_file_data(npz); }).find("target -3 at y_test[1] is not a class id"),
+      std::string::npos);
+}
+
+TEST_F(DataFiles, ErrorsNameTheRowAsTheFileNumbersIt) {
+  // 30 rows; row 25 (line 27 of the CSV) is 0.5, which the held-out split moves to
+  // the 23rd training row: the message must still say where it is in the file.
+  std::string text = "a,label\n";
+  std::vector<float> ys;
+  for (int i = 0; i < 30; ++i) {
+    ys.push_back(i == 25 ? 0.5f : static_cast<float>(i % 2));
+    text += fmt::format("{},{}\n", i, ys.back());
+  }
+  const auto csv = write("t.csv", text);
+  EXPECT_NE(error_text([&] {
+              load_file_data(csv, {.kind = TargetKind::classify});
+            }).find("t.csv/train: target 0.5 at line 27 is not a class id"),
+            std::string::npos);
+  std::vector<float> xs(30, 1.0f);
+  const auto npz = write(
+      "t.npz",
+      zip_bytes({{"x.npy", npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (30,), }",
+                                     le_bytes<float>(xs))},
+                 {"y.npy", npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (30,), }",
+                                     le_bytes<float>(ys))}},
+                false));
+  EXPECT_NE(error_text([&] {
+              load_file_data(npz, {.kind = TargetKind::classify});
+            }).find("t.npz/train: target 0.5 at y[25] is not a class id"),
+            std::string::npos);
+  // A held-out row keeps its name too: row 29 is the third test row.
+  ys[25] = 1;
+  ys[29] = -2;
+  const auto held = write(
+      "h.npz",
+      zip_bytes({{"x.npy", npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (30,), }",
+                                     le_bytes<float>(xs))},
+                 {"y.npy", npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (30,), }",
+                                     le_bytes<float>(ys))}},
+                false));
+  EXPECT_NE(error_text([&] {
+              load_file_data(held, {.kind = TargetKind::classify});
+            }).find("h.npz/test: target -2 at y[29] is not a class id"),
+            std::string::npos);
+}
+
+TEST_F(DataFiles, AClassIdPastTheBoundIsNamedNotAllocated) {
+  const auto path = write("big.csv", "a,label\n1,0\n2,1000000000\n");
+  const auto test = write("small.csv", "a,label\n1,0\n");
+  const std::string e = error_text([&] { load_file_data(path, {.test_path = test}); });
+  EXPECT_NE(e.find("big.csv/train: target 1000000000 at line 3 would make 1000000001 classes"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("--task regress"), std::string::npos) << e;
+  EXPECT_EQ(
+      load_file_data(path, {.kind = TargetKind::regress, .test_path = test}).train.num_classes, 0);
+  // The largest id allowed is 2^20 - 1.
+  const auto edge = write("edge.csv", "a,label\n1,0\n2,1048575\n");
+  EXPECT_EQ(load_file_data(edge, {.test_path = test}).train.num_classes, 1048576);
+}
+
+TEST_F(DataFiles, ExtensionsInAnyCaseAndNpyNamesThatDoNotFit) {
+  const auto upper = write("UP.CSV", "a,label\n1,0\n2,1\n");
+  EXPECT_TRUE(is_file_data(upper));
+  EXPECT_EQ(load_file_data(upper, {.test_path = upper}).train.size(), 2);
+  fs::create_directories(dir_ / "caps");
+  write("caps/X.npy", npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }",
+                                le_bytes<float>({1})));
+  EXPECT_TRUE(is_file_data((dir_ / "caps").string()));
+  EXPECT_NE(error_text([&] {
+              load_file_data((dir_ / "caps").string());
+            }).find("has no x.npy (it holds X.npy)"),
+            std::string::npos);
+  // Single values are not arrays of rows.
+  const Bytes scalar =
+      npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (), }", le_bytes<float>({3}));
+  const auto zero_d = write("s.npz", zip_bytes({{"x.npy", scalar}, {"y.npy", scalar}}, false));
+  EXPECT_NE(
+      error_text([&] { load_file_data(zero_d); }).find("s.npz: x is a single value (shape [])"),
+      std::string::npos);
 }
 
 }  // namespace
