@@ -22,13 +22,7 @@ Data load_data(const TrainOptions& o) {
     DDP_CHECK(static_cast<bool>(o.user_data->load), "UserData '{}' has no load function",
               o.user_data->name);
     auto [train, test] = o.user_data->load(o);
-    DDP_CHECK(train.size() > 0 && train.inputs.defined() && train.inputs.size(0) == train.size(),
-              "UserData '{}': the train Dataset needs inputs [N, ...] and labels [N, ...] with N "
-              ">= 1 (make_dataset in runtime/data/file_dataset.h builds one from tensors)",
-              o.user_data->name);
-    DDP_CHECK(test.size() > 0 && test.inputs.defined() && test.inputs.size(0) == test.size(),
-              "UserData '{}': the test Dataset needs inputs and labels with as many rows (N >= 1)",
-              o.user_data->name);
+    check_same_task(train, test, fmt::format("UserData '{}'", o.user_data->name));
     return {std::move(train), std::move(test), ""};
   }
   if (o.data == "synthetic") {
@@ -72,7 +66,8 @@ class SupervisedTask : public Task {
     const auto& in = data_.train.inputs.shape();
     const Shape sample(in.begin() + 1, in.end());
     // A regression has one output per target column.
-    const int64_t outputs = regression() ? data_.train.labels.size(1) : data_.train.num_classes;
+    const int64_t outputs =
+        regression() ? data_.train.labels.numel() / data_.train.size() : data_.train.num_classes;
     Generator gen(o.seed);
     if (o.user_model != nullptr) {
       DDP_CHECK(static_cast<bool>(o.user_model->build), "UserModel '{}' has no build function",
@@ -174,8 +169,13 @@ class SupervisedTask : public Task {
     for_each_eval_batch(
         eval_lockstep, [&](Batch& b) { return test_loader_.next(b); },
         [&](const Batch& batch) {
-          const auto predicted = model(batch.inputs).to(DType::f32).to_vector<float>();
-          const auto targets = batch.labels.to_vector<float>();
+          const Tensor out = model(batch.inputs);
+          DDP_CHECK(out.numel() == batch.labels.numel(),
+                    "evaluation: the model's output {} does not match the targets {}: a "
+                    "regression needs one output per target",
+                    shape_str(out.shape()), shape_str(batch.labels.shape()));
+          const auto predicted = out.to(DType::f32).to_vector<float>();
+          const auto targets = batch.labels.to(DType::f32).to_vector<float>();
           for (size_t i = 0; i < targets.size(); ++i) {
             const double d = static_cast<double>(predicted[i]) - targets[i];
             squared += d * d;

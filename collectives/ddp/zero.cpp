@@ -148,6 +148,9 @@ void ZeroOptimizer::attach(DistributedDataParallel& ddp) {
   }
   const std::weak_ptr<ZeroGradReducer> weak = grads_;
   for (size_t i = 0; i < params_.size(); ++i) {
+    // A frozen parameter gets no gradient: its rounds launch at finish(), as for
+    // one unused in this backward (Note [zero stage 2 rounds]).
+    if (!requires_grad(params_[i])) continue;
     register_post_accumulate_grad_hook(params_[i], [weak, i](Tensor&) {
       if (auto grads = weak.lock()) grads->on_gradient(i);
     });
@@ -173,6 +176,9 @@ void ZeroOptimizer::for_each_piece(int64_t begin, int64_t len, F&& fn) const {
 // .grad (undefined where the parameter has none), stage 2 of the gradient shard.
 Tensor ZeroOptimizer::grad_piece(size_t i, int64_t param_offset, int64_t len,
                                  int64_t shard_offset) const {
+  // A frozen parameter has no gradient at any stage, so the step leaves it (and its
+  // state) alone, as torch's optimizers skip a parameter whose .grad is None.
+  if (!requires_grad(params_[i])) return Tensor();
   if (options_.stage == 2) return grads_->shard().flat_view(shard_offset, {len});
   const Tensor g = grad(params_[i]);
   return g.defined() ? g.flat_view(param_offset, {len}) : Tensor();

@@ -369,15 +369,51 @@ FileData load_file_data(const std::string& path, const FileDataOptions& o) {
   out.test = build_dataset(a.x_test, a.y_test, test_name, classes, a.test_rows, hint);
   const int64_t num_classes = std::max(out.train.num_classes, out.test.num_classes);
   out.train.num_classes = out.test.num_classes = num_classes;
-  DDP_CHECK(out.train.inputs.shape().size() == out.test.inputs.shape().size() &&
-                std::equal(out.train.inputs.shape().begin() + 1, out.train.inputs.shape().end(),
-                           out.test.inputs.shape().begin() + 1),
-            "{}: the training inputs are {} per row and the test inputs {}: they must match", path,
-            shape_str(out.train.inputs.shape()), shape_str(out.test.inputs.shape()));
-  DDP_CHECK(num_classes > 0 || out.train.labels.size(1) == out.test.labels.size(1),
-            "{}: the training targets have {} columns and the test targets {}: they must match",
-            path, out.train.labels.size(1), out.test.labels.size(1));
+  check_same_task(out.train, out.test, path);
   return out;
+}
+
+void check_same_task(const Dataset& train, const Dataset& test, const std::string& name) {
+  for (const Dataset* d : {&train, &test}) {
+    DDP_CHECK(d->inputs.defined() && d->labels.defined() && d->inputs.dim() >= 1 &&
+                  d->labels.dim() >= 1 && d->inputs.size(0) == d->labels.size(0) && d->size() > 0,
+              "{}: the {} set needs inputs [N, ...] and labels [N, ...] with N >= 1 (make_dataset "
+              "in runtime/data/file_dataset.h builds one from tensors)",
+              name, d == &train ? "training" : "test");
+  }
+  const Shape& a = train.inputs.shape();
+  const Shape& b = test.inputs.shape();
+  DDP_CHECK(a.size() == b.size() && std::equal(a.begin() + 1, a.end(), b.begin() + 1),
+            "{}: the training inputs are {} and the test inputs {}: a row must have the same shape "
+            "in both",
+            name, shape_str(a), shape_str(b));
+  const bool classes = train.num_classes > 0;
+  DDP_CHECK(classes == (test.num_classes > 0),
+            "{}: the training set is {} (num_classes {}) and the test set {} (num_classes {}): "
+            "both must be the same task",
+            name, classes ? "a classification" : "a regression", train.num_classes,
+            test.num_classes > 0 ? "a classification" : "a regression", test.num_classes);
+  if (classes) {
+    for (const Dataset* d : {&train, &test}) {
+      DDP_CHECK(d->labels.dtype() == DType::i64 && d->labels.numel() == d->size(),
+                "{}: the {} labels are {} ({}): classification needs one i64 class id per row "
+                "([N])",
+                name, d == &train ? "training" : "test", shape_str(d->labels.shape()),
+                dtype_name(d->labels.dtype()));
+    }
+    DDP_CHECK(test.num_classes <= train.num_classes,
+              "{}: the test set has {} classes and the training set {}: the model has an output "
+              "per training class; give both sets the larger num_classes",
+              name, test.num_classes, train.num_classes);
+  } else {
+    const int64_t cols = train.labels.numel() / train.size();
+    const int64_t test_cols = test.labels.numel() / test.size();
+    DDP_CHECK(cols == test_cols,
+              "{}: the training targets are {} ({} per row) and the test targets {} ({} per "
+              "row): they must match",
+              name, shape_str(train.labels.shape()), cols, shape_str(test.labels.shape()),
+              test_cols);
+  }
 }
 
 }  // namespace ddp

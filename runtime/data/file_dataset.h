@@ -63,6 +63,11 @@ bool is_file_data(const std::string& path);
 // dimensions.
 FileData load_file_data(const std::string& path, const FileDataOptions& options = {});
 
+// ValueError naming `name` unless train and test are one task: rows of one input
+// shape, both classification (one i64 class id per row) or both regression with
+// as many targets per row.
+void check_same_task(const Dataset& train, const Dataset& test, const std::string& name);
+
 // A Dataset from arrays in memory, by Note [classification or regression]; the
 // shapes and dtypes normalized as load_file_data does. `name` is for messages.
 Dataset make_dataset(const Tensor& inputs, const Tensor& targets, const std::string& name,

@@ -41,31 +41,66 @@ void Module::remove_forward_hooks(int id) {
 }
 
 std::vector<std::pair<std::string, Module*>> Module::named_modules(const std::string& prefix) {
-  std::vector<std::pair<std::string, Module*>> out{{prefix, this}};
-  for (auto& [name, child] : children_) {
-    auto below = child->named_modules(join(prefix, name));
-    out.insert(out.end(), below.begin(), below.end());
-  }
+  // Note [shared parameters]: a module registered twice is listed once.
+  std::vector<std::pair<std::string, Module*>> out;
+  std::function<void(Module&, const std::string&)> walk = [&](Module& m, const std::string& at) {
+    for (const auto& [n, seen] : out) {
+      if (seen == &m) return;
+    }
+    out.emplace_back(at, &m);
+    for (auto& [name, child] : m.children_) walk(*child, join(at, name));
+  };
+  walk(*this, prefix);
   return out;
 }
 
+void Module::check_new_name(const std::string& name, const char* what) const {
+  DDP_CHECK(!name.empty() && name.find('.') == std::string::npos,
+            "{}: {} name '{}': expected a non-empty name without '.' (dots join the names of "
+            "nested modules)",
+            this->name(), what, name);
+  const auto taken = [&](const auto& list) {
+    return std::any_of(list.begin(), list.end(), [&](const auto& e) { return e.first == name; });
+  };
+  DDP_CHECK(!taken(params_) && !taken(buffers_) && !taken(children_),
+            "{}: register_{}(\"{}\"): this module already has a parameter, buffer or module of "
+            "that name; pick another",
+            this->name(), what, name);
+}
+
 Tensor Module::register_parameter(std::string name, Tensor value, bool requires_grad) {
+  check_new_name(name, "parameter");
+  DDP_CHECK(value.defined(), "{}: register_parameter(\"{}\"): the tensor is undefined",
+            this->name(), name);
   set_requires_grad(value, requires_grad);
   params_.emplace_back(std::move(name), value);
   return value;
 }
 
 Tensor Module::register_buffer(std::string name, Tensor value) {
+  check_new_name(name, "buffer");
+  DDP_CHECK(value.defined(), "{}: register_buffer(\"{}\"): the tensor is undefined", this->name(),
+            name);
   buffers_.emplace_back(std::move(name), value);
   return value;
 }
 
+void Module::collect(bool parameters, const std::string& prefix, NamedTensors& out,
+                     std::vector<const TensorImpl*>& seen) const {
+  for (const auto& [name, t] : parameters ? params_ : buffers_) {
+    const TensorImpl* impl = &t.impl();
+    if (std::find(seen.begin(), seen.end(), impl) != seen.end()) continue;
+    seen.push_back(impl);
+    out.emplace_back(join(prefix, name), t);
+  }
+  for (const auto& [name, child] : children_)
+    child->collect(parameters, join(prefix, name), out, seen);
+}
+
 NamedTensors Module::named_parameters(const std::string& prefix) const {
   NamedTensors out;
-  for (const auto& [name, t] : params_) out.emplace_back(join(prefix, name), t);
-  for (const auto& [name, child] : children_) {
-    for (auto& entry : child->named_parameters(join(prefix, name))) out.push_back(std::move(entry));
-  }
+  std::vector<const TensorImpl*> seen;
+  collect(true, prefix, out, seen);
   return out;
 }
 
@@ -77,10 +112,8 @@ std::vector<Tensor> Module::parameters() const {
 
 NamedTensors Module::named_buffers(const std::string& prefix) const {
   NamedTensors out;
-  for (const auto& [name, t] : buffers_) out.emplace_back(join(prefix, name), t);
-  for (const auto& [name, child] : children_) {
-    for (auto& entry : child->named_buffers(join(prefix, name))) out.push_back(std::move(entry));
-  }
+  std::vector<const TensorImpl*> seen;
+  collect(false, prefix, out, seen);
   return out;
 }
 
@@ -204,43 +237,45 @@ std::shared_ptr<Module> Module::own_child(const std::string& name) const {
   return nullptr;
 }
 
+// The originals' tensors and modules, and what stands for each in the replica: a
+// tensor or child that appears twice (Note [shared parameters]) gets one.
+struct Module::ReplicaMemo {
+  std::map<const TensorImpl*, Tensor> tensors;
+  std::map<const Module*, std::shared_ptr<Module>> modules;
+};
+
 std::shared_ptr<Module> Module::replicate(const std::vector<Tensor>& parameters,
                                           const std::vector<Tensor>& buffers) const {
   const NamedTensors params = named_parameters(), bufs = named_buffers();
   DDP_CHECK(parameters.size() == params.size() && buffers.size() == bufs.size(),
             "replicate {}: got {} parameters and {} buffers for a module with {} and {}", name(),
             parameters.size(), buffers.size(), params.size(), bufs.size());
-  size_t next_param = 0, next_buffer = 0;
-  auto copy = replicate_from(parameters, buffers, next_param, next_buffer);
-  DDP_ASSERT(next_param == parameters.size() && next_buffer == buffers.size(),
-             "replicate visited {} of {} parameters and {} of {} buffers", next_param,
-             parameters.size(), next_buffer, buffers.size());
-  return copy;
-}
-
-// Visits tensors in named_parameters()/named_buffers() order: own ones, then each
-// child's, depth first.
-std::shared_ptr<Module> Module::replicate_from(const std::vector<Tensor>& parameters,
-                                               const std::vector<Tensor>& buffers,
-                                               size_t& next_param, size_t& next_buffer) const {
-  std::shared_ptr<Module> copy = shallow_copy();
-  DDP_ASSERT(copy != nullptr && copy.get() != this, "{}::shallow_copy returned no new module",
-             name());
-  auto take = [this](NamedTensors& own, const std::vector<Tensor>& given, size_t& next) {
-    for (auto& [n, t] : own) {
-      const Tensor& value = given.at(next++);
+  ReplicaMemo memo;
+  for (const auto* list : {&params, &bufs}) {
+    const auto& given = list == &params ? parameters : buffers;
+    for (size_t i = 0; i < list->size(); ++i) {
+      const auto& [n, t] = (*list)[i];
+      const Tensor& value = given[i];
       DDP_CHECK(value.shape() == t.shape() && value.dtype() == t.dtype(),
                 "replicate {}: tensor '{}' is {} ({}), its replacement {} ({})", name(), n,
                 shape_str(t.shape()), dtype_name(t.dtype()), shape_str(value.shape()),
                 dtype_name(value.dtype()));
-      t = value;
+      memo.tensors.emplace(&t.impl(), value);
     }
-  };
-  take(copy->params_, parameters, next_param);
-  take(copy->buffers_, buffers, next_buffer);
-  for (auto& [n, child] : copy->children_) {
-    child = child->replicate_from(parameters, buffers, next_param, next_buffer);
   }
+  return replicate_from(memo);
+}
+
+std::shared_ptr<Module> Module::replicate_from(ReplicaMemo& memo) const {
+  if (auto it = memo.modules.find(this); it != memo.modules.end()) return it->second;
+  std::shared_ptr<Module> copy = shallow_copy();
+  DDP_ASSERT(copy != nullptr && copy.get() != this, "{}::shallow_copy returned no new module",
+             name());
+  memo.modules.emplace(this, copy);
+  for (NamedTensors* own : {&copy->params_, &copy->buffers_}) {
+    for (auto& [n, t] : *own) t = memo.tensors.at(&t.impl());
+  }
+  for (auto& [n, child] : copy->children_) child = child->replicate_from(memo);
   copy->hooks_.clear();  // Note [forward hooks]: a replica has none
   copy->rebind_members();
   return copy;

@@ -26,6 +26,11 @@ class Module {
   virtual std::string name() const = 0;
 
   // Parameters of this module and its children, depth first in registration order.
+  // Note [shared parameters]: a tensor registered twice (a tied weight, a module
+  // registered under two names) is listed once, under its first name, as torch's
+  // named_parameters() and parameters() do: an optimizer steps it once, DDP
+  // reduces its gradient once, a checkpoint holds it once. The same for buffers
+  // and named_modules().
   NamedTensors named_parameters(const std::string& prefix = "") const;
   std::vector<Tensor> parameters() const;
   NamedTensors named_buffers(const std::string& prefix = "") const;
@@ -81,8 +86,15 @@ class Module {
  protected:
   Tensor register_parameter(std::string name, Tensor value, bool requires_grad = true);
   Tensor register_buffer(std::string name, Tensor value);
+  // ValueError for an empty name, one with a '.', one this module has already,
+  // or a null module (register a member after making it).
   template <typename M>
   std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> module) {
+    check_new_name(name, "module");
+    DDP_CHECK(module != nullptr,
+              "{}: register_module(\"{}\", nullptr): the module is null; make it first "
+              "(register_module(\"{}\", std::make_shared<...>(...)))",
+              this->name(), name, name);
     children_.emplace_back(std::move(name), module);
     return module;
   }
@@ -102,9 +114,13 @@ class Module {
   std::shared_ptr<Module> own_child(const std::string& name) const;
 
  private:
-  std::shared_ptr<Module> replicate_from(const std::vector<Tensor>& parameters,
-                                         const std::vector<Tensor>& buffers, size_t& next_param,
-                                         size_t& next_buffer) const;
+  struct ReplicaMemo;
+  std::shared_ptr<Module> replicate_from(ReplicaMemo& memo) const;
+  // ValueError unless `name` is a new, dotless, non-empty name among this module's.
+  void check_new_name(const std::string& name, const char* what) const;
+  // named_parameters()/named_buffers() with the tensors already `seen` left out.
+  void collect(bool parameters, const std::string& prefix, NamedTensors& out,
+               std::vector<const TensorImpl*>& seen) const;
 
   struct Hooks {
     int id;

@@ -52,9 +52,18 @@ class StateReader {
 
 Optimizer::Optimizer(std::vector<Tensor> params, float lr) : params_(std::move(params)), lr_(lr) {
   set_lr(lr);
-  for (const Tensor& p : params_) {
+  std::map<const TensorImpl*, size_t> seen;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    DDP_CHECK(p.defined(), "optimizer parameter {} is undefined", i);
     DDP_CHECK(p.dtype() == DType::f32, "optimizers update f32 parameters, got dtype {}",
               dtype_name(p.dtype()));
+    // As torch's optimizers refuse one parameter in two groups: it would be stepped twice.
+    const auto [at, fresh] = seen.emplace(&p.impl(), i);
+    DDP_CHECK(fresh,
+              "optimizer parameters {} and {} are the same tensor: an optimizer steps each "
+              "parameter once; pass model.parameters(), which lists a shared parameter once",
+              at->second, i);
   }
 }
 
