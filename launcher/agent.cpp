@@ -16,6 +16,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <random>
 #include <thread>
 
@@ -24,8 +25,9 @@ namespace {
 
 using std::chrono::milliseconds;
 
+// Rounded up: a positive duration under 1 ms is 1 ms, not 0 ("never").
 milliseconds to_ms(double seconds) {
-  return milliseconds(static_cast<int64_t>(seconds * 1000));
+  return milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000)));
 }
 
 int usable_cores() {

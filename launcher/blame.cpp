@@ -98,9 +98,13 @@ bool every_running_rank_stopped(const std::vector<RankRecord>& ranks) {
   return any;
 }
 
+bool job_paused(const std::vector<RankRecord>& ranks, const BlamePolicy& policy) {
+  return !policy.across_nodes && every_running_rank_stopped(ranks);
+}
+
 bool stop_clocks_restart(const std::vector<RankRecord>& ranks, Clock::time_point previous,
-                         Clock::time_point now) {
-  return every_running_rank_stopped(ranks) || now - previous > kStopClockGap;
+                         Clock::time_point now, const BlamePolicy& policy) {
+  return job_paused(ranks, policy) || now - previous > kStopClockGap;
 }
 
 std::optional<Blame> find_blame(const std::vector<RankRecord>& ranks, Clock::time_point now,
@@ -112,7 +116,7 @@ std::optional<Blame> find_blame(const std::vector<RankRecord>& ranks, Clock::tim
     failure_time = ranks[*failure].exit_time;
     candidates.push_back({*failure, BlameReason::failed, *failure_time});
   }
-  const bool paused = every_running_rank_stopped(ranks);
+  const bool paused = job_paused(ranks, policy);
   for (size_t i = 0; i < ranks.size(); ++i)
     add_stuck(candidates, i, ranks[i], now, failure_time, policy, paused);
   if (candidates.empty()) return std::nullopt;

@@ -55,6 +55,9 @@ struct BlamePolicy {
   std::chrono::milliseconds stopped_timeout{30000};  // 0: a stopped rank alone never ends the job
   // 0: a progress report alone never ends the job (it still counts before a failure)
   std::chrono::milliseconds progress_timeout{0};
+  // Other nodes run ranks too: this node's ranks all stopped is not a pause of
+  // the job, since the other nodes' ranks wait for them (Note [stop clocks]).
+  bool across_nodes = false;
 };
 
 enum class BlameReason { failed, stopped, no_progress };
@@ -72,11 +75,14 @@ inline constexpr int kNoProgressExitCode = 124;
 // Note [stop clocks]
 // --stopped-timeout is for one rank stopped while the others wait for it in a
 // collective that will time out. Two kinds of stop are not that:
-//   - every running local rank is stopped (`pkill -STOP train`, a whole-job
-//     pause): nothing of this node waits, no collective can time out here, and
-//     the pause is the user's; the job is not ended for it. The clocks restart
-//     while it lasts, so a rank left stopped when the others continue gets a
-//     full --stopped-timeout from then.
+//   - every running rank of a one-node job is stopped (`pkill -STOP train`, a
+//     whole-job pause, or the last rank left running stopped): nothing waits, no
+//     collective can time out, and the pause is the user's; the job is not ended
+//     for it, and ddprun says so when the stop begins. The clocks restart while
+//     it lasts, so a rank left stopped when the others continue gets a full
+//     --stopped-timeout from then. Across nodes this is no pause: the other
+//     nodes' ranks wait for this node's (one rank per node is common), so the
+//     deadline applies (BlamePolicy::across_nodes).
 //   - ddprun itself was stopped: SLURM suspends a job with SIGSTOP to all its
 //     processes in no set order, and on resume ddprun may run before its
 //     ranks are continued. A gap between two monitor iterations far longer
@@ -91,11 +97,13 @@ inline constexpr std::chrono::milliseconds kStopClockGap{2000};
 
 // Every rank still running is stopped (and at least one runs).
 bool every_running_rank_stopped(const std::vector<RankRecord>& ranks);
+// A whole-job pause by Note [stop clocks]: every running rank stopped, one node.
+bool job_paused(const std::vector<RankRecord>& ranks, const BlamePolicy& policy);
 
 // Whether the stopped ranks' clocks restart at `now`, the previous monitor
 // iteration having been at `previous` (Note [stop clocks]).
 bool stop_clocks_restart(const std::vector<RankRecord>& ranks, Clock::time_point previous,
-                         Clock::time_point now);
+                         Clock::time_point now, const BlamePolicy& policy);
 
 // The rank to blame at `now`, or nullopt while nothing is wrong (Note [blame]).
 std::optional<Blame> find_blame(const std::vector<RankRecord>& ranks, Clock::time_point now,

@@ -57,6 +57,8 @@ constexpr milliseconds kNodeCheckInterval{100};
 // After the last rank exited, how long to keep reading pipes that an escaped
 // grandchild still holds open.
 constexpr milliseconds kDrainAfterExit{500};
+// While the console's backlog is full, how often to look whether it drained.
+constexpr milliseconds kConsoleRecheck{50};
 constexpr size_t kTailLines = 10;
 
 double seconds_between(Clock::time_point a, Clock::time_point b) {
@@ -276,9 +278,11 @@ void Watcher::spawn_one(RankProcess& r) {
 void Watcher::poll_once() {
   std::vector<pollfd> fds{{signals_.fd(), POLLIN, 0}};
   std::vector<RankStream*> streams;
+  // Note [a console that does not read]: past the backlog, the ranks' pipes wait.
+  const bool console_full = console_backlog() > kConsoleBacklog;
   for (auto& r : ranks_) {
     for (RankStream* s : {r.out.get(), r.err.get()}) {
-      if (s->fd() < 0) continue;
+      if (s->fd() < 0 || console_full) continue;
       fds.push_back({s->fd(), POLLIN, 0});
       streams.push_back(s);
     }
@@ -292,6 +296,7 @@ void Watcher::poll_once() {
     const auto left = std::chrono::ceil<milliseconds>(kill_deadline_ - Clock::now());
     wait = std::clamp(left, milliseconds(0), kMaxPollWait);
   }
+  if (console_full) wait = std::min(wait, kConsoleRecheck);
   const int n = ::poll(fds.data(), fds.size(), static_cast<int>(wait.count()));
   if (n > 0) {
     for (size_t i = 1; i < fds.size(); ++i) {
@@ -347,13 +352,19 @@ void Watcher::note_stop_change(RankProcess& r) {
     r.rec.stop_clock_restart.reset();
     r.rec.stop_signal = change->signal;
     const double limit = std::chrono::duration<double>(spec_.blame.stopped_timeout).count();
-    // While the job ends, no deadline applies (stop_all() continues it).
-    say(fmt::format(
-        "rank {} (pid {}) was stopped by {}{}", r.rec.rank, r.rec.pid, signal_name(change->signal),
-        limit > 0 && !stopping_ ? fmt::format("; the job ends if it is still stopped in {:g} s "
-                                              "(--stopped-timeout)",
-                                              limit)
-                                : ""));
+    // While the job ends, no deadline applies (stop_all() continues it); nor in a
+    // pause (Note [stop clocks]).
+    std::string deadline;
+    if (job_paused(records(), policy())) {
+      deadline =
+          "; every running rank is stopped now: a pause, which ends nothing "
+          "(--stopped-timeout counts while other ranks run)";
+    } else if (limit > 0 && !stopping_) {
+      deadline =
+          fmt::format("; the job ends if it is still stopped in {:g} s (--stopped-timeout)", limit);
+    }
+    say(fmt::format("rank {} (pid {}) was stopped by {}{}", r.rec.rank, r.rec.pid,
+                    signal_name(change->signal), deadline));
   } else {
     // stop_all()'s own SIGCONT is no news.
     if (!r.rec.signalled) {
@@ -369,7 +380,7 @@ void Watcher::note_stop_change(RankProcess& r) {
 void Watcher::judge() {
   const auto now = Clock::now();
   std::vector<RankRecord> records = this->records();
-  if (stop_clocks_restart(records, last_judged_, now)) {  // Note [stop clocks]
+  if (stop_clocks_restart(records, last_judged_, now, policy())) {  // Note [stop clocks]
     flight_.restart_clock(now);
     for (size_t i = 0; i < ranks_.size(); ++i) {
       if (ranks_[i].rec.stopped_since)
@@ -711,6 +722,7 @@ void Watcher::end_unneeded_joiners() {
 BlamePolicy Watcher::policy() const {
   BlamePolicy p = spec_.blame;
   p.progress_timeout = flight_.hang_timeout();  // Note [default hang timeout]
+  p.across_nodes = across_nodes();
   return p;
 }
 

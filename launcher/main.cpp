@@ -3,6 +3,7 @@
 #include "launcher/agent.h"
 #include "launcher/analyze.h"
 #include "launcher/options.h"
+#include "launcher/process.h"
 #include "launcher/program_path.h"
 #include "launcher/trace_merge_cli.h"
 #include "runtime/error.h"
@@ -29,6 +30,13 @@ void ensure_standard_fds() {
       return;
     }
   }
+}
+
+// An Error from deep in the agent may start with "ddprun: " already.
+std::string_view without_prefix(std::string_view what) {
+  constexpr std::string_view kPrefix = "ddprun: ";
+  if (what.starts_with(kPrefix)) what.remove_prefix(kPrefix.size());
+  return what;
 }
 
 }  // namespace
@@ -71,13 +79,22 @@ int main(int argc, char** argv) {
                                 program.interpreter_args.end());
     options.program = "python3";
   }
+  // Note [a console that does not read]: what the agent queued is written first.
   try {
-    return ddp::launcher::run_agent(options, program.path);
+    const int code = ddp::launcher::run_agent(options, program.path);
+    ddp::launcher::console_flush();
+    return code;
   } catch (const ddp::launcher::UsageError& e) {
+    ddp::launcher::console_flush();
     std::cerr << "ddprun: error: " << e.what() << "\n";
     return 2;
-  } catch (const ddp::Error& e) {
+  } catch (const ddp::launcher::ExecError& e) {
+    ddp::launcher::console_flush();
     std::cerr << "ddprun: error: " << e.what() << "\n";
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    ddp::launcher::console_flush();
+    std::cerr << "ddprun: error: " << without_prefix(e.what()) << "\n";
     return 1;
   }
 }

@@ -126,6 +126,8 @@ T parse_number(const std::string& flag, const std::string& text, const char* exp
   T value{};
   const char* end = text.data() + text.size();
   const auto r = std::from_chars(text.data(), end, value);
+  DDP_CHECK(r.ec != std::errc::result_out_of_range || r.ptr != end, "{} '{}': out of range", flag,
+            text);
   bool ok = r.ec == std::errc() && r.ptr == end;
   if constexpr (std::is_floating_point_v<T>) ok = ok && std::isfinite(value);
   DDP_CHECK(ok, "{} '{}': expected {}", flag, text, expected);
@@ -136,8 +138,19 @@ int parse_int(const std::string& flag, const std::string& text) {
   return parse_number<int>(flag, text, "a whole number");
 }
 
+// Durations are held in milliseconds (int64): a bound far past any job keeps
+// them from overflowing into a negative, or zero ("never"), deadline.
+constexpr double kMaxSeconds = 1e9;  // about 31 years
+// Bounds on the job's size, far past today's largest jobs, so that counts stay
+// ints and the rendezvous' per-node keys a bounded list.
+constexpr int kMaxNodes = 65536;
+constexpr int64_t kMaxWorldSize = int64_t{1} << 22;
+
 double parse_seconds(const std::string& flag, const std::string& text) {
-  return parse_number<double>(flag, text, "a number of seconds");
+  const double s = parse_number<double>(flag, text, "a number of seconds");
+  DDP_CHECK(s <= kMaxSeconds, "{} {}: at most {:g} seconds (about 31 years)", flag, text,
+            kMaxSeconds);
+  return s;
 }
 
 // FLAG's HOST:PORT; `what` follows "expected HOST:PORT" in the error.
@@ -318,7 +331,15 @@ void validate(const LaunchOptions& o) {
     DDP_CHECK(parse_int("--nproc-per-node", n) >= 1,
               "--nproc-per-node {}: must be at least 1 (or gpu, auto)", n);
   }
-  DDP_CHECK(o.nnodes >= 1, "--nnodes {}: must be at least 1", o.nnodes);
+  DDP_CHECK(o.nnodes >= 1 && o.nnodes <= kMaxNodes, "--nnodes {}: must be in 1..{}", o.nnodes,
+            kMaxNodes);
+  if (n != "gpu" && n != "auto") {
+    const int64_t world = int64_t{o.nnodes} * parse_int("--nproc-per-node", n);
+    DDP_CHECK(world <= kMaxWorldSize,
+              "--nnodes {} x --nproc-per-node {} = {} ranks: at most {} (the ranks are numbered "
+              "in an int, and every node's agent keeps a record of each)",
+              o.nnodes, n, world, kMaxWorldSize);
+  }
   DDP_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes,
             "--node-rank {}: must be in 0..{} for --nnodes {}", o.node_rank, o.nnodes - 1,
             o.nnodes);

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 
 namespace ddp::launcher {
@@ -68,7 +69,7 @@ int ErrorEcho::earlier_rank(std::string_view line, int rank, Clock::time_point n
 void RankStream::emit_line(std::string_view line) {
   if (sink_.console_fd >= 0) {
     line_.assign(sink_.prefix);
-    const int earlier = sink_.echo != nullptr && reads_as_error(line)
+    const int earlier = sink_.echo != nullptr && states_an_error(line)
                             ? sink_.echo->earlier_rank(line, sink_.rank, ErrorEcho::Clock::now())
                             : -1;
     if (earlier >= 0) {
@@ -78,7 +79,7 @@ void RankStream::emit_line(std::string_view line) {
       line_.append(line);
     }
     line_.push_back('\n');
-    write_all(sink_.console_fd, line_.data(), line_.size());
+    console_write(sink_.console_fd, line_);  // Note [a console that does not read]
   }
   if (sink_.tail_lines > 0) {
     tail_.emplace_back(line);
@@ -93,6 +94,20 @@ bool reads_as_error(std::string_view line) {
     if (line.find(word) != std::string_view::npos) return true;
   }
   return false;
+}
+
+bool states_an_error(std::string_view line) {
+  for (std::string_view word : {"error:", "Error:", "ERROR:", "what():", "[error]"}) {
+    if (line.find(word) != std::string_view::npos) return true;
+  }
+  // Python's exception line: "ValueError" or "torch.distributed.DistBackendError" alone.
+  size_t end = 0;
+  while (end < line.size() && (std::isalnum(static_cast<unsigned char>(line[end])) != 0 ||
+                               line[end] == '_' || line[end] == '.')) {
+    ++end;
+  }
+  const std::string_view head = line.substr(0, end);
+  return end == line.size() && (head.ends_with("Error") || head.ends_with("Exception"));
 }
 
 void RankStream::finish() {

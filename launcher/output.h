@@ -18,9 +18,12 @@ namespace ddp::launcher {
 // Note [one error per job]: when every rank fails alike at start-up (a missing
 // data file, no GPU, a bad flag that only the program checks), each prints the
 // same error line, and W copies of it bury what else was said. The agent's
-// streams share one ErrorEcho: an error line (reads_as_error) that another rank
-// of this node printed word for word within the last 10 s is shown as
-// "[rank 3] the same error as rank 1" instead. The rank's log file and its tail
+// streams share one ErrorEcho: a line that states an error (states_an_error:
+// "error:", "what():", Python's "RuntimeError: ..."; not a log line that merely
+// says "validation error 0.25", nor a traceback's "Traceback (most recent call
+// last):" header, whose stack below differs) that another rank of this node
+// printed word for word within the last 10 s is shown as "[rank 3] the same
+// error as rank 1" instead. The rank's log file and its tail
 // (the failure summary's quote) keep the line itself; lines that differ (a
 // device index, a path with the rank in it) are all shown.
 class ErrorEcho {
@@ -89,5 +92,7 @@ class RankStream {
 
 // Whether a line of a rank's stderr reads as an error (RankStream::last_error_line).
 bool reads_as_error(std::string_view line);
+// Whether it states one, for Note [one error per job]: stricter than reads_as_error.
+bool states_an_error(std::string_view line);
 
 }  // namespace ddp::launcher

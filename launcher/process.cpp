@@ -13,7 +13,12 @@
 
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <fstream>
+#include <mutex>
+#include <thread>
 
 namespace ddp::launcher {
 
@@ -41,9 +46,106 @@ bool write_all(int fd, const char* data, size_t bytes) {
   return true;
 }
 
+std::string exec_failure(const std::string& path, int error) {
+  // The #! line, if any: ENOENT for a file that exists means its interpreter is missing.
+  std::string first;
+  if (std::ifstream in(path, std::ios::binary); in) std::getline(in, first);
+  const bool shebang = first.starts_with("#!");
+  if (error == ENOENT && shebang) {
+    std::string interpreter = first.substr(2);
+    interpreter.erase(0, interpreter.find_first_not_of(" \t"));
+    interpreter = interpreter.substr(0, interpreter.find_first_of(" \t\r"));
+    return fmt::format(
+        "cannot execute '{}': its #! line names '{}', which does not exist; install it or fix "
+        "the #! line",
+        path, interpreter);
+  }
+  if (error == ENOEXEC) {
+    return fmt::format(
+        "cannot execute '{}': not a program this machine runs (Exec format error){}", path,
+        shebang ? ""
+                : ": a script needs a #! line naming its interpreter (e.g. #!/bin/sh), or run "
+                  "it as `ddprun ... -- sh SCRIPT`");
+  }
+  if (error == EISDIR) return fmt::format("cannot execute '{}': it is a directory", path);
+  return fmt::format("cannot execute '{}': {}", path, std::strerror(error));
+}
+
+namespace {
+
+// Note [a console that does not read]: one queue and writer thread per descriptor,
+// so ddprun's own messages on stderr still come while stdout's reader sleeps.
+// Made once and never destroyed: a writer may still run while the process exits.
+struct Channel {
+  int fd = -1;
+  std::mutex mutex;
+  std::condition_variable wake, drained;
+  std::deque<std::string> queue;
+  size_t bytes = 0;      // queued, and the text being written
+  bool started = false;  // the writer thread
+  bool failed = false;   // a write failed (EPIPE): later text is dropped
+
+  void writer() {
+    std::unique_lock lock(mutex);
+    for (;;) {
+      wake.wait(lock, [&] { return !queue.empty(); });
+      const std::string text = std::move(queue.front());
+      queue.pop_front();
+      lock.unlock();
+      const bool ok = failed || write_all(fd, text.data(), text.size());
+      lock.lock();
+      failed = !ok;
+      bytes -= text.size();
+      if (bytes == 0) drained.notify_all();
+    }
+  }
+};
+
+Channel* channel(int fd) {
+  static Channel* channels = [] {
+    auto* c = new Channel[2];
+    c[0].fd = STDOUT_FILENO;
+    c[1].fd = STDERR_FILENO;
+    return c;
+  }();
+  return fd == STDOUT_FILENO ? &channels[0] : fd == STDERR_FILENO ? &channels[1] : nullptr;
+}
+
+}  // namespace
+
+void console_write(int fd, std::string_view text) {
+  Channel* c = channel(fd);
+  if (text.empty() || c == nullptr) return;
+  std::lock_guard lock(c->mutex);
+  if (!c->started) {
+    std::thread([c] { c->writer(); }).detach();
+    c->started = true;
+  }
+  c->queue.emplace_back(text);
+  c->bytes += text.size();
+  c->wake.notify_one();
+}
+
+size_t console_backlog() {
+  size_t total = 0;
+  for (int fd : {STDOUT_FILENO, STDERR_FILENO}) {
+    Channel* c = channel(fd);
+    std::lock_guard lock(c->mutex);
+    total += c->bytes;
+  }
+  return total;
+}
+
+void console_flush() {
+  for (int fd : {STDOUT_FILENO, STDERR_FILENO}) {
+    Channel* c = channel(fd);
+    std::unique_lock lock(c->mutex);
+    c->drained.wait(lock, [&] { return c->bytes == 0; });
+  }
+}
+
 void say(const std::string& text) {
-  const std::string line = "ddprun: " + text + "\n";
-  write_all(STDERR_FILENO, line.data(), line.size());
+  console_write(STDERR_FILENO, "ddprun: " + text + "\n");
 }
 
 namespace {
@@ -107,7 +209,7 @@ pid_t spawn(const SpawnRequest& request) {
     watchdog_untrack(pid);
     int status = 0;
     ::waitpid(pid, &status, 0);
-    throw Error(fmt::format("ddprun: cannot execute '{}': {}", request.path, std::strerror(error)));
+    throw ExecError(exec_failure(request.path, error), error == ENOENT ? 127 : 126);
   }
   return pid;
 }

@@ -16,10 +16,12 @@
 
 #include <sys/types.h>
 
+#include "runtime/error.h"
 #include "runtime/unique_fd.h"
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ddp::launcher {
@@ -33,8 +35,44 @@ struct Pipe {
 Pipe make_pipe();
 
 // ddprun's own message: "ddprun: TEXT\n" on stderr, in one write (never
-// interleaved with the ranks' lines, which the agent writes whole too).
+// interleaved with the ranks' lines, which the agent writes whole too), through
+// the console queue.
 void say(const std::string& text);
+
+// PROGRAM exists but exec failed: exit 126, or 127 when its #! interpreter is
+// missing, as a shell says (the message names the cause and the fix).
+class ExecError : public ::ddp::Error {
+ public:
+  ExecError(const std::string& what, int exit_code) : Error(what), exit_code_(exit_code) {}
+  int exit_code() const { return exit_code_; }
+
+ private:
+  int exit_code_;
+};
+
+// Why `path` could not be executed (errno `error`), as a shell explains it.
+std::string exec_failure(const std::string& path, int error);
+
+// Note [a console that does not read]: the agent's one thread watches every rank,
+// the signals and the store; a blocking write to a terminal or pipe that is not
+// read (`ddprun ... | less` left unscrolled, a stopped reader, tee on slow
+// storage) would stop all of it: a rank's failure, SIGTERM and the hang and stop
+// deadlines would wait for the reader. So the agent's console output goes
+// through a queue per descriptor (stdout, stderr) that a writer thread of its own
+// empties: console_write() never blocks, and ddprun's messages on stderr are not
+// held behind a stdout nobody reads (the order of lines between the two may
+// differ by a little from the order they were read in).
+// While more than kConsoleBacklog bytes wait, the agent stops reading the ranks'
+// pipes, so a rank that prints blocks in its own write, as it would on a slow
+// terminal of its own, and nothing is dropped or held in memory without bound.
+// Whatever is queued is written before ddprun exits (console_flush()).
+inline constexpr size_t kConsoleBacklog = 1 << 20;
+// Queues `text` for fd 1 or 2 and returns at once.
+void console_write(int fd, std::string_view text);
+// Bytes queued and not yet written.
+size_t console_backlog();
+// Waits until every queued byte is written or its descriptor failed (EPIPE).
+void console_flush();
 
 // Writes all of `data` (retrying short writes and EINTR); false when the
 // descriptor is gone (EPIPE: the console was closed), which callers ignore.

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Exit codes and the failure summary: a rank that exits 3, one that dies of
 # SIGSEGV, one that ignores SIGTERM (SIGKILL after --grace-period); the others
-# are stopped at once and nothing is left behind.
+# are stopped at once and nothing is left behind. A script that cannot be
+# executed (126, 127 as a shell), and a console nobody reads while a rank fails
+# (Note [a console that does not read]: the failure still stops the job at once).
 # usage: ddprun_exit.sh DDPRUN PROBE
 . "$(dirname "$0")/lib_ddprun.sh"
 grace=2
@@ -44,5 +46,51 @@ status=$? took=$(elapsed_since "$start")
 at_most $((grace - 1)) "$took" || fail "SIGKILL came after $took s, before the grace period"
 at_most "$took" $((grace + 1)) || fail "took $took s, more than grace + 1"
 grep -qE '^ddprun:   rank 0 +pid [0-9]+ +killed by SIGKILL' "$WORK/stubborn.log" || fail "no SIGKILL in summary"
+no_process_left 1
+
+# PROGRAM found but not executable as it is: 126 (no #! line, with the fix named),
+# or 127 when its #! interpreter is missing, as a shell says.
+printf 'echo hi\n' >"$WORK/no_shebang.sh"
+printf '#!/no/such/interpreter\necho hi\n' >"$WORK/bad_shebang.sh"
+chmod +x "$WORK/no_shebang.sh" "$WORK/bad_shebang.sh"
+out=$("$DDPRUN" --standalone -n 2 "$WORK/no_shebang.sh" 2>&1)
+status=$?
+[ $status -eq 126 ] || fail "a script without #! gave exit $status, expected 126: $out"
+grep -q "^ddprun: error: cannot execute '.*no_shebang.sh': .*needs a #! line" <<<"$out" ||
+  fail "no hint at the #! line: $out"
+out=$("$DDPRUN" --standalone -n 2 "$WORK/bad_shebang.sh" 2>&1)
+status=$?
+[ $status -eq 127 ] || fail "a missing #! interpreter gave exit $status, expected 127: $out"
+grep -q "its #! line names '/no/such/interpreter', which does not exist" <<<"$out" ||
+  fail "the missing interpreter is not named: $out"
+
+# Note [a console that does not read]: ddprun's stdout goes to a reader that reads
+# nothing for 5 s while rank 0 prints 4 MB; rank 1 fails after 1 s. ddprun must
+# still stop rank 0 at once (its SIGTERM trap writes the time), not when the
+# reader wakes, and what rank 0 printed must reach the reader in the end.
+cat >"$WORK/flood.sh" <<EOF
+#!/bin/sh
+if [ "\$RANK" = 1 ]; then sleep 1; echo "rank 1 fails" >&2; exit 3; fi
+trap 'date +%s.%N >"$WORK/term"; exit 143' TERM
+head -c 4000000 /dev/zero | tr '\\0' x | fold -w 100
+sleep 60 &
+wait
+EOF
+chmod +x "$WORK/flood.sh"
+start=$(now)
+{
+  "$DDPRUN" --standalone -n 2 --grace-period $grace "$WORK/flood.sh" 2>"$WORK/flood.err"
+  echo $? >"$WORK/flood.status"
+} | {
+  sleep 5
+  now >"$WORK/reader"
+  wc -l >"$WORK/flood.lines"
+}
+[ "$(cat "$WORK/flood.status")" = 3 ] || fail "exit $(cat "$WORK/flood.status"), expected 3"
+[ -f "$WORK/term" ] || fail "rank 0 got no SIGTERM: $(cat "$WORK/flood.err")"
+stopped=$(awk -v a="$start" -v b="$(cat "$WORK/term")" 'BEGIN { printf "%.2f", b - a }')
+at_most "$stopped" 4 || fail "rank 0 was stopped $stopped s after the start: ddprun waited for the reader"
+at_most "$(cat "$WORK/term")" "$(cat "$WORK/reader")" || fail "rank 0 was stopped after the reader woke"
+[ "$(cat "$WORK/flood.lines")" -ge 1 ] || fail "nothing rank 0 printed reached the reader"
 no_process_left 1
 echo "ddprun_exit: ok"

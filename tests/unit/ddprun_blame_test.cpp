@@ -124,12 +124,28 @@ TEST(DdprunBlame, EveryRunningRankStoppedIsAPauseNotAFault) {
   EXPECT_EQ(b->index, 1u);  // stopped before rank 0 failed
 }
 
+// Across nodes, this node's ranks all stopped is no pause: the other nodes' ranks
+// wait for them (one rank per node), so --stopped-timeout ends the job.
+TEST(DdprunBlame, EveryLocalRankStoppedAcrossNodesIsAFault) {
+  BlamePolicy across = kPolicy;
+  across.across_nodes = true;
+  EXPECT_FALSE(job_paused({stopped(0, 1)}, across));
+  EXPECT_TRUE(job_paused({stopped(0, 1)}, kPolicy));
+  EXPECT_FALSE(find_blame({stopped(0, 1)}, t0 + seconds(30), across));
+  const auto b = find_blame({stopped(0, 1)}, t0 + seconds(31), across);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->reason, BlameReason::stopped);
+  EXPECT_FALSE(stop_clocks_restart({stopped(0, 1)}, t0 + seconds(10),
+                                   t0 + seconds(10) + std::chrono::milliseconds(250), across));
+}
+
 TEST(DdprunBlame, StopClocksRestartOnAPauseOrAGapInDdprunsOwnRun) {
   EXPECT_FALSE(stop_clocks_restart({running(0), stopped(1, 2)}, t0 + seconds(10),
-                                   t0 + seconds(10) + std::chrono::milliseconds(300)));
-  EXPECT_TRUE(stop_clocks_restart({running(0), stopped(1, 2)}, t0 + seconds(10), t0 + seconds(15)));
+                                   t0 + seconds(10) + std::chrono::milliseconds(300), kPolicy));
+  EXPECT_TRUE(stop_clocks_restart({running(0), stopped(1, 2)}, t0 + seconds(10), t0 + seconds(15),
+                                  kPolicy));
   EXPECT_TRUE(stop_clocks_restart({stopped(0, 1), stopped(1, 2)}, t0 + seconds(10),
-                                  t0 + seconds(10) + std::chrono::milliseconds(250)));
+                                  t0 + seconds(10) + std::chrono::milliseconds(250), kPolicy));
   // Restarted at 100 s: a 30 s limit is reached at 130 s, not at 32 s; the
   // message still says how long the rank has really been stopped.
   RankRecord r = stopped(1, 2);

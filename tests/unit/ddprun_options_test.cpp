@@ -265,6 +265,23 @@ TEST(DdprunOptions, StoppedTimeoutAndSecretFile) {
   EXPECT_NE(parse_error({"--stopped-timeout", "-1", "train"}).find(">= 0"), std::string::npos);
 }
 
+// Values past what the agent can hold are refused, not wrapped: a huge grace
+// period once became a negative one (SIGKILL at once), a huge --nnodes a
+// bad_alloc, and nnodes x nproc overflowed the count of ranks.
+TEST(DdprunOptions, HugeValuesAreRefusedNotWrapped) {
+  EXPECT_NE(parse_error({"--grace-period", "1e300", "train"}).find("at most 1e+09 seconds"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"--stopped-timeout", "1e10", "train"}).find("at most 1e+09 seconds"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"-n", "99999999999", "train"}).find("'99999999999': out of range"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"--nnodes", "2000000000", "train"}).find("must be in 1..65536"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"--nnodes", "1024", "-n", "8192", "train"})
+                .find("--nnodes 1024 x --nproc-per-node 8192 = 8388608 ranks: at most 4194304"),
+            std::string::npos);
+}
+
 TEST(DdprunOptions, TraceDirectory) {
   EXPECT_EQ(parse({"train"}).options.trace_dir, "");
   EXPECT_EQ(parse({"--trace", "out/t", "train"}).options.trace_dir, "out/t");

@@ -24,5 +24,19 @@ TEST(ErrorEcho, NamesTheFirstRankOfTheSameLineWithinTheWindow) {
   EXPECT_EQ(echo.earlier_rank("train: error: x.csv: file not found", 1, t0 + seconds(30)), -1);
 }
 
+// Healthy ranks log alike ("validation error 0.25"), and every Python traceback
+// starts with the same header: neither states an error of its own.
+TEST(ErrorEcho, OnlyLinesThatStateAnErrorAreEchoed) {
+  EXPECT_TRUE(states_an_error("train: error: x.csv: file not found"));
+  EXPECT_TRUE(states_an_error("RuntimeError: boom on purpose"));
+  EXPECT_TRUE(states_an_error("torch.distributed.DistBackendError"));
+  EXPECT_TRUE(states_an_error("terminate called after ... what():  boom"));
+  EXPECT_TRUE(states_an_error("Error: rank 1 dies"));
+  EXPECT_FALSE(states_an_error("INFO epoch 1: validation error 0.25"));
+  EXPECT_FALSE(states_an_error("Traceback (most recent call last):"));
+  EXPECT_FALSE(states_an_error("  File \"x.py\", line 3, in <module>"));
+  EXPECT_FALSE(states_an_error("epoch 1 done: train error 0.125, Errors 0"));
+}
+
 }  // namespace
 }  // namespace ddp::launcher
