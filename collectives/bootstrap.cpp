@@ -91,6 +91,15 @@ void fill_ranks(LaunchEnv& e) {
     e.local_world_size =
         static_cast<int>(first_int({"SLURM_NTASKS_PER_NODE"}).value_or(e.world_size));
   }
+  // No launcher's rank, but a world: one process would train alone, silently, where
+  // the user meant one of several (RANK without WORLD_SIZE is refused above too).
+  if (e.launcher == "none") {
+    const auto world = env::get_int(env::kWorldSize);
+    DDP_CHECK(!world || *world <= 1,
+              "WORLD_SIZE={} is set but RANK is not; the launcher sets both (ddprun, torchrun), "
+              "or unset WORLD_SIZE to run alone. Seen: {}",
+              *world, seen_variables());
+  }
 }
 
 // "host:port" or "[v6 address]:port" in the variable `name`.

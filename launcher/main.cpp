@@ -55,7 +55,9 @@ int main(int argc, char** argv) {
   try {
     parsed = ddp::launcher::parse_ddprun_args(argc, argv);
   } catch (const ddp::Error& e) {
-    std::cerr << "ddprun: " << e.what() << "\n\n" << ddp::launcher::kDdprunUsage;
+    // The error and a pointer to --help, not the whole usage after it: under a
+    // terminal 110 lines of usage pushed the error off the screen (train does the same).
+    std::cerr << "ddprun: " << e.what() << "\nddprun: run 'ddprun --help' for every option\n";
     return 2;
   }
   if (parsed.action == ddp::launcher::ParseAction::help) {

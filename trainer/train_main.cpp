@@ -25,6 +25,7 @@ int train_main(int argc, const char* const* argv, const TrainProgram& program) {
     for (const auto& d : program.defaults) args.push_back(d.c_str());
     for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
     options = parse_train_args(static_cast<int>(args.size()), args.data(), program.catalog);
+    if (options) options->program_name = name;
     if (options && program.model != nullptr) {
       for (const char* zoo_flag : {"--model", "--hidden"}) {
         DDP_CHECK(options->given.count(zoo_flag) == 0,
@@ -56,7 +57,17 @@ int train_main(int argc, const char* const* argv, const TrainProgram& program) {
           "not apply.\n\n",
           name, program.model->name);
     }
-    std::cout << kTrainUsage;
+    // train's usage, under the program's own name.
+    std::string usage = kTrainUsage;
+    if (constexpr std::string_view kHead = "usage: train "; usage.starts_with(kHead))
+      usage.replace(0, kHead.size(), "usage: " + name + " ");
+    if (program.data != nullptr) {
+      usage.insert(usage.find('\n') + 1,
+                   fmt::format("\n{} reads its own data ({}); --data, --test-data and the "
+                               "column flags do not apply.\n",
+                               name, program.data->name));
+    }
+    std::cout << usage;
     return 0;
   }
   trace::start_from_env();  // DDP_TRACE=DIR (docs/observability.md), also without ranks

@@ -490,6 +490,19 @@ void validate(const TrainOptions& o) {
             "gpt-tiny, gpt-mini, gpt2 or gpt:..., or give the mlp and cnn an .npz, .csv or "
             "IDX folder",
             o.data);
+  if (std::error_code ec; !shards && std::filesystem::is_regular_file(o.data, ec)) {
+    DDP_CHECK(!gpt,
+              "--data {0} is a file: a gpt model trains on token shards (.bin, which `tokenize "
+              "--out DIR {0}` writes from text) or the Brown corpus folder; {1}",
+              o.data,
+              is_file_data(o.data) ? "an .npz or .csv is data for the mlp and cnn"
+                                   : "tokenize the text, then pass --data DIR");
+    DDP_CHECK(is_file_data(o.data),
+              "--data {} is a file the mlp and cnn cannot read: expected an .npz (arrays x, y), "
+              "a .csv with a header, a directory of .npy files, or the Fashion-MNIST folder; a "
+              "gpt model (--model gpt-tiny ...) trains on token shards",
+              o.data);
+  }
   const bool shard_flags_only = shards && o.given.count("--target-columns") +
                                                   o.given.count("--input-columns") +
                                                   o.given.count("--task") ==
@@ -572,11 +585,15 @@ void validate(const TrainOptions& o) {
             "--save-every {} needs --save PATH (where to write the checkpoints)", o.save_every);
   DDP_CHECK(o.resume != "auto" || !o.save.empty(),
             "--resume auto resumes from the --save file; pass --save PATH too");
-  DDP_CHECK(o.resume.empty() || o.resume == "auto" || o.resume != o.save ||
-                std::filesystem::exists(o.resume),
-            "--resume {0}: no such file. To resume only when {0} exists (a first run or a "
-            "restart), pass --resume auto",
-            o.resume);
+  DDP_CHECK(o.resume.empty() || o.resume == "auto" || std::filesystem::exists(o.resume),
+            "--resume {0}: no such file. {1}", o.resume,
+            o.resume == o.save
+                ? fmt::format("To resume only when {} exists (a first run or a restart), pass "
+                              "--resume auto",
+                              o.resume)
+                : fmt::format("Check the path; to resume only when a checkpoint exists (a "
+                              "first run or a restart), pass --save {} --resume auto",
+                              o.resume));
   // The spelling of a device is a usage error (exit 2); whether it exists is checked
   // when the run starts (exit 1).
   if (o.device != "auto") Device::parse(o.device);

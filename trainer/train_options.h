@@ -160,6 +160,8 @@ struct TrainOptions {
   // Not a flag: the models --model chooses from (train: the zoo's); null: none, the
   // program trains its user_model.
   std::shared_ptr<const ModelCatalog> catalog;
+  // Not a flag: the program's name for its report lines (train_main's TrainProgram::name).
+  std::string program_name = "train";
 };
 
 // Throws ValueError (the caller prints it with the usage and exits 2).

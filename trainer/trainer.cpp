@@ -350,8 +350,8 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
   TrainResult result{{}, r.device, r.model->num_parameters(), 0, rank, r.world_size, r.mode};
   if (!o.quiet) {
     out << fmt::format(
-        "train: {} ({} parameters) on {}{}, {}, batch {}{}, {} lr {}{}{}\n", r.task->model_spec(),
-        result.num_parameters, r.device.str(),
+        "{}: {} ({} parameters) on {}{}, {}, batch {}{}, {} lr {}{}{}\n", o.program_name,
+        r.task->model_spec(), result.num_parameters, r.device.str(),
         o.precision != "bf16" ? ""
         : r.autocast.enabled  ? " (bf16 autocast)"
                               : " (bf16 matmuls)",

@@ -2,7 +2,8 @@
 # own_data.sh OWN_DATA DDPRUN: a program whose data comes from no file
 # (examples/own_data: two spirals generated in memory, a UserData, and a tanh
 # MLP of its own) gets what train has:
-#   - one process learns the spirals (test_acc >= 0.9; the header names its data);
+#   - one process learns the spirals (test_acc >= 0.9; the header names its data,
+#     under the program's name, as --help does);
 #   - ddprun -n 2 with ZeRO-1 stopped after 2 epochs and resumed (--resume auto)
 #     ends with the checkpoint of the run that never stopped;
 #   - flags that name data to read are refused by name (--data), as --model is.
@@ -22,6 +23,10 @@ common=(--optimizer adamw --lr 0.01 --lr-schedule constant --batch-size 32 --syn
 "$own" "${common[@]}" --epochs 8 --metrics "$work/one.jsonl" >"$work/one.log" 2>&1 || fail "own_data exited $?"
 grep -qF "spirals/train (2000 train / 400 test)" "$work/one.log" || fail "the header does not name the data"
 grep -q "tanh-mlp \[2\] -> 2" "$work/one.log" || fail "the header does not name the model"
+grep -q "^own_data: tanh-mlp" "$work/one.log" || fail "the header is not under the program's name"
+"$own" --help >"$work/help.log" 2>&1 || fail "--help exited $?"
+grep -q "^usage: own_data \[options\]" "$work/help.log" || fail "--help is not under the program's name"
+grep -q "own_data reads its own data (spirals)" "$work/help.log" || fail "--help does not say the data is its own"
 python3 - "$work/one.jsonl" <<'PY' || fail "the spirals were not learnt"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

@@ -39,8 +39,8 @@ ddprun=$prefix/bin/ddprun
 flags=(--data table.csv --lr 0.02 --lr-schedule constant --batch-size 16 --zero 1 --device cpu)
 run whole "$ddprun" --standalone -n 2 "$own" "${flags[@]}" --epochs 4 --save whole.st \
   --loss-log whole.loss --metrics whole.jsonl
-grep -qE "^\[rank 0\] train: skipnet \[3\] -> 1 \([0-9]+ parameters\) on cpu, table.csv/train \(540 train / 60 test: every 10th row held out\)" whole.log ||
-  fail "the header line does not name the program's model and data: $(grep 'train:' whole.log)"
+grep -qE "^\[rank 0\] own_model: skipnet \[3\] -> 1 \([0-9]+ parameters\) on cpu, table.csv/train \(540 train / 60 test: every 10th row held out\)" whole.log ||
+  fail "the header line does not name the program, its model and data: $(grep 'own_model:' whole.log)"
 grep -q "ZeRO-1" whole.log || fail "not ZeRO-1: $(grep 'train:' whole.log)"
 first=$(sed -nE 's/.*"test_loss": ([0-9.]+).*/\1/p' whole.jsonl | head -1)
 last=$(sed -nE 's/.*"test_loss": ([0-9.]+).*/\1/p' whole.jsonl | tail -1)

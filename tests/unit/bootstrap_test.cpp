@@ -53,6 +53,22 @@ TEST(Bootstrap, AnUnavailableVirtualDeviceNamesTheVariable) {
 
 // Note [two stores]: under ddprun the store is DDPRUN_STORE_ADDR, not MASTER_PORT
 // (which a PyTorch rank 0 holds); without it, MASTER_ADDR:MASTER_PORT as before.
+// A world without a rank would have trained alone, as if world size 1.
+TEST(Bootstrap, AWorldSizeWithoutARankIsRefused) {
+  for (const char* v : {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}) unsetenv(v);
+  setenv("WORLD_SIZE", "2", 1);
+  std::string message;
+  try {
+    ddp::read_launch_env();
+  } catch (const ddp::ValueError& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("WORLD_SIZE=2 is set but RANK is not"), std::string::npos) << message;
+  setenv("WORLD_SIZE", "1", 1);
+  EXPECT_EQ(ddp::read_launch_env().world_size, 1);
+  unsetenv("WORLD_SIZE");
+}
+
 TEST(Bootstrap, TheStoreIsDdprunStoreAddrElseMaster) {
   setenv("MASTER_ADDR", "10.0.0.1", 1);
   setenv("MASTER_PORT", "29500", 1);
