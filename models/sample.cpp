@@ -115,8 +115,13 @@ void generate(const Options& o) {
   model->eval();
   NoGradGuard no_grad;
   std::string unit = o.tokenizer;
-  if (unit == "auto")
-    unit = train::read_checkpoint_text_unit(o.checkpoint) == "token" ? "gpt2" : "bytes";
+  const bool trained_on_tokens = train::read_checkpoint_text_unit(o.checkpoint) == "token";
+  if (unit == "auto") unit = trained_on_tokens ? "gpt2" : "bytes";
+  DDP_CHECK(unit != "bytes" || !trained_on_tokens,
+            "{}: the model was trained on GPT-2 tokens (its checkpoint's text_unit is token); "
+            "--tokenizer bytes would feed the prompt's bytes to it as token ids: use --tokenizer "
+            "gpt2 or auto",
+            o.checkpoint);
   std::optional<Gpt2Tokenizer> bpe;
   std::vector<int64_t> tokens;
   if (unit == "gpt2") {

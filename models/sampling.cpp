@@ -10,7 +10,8 @@ namespace ddp::models {
 
 void validate(const SamplingOptions& options) {
   DDP_CHECK(std::isfinite(options.temperature) && options.temperature > 0,
-            "--temperature {}: must be > 0 (1 samples the model's distribution; for the most "
+            "--temperature {}: must be a finite number > 0 (1 samples the model's distribution; "
+            "for the most "
             "likely token each time pass --top-k 1)",
             options.temperature);
   DDP_CHECK(options.top_k >= 0, "--top-k {}: must be >= 0 (0: every token)", options.top_k);

@@ -16,7 +16,11 @@ std::string shape_str(const Shape& shape) {
 
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t s : shape) n *= s;
+  for (int64_t s : shape) {
+    // A crafted file's shape (an .npy header) must not wrap around to a small count.
+    DDP_CHECK(!__builtin_mul_overflow(n, s, &n),
+              "shape {}: more elements than a 64-bit count holds", shape_str(shape));
+  }
   return n;
 }
 

@@ -75,8 +75,10 @@ int train_main(int argc, const char* const* argv, const TrainProgram& program) {
     const auto result = run_training(*options, std::cout);
     if (result.rank != 0) return 0;  // rank 0 reports for the group
     if (result.epochs.empty()) {
-      std::cout << "nothing to do: the checkpoint already covers " << options->epochs
-                << " epochs\n";
+      std::cout << fmt::format(
+          "nothing to do: the checkpoint has trained --epochs {} already (or further); raise "
+          "--epochs to train on\n",
+          options->epochs);
       return 0;
     }
     const auto& last = result.epochs.back();

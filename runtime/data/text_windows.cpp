@@ -13,9 +13,9 @@ int64_t windows_in(int64_t stream_bytes, int64_t context, int world_size) {
   DDP_CHECK(context >= 1, "TextWindowSampler: context must be >= 1, got {}", context);
   const int64_t n = stream_bytes >= context ? (stream_bytes - context) / (context + 1) : 0;
   DDP_CHECK(n >= world_size,
-            "TextWindowSampler: a stream of {} bytes holds {} windows of context {} (+1 byte), "
-            "fewer than one per rank for world_size {}; it needs at least {} bytes. Use a "
-            "shorter context or more text",
+            "TextWindowSampler: a stream of {} tokens holds {} windows of context {} (+1 "
+            "token), fewer than one per rank for world_size {}; it needs at least {} tokens (a "
+            "byte model's tokens are its bytes). Use a shorter context or more text",
             stream_bytes, n, context, world_size, int64_t{world_size} * (context + 1) + context);
   return n;
 }

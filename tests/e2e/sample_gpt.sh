@@ -45,7 +45,7 @@ out=$(run --prompt "$long" --tokens 5)
   fail "mlp train exited $?"
 "$(dirname "$0")/expect.sh" 1 "holds model 'mlp 784-256-10', not a gpt model" -- \
   "$sample" --checkpoint "$dir/mlp.st" || fail "an mlp checkpoint"
-"$(dirname "$0")/expect.sh" 2 "temperature 0: must be > 0.*--top-k 1" -- \
+"$(dirname "$0")/expect.sh" 2 "temperature 0: must be a finite number > 0.*--top-k 1" -- \
   "$sample" --checkpoint "$dir/gpt.st" --temperature 0 || fail "temperature 0"
 "$(dirname "$0")/expect.sh" 1 "/nonexistent.st: no such file" -- \
   "$sample" --checkpoint /nonexistent.st || fail "a missing checkpoint"

@@ -13,8 +13,9 @@
 #     loss falls far below ln 256) in one process and under ddprun -n 2, and the
 #     metrics call the figure val_bits_per_token;
 #  3. train --model gpt2-sized vocabulary on the Brown shards: the first loss is
-#     near ln 50257 (a uniform guess over GPT-2's tokens) and falls, and `sample`
-#     continues a prompt in GPT-2 tokens, decoded to text;
+#     near ln 50257 (a uniform guess over GPT-2's tokens) and falls, `sample`
+#     continues a prompt in GPT-2 tokens, decoded to text, and refuses to feed it
+#     bytes (--tokenizer bytes);
 #  4. errors: a model whose vocabulary is smaller than the tokens, the mlp given
 #     shards, a truncated shard (named with the offset and the sizes).
 # Without the Brown corpus or the GPT-2 vocabulary it skips (77) unless
@@ -168,6 +169,10 @@ assert text.startswith("The jury said") and len(text) > len("The jury said") + 1
 assert text.count(" ") >= 3 and all(c.isprintable() or c.isspace() for c in text), repr(text)
 print("sample:", repr(text))
 PY
+out=$("$sample" --checkpoint "$dir/brown.st" --tokenizer bytes --prompt "The" --tokens 2 2>&1) &&
+  fail "sample fed bytes to a model of GPT-2 tokens"
+grep -q "trained on GPT-2 tokens.*--tokenizer bytes would feed the prompt's bytes" <<<"$out" ||
+  fail "the tokenizer mix-up is not named: $out"
 fi
 
 # 4. Errors.

@@ -217,6 +217,12 @@ TEST_F(DataFiles, NpyRefusesWhatItCannotReadAndNamesTheFileAndOffset) {
                             le_bytes<uint64_t>({1})))
                 .find("complex"),
             std::string::npos);
+  // A shape whose count wraps around 2^64 to a small one is refused, not read.
+  EXPECT_NE(parse(npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': "
+                            "(4611686018427387904, 4), }",
+                            Bytes{}))
+                .find("more elements than a 64-bit count holds"),
+            std::string::npos);
   const std::string header =
       parse(npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, x), }", Bytes{}));
   EXPECT_NE(header.find("malformed .npy header at byte 64"), std::string::npos) << header;

@@ -238,7 +238,7 @@ TEST(TextWindows, RejectsAStreamTooShortForTheRanks) {
     TextWindowSampler(100, 64, 0, 2);
     FAIL() << "expected ValueError";
   } catch (const ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("needs at least 194 bytes"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("needs at least 194 tokens"), std::string::npos)
         << e.what();
   }
   EXPECT_THROW(TextWindowSampler(100, 0, 0, 1), ValueError);
