@@ -207,6 +207,12 @@ int run_agent(const LaunchOptions& options, const std::string& program_path) {
   LaunchOptions o = options;
   o.trace_dir = prepare_trace_dir(o);  // docs/observability.md
   const int nproc = local_ranks(o);
+  // -n gpu|auto: the count is known only now (validate() checks a number at once).
+  DDP_CHECK_T(UsageError, o.on_failure != "continue" || o.min_ranks <= int64_t{o.nnodes} * nproc,
+              "--min-ranks {} is more than the {} ranks started (-n {} gives {} here{}): the job "
+              "could never go on after a failure",
+              o.min_ranks, int64_t{o.nnodes} * nproc, o.nproc_per_node, nproc,
+              o.nnodes > 1 ? fmt::format(", x --nnodes {}", o.nnodes) : "");
   SignalPipe signals;
   const std::string secret = store_secret(o);
   try {
