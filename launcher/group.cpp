@@ -722,7 +722,7 @@ void Watcher::end_unneeded_joiners() {
 BlamePolicy Watcher::policy() const {
   BlamePolicy p = spec_.blame;
   p.progress_timeout = flight_.hang_timeout();  // Note [default hang timeout]
-  p.across_nodes = across_nodes();
+  p.across_nodes = rendezvous_.multi_node();    // any multi-node job, elastic or not
   return p;
 }
 

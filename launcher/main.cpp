@@ -7,6 +7,7 @@
 #include "launcher/program_path.h"
 #include "launcher/trace_merge_cli.h"
 #include "runtime/error.h"
+#include "runtime/logging.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -81,7 +82,9 @@ int main(int argc, char** argv) {
                                 program.interpreter_args.end());
     options.program = "python3";
   }
-  // Note [a console that does not read]: what the agent queued is written first.
+  // Note [a console that does not read]: the agent's own log lines (its store's)
+  // go through the console queue too; what it queued is written before exit.
+  ddp::set_log_writer([](std::string_view line) { ddp::launcher::console_write(2, line); });
   try {
     const int code = ddp::launcher::run_agent(options, program.path);
     ddp::launcher::console_flush();

@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -48,8 +49,15 @@ bool write_all(int fd, const char* data, size_t bytes) {
 
 std::string exec_failure(const std::string& path, int error) {
   // The #! line, if any: ENOENT for a file that exists means its interpreter is missing.
-  std::string first;
-  if (std::ifstream in(path, std::ios::binary); in) std::getline(in, first);
+  // At most the first 256 bytes: the file may be large, with no newline.
+  std::string first(256, '\0');
+  if (std::ifstream in(path, std::ios::binary); in) {
+    in.read(first.data(), static_cast<std::streamsize>(first.size()));
+    first.resize(static_cast<size_t>(in.gcount()));
+  } else {
+    first.clear();
+  }
+  first = first.substr(0, first.find('\n'));
   const bool shebang = first.starts_with("#!");
   if (error == ENOENT && shebang) {
     std::string interpreter = first.substr(2);
@@ -86,21 +94,38 @@ struct Channel {
   bool failed = false;   // a write failed (EPIPE): later text is dropped
 
   void writer() {
+    // A reader gone (EPIPE) must fail the write, not kill ddprun with SIGPIPE: the
+    // agent restores SIGPIPE's default action before the last flush.
+    sigset_t pipe;
+    ::sigemptyset(&pipe);
+    ::sigaddset(&pipe, SIGPIPE);
+    ::pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
     std::unique_lock lock(mutex);
     for (;;) {
       wake.wait(lock, [&] { return !queue.empty(); });
       const std::string text = std::move(queue.front());
       queue.pop_front();
+      const bool skip = failed;
       lock.unlock();
-      const bool ok = failed || write_all(fd, text.data(), text.size());
+      const bool ok = skip || write_all(fd, text.data(), text.size());
       lock.lock();
-      failed = !ok;
+      if (!ok) failed = true;  // later text is dropped
       bytes -= text.size();
       if (bytes == 0) drained.notify_all();
     }
   }
 };
 
+// Whether two descriptors are one file (a terminal, or `2>&1`).
+bool same_file(int a, int b) {
+  struct stat sa {
+  }, sb{};
+  return ::fstat(a, &sa) == 0 && ::fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
+}
+
+// stdout's and stderr's channels; one, when both are the same file, so that lines
+// keep their order there and a long line is never cut by the other stream's.
 Channel* channel(int fd) {
   static Channel* channels = [] {
     auto* c = new Channel[2];
@@ -108,7 +133,9 @@ Channel* channel(int fd) {
     c[1].fd = STDERR_FILENO;
     return c;
   }();
-  return fd == STDOUT_FILENO ? &channels[0] : fd == STDERR_FILENO ? &channels[1] : nullptr;
+  static const bool shared = same_file(STDOUT_FILENO, STDERR_FILENO);
+  if (fd == STDOUT_FILENO || (fd == STDERR_FILENO && shared)) return &channels[0];
+  return fd == STDERR_FILENO ? &channels[1] : nullptr;
 }
 
 }  // namespace
@@ -127,9 +154,11 @@ void console_write(int fd, std::string_view text) {
 }
 
 size_t console_backlog() {
+  Channel* out = channel(STDOUT_FILENO);
+  Channel* err = channel(STDERR_FILENO);
   size_t total = 0;
-  for (int fd : {STDOUT_FILENO, STDERR_FILENO}) {
-    Channel* c = channel(fd);
+  for (Channel* c : {out, err}) {
+    if (c == err && err == out) break;
     std::lock_guard lock(c->mutex);
     total += c->bytes;
   }

@@ -35,7 +35,7 @@ Turns text into GPT-2 token shards (the .bin form of llm.c and nanoGPT) for
 `train --model gpt2 --data DIR`. Each file is a document, its tokens after an
 <|endoftext|>; a DIR stands for its files, sorted by name, without hidden files,
 token shards and subfolders (docs/data.md). Shards an earlier run wrote to the
-same --out with the same --name are removed first.
+same --out with the same --name are replaced (those not overwritten removed).
 
   --out DIR           where the shards go (default tokens)
   --name NAME         the shards' name: NAME_train_000001.bin, NAME_val_000000.bin
@@ -130,33 +130,37 @@ bool is_token_shard(const fs::path& path) {
 // one line, so nothing is skipped unsaid.
 std::vector<fs::path> folder_documents(const std::string& dir) {
   std::vector<fs::path> files;
-  int64_t hidden = 0, shards = 0, folders = 0;
+  int64_t hidden = 0, shards = 0, folders = 0, others = 0;
   for (const auto& e : fs::directory_iterator(dir)) {
     if (e.path().filename().string().starts_with(".")) {
       ++hidden;
     } else if (e.is_directory()) {
       ++folders;
-    } else if (e.is_regular_file() && is_token_shard(e.path())) {
+    } else if (!e.is_regular_file()) {
+      ++others;  // a link to nothing, a pipe, a socket
+    } else if (is_token_shard(e.path())) {
       ++shards;
-    } else if (e.is_regular_file()) {
+    } else {
       files.push_back(e.path());
     }
   }
   std::sort(files.begin(), files.end());
-  if (hidden + shards + folders > 0) {
+  if (hidden + shards + folders + others > 0) {
     std::cerr << fmt::format(
-        "tokenize: {}: left out {} hidden file(s), {} token shard(s) and {} subfolder(s) (give "
-        "a subfolder as an input of its own to tokenize it)\n",
-        dir, hidden, shards, folders);
+        "tokenize: {}: left out {} hidden file(s), {} token shard(s), {} subfolder(s) and {} "
+        "other(s) that are no regular file (give a subfolder as an input of its own to "
+        "tokenize it)\n",
+        dir, hidden, shards, folders, others);
   }
   return files;
 }
 
-// Removes the shards of an earlier run under the same --out and --name, so the
-// folder holds this run's shards only (train reads every .bin there).
-void remove_earlier_shards(const Options& o) {
-  int64_t removed = 0;
-  for (const auto& e : fs::directory_iterator(o.out)) {
+// The shards an earlier run wrote to --out under --name (NAME_train_NNNNNN.bin,
+// NAME_val_NNNNNN.bin that start as token shards do).
+std::vector<fs::path> earlier_shards(const Options& o) {
+  std::vector<fs::path> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(o.out, ec)) {
     const std::string file = e.path().filename().string();
     for (const char* split : {"_train_", "_val_"}) {
       const std::string prefix = o.name + split;
@@ -164,11 +168,22 @@ void remove_earlier_shards(const Options& o) {
           file.size() == prefix.size() + 10 && file.starts_with(prefix) && file.ends_with(".bin") &&
           std::all_of(file.begin() + static_cast<std::ptrdiff_t>(prefix.size()), file.end() - 4,
                       [](char c) { return c >= '0' && c <= '9'; });
-      if (numbered && e.is_regular_file() && is_token_shard(e.path())) {
-        fs::remove(e.path());
-        ++removed;
-      }
+      if (numbered && e.is_regular_file() && is_token_shard(e.path())) found.push_back(e.path());
     }
+  }
+  return found;
+}
+
+// After this run's shards are written: removes the earlier run's that this run did
+// not overwrite, so the folder holds this run's only (train reads every .bin
+// there). A run that fails before leaves the earlier shards as they were.
+void remove_earlier_shards(const Options& o, const std::vector<fs::path>& earlier,
+                           const std::vector<std::string>& written) {
+  int64_t removed = 0;
+  for (const fs::path& p : earlier) {
+    if (std::find(written.begin(), written.end(), p.string()) != written.end()) continue;
+    std::error_code ec;
+    if (fs::remove(p, ec)) ++removed;
   }
   if (removed > 0) {
     std::cerr << fmt::format("tokenize: removed {} shard(s) of an earlier run from {} ({}_*.bin)\n",
@@ -189,6 +204,10 @@ std::vector<std::string> documents_of(const Options& o) {
       continue;
     }
     DDP_CHECK(fs::exists(input, ec), "{} does not exist", input);
+    if (is_token_shard(input)) {  // a shard named among the inputs (`--out t t/*`)
+      std::cerr << fmt::format("tokenize: left out {}: a token shard, not text\n", input);
+      continue;
+    }
     documents.push_back(read_text(input));
   }
   return documents;
@@ -211,17 +230,20 @@ class ShardWriter {
         (fs::path(o_.out) / fmt::format("{}_{}_{:06d}.bin", o_.name, split_, next_index_++))
             .string();
     ddp::write_token_shard(path, buffer_);
+    written_.push_back(path);
     std::cout << fmt::format("tokenize: wrote {} ({} tokens)\n", path, buffer_.size());
     total_ += static_cast<int64_t>(buffer_.size());
     buffer_.clear();
   }
   int64_t total() const { return total_; }
+  const std::vector<std::string>& written() const { return written_; }
 
  private:
   const Options& o_;
   std::string split_;
   int64_t& next_index_;
   std::vector<int32_t> buffer_;
+  std::vector<std::string> written_;
   int64_t total_ = 0;
 };
 
@@ -240,7 +262,7 @@ int run(const Options& o) {
   DDP_CHECK(!documents.empty(), "no documents to tokenize: {} hold(s) no text files",
             fmt::join(o.inputs, ", "));
   fs::create_directories(o.out);
-  remove_earlier_shards(o);
+  const std::vector<fs::path> earlier = earlier_shards(o);
   // llm.c numbers the validation shard 0 and train shards from 1.
   int64_t val_index = 0, train_index = 1;
   ShardWriter train(o, "train", train_index), validation(o, "val", val_index);
@@ -259,6 +281,9 @@ int run(const Options& o) {
   }
   train.flush();
   validation.flush();
+  std::vector<std::string> written = train.written();
+  written.insert(written.end(), validation.written().begin(), validation.written().end());
+  remove_earlier_shards(o, earlier, written);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const int64_t tokens = train.total() + validation.total();
   std::cout << fmt::format(

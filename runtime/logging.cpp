@@ -2,6 +2,7 @@
 
 #include "runtime/env.h"
 
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 
 #include <mutex>
@@ -12,6 +13,29 @@ namespace {
 std::string pattern(int rank, int world_size) {
   return fmt::format("[%Y-%m-%d %H:%M:%S.%e] [rank {}/{}] [%l] %v", rank, world_size);
 }
+
+// The pattern set last, for a sink added later.
+std::string& current_pattern() {
+  static std::string* p = new std::string(pattern(0, 1));
+  return *p;
+}
+
+// Lines to a function (set_log_writer).
+class WriterSink : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  explicit WriterSink(std::function<void(std::string_view)> write) : write_(std::move(write)) {}
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t line;
+    formatter_->format(msg, line);
+    write_(std::string_view(line.data(), line.size()));
+  }
+  void flush_() override {}
+
+ private:
+  std::function<void(std::string_view)> write_;
+};
 
 std::shared_ptr<spdlog::logger> make_logger() {
   auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
@@ -48,7 +72,15 @@ spdlog::logger& logger() {
 }
 
 void set_log_rank(int rank, int world_size) {
-  logger().set_pattern(pattern(rank, world_size));
+  current_pattern() = pattern(rank, world_size);
+  logger().set_pattern(current_pattern());
+}
+
+void set_log_writer(std::function<void(std::string_view)> write) {
+  auto& sinks = logger().sinks();
+  sinks.clear();
+  sinks.push_back(std::make_shared<WriterSink>(std::move(write)));
+  logger().set_pattern(current_pattern());
 }
 
 }  // namespace ddp

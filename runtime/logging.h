@@ -8,12 +8,19 @@
 
 #include <spdlog/spdlog.h>
 
+#include <functional>
+#include <string_view>
+
 namespace ddp {
 
 // The process-wide logger (created on first use, writes to stderr).
 spdlog::logger& logger();
 // Changes the prefix of every later line to "[rank R/W]".
 void set_log_rank(int rank, int world_size);
+// Sends every later line (formatted, newline included) to `write` instead of
+// stderr: ddprun's console queue (Note [a console that does not read] in
+// launcher/process.h). Call before other threads log.
+void set_log_writer(std::function<void(std::string_view)> write);
 
 }  // namespace ddp
 

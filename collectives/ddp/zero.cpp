@@ -323,6 +323,8 @@ bool ZeroOptimizer::begin_update() {
   const bool first_step = !exp_avg_.defined() && !momentum_.defined();
   if (first_step) allocate_state();
   for (size_t i = 0; i < params_.size(); ++i) {
+    // A frozen parameter is never stepped: no step count, as torch keeps no state for it.
+    if (!requires_grad(params_[i])) continue;
     if (options_.stage == 2 || grad(params_[i]).defined()) ++param_steps_[i];
   }
   return first_step && momentum_.defined();  // SGD: buf = gradient
@@ -365,6 +367,7 @@ void ZeroOptimizer::update_replicated() {
   for_each_piece(b.begin, b.size, [&](size_t i, int64_t off, int64_t n, int64_t at) {
     Tensor p = replica_params_.flat_view(at, {n});
     copy_(p, params_[i].flat_view(off, {n}));
+    if (!requires_grad(params_[i])) return;  // frozen: the copy stays as it is
     Tensor g;
     if (options_.stage == 2) {
       g = replica_grad_.flat_view(at, {n});
@@ -890,7 +893,8 @@ void ZeroOptimizer::step_stage3() {
   const auto& units = fsdp_->units();
   for (size_t e = 0; e < inner_index_.size(); ++e) {
     const size_t i = inner_index_[e];
-    if (i < params_.size() && units[fsdp_->owner(e).first].grad_shard.defined()) {
+    if (i < params_.size() && requires_grad(params_[i]) &&
+        units[fsdp_->owner(e).first].grad_shard.defined()) {
       ++param_steps_[i];
     }
   }
@@ -899,7 +903,8 @@ void ZeroOptimizer::step_stage3() {
     if (!unit.grad_shard.defined()) continue;  // as torch: no gradient, no update
     fsdp_->for_each_owned_piece(u, [&](size_t k, int64_t /*off*/, int64_t n, int64_t at) {
       const size_t i = inner_index_[unit.params[k]];
-      if (i >= params_.size()) return;  // not the optimizer's
+      if (i >= params_.size()) return;         // not the optimizer's
+      if (!requires_grad(params_[i])) return;  // frozen: never stepped (its gradient is zero)
       update_piece(i, unit.shard.flat_view(at, {n}), unit.grad_shard.flat_view(at, {n}), exp_avg_,
                    exp_avg_sq_, momentum_, state_offsets_[u] + at, first_momentum);
     });

@@ -107,7 +107,9 @@ CsvTable parse_csv(const std::string& text, const std::string& path) {
       // first line of numbers only is data without a header.
       DDP_CHECK(numbers < fields.size(),
                 "{}:{}: the first line holds only numbers ({}) where column names were "
-                "expected: the file needs a header line naming its columns",
+                "expected: the file needs a header line naming its columns (if these are "
+                "names, as pandas gives a bare array's columns, name at least one, e.g. the "
+                "target: df.rename(columns={{9: 'label'}}))",
                 path, line_no, line);
       have_header = true;
       continue;

@@ -302,8 +302,15 @@ TargetKind parse_target_kind(const std::string& text) {
 
 bool is_file_data(const std::string& path) {
   std::error_code ec;
-  // A directory of .npy files, x.npy or not (npy_dir_arrays names what is missing).
-  if (fs::is_directory(path, ec)) return !npy_files(path).empty();
+  // A directory of .npy files, x.npy or not (npy_dir_arrays names what is missing),
+  // unless it holds Fashion-MNIST's IDX files (a stray .npy beside them).
+  if (fs::is_directory(path, ec)) {
+    if (fs::exists(fs::path(path) / "x.npy", ec)) return true;
+    for (const auto& e : fs::directory_iterator(path, ec)) {
+      if (e.path().filename().string().find("-ubyte") != std::string::npos) return false;
+    }
+    return !npy_files(path).empty();
+  }
   const std::string ext = extension(path);
   return ext == ".npz" || ext == ".csv" || ext == ".npy";
 }

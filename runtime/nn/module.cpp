@@ -86,11 +86,13 @@ Tensor Module::register_buffer(std::string name, Tensor value) {
 }
 
 void Module::collect(bool parameters, const std::string& prefix, NamedTensors& out,
-                     std::vector<const TensorImpl*>& seen) const {
+                     std::vector<const TensorImpl*>* seen) const {
   for (const auto& [name, t] : parameters ? params_ : buffers_) {
-    const TensorImpl* impl = &t.impl();
-    if (std::find(seen.begin(), seen.end(), impl) != seen.end()) continue;
-    seen.push_back(impl);
+    if (seen != nullptr) {
+      const TensorImpl* impl = &t.impl();
+      if (std::find(seen->begin(), seen->end(), impl) != seen->end()) continue;
+      seen->push_back(impl);
+    }
     out.emplace_back(join(prefix, name), t);
   }
   for (const auto& [name, child] : children_)
@@ -100,7 +102,7 @@ void Module::collect(bool parameters, const std::string& prefix, NamedTensors& o
 NamedTensors Module::named_parameters(const std::string& prefix) const {
   NamedTensors out;
   std::vector<const TensorImpl*> seen;
-  collect(true, prefix, out, seen);
+  collect(true, prefix, out, &seen);
   return out;
 }
 
@@ -113,7 +115,7 @@ std::vector<Tensor> Module::parameters() const {
 NamedTensors Module::named_buffers(const std::string& prefix) const {
   NamedTensors out;
   std::vector<const TensorImpl*> seen;
-  collect(false, prefix, out, seen);
+  collect(false, prefix, out, &seen);
   return out;
 }
 
@@ -124,8 +126,10 @@ int64_t Module::num_parameters() const {
 }
 
 NamedTensors Module::state_dict() const {
-  NamedTensors out = named_parameters();
-  for (auto& entry : named_buffers()) out.push_back(std::move(entry));
+  // Every name, a shared tensor under each of its names (Note [shared parameters]).
+  NamedTensors out;
+  collect(true, "", out, nullptr);
+  collect(false, "", out, nullptr);
   return out;
 }
 

@@ -29,8 +29,10 @@ class Module {
   // Note [shared parameters]: a tensor registered twice (a tied weight, a module
   // registered under two names) is listed once, under its first name, as torch's
   // named_parameters() and parameters() do: an optimizer steps it once, DDP
-  // reduces its gradient once, a checkpoint holds it once. The same for buffers
-  // and named_modules().
+  // reduces its gradient once, a replica shares it once. The same for buffers and
+  // named_modules(). state_dict() keeps every name, as torch's does, so a
+  // checkpoint loads into the equivalent torch model (both names of one tensor,
+  // loaded into it twice).
   NamedTensors named_parameters(const std::string& prefix = "") const;
   std::vector<Tensor> parameters() const;
   NamedTensors named_buffers(const std::string& prefix = "") const;
@@ -118,9 +120,10 @@ class Module {
   std::shared_ptr<Module> replicate_from(ReplicaMemo& memo) const;
   // ValueError unless `name` is a new, dotless, non-empty name among this module's.
   void check_new_name(const std::string& name, const char* what) const;
-  // named_parameters()/named_buffers() with the tensors already `seen` left out.
+  // named_parameters()/named_buffers(), the tensors already `seen` left out (null:
+  // every name, state_dict()).
   void collect(bool parameters, const std::string& prefix, NamedTensors& out,
-               std::vector<const TensorImpl*>& seen) const;
+               std::vector<const TensorImpl*>* seen) const;
 
   struct Hooks {
     int id;

@@ -95,7 +95,9 @@ first=$(find "$dir/own" -name 'data_train_*.bin' | wc -l)
   fail "tokenize again exited $?"
 grep -q "left out 1 hidden file(s), $first token shard(s)" "$dir/own.log" ||
   fail "the second run did not leave out the hidden file and the $first shards"
-grep -q "removed $first shard(s) of an earlier run" "$dir/own.log" || fail "no removal reported"
+# It overwrote data_train_000001.bin and removed the rest.
+grep -q "removed $((first - 1)) shard(s) of an earlier run" "$dir/own.log" ||
+  fail "no removal of the $((first - 1)) shards not overwritten reported"
 [ "$(find "$dir/own" -name '*.bin' | wc -l)" = 1 ] || fail "stale shards left: $(ls "$dir/own")"
 "$tokenize" --decode "$dir/own/data_train_000001.bin" >"$dir/own.back" 2>>"$dir/own.log" ||
   fail "tokenize --decode exited $?"

@@ -75,7 +75,8 @@ TEST(Sampling, BadOptionsNameTheValue) {
     pick_token(logits, {.temperature = 0.0}, 0.5);
     FAIL() << "temperature 0 accepted";
   } catch (const ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("--temperature 0: must be > 0"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("--temperature 0: must be a finite number > 0"),
+              std::string::npos);
   }
   EXPECT_THROW(pick_token(logits, {.temperature = 1.0, .top_k = -1}, 0.5), ValueError);
   // NaN logits would break the sort and quietly give the last token.
