@@ -488,14 +488,15 @@ TEST_F(DataFiles, ErrorsNameTheRowAsTheFileNumbersIt) {
               load_file_data(csv, {.kind = TargetKind::classify});
             }).find("t.csv/train: target 0.5 at line 27 is not a class id"),
             std::string::npos);
-  std::vector<float> xs(30, 1.0f);
-  const auto npz = write(
-      "t.npz",
-      zip_bytes({{"x.npy", npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (30,), }",
-                                     le_bytes<float>(xs))},
-                 {"y.npy", npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (30,), }",
-                                     le_bytes<float>(ys))}},
-                false));
+  // x (ones) and y as an .npz of 30 f32 rows.
+  const auto xy_npz = [&](const std::string& name) {
+    const std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (30,), }";
+    return write(
+        name, zip_bytes({{"x.npy", npy_bytes(dict, le_bytes<float>(std::vector<float>(30, 1.0f)))},
+                         {"y.npy", npy_bytes(dict, le_bytes<float>(ys))}},
+                        false));
+  };
+  const auto npz = xy_npz("t.npz");
   EXPECT_NE(error_text([&] {
               load_file_data(npz, {.kind = TargetKind::classify});
             }).find("t.npz/train: target 0.5 at y[25] is not a class id"),
@@ -503,13 +504,7 @@ TEST_F(DataFiles, ErrorsNameTheRowAsTheFileNumbersIt) {
   // A held-out row keeps its name too: row 29 is the third test row.
   ys[25] = 1;
   ys[29] = -2;
-  const auto held = write(
-      "h.npz",
-      zip_bytes({{"x.npy", npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (30,), }",
-                                     le_bytes<float>(xs))},
-                 {"y.npy", npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (30,), }",
-                                     le_bytes<float>(ys))}},
-                false));
+  const auto held = xy_npz("h.npz");
   EXPECT_NE(error_text([&] {
               load_file_data(held, {.kind = TargetKind::classify});
             }).find("h.npz/test: target -2 at y[29] is not a class id"),
