@@ -145,6 +145,7 @@ void save_checkpoint(const std::string& path, const nn::Module& model,
       {"epoch_loss_sum", fmt::format("{}", info.epoch_loss_sum)},
       {"epoch_loss_count", std::to_string(info.epoch_loss_count)},
       {"global_batch", std::to_string(info.global_batch)},
+      {"train_size", std::to_string(info.train_size)},
       {"skipped_steps", std::to_string(info.skipped_steps)}};
   if (info.optimizer_shards > 0)
     metadata["optimizer_shards"] = std::to_string(info.optimizer_shards);
@@ -210,6 +211,7 @@ CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model,
   info.epoch_loss_sum = meta_number<float>(m, path, "epoch_loss_sum", 0.0f);
   info.epoch_loss_count = meta_number<int64_t>(m, path, "epoch_loss_count", 0);
   info.global_batch = meta_number<int64_t>(m, path, "global_batch", 0);
+  info.train_size = meta_number<int64_t>(m, path, "train_size", 0);
   info.skipped_steps = meta_number<int64_t>(m, path, "skipped_steps", 0);
   info.best_metric =
       meta_number<double>(m, path, "best_metric", std::numeric_limits<double>::quiet_NaN());

@@ -32,6 +32,9 @@ struct CheckpointInfo {
   float epoch_loss_sum = 0;
   int64_t epoch_loss_count = 0;  // micro-batches in epoch_loss_sum (skipped steps left out)
   int64_t global_batch = 0;
+  // The training set's size (Task::train_size; 0: unknown, older files): a
+  // mid-epoch position holds only for data of this size.
+  int64_t train_size = 0;
   int64_t skipped_steps = 0;  // steps whose update --on-nonfinite skip left out
   // --save-sharded: the optimizer state is in this many shard files next to the
   // checkpoint, not in it (trainer/sharded_checkpoint.h); 0: in it.

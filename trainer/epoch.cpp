@@ -359,6 +359,7 @@ CheckpointInfo position(const Run& r, int64_t completed, int64_t epoch_step, con
                       r.nonfinite->skipped()};
   info.best_metric = r.best_metric;
   info.evals_since_best = r.evals_since_best;
+  info.train_size = r.task->train_size();
   if (r.task->is_language_model()) info.text_unit = r.task->corpus_entropy().unit;
   return info;
 }

@@ -97,6 +97,7 @@ class SupervisedTask : public Task {
     return fmt::format("{} ({} train / {} test{}{})", data_.train.name, data_.train.size(),
                        data_.test.size(), data_.test_source.empty() ? "" : ": ", data_.test_source);
   }
+  int64_t train_size() const override { return data_.train.size(); }
 
   std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& o) const override {
     if (o.optimizer == "adamw") {

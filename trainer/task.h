@@ -82,6 +82,9 @@ class Task {
   virtual bool is_regression() const { return false; }
   // "fashion-mnist (60000 train / 10000 test)" or "brown (... bytes)", for the header.
   virtual std::string data_summary() const = 0;
+  // The training set's size (samples; a language model's tokens), on which the
+  // epoch's order depends: a checkpoint stopped mid-epoch records it (0: unknown).
+  virtual int64_t train_size() const { return 0; }
   // The optimizer the options ask for, over the model's parameters.
   virtual std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& o) const = 0;
 

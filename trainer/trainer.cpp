@@ -126,6 +126,15 @@ void resume(Run& r, const std::string& path) {
               "so its data order differs. Resume with the same values",
               path, r.resumed.epoch + 1, r.resumed.seed, r.resumed.global_batch, o.seed,
               global_batch);
+    // The epoch's order is a permutation of the training set: other data (a file
+    // edited between runs) would repeat or skip samples from here on.
+    DDP_CHECK(r.resumed.epoch_step == 0 || r.resumed.train_size == 0 ||
+                  r.resumed.train_size == r.task->train_size(),
+              "{}: the checkpoint stopped in the middle of epoch {} on a training set of {} "
+              "(samples, or tokens), and this run's has {}: its data order differs, so samples "
+              "would be repeated or skipped. Resume on the same data, or from a checkpoint at an "
+              "epoch's end",
+              path, r.resumed.epoch + 1, r.resumed.train_size, r.task->train_size());
     // The schedule's span is counted in steps of the global batch; another batch
     // would rescale it mid-run (older files record none: 0).
     DDP_CHECK(r.resumed.global_batch == 0 || r.resumed.global_batch == global_batch ||

@@ -195,6 +195,7 @@ class LanguageTask : public Task {
   LanguageTask& operator=(const LanguageTask&) = delete;
 
   std::string model_spec() const override { return models::describe(config_); }
+  int64_t train_size() const override { return data_.train.size(); }
   bool resumes_from(const std::string& saved) const override {
     if (!models::is_gpt_model(saved)) return false;
     try {

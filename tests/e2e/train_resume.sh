@@ -2,7 +2,8 @@
 # Resuming gives exactly the uninterrupted run: train 2 epochs in one go, and 1 epoch
 # then --resume for the second; the two final checkpoints must be byte-identical
 # (same parameters, optimizer state and metadata). The schedule is constant: a
-# cosine or step schedule depends on --epochs, which differs between the runs.
+# cosine or step schedule depends on --epochs, which differs between the runs. A
+# checkpoint from the middle of an epoch refuses a training set of another size.
 # usage: train_resume.sh TRAIN_BINARY [extra train flags...]
 set -euo pipefail
 train=$1
@@ -15,4 +16,15 @@ common=(--data synthetic --synthetic-size 2000 --seed 3 --quiet --lr-schedule co
 "$train" "${common[@]}" --epochs 2 --resume "$dir/part.safetensors" --save "$dir/part.safetensors"
 cmp "$dir/full.safetensors" "$dir/part.safetensors"
 ls "$dir" | grep -q tmp && { echo "temporary files left behind" >&2; exit 1; }
+# A checkpoint from the middle of an epoch resumes only on the data it was cut from:
+# a training set of another size has another order (samples repeated or skipped).
+DDP_TEST_KILL_AT=0:15 "$train" "${common[@]}" --epochs 1 --save "$dir/mid.safetensors" \
+  --save-every 10 >/dev/null 2>&1 && { echo "the run was not killed at step 15" >&2; exit 1; }
+if out=$("$train" "${common[@]}" --synthetic-size 1500 --epochs 1 \
+  --resume "$dir/mid.safetensors" 2>&1); then
+  echo "a mid-epoch checkpoint resumed on a training set of another size: $out" >&2
+  exit 1
+fi
+grep -q "stopped in the middle of epoch 1 on a training set of 2000 .* this run's has 1500" \
+  <<<"$out" || { echo "the data change is not named: $out" >&2; exit 1; }
 echo "train_resume: checkpoints identical ($(stat -c %s "$dir/full.safetensors") bytes)"
