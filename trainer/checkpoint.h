@@ -32,9 +32,6 @@ struct CheckpointInfo {
   float epoch_loss_sum = 0;
   int64_t epoch_loss_count = 0;  // micro-batches in epoch_loss_sum (skipped steps left out)
   int64_t global_batch = 0;
-  // The training set's size (Task::train_size; 0: unknown, older files): a
-  // mid-epoch position holds only for data of this size.
-  int64_t train_size = 0;
   int64_t skipped_steps = 0;  // steps whose update --on-nonfinite skip left out
   // --save-sharded: the optimizer state is in this many shard files next to the
   // checkpoint, not in it (trainer/sharded_checkpoint.h); 0: in it.
@@ -50,6 +47,10 @@ struct CheckpointInfo {
   // bytes) or "token" (token shards: GPT-2's BPE when `tokenize` wrote them), so
   // that `sample` decodes what it generates the same way; empty otherwise.
   std::string text_unit{};
+  // The training set's size (Task::train_size; 0: unknown, older files): a
+  // mid-epoch position holds only for data of this size. Last: position() in
+  // epoch.cpp fills the fields above in order.
+  int64_t train_size = 0;
 };
 
 // What the metadata of an existing checkpoint says, read from its header alone.
