@@ -93,6 +93,11 @@ struct Channel {
   bool started = false;  // the writer thread
   bool failed = false;   // a write failed (EPIPE): later text is dropped
 
+  size_t queued() {  // bytes
+    std::lock_guard lock(mutex);
+    return bytes;
+  }
+
   void writer() {
     // A reader gone (EPIPE) must fail the write, not kill ddprun with SIGPIPE: the
     // agent restores SIGPIPE's default action before the last flush.
@@ -156,13 +161,7 @@ void console_write(int fd, std::string_view text) {
 size_t console_backlog() {
   Channel* out = channel(STDOUT_FILENO);
   Channel* err = channel(STDERR_FILENO);
-  size_t total = 0;
-  for (Channel* c : {out, err}) {
-    if (c == err && err == out) break;
-    std::lock_guard lock(c->mutex);
-    total += c->bytes;
-  }
-  return total;
+  return out->queued() + (err != out ? err->queued() : 0);
 }
 
 void console_flush() {

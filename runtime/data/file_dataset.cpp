@@ -306,10 +306,12 @@ bool is_file_data(const std::string& path) {
   // unless it holds Fashion-MNIST's IDX files (a stray .npy beside them).
   if (fs::is_directory(path, ec)) {
     if (fs::exists(fs::path(path) / "x.npy", ec)) return true;
+    bool npy = false;
     for (const auto& e : fs::directory_iterator(path, ec)) {
       if (e.path().filename().string().find("-ubyte") != std::string::npos) return false;
+      npy = npy || extension(e.path().string()) == ".npy";
     }
-    return !npy_files(path).empty();
+    return npy;
   }
   const std::string ext = extension(path);
   return ext == ".npz" || ext == ".csv" || ext == ".npy";
