@@ -206,6 +206,7 @@ int run_agent(const LaunchOptions& options, const std::string& program_path) {
   remove_stale_region_dirs();
   LaunchOptions o = options;
   o.trace_dir = prepare_trace_dir(o);  // docs/observability.md
+  if (!o.log_dir.empty()) prepare_output_dir("--log-dir", o.log_dir);
   const int nproc = local_ranks(o);
   // -n gpu|auto: the count is known only now (validate() checks a number at once).
   DDP_CHECK_T(UsageError, o.on_failure != "continue" || o.min_ranks <= int64_t{o.nnodes} * nproc,

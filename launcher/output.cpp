@@ -98,7 +98,17 @@ bool reads_as_error(std::string_view line) {
 
 bool states_an_error(std::string_view line) {
   for (std::string_view word : {"error:", "Error:", "ERROR:", "what():", "[error]"}) {
-    if (line.find(word) != std::string_view::npos) return true;
+    for (size_t at = line.find(word); at != std::string_view::npos; at = line.find(word, at + 1)) {
+      // "eval error: 0.25", "top-1 Error: 12%": a metric's value after a word, not an
+      // error ("train: error: 2 ranks failed" is one).
+      const size_t value = line.find_first_not_of(' ', at + word.size());
+      const bool metric =
+          word.ends_with(':') && at >= 2 && line[at - 1] == ' ' &&
+          std::isalnum(static_cast<unsigned char>(line[at - 2])) != 0 &&
+          value != std::string_view::npos &&
+          std::string_view("0123456789-+.").find(line[value]) != std::string_view::npos;
+      if (!metric) return true;
+    }
   }
   // Python's exception line: "ValueError" or "torch.distributed.DistBackendError" alone.
   size_t end = 0;

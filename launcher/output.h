@@ -20,12 +20,11 @@ namespace ddp::launcher {
 // same error line, and W copies of it bury what else was said. The agent's
 // streams share one ErrorEcho: a line that states an error (states_an_error:
 // "error:", "what():", Python's "RuntimeError: ..."; not a log line that merely
-// says "validation error 0.25", nor a traceback's "Traceback (most recent call
-// last):" header, whose stack below differs) that another rank of this node
-// printed word for word within the last 10 s is shown as "[rank 3] the same
-// error as rank 1" instead. The rank's log file and its tail
-// (the failure summary's quote) keep the line itself; lines that differ (a
-// device index, a path with the rank in it) are all shown.
+// says "validation error 0.25" or "eval error: 0.25", nor a traceback's "Traceback (most recent
+// call last):" header, whose stack below differs) that another rank of this node printed word for
+// word within the last 10 s is shown as "[rank 3] the same error as rank 1" instead. The rank's log
+// file and its tail (the failure summary's quote) keep the line itself; lines that differ (a device
+// index, a path with the rank in it) are all shown.
 class ErrorEcho {
  public:
   using Clock = std::chrono::steady_clock;

@@ -1,6 +1,7 @@
 #include "launcher/rendezvous.h"
 
 #include "collectives/elastic.h"
+#include "collectives/flight/diagnosis.h"
 
 #include "collectives/store/socket.h"
 #include "collectives/store/tcp_store.h"
@@ -240,7 +241,7 @@ std::string Rendezvous::missing_nodes() {
   for (int r = 0; r < options_.nnodes; ++r) {
     if (!store_->check({fmt::format("node/{}", r)})) missing.push_back(r);
   }
-  return fmt::format("node{} {}", missing.size() == 1 ? "" : "s", fmt::join(missing, ", "));
+  return flight::id_list(std::move(missing), "node", "nodes");
 }
 
 void Rendezvous::check_same_local_ranks() {

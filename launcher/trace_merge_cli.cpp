@@ -5,7 +5,11 @@
 #include "runtime/error.h"
 #include "runtime/trace/file.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 
@@ -30,17 +34,23 @@ Exit status: 0 merged; 1 no rank file of the run in DIR; 2 bad usage.
 Docs: docs/observability.md.
 )";
 
-std::string prepare_trace_dir(const LaunchOptions& o) {
-  std::string dir = o.trace_dir;
-  if (dir.empty()) dir = env::get(env::kTrace).value_or("");
-  if (dir.empty()) return "";
+std::string prepare_output_dir(const std::string& flag, const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec || !std::filesystem::is_directory(dir)) {
-    throw UsageError(fmt::format("--trace {}: cannot create the directory: {}; pass a writable one",
-                                 dir, ec ? ec.message() : "not a directory"));
+    throw UsageError(fmt::format("{} {}: cannot create the directory: {}; pass a writable one",
+                                 flag, dir, ec ? ec.message() : "not a directory"));
   }
+  DDP_CHECK_T(UsageError, ::access(dir.c_str(), W_OK | X_OK) == 0,
+              "{} {}: the directory is not writable ({}); pass a writable one", flag, dir,
+              std::strerror(errno));
   return std::filesystem::absolute(dir).lexically_normal().string();
+}
+
+std::string prepare_trace_dir(const LaunchOptions& o) {
+  if (!o.trace_dir.empty()) return prepare_output_dir("--trace", o.trace_dir);
+  const std::string inherited = env::get(env::kTrace).value_or("");
+  return inherited.empty() ? "" : prepare_output_dir(env::kTrace, inherited);
 }
 
 void merge_run_trace(const std::string& dir, const std::string& run_id, int restart,

@@ -13,6 +13,9 @@ namespace ddp::launcher {
 // ddprun's environment; "" for none), created now. Throws UsageError when it
 // cannot be created.
 std::string prepare_trace_dir(const LaunchOptions& o);
+// `dir` created now, and absolute; UsageError naming `flag` when it cannot be
+// created or written (--trace, --log-dir: exit status 2 before any rank starts).
+std::string prepare_output_dir(const std::string& flag, const std::string& dir);
 
 // Merges the rank files of run `run_id`, restart `restart`, into DIR/trace.json
 // and says what it did; a failure is said, never thrown (the run's exit status

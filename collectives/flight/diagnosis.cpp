@@ -304,16 +304,26 @@ std::string human_bytes(int64_t bytes) {
 }
 
 std::string rank_list(std::vector<int> ranks) {
-  std::sort(ranks.begin(), ranks.end());
-  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
-  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size();) {
+  return id_list(std::move(ranks), "rank", "ranks");
+}
+
+std::string id_list(std::vector<int> ids, std::string_view one, std::string_view many) {
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  std::string out = fmt::format("{} ", ids.size() == 1 ? one : many);
+  constexpr int kMaxRuns = 12;  // then "... (N in all)": one line for 65536 nodes too
+  int runs = 0;
+  for (size_t i = 0; i < ids.size(); ++runs) {
+    if (runs == kMaxRuns) {
+      out += fmt::format(",... ({} in all)", ids.size());
+      break;
+    }
     size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    while (j + 1 < ids.size() && ids[j + 1] == ids[j] + 1) ++j;
     if (i > 0) out += ",";
-    out += j >= i + 2 ? fmt::format("{}-{}", ranks[i], ranks[j])
-                      : (j == i + 1 ? fmt::format("{},{}", ranks[i], ranks[j])
-                                    : fmt::format("{}", ranks[i]));
+    out += j >= i + 2
+               ? fmt::format("{}-{}", ids[i], ids[j])
+               : (j == i + 1 ? fmt::format("{},{}", ids[i], ids[j]) : fmt::format("{}", ids[i]));
     i = j + 1;
   }
   return out;

@@ -31,6 +31,7 @@
 #include "collectives/flight/flight_layout.h"
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ddp::flight {
@@ -68,5 +69,8 @@ std::string describe_shape(const CollectiveRecord& r);
 std::string human_bytes(int64_t bytes);
 // "rank 2", "ranks 0,1,3", "ranks 0-5,7"
 std::string rank_list(std::vector<int> ranks);
+// The same with other nouns ("node 3", "nodes 1-63,65"); past 12 runs it ends
+// ",... (N in all)".
+std::string id_list(std::vector<int> ids, std::string_view one, std::string_view many);
 
 }  // namespace ddp::flight

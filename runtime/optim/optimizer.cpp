@@ -48,6 +48,15 @@ class StateReader {
   std::map<std::string, Tensor> entries_;
 };
 
+// As torch's optimizers: an optimizer over no parameter is a mistake (a model whose
+// parameters were not registered, a filter that kept none), not a no-op to train with.
+void check_not_empty(const char* optimizer, const std::vector<Tensor>& params) {
+  DDP_CHECK(!params.empty(),
+            "{}: got an empty parameter list: nothing to train; pass model.parameters() of a "
+            "model that registers its parameters (register_parameter, register_module)",
+            optimizer);
+}
+
 }  // namespace
 
 Optimizer::Optimizer(std::vector<Tensor> params, float lr) : params_(std::move(params)), lr_(lr) {
@@ -205,6 +214,7 @@ void Optimizer::zero_grad(bool set_to_none) {
 
 SGD::SGD(std::vector<Tensor> params, SgdOptions options)
     : Optimizer(std::move(params), options.lr), options_(options), momentum_(params_.size()) {
+  check_not_empty("SGD", params_);
   DDP_CHECK(options.momentum >= 0.0f, "SGD: momentum {} must be >= 0", options.momentum);
   DDP_CHECK(options.weight_decay >= 0.0f, "SGD: weight_decay {} must be >= 0",
             options.weight_decay);
@@ -297,6 +307,7 @@ AdamW::AdamW(const std::vector<ParamGroup>& groups, AdamWOptions options)
       exp_avg_(params_.size()),
       exp_avg_sq_(params_.size()),
       param_steps_(params_.size(), 0) {
+  check_not_empty("AdamW", params_);
   DDP_CHECK(options.beta1 >= 0.0f && options.beta1 < 1.0f && options.beta2 >= 0.0f &&
                 options.beta2 < 1.0f,
             "AdamW: betas ({}, {}) must lie in [0, 1)", options.beta1, options.beta2);

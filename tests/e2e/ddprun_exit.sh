@@ -4,6 +4,7 @@
 # are stopped at once and nothing is left behind. A script that cannot be
 # executed (126, 127 as a shell), and a console nobody reads while a rank fails
 # (Note [a console that does not read]: the failure still stops the job at once).
+# An output directory that cannot be made (exit 2, no rank started).
 # usage: ddprun_exit.sh DDPRUN PROBE
 . "$(dirname "$0")/lib_ddprun.sh"
 grace=2
@@ -93,4 +94,17 @@ at_most "$stopped" 4 || fail "rank 0 was stopped $stopped s after the start: ddp
 at_most "$(cat "$WORK/term")" "$(cat "$WORK/reader")" || fail "rank 0 was stopped after the reader woke"
 [ "$(cat "$WORK/flood.lines")" -ge 1 ] || fail "nothing rank 0 printed reached the reader"
 no_process_left 1
+
+# An output directory that cannot be made is a usage error (2) before any rank
+# starts, for --log-dir as for --trace.
+touch "$WORK/plain"
+for flag in --log-dir --trace; do
+  "$DDPRUN" --standalone -n 1 "$flag" "$WORK/plain/sub" "$PROBE" --marker "$MARKER" \
+    >"$WORK/baddir.log" 2>&1
+  status=$?
+  [ $status -eq 2 ] || fail "$flag under a file: exit $status, expected 2: $(cat "$WORK/baddir.log")"
+  grep -qF "ddprun: error: $flag $WORK/plain/sub: cannot create the directory" "$WORK/baddir.log" ||
+    fail "$flag under a file: $(cat "$WORK/baddir.log")"
+  grep -q "pid=" "$WORK/baddir.log" && fail "$flag under a file: a rank started"
+done
 echo "ddprun_exit: ok"

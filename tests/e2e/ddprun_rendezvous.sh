@@ -33,7 +33,7 @@ grep -q "node 1 cannot reach the rendezvous store at 127.0.0.1:$port" "$WORK/unr
 "$DDPRUN" --nnodes 3 --node-rank 0 --rdzv-port "$port" --rdzv-timeout 1 "$PROBE" >"$WORK/missing.log" 2>&1
 status=$?
 [ $status -eq 1 ] || fail "missing nodes: exit $status, expected 1"
-grep -q "nodes 1, 2 did not join the rendezvous at 127.0.0.1:$port within 1 s" "$WORK/missing.log" ||
+grep -q "nodes 1,2 did not join the rendezvous at 127.0.0.1:$port within 1 s" "$WORK/missing.log" ||
   fail "missing nodes: the message does not name nodes 1, 2"
 
 # Note [node 0's address]: a host name that resolves to loopback (Debian maps

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # own_model.sh CMAKE BUILD_DIR SOURCE_DIR CXX GENERATOR: a program of one's own
 # (examples/own_model: a model and a loss, nothing else) built against the
-# installed package, on a CSV it was not written for, gets what train has:
+# installed package, on a CSV it was not written for, gets what train has
+# (examples/own_data builds against it too):
 #   - ddprun -n 2 with ZeRO-1 trains it (test_loss falls; the header names its model);
 #   - a run stopped after 2 epochs and resumed (--resume auto) ends with the whole
 #     run's loss log and checkpoint;
@@ -29,6 +30,11 @@ run build "$cmake" --build "$work/own"
 own=$work/own/own_model
 [ -x "$own" ] || fail "examples/own_model did not build"
 echo "installed and built examples/own_model against the package in $((SECONDS - t0)) s"
+# examples/own_data builds against the package too (its run is e2e.own_data's, from the tree).
+run configure_own_data "$cmake" -S "$source/examples/own_data" -B "$work/own_data" -G "$generator" \
+  -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix"
+run build_own_data "$cmake" --build "$work/own_data"
+run own_data_help "$work/own_data/own_data" --help
 
 # y = sin(a) + 0.5 b - c^2 / 4 on 600 rows; awk's fixed seed makes the file the same each run.
 awk 'BEGIN { srand(11); print "a,b,c,y";

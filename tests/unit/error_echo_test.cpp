@@ -36,6 +36,12 @@ TEST(ErrorEcho, OnlyLinesThatStateAnErrorAreEchoed) {
   EXPECT_FALSE(states_an_error("Traceback (most recent call last):"));
   EXPECT_FALSE(states_an_error("  File \"x.py\", line 3, in <module>"));
   EXPECT_FALSE(states_an_error("epoch 1 done: train error 0.125, Errors 0"));
+  EXPECT_FALSE(states_an_error("step 10: eval error: 0.25"));
+  EXPECT_FALSE(states_an_error("Top-1 Error: 12.5%, top-5 error: -"));
+  EXPECT_TRUE(states_an_error("eval error: 0.25; error: x.csv: file not found"));
+  EXPECT_TRUE(states_an_error("ddprun: error: 2 ranks failed"));
+  EXPECT_TRUE(states_an_error("error:"));
+  EXPECT_TRUE(states_an_error("error: 3 files missing"));
 }
 
 }  // namespace

@@ -260,6 +260,10 @@ TEST(HangDiagnosis, Formatting) {
   EXPECT_EQ(rank_list({3, 0, 1}), "ranks 0,1,3");
   EXPECT_EQ(rank_list({5, 0, 1, 2, 3}), "ranks 0-3,5");
   EXPECT_EQ(rank_list({2}), "rank 2");
+  EXPECT_EQ(id_list({1, 2, 3, 5}, "node", "nodes"), "nodes 1-3,5");
+  std::vector<int> even;
+  for (int i = 0; i < 100; i += 2) even.push_back(i);
+  EXPECT_EQ(id_list(even, "node", "nodes"), "nodes 0,2,4,6,8,10,12,14,16,18,20,22,... (50 in all)");
   EXPECT_EQ(human_bytes(1'200'000), "1.2 MB");
   EXPECT_EQ(human_bytes(4096), "4.1 KB");
   EXPECT_EQ(human_bytes(12), "12 B");

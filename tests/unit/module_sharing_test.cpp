@@ -129,6 +129,21 @@ TEST(OptimizerParameters, TheSameTensorTwiceIsRefused) {
             std::string::npos);
 }
 
+TEST(OptimizerParameters, NoParameterIsRefusedAsTorchDoes) {
+  EXPECT_NE(error_text([] {
+              optim::SGD({}, {.lr = 0.1f});
+            }).find("SGD: got an empty parameter list: nothing to train"),
+            std::string::npos);
+  EXPECT_NE(error_text([] {
+              optim::AdamW(std::vector<Tensor>{}, {});
+            }).find("AdamW: got an empty parameter list"),
+            std::string::npos);
+  // An empty group beside one with parameters is fine, as in torch.
+  Tensor w = ones({2});
+  set_requires_grad(w, true);
+  EXPECT_EQ(optim::AdamW({{{w}, 0.1f}, {{}, 0.0f}}, {}).params().size(), 1u);
+}
+
 TEST(SameTask, TrainAndTestSetsOfDifferentTasksAreNamed) {
   const Tensor x = ones({4, 3});
   const Dataset two = make_dataset(x, ones({4, 2}), "two");
