@@ -71,13 +71,17 @@ int main(int argc, char** argv) {
   }
   auto options = parsed.options;
   const char* path_env = std::getenv("PATH");
+  using ddp::launcher::ProgramKind;
   const auto program = ddp::launcher::find_program(options.program, ddp::launcher::self_exe_dir(),
-                                                   path_env != nullptr ? path_env : "");
+                                                   path_env != nullptr ? path_env : "",
+                                                   options.module      ? ProgramKind::module
+                                                   : options.no_python ? ProgramKind::no_python
+                                                                       : ProgramKind::as_found);
   if (program.path.empty()) {
     std::cerr << "ddprun: error: " << program.error << "\n";
     return program.exit_code;
   }
-  if (!program.interpreter_args.empty()) {  // a .py: python3 -u SCRIPT ARGS (as torchrun)
+  if (!program.interpreter_args.empty()) {  // python3 -u SCRIPT|-m MODULE ARGS (as torchrun)
     options.program_args.insert(options.program_args.begin(), program.interpreter_args.begin(),
                                 program.interpreter_args.end());
     options.program = "python3";

@@ -18,13 +18,15 @@ Starts PROGRAM once per rank with the environment of torchrun (RANK, LOCAL_RANK,
 WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, ...), hosts
 the rendezvous store, prefixes and forwards every rank's output, and stops the
 whole group when one rank fails. PROGRAM is a path, else a program next to
-ddprun, else found on PATH. Options end at PROGRAM (or at "--").
+ddprun, else found on PATH; a .py file runs under python3 -u. Options end at
+PROGRAM (or at "--").
 
 ranks:
   -n, --nproc-per-node N|gpu|auto
                         ranks on this node (default 1); gpu: one per visible
                         GPU (an error without one); auto: one per GPU, else 1
   --nnodes N            nodes taking part (default 1); start one ddprun per node
+                        (torchrun's N:N is N; an elastic MIN:MAX is refused)
   --node-rank R         this node's rank, 0..N-1 (default 0); node 0 hosts the
                         store, the others connect to it
   --backend NAME        sets DDP_BACKEND for the ranks:
@@ -81,10 +83,16 @@ failures:
                         the ranks' collective timeout + 60, i.e. 360 with
                         DDP_TIMEOUT_S unset, so the ranks' own timeout fires
                         first; 0: never)
+program:
+  -m, --module          PROGRAM is a Python module: each rank runs
+                        python3 -u -m PROGRAM ARGS (as torchrun -m)
+  --no-python           a .py PROGRAM is executed itself (its #! line), not
+                        by python3 (as torchrun --no-python)
 output:
   --log-dir DIR         write DIR/rank_<R>.out and DIR/rank_<R>.err instead of
                         the console (and flight recorder dumps there)
-  --tee                 with --log-dir: the console as well
+  --tee                 with --log-dir: the console as well (torchrun's
+                        --tee 3; --tee 0 is off)
   --quiet               only rank 0 on the console (the others still go to
                         --log-dir)
   --no-prefix           no "[rank N] " before each line
@@ -176,12 +184,38 @@ void parse_backup(LaunchOptions& o, const std::string& text) {
                   o.rdzv_backup_host, o.rdzv_backup_port);
 }
 
+// N, or torchrun's MIN:MAX where MIN = MAX (an elastic range is not ddprun's).
+int parse_nnodes(const std::string& text) {
+  const size_t colon = text.find(':');
+  if (colon == std::string::npos) return parse_int("--nnodes", text);
+  const int low = parse_int("--nnodes", text.substr(0, colon));
+  const int high = parse_int("--nnodes", text.substr(colon + 1));
+  DDP_CHECK(low == high,
+            "--nnodes {}: torchrun's elastic MIN:MAX range is not ddprun's; pass the count of "
+            "nodes (--nnodes {}); to go on with fewer ranks after a failure, use --on-failure "
+            "continue with --min-ranks (docs/elastic.md)",
+            text, high);
+  return high;
+}
+
+// torchrun's --tee takes 0..3 (or per-rank maps); ddprun's copies both streams.
+bool looks_like_tee_value(const std::string& text) {
+  return !text.empty() && text.find_first_not_of("0123456789:,") == std::string::npos;
+}
+bool parse_tee(const std::string& text) {
+  DDP_CHECK(text == "0" || text == "3",
+            "--tee {}: ddprun's --tee copies both stdout and stderr to the console (torchrun's "
+            "--tee 3); stdout or stderr alone (1, 2) and per-rank maps are not supported",
+            text);
+  return text == "3";
+}
+
 using Setter = std::function<void(LaunchOptions&, const std::string&)>;
 
 const std::map<std::string, Setter>& valued_flags() {
   static const std::map<std::string, Setter> table = {
       {"--nproc-per-node", [](auto& o, auto& v) { o.nproc_per_node = v; }},
-      {"--nnodes", [](auto& o, auto& v) { o.nnodes = parse_int("--nnodes", v); }},
+      {"--nnodes", [](auto& o, auto& v) { o.nnodes = parse_nnodes(v); }},
       {"--node-rank", [](auto& o, auto& v) { o.node_rank = parse_int("--node-rank", v); }},
       {"--master-addr", [](auto& o, auto& v) { o.master_addr = v; }},
       {"--rdzv-port", [](auto& o, auto& v) { o.rdzv_port = parse_int("--rdzv-port", v); }},
@@ -222,17 +256,18 @@ bool* switch_flag(LaunchOptions& o, const std::string& name) {
   if (name == "--standalone") return &o.standalone;
   if (name == "--tee") return &o.tee;
   if (name == "--quiet") return &o.quiet;
+  if (name == "-m" || name == "--module") return &o.module;
+  if (name == "--no-python") return &o.no_python;
   return nullptr;
 }
 
 // torchrun options that ddprun does not have: named in the error, so a user
 // coming from torchrun learns it is a deliberate gap, not a typo.
 bool is_torchrun_only(const std::string& name) {
-  static const char* const kNames[] = {"--rdzv-backend",      "--rdzv-id",      "--rdzv-conf",
-                                       "--monitor-interval",  "--role",         "--redirects",
-                                       "--local-addr",        "--module",       "--no-python",
-                                       "--run-path",          "--start-method", "--logs-specs",
-                                       "--local-ranks-filter"};
+  static const char* const kNames[] = {
+      "--rdzv-backend", "--rdzv-id",    "--rdzv-conf",         "--monitor-interval",
+      "--role",         "--redirects",  "--local-addr",        "--run-path",
+      "--start-method", "--logs-specs", "--local-ranks-filter"};
   return std::any_of(std::begin(kNames), std::end(kNames),
                      [&](const char* n) { return name == n; });
 }
@@ -363,6 +398,8 @@ void validate(const LaunchOptions& o) {
               "--backend '{}': valid values are auto, local, shm, gloo, nccl", o.backend);
   }
   DDP_CHECK(!o.program.empty(), "missing PROGRAM: what should each rank run?");
+  DDP_CHECK(!o.module || !o.no_python,
+            "-m/--module and --no-python together: a module runs under python3; drop one");
 }
 
 // Splits "--flag=value" and normalises torchrun's underscores: "--nproc_per_node".
@@ -401,6 +438,11 @@ ParseResult parse_ddprun_args(int argc, const char* const* argv) {
       return result;
     }
     if (name == "-n") name = "--nproc-per-node";
+    if (name == "--tee") {  // a switch, or torchrun's --tee 0..3
+      if (!value && i + 1 < argc && looks_like_tee_value(argv[i + 1])) value = argv[++i];
+      o.tee = value ? parse_tee(*value) : true;
+      continue;
+    }
     if (name == "--no-prefix" || switch_flag(o, name) != nullptr) {
       DDP_CHECK(!value, "{} takes no value", name);
       if (name == "--no-prefix")

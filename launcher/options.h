@@ -56,6 +56,8 @@ struct LaunchOptions {
   double rdzv_timeout_s = 300;  // agents waiting for each other
   bool prefix = true;           // "[rank N] " before every line
   std::string trace_dir;        // --trace: the ranks' DDP_TRACE, merged at the end; empty: none
+  bool module = false;          // -m/--module: PROGRAM is a Python module (python3 -u -m PROGRAM)
+  bool no_python = false;       // --no-python: a .py PROGRAM is executed itself, not by python3
   std::string program;
   std::vector<std::string> program_args;
 };

@@ -45,8 +45,22 @@ std::string on_path(const std::string& name, const std::string& path_env) {
 }  // namespace
 
 ProgramLookup find_program(const std::string& program, const std::string& self_dir,
-                           const std::string& path_env) {
-  if (program.ends_with(".py") && is_regular(program)) {
+                           const std::string& path_env, ProgramKind how) {
+  if (how == ProgramKind::module) {
+    if (program.find('/') != std::string::npos || program.ends_with(".py")) {
+      return not_found(2, fmt::format("-m {}: expected a module name (pkg.train), not a file; "
+                                      "drop -m to run a script",
+                                      program));
+    }
+    const std::string python = on_path("python3", path_env);
+    if (python.empty()) {
+      return not_found(127, fmt::format("-m {}: python3 is not on PATH ({})", program, path_env));
+    }
+    ProgramLookup out = found(python);
+    out.interpreter_args = {"-u", "-m", program};
+    return out;
+  }
+  if (how == ProgramKind::as_found && program.ends_with(".py") && is_regular(program)) {
     const std::string python = on_path("python3", path_env);
     if (python.empty()) {
       return not_found(127, fmt::format("'{}' is a Python script, and python3 is not on PATH ({})",

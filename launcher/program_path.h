@@ -20,8 +20,11 @@ struct ProgramLookup {
 // PROGRAM containing '/' is a path, used as is; else, in order: a file next to
 // ddprun (in `self_dir`), then the directories of `path_env` (PATH). Only regular
 // files that this user may execute count.
+// `how`: torchrun's -m (PROGRAM is a module: python3 -u -m PROGRAM) and --no-python
+// (a .py is executed itself, as any program).
+enum class ProgramKind { as_found, module, no_python };
 ProgramLookup find_program(const std::string& program, const std::string& self_dir,
-                           const std::string& path_env);
+                           const std::string& path_env, ProgramKind how = ProgramKind::as_found);
 
 // The directory of the running executable (/proc/self/exe), "" when unknown.
 std::string self_exe_dir();

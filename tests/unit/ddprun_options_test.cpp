@@ -323,7 +323,9 @@ TEST(DdprunOptions, UsageDocumentsEveryFlag) {
                            "--rdzv-bind",
                            "--store-secret-file",
                            "--stopped-timeout",
-                           "--trace"}) {
+                           "--trace",
+                           "--module",
+                           "--no-python"}) {
     EXPECT_NE(std::string(kDdprunUsage).find(flag), std::string::npos) << flag;
   }
 }
@@ -473,6 +475,54 @@ TEST_F(DdprunProgramLookup, PythonScriptsRunUnderPython3) {
   EXPECT_TRUE(find_program("nosuch.py", "", (dir_ / "path").string()).path.empty());
   EXPECT_NE(find_program("nosuch", "", "").error.find("cmake --build build --target nosuch"),
             std::string::npos);
+}
+
+// torchrun's -m (python3 -u -m MODULE) and --no-python (a .py executed itself).
+TEST_F(DdprunProgramLookup, ModulesAndNoPythonAsTorchrun) {
+  make_file(dir_ / "path" / "python3", 0755);
+  const std::string path = (dir_ / "path").string();
+  const auto module = find_program("pkg.train", "", path, ProgramKind::module);
+  EXPECT_EQ(module.path, (dir_ / "path" / "python3").string());
+  EXPECT_EQ(module.interpreter_args, (std::vector<std::string>{"-u", "-m", "pkg.train"}));
+  const auto file = find_program("pkg/train.py", "", path, ProgramKind::module);
+  EXPECT_EQ(file.exit_code, 2);
+  EXPECT_NE(file.error.find("-m pkg/train.py: expected a module name (pkg.train), not a file"),
+            std::string::npos)
+      << file.error;
+  EXPECT_EQ(find_program("pkg.train", "", "/nonexistent", ProgramKind::module).exit_code, 127);
+  make_file(dir_ / "run.py", 0755);
+  const std::string script = (dir_ / "run.py").string();
+  const auto itself = find_program(script, "", path, ProgramKind::no_python);
+  EXPECT_EQ(itself.path, script);
+  EXPECT_TRUE(itself.interpreter_args.empty());
+}
+
+TEST(DdprunOptions, TorchrunSpellingsOfModuleTeeAndNnodes) {
+  LaunchOptions o = parse({"-n", "2", "-m", "pkg.train", "--lr", "1"}).options;
+  EXPECT_TRUE(o.module);
+  EXPECT_EQ(o.program, "pkg.train");
+  EXPECT_EQ(o.program_args, (std::vector<std::string>{"--lr", "1"}));
+  EXPECT_TRUE(parse({"--module", "pkg.train"}).options.module);
+  EXPECT_TRUE(parse({"--no_python", "run.py"}).options.no_python);
+  EXPECT_NE(
+      parse_error({"-m", "--no-python", "pkg.train"}).find("-m/--module and --no-python together"),
+      std::string::npos);
+  o = parse({"--log-dir", "logs", "--tee", "3", "train", "3"}).options;
+  EXPECT_TRUE(o.tee);
+  EXPECT_EQ(o.program, "train");
+  EXPECT_EQ(o.program_args, (std::vector<std::string>{"3"}));
+  EXPECT_FALSE(parse({"--log-dir", "logs", "--tee=0", "train"}).options.tee);
+  EXPECT_TRUE(parse({"--log-dir", "logs", "--tee", "train"}).options.tee);
+  EXPECT_NE(parse_error({"--log-dir", "logs", "--tee", "1", "train"})
+                .find("--tee 1: ddprun's --tee copies both stdout and stderr"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"--log-dir", "logs", "--tee", "0:3,1:1", "train"}).find("per-rank maps"),
+            std::string::npos);
+  EXPECT_EQ(parse({"--nnodes=2:2", "--store-secret-file", "/dev/null", "train"}).options.nnodes, 2);
+  EXPECT_NE(parse_error({"--nnodes=1:2", "train"})
+                .find("--nnodes 1:2: torchrun's elastic MIN:MAX range is not ddprun's"),
+            std::string::npos);
+  EXPECT_EQ(parse_error({"--nnodes=1:x", "train"}), "--nnodes 'x': expected a whole number");
 }
 
 // The line ddprun's failure summary quotes first (launcher/output.h).
