@@ -369,24 +369,35 @@ CheckpointInfo position(const Run& r, int64_t completed, int64_t epoch_step, con
 // has checked the weights just before (NonfiniteCheck::check_weights).
 void save(Run& r, int64_t completed, int64_t epoch_step, const Tensor& loss_sum,
           int64_t loss_count) {
+  const bool sharded = r.zero != nullptr && !r.o.save_everywhere.empty() && r.o.save_sharded;
   if (r.zero != nullptr && !r.o.save_everywhere.empty()) {
-    if (r.o.save_sharded) {  // stage 3: the parameters too (Note [zero-3 shard files])
+    if (sharded) {  // stage 3: the parameters too (Note [zero-3 shard files])
       save_optimizer_shard(r.o.save_everywhere, *r.zero, r.step);
       r.pg->comm->barrier()->wait();  // every shard is written before the manifest names it
     } else {
       r.zero->gather_state();  // collective: rank 0 writes it
     }
   }
-  if (r.o.save.empty()) return;
-  const trace::Span span("checkpoint", "train", {{"step", r.step}});
-  r.loss_log->flush();  // Note [rows cut back] in run_log.cpp
-  CheckpointInfo info = position(r, completed, epoch_step, loss_sum, loss_count);
-  info.optimizer_shards = r.o.save_sharded ? r.world_size : 0;
-  info.zero3_shards = r.o.save_sharded && r.o.zero == 3;  // no parameters: they stay sharded
-  std::vector<std::string> removed;
-  save_checkpoint(r.o.save, *r.model, *r.optimizer, info, &removed);
-  for (const auto& f : removed) {
-    if (!r.o.quiet) r.out << "removed " << f << ", left by a save that did not finish\n";
+  if (r.step == r.faults.kill_in_save_step) ::raise(SIGKILL);  // a testing aid
+  if (!r.o.save.empty()) {
+    const trace::Span span("checkpoint", "train", {{"step", r.step}});
+    r.loss_log->flush();  // Note [rows cut back] in run_log.cpp
+    CheckpointInfo info = position(r, completed, epoch_step, loss_sum, loss_count);
+    info.optimizer_shards = r.o.save_sharded ? r.world_size : 0;
+    info.zero3_shards = r.o.save_sharded && r.o.zero == 3;  // no parameters: they stay sharded
+    std::vector<std::string> removed;
+    save_checkpoint(r.o.save, *r.model, *r.optimizer, info, &removed);
+    for (const auto& f : removed) {
+      if (!r.o.quiet) r.out << "removed " << f << ", left by a save that did not finish\n";
+    }
+  }
+  if (sharded) {
+    // Note [shard generations]: the manifest names this step's shards now; the
+    // others go (rank 0 every rank's, for files of another world size; each rank its
+    // own, where the ranks do not share a file system).
+    r.pg->comm->barrier()->wait();
+    const int rank = r.zero->rank();
+    remove_other_shard_generations(r.o.save_everywhere, rank == 0 ? -1 : rank, r.step);
   }
 }
 

@@ -47,6 +47,7 @@ TestFaults TestFaults::from_env(int rank) {
   f.kill_in_update_step = step_for("DDP_TEST_KILL_IN_UPDATE", rank);
   f.kill_in_eval_step = step_for("DDP_TEST_KILL_IN_EVAL", rank);
   f.kill_in_report_step = step_for("DDP_TEST_KILL_IN_REPORT", rank);
+  f.kill_in_save_step = step_for("DDP_TEST_KILL_IN_SAVE", rank);
   f.slow_ms = step_for("DDP_TEST_SLOW_RANK", rank, "MS");
   f.skip_allreduce_step = step_for("DDP_TEST_SKIP_ALLREDUCE", rank);
   return f;

@@ -18,7 +18,10 @@ namespace ddp::train {
 // --eval-every evaluation begins (the others fail inside it);
 // DDP_TEST_KILL_IN_REPORT=RANK:STEP makes it SIGKILL itself inside the report of
 // step STEP (an --eval-every one, or the epoch's when STEP ends an epoch) right
-// after writing its --metrics row, before the report's checkpoint. RANK * is
+// after writing its --metrics row, before the report's checkpoint;
+// DDP_TEST_KILL_IN_SAVE=RANK:STEP makes it SIGKILL itself inside step STEP's save,
+// once --save-sharded's shard files are written and before the manifest is (Note
+// [shard generations]). RANK * is
 // every rank; several RANK:STEP separated by commas name several ranks (2:5,3:9). All act only in a
 // group's first attempt (DDPRUN_RESTART_COUNT unset or 0) and not in a replacement rank
 // (DDPRUN_JOIN), so the restarted group runs clean. For the flight recorder
@@ -28,7 +31,7 @@ namespace ddp::train {
 // fail).
 struct TestFaults {
   int64_t kill_step = -1, nan_step = -1, nan_weight_step = -1, kill_in_update_step = -1,
-          kill_in_eval_step = -1, kill_in_report_step = -1;
+          kill_in_eval_step = -1, kill_in_report_step = -1, kill_in_save_step = -1;
   int64_t slow_ms = -1, skip_allreduce_step = -1;
 
   // The step of `name` (RANK:STEP or *:STEP) for `rank`; -1 when unset or another rank's.

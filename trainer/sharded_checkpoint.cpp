@@ -6,6 +6,12 @@
 #include <fmt/ranges.h>
 #include "runtime/fmt.h"
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <unordered_map>
@@ -37,15 +43,19 @@ std::vector<std::string> split_names(const std::string& joined) {
   return names;
 }
 
-// Rank r's shard file of the checkpoint `path` of `world` shards, which must exist.
-SafetensorsFile open_shard(const std::string& path, int64_t world, int64_t r) {
-  const std::string file = shard_path(path, static_cast<int>(r), static_cast<int>(world));
+// Rank r's shard file of the checkpoint `path` of `world` shards and step `step`,
+// which must exist; a file of the naming before Note [shard generations] (no
+// ".step<N>") is taken where the step's is absent (its step is checked as any).
+std::string shard_file(const std::string& path, int64_t world, int64_t r, int64_t step) {
+  const std::string file = shard_path(path, static_cast<int>(r), static_cast<int>(world), step);
   std::error_code ec;
-  DDP_CHECK(std::filesystem::exists(file, ec),
-            "{}: the checkpoint names {} optimizer shards, but {} is missing; copy every "
-            "shard file next to it",
-            path, world, file);
-  return load_safetensors(file);
+  if (std::filesystem::exists(file, ec)) return file;
+  const std::string unnumbered = fmt::format("{}.shard{}of{}", path, r, world);
+  if (std::filesystem::exists(unnumbered, ec)) return unnumbered;
+  throw ValueError(fmt::format(
+      "{}: the checkpoint names {} optimizer shards of step {}, but {} is missing; copy every "
+      "shard file next to it",
+      path, world, step, file));
 }
 
 // The names of the sharded parameters in the optimizer's order (that of "step").
@@ -143,12 +153,12 @@ void check_zero3_shard(const SafetensorsFile& f, const std::string& file, const 
 // go to their place in the flats.
 Zero3Files read_zero3_files(const std::string& path, int64_t world, int64_t step) {
   Zero3Files out;
-  const std::string first = shard_path(path, 0, static_cast<int>(world));
+  const std::string first = shard_path(path, 0, static_cast<int>(world), step);
   std::map<int64_t, std::string> units;
   std::map<std::string, int64_t> blocks;  // tensor name -> elements per rank
   for (int64_t r = 0; r < world; ++r) {
-    const std::string file = shard_path(path, static_cast<int>(r), static_cast<int>(world));
-    const SafetensorsFile f = open_shard(path, world, r);
+    const std::string file = shard_file(path, world, r, step);
+    const SafetensorsFile f = load_safetensors(file);
     check_zero3_shard(f, file, path, world, step, r);
     if (r == 0) {
       units = unit_entries(f);
@@ -193,9 +203,9 @@ Zero3Files read_zero3_files(const std::string& path, int64_t world, int64_t step
 // Cuts each unit's flats by parameter name: name -> tensor ("param", buffers) -> values.
 std::map<std::string, std::map<std::string, Tensor>> cut_units(const Zero3Files& files,
                                                                const std::string& path,
-                                                               int64_t world,
+                                                               int64_t world, int64_t step,
                                                                const nn::Module& model) {
-  const std::string first = shard_path(path, 0, static_cast<int>(world));
+  const std::string first = shard_path(path, 0, static_cast<int>(world), step);
   std::map<std::string, Tensor> params;
   for (const auto& [name, t] : model.named_parameters()) params.emplace(name, t);
   std::vector<std::string> tensors{"param"};
@@ -232,21 +242,51 @@ std::map<std::string, std::map<std::string, Tensor>> cut_units(const Zero3Files&
 
 }  // namespace
 
-std::string shard_path(const std::string& path, int rank, int world) {
-  return fmt::format("{}.shard{}of{}", path, rank, world);
+std::string shard_path(const std::string& path, int rank, int world, int64_t step) {
+  return fmt::format("{}.shard{}of{}.step{}", path, rank, world, step);
+}
+
+std::vector<std::string> remove_other_shard_generations(const std::string& path, int rank,
+                                                        int64_t keep_step) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  const fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  const std::string prefix = target.filename().string() + ".shard";
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(prefix)) continue;
+    // shard<r>of<W>, then ".step<N>" (none: the naming before generations), then
+    // ".tmp.<pid>" for a write that did not finish.
+    int r = -1, world = 0;
+    long long step = -1;
+    int used = 0;
+    const std::string rest = name.substr(prefix.size());
+    if (std::sscanf(rest.c_str(), "%dof%d%n", &r, &world, &used) != 2 || r < 0 || world <= r) {
+      continue;
+    }
+    std::string tail = rest.substr(static_cast<size_t>(used));
+    if (tail.starts_with(".step")) {
+      int step_used = 0;
+      if (std::sscanf(tail.c_str(), ".step%lld%n", &step, &step_used) != 1) continue;
+      tail = tail.substr(static_cast<size_t>(step_used));
+    }
+    if (!tail.empty() && !tail.starts_with(".tmp.")) continue;  // not ours
+    if (rank >= 0 && r != rank) continue;
+    if (tail.empty() && step == keep_step) continue;  // the generation the manifest names
+    if (!tail.empty()) {  // a temporary file: only when its writer is gone
+      const int pid = std::atoi(tail.c_str() + 5);
+      if (pid <= 0 || pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    }
+    if (fs::remove(entry.path(), ec)) removed.push_back(entry.path().string());
+  }
+  return removed;
 }
 
 void save_optimizer_shard(const std::string& path, const ZeroOptimizer& zero, int64_t step) {
-  const std::string file = shard_path(path, zero.rank(), zero.world_size());
-  std::error_code ec;
-  if (std::filesystem::exists(file, ec)) {
-    const SafetensorsFile old = load_safetensors(file);
-    const int64_t old_step = meta_int(old, file, "step");
-    DDP_CHECK(old_step <= step,
-              "refusing to replace {} (step {}) with an older shard (step {}): resume from its "
-              "checkpoint with --resume auto, or remove it to start over",
-              file, old_step, step);
-  }
+  // Note [shard generations]: a file of its own per step; never an earlier one replaced.
+  const std::string file = shard_path(path, zero.rank(), zero.world_size(), step);
   if (zero.stage() == 3) {
     save_zero3_shard(file, zero, step);
     return;
@@ -273,8 +313,8 @@ nn::NamedTensors load_sharded_state(const std::string& path, int64_t world, int6
   std::map<std::string, int64_t> covered;
   Tensor steps;
   for (int64_t r = 0; r < world; ++r) {
-    const std::string file = shard_path(path, static_cast<int>(r), static_cast<int>(world));
-    const SafetensorsFile f = open_shard(path, world, r);
+    const std::string file = shard_file(path, world, r, step);
+    const SafetensorsFile f = load_safetensors(file);
     DDP_CHECK(meta_int(f, file, "step") == step && meta_int(f, file, "world_size") == world &&
                   meta_int(f, file, "rank") == r && meta_int(f, file, "numel") == numel,
               "{}: shard of step {}, rank {} of {}, {} elements; the checkpoint {} is step {} of "
@@ -323,7 +363,7 @@ Zero3Checkpoint load_zero3_shards(const std::string& path, int64_t world, int64_
                                   const nn::Module& model,
                                   const std::vector<Tensor>& optimizer_params) {
   const Zero3Files files = read_zero3_files(path, world, step);
-  auto values = cut_units(files, path, world, model);
+  auto values = cut_units(files, path, world, step, model);
   Zero3Checkpoint out;
   std::unordered_map<const TensorImpl*, std::string> name_of;
   for (const auto& [name, t] : model.named_parameters()) {
@@ -343,7 +383,7 @@ Zero3Checkpoint load_zero3_shards(const std::string& path, int64_t world, int64_
   DDP_CHECK(!files.steps.defined() ||
                 files.steps.numel() == static_cast<int64_t>(files.step_names.size()),
             "{}: 'step' has {} counts for {} optimizer parameters: files of another run",
-            shard_path(path, 0, static_cast<int>(world)), files.steps.numel(),
+            shard_path(path, 0, static_cast<int>(world), step), files.steps.numel(),
             files.step_names.size());
   for (size_t i = 0; i < optimizer_params.size(); ++i) {
     auto it = name_of.find(&optimizer_params[i].impl());

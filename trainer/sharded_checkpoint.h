@@ -1,10 +1,21 @@
 // `train --save-sharded` (docs/train.md, "Checkpoints"): with --zero 1|2|3 every
-// rank writes its shard of the optimizer state to shard_path(path, rank, W) and
-// rank 0 writes `path`, the manifest: the model's tensors and a train
+// rank writes its shard of the optimizer state to shard_path(path, rank, W, step)
+// and rank 0 writes `path`, the manifest: the model's tensors and a train
 // checkpoint's metadata plus "optimizer_shards" = W, without optimizer tensors.
 // Nothing is gathered, so no rank ever holds the whole state. Loading assembles
 // the full state from the W files (load_checkpoint does it when the metadata
 // names shards), so a sharded checkpoint resumes at any world size, ZeRO or not.
+//
+// Note [shard generations]: the manifest's rename is the save's one commit point,
+// so the shard files it names must outlive a save that does not finish. Each save
+// writes files of its own step (PATH.shard<r>of<W>.step<N>), never over the ones
+// the current manifest names; only once every rank knows the new manifest is in
+// place (a barrier after rank 0 renamed it) are the other generations removed
+// (remove_other_shard_generations). A kill at any moment leaves the old manifest
+// with its shards, or the new one with its own; files of a save that did not
+// finish are removed by the next. (Until 2026-12-01 the files were PATH.shard<r>of<W>,
+// overwritten in place: a kill between the shards and the manifest left neither
+// checkpoint whole. Such files still load.)
 //
 // Note [zero-3 shard files]: at --zero 3 the parameters are sharded too, so they
 // go to the shard files and the manifest (metadata "zero3_shards" = "1") holds
@@ -32,15 +43,23 @@ namespace ddp::train {
 inline constexpr const char* kShardFormat = "ddp-train-shard-v1";
 inline constexpr const char* kZero3Layout = "zero3";  // Note [zero-3 shard files]
 
-// "<path>.shard<rank>of<world>", e.g. ck.safetensors.shard1of4.
-std::string shard_path(const std::string& path, int rank, int world);
+// "<path>.shard<rank>of<world>.step<step>", e.g. ck.safetensors.shard1of4.step300.
+std::string shard_path(const std::string& path, int rank, int world, int64_t step);
 
-// Writes this rank's shard file atomically, with its range of the flat space
-// (Note [zero layout] in collectives/ddp/zero.h) and the training step; at stage
-// 3 (after attach()) its blocks of every unit's parameters and state (Note
-// [zero-3 shard files]). Throws ValueError rather than replace a shard of a later
-// step (Note [never older]).
+// Writes this rank's shard file of `step` atomically, with its range of the flat
+// space (Note [zero layout] in collectives/ddp/zero.h) and the training step; at
+// stage 3 (after attach()) its blocks of every unit's parameters and state (Note
+// [zero-3 shard files]). Files of other steps are left alone (Note [shard
+// generations]); a later checkpoint is protected by the manifest's own check (Note
+// [never older]).
 void save_optimizer_shard(const std::string& path, const ZeroOptimizer& zero, int64_t step);
+
+// Once the manifest `path` names step `keep_step`: removes the shard files of
+// `path` of every other step (and of the naming before generations), of rank
+// `rank` only, or of every rank for -1, and temporary shard files whose writer is
+// gone. Returns the files removed (Note [shard generations]).
+std::vector<std::string> remove_other_shard_generations(const std::string& path, int rank,
+                                                        int64_t keep_step);
 
 // The full optimizer state ("<i>.exp_avg", "<i>.exp_avg_sq", "<i>.step" or
 // "<i>.momentum_buffer", as optim::AdamW/SGD::state()) of the checkpoint `path`

@@ -194,10 +194,10 @@ parallelism:
                            or keep it until its backward (faster, more memory)
   --save-sharded           with --zero 1|2|3 and --save PATH: every rank writes
                            its shard of the optimizer state (--zero 3: and of
-                           the parameters) to PATH.shard<r>of<W>, PATH holds
-                           the model (--zero 3: no parameters) and names them
-                           (no rank gathers the whole state or model); resumes
-                           at any world size
+                           the parameters) to PATH.shard<r>of<W>.step<N>, PATH
+                           holds the model (--zero 3: no parameters) and names
+                           them (no rank gathers the whole state or model);
+                           resumes at any world size
   --on-nonfinite stop|skip a NaN or infinite loss or gradient norm stops the
                            run naming the step and rank (stop, default) or its
                            update is left out on every rank (skip)

@@ -88,7 +88,7 @@ same ddp4 half1 1e-5
 
 # --save-sharded: a shard file per rank next to a manifest without optimizer
 # tensors; resumes at 2 ranks (ZeRO-1) and in one process without ZeRO.
-run 4 sharded --batch-size 8 --epochs 1 --zero 2 --save-sharded
+run 4 sharded --batch-size 8 --epochs 1 --zero 2 --save-sharded --save-every 2
 python3 - "$dir/sharded" <<'PY' || fail "the --save-sharded manifest"
 import json, struct, sys
 with open(sys.argv[1], "rb") as f:
@@ -97,22 +97,35 @@ meta = header.pop("__metadata__")
 assert meta["optimizer_shards"] == "4", meta
 assert not [n for n in header if n.startswith("optimizer.")], list(header)
 PY
+# Note [shard generations]: one file per rank, of the manifest's step (4, the last
+# save; step 2's files are gone).
 for r in 0 1 2 3; do
-  [ -f "$dir/sharded.shard${r}of4" ] || fail "--save-sharded wrote no $dir/sharded.shard${r}of4"
-  cp "$dir/sharded.shard${r}of4" "$dir/single.shard${r}of4"
+  files=("$dir/sharded.shard${r}of4".step*)
+  [ "${files[*]}" = "$dir/sharded.shard${r}of4.step4" ] ||
+    fail "--save-sharded left ${files[*]}, expected $dir/sharded.shard${r}of4.step4 alone"
+  cp "$dir/sharded.shard${r}of4.step4" "$dir/single.shard${r}of4.step4"
 done
 cp "$dir/sharded" "$dir/single"
+# A save killed between its shard files and its manifest (Note [shard generations]):
+# the restarted group resumes from the save before it (step 2) and ends as the run
+# that was never killed.
+DDP_TEST_KILL_IN_SAVE=0:4 "$ddprun" --standalone -n 4 --max-restarts 1 "$train" "${common[@]}" \
+  --save "$dir/killsave" --batch-size 8 --epochs 1 --zero 1 --save-sharded --save-every 2 \
+  --resume auto >"$dir/log" 2>&1 || { cat "$dir/log" >&2; fail "a save killed half-way was not resumed"; }
+grep -q "^ddprun: restarting the group: restart 1 of 1" "$dir/log" ||
+  { cat "$dir/log" >&2; fail "DDP_TEST_KILL_IN_SAVE did not kill rank 0 in step 4's save"; }
+same sharded killsave 1e-6  # a manifest of the same 4 steps, never killed
 run 2 sharded --batch-size 16 --epochs 2 --zero 1 --resume "$dir/sharded"
 "$train" "${common[@]}" --batch-size 32 --epochs 2 --resume "$dir/single" --save "$dir/single" \
   >"$dir/log" 2>&1 || { cat "$dir/log" >&2; fail "train alone from a sharded checkpoint exited"; }
 same ddp4 sharded 1e-5
 same ddp4 single 1e-5
 run 4 half3 --batch-size 8 --epochs 1 --zero 1 --save-sharded
-rm "$dir/half3.shard3of4"
+rm "$dir/half3.shard3of4".step*
 if "$train" "${common[@]}" --batch-size 32 --epochs 2 --resume "$dir/half3" >"$dir/log" 2>&1; then
   fail "resuming without a shard file succeeded"
 fi
-grep -q "half3.shard3of4 is missing" "$dir/log" || { cat "$dir/log" >&2; fail "the missing shard is not named"; }
+grep -q "half3.shard3of4.step[0-9]* is missing" "$dir/log" || { cat "$dir/log" >&2; fail "the missing shard is not named"; }
 
 # Plain SGD has no state to shard: stage 2 says it shards the gradients alone.
 "$ddprun" --standalone -n 2 "$train" --data synthetic --synthetic-size 600 --max-steps 1 \
