@@ -137,9 +137,31 @@ def load(path):
     return tensors, metadata
 
 
+def check_whole(path, metadata, with_optimizer=False):
+    """CheckpointError unless the file holds the model (and, with_optimizer, the
+    optimizer state) itself: a `train --save-sharded` manifest keeps them in its
+    shard files, which only train assembles."""
+    shards = metadata.get("optimizer_shards")
+    if shards is None:
+        return
+    files = f"{path}.shard<r>of{shards}.step{metadata.get('step', '<N>')}"
+    fix = (f"resume it with train (any world size, without --save-sharded) and --save a whole "
+           f"checkpoint, then read that")
+    if "zero3_shards" in metadata:
+        raise CheckpointError(
+            f"{path}: a --zero 3 --save-sharded manifest: the model's parameters are in its "
+            f"{shards} shard files ({files}), which only train assembles; {fix}")
+    if with_optimizer:
+        raise CheckpointError(
+            f"{path}: a --save-sharded manifest: the optimizer state is in its {shards} shard "
+            f"files ({files}), which only train assembles; drop --with-optimizer for the "
+            f"model alone, or {fix}")
+
+
 def load_state_dict(path):
     """The model's tensors (every name but optimizer.*), for model.load_state_dict."""
-    tensors, _ = load(path)
+    tensors, metadata = load(path)
+    check_whole(path, metadata)
     return {k: v for k, v in tensors.items() if not k.startswith(OPTIMIZER_PREFIX)}
 
 
@@ -158,6 +180,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         if args.to_torch:
+            check_whole(args.checkpoint, read_header(args.checkpoint)[1], args.with_optimizer)
             try:
                 import torch
             except ImportError:

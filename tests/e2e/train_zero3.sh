@@ -150,6 +150,15 @@ for r in 0 1 2 3; do
   [ $r = 3 ] || cp "${files[0]}" "$dir/z3missing${files[0]#"$dir/z3sharded"}"
 done
 cp "$dir/z3sharded" "$dir/z3single"
+# ddp-load cannot give PyTorch a model whose parameters are in shard files: it says
+# so (exit 3) rather than write an empty state_dict.
+reader="$(dirname "$0")/../../python/ddp_checkpoint.py"
+if python3 "$reader" "$dir/z3sharded" --to-torch "$dir/z3.pt" >"$dir/log" 2>&1; then
+  fail "ddp-load --to-torch of a --zero 3 sharded manifest succeeded: $(cat "$dir/log")"
+fi
+grep -q "a --zero 3 --save-sharded manifest: the model's parameters are in its 4 shard files" \
+  "$dir/log" || fail "ddp-load does not name the shard files: $(cat "$dir/log")"
+[ ! -e "$dir/z3.pt" ] || fail "ddp-load wrote $dir/z3.pt from a --zero 3 sharded manifest"
 cp "$dir/z3sharded" "$dir/z3missing"
 run 2 z3sharded "${common[@]}" --batch-size 16 --epochs 2 --zero 3 --resume "$dir/z3sharded"
 "$train" "${common[@]}" --batch-size 32 --epochs 2 --resume "$dir/z3single" --save "$dir/z3single" \
