@@ -2,6 +2,7 @@
 
 #include "trainer/sharded_checkpoint.h"
 
+#include "runtime/checkpoint/crc32c.h"
 #include "runtime/checkpoint/json.h"
 #include "runtime/checkpoint/safetensors.h"
 
@@ -97,7 +98,27 @@ std::vector<std::string> remove_stale_tmp_files(const std::string& path) {
   return removed;
 }
 
+// Note [metadata checksum]: the tensors have their crc32c/ checksums, and the
+// metadata of a train checkpoint (its position: step, epoch, epoch_step, seed, the
+// loss sum, the best so far) has one of its own: a flipped digit there resumes at
+// another step without a word. "metadata_crc32c" is the crc32c, in hex, of every
+// other entry as "key=value\n" in key order. Files without it (older) load unchecked.
+constexpr const char* kMetadataCrc = "metadata_crc32c";
+std::string metadata_crc(const std::map<std::string, std::string>& metadata) {
+  uint32_t crc = 0;
+  for (const auto& [key, value] : metadata) {
+    if (key == kMetadataCrc) continue;
+    const std::string line = key + "=" + value + "\n";
+    crc = crc32c(line.data(), line.size(), crc);
+  }
+  return fmt::format("{:08x}", crc);
+}
+
 }  // namespace
+
+std::string task_kind(bool language_model, bool regression) {
+  return language_model ? "language model" : regression ? "regression" : "classification";
+}
 
 std::optional<CheckpointHeader> read_checkpoint_header(const std::string& path) {
   std::error_code ec;
@@ -155,6 +176,9 @@ void save_checkpoint(const std::string& path, const nn::Module& model,
     metadata["best_metric"] = fmt::format("{}", info.best_metric);  // shortest round trip
     metadata["evals_since_best"] = std::to_string(info.evals_since_best);
   }
+  if (!info.task.empty()) metadata["task"] = info.task;
+  if (info.epoch_cursor >= 0) metadata["epoch_cursor"] = std::to_string(info.epoch_cursor);
+  metadata[kMetadataCrc] = metadata_crc(metadata);  // Note [metadata checksum]
   save_safetensors(path, tensors, metadata);
 }
 
@@ -216,6 +240,14 @@ CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model,
   info.best_metric =
       meta_number<double>(m, path, "best_metric", std::numeric_limits<double>::quiet_NaN());
   info.evals_since_best = meta_number<int64_t>(m, path, "evals_since_best", 0);
+  info.task = m.count("task") != 0 ? m.at("task") : "";
+  info.epoch_cursor = meta_number<int64_t>(m, path, "epoch_cursor", -1);
+  if (auto crc = m.find(kMetadataCrc); crc != m.end()) {
+    DDP_CHECK(crc->second == metadata_crc(m),
+              "{}: its metadata (step, epoch, seed, ...) fails its checksum {} (computed {}): the "
+              "file's header was damaged; resume from another checkpoint",
+              path, crc->second, metadata_crc(m));
+  }
   DDP_CHECK(same_model ? same_model(info.model) : info.model == expected_model,
             "{}: the checkpoint holds model '{}', but this run builds '{}'; pass the --model "
             "(and --hidden) it was trained with",

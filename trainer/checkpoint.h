@@ -51,7 +51,18 @@ struct CheckpointInfo {
   // mid-epoch position holds only for data of this size. Last: position() in
   // epoch.cpp fills the fields above in order.
   int64_t train_size = 0;
+  // What the targets make the run: "classification", "regression" or "language
+  // model" (task_kind; empty: older files). The monitored best (best_metric) is
+  // test_acc, test_loss or val_loss accordingly, so a resume must keep it.
+  std::string task{};
+  // Mid-epoch: the sampler positions of the epoch its steps took (Note [elastic
+  // resharding]), which differ from epoch_step x global batch once a regroup
+  // changed the world size inside the epoch; -1: not recorded (older files).
+  int64_t epoch_cursor = -1;
 };
+
+// "classification", "regression" or "language model".
+std::string task_kind(bool language_model, bool regression);
 
 // What the metadata of an existing checkpoint says, read from its header alone.
 struct CheckpointHeader {

@@ -361,6 +361,8 @@ CheckpointInfo position(const Run& r, int64_t completed, int64_t epoch_step, con
   info.evals_since_best = r.evals_since_best;
   info.train_size = r.task->train_size();
   if (r.task->is_language_model()) info.text_unit = r.task->corpus_entropy().unit;
+  info.task = task_kind(r.task->is_language_model(), r.task->is_regression());
+  if (epoch_step > 0 && r.position.epoch == completed) info.epoch_cursor = r.position.cursor;
   return info;
 }
 
@@ -414,6 +416,40 @@ int64_t resume_in_epoch(Run& r, int64_t epoch, Tensor& loss_sum, int64_t& loss_c
   const int64_t taken = std::min(step * r.o.grad_accum, r.task->num_batches());
   for (int64_t b = 0; b < taken; ++b) DDP_ASSERT(r.task->next(skipped), "batch {}", b);
   return step;
+}
+
+// A checkpoint taken mid-epoch after a regroup changed the world size in that epoch
+// (its epoch_cursor is not what its steps at this world size would have taken):
+// the epoch goes on from the cursor as after a regroup, the rest of its samples
+// shared out among this run's ranks, so none is taken twice or skipped. nullopt
+// for every other start (the steps are passed over: resume_in_epoch).
+std::optional<EpochPosition> resumed_after_regroup(Run& r, int64_t epoch, int rank) {
+  const CheckpointInfo& c = r.resumed;
+  if (c.epoch != epoch || c.epoch_step == 0 || c.epoch_cursor < 0) return std::nullopt;
+  const EpochSteps plan = epoch_steps(*r.task, r.o, rank, r.world_size);
+  const auto rows = [&r](int q, int64_t b) { return r.task->batch_rows(q, b); };
+  int64_t cursor = 0;
+  for (int64_t s = 0; s < c.epoch_step; ++s) cursor += step_samples(plan, s, r.o.grad_accum, rows);
+  if (cursor == c.epoch_cursor) return std::nullopt;
+  DDP_CHECK(r.task->reshardable(),
+            "the checkpoint stopped in epoch {} at sample position {} after a change of the "
+            "group's size, and {} cannot share the rest of an epoch out anew; resume from a "
+            "checkpoint at an epoch's end",
+            epoch + 1, c.epoch_cursor, r.task->model_spec());
+  const EpochPosition at{.epoch = epoch,
+                         .step = c.epoch_step,
+                         .cursor = c.epoch_cursor,
+                         .loss_sum_value = c.epoch_loss_sum,
+                         .micro_batches = c.epoch_loss_count,
+                         .reports = 2};
+  r.resumed.epoch_step = 0;  // once
+  if (!r.o.quiet) {
+    r.out << fmt::format(
+        "the checkpoint's group changed size in epoch {} before its step {}: going on from its "
+        "sample position {} (not {}), the rest of the epoch shared out among {} rank{}\n",
+        epoch + 1, at.step, at.cursor, cursor, r.world_size, r.world_size == 1 ? "" : "s");
+  }
+  return at;
 }
 
 // Where an epoch stands, for its metrics: at its end and at each evaluation
@@ -592,6 +628,7 @@ EpochMetrics train_epoch(Run& r, int64_t epoch) {
   std::optional<EpochPosition> at;
   if (r.rejoin_at && r.rejoin_at->epoch == epoch) at = r.rejoin_at;
   r.rejoin_at.reset();
+  if (!at) at = resumed_after_regroup(r, epoch, rank);
   if (at) {
     r.task->start_epoch_at(epoch, at->cursor);
   } else {

@@ -118,6 +118,12 @@ void resume(Run& r, const std::string& path) {
     r.step = r.resumed.step;
     r.best_metric = r.resumed.best_metric;  // Note [best so far] in epoch.cpp
     r.evals_since_best = r.resumed.evals_since_best;
+    const std::string task = task_kind(r.task->is_language_model(), r.task->is_regression());
+    DDP_CHECK(r.resumed.task.empty() || r.resumed.task == task,
+              "{}: the checkpoint's task is {} and this run's is {} (by its data's targets), "
+              "where its best so far ({}) would be read as another metric; resume on data of "
+              "the same task, or start over",
+              path, r.resumed.task, task, r.resumed.best_metric);
     const int64_t global_batch = o.batch_size * o.grad_accum * r.world_size;
     DDP_CHECK(r.resumed.epoch_step == 0 ||
                   (r.resumed.seed == o.seed && r.resumed.global_batch == global_batch),

@@ -457,6 +457,27 @@ grep -q "3 ranks would be left, fewer than --min-ranks 4: ending the job" "$out.
   fail "min-ranks: not named"
 echo "min-ranks: exit $code, named"
 
+# A checkpoint written after a regroup, mid-epoch, resumed by a new job of the
+# group's size (the second death ended the first job, --min-ranks 3): the epoch
+# goes on from the samples the group took (epoch_cursor), not from its steps
+# recounted at one size, so it ends as the job that lost only the first rank:
+# the same 20 steps and losses (it took 21, 320 samples twice, before).
+out="$dir/cursor"
+one=(--backend shm --data synthetic --synthetic-size 4000 --epochs 1 --seed 5 --lr-schedule
+  constant --optimizer adamw --lr 0.002 --save-every 4)
+DDP_TEST_KILL_AT=2:5,3:13 "$ddprun" --standalone -n 4 --on-failure continue --min-ranks 3 \
+  --grace-period 2 "$train" "${one[@]}" --save "$out.st" --loss-log "$out.loss" >"$out.log" 2>&1
+[ $? -ne 0 ] || fail "cursor: the job with two deaths and --min-ranks 3 exited 0"
+"$ddprun" --standalone -n 3 "$train" "${one[@]}" --save "$out.st" --loss-log "$out.loss" \
+  --resume auto >"$out.resumed.log" 2>&1 || fail "cursor: the resumed job exited $?"
+grep -q "going on from its sample position 2624 (not 2304)" "$out.resumed.log" ||
+  fail "cursor: the resume did not go on from the group's sample position: $(grep -m3 'rank 0' "$out.resumed.log")"
+DDP_TEST_KILL_AT=2:5 "$ddprun" --standalone -n 4 --on-failure continue --grace-period 2 \
+  "$train" "${one[@]}" --save "$out.ref.st" --loss-log "$out.ref.loss" >"$out.ref.log" 2>&1 ||
+  fail "cursor: the reference exited $?"
+cmp "$out.loss" "$out.ref.loss" || fail "cursor: the resumed loss log differs from the reference's"
+echo "cursor: a mid-epoch checkpoint after a regroup resumed from its sample position"
+
 # Without a failure, continue trains as restart does.
 "$ddprun" --standalone -n 4 --on-failure continue "$train" --backend shm "${common[@]}" \
   --save "$dir/clean_c.st" >"$dir/clean_c.log" 2>&1 || fail "clean continue run exited $?"

@@ -3,7 +3,8 @@
 # then --resume for the second; the two final checkpoints must be byte-identical
 # (same parameters, optimizer state and metadata). The schedule is constant: a
 # cosine or step schedule depends on --epochs, which differs between the runs. A
-# checkpoint from the middle of an epoch refuses a training set of another size.
+# checkpoint from the middle of an epoch refuses a training set of another size,
+# and any checkpoint data of another task.
 # usage: train_resume.sh TRAIN_BINARY [extra train flags...]
 set -euo pipefail
 train=$1
@@ -27,4 +28,28 @@ if out=$("$train" "${common[@]}" --synthetic-size 1500 --epochs 1 \
 fi
 grep -q "stopped in the middle of epoch 1 on a training set of 2000 .* this run's has 1500" \
   <<<"$out" || { echo "the data change is not named: $out" >&2; exit 1; }
+# A checkpoint of one task does not resume on data of another (Note [best so far]:
+# its best test_acc would be read as a test_loss): regression targets, x.npy and
+# y.npy of the synthetic set's shape written here without NumPy.
+if [ $# -eq 0 ]; then
+  mkdir "$dir/reg"
+  python3 - "$dir/reg" <<'PY'
+import random, struct, sys
+def npy(path, shape, values):
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, %d), }" % shape
+    header += " " * (63 - len(header) % 64) + "\n"
+    with open(path, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
+        f.write(struct.pack("<%df" % len(values), *values))
+random.seed(1)
+npy(sys.argv[1] + "/x.npy", (64, 784), [random.random() for _ in range(64 * 784)])
+npy(sys.argv[1] + "/y.npy", (64, 10), [random.random() for _ in range(64 * 10)])
+PY
+  if out=$("$train" --data "$dir/reg" --seed 3 --epochs 2 --resume "$dir/full.safetensors" 2>&1); then
+    echo "a classification checkpoint resumed on regression data: $out" >&2
+    exit 1
+  fi
+  grep -q "the checkpoint's task is classification and this run's is regression" <<<"$out" ||
+    { echo "the change of task is not named: $out" >&2; exit 1; }
+fi
 echo "train_resume: checkpoints identical ($(stat -c %s "$dir/full.safetensors") bytes)"
