@@ -481,6 +481,13 @@ bool Watcher::leave_group() {
   r.departed = true;
   left_.insert(std::upper_bound(left_.begin(), left_.end(), r.rec.rank), r.rec.rank);
   flight_.allow_next_capture();
+  // The ranks left get a whole --hang-timeout to regroup: the silence that blamed
+  // this one is not theirs (a hang whose diagnosis named no rank gave every rank
+  // the silence as its last progress, and the next judgement blamed them one by one).
+  flight_.restart_clock(Clock::now());
+  for (RankProcess& other : ranks_) {
+    if (!other.departed) other.rec.last_progress.reset();
+  }
   pending_hang_.reset();
   if (left) {
     publish_group(std::move(*left), blame_->what);
@@ -738,11 +745,16 @@ std::vector<size_t> Watcher::local_suspects() const {
   return out;
 }
 
-// The flight recorder's last progress of ranks_[index]; a replacement (past the
-// ranks the flight recorder was made for) has none of its own.
+// The flight recorder's last progress of ranks_[index]. A replacement (past the
+// ranks the flight recorder was made for) publishes its region under its launch
+// rank (Note [region file]), which refresh() maps into that rank's slot in place
+// of the departed process's: its progress is that slot's, once it is a member.
 std::optional<Clock::time_point> Watcher::progress_of(size_t index) const {
-  if (index >= spec_.ranks.size()) return std::nullopt;
-  return flight_.last_progress(index);
+  if (index < spec_.ranks.size()) return flight_.last_progress(index);
+  if (ranks_[index].joining) return std::nullopt;
+  const auto slot = std::find(spec_.ranks.begin(), spec_.ranks.end(), ranks_[index].rec.rank);
+  if (slot == spec_.ranks.end()) return std::nullopt;
+  return flight_.last_progress(static_cast<size_t>(slot - spec_.ranks.begin()));
 }
 
 // The records as they are, for the flight recorder's dumps and diagnosis (a
@@ -823,7 +835,15 @@ void Watcher::end_hung_job(const Hang& hang) {
   HangVerdict verdict;
   verdict.silent_s = hang.silent_s;
   verdict.waiting = hang.waiting;
-  verdict.suspects = local_suspects();
+  // A rank this ddprun sees stopped (SIGSTOP, SIGTSTP; --stopped-timeout 0 left it
+  // to this detector) cannot make progress: it is the suspect before any the
+  // diagnosis names (whose view of a replacement's collectives, numbered from its
+  // join, may be off).
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    if (ranks_[i].running && !ranks_[i].departed && ranks_[i].rec.stopped_since)
+      verdict.suspects.push_back(i);
+  }
+  if (verdict.suspects.empty()) verdict.suspects = local_suspects();
   for (size_t i = 0; i < ranks_.size(); ++i) {
     const int rank = ranks_[i].rec.rank;
     if (std::find(hang.waiting.begin(), hang.waiting.end(), rank) != hang.waiting.end())

@@ -489,6 +489,14 @@ void ensure_recorder(int rank, int world_size, std::chrono::milliseconds timeout
   const RecorderOptions options = recorder_options_from_env();
   g_installed = true;
   if (options.capacity == 0) return;
+  // The region is the launch rank's, RANK as the launcher started the process:
+  // ddprun maps rank_<R> into launch rank R's slot. A replacement's first
+  // communicator ranks it by its place in the membership, another launch rank's
+  // (a healthy rank was blamed for its hang, and its straggler figures lost).
+  if (const auto launched = env::get_int(env::kRank); launched && *launched >= 0) {
+    rank = static_cast<int>(*launched);
+    world_size = std::max(world_size, rank + 1);
+  }
   auto r = std::make_shared<FlightRecorder>(options, rank, world_size);
   r->note_timeout(timeout);
   g_recorder.store(r.get(), std::memory_order_release);

@@ -381,6 +381,25 @@ grep -q "rank 2 (pid [0-9]*) made no progress for .*the group went on with ranks
 check_loss_log "$out.loss"
 echo "hung: the hang detector gave rank 2 up; the others went on"
 
+# A rank that hangs once a replacement has joined: only it is given up. (The
+# replacement's flight recorder region was named by its place in the membership,
+# 3, so ddprun took it for launch rank 3's and gave up the healthy replacement too.)
+out="$dir/hung_join"
+DDP_TIMEOUT_S=20 DDP_TEST_KILL_AT=2:3 DDP_TEST_SLOW_RANK=0:10 "$ddprun" --standalone -n 4 \
+  --on-failure continue --max-restarts 1 --stopped-timeout 0 --hang-timeout 4 "$train" \
+  --backend shm "${common[@]}" --save "$out.st" --loss-log "$out.loss" >"$out.log" 2>&1 &
+job=$!
+for _ in $(seq 1500); do grep -q "^\[rank 2\] rank 2: membership 2 is" "$out.log" && break; sleep 0.02; done
+sleep 0.3
+kill -STOP "$(rank_pid "$out" 3)"
+wait "$job" || fail "hung_join: exited $? (expected 0)"
+grep -q "rank 3 (pid [0-9]*) made no progress for .*the group went on with ranks 0,1,2 " "$out.log" ||
+  fail "hung_join: the hang detector did not give rank 3 alone up"
+! grep -q "rank 2 (pid [0-9]*) made no progress" "$out.log" ||
+  fail "hung_join: the healthy replacement of rank 2 was given up: $(grep 'made no progress' "$out.log")"
+check_loss_log "$out.loss"
+echo "hung_join: after a replacement joined, the hang detector gave up the stopped rank 3 alone"
+
 # Another rank dies while the ranks left regroup (killed as soon as one prints
 # that it regroups): they regroup again and go on.
 out="$dir/during"
