@@ -262,6 +262,13 @@ std::optional<Config> parse_cli(const std::vector<std::string>& args) {
     c.sweep.models = {c.sweep.program};
   }
   fill_defaults(c);
+  // Note [sweep setup]: what the points are measured on, besides their own fields.
+  const Programs& p = c.run.programs;
+  c.sweep.setup =
+      setup_id(p.program.empty() ? fmt::format("device={} data={}", p.device, p.data)
+                                 : fmt::format("program={} args={}",
+                                               fs::absolute(p.program).lexically_normal().string(),
+                                               fmt::join(p.program_args, "\x1f")));
   return c;
 }
 
@@ -275,10 +282,12 @@ void check_programs(const Config& c) {
     for (const auto& [flag, path] :
          {std::pair{"--ddprun", p.ddprun},
           p.program.empty() ? std::pair{"--train", p.train} : std::pair{"--program", p.program}}) {
-      DDP_CHECK(::access(path.c_str(), X_OK) == 0,
-                "{} {}: not an executable file; build it (cmake --build BUILD --target ddprun "
-                "train) or pass {} PATH",
-                flag, path, flag);
+      DDP_CHECK(::access(path.c_str(), X_OK) == 0, "{} {}: not an executable file; {}", flag, path,
+                std::string(flag) == "--program"
+                    ? "pass the path of your built program"
+                    : fmt::format("build it (cmake --build BUILD --target ddprun train) or pass "
+                                  "{} PATH",
+                                  flag));
     }
   }
   if (torch) {

@@ -18,7 +18,7 @@ constexpr std::array kColumns = {
     "batch_per_rank", "global_batch",    "steps",      "threads", "repeat",        "samples_per_s",
     "step_ms",        "comm_exposed_ms", "efficiency", "load1",   "timestamp"};
 // Columns added later: a CSV without them reads as 0 (written by an older scale).
-constexpr std::array kOptionalColumns = {"tokens_per_s"};
+constexpr std::array kOptionalColumns = {"tokens_per_s", "setup"};
 
 std::vector<std::string_view> split(std::string_view line) {
   std::vector<std::string_view> fields;
@@ -99,6 +99,7 @@ Measurement parse_row(const Row& r) {
   m.load1 = r.number("load1");
   m.timestamp = std::string(r.text("timestamp"));
   m.tokens_per_s = r.has("tokens_per_s") ? r.number("tokens_per_s") : 0.0;
+  m.spec.setup = r.has("setup") ? std::string(r.text("setup")) : "";
   return m;
 }
 
@@ -111,10 +112,10 @@ std::string csv_header() {
 std::string csv_row(const Measurement& m) {
   const PointSpec& p = m.spec;
   return fmt::format(
-      "{},{},{},{},{},{},{},{},{},{},{},{:.1f},{:.4f},{:.4f},{:.4f},{:.2f},{},{:.1f}", p.impl,
+      "{},{},{},{},{},{},{},{},{},{},{},{:.1f},{:.4f},{:.4f},{:.4f},{:.2f},{},{:.1f},{}", p.impl,
       model_to_csv(p.model), p.scaling, p.backend, p.bucket_cap_mb, p.world_size, p.batch_per_rank,
       p.global_batch(), p.steps, p.threads, p.repeat, m.samples_per_s, m.step_ms, m.comm_exposed_ms,
-      m.efficiency, m.load1, m.timestamp, m.tokens_per_s);
+      m.efficiency, m.load1, m.timestamp, m.tokens_per_s, p.setup);
 }
 
 std::string csv_text(const std::vector<Measurement>& measurements) {

@@ -15,8 +15,10 @@
 
 #include "runtime/fmt.h"
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -42,23 +44,57 @@ std::vector<Measurement> load_csv(const std::string& path) {
 
 // Writes `text` to a temporary file next to `path`, then renames it: a reader
 // (or an interrupted sweep) never sees half a file.
-void write_atomically(const std::string& path, const std::string& text) {
+// `flag` names the file in the error (--csv, --svg).
+void write_atomically(const char* flag, const std::string& path, const std::string& text) {
+  std::error_code ec;
+  DDP_CHECK(!fs::is_directory(path, ec), "{} {}: is a directory; pass a file path", flag, path);
   const std::string tmp = fmt::format("{}.tmp.{}", path, getpid());
   {
     std::ofstream out(tmp, std::ios::trunc);
+    const int open_errno = errno;
+    DDP_CHECK(out.is_open(), "{} {}: cannot write {} ({}); pass a path in a writable directory",
+              flag, path, tmp, std::strerror(open_errno));
     out << text;
-    DDP_CHECK_T(Error, out.good(), "cannot write {}", tmp);
+    out.close();
+    DDP_CHECK(out.good(), "{} {}: writing {} failed; is the disk full?", flag, path, tmp);
   }
-  fs::rename(tmp, path);
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    throw ValueError(
+        fmt::format("{} {}: cannot replace it ({}); pass another path", flag, path, ec.message()));
+  }
 }
 
-void save(const Config& c, std::vector<Measurement>& measurements) {
+// What write_atomically() will need: a file path whose directory takes a new file.
+void check_writable(const char* flag, const std::string& path) {
+  std::error_code ec;
+  DDP_CHECK(!fs::is_directory(path, ec), "{} {}: is a directory; pass a file path", flag, path);
+  const std::string tmp = fmt::format("{}.tmp.{}", path, getpid());
+  const bool ok = std::ofstream(tmp, std::ios::trunc).is_open();
+  const int open_errno = errno;
+  fs::remove(tmp, ec);
+  DDP_CHECK(ok, "{} {}: cannot create a file there ({}); pass a path in a writable directory", flag,
+            path, std::strerror(open_errno));
+}
+
+// Note [sweep setup]: the rows of this sweep's setup, the ones its table shows.
+std::vector<Measurement> of_setup(const std::vector<Measurement>& all, const std::string& setup) {
+  std::vector<Measurement> out;
+  for (const auto& m : all) {
+    if (m.spec.setup == setup) out.push_back(m);
+  }
+  return out;
+}
+
+// The CSV keeps every row; the plot shows `shown`'s.
+void save(const Config& c, std::vector<Measurement>& measurements,
+          const std::vector<Measurement>& shown) {
   fill_efficiency(measurements);
-  write_atomically(c.csv, csv_text(measurements));
-  const std::string subtitle =
-      c.subtitle.empty() ? describe_measurements(measurements) : c.subtitle;
-  write_atomically(c.svg,
-                   render_svg(series_of(measurements), {.title = c.title, .subtitle = subtitle}));
+  write_atomically("--csv", c.csv, csv_text(measurements));
+  const std::string subtitle = c.subtitle.empty() ? describe_measurements(shown) : c.subtitle;
+  write_atomically("--svg", c.svg,
+                   render_svg(series_of(shown), {.title = c.title, .subtitle = subtitle}));
 }
 
 std::string duration_text(double seconds) {
@@ -74,8 +110,14 @@ int sweep(const Config& c) {
   std::vector<Measurement> measurements = load_csv(c.csv);
   const auto plan = plan_sweep(c.sweep);
   const auto todo = remaining_points(plan, measurements);
-  std::cerr << fmt::format("scale: {} points planned, {} already in {}, {} to run\n", plan.size(),
-                           plan.size() - todo.size(), c.csv, todo.size());
+  const size_t other = measurements.size() - of_setup(measurements, c.sweep.setup).size();
+  std::cerr << fmt::format("scale: {} points planned, {} already in {}, {} to run{}\n", plan.size(),
+                           plan.size() - todo.size(), c.csv, todo.size(),
+                           other == 0 ? ""
+                                      : fmt::format("; its {} rows of another setup (--device, "
+                                                    "--data or program arguments) are kept, not "
+                                                    "shown",
+                                                    other));
   if (c.dry_run) {
     for (const auto& p : todo) {
       const auto argv = p.impl == "torch" ? torch_command(p, c.run.programs)
@@ -84,6 +126,9 @@ int sweep(const Config& c) {
     }
     return 0;
   }
+  // A path that cannot be written is found before minutes of measuring, not after.
+  check_writable("--csv", c.csv);
+  check_writable("--svg", c.svg);
   const std::string work = fs::temp_directory_path() / fmt::format("ddp-scale-{}", getpid());
   fs::create_directories(work);
   RunOptions run = c.run;
@@ -98,7 +143,7 @@ int sweep(const Config& c) {
     const auto t0 = std::chrono::steady_clock::now();
     try {
       measurements.push_back(run_point(todo[i], run));
-      save(c, measurements);
+      save(c, measurements, of_setup(measurements, c.sweep.setup));
       const Measurement& m = measurements.back();
       const double took =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -119,8 +164,9 @@ int sweep(const Config& c) {
   }
   fs::remove_all(work);
   if (measurements.empty()) return failed > 0 ? 1 : 0;
-  save(c, measurements);
-  print_summary(measurements);
+  const auto shown = of_setup(measurements, c.sweep.setup);
+  save(c, measurements, shown);
+  print_summary(shown);
   std::cerr << fmt::format(
       "scale: wrote {} and {}{}\n", c.csv, c.svg,
       failed > 0 ? fmt::format("; {} points failed (run again to retry them)", failed) : "");
@@ -130,7 +176,7 @@ int sweep(const Config& c) {
 int plot_only(const Config& c) {
   std::vector<Measurement> measurements = load_csv(c.csv);
   DDP_CHECK(!measurements.empty(), "--plot-only: {} holds no measurements", c.csv);
-  save(c, measurements);
+  save(c, measurements, measurements);
   print_summary(measurements);
   std::cerr << fmt::format("scale: wrote {} and {} from {} rows\n", c.csv, c.svg,
                            measurements.size());

@@ -35,13 +35,32 @@ int fixed_batch(const PointSpec& p) {
 // Everything but world size and repeat: the points of one series share it.
 auto series_key(const PointSpec& p) {
   return std::make_tuple(p.impl, p.model, p.scaling, p.backend, std::llround(p.bucket_cap_mb * 1e6),
-                         fixed_batch(p), p.steps, p.threads);
+                         fixed_batch(p), p.steps, p.threads, p.setup);
 }
 
 }  // namespace
 
+// A list that names one item twice would measure the point twice as two runs of
+// one repeat (and take its median over both): refused, naming the item.
+template <typename T>
+void check_no_repeats(const char* flag, const std::vector<T>& items) {
+  for (size_t i = 0; i < items.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      DDP_CHECK(!(items[j] == items[i]),
+                "{}: {} is listed twice; list each once (--repeats measures a point again)", flag,
+                items[i]);
+    }
+  }
+}
+
 void validate(const SweepOptions& o) {
   DDP_CHECK(!o.world_sizes.empty(), "--world-sizes: the list is empty");
+  check_no_repeats("--world-sizes", o.world_sizes);
+  check_no_repeats("--models", o.models);
+  check_no_repeats("--scaling", o.scalings);
+  check_no_repeats("--impls", o.impls);
+  check_no_repeats("--backends", o.backends);
+  check_no_repeats("--bucket-caps", o.bucket_caps_mb);
   for (int w : o.world_sizes) {
     DDP_CHECK(w >= 1 && w <= 1024, "--world-sizes: {} is not a world size (1 to 1024)", w);
   }
@@ -96,7 +115,16 @@ bool same_point(const PointSpec& a, const PointSpec& b) {
   return a.impl == b.impl && a.model == b.model && a.scaling == b.scaling &&
          a.backend == b.backend && std::abs(a.bucket_cap_mb - b.bucket_cap_mb) < 1e-9 &&
          a.world_size == b.world_size && a.batch_per_rank == b.batch_per_rank &&
-         a.steps == b.steps && a.threads == b.threads && a.repeat == b.repeat;
+         a.steps == b.steps && a.threads == b.threads && a.repeat == b.repeat && a.setup == b.setup;
+}
+
+std::string setup_id(std::string_view text) {
+  uint64_t hash = 14695981039346656037ULL;  // FNV-1a, 64 bits
+  for (const char c : text) {
+    hash ^= static_cast<unsigned char>(c);
+    hash *= 1099511628211ULL;
+  }
+  return fmt::format("{:016x}", hash);
 }
 
 std::vector<PointSpec> plan_sweep(const SweepOptions& o) {
@@ -121,7 +149,8 @@ std::vector<PointSpec> plan_sweep(const SweepOptions& o) {
                      .batch_per_rank = scaling == "strong" ? o.global_batch / w : o.batch,
                      .steps = o.steps,
                      .threads = o.threads,
-                     .repeat = repeat});
+                     .repeat = repeat,
+                     .setup = o.setup});
               }
             }
           }

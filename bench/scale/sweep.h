@@ -27,7 +27,18 @@ struct SweepOptions {
   // --program: the series' name (the program's file name), the only "model" of the
   // sweep; empty: models are train's (Note [program contract] in runner.h).
   std::string program = {};
+  // What else decides a measurement: train's --device and --data, or --program's
+  // path and arguments, as setup_id() hashes them. Points of another setup in the
+  // CSV are not this sweep's (Note [sweep setup]).
+  std::string setup = {};
 };
+
+// Note [sweep setup]: a CSV row's "setup" column is a 16-digit hex FNV-1a hash of
+// `text` (the device, data, program and its arguments): a sweep resumed with
+// another --device, --data or program arguments measures its points again instead
+// of taking the rows of the earlier setup for its own, and a series never mixes
+// setups. Rows of an older scale have no setup ("") and count as another setup.
+std::string setup_id(std::string_view text);
 
 // Throws ValueError naming the flag, the value and the valid values.
 void validate(const SweepOptions& options);
@@ -43,14 +54,16 @@ struct PointSpec {
   int batch_per_rank = 64;
   int steps = 100;
   int threads = 1;
-  int repeat = 0;  // 0 .. repeats-1
+  int repeat = 0;          // 0 .. repeats-1
+  std::string setup = {};  // Note [sweep setup]
 
   int global_batch() const { return batch_per_rank * world_size; }
   // "ours mlp strong auto 25MiB W=2 128/rank #0": for progress lines and errors.
   std::string describe() const;
 };
 
-// Two specs name the same point (every field equal; bucket caps within 1e-9).
+// Two specs name the same point (every field equal, setup included; bucket caps
+// within 1e-9).
 bool same_point(const PointSpec& a, const PointSpec& b);
 
 // Every point of the sweep, in run order: for each model, scaling and world

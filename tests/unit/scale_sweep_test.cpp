@@ -2,6 +2,7 @@
 // efficiencies, the command lines and the flags. The processes: the
 // e2e.scale_smoke test; the CSV and the SVG: scale_csv_test.cpp, scale_svg_test.cpp.
 #include "bench/scale/cli.h"
+#include "bench/scale/csv.h"
 #include "bench/scale/runner.h"
 #include "bench/scale/sweep.h"
 #include "runtime/error.h"
@@ -106,6 +107,34 @@ TEST(ScalePlan, RejectsBadValuesWithTheValidOnes) {
   o.global_batch = 100;
   o.world_sizes = {1, 3};
   EXPECT_EQ(error_of(o), "<no error>");
+  // An item listed twice would be measured twice as one repeat.
+  o = {};
+  o.world_sizes = {1, 2, 1};
+  EXPECT_NE(error_of(o).find("--world-sizes: 1 is listed twice"), std::string::npos) << error_of(o);
+  o = {};
+  o.bucket_caps_mb = {1, 1};
+  EXPECT_NE(error_of(o).find("--bucket-caps: 1 is listed twice"), std::string::npos);
+  o = {};
+  o.scalings = {"strong", "strong"};
+  EXPECT_NE(error_of(o).find("--scaling: strong is listed twice"), std::string::npos);
+}
+
+// Note [sweep setup]: a point measured on another device, data or program
+// arguments is another point, and its rows do not count for this sweep.
+TEST(ScaleResume, AnotherSetupIsAnotherPoint) {
+  SweepOptions o;
+  o.world_sizes = {1, 2};
+  o.scalings = {"strong"};
+  o.setup = setup_id("device=cpu data=synthetic");
+  const auto cpu = plan_sweep(o);
+  std::vector<Measurement> done = {measured(cpu[0], 100), measured(cpu[1], 180)};
+  EXPECT_TRUE(remaining_points(cpu, done).empty());
+  o.setup = setup_id("device=cuda data=synthetic");
+  EXPECT_EQ(remaining_points(plan_sweep(o), done).size(), 2u);
+  EXPECT_EQ(o.setup.size(), 16u);
+  EXPECT_NE(setup_id("device=cpu data=synthetic"), setup_id("device=cpu data=/data/fm"));
+  const auto parsed = parse_csv(csv_text(done));
+  EXPECT_EQ(parsed[0].spec.setup, cpu[0].setup);
 }
 
 TEST(ScaleResume, SkipsExactlyThePointsAlreadyMeasured) {
