@@ -17,8 +17,10 @@ int64_t parse_int(const BenchOptions& o, std::string_view flag, int64_t fallback
   if (text.empty()) return fallback;
   int64_t v = 0;
   auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  DDP_CHECK(ec == std::errc() && ptr == text.data() + text.size() && v >= minimum,
-            "{} expects an integer >= {}, got '{}'", flag, minimum, text);
+  if (ec != std::errc() || ptr != text.data() + text.size() || v < minimum) {
+    throw SubcommandUsageError(
+        fmt::format("{} expects an integer >= {}, got '{}'", flag, minimum, text));
+  }
   return v;
 }
 
@@ -69,7 +71,13 @@ int run_allreduce_bench(const BenchOptions& o, const Reporter& reporter) {
   const int64_t min_bytes = parse_int(o, "--min-bytes", 4, 0);
   const int64_t max_bytes = parse_int(o, "--max-bytes", int64_t{256} << 20, min_bytes);
   const int64_t fixed_iters = parse_int(o, "--iters", 0, 1);
-  const DType dtype = parse_dtype(o.flag("--dtype", "f32"));
+  const DType dtype = [&] {
+    try {
+      return parse_dtype(o.flag("--dtype", "f32"));
+    } catch (const ValueError& e) {
+      throw SubcommandUsageError(fmt::format("--dtype: {}", e.what()));
+    }
+  }();
   ProcessGroupOptions pgo;
   pgo.backend = o.flag("--backend", "");
   pgo.device = o.device.str();

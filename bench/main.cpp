@@ -353,6 +353,10 @@ int run(const std::vector<std::string_view>& args) {
   } catch (const UsageError& e) {
     std::cerr << "bench: " << e.message << "\n(run `bench --help` for usage)\n";
     return 2;
+  } catch (const SubcommandUsageError& e) {
+    std::cerr << "bench " << cmd.sub->name << ": " << e.what() << "\n(run `bench " << cmd.sub->name
+              << " --help` for usage)\n";
+    return 2;
   } catch (const std::exception& e) {
     std::cerr << "bench " << (cmd.sub != nullptr ? cmd.sub->name : "") << ": error: " << e.what()
               << "\n";

@@ -12,10 +12,16 @@
 
 #include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
 namespace ddp::bench {
+
+// A subcommand's bad flag value: exit 2, as the driver's own usage errors.
+struct SubcommandUsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 struct BenchOptions {
   Device device = Device::cpu();
