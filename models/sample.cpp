@@ -13,9 +13,12 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 namespace {
 
@@ -52,6 +55,9 @@ T number(const std::string& flag, const std::string& text) {
   T v{};
   const char* end = text.data() + text.size();
   auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  DDP_CHECK(ec != std::errc::result_out_of_range, "{} {}: out of range (at most {})", flag, text,
+            std::numeric_limits<T>::max());
+  DDP_CHECK(!(std::is_unsigned_v<T> && text.starts_with('-')), "{} {}: must be >= 0", flag, text);
   DDP_CHECK(ec == std::errc() && ptr == end, "{} '{}': expected a number", flag, text);
   return v;
 }
@@ -89,6 +95,10 @@ std::optional<Options> parse(int argc, char** argv) {
     }
   }
   DDP_CHECK(!o.checkpoint.empty(), "--checkpoint FILE is required (a train --save checkpoint)");
+  std::error_code ec;
+  DDP_CHECK(!std::filesystem::is_directory(o.checkpoint, ec),
+            "--checkpoint {}: is a directory; pass the checkpoint file (train --save PATH)",
+            o.checkpoint);
   DDP_CHECK(o.tokens >= 0, "--tokens {}: must be >= 0", o.tokens);
   ddp::models::validate(o.sampling);
   ddp::Device::parse(o.device);

@@ -474,8 +474,11 @@ EpochMetrics measure(Run& r, EpochState& e) {
   m.steps = e.step;
   m.skipped_steps = r.nonfinite->skipped();
   m.lr = r.optimizer->lr();
-  m.train_loss =
-      e.micro_batches == 0 ? 0.0 : e.loss_sum.item<float>() / static_cast<double>(e.micro_batches);
+  // No step counted (every one skipped by --on-nonfinite skip): no loss to average,
+  // not a perfect 0 (null in --metrics, nan in the report).
+  m.train_loss = e.micro_batches == 0
+                     ? std::numeric_limits<double>::quiet_NaN()
+                     : e.loss_sum.item<float>() / static_cast<double>(e.micro_batches);
   m.samples_per_s = static_cast<double>(e.samples) / train_s;
   m.tokens_per_s = static_cast<double>(e.tokens) / train_s;
   // The phases of the steps this process ran (after a resume, not those before it).

@@ -215,7 +215,9 @@ void MetricsLog::write(const EpochMetrics& m, int64_t step, int world_size,
   if (!file_.is_open()) return;
   Fields f{{"epoch", fmt::format("{}", m.epoch)},
            {"step", fmt::format("{}", step)},
-           {"train_loss", fmt::format("{:.6f}", m.train_loss)}};
+           {"train_loss", std::isfinite(m.train_loss) ? fmt::format("{:.6f}", m.train_loss)
+                          : csv_                      ? ""
+                                                      : "null"}};
   // Language models: their evaluation in place of test_acc (docs/train.md);
   // regressions: test_loss.
   if (m.language) {

@@ -8,6 +8,7 @@
 #include "runtime/fmt.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 
@@ -90,8 +91,13 @@ int train_main(int argc, const char* const* argv, const TrainProgram& program) {
       token_rate += m.tokens_per_s / static_cast<double>(result.epochs.size());
     }
     std::string checkpoint = options->save.empty() ? "" : "; checkpoint " + options->save;
-    if (!options->save_best.empty()) checkpoint += "; best " + options->save_best;
+    if (!options->save_best.empty()) {
+      checkpoint += result.saved_best
+                        ? "; best " + options->save_best
+                        : "; no --save-best written (no evaluation beat the best so far)";
+    }
     if (result.stopped_early) checkpoint += "; stopped early (--early-stop)";
+    if (last.language && std::isfinite(result.best_metric)) best_loss = result.best_metric;
     if (last.language) {
       std::cout << fmt::format(
           "summary: {} epoch{}, {} steps on {} in {:.1f} s; final val_loss {:.4f} nats "
@@ -111,6 +117,8 @@ int train_main(int argc, const char* const* argv, const TrainProgram& program) {
       final_value = best_value = last.test_loss;
       for (const auto& m : result.epochs) best_value = std::min(best_value, m.test_loss);
     }
+    // The run's best, a resumed checkpoint's included (Note [best so far]).
+    if (std::isfinite(result.best_metric)) best_value = result.best_metric;
     std::cout << fmt::format(
         "summary: {} epoch{} on {} in {:.1f} s; final {} {:.4f} (best {:.4f}); "
         "train_loss {:.4f}; {:.0f} samples/s{}\n",

@@ -1,5 +1,7 @@
 #include "trainer/train_options.h"
 
+#include "collectives/data_parallel/data_parallel.h"
+
 #include "trainer/task.h"
 
 #include "runtime/data/file_dataset.h"
@@ -447,6 +449,33 @@ void apply_model_defaults(TrainOptions& o) {
   o.beta2 = 0.99f;
 }
 
+// The files a run writes must be distinct, however they are spelled (./ck.st and
+// ck.st, a symbolic link): two flags on one file interleave or overwrite each
+// other (a metrics file with loss rows in it; a best checkpoint replaced by the
+// latest).
+void check_distinct_outputs(const TrainOptions& o) {
+  const std::pair<const char*, const std::string*> outputs[] = {{"--save", &o.save},
+                                                                {"--save-best", &o.save_best},
+                                                                {"--metrics", &o.metrics},
+                                                                {"--loss-log", &o.loss_log}};
+  const auto identity = [](const std::string& path) {
+    std::error_code ec;
+    const std::filesystem::path absolute = std::filesystem::absolute(path).lexically_normal();
+    const std::filesystem::path p = std::filesystem::weakly_canonical(absolute, ec);
+    return ec ? absolute : p;
+  };
+  for (size_t i = 0; i < std::size(outputs); ++i) {
+    for (size_t j = i + 1; j < std::size(outputs); ++j) {
+      const std::string& a = *outputs[i].second;
+      const std::string& b = *outputs[j].second;
+      if (a.empty() || b.empty()) continue;
+      DDP_CHECK(identity(a) != identity(b),
+                "{} {} and {} {} are one file: each needs a path of its own", outputs[i].first, a,
+                outputs[j].first, b);
+    }
+  }
+}
+
 void validate(const TrainOptions& o) {
   DDP_CHECK(o.epochs >= 1, "--epochs {}: must be at least 1", o.epochs);
   DDP_CHECK(o.batch_size >= 1, "--batch-size {}: must be at least 1", o.batch_size);
@@ -575,10 +604,7 @@ void validate(const TrainOptions& o) {
   DDP_CHECK(o.early_stop >= 0,
             "--early-stop {}: must be >= 0 (evaluations without improvement; 0: never)",
             o.early_stop);
-  DDP_CHECK(o.save_best.empty() || o.save_best != o.save,
-            "--save-best {0} and --save {0} are one file: the best checkpoint and the latest "
-            "must be two paths",
-            o.save_best);
+  check_distinct_outputs(o);
   DDP_CHECK(o.save_every >= 0, "--save-every {}: must be >= 0 (steps; 0: at epoch ends only)",
             o.save_every);
   DDP_CHECK(o.save_every == 0 || !o.save.empty(),
@@ -601,6 +627,13 @@ void validate(const TrainOptions& o) {
             "--devices {} needs --mode dp (ddp and single take --device)", o.devices);
   DDP_CHECK(o.mode != "dp" || !o.devices.empty(),
             "--mode dp needs --devices, e.g. --devices cpu,cpu or --devices cuda:0,cuda:1");
+  if (!o.devices.empty()) {  // the list's spelling, as --device's
+    try {
+      parse_device_list(o.devices);
+    } catch (const ValueError& e) {
+      throw ValueError(fmt::format("--devices {}: {}", o.devices, e.what()));
+    }
+  }
 }
 
 // Levenshtein distance, for "did you mean".

@@ -7,6 +7,7 @@
 #include "trainer/train_options.h"
 
 #include <algorithm>
+#include <limits>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -73,6 +74,10 @@ struct TrainResult {
   std::string mode;            // single | ddp | dp, as resolved from --mode
   int64_t steps = 0;           // training steps of the whole run at its end (resumed ones included)
   bool stopped_early = false;  // --early-stop ended the run before its epochs
+  // The monitored metric's best of the whole run, a resumed checkpoint's included
+  // (Note [best so far]; NaN: no evaluation), and whether --save-best was written.
+  double best_metric = std::numeric_limits<double>::quiet_NaN();
+  bool saved_best = false;
 };
 
 // Resolves --device: "auto" is default_device(); others are parsed and checked.

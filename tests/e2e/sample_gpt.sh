@@ -49,4 +49,10 @@ out=$(run --prompt "$long" --tokens 5)
   "$sample" --checkpoint "$dir/gpt.st" --temperature 0 || fail "temperature 0"
 "$(dirname "$0")/expect.sh" 1 "/nonexistent.st: no such file" -- \
   "$sample" --checkpoint /nonexistent.st || fail "a missing checkpoint"
+"$(dirname "$0")/expect.sh" 2 "seed -1: must be >= 0" -- \
+  "$sample" --checkpoint "$dir/gpt.st" --seed -1 || fail "a negative seed"
+"$(dirname "$0")/expect.sh" 2 "seed 99999999999999999999: out of range" -- \
+  "$sample" --checkpoint "$dir/gpt.st" --seed 99999999999999999999 || fail "a huge seed"
+"$(dirname "$0")/expect.sh" 2 "checkpoint $dir: is a directory" -- \
+  "$sample" --checkpoint "$dir" || fail "a directory as --checkpoint"
 echo "sample_gpt.sh: ok (greedy: $(head -c 34 "$g1" | cat -v)...)"

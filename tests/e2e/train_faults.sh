@@ -91,6 +91,18 @@ assert [r["skipped_steps"] for r in rows] == [1, 1], rows
 assert all(math.isfinite(r["train_loss"]) and r["test_acc"] > 0.5 for r in rows), rows
 PY
 
+# An epoch whose every step was skipped has no train_loss: null (nan in the report),
+# not a perfect 0.
+"$train" --data synthetic --synthetic-size 500 --batch-size 50 --epochs 2 --device cpu --lr 1e12 \
+  --on-nonfinite skip --metrics "$dir/allskip.jsonl" >"$dir/allskip.log" 2>&1 ||
+  fail "the run whose steps were all skipped exited $?"
+python3 - "$dir/allskip.jsonl" <<'PY' || fail "an epoch of skipped steps reports a train_loss"
+import json, sys
+last = [json.loads(l) for l in open(sys.argv[1])][-1]
+assert last["skipped_steps"] >= 10 + 8 and last["train_loss"] is None, last
+PY
+grep -q "epoch 2/2: train_loss nan" "$dir/allskip.log" || fail "the report: $(grep 'epoch 2/2' "$dir/allskip.log")"
+
 # Up-front validation: before the data is loaded, exit 1, naming flag, path and reason.
 "$train" "${small[@]}" --save "$dir/missing/ck.st" >"$dir/save.log" 2>&1
 [ $? -eq 1 ] || fail "--save in a missing directory did not exit 1"

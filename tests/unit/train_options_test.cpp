@@ -76,6 +76,30 @@ TEST(TrainOptions, ExplicitFlagsBeatGptDefaults) {
 // --drop-last (Note [uneven epochs] in trainer/uneven.h): pad for the mlp, true
 // for gpt (its windows are never padded, so pad is a usage error); --join-divide
 // only with --drop-last false.
+// Output flags on one file, however spelled, are refused (a metrics file with loss
+// rows in it; a best checkpoint overwritten by the latest).
+TEST(TrainOptions, OutputFilesMustBeDistinct) {
+  EXPECT_NE(error({"--save", "ck.st", "--save-best", "./ck.st"})
+                .find("--save ck.st and --save-best ./ck.st are one file"),
+            std::string::npos);
+  EXPECT_NE(error({"--metrics", "m.jsonl", "--loss-log", "sub/../m.jsonl"})
+                .find("--metrics m.jsonl and --loss-log sub/../m.jsonl are one file"),
+            std::string::npos);
+  EXPECT_NE(error({"--save", "x.st", "--metrics", "x.st"}).find("are one file"), std::string::npos);
+  EXPECT_EQ(error({"--save", "a.st", "--save-best", "b.st", "--metrics", "m.jsonl", "--loss-log",
+                   "l.txt"}),
+            "no error");
+}
+
+// A misspelt --devices list is a usage error, as --device's spelling.
+TEST(TrainOptions, DevicesListSpellingIsCheckedAtParse) {
+  EXPECT_NE(error({"--mode", "dp", "--devices", "tpu,tpu"}).find("--devices tpu,tpu: "),
+            std::string::npos);
+  EXPECT_NE(error({"--mode", "dp", "--devices", "cpu,,cpu"}).find("empty entry"),
+            std::string::npos);
+  EXPECT_EQ(error({"--mode", "dp", "--devices", "cpu,cpu"}), "no error");
+}
+
 TEST(TrainOptions, DropLastDefaultsAndErrors) {
   EXPECT_EQ(parse({}).drop_last, DropLast::pad);
   EXPECT_EQ(parse({"--model", "gpt-tiny"}).drop_last, DropLast::drop);
