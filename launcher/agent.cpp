@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <random>
 #include <thread>
 
@@ -70,6 +71,26 @@ std::string store_secret(const LaunchOptions& o) {
 // interface (rank 0 binds it a moment later; torchrun has the same window).
 int free_master_port(const std::string& addr) {
   return store_detail::local_port(store_detail::listen_on(addr, 0, 1).get());
+}
+
+// A PyTorch program's rank 0 hosts its store on MASTER_PORT (env://). Two jobs on
+// one machine with the same port met there: the second's ranks joined the first's
+// group and both could exit 0 with each other's sums. So, for a Python program on
+// one node without --standalone, a port already in use is a usage error before any
+// rank starts (torchrun's static rendezvous binds it in its agent). ddp's own ranks
+// never bind MASTER_PORT (Note [two stores]): other programs are not checked.
+void check_master_port_free(const LaunchOptions& o, const std::string& program_path) {
+  const std::string name = std::filesystem::path(program_path).filename().string();
+  if (o.standalone || o.nnodes > 1 || !name.starts_with("python")) return;
+  try {
+    store_detail::listen_on(o.master_addr, o.master_port, 1);
+  } catch (const Error& e) {
+    throw UsageError(fmt::format(
+        "MASTER_PORT {} on {} is in use ({}): rank 0 of the Python program hosts its store there, "
+        "and another job's ranks would meet this one's. Pass --master-port with a free port, or "
+        "--standalone (a free one chosen for you)",
+        o.master_port, o.master_addr, e.what()));
+  }
 }
 
 RendezvousOptions rendezvous_options(const LaunchOptions& o, int nproc, const std::string& secret) {
@@ -207,6 +228,7 @@ int run_agent(const LaunchOptions& options, const std::string& program_path) {
   LaunchOptions o = options;
   o.trace_dir = prepare_trace_dir(o);  // docs/observability.md
   if (!o.log_dir.empty()) prepare_output_dir("--log-dir", o.log_dir);
+  check_master_port_free(o, program_path);
   const int nproc = local_ranks(o);
   // -n gpu|auto: the count is known only now (validate() checks a number at once).
   DDP_CHECK_T(UsageError, o.on_failure != "continue" || o.min_ranks <= int64_t{o.nnodes} * nproc,

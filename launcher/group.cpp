@@ -360,8 +360,9 @@ void Watcher::note_stop_change(RankProcess& r) {
           "; every running rank is stopped now: a pause, which ends nothing "
           "(--stopped-timeout counts while other ranks run)";
     } else if (limit > 0 && !stopping_) {
-      deadline =
-          fmt::format("; the job ends if it is still stopped in {:g} s (--stopped-timeout)", limit);
+      deadline = fmt::format(
+          "; {} if it is still stopped in {:g} s (--stopped-timeout)",
+          spec_.elastic ? "it leaves the group (--on-failure continue)" : "the job ends", limit);
     }
     say(fmt::format("rank {} (pid {}) was stopped by {}{}", r.rec.rank, r.rec.pid,
                     signal_name(change->signal), deadline));
@@ -801,10 +802,11 @@ void Watcher::check_hang() {
   say(fmt::format(
       "no rank made progress for {:.1f} s while {} wait{} in a collective (--hang-timeout {:g} "
       "s{}; raise it if a rank may legitimately be busy that long, in a checkpoint, an "
-      "evaluation or data loading; 0 turns the detector off): the job is hung; dumping and "
-      "diagnosing",
+      "evaluation or data loading; 0 turns the detector off): {}; dumping and diagnosing",
       hang->silent_s, flight::rank_list(hang->waiting), hang->waiting.size() == 1 ? "s" : "", limit,
-      spec_.flight.hang_timeout ? "" : ", the default: the ranks' collective timeout + 60 s"));
+      spec_.flight.hang_timeout ? "" : ", the default: the ranks' collective timeout + 60 s",
+      spec_.elastic ? "a hang (--on-failure continue: the rank to blame leaves the group)"
+                    : "the job is hung"));
   flight_.capture(raw_records(), "hang");
   if (local_suspects().empty() && flight_.partial_view() && across_nodes()) {
     // Note [hang across nodes under continue]

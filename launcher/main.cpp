@@ -6,6 +6,7 @@
 #include "launcher/process.h"
 #include "launcher/program_path.h"
 #include "launcher/trace_merge_cli.h"
+#include "runtime/env.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 
@@ -76,7 +77,8 @@ int main(int argc, char** argv) {
                                                    path_env != nullptr ? path_env : "",
                                                    options.module      ? ProgramKind::module
                                                    : options.no_python ? ProgramKind::no_python
-                                                                       : ProgramKind::as_found);
+                                                                       : ProgramKind::as_found,
+                                                   ddp::env::get("PYTHON_EXEC").value_or(""));
   if (program.path.empty()) {
     std::cerr << "ddprun: error: " << program.error << "\n";
     return program.exit_code;

@@ -67,8 +67,9 @@ failures:
                         job, or continue: the ranks left regroup in memory and
                         train on without it (shm, gloo or nccl; a lost node
                         leaves with its ranks; docs/elastic.md)
-  --min-ranks K         with --on-failure continue: end the job (exit 1,
-                        naming it) when fewer than K ranks are left (default 1)
+  --min-ranks K         with --on-failure continue: end the job (with the
+                        failed rank's exit status, naming --min-ranks) when
+                        fewer than K ranks would be left (default 1)
   --node-timeout S      with --on-failure continue and --nnodes > 1: node 0
                         takes a node whose ddprun sent no heartbeat for S
                         seconds out of the group with its ranks (default 15;
@@ -177,6 +178,15 @@ void parse_host_port(const std::string& flag, const std::string& text, const cha
 
 void parse_endpoint(LaunchOptions& o, const std::string& text) {
   parse_host_port("--rdzv-endpoint", text, "", o.rdzv_host, o.rdzv_port);
+  // torchrun's HOST:0, a free port: one node's job (--standalone's ports); the
+  // other nodes could not know it (checked once --nnodes is known).
+  if (o.rdzv_port == 0) {
+    DDP_CHECK(o.nnodes == 1,
+              "--rdzv-endpoint {}: port 0 (a free port) cannot be found by the other nodes of "
+              "--nnodes {}; give node 0's port",
+              text, o.nnodes);
+    o.standalone = true;
+  }
 }
 
 void parse_backup(LaunchOptions& o, const std::string& text) {
@@ -237,7 +247,10 @@ const std::map<std::string, Setter>& valued_flags() {
          DDP_CHECK(o.min_ranks >= 1, "--min-ranks {}: must be at least 1", v);
        }},
       {"--node-timeout",
-       [](auto& o, auto& v) { o.node_timeout_s = parse_seconds("--node-timeout", v); }},
+       [](auto& o, auto& v) {
+         o.node_timeout_s = parse_seconds("--node-timeout", v);
+         o.node_timeout_given = true;
+       }},
       {"--log-dir", [](auto& o, auto& v) { o.log_dir = v; }},
       {"--trace",
        [](auto& o, auto& v) {
@@ -323,6 +336,10 @@ void validate_on_failure(const LaunchOptions& o) {
             "--node-timeout {}: must be at least 1 second (a node's ddprun beats 8 times per "
             "timeout, at most once a second)",
             o.node_timeout_s);
+  DDP_CHECK(!o.node_timeout_given || (f == "continue" && o.nnodes > 1),
+            "--node-timeout {:g} takes a node out of the group, which needs --nnodes > 1 and "
+            "--on-failure continue (given: --nnodes {}, --on-failure {}); drop it",
+            o.node_timeout_s, o.nnodes, f);
   if (!o.rdzv_backup_host.empty()) {  // Note [store backup]
     DDP_CHECK(f == "continue" && o.nnodes > 1,
               "--rdzv-backup keeps the group going when node 0 is lost, which needs --nnodes > 1 "
@@ -357,6 +374,11 @@ void validate_on_failure(const LaunchOptions& o) {
               "--min-ranks {} is more than the {} ranks started (--nproc-per-node{}): the job "
               "could never go on after a failure",
               o.min_ranks, started, o.nnodes > 1 ? " x --nnodes" : "");
+  }
+  if (f == "continue" && o.nnodes == 1 && o.nproc_per_node == "1") {
+    throw ValueError(
+        "--on-failure continue with one rank (-n 1): no rank would be left to go on; use "
+        "--on-failure restart with --max-restarts K to start it again");
   }
 }
 

@@ -49,15 +49,16 @@ struct LaunchOptions {
   // --on-failure continue across nodes: node 0 takes a node whose ddprun sent no
   // heartbeat this long out of the group (Note [nodes lost]; launcher/rendezvous.h).
   double node_timeout_s = 15;
-  std::string log_dir;          // per-rank stdout and stderr files; empty: the console only
-  bool tee = false;             // with log_dir: the console too
-  bool quiet = false;           // only global rank 0 on the console
-  double grace_period_s = 10;   // SIGTERM to SIGKILL
-  double rdzv_timeout_s = 300;  // agents waiting for each other
-  bool prefix = true;           // "[rank N] " before every line
-  std::string trace_dir;        // --trace: the ranks' DDP_TRACE, merged at the end; empty: none
-  bool module = false;          // -m/--module: PROGRAM is a Python module (python3 -u -m PROGRAM)
-  bool no_python = false;       // --no-python: a .py PROGRAM is executed itself, not by python3
+  bool node_timeout_given = false;  // --node-timeout: refused where it has no effect
+  std::string log_dir;              // per-rank stdout and stderr files; empty: the console only
+  bool tee = false;                 // with log_dir: the console too
+  bool quiet = false;               // only global rank 0 on the console
+  double grace_period_s = 10;       // SIGTERM to SIGKILL
+  double rdzv_timeout_s = 300;      // agents waiting for each other
+  bool prefix = true;               // "[rank N] " before every line
+  std::string trace_dir;            // --trace: the ranks' DDP_TRACE, merged at the end; empty: none
+  bool module = false;     // -m/--module: PROGRAM is a Python module (python3 -u -m PROGRAM)
+  bool no_python = false;  // --no-python: a .py PROGRAM is executed itself, not by python3
   std::string program;
   std::vector<std::string> program_args;
 };

@@ -45,26 +45,32 @@ std::string on_path(const std::string& name, const std::string& path_env) {
 }  // namespace
 
 ProgramLookup find_program(const std::string& program, const std::string& self_dir,
-                           const std::string& path_env, ProgramKind how) {
+                           const std::string& path_env, ProgramKind how,
+                           const std::string& python_exec) {
+  // The interpreter, as torchrun's: PYTHON_EXEC if set, else python3 on PATH.
+  const std::string interpreter = python_exec.empty() ? "python3" : python_exec;
+  const std::string python = interpreter.find('/') != std::string::npos
+                                 ? (is_executable(interpreter) ? interpreter : "")
+                                 : on_path(interpreter, path_env);
+  const std::string no_python_why =
+      python_exec.empty()
+          ? fmt::format("python3 is not on PATH ({})", path_env)
+          : fmt::format("PYTHON_EXEC={} is not an executable{}", python_exec,
+                        python_exec.find('/') != std::string::npos ? "" : " on PATH");
   if (how == ProgramKind::module) {
     if (program.find('/') != std::string::npos || program.ends_with(".py")) {
       return not_found(2, fmt::format("-m {}: expected a module name (pkg.train), not a file; "
                                       "drop -m to run a script",
                                       program));
     }
-    const std::string python = on_path("python3", path_env);
-    if (python.empty()) {
-      return not_found(127, fmt::format("-m {}: python3 is not on PATH ({})", program, path_env));
-    }
+    if (python.empty()) return not_found(127, fmt::format("-m {}: {}", program, no_python_why));
     ProgramLookup out = found(python);
     out.interpreter_args = {"-u", "-m", program};
     return out;
   }
   if (how == ProgramKind::as_found && program.ends_with(".py") && is_regular(program)) {
-    const std::string python = on_path("python3", path_env);
     if (python.empty()) {
-      return not_found(127, fmt::format("'{}' is a Python script, and python3 is not on PATH ({})",
-                                        program, path_env));
+      return not_found(127, fmt::format("'{}' is a Python script, and {}", program, no_python_why));
     }
     ProgramLookup out = found(python);
     out.interpreter_args = {"-u", program};
@@ -82,6 +88,12 @@ ProgramLookup find_program(const std::string& program, const std::string& self_d
   }
   if (std::string candidate = on_path(program, path_env); !candidate.empty()) {
     return found(candidate);
+  }
+  if (how == ProgramKind::no_python && program.ends_with(".py")) {
+    return not_found(127, fmt::format("--no-python runs '{}' itself, and there is no such "
+                                      "program on PATH; pass its path (./{}), executable (chmod "
+                                      "+x) with a #! line, or drop --no-python to run it with {}",
+                                      program, program, interpreter));
   }
   return not_found(
       127,

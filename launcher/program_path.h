@@ -22,9 +22,12 @@ struct ProgramLookup {
 // files that this user may execute count.
 // `how`: torchrun's -m (PROGRAM is a module: python3 -u -m PROGRAM) and --no-python
 // (a .py is executed itself, as any program).
+// `python_exec`: torchrun's PYTHON_EXEC, the interpreter of a .py or a module (a
+// path, or a name found on `path_env`); empty: python3 from `path_env`.
 enum class ProgramKind { as_found, module, no_python };
 ProgramLookup find_program(const std::string& program, const std::string& self_dir,
-                           const std::string& path_env, ProgramKind how = ProgramKind::as_found);
+                           const std::string& path_env, ProgramKind how = ProgramKind::as_found,
+                           const std::string& python_exec = "");
 
 // The directory of the running executable (/proc/self/exe), "" when unknown.
 std::string self_exe_dir();

@@ -48,4 +48,19 @@ grep -q '^\[rank 1\] rank 1: failing on purpose in attempt 0$' "$WORK/restart.lo
 grep -q '^ddprun: restarting the group: restart 1 of 1$' "$WORK/restart.log" || fail "no restart"
 ok_ranks "$WORK/restart.log" 2 1 || fail "--max-restarts 1: attempt 1 did not succeed on every rank"
 no_process_left 2
+
+# MASTER_PORT held by another job (a listener here): refused before any rank
+# starts (exit 2), not a group whose ranks meet the other job's store.
+port=$(free_port)
+"$python" -c "import socket, time
+s = socket.socket(); s.bind(('127.0.0.1', $port)); s.listen(1); time.sleep(30)" &
+holder=$!
+for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.05; done
+"$DDPRUN" -n 2 --master-port "$port" "$python" "$script" "$MARKER" >"$WORK/busy.log" 2>&1
+status=$?
+kill "$holder" 2>/dev/null
+[ $status -eq 2 ] || fail "a busy MASTER_PORT: exit $status, expected 2: $(cat "$WORK/busy.log")"
+grep -q "MASTER_PORT $port on 127.0.0.1 is in use" "$WORK/busy.log" ||
+  fail "a busy MASTER_PORT is not named: $(cat "$WORK/busy.log")"
+grep -q "\] ok rank" "$WORK/busy.log" && fail "a rank ran with a busy MASTER_PORT"
 echo "ddprun_torch: ok"

@@ -69,8 +69,13 @@ TEST(DdprunOptions, OnFailureAndMinRanks) {
                 .find("--min-ranks 3 is more than the 2 ranks started"),
             std::string::npos);
   // Under continue, --max-restarts counts replacement ranks.
-  EXPECT_EQ(
-      parse({"--on-failure", "continue", "--max-restarts", "2", "train"}).options.max_restarts, 2);
+  EXPECT_EQ(parse({"-n", "2", "--on-failure", "continue", "--max-restarts", "2", "train"})
+                .options.max_restarts,
+            2);
+  // One rank cannot go on without itself: restart is what it needs.
+  EXPECT_NE(parse_error({"--on-failure", "continue", "--max-restarts", "1", "train"})
+                .find("--on-failure continue with one rank (-n 1): no rank would be left"),
+            std::string::npos);
   // Across nodes (Note [nodes lost]): --min-ranks counts every node's ranks.
   const LaunchOptions nodes = parse({"--nnodes", "2", "-n", "2", "--on-failure", "continue",
                                      "--min-ranks", "3", "--node-timeout", "4.5", "train"})
@@ -85,6 +90,10 @@ TEST(DdprunOptions, OnFailureAndMinRanks) {
             std::string::npos);
   EXPECT_NE(parse_error({"--node-timeout", "0", "train"})
                 .find("--node-timeout 0: must be at least 1 second"),
+            std::string::npos);
+  // Where it would do nothing, --node-timeout is refused rather than ignored.
+  EXPECT_NE(parse_error({"-n", "2", "--on-failure", "continue", "--node-timeout", "5", "train"})
+                .find("--node-timeout 5 takes a node out of the group, which needs --nnodes > 1"),
             std::string::npos);
 }
 
@@ -495,6 +504,18 @@ TEST_F(DdprunProgramLookup, ModulesAndNoPythonAsTorchrun) {
   const auto itself = find_program(script, "", path, ProgramKind::no_python);
   EXPECT_EQ(itself.path, script);
   EXPECT_TRUE(itself.interpreter_args.empty());
+  EXPECT_NE(find_program("tut.py", "", path, ProgramKind::no_python)
+                .error.find("--no-python runs 'tut.py' itself"),
+            std::string::npos);
+  // torchrun's PYTHON_EXEC: the interpreter of scripts and modules.
+  make_file(dir_ / "path" / "python3.11", 0755);
+  EXPECT_EQ(find_program(script, "", path, ProgramKind::as_found, "python3.11").path,
+            (dir_ / "path" / "python3.11").string());
+  const std::string absolute = (dir_ / "path" / "python3.11").string();
+  EXPECT_EQ(find_program("pkg.m", "", "", ProgramKind::module, absolute).path, absolute);
+  EXPECT_NE(find_program(script, "", path, ProgramKind::as_found, "/no/python")
+                .error.find("PYTHON_EXEC=/no/python is not an executable"),
+            std::string::npos);
 }
 
 TEST(DdprunOptions, TorchrunSpellingsOfModuleTeeAndNnodes) {
