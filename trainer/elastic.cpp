@@ -311,6 +311,31 @@ namespace {
 
 // After a regroup: the most advanced rank's state here, the data resharded,
 // DDP rebuilt, the writer's files taken over (Note [elastic training] 3, 4).
+// Note [schedule span after a regroup]: a schedule's span is counted in the steps
+// planned at the start (Note [schedule span]); a smaller group takes more steps
+// for the same samples, and those past the span run at the schedule's floor
+// (min_lr: 0 for the mlp's cosine). Not rescaled (every member, a replacement
+// too, would have to agree on the rescaling's history): said once per regroup,
+// with the numbers, so that it is never silent. A larger group ends early, above
+// the floor.
+void note_schedule_span(const Run& r) {
+  if (r.schedule.kind == optim::LrSchedule::Kind::constant) return;
+  const int64_t epochs_after = r.o.epochs - r.position.epoch - 1;
+  const int64_t left =
+      rest_of_epoch(*r.task, r.o, 0, r.world_size, r.position.step).steps +
+      std::max<int64_t>(epochs_after, 0) * epoch_steps(*r.task, r.o, 0, r.world_size).steps;
+  const int64_t planned = r.schedule.total_steps - r.optimizer->steps();
+  if (left == planned || r.schedule.kind == optim::LrSchedule::Kind::step) return;
+  r.out << fmt::format(
+      "note: --lr-schedule {} was planned for {} steps at the start; at {} rank{} the run has "
+      "{} steps left where the schedule has {}: {}\n",
+      r.o.lr_schedule, r.schedule.total_steps, r.world_size, r.world_size == 1 ? "" : "s", left,
+      std::max<int64_t>(planned, 0),
+      left > planned ? fmt::format("its last {} run at the schedule's end (lr {:g})",
+                                   left - std::max<int64_t>(planned, 0), r.schedule.min_lr)
+                     : "it ends before the schedule does");
+}
+
 void go_on(Run& r, const Regroup& g, int old_rank, Clock::time_point start) {
   ProcessGroup& pg = *r.pg;
   r.world_size = pg.env.world_size;
@@ -332,6 +357,7 @@ void go_on(Run& r, const Regroup& g, int old_rank, Clock::time_point start) {
       "{:.2f} s\n",
       pg.launch_rank, g.epoch, elastic::format_members(g.members), pg.env.rank, pg.env.world_size,
       r.step, r.position.epoch + 1, r.position.step, g.members[g.source], seconds);
+  if (pg.env.rank == 0) note_schedule_span(r);
   r.out.flush();
 }
 
