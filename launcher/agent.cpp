@@ -13,9 +13,12 @@
 #include "runtime/device.h"
 #include "runtime/env.h"
 
+#include <netinet/in.h>
 #include <sched.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <filesystem>
 #include <random>
@@ -82,15 +85,24 @@ int free_master_port(const std::string& addr) {
 void check_master_port_free(const LaunchOptions& o, const std::string& program_path) {
   const std::string name = std::filesystem::path(program_path).filename().string();
   if (o.standalone || o.nnodes > 1 || !name.starts_with("python")) return;
-  try {
-    store_detail::listen_on(o.master_addr, o.master_port, 1);
-  } catch (const Error& e) {
-    throw UsageError(fmt::format(
-        "MASTER_PORT {} on {} is in use ({}): rank 0 of the Python program hosts its store there, "
-        "and another job's ranks would meet this one's. Pass --master-port with a free port, or "
-        "--standalone (a free one chosen for you)",
-        o.master_port, o.master_addr, e.what()));
-  }
+  // The wildcard, as torch's TCPStore binds it (a dual-stack IPv6 listener holds the
+  // IPv4 port too); only "in use" refuses: any other failure is the program's to meet.
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(o.master_port));
+  const bool in_use =
+      ::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0 && errno == EADDRINUSE;
+  ::close(fd);
+  DDP_CHECK_T(UsageError, !in_use,
+              "MASTER_PORT {} is in use on this machine: rank 0 of the Python program hosts its "
+              "store there, and another job's ranks would meet this one's. Pass --master-port "
+              "with a free port, or --standalone (a free one chosen for you)",
+              o.master_port);
 }
 
 RendezvousOptions rendezvous_options(const LaunchOptions& o, int nproc, const std::string& secret) {

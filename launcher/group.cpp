@@ -123,6 +123,7 @@ class Watcher {
   std::vector<size_t> local_suspects() const;
   std::optional<Clock::time_point> progress_of(size_t index) const;
   std::vector<RankRecord> raw_records() const;
+  std::vector<RankRecord> by_slot(std::vector<RankRecord> all) const;
   void check_hang();
   void end_hung_job(const Hang& hang);
   std::vector<RankRecord> records() const;
@@ -362,7 +363,10 @@ void Watcher::note_stop_change(RankProcess& r) {
     } else if (limit > 0 && !stopping_) {
       deadline = fmt::format(
           "; {} if it is still stopped in {:g} s (--stopped-timeout)",
-          spec_.elastic ? "it leaves the group (--on-failure continue)" : "the job ends", limit);
+          spec_.elastic ? "it leaves the group (--on-failure continue; the job ends if fewer than "
+                          "--min-ranks would be left)"
+                        : "the job ends",
+          limit);
     }
     say(fmt::format("rank {} (pid {}) was stopped by {}{}", r.rec.rank, r.rec.pid,
                     signal_name(change->signal), deadline));
@@ -419,7 +423,7 @@ bool Watcher::failed_elsewhere_first() {
 // and the diagnosis names other ranks, still running, as those that held it
 // back: they stalled before it failed, and find_blame() judges them so.
 void Watcher::blame_suspects_of_failure(std::vector<RankRecord>& records, Clock::time_point now) {
-  flight_.capture(records, blame_->what);
+  flight_.capture(by_slot(records), blame_->what);
   const int failed_rank = ranks_[blame_->index].rec.rank;
   const auto& suspects = flight_.diagnosis().suspects;
   if (!flight_.failed_in_collective(failed_rank) ||
@@ -761,9 +765,23 @@ std::optional<Clock::time_point> Watcher::progress_of(size_t index) const {
 // The records as they are, for the flight recorder's dumps and diagnosis (a
 // rank that left shows how it ended).
 std::vector<RankRecord> Watcher::raw_records() const {
-  std::vector<RankRecord> out;
-  for (size_t i = 0; i < ranks_.size() && i < spec_.ranks.size(); ++i) out.push_back(ranks_[i].rec);
-  return out;
+  std::vector<RankRecord> all;
+  for (const RankProcess& r : ranks_) all.push_back(r.rec);
+  return by_slot(std::move(all));
+}
+
+// The flight recorder's view, one record per region slot (spec_.ranks): a slot
+// whose rank was replaced (--on-failure continue) shows the replacement that is
+// a member now, whose region refresh() maps there (Note [region file]), not the
+// process that left (whose waits would otherwise hide the replacement's).
+std::vector<RankRecord> Watcher::by_slot(std::vector<RankRecord> all) const {
+  for (size_t j = spec_.ranks.size(); j < ranks_.size(); ++j) {
+    if (ranks_[j].departed || ranks_[j].joining) continue;
+    const auto slot = std::find(spec_.ranks.begin(), spec_.ranks.end(), ranks_[j].rec.rank);
+    if (slot != spec_.ranks.end()) all[static_cast<size_t>(slot - spec_.ranks.begin())] = all[j];
+  }
+  all.resize(std::min(all.size(), spec_.ranks.size()));
+  return all;
 }
 
 // A rank that left the group (--on-failure continue) counts as one that exited
@@ -796,7 +814,7 @@ void Watcher::check_hang() {
     }
     return;
   }
-  const auto hang = flight_.check_hang(records(), now);
+  const auto hang = flight_.check_hang(by_slot(records()), now);
   if (!hang) return;
   const double limit = std::chrono::duration<double>(flight_.hang_timeout()).count();
   say(fmt::format(
@@ -805,7 +823,8 @@ void Watcher::check_hang() {
       "evaluation or data loading; 0 turns the detector off): {}; dumping and diagnosing",
       hang->silent_s, flight::rank_list(hang->waiting), hang->waiting.size() == 1 ? "s" : "", limit,
       spec_.flight.hang_timeout ? "" : ", the default: the ranks' collective timeout + 60 s",
-      spec_.elastic ? "a hang (--on-failure continue: the rank to blame leaves the group)"
+      spec_.elastic ? "a hang (--on-failure continue: the rank to blame leaves the group, or the "
+                      "job ends if fewer than --min-ranks would be left)"
                     : "the job is hung"));
   flight_.capture(raw_records(), "hang");
   if (local_suspects().empty() && flight_.partial_view() && across_nodes()) {
@@ -848,7 +867,8 @@ void Watcher::end_hung_job(const Hang& hang) {
   if (verdict.suspects.empty()) verdict.suspects = local_suspects();
   for (size_t i = 0; i < ranks_.size(); ++i) {
     const int rank = ranks_[i].rec.rank;
-    if (std::find(hang.waiting.begin(), hang.waiting.end(), rank) != hang.waiting.end())
+    if (!ranks_[i].departed &&
+        std::find(hang.waiting.begin(), hang.waiting.end(), rank) != hang.waiting.end())
       verdict.waiting_index.push_back(i);
     const bool suspect =
         verdict.suspects.empty() ||

@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
   if (!program.interpreter_args.empty()) {  // python3 -u SCRIPT|-m MODULE ARGS (as torchrun)
     options.program_args.insert(options.program_args.begin(), program.interpreter_args.begin(),
                                 program.interpreter_args.end());
-    options.program = "python3";
+    options.program = program.path;  // argv[0]: CPython finds its prefix (a venv) from it
   }
   // Note [a console that does not read]: the agent's own log lines (its store's)
   // go through the console queue too; what it queued is written before exit.

@@ -40,7 +40,8 @@ rendezvous:
                         node 0 (default: --master-port + 1)
   --rdzv-endpoint HOST:PORT
                         with --nnodes > 1: the agents' store (torchrun's
-                        spelling); HOST is also MASTER_ADDR unless given
+                        spelling); HOST is also MASTER_ADDR unless given;
+                        HOST:0 on one node: --standalone's free ports
   --rdzv-bind ADDR      the address node 0's store binds (default: the one
                         the store's HOST resolves to; 0.0.0.0: every interface)
   --rdzv-backup HOST:PORT
@@ -178,15 +179,7 @@ void parse_host_port(const std::string& flag, const std::string& text, const cha
 
 void parse_endpoint(LaunchOptions& o, const std::string& text) {
   parse_host_port("--rdzv-endpoint", text, "", o.rdzv_host, o.rdzv_port);
-  // torchrun's HOST:0, a free port: one node's job (--standalone's ports); the
-  // other nodes could not know it (checked once --nnodes is known).
-  if (o.rdzv_port == 0) {
-    DDP_CHECK(o.nnodes == 1,
-              "--rdzv-endpoint {}: port 0 (a free port) cannot be found by the other nodes of "
-              "--nnodes {}; give node 0's port",
-              text, o.nnodes);
-    o.standalone = true;
-  }
+  o.rdzv_free_port = o.rdzv_port == 0;  // torchrun's HOST:0 (parse_ddprun_args)
 }
 
 void parse_backup(LaunchOptions& o, const std::string& text) {
@@ -486,6 +479,17 @@ ParseResult parse_ddprun_args(int argc, const char* const* argv) {
       value = argv[++i];
     }
     it->second(o, *value);
+  }
+  if (o.rdzv_free_port) {  // torchrun's HOST:0: a free port, --standalone's, on one node only
+    DDP_CHECK(o.nnodes == 1,
+              "--rdzv-endpoint {}:0: a free port cannot be found by the other nodes of --nnodes "
+              "{}; give node 0's port",
+              o.rdzv_host, o.nnodes);
+    DDP_CHECK(!master_port_given,
+              "--rdzv-endpoint {}:0 picks free ports, and --master-port {} names one; pass one of "
+              "them",
+              o.rdzv_host, o.master_port);
+    o.standalone = true;
   }
   if (!master_addr_given && !o.rdzv_host.empty()) o.master_addr = o.rdzv_host;
   if (!master_port_given) move_default_master_port(o);

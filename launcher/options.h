@@ -25,6 +25,7 @@ struct LaunchOptions {
   // address rdzv_host resolves to). Unused with one node (a free loopback port).
   std::string rdzv_host;
   int rdzv_port = 0;
+  bool rdzv_free_port = false;  // --rdzv-endpoint HOST:0 (torchrun's): --standalone's ports
   std::string rdzv_bind;
   // --rdzv-backup HOST:PORT (Note [store backup] in collectives/store/tcp_store.h):
   // node 1 hosts a backup of the agents' store there, which takes over, with

@@ -85,7 +85,8 @@ std::vector<std::string> remove_stale_tmp_files(const std::string& path) {
   const std::string prefix = target.filename().string() + ".tmp.";
   std::vector<std::string> removed;
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::directory_entry& entry = *it;
     const std::string name = entry.path().filename().string();
     if (!name.starts_with(prefix)) continue;
     const std::string digits = name.substr(prefix.size());
@@ -93,7 +94,8 @@ std::vector<std::string> remove_stale_tmp_files(const std::string& path) {
     auto [ptr, err] = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
     if (err != std::errc() || ptr != digits.data() + digits.size() || pid <= 0) continue;
     if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
-    if (fs::remove(entry.path(), ec)) removed.push_back(entry.path().string());
+    std::error_code removing;
+    if (fs::remove(entry.path(), removing)) removed.push_back(entry.path().string());
   }
   return removed;
 }

@@ -21,6 +21,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 namespace ddp::train {
 namespace {
@@ -307,10 +308,6 @@ EpochSteps rest_of_epoch(const Task& task, const TrainOptions& o, int rank, int 
                      rank);
 }
 
-namespace {
-
-// After a regroup: the most advanced rank's state here, the data resharded,
-// DDP rebuilt, the writer's files taken over (Note [elastic training] 3, 4).
 // Note [schedule span after a regroup]: a schedule's span is counted in the steps
 // planned at the start (Note [schedule span]); a smaller group takes more steps
 // for the same samples, and those past the span run at the schedule's floor
@@ -318,12 +315,10 @@ namespace {
 // too, would have to agree on the rescaling's history): said once per regroup,
 // with the numbers, so that it is never silent. A larger group ends early, above
 // the floor.
-void note_schedule_span(const Run& r) {
-  if (r.schedule.kind == optim::LrSchedule::Kind::constant) return;
-  const int64_t epochs_after = r.o.epochs - r.position.epoch - 1;
-  const int64_t left =
-      rest_of_epoch(*r.task, r.o, 0, r.world_size, r.position.step).steps +
-      std::max<int64_t>(epochs_after, 0) * epoch_steps(*r.task, r.o, 0, r.world_size).steps;
+void note_schedule_span(Run& r, int64_t epoch, int64_t rest_of_this_epoch) {
+  const int64_t full = std::exchange(r.regroup_full_epoch_steps, -1);
+  if (full < 0 || r.schedule.kind == optim::LrSchedule::Kind::constant) return;
+  const int64_t left = rest_of_this_epoch + std::max<int64_t>(r.o.epochs - epoch - 1, 0) * full;
   const int64_t planned = r.schedule.total_steps - r.optimizer->steps();
   if (left == planned || r.schedule.kind == optim::LrSchedule::Kind::step) return;
   r.out << fmt::format(
@@ -336,6 +331,10 @@ void note_schedule_span(const Run& r) {
                      : "it ends before the schedule does");
 }
 
+namespace {
+
+// After a regroup: the most advanced rank's state here, the data resharded,
+// DDP rebuilt, the writer's files taken over (Note [elastic training] 3, 4).
 void go_on(Run& r, const Regroup& g, int old_rank, Clock::time_point start) {
   ProcessGroup& pg = *r.pg;
   r.world_size = pg.env.world_size;
@@ -344,6 +343,9 @@ void go_on(Run& r, const Regroup& g, int old_rank, Clock::time_point start) {
   if (r.o.zero > 0) zero = recover_zero(r, g.source);
   copy_state(r, g.source, zero ? &*zero : nullptr);
   r.task->reshard(pg.env.rank, pg.env.world_size);
+  // For note_schedule_span(): a whole epoch at the new size (the sampler starts anew).
+  if (pg.env.rank == 0)
+    r.regroup_full_epoch_steps = epoch_steps(*r.task, r.o, 0, r.world_size).steps;
   make_ddp(r);
   if (pg.env.rank == 0) take_over_writing(r, old_rank != 0);
   r.rejoin_at = r.position;
@@ -357,7 +359,6 @@ void go_on(Run& r, const Regroup& g, int old_rank, Clock::time_point start) {
       "{:.2f} s\n",
       pg.launch_rank, g.epoch, elastic::format_members(g.members), pg.env.rank, pg.env.world_size,
       r.step, r.position.epoch + 1, r.position.step, g.members[g.source], seconds);
-  if (pg.env.rank == 0) note_schedule_span(r);
   r.out.flush();
 }
 

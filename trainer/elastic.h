@@ -61,6 +61,10 @@ void check_elastic(const Run& r);
 // --max-steps leaves.
 EpochSteps rest_of_epoch(const Task& task, const TrainOptions& o, int rank, int world_size,
                          int64_t done);
+// Note [schedule span after a regroup]: on rank 0, once the epoch the group goes
+// on in knows its `rest_of_this_epoch` steps, says when the schedule's span no
+// longer fits the steps left (once per regroup: r.regroup_full_epoch_steps).
+void note_schedule_span(Run& r, int64_t epoch, int64_t rest_of_this_epoch);
 // Regroups after `failure` (Note [elastic training]); sets r.rejoin_at. Throws
 // the regroup's CommError when the failure was not a rank's departure.
 void rejoin(Run& r, const CommError& failure);

@@ -640,6 +640,7 @@ EpochMetrics train_epoch(Run& r, int64_t epoch) {
   const int64_t offset = at ? at->step : 0;  // the steps `plan` does not count
   const EpochSteps plan = at ? rest_of_epoch(*r.task, r.o, rank, r.world_size, offset)
                              : epoch_steps(*r.task, r.o, rank, r.world_size);
+  if (at) note_schedule_span(r, epoch, plan.steps);  // after a regroup, on rank 0
   if (plan.uneven && r.ddp) {
     JoinOptions join_options;
     join_options.divide_by_initial_world_size = r.o.join_divide == JoinDivide::world;
@@ -790,6 +791,7 @@ void save_best(Run& r, int64_t completed, int64_t epoch_step, const Tensor& loss
   const trace::Span span("checkpoint", "train", {{"step", r.step}, {"best", 1}});
   const CheckpointInfo info = position(r, completed, epoch_step, loss_sum, loss_count);
   save_checkpoint(r.o.save_best, *r.model, *r.optimizer, info, nullptr, /*never_older=*/false);
+  r.saved_best = true;
 }
 
 }  // namespace

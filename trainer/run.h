@@ -109,7 +109,10 @@ struct Run {
   const TrainOptions* launch_options = nullptr;  // as given (rank 0's: the writer's)
   EpochPosition position{};                      // after the last completed step
   std::optional<EpochPosition> rejoin_at{};      // where the epoch goes on after a regroup
-  Tensor last_loss{};  // the last completed step's last micro-batch loss (its loss row)
+  int64_t regroup_full_epoch_steps = -1;
+  bool saved_best = false;  // this process wrote --save-best (the summary names it then)  // rank
+                            // 0, after a regroup: note_schedule_span()'s
+  Tensor last_loss{};       // the last completed step's last micro-batch loss (its loss row)
   std::chrono::steady_clock::time_point next_membership_poll{};  // check_membership()
   int64_t join_at_step = -1;  // DDP_TEST_JOIN_AT (docs/train.md): members regroup there only
   // Note [reports committed] in epoch.cpp: what report() found before it tracked

@@ -254,7 +254,10 @@ std::vector<std::string> remove_other_shard_generations(const std::string& path,
   const std::string prefix = target.filename().string() + ".shard";
   std::vector<std::string> removed;
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+  // Best effort, never a throw: the save it follows is committed (increment(ec),
+  // not the range-for's throwing ++).
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::directory_entry& entry = *it;
     const std::string name = entry.path().filename().string();
     if (!name.starts_with(prefix)) continue;
     // shard<r>of<W>, then ".step<N>" (none: the naming before generations), then
@@ -279,7 +282,8 @@ std::vector<std::string> remove_other_shard_generations(const std::string& path,
       const int pid = std::atoi(tail.c_str() + 5);
       if (pid <= 0 || pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
     }
-    if (fs::remove(entry.path(), ec)) removed.push_back(entry.path().string());
+    std::error_code removing;
+    if (fs::remove(entry.path(), removing)) removed.push_back(entry.path().string());
   }
   return removed;
 }

@@ -409,7 +409,7 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
   mark_done(r);
   result.stopped_early = r.stop_early;
   result.best_metric = r.best_metric;
-  result.saved_best = !r.o.save_best.empty() && std::filesystem::exists(r.o.save_best);
+  result.saved_best = r.saved_best;
   result.total_s = seconds_since(start);
   result.steps = r.step;
   return result;

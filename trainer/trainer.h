@@ -75,7 +75,7 @@ struct TrainResult {
   int64_t steps = 0;           // training steps of the whole run at its end (resumed ones included)
   bool stopped_early = false;  // --early-stop ended the run before its epochs
   // The monitored metric's best of the whole run, a resumed checkpoint's included
-  // (Note [best so far]; NaN: no evaluation), and whether --save-best was written.
+  // (Note [best so far]; NaN: no evaluation), and whether this run wrote --save-best.
   double best_metric = std::numeric_limits<double>::quiet_NaN();
   bool saved_best = false;
 };

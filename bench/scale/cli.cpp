@@ -269,6 +269,7 @@ std::optional<Config> parse_cli(const std::vector<std::string>& args) {
                                  : fmt::format("program={} args={}",
                                                fs::absolute(p.program).lexically_normal().string(),
                                                fmt::join(p.program_args, "\x1f")));
+  c.sweep.torch_setup = setup_id(fmt::format("data={}", p.data));
   return c;
 }
 

@@ -79,10 +79,10 @@ void check_writable(const char* flag, const std::string& path) {
 }
 
 // Note [sweep setup]: the rows of this sweep's setup, the ones its table shows.
-std::vector<Measurement> of_setup(const std::vector<Measurement>& all, const std::string& setup) {
+std::vector<Measurement> of_setup(const std::vector<Measurement>& all, const SweepOptions& o) {
   std::vector<Measurement> out;
   for (const auto& m : all) {
-    if (m.spec.setup == setup) out.push_back(m);
+    if (m.spec.setup == (m.spec.impl == "torch" ? o.torch_setup : o.setup)) out.push_back(m);
   }
   return out;
 }
@@ -110,7 +110,7 @@ int sweep(const Config& c) {
   std::vector<Measurement> measurements = load_csv(c.csv);
   const auto plan = plan_sweep(c.sweep);
   const auto todo = remaining_points(plan, measurements);
-  const size_t other = measurements.size() - of_setup(measurements, c.sweep.setup).size();
+  const size_t other = measurements.size() - of_setup(measurements, c.sweep).size();
   std::cerr << fmt::format("scale: {} points planned, {} already in {}, {} to run{}\n", plan.size(),
                            plan.size() - todo.size(), c.csv, todo.size(),
                            other == 0 ? ""
@@ -143,7 +143,7 @@ int sweep(const Config& c) {
     const auto t0 = std::chrono::steady_clock::now();
     try {
       measurements.push_back(run_point(todo[i], run));
-      save(c, measurements, of_setup(measurements, c.sweep.setup));
+      save(c, measurements, of_setup(measurements, c.sweep));
       const Measurement& m = measurements.back();
       const double took =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -164,7 +164,7 @@ int sweep(const Config& c) {
   }
   fs::remove_all(work);
   if (measurements.empty()) return failed > 0 ? 1 : 0;
-  const auto shown = of_setup(measurements, c.sweep.setup);
+  const auto shown = of_setup(measurements, c.sweep);
   save(c, measurements, shown);
   print_summary(shown);
   std::cerr << fmt::format(

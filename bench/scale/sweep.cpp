@@ -150,7 +150,7 @@ std::vector<PointSpec> plan_sweep(const SweepOptions& o) {
                      .steps = o.steps,
                      .threads = o.threads,
                      .repeat = repeat,
-                     .setup = o.setup});
+                     .setup = impl == "torch" ? o.torch_setup : o.setup});
               }
             }
           }

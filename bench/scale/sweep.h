@@ -31,6 +31,7 @@ struct SweepOptions {
   // path and arguments, as setup_id() hashes them. Points of another setup in the
   // CSV are not this sweep's (Note [sweep setup]).
   std::string setup = {};
+  std::string torch_setup = {};  // the torch peer's: its data alone (it runs on the CPU)
 };
 
 // Note [sweep setup]: a CSV row's "setup" column is a 16-digit hex FNV-1a hash of

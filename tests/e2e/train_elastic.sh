@@ -385,13 +385,17 @@ echo "hung: the hang detector gave rank 2 up; the others went on"
 # replacement's flight recorder region was named by its place in the membership,
 # 3, so ddprun took it for launch rank 3's and gave up the healthy replacement too.)
 out="$dir/hung_join"
-DDP_TIMEOUT_S=20 DDP_TEST_KILL_AT=2:3 DDP_TEST_SLOW_RANK=0:10 "$ddprun" --standalone -n 4 \
-  --on-failure continue --max-restarts 1 --stopped-timeout 0 --hang-timeout 4 "$train" \
-  --backend shm "${common[@]}" --save "$out.st" --loss-log "$out.loss" >"$out.log" 2>&1 &
+# The join is pinned to step 6 (DDP_TEST_JOIN_AT: the members wait for it there).
+DDP_TIMEOUT_S=20 DDP_TEST_KILL_AT=2:3 DDP_TEST_JOIN_AT='*:6' DDP_TEST_SLOW_RANK=0:25 "$ddprun" \
+  --standalone -n 4 --on-failure continue --max-restarts 1 --stopped-timeout 0 --hang-timeout 4 \
+  "$train" --backend shm "${common[@]}" --save "$out.st" --loss-log "$out.loss" >"$out.log" 2>&1 &
 job=$!
-for _ in $(seq 1500); do grep -q "^\[rank 2\] rank 2: membership 2 is" "$out.log" && break; sleep 0.02; done
+for _ in $(seq 3000); do grep -q "^\[rank 2\] rank 2: membership 2 is" "$out.log" && break; sleep 0.02; done
+grep -q "^\[rank 2\] rank 2: membership 2 is" "$out.log" || fail "hung_join: the replacement did not join"
 sleep 0.3
-kill -STOP "$(rank_pid "$out" 3)"
+victim=$(rank_pid "$out" 3)
+[ -n "$victim" ] || fail "hung_join: no process of launch rank 3 to stop"
+kill -STOP "$victim"
 wait "$job" || fail "hung_join: exited $? (expected 0)"
 grep -q "rank 3 (pid [0-9]*) made no progress for .*the group went on with ranks 0,1,2 " "$out.log" ||
   fail "hung_join: the hang detector did not give rank 3 alone up"

@@ -544,6 +544,15 @@ TEST(DdprunOptions, TorchrunSpellingsOfModuleTeeAndNnodes) {
                 .find("--nnodes 1:2: torchrun's elastic MIN:MAX range is not ddprun's"),
             std::string::npos);
   EXPECT_EQ(parse_error({"--nnodes=1:x", "train"}), "--nnodes 'x': expected a whole number");
+  // torchrun's --rdzv-endpoint HOST:0: free ports, on one node only.
+  EXPECT_TRUE(parse({"--rdzv-endpoint", "localhost:0", "train"}).options.standalone);
+  EXPECT_NE(parse_error({"--rdzv-endpoint", "localhost:0", "--nnodes", "2", "train"})
+                .find("--rdzv-endpoint localhost:0: a free port cannot be found by the other "
+                      "nodes of --nnodes 2"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"--rdzv-endpoint", "localhost:0", "--master-port", "29600", "train"})
+                .find("picks free ports, and --master-port 29600 names one"),
+            std::string::npos);
 }
 
 // The line ddprun's failure summary quotes first (launcher/output.h).
