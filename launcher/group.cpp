@@ -124,6 +124,7 @@ class Watcher {
   std::optional<Clock::time_point> progress_of(size_t index) const;
   std::vector<RankRecord> raw_records() const;
   std::vector<RankRecord> by_slot(std::vector<RankRecord> all) const;
+  std::optional<size_t> slot_of(int rank) const;
   void check_hang();
   void end_hung_job(const Hang& hang);
   std::vector<RankRecord> records() const;
@@ -757,9 +758,15 @@ std::vector<size_t> Watcher::local_suspects() const {
 std::optional<Clock::time_point> Watcher::progress_of(size_t index) const {
   if (index < spec_.ranks.size()) return flight_.last_progress(index);
   if (ranks_[index].joining) return std::nullopt;
-  const auto slot = std::find(spec_.ranks.begin(), spec_.ranks.end(), ranks_[index].rec.rank);
-  if (slot == spec_.ranks.end()) return std::nullopt;
-  return flight_.last_progress(static_cast<size_t>(slot - spec_.ranks.begin()));
+  const auto slot = slot_of(ranks_[index].rec.rank);
+  return slot ? flight_.last_progress(*slot) : std::nullopt;
+}
+
+// The region slot (index into spec_.ranks) of launch rank `rank` on this node.
+std::optional<size_t> Watcher::slot_of(int rank) const {
+  const auto it = std::find(spec_.ranks.begin(), spec_.ranks.end(), rank);
+  if (it == spec_.ranks.end()) return std::nullopt;
+  return static_cast<size_t>(it - spec_.ranks.begin());
 }
 
 // The records as they are, for the flight recorder's dumps and diagnosis (a
@@ -777,8 +784,7 @@ std::vector<RankRecord> Watcher::raw_records() const {
 std::vector<RankRecord> Watcher::by_slot(std::vector<RankRecord> all) const {
   for (size_t j = spec_.ranks.size(); j < ranks_.size(); ++j) {
     if (ranks_[j].departed || ranks_[j].joining) continue;
-    const auto slot = std::find(spec_.ranks.begin(), spec_.ranks.end(), ranks_[j].rec.rank);
-    if (slot != spec_.ranks.end()) all[static_cast<size_t>(slot - spec_.ranks.begin())] = all[j];
+    if (const auto slot = slot_of(ranks_[j].rec.rank)) all[*slot] = all[j];
   }
   all.resize(std::min(all.size(), spec_.ranks.size()));
   return all;

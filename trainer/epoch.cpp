@@ -418,6 +418,14 @@ int64_t resume_in_epoch(Run& r, int64_t epoch, Tensor& loss_sum, int64_t& loss_c
   return step;
 }
 
+// The sampler positions (all ranks') that the first `steps` steps of `plan` take.
+int64_t positions_taken(const Run& r, const EpochSteps& plan, int64_t steps) {
+  const auto rows = [&r](int q, int64_t b) { return r.task->batch_rows(q, b); };
+  int64_t cursor = 0;
+  for (int64_t s = 0; s < steps; ++s) cursor += step_samples(plan, s, r.o.grad_accum, rows);
+  return cursor;
+}
+
 // A checkpoint taken mid-epoch after a regroup changed the world size in that epoch
 // (its epoch_cursor is not what its steps at this world size would have taken):
 // the epoch goes on from the cursor as after a regroup, the rest of its samples
@@ -426,10 +434,8 @@ int64_t resume_in_epoch(Run& r, int64_t epoch, Tensor& loss_sum, int64_t& loss_c
 std::optional<EpochPosition> resumed_after_regroup(Run& r, int64_t epoch, int rank) {
   const CheckpointInfo& c = r.resumed;
   if (c.epoch != epoch || c.epoch_step == 0 || c.epoch_cursor < 0) return std::nullopt;
-  const EpochSteps plan = epoch_steps(*r.task, r.o, rank, r.world_size);
-  const auto rows = [&r](int q, int64_t b) { return r.task->batch_rows(q, b); };
-  int64_t cursor = 0;
-  for (int64_t s = 0; s < c.epoch_step; ++s) cursor += step_samples(plan, s, r.o.grad_accum, rows);
+  const int64_t cursor =
+      positions_taken(r, epoch_steps(*r.task, r.o, rank, r.world_size), c.epoch_step);
   if (cursor == c.epoch_cursor) return std::nullopt;
   DDP_CHECK(r.task->reshardable(),
             "the checkpoint stopped in epoch {} at sample position {} after a change of the "
@@ -664,8 +670,7 @@ EpochMetrics train_epoch(Run& r, int64_t epoch) {
                              .micro_batches = e.micro_batches,
                              .reports = at ? at->reports : 2};
   // A checkpoint's mid-epoch position: the samples its steps took.
-  for (int64_t s = 0; !at && s < e.first_step; ++s)
-    r.position.cursor += step_samples(plan, s, r.o.grad_accum, rows);
+  if (!at) r.position.cursor = positions_taken(r, plan, e.first_step);
   const int64_t steps = offset + plan.steps;
   // After a regroup: the reports of the step the group went on from that the
   // failure interrupted (Note [elastic training]).

@@ -390,8 +390,7 @@ DDP_TIMEOUT_S=20 DDP_TEST_KILL_AT=2:3 DDP_TEST_JOIN_AT='*:6' DDP_TEST_SLOW_RANK=
   --standalone -n 4 --on-failure continue --max-restarts 1 --stopped-timeout 0 --hang-timeout 4 \
   "$train" --backend shm "${common[@]}" --save "$out.st" --loss-log "$out.loss" >"$out.log" 2>&1 &
 job=$!
-for _ in $(seq 3000); do grep -q "^\[rank 2\] rank 2: membership 2 is" "$out.log" && break; sleep 0.02; done
-grep -q "^\[rank 2\] rank 2: membership 2 is" "$out.log" || fail "hung_join: the replacement did not join"
+[ -n "$(went_on_from "$out.log" 2 4)" ] || fail "hung_join: the replacement did not join"
 sleep 0.3
 victim=$(rank_pid "$out" 3)
 [ -n "$victim" ] || fail "hung_join: no process of launch rank 3 to stop"
