@@ -14,7 +14,9 @@
 #   --sanitize KIND    sanitizer build: address (ASan + UBSan) or thread (TSan)
 #   --no-werror        let compiler warnings pass (default: they are errors, as in CI)
 #   --label L          run only ctest tests with label L (unit, gpu, ...)
-#   --exclude-label L  leave out tests with label L (CI's sanitizer phase: long)
+#   --exclude-label L  leave out tests with label L (CI's sanitizer phase: long;
+#                      default: quick, the quick siblings, whose cases their long
+#                      tests run too)
 #   --no-install       skip deploy/install-deps.sh
 #   --jobs N           parallel build and test jobs (default: nproc to build,
 #                      nproc + 1 tests: many of them wait on timeouts and ranks)
@@ -85,7 +87,10 @@ cmake --build "$build_dir" --parallel "$jobs"
 [ -z "$test_jobs" ] && test_jobs=$((jobs + 1))
 ctest_args=(--test-dir "$build_dir" --output-on-failure --parallel "$test_jobs" --timeout 600)
 [ -n "$label" ] && ctest_args+=(-L "$label")
-[ -n "$exclude_label" ] && ctest_args+=(-LE "^${exclude_label}\$")
+# A test labelled quick runs some cases of a test labelled long (tests/CMakeLists.txt),
+# for a run that leaves the long ones out; a run with them has no need of it.
+[ -z "$exclude_label" ] && exclude_label=quick
+ctest_args+=(-LE "^${exclude_label}\$")
 # Multi-rank fault tests race real processes against timeouts; on a loaded
 # machine one can lose a race. A failed test runs once more (docs/building.md):
 # a broken test still fails, and one that passed only on its second run is
