@@ -139,13 +139,22 @@ void DistributedDataParallel::verify_same_model() {
       const int64_t* mine = all.data() + k * kRecord;  // rank 0's record
       const int64_t* theirs = all.data() + r * stride + k * kRecord;
       if (std::equal(mine, mine + kRecord, theirs)) continue;
+      // Each rank knows its own names only: it names its entry k.
+      const auto own = static_cast<size_t>(k);
+      const std::string here = own < params.size()
+                                   ? fmt::format("parameter '{}'", params[own].first)
+                               : own < params.size() + buffers.size()
+                                   ? fmt::format("buffer '{}'", buffers[own - params.size()].first)
+                                   : std::string("nothing");
       DDP_CHECK(false,
                 "DistributedDataParallel: the model differs across ranks: rank 0 has {} "
                 "parameters and {} buffers, rank {} has {} and {}; the first difference is "
-                "entry {}: {} on rank 0 but {} on rank {}. Every rank must build the same "
-                "model (same layers, sizes and dtypes) before wrapping it",
+                "entry {}: {} on rank 0 but {} on rank {} (on this rank, rank {}, entry {} is "
+                "{}). Every rank must build the same model (same layers, sizes and dtypes) "
+                "before wrapping it",
                 counts[0], counts[1], r, counts[2 * r], counts[2 * r + 1], k,
-                describe_record(mine, k, counts[0]), describe_record(theirs, k, counts[2 * r]), r);
+                describe_record(mine, k, counts[0]), describe_record(theirs, k, counts[2 * r]), r,
+                comm_->rank(), k, here);
     }
   }
 }

@@ -75,6 +75,7 @@ void Reducer::prepare(bool sync) {
             "backward is unfinished; call ddp.finish_backward() after ddp::backward(loss) "
             "(or use ddp.backward(loss), which does both)");
   sync_ = sync;
+  armed_ = sync;
   if (sync_) hook_comm_->clear();
 }
 
@@ -197,7 +198,15 @@ void Reducer::handle_unused() {
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     if (ready_[i]) continue;
-    fill_(views_[i], 0.0);  // an unused parameter contributes zero to the average
+    // Unused in this backward, it contributes what its .grad holds (the
+    // micro-batches accumulated under no_sync(), as PyTorch's reducer copies a
+    // defined grad), else zero. A bucket view that is the .grad holds it already.
+    const Tensor g = grad(params_[i]);
+    if (!g.defined()) {
+      fill_(views_[i], 0.0);
+    } else if (!same_memory(g, views_[i])) {
+      copy_(views_[i], g);
+    }
     ready_[i] = 1;
     count_ready(bucket_of_[i]);
   }
@@ -214,6 +223,10 @@ void Reducer::abandon_buckets() {
 
 void Reducer::finish(const std::function<double()>& grad_scale) {
   if (!sync_) return;
+  DDP_CHECK(armed_ || in_backward(),
+            "DistributedDataParallel: finish_backward() with no synchronized forward since the "
+            "last one (it ran already: ddp.backward(loss) calls it); call it once after each "
+            "ddp::backward(loss)");
   handle_unused();  // may launch bucket 0, and with it a Join's count
   complete(grad_scale);
 }
@@ -336,6 +349,7 @@ void Reducer::rebuild_buckets() {
 }
 
 void Reducer::reset() {
+  armed_ = false;
   ready_.assign(params_.size(), 0);
   pending_.clear();
   for (const Bucket& b : plan_) pending_.push_back(b.params.size());

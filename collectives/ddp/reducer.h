@@ -98,6 +98,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::vector<size_t> ready_order_;  // of the first synchronized backward
   // State of the current backward.
   bool sync_ = true;
+  // A synchronized forward since the last finish(): a second finish() without one
+  // is refused (it would reduce, or with find_unused zero, gradients again).
+  bool armed_ = false;
   std::vector<char> ready_;
   std::vector<size_t> pending_;                  // per bucket: params not ready yet
   size_t next_launch_ = 0;                       // buckets below it have been launched

@@ -5,6 +5,7 @@
 #include "runtime/nn/layers.h"
 #include "runtime/optim/optimizer.h"
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -34,9 +35,26 @@ std::pair<Tensor, Tensor> make_batch(int64_t batch, uint64_t seed, const Device&
   return {x.to(device), from_vector(labels, {batch}, {.dtype = DType::i64, .device = device})};
 }
 
-int main(int argc, char** argv) {
-  const int steps = argc > 1 ? std::atoi(argv[1]) : 200;
-  const int64_t batch = argc > 2 ? std::atoi(argv[2]) : 64;  // per rank
+// argv[i] as a whole number of at least 1, or `fallback` when absent; exits 2
+// naming the argument otherwise.
+long long positive_arg(int argc, char** argv, int i, const char* what, long long fallback) {
+  if (argc <= i) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(argv[i], &end, 10);
+  if (end == argv[i] || *end != '\0' || errno != 0 || v < 1 || v > 100000000) {
+    std::fprintf(stderr,
+                 "scaling_experiment: %s '%s': expected a whole number from 1 to 100000000\n"
+                 "usage: scaling_experiment [steps (200)] [batch per rank (64)]\n",
+                 what, argv[i]);
+    std::exit(2);
+  }
+  return v;
+}
+
+int main(int argc, char** argv) try {
+  const int steps = static_cast<int>(positive_arg(argc, argv, 1, "steps", 200));
+  const int64_t batch = positive_arg(argc, argv, 2, "batch", 64);  // per rank
   ProcessGroup pg = init_process_group();
   const int rank = pg.env.rank, world = pg.comm->size();
 
@@ -67,4 +85,7 @@ int main(int argc, char** argv) {
         "throughput: %.0f samples/s (world size %d, batch %lld per rank, %d steps, %.2f s)\n",
         steps * batch * world / s, world, static_cast<long long>(batch), steps, s);
   return 0;
+} catch (const ddp::Error& e) {  // every ddp error is an exception (docs/api.md)
+  std::fprintf(stderr, "scaling_experiment: error: %s\n", e.what());
+  return 1;
 }

@@ -142,6 +142,15 @@ void Module::load_state_dict(const NamedTensors& state, bool strict) {
     auto it = given.find(name);
     if (it == given.end()) {
       missing.push_back(name);
+    } else if (!it->second->defined()) {
+      mismatched.push_back(
+          fmt::format("{}: an undefined tensor (default-constructed Tensor)", name));
+    } else if (it->second->shape() == t.shape() && it->second->dtype() != t.dtype()) {
+      mismatched.push_back(fmt::format(
+          "dtype mismatch for {}: copying a param of dtype {} from checkpoint, the dtype in "
+          "current model is {} (shape {}); convert it first (tensor.to(DType::{}))",
+          name, dtype_name(it->second->dtype()), dtype_name(t.dtype()), shape_str(t.shape()),
+          dtype_name(t.dtype())));
     } else if (it->second->shape() != t.shape() || it->second->dtype() != t.dtype()) {
       mismatched.push_back(fmt::format(
           "size mismatch for {}: copying a param with shape {} ({}) from checkpoint, the shape in "

@@ -145,6 +145,11 @@ if grep -rqE --include=build.ninja --include=flags.make -- "(-I|-isystem )($sour
   fail "the example or the headers were compiled with include paths into the source or build tree"
 fi
 echo "configured and built the example in $((SECONDS - t0)) s"
+# A bad argument is named (exit 2), before any rank starts.
+"$exe" abc >"$work/badarg.log" 2>&1
+badarg=$?
+[ "$badarg" -eq 2 ] && grep -q "steps 'abc': expected a whole number from 1" "$work/badarg.log" ||
+  fail "scaling_experiment abc exited $badarg: $(cat "$work/badarg.log")"
 
 # --standalone: a free port, so parallel ctest runs do not collide on 29500.
 output=$("$prefix/bin/ddprun" --standalone -n 2 "$exe" 150 32 2>&1)

@@ -255,6 +255,53 @@ void run_unused(bool find_unused) {
   }
 }
 
+// A parameter used only in a micro-batch under no_sync() is unused in the
+// synchronized backward after it: find_unused_parameters reduces what its .grad
+// accumulated (it zeroed it before), with and without bucket views. Then a second
+// finish_backward() is refused and changes nothing (it zeroed every gradient).
+int accumulated_unused_body(bool bucket_view, int rank, int world) {
+  auto comm = make_backend("shm", rank, world, {.timeout = 30s});
+  DdpOptions options;
+  options.find_unused_parameters = true;
+  options.gradient_as_bucket_view = bucket_view;
+  DistributedDataParallel ddp(std::make_shared<WithUnused>(1), comm, options);
+  const Tensor extra = ddp.module().named_parameters()[0].second;
+  {
+    auto guard = ddp.no_sync();
+    const Batch b = rank_batch(world, rank, 0, 0);
+    // d/d(extra) = rank + 1 in every element, on this rank only.
+    ddp.backward(functional::add(cross_entropy(ddp(b.x), b.labels),
+                                 functional::scale(functional::sum(extra), rank + 1.0f)));
+  }
+  const Batch b = rank_batch(world, rank, 0, 1);
+  ddp.backward(cross_entropy(ddp(b.x), b.labels));
+  const float want = static_cast<float>(world + 1) / 2.0f;  // the ranks' average
+  for (float v : grad(extra).to_vector<float>())
+    require(v == want,
+            fmt::format("extra's grad {} after the synchronized step, want {}", v, want));
+  try {
+    ddp.finish_backward();
+    throw std::runtime_error("a second finish_backward() was accepted");
+  } catch (const ValueError& e) {
+    require(std::string(e.what()).find("finish_backward() with no synchronized forward since "
+                                       "the last one") != std::string::npos,
+            std::string("unexpected message: ") + e.what());
+  }
+  for (float v : grad(extra).to_vector<float>())
+    require(v == want, fmt::format("extra's grad {} after the refused finish_backward()", v));
+  return 0;
+}
+
+TEST(DdpUnused, AccumulatedGradientOfAParameterUnusedInTheSyncedStepIsReduced) {
+  for (const bool bucket_view : {false, true}) {
+    for (const RankResult& r : spawn_ranks(2, [&](int rank, int size) {
+           return accumulated_unused_body(bucket_view, rank, size);
+         })) {
+      EXPECT_TRUE(r.ok()) << "gradient_as_bucket_view " << bucket_view << ": " << r.describe();
+    }
+  }
+}
+
 TEST(DdpUnused, UnusedParameterIsAnErrorNamingIt) {
   run_unused(false);
 }

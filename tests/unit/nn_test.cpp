@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include "runtime/fmt.h"
+
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -95,6 +97,27 @@ TEST(Module, LoadStateDictListsEveryProblem) {
     EXPECT_NE(msg.find("size mismatch for 1.weight: copying a param with shape [5, 11]"),
               std::string::npos)
         << msg;
+  }
+}
+
+// Only the dtype differs, or the tensor is undefined: said so, naming the key.
+TEST(Module, LoadStateDictNamesADtypeMismatchAndAnUndefinedTensor) {
+  auto model = mlp(1);
+  nn::NamedTensors state = model->state_dict();
+  const std::vector<int64_t> shape = state[0].second.shape();
+  state[0].second = zeros(shape, {.dtype = DType::i64});
+  state[1].second = Tensor();
+  try {
+    model->load_state_dict(state);
+    FAIL() << "no error";
+  } catch (const ValueError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(fmt::format("dtype mismatch for {}: copying a param of dtype i64 from "
+                                   "checkpoint, the dtype in current model is f32",
+                                   state[0].first)),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find(state[1].first + ": an undefined tensor"), std::string::npos) << msg;
   }
 }
 
