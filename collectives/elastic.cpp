@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <thread>
@@ -25,6 +26,21 @@ std::string arrived_key(int64_t epoch, int launch_rank) {
 
 std::string join_key(int launch_rank) {
   return fmt::format("elastic/join/{}", launch_rank);
+}
+
+std::string format_stop(const GroupStop& stop) {
+  return fmt::format("{} {} {}", stop.epoch, stop.exit_code, stop.why);
+}
+
+std::optional<GroupStop> parse_stop(const std::string& text) {
+  GroupStop out;
+  int consumed = 0;
+  long long epoch = 0;
+  if (std::sscanf(text.c_str(), "%lld %d %n", &epoch, &out.exit_code, &consumed) != 2 || epoch <= 0)
+    return std::nullopt;
+  out.epoch = epoch;
+  out.why = text.substr(static_cast<size_t>(consumed));
+  return out;
 }
 
 std::string format_members(const std::vector<int>& members) {
@@ -245,6 +261,10 @@ Regroup regroup(ProcessGroup& pg, int64_t value, std::chrono::milliseconds timeo
   for (const int m : out.members) {
     if (std::find(pg.members.begin(), pg.members.end(), m) == pg.members.end())
       out.joined.push_back(m);
+  }
+  if (store.check({elastic::kStopKey})) {  // Note [group stop]
+    const auto stop = elastic::parse_stop(store.get_string(elastic::kStopKey));
+    if (stop && stop->epoch == epoch) out.stop = stop->why.empty() ? "--min-ranks" : stop->why;
   }
   pg.members = out.members;
   pg.env.rank = rank;

@@ -37,6 +37,20 @@
 // already waiting in the next step's first collective fails at once (shm:
 // RankControl::left; gloo: the connection closes) -- and regroup as after a
 // death; the replacement announces no progress, so it is never the source.
+//
+// Note [group stop]
+// A failure that would leave fewer ranks than `ddprun --min-ranks` ends the job,
+// but not the ranks left: they hold the only up-to-date state, and killing them
+// would lose the steps since the last checkpoint. ddprun writes
+//   elastic/stop                "<E> <exit code> <why>"
+// before it publishes membership E of the ranks left. They regroup into it as into
+// any membership (the state copied from the most advanced one, so no step is
+// lost), see that it is the last (Regroup::stop), and at the next step boundary
+// write --save (every rank takes part: ZeRO's gather, sharded files) and exit
+// kGroupStopExit. ddprun waits for them, SIGKILLs them after kGroupStopWait, and
+// exits with the failed rank's status, naming --min-ranks; another node's ddprun
+// sees the key and waits for its ranks as well. The checkpoint resumes as any
+// mid-epoch one written after a regroup (its epoch_cursor), at any world size.
 #pragma once
 
 #include "collectives/bootstrap.h"
@@ -46,6 +60,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -58,6 +73,21 @@ inline constexpr const char* kEpochKey = "elastic/epoch";
 // Set by a member that finished the run: a replacement still waiting exits 0,
 // and ddprun admits no one any more.
 inline constexpr const char* kDoneKey = "elastic/done";
+// Note [group stop]: the last membership, and why the group stops there.
+inline constexpr const char* kStopKey = "elastic/stop";
+// What a rank exits with once the group stopped and its checkpoint is written
+// (EX_TEMPFAIL: the job can go on later, from that checkpoint).
+inline constexpr int kGroupStopExit = 75;
+// How long ddprun waits for the ranks left to regroup, save and exit.
+inline constexpr std::chrono::seconds kGroupStopWait{120};
+struct GroupStop {
+  int64_t epoch = 0;  // the last membership
+  int exit_code = 1;  // the job's, the failed rank's
+  std::string why;
+};
+std::string format_stop(const GroupStop& stop);
+// nullopt for a malformed value.
+std::optional<GroupStop> parse_stop(const std::string& text);
 std::string members_key(int64_t epoch);
 std::string arrived_key(int64_t epoch, int launch_rank);
 // A replacement's request to join: its pid, so a stale key of a dead one is no request.
@@ -114,6 +144,7 @@ struct Regroup {
   int old_world_size = 0;
   std::vector<int> left, joined;  // launch ranks, against the rank's previous membership
   bool finished = false;          // joining: the group finished before taking it in
+  std::string stop;  // Note [group stop]: why this membership is the group's last ("": it is not)
 };
 
 // Note [elastic membership]: the caller has dropped pg.comm (every Work on it

@@ -104,6 +104,9 @@ class Watcher {
   std::vector<int> members_without(const std::vector<int>& leaving) const;
   std::string too_few(const std::vector<int>& left, const std::string& what) const;
   void publish_group(std::vector<int> group, const std::string& what);
+  void stop_group(std::vector<int> left, const std::string& why, int exit_code);
+  void follow_group_stop(const elastic::GroupStop& stop);
+  void wait_for_group_stop();
   void check_nodes();
   bool remote_leave(const std::vector<int>& leaving, const std::string& what, int exit_code);
   void admit_remote(int rank);
@@ -169,7 +172,8 @@ class Watcher {
   std::vector<int> left_;  // ranks that left the group and were not replaced (ascending)
   int replacements_ = 0;   // started, of spec_.replacements
   Clock::time_point next_join_check_ = Clock::now();
-  bool said_done_ = false;  // stand_by()
+  bool said_done_ = false;       // stand_by()
+  bool group_stopping_ = false;  // Note [group stop]: the ranks left save and exit
 };
 
 GroupResult Watcher::run() {
@@ -412,6 +416,13 @@ void Watcher::judge() {
 // rank.
 bool Watcher::failed_elsewhere_first() {
   if (!rendezvous_.multi_node()) return false;
+  if (spec_.elastic && !authority()) {  // a rank that saved at the group's stop exited
+    if (const auto stop = rendezvous_.group_stop()) {
+      blame_.reset();
+      follow_group_stop(*stop);
+      return true;
+    }
+  }
   auto failure = rendezvous_.remote_failure();
   if (!failure) return false;
   blame_.reset();
@@ -472,10 +483,12 @@ bool Watcher::leave_group() {
     return true;
   }
   std::optional<std::vector<int>> left;
+  std::string too_few_why;
   if (authority()) {
     left = members_without({r.rec.rank});
-    if (const std::string why = too_few(*left, blame_->what); !why.empty()) {
-      say(why + ": ending the job");
+    too_few_why = too_few(*left, blame_->what);
+    if (!too_few_why.empty() && left->empty()) {
+      say(too_few_why + ": ending the job");
       return false;
     }
   }
@@ -485,6 +498,11 @@ bool Watcher::leave_group() {
     if (r.rec.stopped_since) signal_group(r.rec.pid, SIGCONT);
   }
   r.departed = true;
+  if (!too_few_why.empty()) {  // blame_ stays: the job's exit status
+    left_.insert(std::upper_bound(left_.begin(), left_.end(), r.rec.rank), r.rec.rank);
+    stop_group(std::move(*left), too_few_why, blame_->exit_code);
+    return true;
+  }
   left_.insert(std::upper_bound(left_.begin(), left_.end(), r.rec.rank), r.rec.rank);
   flight_.allow_next_capture();
   // The ranks left get a whole --hang-timeout to regroup: the silence that blamed
@@ -589,13 +607,60 @@ bool Watcher::remote_leave(const std::vector<int>& leaving, const std::string& w
   if (live.empty()) return true;  // left before (its node was lost, say)
   std::vector<int> left = members_without(live);
   if (std::string why = too_few(left, what); !why.empty()) {
-    remote_ = GroupFailure{.node = 0, .exit_code = exit_code, .what = std::move(why)};
+    remote_ = GroupFailure{.node = 0, .exit_code = exit_code, .what = why};
+    if (!left.empty()) {
+      stop_group(std::move(left), why, exit_code);
+      return false;
+    }
     rendezvous_.publish_failure(*remote_);
     stop_all(SIGTERM, remote_->what + ": ending the job");
     return false;
   }
   publish_group(std::move(left), what);
   return true;
+}
+
+// Note [group stop] in collectives/elastic.h: fewer than --min-ranks would be left
+// after `why`. The ranks left take one more membership (the most advanced one's
+// state: no step lost), write --save and exit; the job then ends with `exit_code`.
+void Watcher::stop_group(std::vector<int> left, const std::string& why, int exit_code) {
+  group_ = std::move(left);
+  ++membership_;
+  rendezvous_.publish_stop(membership_, group_, exit_code, why);
+  // For a node whose ranks are all gone (the others follow the stop above).
+  rendezvous_.publish_failure({.node = spec_.node_rank, .exit_code = exit_code, .what = why});
+  say(
+      fmt::format("{}: ending the job; the rank{} left ({}) regroup as membership {}, write "
+                  "their checkpoint where --save asks and exit (SIGKILL if they have not in "
+                  "{} s)",
+                  why, group_.size() == 1 ? "" : "s", elastic::format_members(group_), membership_,
+                  elastic::kGroupStopWait.count()));
+  wait_for_group_stop();
+}
+
+// Another node (Note [group stop]): node 0 stopped the group; this node's ranks
+// take part in the last membership and its checkpoint, then exit.
+void Watcher::follow_group_stop(const elastic::GroupStop& stop) {
+  remote_ = GroupFailure{.node = 0, .exit_code = stop.exit_code, .what = stop.why};
+  say(
+      fmt::format("node 0 stopped the group: {}; this node's ranks take part in its checkpoint "
+                  "and exit (SIGKILL if they have not in {} s)",
+                  stop.why, elastic::kGroupStopWait.count()));
+  wait_for_group_stop();
+}
+
+// No more judging, replacements or joins (stopping_); the ranks exit by themselves
+// (kill_all() at the deadline). A replacement not yet in the group has nothing to
+// save: it is told to stop.
+void Watcher::wait_for_group_stop() {
+  stopping_ = true;
+  group_stopping_ = true;
+  kill_deadline_ = Clock::now() + elastic::kGroupStopWait;
+  for (RankProcess& p : ranks_) {
+    if (!p.running || !p.joining) continue;
+    p.rec.signalled = true;
+    signal_group(p.rec.pid, SIGTERM);
+  }
 }
 
 // Node 0: another node's replacement is ready; it joins at the members' next
@@ -895,6 +960,9 @@ void Watcher::check_remote() {
   if (Clock::now() < next_remote_check_) return;
   next_remote_check_ = Clock::now() + kRemoteCheckInterval;
   rendezvous_.heartbeat();  // Note [nodes lost]
+  if (spec_.elastic && !authority()) {
+    if (const auto stop = rendezvous_.group_stop()) return follow_group_stop(*stop);
+  }
   if (auto failure = rendezvous_.remote_failure()) {
     remote_ = failure;
     stop_all(SIGTERM, failure->what);
@@ -1018,6 +1086,8 @@ void Watcher::print_summary() const {
     std::string note;
     if (blame_ && blame_->index == i)
       note = blame_->reason == BlameReason::failed ? "  <- first failure" : "  <- to blame";
+    else if (group_stopping_ && WIFEXITED(status) && WEXITSTATUS(status) == elastic::kGroupStopExit)
+      note = "  (left at the group's stop: saved, then exited)";  // Note [group stop]
     else if (r.signalled && failed(status))
       note = "  (stopped by ddprun)";
     say(fmt::format("  rank {:<3} pid {:<8} {:<28} {:6.1f} s{}", r.rank, r.pid,

@@ -70,7 +70,8 @@ failures:
                         leaves with its ranks; docs/elastic.md)
   --min-ranks K         with --on-failure continue: end the job (with the
                         failed rank's exit status, naming --min-ranks) when
-                        fewer than K ranks would be left (default 1)
+                        fewer than K ranks would be left; those ranks first
+                        write --save where the group stands (default 1)
   --node-timeout S      with --on-failure continue and --nnodes > 1: node 0
                         takes a node whose ddprun sent no heartbeat for S
                         seconds out of the group with its ranks (default 15;

@@ -272,7 +272,27 @@ void Rendezvous::publish_membership(int64_t epoch, const std::vector<int>& membe
   store_->set(elastic::kEpochKey, std::to_string(epoch));  // after the members it names
 }
 
+void Rendezvous::publish_stop(int64_t epoch, const std::vector<int>& members, int exit_code,
+                              const std::string& why) {
+  DDP_CHECK(port_ > 0, "publish_stop: no store (begin_attempt first)");
+  if (store_ == nullptr) store_ = connect(milliseconds(5000));
+  store_->set(elastic::kStopKey,
+              elastic::format_stop({.epoch = epoch, .exit_code = exit_code, .why = why}));
+  publish_membership(epoch, members);
+}
+
 // Across nodes these go to node 0's store: a lost one is remote_failure()'s to report.
+std::optional<elastic::GroupStop> Rendezvous::group_stop() {
+  if (!multi_node() || store_ == nullptr || store_lost_) return std::nullopt;
+  try {
+    if (!store_->check({elastic::kStopKey})) return std::nullopt;
+    return elastic::parse_stop(store_->get_string(elastic::kStopKey));
+  } catch (const StoreError&) {
+    store_lost_ = true;
+    return std::nullopt;
+  }
+}
+
 bool Rendezvous::joiner_ready(int rank, int pid) {
   if (store_ == nullptr || store_lost_) return false;
   const std::string key = elastic::join_key(rank);

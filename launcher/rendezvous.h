@@ -85,6 +85,7 @@
 //   node/<r>/backup     the --rdzv-backup node r was given ("" for none)
 #pragma once
 
+#include "collectives/elastic.h"
 #include "runtime/error.h"
 
 #include <chrono>
@@ -189,6 +190,13 @@ class Rendezvous {
   // --on-failure continue: membership `epoch` is `members` (launch ranks), for the
   // ranks' regroup (Note [elastic membership] in collectives/elastic.h).
   void publish_membership(int64_t epoch, const std::vector<int>& members);
+  // Note [group stop]: membership `epoch` of `members` is the group's last; the
+  // job ends with `exit_code` once they saved. The stop first, so a rank that
+  // forms the membership sees it.
+  void publish_stop(int64_t epoch, const std::vector<int>& members, int exit_code,
+                    const std::string& why);
+  // The stop node 0 published (elastic/stop), for another node; nullopt without one.
+  std::optional<elastic::GroupStop> group_stop();
   // Whether the replacement for launch rank `rank` (process `pid`) asked to join.
   bool joiner_ready(int rank, int pid);
   // A member finished the run (elastic/done): no replacement is admitted any more.

@@ -145,8 +145,10 @@ def check_whole(path, metadata, with_optimizer=False):
     if shards is None:
         return
     files = f"{path}.shard<r>of{shards}.step{metadata.get('step', '<N>')}"
-    fix = (f"resume it with train (any world size, without --save-sharded) and --save a whole "
-           f"checkpoint, then read that")
+    fix = (f"write it whole with train, which trains no step when --epochs is the "
+           f"checkpoint's (train <its flags> --resume {path} --epochs "
+           f"{metadata.get('epoch', '<its epoch>')} --save whole.st, any world size, without "
+           f"--save-sharded), then read that")
     if "zero3_shards" in metadata:
         raise CheckpointError(
             f"{path}: a --zero 3 --save-sharded manifest: the model's parameters are in its "

@@ -394,6 +394,7 @@ void rejoin(Run& r, const CommError& failure) {
     try {
       const Regroup g = regroup(pg, progress(r), wait, cause);
       go_on(r, g, old_rank, start);
+      r.group_stop = g.stop;  // Note [group stop]: train_epoch stops at its next step
       // DDP_TEST_KILL_AT at the step DDP_TEST_JOIN_AT takes a replacement in: after the
       // join (after_step in epoch.cpp), so a test's schedule does not race.
       if (r.step == r.faults.kill_step && r.step == r.join_at_step) ::raise(SIGKILL);

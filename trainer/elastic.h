@@ -54,6 +54,13 @@
 
 namespace ddp::train {
 
+// Note [group stop] in collectives/elastic.h: thrown on every rank at the step
+// boundary after the group's last membership formed, once --save is written;
+// train exits elastic::kGroupStopExit. Its message says where the run stopped.
+class GroupStopped : public Error {
+  using Error::Error;
+};
+
 // ValueError naming what --on-failure continue cannot carry through a regroup.
 void check_elastic(const Run& r);
 // The steps left in an epoch whose first `done` steps were taken (the task's

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
+#include <filesystem>
 #include <limits>
 #include <optional>
 #include <thread>
@@ -400,8 +401,34 @@ void save(Run& r, int64_t completed, int64_t epoch_step, const Tensor& loss_sum,
     r.pg->comm->barrier()->wait();
     const int rank = r.zero->rank();
     remove_other_shard_generations(r.o.save_everywhere, rank == 0 ? -1 : rank, r.step);
+  } else if (!r.o.save.empty()) {
+    // A whole file replaced a sharded checkpoint: its shard files are no one's now.
+    remove_other_shard_generations(r.o.save, -1, std::numeric_limits<int64_t>::min());
   }
 }
+
+}  // namespace
+
+bool save_as_resumed(Run& r, const std::string& resumed_from) {
+  // Every rank knows the file (save_everywhere; one process: --save).
+  const std::string& target = r.pg != nullptr ? r.o.save_everywhere : r.o.save;
+  if (!r.did_resume || r.first_epoch < r.o.epochs || r.resumed.epoch_step != 0 || target.empty())
+    return false;
+  const auto canonical = [](const std::string& p) {
+    std::error_code ec;
+    const auto c = std::filesystem::weakly_canonical(std::filesystem::absolute(p, ec), ec);
+    return ec ? p : c.string();
+  };
+  const bool was_sharded = r.resumed.optimizer_shards > 0 || r.resumed.zero3_shards;
+  const bool writes_sharded = r.zero != nullptr && r.o.save_sharded;
+  if (canonical(resumed_from) == canonical(target) && was_sharded == writes_sharded)
+    return false;  // it would write the file it read
+  r.nonfinite->check_weights(r.step, weights(r));
+  save(r, r.first_epoch, 0, Tensor(), 0);
+  return true;
+}
+
+namespace {
 
 // Note [resume mid-epoch] in checkpoint.cpp: the steps a resumed checkpoint took in
 // this epoch are passed over, and their loss sum restored.
@@ -451,9 +478,11 @@ std::optional<EpochPosition> resumed_after_regroup(Run& r, int64_t epoch, int ra
   r.resumed.epoch_step = 0;  // once
   if (!r.o.quiet) {
     r.out << fmt::format(
-        "the checkpoint's group changed size in epoch {} before its step {}: going on from its "
-        "sample position {} (not {}), the rest of the epoch shared out among {} rank{}\n",
-        epoch + 1, at.step, at.cursor, cursor, r.world_size, r.world_size == 1 ? "" : "s");
+        "the checkpoint stopped in epoch {} after its step {} at sample position {}, where "
+        "this run's steps would have taken {} (the global batch, or the group's size, "
+        "changed): going on from {}, the rest of the epoch shared out among {} rank{}\n",
+        epoch + 1, at.step, at.cursor, cursor, at.cursor, r.world_size,
+        r.world_size == 1 ? "" : "s");
   }
   return at;
 }
@@ -605,6 +634,31 @@ void begin_profile(Run& r) {
   }
 }
 
+// Note [group stop] in collectives/elastic.h: the group's last membership formed
+// (fewer ranks were left than ddprun's --min-ranks), the state the most advanced
+// rank's. Every rank writes its part of --save where it stands, then stops.
+[[noreturn]] void stop_with_group(Run& r, EpochState& e) {
+  const ProcessGroup& pg = *r.pg;
+  std::string saved = "; no checkpoint: the run has no --save";
+  if (!r.o.save_everywhere.empty()) {
+    finish_profile(r, "the group stops");
+    r.nonfinite->check();
+    r.nonfinite->check_weights(r.step, weights(r));
+    save(r, e.epoch, e.step, e.loss_sum, e.micro_batches);
+    saved = fmt::format(
+        "; checkpoint {} written (epoch {}, step {} of it): go on with --resume {} (at any "
+        "number of ranks)",
+        r.o.save_everywhere, e.epoch + 1, e.step, r.o.save_everywhere);
+  }
+  if (pg.env.rank != 0) saved = "";  // rank 0 says what it wrote
+  const std::string line =
+      fmt::format("rank {} (launch rank {}): the group stopped at step {}: {}{}", pg.env.rank,
+                  pg.launch_rank, r.step, r.group_stop, saved);
+  r.out << line << "\n";
+  r.out.flush();
+  throw GroupStopped(line);
+}
+
 // After step `step` of `steps`, on every rank at the same steps: the progress
 // line, the --eval-every report, the --save-every checkpoint, the kill fault.
 void after_step(Run& r, EpochState& e, Progress& progress, int64_t step, int64_t steps,
@@ -679,6 +733,7 @@ EpochMetrics train_epoch(Run& r, int64_t epoch) {
   // After a regroup --early-stop may already have decided (in a report taken
   // again, or before the epoch's report the group takes again): no more steps.
   while (e.step < steps && !r.stop_early) {
+    if (!r.group_stop.empty()) stop_with_group(r, e);
     const int64_t skipped_before = r.nonfinite->skipped();
     begin_profile(r);
     int64_t used = 0;

@@ -109,6 +109,7 @@ struct Run {
   const TrainOptions* launch_options = nullptr;  // as given (rank 0's: the writer's)
   EpochPosition position{};                      // after the last completed step
   std::optional<EpochPosition> rejoin_at{};      // where the epoch goes on after a regroup
+  std::string group_stop{};  // Note [group stop]: why the group's last membership formed
   int64_t regroup_full_epoch_steps = -1;
   bool saved_best = false;  // this process wrote --save-best (the summary names it then)  // rank
                             // 0, after a regroup: note_schedule_span()'s
@@ -165,5 +166,11 @@ void finish_profile(Run& r, std::string_view cut = "the run ended", bool print =
 // the epoch and their loss sum and count.
 void report(Run& r, const EpochMetrics& m, bool epoch_end, int64_t epoch_step = 0,
             const Tensor& loss_sum = Tensor(), int64_t loss_count = 0);
+// A resumed run with nothing left to train (its checkpoint is at --epochs or
+// past them): writes --save from the checkpoint as loaded, every rank taking part,
+// when that changes something (another file, or a sharded checkpoint written
+// whole); true when it did. So `train --resume sharded.st --save whole.st` turns
+// a --save-sharded checkpoint into a whole one without a step.
+bool save_as_resumed(Run& r, const std::string& resumed_from);
 
 }  // namespace ddp::train

@@ -1,8 +1,10 @@
 // train_main: the `train` program as a library call (train_main.h).
 #include "trainer/train_main.h"
 
+#include "collectives/elastic.h"
 #include "runtime/error.h"
 #include "runtime/trace.h"
+#include "trainer/elastic.h"
 #include "trainer/trainer.h"
 
 #include "runtime/fmt.h"
@@ -78,8 +80,14 @@ int train_main(int argc, const char* const* argv, const TrainProgram& program) {
     if (result.epochs.empty()) {
       std::cout << fmt::format(
           "nothing to do: the checkpoint has trained --epochs {} already (or further); raise "
-          "--epochs to train on\n",
-          options->epochs);
+          "--epochs to train on{}\n",
+          options->epochs,
+          result.saved_as_resumed
+              ? fmt::format("; wrote {} from it as it was (step {}, no step trained){}",
+                            options->save, result.steps,
+                            options->save_sharded && options->zero > 0 ? " as shards"
+                                                                       : ", a whole checkpoint")
+              : "");
       return 0;
     }
     const auto& last = result.epochs.back();
@@ -126,6 +134,8 @@ int train_main(int argc, const char* const* argv, const TrainProgram& program) {
         result.total_s, last.regression ? "test_loss" : "test_acc", final_value, best_value,
         last.train_loss, rate, checkpoint);
     return 0;
+  } catch (const GroupStopped&) {  // Note [group stop]: it said where it stopped
+    return elastic::kGroupStopExit;
   } catch (const Error& e) {
     std::cerr << name << ": error: " << e.what() << "\n";
     return 1;

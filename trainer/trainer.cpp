@@ -126,13 +126,17 @@ void resume(Run& r, const std::string& path) {
               "the same task, or start over",
               path, r.resumed.task, task, r.resumed.best_metric);
     const int64_t global_batch = o.batch_size * o.grad_accum * r.world_size;
-    DDP_CHECK(r.resumed.epoch_step == 0 ||
-                  (r.resumed.seed == o.seed && r.resumed.global_batch == global_batch),
-              "{}: the checkpoint stopped in the middle of epoch {} with --seed {} and a global "
-              "batch of {} (--batch-size x --grad-accum x ranks); this run has --seed {} and {}, "
-              "so its data order differs. Resume with the same values",
-              path, r.resumed.epoch + 1, r.resumed.seed, r.resumed.global_batch, o.seed,
-              global_batch);
+    // A checkpoint that records its sample position (epoch_cursor: written by a
+    // group, Note [group stop]) goes on from there at any global batch, the rest
+    // of the epoch shared out anew (resumed_after_regroup in epoch.cpp).
+    const bool from_cursor = r.resumed.epoch_cursor >= 0 && r.task->reshardable();
+    DDP_CHECK(
+        r.resumed.epoch_step == 0 ||
+            (r.resumed.seed == o.seed && (r.resumed.global_batch == global_batch || from_cursor)),
+        "{}: the checkpoint stopped in the middle of epoch {} with --seed {} and a global "
+        "batch of {} (--batch-size x --grad-accum x ranks); this run has --seed {} and {}, "
+        "so its data order differs. Resume with the same values",
+        path, r.resumed.epoch + 1, r.resumed.seed, r.resumed.global_batch, o.seed, global_batch);
     // The epoch's order is a permutation of the training set: other data (a file
     // edited between runs) would repeat or skip samples from here on.
     DDP_CHECK(r.resumed.epoch_step == 0 || r.resumed.train_size == 0 ||
@@ -406,6 +410,7 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
           r.step, r.profile_from < 0 ? o.profile_start : r.profile_from);
     }
   }
+  if (result.epochs.empty()) result.saved_as_resumed = save_as_resumed(r, resume_from);
   mark_done(r);
   result.stopped_early = r.stop_early;
   result.best_metric = r.best_metric;

@@ -78,6 +78,9 @@ struct TrainResult {
   // (Note [best so far]; NaN: no evaluation), and whether this run wrote --save-best.
   double best_metric = std::numeric_limits<double>::quiet_NaN();
   bool saved_best = false;
+  // Nothing was left to train, and --save was written from the checkpoint as
+  // resumed (save_as_resumed in run.h: a sharded checkpoint written whole, say).
+  bool saved_as_resumed = false;
 };
 
 // Resolves --device: "auto" is default_device(); others are parsed and checked.

@@ -15,7 +15,7 @@
 # a replacement (--max-restarts 1) that joins the group again,
 # its reference joining at the same step (DDP_TEST_JOIN_AT); then two ranks in a
 # row, a rank replaced twice, a rank that hangs (SIGSTOP) instead of dying,
-# --min-ranks reached, a run
+# --min-ranks reached (the ranks left save and stop; resumed, no step lost), a run
 # without failures that equals --on-failure restart's, and bad input.
 # usage: train_elastic.sh DDPRUN TRAIN [quick]   (quick: the sanitizer build's
 # cut-down set: gloo on rank 0, shm in the all_reduce with a replacement
@@ -469,36 +469,45 @@ grep -q "the replacement for rank 2 joined at .*(membership 4)" "$out.log" ||
 check_loss_log "$out.loss"
 echo "twice: rank 2 and its replacement killed; the second replacement joined membership 4 at once"
 
-# --min-ranks 4: the first death ends the job, naming it.
+# --min-ranks 4: the first death ends the job, naming it; the ranks left stop
+# cleanly (Note [group stop]), with nothing to save (no --save).
 out="$dir/min"
 DDP_TEST_KILL_AT=2:3 "$ddprun" --standalone -n 4 --on-failure continue --min-ranks 4 \
   --grace-period 2 "$train" --backend shm "${common[@]}" >"$out.log" 2>&1
 code=$?
 [ $code -ne 0 ] || fail "min-ranks: exit 0"
-grep -q "3 ranks would be left, fewer than --min-ranks 4: ending the job" "$out.log" ||
-  fail "min-ranks: not named"
-echo "min-ranks: exit $code, named"
+grep -q "3 ranks would be left, fewer than --min-ranks 4: ending the job; the ranks left (0,1,3) regroup" \
+  "$out.log" || fail "min-ranks: not named"
+grep -q "rank 0 (launch rank 0): the group stopped at step 3: .*; no checkpoint: the run has no --save" \
+  "$out.log" || fail "min-ranks: rank 0 did not say where the group stopped"
+[ "$(grep -c "exit code 75 .*(left at the group's stop: saved, then exited)" "$out.log")" -eq 3 ] ||
+  fail "min-ranks: the 3 ranks left did not stop by themselves: $(grep -A5 'summary of' "$out.log")"
+echo "min-ranks: exit $code, named; the ranks left stopped by themselves"
 
-# A checkpoint written after a regroup, mid-epoch, resumed by a new job of the
-# group's size (the second death ended the first job, --min-ranks 3): the epoch
-# goes on from the samples the group took (epoch_cursor), not from its steps
-# recounted at one size, so it ends as the job that lost only the first rank:
-# the same 20 steps and losses (it took 21, 320 samples twice, before).
+# --min-ranks 3 reached at the second death (Note [group stop]): the 2 ranks left
+# regroup, write --save where the group stands (step 13, not the --save-every 4
+# checkpoint of step 12) and exit; the job exits with the dead rank's status. A new
+# job of 3 ranks resumes it: the epoch goes on from the samples the group took
+# (epoch_cursor; the global batch differs), and ends as the job that lost only
+# the first rank, its loss log byte for byte: no step lost.
 out="$dir/cursor"
 one=(--backend shm --data synthetic --synthetic-size 4000 --epochs 1 --seed 5 --lr-schedule
   constant --optimizer adamw --lr 0.002 --save-every 4)
 DDP_TEST_KILL_AT=2:5,3:13 "$ddprun" --standalone -n 4 --on-failure continue --min-ranks 3 \
   --grace-period 2 "$train" "${one[@]}" --save "$out.st" --loss-log "$out.loss" >"$out.log" 2>&1
-[ $? -ne 0 ] || fail "cursor: the job with two deaths and --min-ranks 3 exited 0"
+code=$?
+[ $code -eq 137 ] || fail "stop: the job with two deaths and --min-ranks 3 exited $code, not the dead rank's 137"
+grep -q "rank 0 (launch rank 0): the group stopped at step 13: .* fewer than --min-ranks 3; checkpoint $out.st written (epoch 1, step 13 of it)" \
+  "$out.log" || fail "stop: rank 0 did not write its checkpoint at step 13"
 "$ddprun" --standalone -n 3 "$train" "${one[@]}" --save "$out.st" --loss-log "$out.loss" \
-  --resume auto >"$out.resumed.log" 2>&1 || fail "cursor: the resumed job exited $?"
-grep -q "going on from its sample position 2624 (not 2304)" "$out.resumed.log" ||
-  fail "cursor: the resume did not go on from the group's sample position: $(grep -m3 'rank 0' "$out.resumed.log")"
+  --resume auto >"$out.resumed.log" 2>&1 || fail "stop: the resumed job exited $?"
+grep -q "after its step 13 at sample position 2816, where this run.s steps would have taken 2496" "$out.resumed.log" ||
+  fail "stop: the resume did not go on from the group's sample position: $(grep -m3 'rank 0' "$out.resumed.log")"
 DDP_TEST_KILL_AT=2:5 "$ddprun" --standalone -n 4 --on-failure continue --grace-period 2 \
   "$train" "${one[@]}" --save "$out.ref.st" --loss-log "$out.ref.loss" >"$out.ref.log" 2>&1 ||
-  fail "cursor: the reference exited $?"
-cmp "$out.loss" "$out.ref.loss" || fail "cursor: the resumed loss log differs from the reference's"
-echo "cursor: a mid-epoch checkpoint after a regroup resumed from its sample position"
+  fail "stop: the reference exited $?"
+cmp "$out.loss" "$out.ref.loss" || fail "stop: the resumed loss log differs from the reference's"
+echo "stop: --min-ranks reached; the ranks left saved step 13, resumed at 3 ranks as the job that lost one rank"
 
 # Without a failure, continue trains as restart does.
 "$ddprun" --standalone -n 4 --on-failure continue "$train" --backend shm "${common[@]}" \

@@ -13,7 +13,8 @@
 #          takes them out after --node-timeout 2, does not blame its own ranks
 #          when its hang detector fires, and ranks 0,1 regroup at their
 #          all_reduce's timeout
-#   min:   rank 3 SIGKILLed under --min-ranks 4: both agents end with its status;
+#   min:   rank 3 SIGKILLed under --min-ranks 4: ranks 0-2 save and exit, both agents
+#          end with its status;
 #          again with one rank a node (node 1 left with none)
 #   node0: under --rdzv-backup, rank 3 SIGKILLed and replaced, then node 0's
 #          ddprun SIGKILLed (the store's host, its ranks die with it): node 1's
@@ -187,11 +188,17 @@ min_ranks() {
     "$dir/$1.node0.log" || fail "$1: node 0 does not name --min-ranks"
   grep -q "$4: rank $2 .*fewer than --min-ranks $3" "$dir/$1.node1.log" ||
     fail "$1: node 1 does not say why the group ended"
+  # Note [group stop]: the ranks left wrote --save where the group stood first.
+  grep -q "rank 0 (launch rank 0): the group stopped at step [0-9]*: .*; checkpoint $dir/$1.st written" \
+    "$dir/$1.node0.log" || fail "$1: rank 0 did not write the group's last checkpoint"
 }
 
 if [ "$mode" != quick ]; then
   # --- min: below --min-ranks the job ends on both nodes with the rank's status.
   min_ranks min 3 4 "the group failed elsewhere"
+  grep -q "^ddprun: node 0 stopped the group: rank 3 .*; this node's ranks take part in its checkpoint" \
+    "$dir/min.node1.log" && grep -q "exit code 75 .*(left at the group's stop" "$dir/min.node1.log" ||
+    fail "min: node 1's rank 2 did not take part in the group's stop"
   echo "min: rank 3 killed under --min-ranks 4: both nodes exited 137"
 
   # --- min1: one rank a node, so node 1 has no rank left: it must still learn that

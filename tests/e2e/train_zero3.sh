@@ -159,6 +159,20 @@ fi
 grep -q "a --zero 3 --save-sharded manifest: the model's parameters are in its 4 shard files" \
   "$dir/log" || fail "ddp-load does not name the shard files: $(cat "$dir/log")"
 [ ! -e "$dir/z3.pt" ] || fail "ddp-load wrote $dir/z3.pt from a --zero 3 sharded manifest"
+# Its fix: train with nothing left to train writes --save from the checkpoint as
+# loaded (no step), whole; ddp-load reads that. Written over the manifest itself,
+# the shard files go.
+run 2 z3conv "${common[@]}" --max-steps 0 --batch-size 32 --epochs 1 --zero 3 --save-sharded
+conv=("${common[@]}" --max-steps 0 --batch-size 64 --epochs 1 --resume "$dir/z3conv")
+"$train" "${conv[@]}" --save "$dir/z3whole" >"$dir/log" 2>&1 || { cat "$dir/log" >&2; fail "the conversion exited"; }
+grep -q "nothing to do: .*; wrote $dir/z3whole from it as it was (step 10, no step trained), a whole checkpoint" \
+  "$dir/log" || fail "the conversion did not say what it wrote: $(cat "$dir/log")"
+"${PYTHON:-/usr/bin/python3}" "$reader" "$dir/z3whole" --to-torch "$dir/z3.pt" >"$dir/log" 2>&1 ||
+  fail "ddp-load --to-torch of the converted checkpoint: $(cat "$dir/log")"
+"$train" "${conv[@]}" --save "$dir/z3conv" >"$dir/log" 2>&1 || { cat "$dir/log" >&2; fail "the conversion in place exited"; }
+! compgen -G "$dir/z3conv.shard*" >/dev/null || fail "a whole save left the shard files: $(echo "$dir"/z3conv.shard*)"
+cmp "$dir/z3conv" "$dir/z3whole" || fail "the conversion in place differs from the one to another file"
+echo "conversion: a --zero 3 --save-sharded checkpoint written whole without a step; its shards removed in place"
 cp "$dir/z3sharded" "$dir/z3missing"
 run 2 z3sharded "${common[@]}" --batch-size 16 --epochs 2 --zero 3 --resume "$dir/z3sharded"
 "$train" "${common[@]}" --batch-size 32 --epochs 2 --resume "$dir/z3single" --save "$dir/z3single" \

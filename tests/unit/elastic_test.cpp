@@ -33,6 +33,20 @@ TEST(ElasticMembership, ListsRoundTripAndBadOnesAreNamed) {
   }
 }
 
+// Note [group stop]: the value ddprun writes, and what is not one.
+TEST(ElasticMembership, AStopRoundTripsAndBadOnesAreNone) {
+  const std::string text =
+      elastic::format_stop({.epoch = 3, .exit_code = 137, .why = "2 ranks would be left"});
+  EXPECT_EQ(text, "3 137 2 ranks would be left");
+  const auto stop = elastic::parse_stop(text);
+  ASSERT_TRUE(stop.has_value());
+  EXPECT_EQ(stop->epoch, 3);
+  EXPECT_EQ(stop->exit_code, 137);
+  EXPECT_EQ(stop->why, "2 ranks would be left");
+  for (const char* bad : {"", "3", "x 1 why", "0 1 why", "-2 1 why"})
+    EXPECT_FALSE(elastic::parse_stop(bad).has_value()) << bad;
+}
+
 // Two nodes of two ranks: launch ranks 0,1 on node 0 and 2,3 on node 1; a
 // replacement (appended) runs on the node of the rank it replaces.
 TEST(ElasticMembership, LocalNumbersCountTheMembersOnTheRanksNode) {
@@ -128,6 +142,22 @@ TEST_F(Regroup, ANewerMembershipWinsAndTheCommunicatorIsFormed) {
   Tensor t = from_vector<float>({2.0f}, {1});
   pg_.comm->all_reduce(t, ReduceOp::sum)->wait();
   EXPECT_EQ(t.to_vector<float>()[0], 2.0f);
+  EXPECT_EQ(g.stop, "");  // no stop in the store: the group goes on
+}
+
+// Note [group stop]: the membership ddprun marked as the last says so, and an
+// older stop does not mark a later membership.
+TEST_F(Regroup, TheStopMembershipSaysWhy) {
+  store_->set(elastic::kStopKey, std::string("1 137 rank 0 died; fewer than --min-ranks 2"));
+  store_->set(elastic::members_key(1), std::string("1"));
+  store_->set(elastic::kEpochKey, std::string("1"));
+  const ddp::Regroup g = regroup(pg_, 5, 2000ms, "the peer died");
+  EXPECT_EQ(g.epoch, 1);
+  EXPECT_EQ(g.stop, "rank 0 died; fewer than --min-ranks 2");
+  pg_.comm.reset();
+  store_->set(elastic::members_key(2), std::string("1"));
+  store_->set(elastic::kEpochKey, std::string("2"));
+  EXPECT_EQ(regroup(pg_, 5, 2000ms, "the peer died").stop, "");
 }
 
 }  // namespace
