@@ -121,10 +121,15 @@ void* Tensor::data_ptr() const {
   if (s.storage->data() == nullptr) {
     DDP_CHECK(!s.storage->released(),
               "a tensor of shape {} is used while its memory is released: it is a parameter "
-              "of a ZeRO-3 unit outside that unit's forward and backward (Note [released "
-              "storage]). Call the module (module(x), not module.forward(x)) so its hooks "
-              "gather the parameters, or gather them first (ZeroOptimizer::gather_state)",
-              shape_str(s.shape));
+              "of {} outside that unit's forward and backward (Note [released storage]). Call "
+              "the module (module(x), not module.forward(x)) so its hooks gather the "
+              "parameters, or gather them first (ZeroOptimizer::gather_state); a parameter "
+              "that a module outside its unit uses too (a head tied to the embedding) must "
+              "be in a unit that holds both uses: leave its unit out of the ZeRO-3 units "
+              "(--zero3-units), so the root unit holds it",
+              shape_str(s.shape),
+              s.storage->release_label().empty() ? std::string("a ZeRO-3 unit")
+                                                 : s.storage->release_label());
     return nullptr;
   }
   return static_cast<char*>(s.storage->data()) +

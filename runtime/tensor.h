@@ -53,6 +53,9 @@ class Storage {
   void release();
   void reallocate();
   bool released() const { return released_; }
+  // Who releases it (ZeRO-3: its unit and parameters), for the error on use.
+  void set_release_label(std::string label) { release_label_ = std::move(label); }
+  const std::string& release_label() const { return release_label_; }
 
  private:
   Device device_;
@@ -62,6 +65,7 @@ class Storage {
   void* data_;
   std::function<void(void*)> deleter_;
   bool released_ = false;
+  std::string release_label_;
 };
 
 struct AutogradMeta;  // defined by runtime/autograd (later); null for plain tensors

@@ -173,6 +173,7 @@ void save_checkpoint(const std::string& path, const nn::Module& model,
   if (info.optimizer_shards > 0)
     metadata["optimizer_shards"] = std::to_string(info.optimizer_shards);
   if (info.zero3_shards) metadata["zero3_shards"] = "1";
+  if (!info.shard_save_id.empty()) metadata["shard_save_id"] = info.shard_save_id;
   if (!info.text_unit.empty()) metadata["text_unit"] = info.text_unit;
   if (std::isfinite(info.best_metric)) {
     metadata["best_metric"] = fmt::format("{}", info.best_metric);  // shortest round trip
@@ -208,9 +209,10 @@ void load_model_weights(const std::string& path, nn::Module& model) {
   }
   try {
     if (f.metadata.count("zero3_shards") != 0) {
-      const Zero3Checkpoint shards =
-          load_zero3_shards(path, meta_number<int64_t>(f.metadata, path, "optimizer_shards"),
-                            meta_number<int64_t>(f.metadata, path, "step"), model, {});
+      const Zero3Checkpoint shards = load_zero3_shards(
+          path, meta_number<int64_t>(f.metadata, path, "optimizer_shards"),
+          meta_number<int64_t>(f.metadata, path, "step"), model, {},
+          f.metadata.count("shard_save_id") != 0 ? f.metadata.at("shard_save_id") : std::string());
       state.insert(state.end(), shards.parameters.begin(), shards.parameters.end());
     }
     model.load_state_dict(state);
@@ -267,19 +269,20 @@ CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model,
   }
   info.optimizer_shards = meta_number<int64_t>(m, path, "optimizer_shards", 0);
   info.zero3_shards = m.count("zero3_shards") != 0;
+  if (m.count("shard_save_id") != 0) info.shard_save_id = m.at("shard_save_id");
   DDP_CHECK(!info.zero3_shards || info.optimizer_shards > 0,
             "{}: metadata zero3_shards without optimizer_shards (the number of shard files)", path);
   try {
     if (info.zero3_shards) {
-      Zero3Checkpoint shards =
-          load_zero3_shards(path, info.optimizer_shards, info.step, model, optimizer.params());
+      Zero3Checkpoint shards = load_zero3_shards(path, info.optimizer_shards, info.step, model,
+                                                 optimizer.params(), info.shard_save_id);
       model_state.insert(model_state.end(), shards.parameters.begin(), shards.parameters.end());
       optimizer_state = std::move(shards.optimizer);
     }
     model.load_state_dict(model_state);
     if (info.optimizer_shards > 0 && !info.zero3_shards) {
-      optimizer_state =
-          load_sharded_state(path, info.optimizer_shards, info.step, optimizer.params());
+      optimizer_state = load_sharded_state(path, info.optimizer_shards, info.step,
+                                           optimizer.params(), info.shard_save_id);
     }
     optimizer.load_state(optimizer_state, info.step - info.skipped_steps);
   } catch (const ValueError& e) {

@@ -59,6 +59,10 @@ struct CheckpointInfo {
   // resharding]), which differ from epoch_step x global batch once a regroup
   // changed the world size inside the epoch; -1: not recorded (older files).
   int64_t epoch_cursor = -1;
+  // --save-sharded: the id every shard file of this save carries (metadata
+  // shard_save_id; empty: not sharded, or an older file), so a loader refuses a
+  // shard of another save.
+  std::string shard_save_id{};
 };
 
 // "classification", "regression" or "language model".

@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <limits>
 #include <optional>
+#include <random>
 #include <thread>
 #include <utility>
 
@@ -367,15 +368,35 @@ CheckpointInfo position(const Run& r, int64_t completed, int64_t epoch_step, con
   return info;
 }
 
+// --save-sharded: an id for this save's shard files and manifest, rank 0's random
+// number sent to every rank (one small broadcast per save), so that a shard of
+// another save with the same step, rank and world size is refused at load.
+std::string shard_save_id(Run& r) {
+  Communicator& comm = *r.pg->comm;
+  int64_t id = 0;
+  if (comm.rank() == 0) {
+    std::random_device device;
+    id = static_cast<int64_t>((static_cast<uint64_t>(device()) << 32) | device());
+  }
+  Tensor t = from_vector<int64_t>({id}, {1}, {.dtype = DType::i64, .device = comm.device()});
+  {
+    const CollectiveLabel labelled("checkpoint save id");
+    comm.broadcast(t, 0)->wait();
+  }
+  return fmt::format("{:016x}", static_cast<uint64_t>(t.to_vector<int64_t>()[0]));
+}
+
 // Writes --save (rank 0; the others have no --save) for the run as it stands:
 // `completed` epochs done and `epoch_step` steps into the next one. Every rank
 // has checked the weights just before (NonfiniteCheck::check_weights).
 void save(Run& r, int64_t completed, int64_t epoch_step, const Tensor& loss_sum,
           int64_t loss_count) {
   const bool sharded = r.zero != nullptr && !r.o.save_everywhere.empty() && r.o.save_sharded;
+  std::string save_id;
   if (r.zero != nullptr && !r.o.save_everywhere.empty()) {
     if (sharded) {  // stage 3: the parameters too (Note [zero-3 shard files])
-      save_optimizer_shard(r.o.save_everywhere, *r.zero, r.step);
+      save_id = shard_save_id(r);
+      save_optimizer_shard(r.o.save_everywhere, *r.zero, r.step, save_id);
       r.pg->comm->barrier()->wait();  // every shard is written before the manifest names it
     } else {
       r.zero->gather_state();  // collective: rank 0 writes it
@@ -388,6 +409,7 @@ void save(Run& r, int64_t completed, int64_t epoch_step, const Tensor& loss_sum,
     CheckpointInfo info = position(r, completed, epoch_step, loss_sum, loss_count);
     info.optimizer_shards = r.o.save_sharded ? r.world_size : 0;
     info.zero3_shards = r.o.save_sharded && r.o.zero == 3;  // no parameters: they stay sharded
+    info.shard_save_id = save_id;
     std::vector<std::string> removed;
     save_checkpoint(r.o.save, *r.model, *r.optimizer, info, &removed);
     for (const auto& f : removed) {

@@ -33,6 +33,20 @@ std::string meta_text(const SafetensorsFile& f, const std::string& path, const c
   return it->second;
 }
 
+// A shard of the save the manifest `path` names (save_id; "" for an older
+// manifest, which names none).
+void check_save_id(const SafetensorsFile& f, const std::string& file, const std::string& path,
+                   const std::string& save_id) {
+  if (save_id.empty()) return;
+  const auto it = f.metadata.find("save_id");
+  const std::string got = it == f.metadata.end() ? std::string("none") : it->second;
+  DDP_CHECK(got == save_id,
+            "{}: a shard of another save (its save_id is {}, the checkpoint {} names {}): a file "
+            "of another run, or of another save of this one, was put in its place; put back the "
+            "shard files written with {}, or resume from another checkpoint",
+            file, got, path, save_id, path);
+}
+
 std::vector<std::string> split_names(const std::string& joined) {
   std::vector<std::string> names;
   for (size_t begin = 0; !joined.empty() && begin <= joined.size();) {
@@ -75,7 +89,8 @@ std::vector<std::string> optimizer_param_names(const ZeroOptimizer& zero,
 }
 
 // Note [zero-3 shard files].
-void save_zero3_shard(const std::string& file, const ZeroOptimizer& zero, int64_t step) {
+void save_zero3_shard(const std::string& file, const ZeroOptimizer& zero, int64_t step,
+                      const std::string& save_id) {
   const FullyShardedParameters* fsdp = zero.fully_sharded();
   DDP_CHECK(fsdp != nullptr,
             "--save-sharded at --zero 3: the ZeroOptimizer is not attached to the DDP yet "
@@ -90,6 +105,7 @@ void save_zero3_shard(const std::string& file, const ZeroOptimizer& zero, int64_
       {"rank", std::to_string(zero.rank())},
       {"world_size", std::to_string(zero.world_size())},
       {"step", std::to_string(step)},
+      {"save_id", save_id},
       {"optimizer_params", fmt::format("{}", fmt::join(optimizer_param_names(zero, *fsdp), ","))}};
   for (size_t u = 0; u < units.size(); ++u) {
     const auto& unit = units[u];
@@ -134,7 +150,7 @@ std::map<int64_t, std::string> unit_entries(const SafetensorsFile& f) {
 }
 
 void check_zero3_shard(const SafetensorsFile& f, const std::string& file, const std::string& path,
-                       int64_t world, int64_t step, int64_t r) {
+                       int64_t world, int64_t step, int64_t r, const std::string& save_id) {
   auto layout = f.metadata.find("layout");
   DDP_CHECK(layout != f.metadata.end() && layout->second == kZero3Layout,
             "{}: not a --zero 3 shard (no metadata layout '{}'), but the checkpoint {} names "
@@ -147,11 +163,13 @@ void check_zero3_shard(const SafetensorsFile& f, const std::string& file, const 
             "another run)",
             file, meta_int(f, file, "step"), meta_int(f, file, "rank"),
             meta_int(f, file, "world_size"), path, step, world, r, step);
+  check_save_id(f, file, path, save_id);
 }
 
 // Rank 0's file sets the units and the tensors' block sizes; every file's blocks
 // go to their place in the flats.
-Zero3Files read_zero3_files(const std::string& path, int64_t world, int64_t step) {
+Zero3Files read_zero3_files(const std::string& path, int64_t world, int64_t step,
+                            const std::string& save_id) {
   Zero3Files out;
   const std::string first = shard_path(path, 0, static_cast<int>(world), step);
   std::map<int64_t, std::string> units;
@@ -159,7 +177,7 @@ Zero3Files read_zero3_files(const std::string& path, int64_t world, int64_t step
   for (int64_t r = 0; r < world; ++r) {
     const std::string file = shard_file(path, world, r, step);
     const SafetensorsFile f = load_safetensors(file);
-    check_zero3_shard(f, file, path, world, step, r);
+    check_zero3_shard(f, file, path, world, step, r, save_id);
     if (r == 0) {
       units = unit_entries(f);
       for (const auto& [u, names] : units) {
@@ -288,11 +306,12 @@ std::vector<std::string> remove_other_shard_generations(const std::string& path,
   return removed;
 }
 
-void save_optimizer_shard(const std::string& path, const ZeroOptimizer& zero, int64_t step) {
+void save_optimizer_shard(const std::string& path, const ZeroOptimizer& zero, int64_t step,
+                          const std::string& save_id) {
   // Note [shard generations]: a file of its own per step; never an earlier one replaced.
   const std::string file = shard_path(path, zero.rank(), zero.world_size(), step);
   if (zero.stage() == 3) {
-    save_zero3_shard(file, zero, step);
+    save_zero3_shard(file, zero, step, save_id);
     return;
   }
   const ShardRange s = zero.shard();
@@ -304,11 +323,12 @@ void save_optimizer_shard(const std::string& path, const ZeroOptimizer& zero, in
                     {"world_size", std::to_string(zero.world_size())},
                     {"begin", std::to_string(s.begin)},
                     {"numel", std::to_string(zero.numel())},
-                    {"step", std::to_string(step)}});
+                    {"step", std::to_string(step)},
+                    {"save_id", save_id}});
 }
 
 nn::NamedTensors load_sharded_state(const std::string& path, int64_t world, int64_t step,
-                                    const std::vector<Tensor>& params) {
+                                    const std::vector<Tensor>& params, const std::string& save_id) {
   std::vector<int64_t> starts{0};
   for (const Tensor& p : params) starts.push_back(starts.back() + p.numel());
   const int64_t numel = starts.back();
@@ -327,6 +347,7 @@ nn::NamedTensors load_sharded_state(const std::string& path, int64_t world, int6
               file, meta_int(f, file, "step"), meta_int(f, file, "rank"),
               meta_int(f, file, "world_size"), meta_int(f, file, "numel"), path, step, world,
               numel);
+    check_save_id(f, file, path, save_id);
     const int64_t begin = meta_int(f, file, "begin");
     for (const auto& [name, t] : f.tensors) {
       if (name == "step") {
@@ -365,8 +386,9 @@ nn::NamedTensors load_sharded_state(const std::string& path, int64_t world, int6
 
 Zero3Checkpoint load_zero3_shards(const std::string& path, int64_t world, int64_t step,
                                   const nn::Module& model,
-                                  const std::vector<Tensor>& optimizer_params) {
-  const Zero3Files files = read_zero3_files(path, world, step);
+                                  const std::vector<Tensor>& optimizer_params,
+                                  const std::string& save_id) {
+  const Zero3Files files = read_zero3_files(path, world, step, save_id);
   auto values = cut_units(files, path, world, step, model);
   Zero3Checkpoint out;
   std::unordered_map<const TensorImpl*, std::string> name_of;

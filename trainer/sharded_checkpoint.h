@@ -52,7 +52,11 @@ std::string shard_path(const std::string& path, int rank, int world, int64_t ste
 // [zero-3 shard files]). Files of other steps are left alone (Note [shard
 // generations]); a later checkpoint is protected by the manifest's own check (Note
 // [never older]).
-void save_optimizer_shard(const std::string& path, const ZeroOptimizer& zero, int64_t step);
+// `save_id`: the same on every rank's file of one save and in its manifest
+// (CheckpointInfo::shard_save_id), so a loader refuses a shard of another save
+// that has the right step, rank and world size (another run's, copied in).
+void save_optimizer_shard(const std::string& path, const ZeroOptimizer& zero, int64_t step,
+                          const std::string& save_id);
 
 // Once the manifest `path` names step `keep_step`: removes the shard files of
 // `path` of every other step (and of the naming before generations), of rank
@@ -65,9 +69,11 @@ std::vector<std::string> remove_other_shard_generations(const std::string& path,
 // "<i>.momentum_buffer", as optim::AdamW/SGD::state()) of the checkpoint `path`
 // of training step `step` from its `world` shard files, for `params`.
 // ValueError naming a missing shard, one of another step or world size, or
-// ranges that do not tile the parameters.
+// ranges that do not tile the parameters, or (save_id not empty) a shard of
+// another save.
 nn::NamedTensors load_sharded_state(const std::string& path, int64_t world, int64_t step,
-                                    const std::vector<Tensor>& params);
+                                    const std::vector<Tensor>& params,
+                                    const std::string& save_id = "");
 
 // A --zero 3 sharded checkpoint (Note [zero-3 shard files]) from its `world` shard
 // files next to `path`, for `model`: its parameters by name, and the full state
@@ -82,6 +88,7 @@ struct Zero3Checkpoint {
 };
 Zero3Checkpoint load_zero3_shards(const std::string& path, int64_t world, int64_t step,
                                   const nn::Module& model,
-                                  const std::vector<Tensor>& optimizer_params);
+                                  const std::vector<Tensor>& optimizer_params,
+                                  const std::string& save_id = "");
 
 }  // namespace ddp::train

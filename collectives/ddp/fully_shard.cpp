@@ -107,9 +107,7 @@ void FullyShardedParameters::build(nn::Module& root) {
   }
   // Each parameter to the deepest unit above it: the longest unit name that is a
   // prefix of its name at a dot.
-  std::set<const TensorImpl*> seen;
-  for (auto& [name, p] : root.named_parameters()) {
-    if (!seen.insert(&p.impl()).second) continue;  // a tied parameter: listed once
+  const auto unit_of = [this](const std::string& name) {
     size_t best = 0;
     for (size_t u = 1; u < units_.size(); ++u) {
       const std::string& un = units_[u].name;
@@ -118,6 +116,32 @@ void FullyShardedParameters::build(nn::Module& root) {
         best = u;
       }
     }
+    return best;
+  };
+  const auto unit_label = [this](size_t u) {
+    return u == 0 ? std::string("the root unit") : fmt::format("unit '{}'", units_[u].name);
+  };
+  // A tied parameter (named_parameters() lists it once, under its first name;
+  // state_dict() under every name, Note [shared parameters]) is used where each of
+  // its names is: every name must fall in the same unit, or one unit's forward would
+  // use it while another unit has released it.
+  const nn::NamedTensors named = root.named_parameters();
+  std::unordered_map<const TensorImpl*, std::pair<std::string, size_t>> first_name;
+  for (const auto& [name, p] : named)
+    first_name.emplace(&p.impl(), std::make_pair(name, unit_of(name)));
+  for (const auto& [name, t] : root.state_dict()) {
+    const auto it = first_name.find(&t.impl());
+    if (it == first_name.end() || it->second.first == name) continue;  // a buffer, or itself
+    const auto& [other, other_unit] = it->second;
+    DDP_CHECK(other_unit == unit_of(name),
+              "ZeRO-3: parameter '{}' is tied to '{}' (one tensor), but they fall in {} and {}; "
+              "each unit releases its parameters outside its forward and backward, so a tied "
+              "parameter must be in one unit that holds both uses (leave the unit that splits "
+              "them out of --zero3-units; with none, the root unit holds it)",
+              other, name, unit_label(other_unit), unit_label(unit_of(name)));
+  }
+  for (const auto& [name, p] : named) {
+    const size_t best = first_name.at(&p.impl()).second;
     owner_.emplace_back(best, units_[best].params.size());
     units_[best].params.push_back(params_.size());
     params_.push_back(p);
@@ -155,6 +179,14 @@ void FullyShardedParameters::build(nn::Module& root) {
       p.impl().storage = u.full;
       p.impl().offset = u.starts[k];
     }
+    std::vector<std::string> names;
+    for (size_t i : u.params) names.push_back(names_[i]);
+    u.full->set_release_label(
+        fmt::format("ZeRO-3 {} ({}{})",
+                    u.name.empty() ? std::string("root unit") : fmt::format("unit '{}'", u.name),
+                    fmt::join(names.begin(),
+                              names.begin() + std::min<std::ptrdiff_t>(4, std::ssize(names)), ", "),
+                    names.size() > 4 ? ", ..." : ""));
     u.shard = u.flat.flat_view(static_cast<int64_t>(rank) * u.block, {u.block}).clone();
     release(static_cast<size_t>(&u - units_.data()));
   }

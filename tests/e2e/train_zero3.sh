@@ -185,6 +185,22 @@ fi
 grep -q "z3missing.shard3of4.step[0-9]* is missing" "$dir/log" ||
   { cat "$dir/log" >&2; fail "the missing --zero 3 shard is not named"; }
 
+# A shard of another save with the same step, rank and world size (another run's,
+# copied in): refused by its save id, naming the file (at --zero 1, and 3 whose
+# shards hold the parameters too); it resumed before, mixing the two runs.
+for z in 1 3; do
+  run 2 "z${z}a" "${common[@]}" --max-steps 0 --batch-size 32 --epochs 1 --zero "$z" --save-sharded
+  run 2 "z${z}b" "${common[@]}" --max-steps 0 --batch-size 32 --epochs 1 --zero "$z" --save-sharded --seed 4
+  other=("$dir/z${z}b.shard1of2".step*)
+  cp "${other[0]}" "$dir/z${z}a${other[0]#"$dir/z${z}b"}"
+  if "$train" "${common[@]}" --max-steps 0 --batch-size 64 --epochs 2 --resume "$dir/z${z}a" >"$dir/log" 2>&1; then
+    fail "--zero $z: a shard of another run resumed"
+  fi
+  grep -q "z${z}a.shard1of2.step[0-9]*: a shard of another save (its save_id is [0-9a-f]*, the checkpoint" \
+    "$dir/log" || { cat "$dir/log" >&2; fail "--zero $z: the shard of another run is not named"; }
+done
+echo "save id: a shard of another run refused, named"
+
 # Bad input.
 expect_error() {  # expect_error PATTERN train flags...
   local pattern=$1
@@ -194,6 +210,8 @@ expect_error() {  # expect_error PATTERN train flags...
 }
 expect_error "ZeRO-3 unit 'transformer.h.9' is not a module of the model; its modules are: transformer" \
   "${gpt[@]}" --zero 3 --zero3-units transformer.h.9
+expect_error "it is a parameter of ZeRO-3 unit 'transformer.wte' (transformer.wte.weight) outside that unit's forward and backward.*a head tied to the embedding" \
+  "${gpt[@]}" --zero 3 --zero3-units transformer.h.1,transformer.wte
 expect_error "--comm-hook bf16 compresses DDP's all_reduce, which --zero 3 replaces" \
   "${common[@]}" --zero 3 --comm-hook bf16
 expect_error "--zero3-units and --zero3-reshard-after-forward shape --zero 3; this run has --zero 2" \

@@ -344,9 +344,40 @@ TEST(Zero3Units, DefaultPolicyAndBadNames) {
     (void)w.to_vector<float>();
     ADD_FAILURE() << "reading a released parameter did not throw";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("while its memory is released"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("while its memory is released: it is a parameter of "
+                                         "ZeRO-3 unit '1' (1.weight, 1.bias)"),
+              std::string::npos)
         << e.what();
   }
+}
+
+// One Linear registered under two names (a tied weight): a unit that holds one
+// name and not the other is refused at once, naming both (it failed at the first
+// forward that used the other name, with an error about calling the module).
+class TwoNames : public nn::Module {
+ public:
+  explicit TwoNames(const std::shared_ptr<nn::Linear>& linear) {
+    register_module("a", linear);
+    register_module("b", linear);
+  }
+  Tensor forward(const Tensor& x) override { return x; }
+  std::string name() const override { return "TwoNames"; }
+};
+
+TEST(Zero3Units, ATiedParameterSplitAcrossUnitsIsRefused) {
+  auto comm = make_local_communicator();
+  Generator gen(1);
+  TwoNames model(std::make_shared<nn::Linear>(4, 4, gen));
+  try {
+    FullyShardedParameters::create(model, comm, {.units = {"a"}});
+    ADD_FAILURE() << "no error for a tied parameter split across units";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("ZeRO-3: parameter 'a.weight' is tied to 'b.weight' (one "
+                                         "tensor), but they fall in unit 'a' and the root unit"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_NE(FullyShardedParameters::create(model, comm, {}), nullptr) << "the root holds both";
 }
 
 // Note [lockstep evaluation]: rank r evaluates r + 1 batches (no-grad forwards,
