@@ -1,6 +1,8 @@
 #include "collectives/bootstrap.h"
 
+#include "collectives/communicator_base.h"
 #include "collectives/elastic.h"
+#include "collectives/store/socket.h"
 #include "collectives/store/tcp_store.h"
 #include "collectives/trace_collectives.h"
 #include "runtime/cuda/cuda_api.h"
@@ -14,6 +16,8 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <limits>
+#include <optional>
 #include <random>
 
 namespace ddp {
@@ -58,36 +62,70 @@ std::string seen_variables() {
   return out.empty() ? "(none set)" : out;
 }
 
+// The integer variable `name` (nullopt when unset), at most INT_MAX: a larger one
+// would wrap in an int (WORLD_SIZE=4294967298 read as 2).
+std::optional<int> int_var(const char* name) {
+  const auto v = env::get_int(name);
+  if (!v) return std::nullopt;
+  DDP_CHECK(*v >= 0 && *v <= std::numeric_limits<int>::max(),
+            "{}={}: expected a whole number from 0 to {}. Seen: {}", name, *v,
+            std::numeric_limits<int>::max(), seen_variables());
+  return static_cast<int>(*v);
+}
+
+// RANK and WORLD_SIZE set by hand (no ddprun, no torchrun: neither's run id) in a
+// process that mpirun, srun or a PMI launcher started: a stale pair in the
+// environment would make every process train alone, or pair the wrong ones,
+// silently. They must agree with that launcher's.
+void check_against_launcher(const LaunchEnv& e) {
+  if (env::get(env::kRunId) || env::get("TORCHELASTIC_RUN_ID")) return;
+  struct Launcher {
+    const char* name;
+    const char* rank;
+    const char* size;
+  };
+  for (const Launcher l : {Launcher{"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                           Launcher{"a PMI launcher", "PMI_RANK", "PMI_SIZE"},
+                           Launcher{"srun", "SLURM_PROCID", "SLURM_NTASKS"}}) {
+    const auto rank = int_var(l.rank), size = int_var(l.size);
+    if (!rank || !size) continue;
+    DDP_CHECK(*rank == e.rank && *size == e.world_size,
+              "RANK={} WORLD_SIZE={} disagree with {}'s {}={} {}={}: a RANK/WORLD_SIZE left in "
+              "the environment would make the ranks train alone or pair the wrong ones. Unset "
+              "RANK and WORLD_SIZE (ranks are taken from {}), or set them from it. Seen: {}",
+              e.rank, e.world_size, l.name, l.rank, *rank, l.size, *size, l.name, seen_variables());
+  }
+}
+
 void fill_ranks(LaunchEnv& e) {
   if (env::get(env::kRank)) {
     e.launcher = "ddprun";
-    e.rank = static_cast<int>(*env::get_int(env::kRank));
-    auto world = env::get_int(env::kWorldSize);
+    e.rank = *int_var(env::kRank);
+    auto world = int_var(env::kWorldSize);
     DDP_CHECK(world.has_value(),
               "RANK is set but WORLD_SIZE is not; the launcher sets both. Seen: {}",
               seen_variables());
-    e.world_size = static_cast<int>(*world);
-    e.local_rank = static_cast<int>(env::get_int(env::kLocalRank).value_or(e.rank));
-    e.local_world_size =
-        static_cast<int>(env::get_int(env::kLocalWorldSize).value_or(e.world_size));
+    e.world_size = *world;
+    e.local_rank = int_var(env::kLocalRank).value_or(e.rank);
+    e.local_world_size = int_var(env::kLocalWorldSize).value_or(e.world_size);
+    check_against_launcher(e);
   } else if (env::get("OMPI_COMM_WORLD_RANK")) {
     e.launcher = "mpirun";
-    e.rank = static_cast<int>(*env::get_int("OMPI_COMM_WORLD_RANK"));
-    e.world_size = static_cast<int>(env::get_int("OMPI_COMM_WORLD_SIZE").value_or(1));
-    e.local_rank = static_cast<int>(env::get_int("OMPI_COMM_WORLD_LOCAL_RANK").value_or(e.rank));
-    e.local_world_size =
-        static_cast<int>(env::get_int("OMPI_COMM_WORLD_LOCAL_SIZE").value_or(e.world_size));
+    e.rank = *int_var("OMPI_COMM_WORLD_RANK");
+    e.world_size = int_var("OMPI_COMM_WORLD_SIZE").value_or(1);
+    e.local_rank = int_var("OMPI_COMM_WORLD_LOCAL_RANK").value_or(e.rank);
+    e.local_world_size = int_var("OMPI_COMM_WORLD_LOCAL_SIZE").value_or(e.world_size);
   } else if (env::get("PMI_RANK")) {
     e.launcher = "pmi";
-    e.rank = static_cast<int>(*env::get_int("PMI_RANK"));
-    e.world_size = static_cast<int>(env::get_int("PMI_SIZE").value_or(1));
+    e.rank = *int_var("PMI_RANK");
+    e.world_size = int_var("PMI_SIZE").value_or(1);
     e.local_rank = e.rank;
     e.local_world_size = e.world_size;
   } else if (env::get("SLURM_PROCID")) {
     e.launcher = "slurm";
-    e.rank = static_cast<int>(*env::get_int("SLURM_PROCID"));
-    e.world_size = static_cast<int>(env::get_int("SLURM_NTASKS").value_or(1));
-    e.local_rank = static_cast<int>(env::get_int("SLURM_LOCALID").value_or(0));
+    e.rank = *int_var("SLURM_PROCID");
+    e.world_size = int_var("SLURM_NTASKS").value_or(1);
+    e.local_rank = int_var("SLURM_LOCALID").value_or(0);
     e.local_world_size =
         static_cast<int>(first_int({"SLURM_NTASKS_PER_NODE"}).value_or(e.world_size));
   }
@@ -209,15 +247,56 @@ void connect_store(ProcessGroup& pg, std::chrono::milliseconds timeout) {
             e.world_size, seen_variables());
   const std::string secret = store_secret_from_env();
   if (e.rank == 0 && !e.agent_store) {
-    pg.server = std::make_shared<TcpStoreServer>(
-        TcpStoreServerOptions{.host = e.store_host, .port = e.store_port, .secret = secret});
+    // On every interface, as torch's TCPStore: MASTER_ADDR as the other nodes
+    // resolve it need not be an address that rank 0 resolves it to (a hostname
+    // that /etc/hosts maps to 127.0.1.1 here). ddprun's own store binds likewise.
+    const bool v6 = e.store_host.find(':') != std::string::npos;
+    pg.server = std::make_shared<TcpStoreServer>(TcpStoreServerOptions{
+        .host = v6 ? "::" : "0.0.0.0", .port = e.store_port, .secret = secret});
   }
+  // Without ddprun or torchrun (whose store is up before any rank starts) a rank
+  // may start up to the timeout before rank 0 and its store.
+  const bool own_store = !e.agent_store && e.run_id.empty();
+  const std::chrono::milliseconds connect_timeout =
+      own_store ? timeout : TcpStoreOptions{}.connect_timeout;
   pg.store = std::make_shared<TcpStore>(TcpStoreOptions{.host = e.store_host,
                                                         .port = e.store_port,
                                                         .secret = secret,
                                                         .timeout = timeout,
+                                                        .connect_timeout = connect_timeout,
                                                         .backup_host = e.store_backup_host,
                                                         .backup_port = e.store_backup_port});
+}
+
+// Note [job check]: ranks that no ddprun or torchrun started (mpirun, srun, RANK
+// set by hand) compare, through the store rank 0 hosts, what they were started
+// with: each rank number is claimed once (two processes given one RANK, or two
+// jobs on one MASTER_PORT), and every rank's world size and DDP_DEBUG level are
+// rank 0's. ddprun starts each rank once with one world size, and keeps its store
+// across restarts and replacements, where these keys would be stale.
+void check_job(ProcessGroup& pg) {
+  const LaunchEnv& e = pg.env;
+  if (!e.run_id.empty() || e.agent_store || env::get("TORCHELASTIC_RUN_ID")) return;
+  Store& store = *pg.store;
+  const std::string where = store_detail::endpoint(e.store_host, e.store_port);
+  const int64_t claims = store.add(fmt::format("ddp/job/rank/{}", e.rank), 1);
+  DDP_CHECK(claims == 1,
+            "rank {}: another process was started with rank {} on the store at {} (a rank given "
+            "twice, or two jobs on one MASTER_PORT: give each job its own). Seen: {}",
+            e.rank, e.rank, where, seen_variables());
+  const std::string mine =
+      fmt::format("world size {}, DDP_DEBUG {}", e.world_size, debug_detail() ? "detail" : "off");
+  if (e.rank == 0) {
+    store.set("ddp/job/start", mine);
+    return;
+  }
+  store.wait({"ddp/job/start"});
+  const std::string theirs = store.get_string("ddp/job/start");
+  DDP_CHECK(theirs == mine,
+            "rank {} was started with {}, but rank 0 (the store at {}) with {}: every rank of a "
+            "job needs the same WORLD_SIZE (and DDP_DEBUG); check the launcher's variables. "
+            "Seen: {}",
+            e.rank, mine, where, theirs, seen_variables());
 }
 
 // Note [mpi needs mpirun]: MPI started without mpirun initialises as a
@@ -228,8 +307,9 @@ void check_mpi_world(const Communicator& comm, const LaunchEnv& e) {
   DDP_CHECK(comm.size() == e.world_size && comm.rank() == e.rank,
             "the mpi backend sees rank {} of a world of {}, but the launch environment says rank "
             "{} of {} (launcher: {}): MPI ranks must be started by mpirun, e.g. `mpirun -n {} "
-            "PROGRAM ...` with --backend mpi or DDP_BACKEND=mpi; under ddprun use gloo or shm. "
-            "Seen: {}",
+            "PROGRAM ...` with --backend mpi or DDP_BACKEND=mpi; under ddprun use gloo or shm; "
+            "under srun (or in a Slurm job without mpirun) export DDP_BACKEND=gloo with "
+            "MASTER_ADDR and MASTER_PORT (docs/deploy.md). Seen: {}",
             comm.rank(), comm.size(), e.rank, e.world_size, e.launcher, e.world_size,
             seen_variables());
 }
@@ -341,6 +421,7 @@ ProcessGroup make_process_group(const ProcessGroupOptions& options) {
     return pg;
   }
   connect_store(pg, timeout);
+  check_job(pg);
   pg.launch_rank = pg.env.rank;
   pg.launch_local_world_size = pg.env.local_world_size;
   for (int r = 0; r < pg.env.world_size; ++r) pg.members.push_back(r);

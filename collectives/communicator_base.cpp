@@ -8,8 +8,10 @@
 #include "runtime/env.h"
 #include "runtime/ops/ops.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <cctype>
 
 namespace ddp {
 
@@ -199,11 +201,24 @@ std::shared_ptr<Work> CommunicatorBase::barrier() {
   return start({CollectiveKind::barrier, ReduceOp::sum, 0, 0, Tensor(), Tensor(), {}, {}});
 }
 
+// DDP_DEBUG, as TORCH_DISTRIBUTED_DEBUG: OFF, INFO or DETAIL, any case (INFO
+// compares nothing more here). Another value is a ValueError: a misspelt DETAIL
+// must not turn the checks off silently.
+bool debug_detail() {
+  std::string v = env::get(env::kDebug).value_or("off");
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
+  DDP_CHECK(v == "off" || v == "info" || v == "detail" || v.empty(),
+            "{}={}: expected off, info or detail (as TORCH_DISTRIBUTED_DEBUG; detail compares "
+            "every collective across ranks)",
+            env::kDebug, env::get(env::kDebug).value_or(""));
+  return v == "detail";
+}
+
 // ---- ThreadedCommunicator ---------------------------------------------------------------
 
 ThreadedCommunicator::ThreadedCommunicator(int rank, int size, CommOptions options)
     : CommunicatorBase(rank, size, options) {
-  debug_ = env::get(env::kDebug).value_or("off") == "detail";
+  debug_ = debug_detail();
 }
 
 ThreadedCommunicator::~ThreadedCommunicator() {

@@ -88,6 +88,10 @@ class CommunicatorBase : public Communicator {
   int64_t next_sequence_ = 0;
 };
 
+// DDP_DEBUG=detail, in any case (off, info or detail, as TORCH_DISTRIBUTED_DEBUG);
+// another value is a ValueError naming it.
+bool debug_detail();
+
 class ThreadedCommunicator : public CommunicatorBase {
  public:
   ThreadedCommunicator(int rank, int size, CommOptions options);

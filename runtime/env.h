@@ -13,7 +13,7 @@
 //   replacement rank DDPRUN_JOIN=1 and DDPRUN_REPLACEMENT=N
 // Set by other launchers and understood by the bootstrap:
 //   OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}, PMI_RANK, PMI_SIZE,
-//   SLURM_{PROCID,NTASKS,LOCALID}
+//   SLURM_{PROCID,NTASKS,LOCALID,NTASKS_PER_NODE}
 // ddp's own knobs, set by the user:
 //   DDP_DEVICE     default device, e.g. "cpu", "cuda:1"       (default: cuda, then mps, then cpu)
 //   DDP_LOG_LEVEL  trace|debug|info|warn|error|off             (default: info)

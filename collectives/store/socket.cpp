@@ -108,8 +108,9 @@ UniqueFd listen_on(const std::string& host, int port, int backlog) {
   if (fd) return fd;
   if (error == EADDRINUSE) {
     throw StoreError(fmt::format(
-        "cannot listen on {}: Address already in use; another job (or a stale ddprun) holds the "
-        "port — pass --master-port or stop it",
+        "cannot listen on {}: Address already in use; another job (or a stale ddprun, or a "
+        "second process started as rank 0) holds the port — pass another --master-port "
+        "(ddprun) or MASTER_PORT, or stop it",
         endpoint(host, port)));
   }
   throw StoreError(

@@ -148,8 +148,9 @@ echo "configured and built the example in $((SECONDS - t0)) s"
 # A bad argument is named (exit 2), before any rank starts.
 "$exe" abc >"$work/badarg.log" 2>&1
 badarg=$?
-[ "$badarg" -eq 2 ] && grep -q "steps 'abc': expected a whole number from 1" "$work/badarg.log" ||
+if [ "$badarg" -ne 2 ] || ! grep -q "steps 'abc': expected a whole number from 1" "$work/badarg.log"; then
   fail "scaling_experiment abc exited $badarg: $(cat "$work/badarg.log")"
+fi
 
 # --standalone: a free port, so parallel ctest runs do not collide on 29500.
 output=$("$prefix/bin/ddprun" --standalone -n 2 "$exe" 150 32 2>&1)

@@ -1,6 +1,7 @@
 // init_process_group without a launcher (world size 1): the device binding of the
 // communicator (Note [communicator devices]) and option checks.
 #include "collectives/bootstrap.h"
+#include "collectives/communicator_base.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -67,6 +68,43 @@ TEST(Bootstrap, AWorldSizeWithoutARankIsRefused) {
   setenv("WORLD_SIZE", "1", 1);
   EXPECT_EQ(ddp::read_launch_env().world_size, 1);
   unsetenv("WORLD_SIZE");
+}
+
+// An int64 past INT_MAX wrapped (WORLD_SIZE=4294967298 was world size 2).
+TEST(Bootstrap, ARankVariablePastIntMaxIsRefused) {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}) unsetenv(v);
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "4294967298", 1);
+  std::string message;
+  try {
+    ddp::read_launch_env();
+  } catch (const ddp::ValueError& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("WORLD_SIZE=4294967298: expected a whole number from 0 to 2147483647"),
+            std::string::npos)
+      << message;
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+}
+
+// DDP_DEBUG as TORCH_DISTRIBUTED_DEBUG: any case; a misspelling is named.
+TEST(Bootstrap, DdpDebugTakesTorchsValuesInAnyCaseAndNamesOthers) {
+  setenv("DDP_DEBUG", "DETAIL", 1);
+  EXPECT_TRUE(ddp::debug_detail());
+  setenv("DDP_DEBUG", "info", 1);
+  EXPECT_FALSE(ddp::debug_detail());
+  setenv("DDP_DEBUG", "on", 1);
+  try {
+    ddp::debug_detail();
+    ADD_FAILURE() << "DDP_DEBUG=on accepted";
+  } catch (const ddp::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("DDP_DEBUG=on: expected off, info or detail"),
+              std::string::npos)
+        << e.what();
+  }
+  unsetenv("DDP_DEBUG");
+  EXPECT_FALSE(ddp::debug_detail());
 }
 
 TEST(Bootstrap, TheStoreIsDdprunStoreAddrElseMaster) {

@@ -427,7 +427,8 @@ TEST(StoreTcp, PortInUseSaysWhatToDo) {
       error_of<StoreError>([&] { TcpStoreServer second(server_options("", first.port())); });
   EXPECT_EQ(error,
             fmt::format("cannot listen on 127.0.0.1:{}: Address already in use; another job (or "
-                        "a stale ddprun) holds the port — pass --master-port or stop it",
+                        "a stale ddprun, or a second process started as rank 0) holds the port — "
+                        "pass another --master-port (ddprun) or MASTER_PORT, or stop it",
                         first.port()));
 }
 
