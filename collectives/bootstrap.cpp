@@ -74,9 +74,12 @@ std::optional<int> int_var(const char* name) {
 }
 
 // RANK and WORLD_SIZE set by hand (no ddprun, no torchrun: neither's run id) in a
-// process that mpirun, srun or a PMI launcher started: a stale pair in the
-// environment would make every process train alone, or pair the wrong ones,
-// silently. They must agree with that launcher's.
+// process that mpirun, srun or a PMI launcher started: a stale pair left in the
+// environment makes every process train alone (WORLD_SIZE 1 in a launch of
+// several), or gives the processes one rank number of that launch's world size,
+// silently. Those two shapes are refused; others are a spawner's own numbering
+// (srun --ntasks-per-node=1 starting 4 ranks a node with RANK=4*SLURM_PROCID+i),
+// or a shell inside an srun task of its own, and pass.
 void check_against_launcher(const LaunchEnv& e) {
   if (env::get(env::kRunId) || env::get("TORCHELASTIC_RUN_ID")) return;
   struct Launcher {
@@ -88,12 +91,16 @@ void check_against_launcher(const LaunchEnv& e) {
                            Launcher{"a PMI launcher", "PMI_RANK", "PMI_SIZE"},
                            Launcher{"srun", "SLURM_PROCID", "SLURM_NTASKS"}}) {
     const auto rank = int_var(l.rank), size = int_var(l.size);
-    if (!rank || !size) continue;
-    DDP_CHECK(*rank == e.rank && *size == e.world_size,
+    if (!rank || !size || *size <= 1) continue;
+    const bool alone = e.world_size == 1;
+    const bool renumbered = e.world_size == *size && e.rank != *rank;
+    DDP_CHECK(!alone && !renumbered,
               "RANK={} WORLD_SIZE={} disagree with {}'s {}={} {}={}: a RANK/WORLD_SIZE left in "
-              "the environment would make the ranks train alone or pair the wrong ones. Unset "
-              "RANK and WORLD_SIZE (ranks are taken from {}), or set them from it. Seen: {}",
-              e.rank, e.world_size, l.name, l.rank, *rank, l.size, *size, l.name, seen_variables());
+              "the environment would make {}. Unset RANK and WORLD_SIZE (ranks are then taken "
+              "from {}), or set them from it. Seen: {}",
+              e.rank, e.world_size, l.name, l.rank, *rank, l.size, *size,
+              alone ? "each of its processes train alone" : "its processes share rank numbers",
+              l.name, seen_variables());
   }
 }
 
@@ -239,6 +246,23 @@ std::string resolve_backend(const ProcessGroupOptions& o, const LaunchEnv& e, co
   return e.local_world_size == e.world_size ? "shm" : "gloo";
 }
 
+// The wildcard address of MASTER_ADDR's family: "0.0.0.0" where it has an IPv4
+// address, "::" where it has IPv6 ones only.
+std::string wildcard_for(const std::string& host) {
+  bool v4 = host.find(':') == std::string::npos;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* result = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &result) == 0) {
+    v4 = false;
+    for (const addrinfo* ai = result; ai != nullptr; ai = ai->ai_next)
+      v4 |= ai->ai_family == AF_INET;
+    ::freeaddrinfo(result);
+  }
+  return v4 ? "0.0.0.0" : "::";
+}
+
 void connect_store(ProcessGroup& pg, std::chrono::milliseconds timeout) {
   const LaunchEnv& e = pg.env;
   DDP_CHECK(!e.store_host.empty() && e.store_port > 0,
@@ -249,10 +273,9 @@ void connect_store(ProcessGroup& pg, std::chrono::milliseconds timeout) {
   if (e.rank == 0 && !e.agent_store) {
     // On every interface, as torch's TCPStore: MASTER_ADDR as the other nodes
     // resolve it need not be an address that rank 0 resolves it to (a hostname
-    // that /etc/hosts maps to 127.0.1.1 here). ddprun's own store binds likewise.
-    const bool v6 = e.store_host.find(':') != std::string::npos;
+    // that /etc/hosts maps to 127.0.1.1 here). ddprun binds its --master-addr.
     pg.server = std::make_shared<TcpStoreServer>(TcpStoreServerOptions{
-        .host = v6 ? "::" : "0.0.0.0", .port = e.store_port, .secret = secret});
+        .host = wildcard_for(e.store_host), .port = e.store_port, .secret = secret});
   }
   // Without ddprun or torchrun (whose store is up before any rank starts) a rank
   // may start up to the timeout before rank 0 and its store.

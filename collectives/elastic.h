@@ -47,10 +47,12 @@
 // any membership (the state copied from the most advanced one, so no step is
 // lost), see that it is the last (Regroup::stop), and at the next step boundary
 // write --save (every rank takes part: ZeRO's gather, sharded files) and exit
-// kGroupStopExit. ddprun waits for them, SIGKILLs them after kGroupStopWait, and
+// kGroupStopExit. ddprun waits for them (SIGTERM, as any end, after kGroupStopWait), and
 // exits with the failed rank's status, naming --min-ranks; another node's ddprun
 // sees the key and waits for its ranks as well. The checkpoint resumes as any
 // mid-epoch one written after a regroup (its epoch_cursor), at any world size.
+// ddprun does so only when the ranks set elastic/handles_stop (train does, at its
+// start under continue); with another program the job ends at once, as before.
 #pragma once
 
 #include "collectives/bootstrap.h"
@@ -75,6 +77,10 @@ inline constexpr const char* kEpochKey = "elastic/epoch";
 inline constexpr const char* kDoneKey = "elastic/done";
 // Note [group stop]: the last membership, and why the group stops there.
 inline constexpr const char* kStopKey = "elastic/stop";
+// Set by a rank that stops as Note [group stop] asks (train); without it ddprun
+// ends the job as before (SIGTERM, then SIGKILL): a program that cannot regroup
+// would only wait out kGroupStopWait.
+inline constexpr const char* kHandlesStopKey = "elastic/handles_stop";
 // What a rank exits with once the group stopped and its checkpoint is written
 // (EX_TEMPFAIL: the job can go on later, from that checkpoint).
 inline constexpr int kGroupStopExit = 75;

@@ -89,8 +89,8 @@ ctest_args=(--test-dir "$build_dir" --output-on-failure --parallel "$test_jobs" 
 [ -n "$label" ] && ctest_args+=(-L "$label")
 # A test labelled quick runs some cases of a test labelled long (tests/CMakeLists.txt),
 # for a run that leaves the long ones out; a run with them has no need of it.
-[ -z "$exclude_label" ] && exclude_label=quick
-ctest_args+=(-LE "^${exclude_label}\$")
+[ -z "$exclude_label" ] && [ "$label" != quick ] && exclude_label=quick
+[ -n "$exclude_label" ] && ctest_args+=(-LE "^${exclude_label}\$")
 # Multi-rank fault tests race real processes against timeouts; on a loaded
 # machine one can lose a race. A failed test runs once more (docs/building.md):
 # a broken test still fails, and one that passed only on its second run is

@@ -200,8 +200,13 @@ GroupResult run_attempt(const LaunchOptions& o, const std::string& program_path,
     if (result.outcome == Outcome::success)
       rendezvous.wait_for_others_to_leave(std::chrono::seconds(5));
   } else if (result.outcome != Outcome::interrupted && spec.elastic) {
-    // Node 0 under continue: the other nodes read the failure from its store.
-    rendezvous.wait_for_others_to_leave(spec.grace + std::chrono::seconds(5));
+    // Node 0 under continue: the other nodes read the failure from its store; after
+    // a group stop their ranks may still regroup and save through it (Note [group
+    // stop]), as long as ddprun waits for its own.
+    rendezvous.wait_for_others_to_leave(spec.grace + std::chrono::seconds(5) +
+                                        (result.group_stopped
+                                             ? std::chrono::seconds(elastic::kGroupStopWait)
+                                             : std::chrono::seconds(0)));
   }
   return result;
 }

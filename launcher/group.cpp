@@ -172,8 +172,9 @@ class Watcher {
   std::vector<int> left_;  // ranks that left the group and were not replaced (ascending)
   int replacements_ = 0;   // started, of spec_.replacements
   Clock::time_point next_join_check_ = Clock::now();
-  bool said_done_ = false;       // stand_by()
-  bool group_stopping_ = false;  // Note [group stop]: the ranks left save and exit
+  bool said_done_ = false;           // stand_by()
+  bool group_stopping_ = false;      // Note [group stop]: the ranks left save and exit
+  bool group_stop_waiting_ = false;  // until kill_deadline_, then SIGTERM as stop_all()
 };
 
 GroupResult Watcher::run() {
@@ -188,7 +189,8 @@ GroupResult Watcher::run() {
       }
     }
   }
-  const GroupResult out = result();
+  GroupResult out = result();
+  out.group_stopped = group_stopping_;
   if (out.outcome != Outcome::success) print_summary();
   if (out.outcome == Outcome::success && !departures_.empty()) {
     // Another node's ranks may still train: the job's end is node 0's to tell.
@@ -315,7 +317,14 @@ void Watcher::poll_once() {
   check_remote();
   check_nodes();
   check_joiners();
-  if (stopping_ && !killed_ && Clock::now() >= kill_deadline_) kill_all();
+  if (stopping_ && !killed_ && Clock::now() >= kill_deadline_) {
+    if (std::exchange(group_stop_waiting_, false)) {  // SIGTERM first, as any end
+      stop_all(SIGTERM, fmt::format("the ranks left did not stop within {} s of the group's stop",
+                                    elastic::kGroupStopWait.count()));
+    } else {
+      kill_all();
+    }
+  }
 }
 
 void Watcher::handle_signals() {
@@ -487,7 +496,8 @@ bool Watcher::leave_group() {
   if (authority()) {
     left = members_without({r.rec.rank});
     too_few_why = too_few(*left, blame_->what);
-    if (!too_few_why.empty() && left->empty()) {
+    // Note [group stop]: only ranks that said they stop so (train) are left to save.
+    if (!too_few_why.empty() && (left->empty() || !rendezvous_.ranks_handle_stop())) {
       say(too_few_why + ": ending the job");
       return false;
     }
@@ -608,7 +618,7 @@ bool Watcher::remote_leave(const std::vector<int>& leaving, const std::string& w
   std::vector<int> left = members_without(live);
   if (std::string why = too_few(left, what); !why.empty()) {
     remote_ = GroupFailure{.node = 0, .exit_code = exit_code, .what = why};
-    if (!left.empty()) {
+    if (!left.empty() && rendezvous_.ranks_handle_stop()) {
       stop_group(std::move(left), why, exit_code);
       return false;
     }
@@ -631,7 +641,7 @@ void Watcher::stop_group(std::vector<int> left, const std::string& why, int exit
   rendezvous_.publish_failure({.node = spec_.node_rank, .exit_code = exit_code, .what = why});
   say(
       fmt::format("{}: ending the job; the rank{} left ({}) regroup as membership {}, write "
-                  "their checkpoint where --save asks and exit (SIGKILL if they have not in "
+                  "their checkpoint where --save asks and exit (SIGTERM if they have not in "
                   "{} s)",
                   why, group_.size() == 1 ? "" : "s", elastic::format_members(group_), membership_,
                   elastic::kGroupStopWait.count()));
@@ -644,7 +654,7 @@ void Watcher::follow_group_stop(const elastic::GroupStop& stop) {
   remote_ = GroupFailure{.node = 0, .exit_code = stop.exit_code, .what = stop.why};
   say(
       fmt::format("node 0 stopped the group: {}; this node's ranks take part in its checkpoint "
-                  "and exit (SIGKILL if they have not in {} s)",
+                  "and exit (SIGTERM if they have not in {} s)",
                   stop.why, elastic::kGroupStopWait.count()));
   wait_for_group_stop();
 }
@@ -654,7 +664,7 @@ void Watcher::follow_group_stop(const elastic::GroupStop& stop) {
 // save: it is told to stop.
 void Watcher::wait_for_group_stop() {
   stopping_ = true;
-  group_stopping_ = true;
+  group_stopping_ = group_stop_waiting_ = true;
   kill_deadline_ = Clock::now() + elastic::kGroupStopWait;
   for (RankProcess& p : ranks_) {
     if (!p.running || !p.joining) continue;

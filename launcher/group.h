@@ -64,6 +64,9 @@ enum class Outcome { success, rank_failed, remote_failed, interrupted };
 struct GroupResult {
   Outcome outcome = Outcome::success;
   int exit_code = 0;  // ddprun's exit status for this outcome
+  // Note [group stop] in collectives/elastic.h: the group stopped below --min-ranks,
+  // its ranks left saving (other nodes' ranks too, through this node's store).
+  bool group_stopped = false;
 };
 
 // Runs one attempt to the end: returns when every local rank is gone (and its

@@ -175,6 +175,17 @@ bool Rendezvous::try_join_once(int restart, std::string& error) {
       return false;
     }
     run_id_ = store->get_string("run_id");
+    // One ddprun per node rank: a second one given the same --node-rank would
+    // start ranks of its own, numbered as the first's (its rank numbers taken twice).
+    const std::string me = fmt::format("{} (pid {})", host_name(), ::getpid());
+    const std::string key = fmt::format("node/{}/claimed/{}", options_.node_rank, restart);
+    const Bytes claimed = store->compare_set(key, Bytes{}, Bytes(me.begin(), me.end()));
+    if (const std::string holder(claimed.begin(), claimed.end()); holder != me) {
+      throw LaunchError(fmt::format(
+          "--node-rank {} is taken: the ddprun on {} joined this job with it first; give each "
+          "node's ddprun its own --node-rank (0 to {})",
+          options_.node_rank, holder, options_.nnodes - 1));
+    }
     store->set(fmt::format("node/{}/backup", options_.node_rank), backup_endpoint());
     store->set(fmt::format("node/{}", options_.node_rank), node_value());
     // Note [nodes lost]; and node 0 keeps its store up until this closes (Note [exit barrier]).
@@ -279,6 +290,16 @@ void Rendezvous::publish_stop(int64_t epoch, const std::vector<int>& members, in
   store_->set(elastic::kStopKey,
               elastic::format_stop({.epoch = epoch, .exit_code = exit_code, .why = why}));
   publish_membership(epoch, members);
+}
+
+bool Rendezvous::ranks_handle_stop() {
+  if (port_ <= 0 || store_lost_) return false;
+  try {
+    if (store_ == nullptr) store_ = connect(milliseconds(5000));  // one node: made on first use
+    return store_->check({elastic::kHandlesStopKey});
+  } catch (const StoreError&) {
+    return false;
+  }
 }
 
 // Across nodes these go to node 0's store: a lost one is remote_failure()'s to report.

@@ -197,6 +197,8 @@ class Rendezvous {
                     const std::string& why);
   // The stop node 0 published (elastic/stop), for another node; nullopt without one.
   std::optional<elastic::GroupStop> group_stop();
+  // Whether the ranks said they stop as Note [group stop] asks (elastic/handles_stop).
+  bool ranks_handle_stop();
   // Whether the replacement for launch rank `rank` (process `pid`) asked to join.
   bool joiner_ready(int rank, int pid);
   // A member finished the run (elastic/done): no replacement is admitted any more.

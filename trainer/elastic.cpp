@@ -349,6 +349,9 @@ void go_on(Run& r, const Regroup& g, int old_rank, Clock::time_point start) {
   make_ddp(r);
   if (pg.env.rank == 0) take_over_writing(r, old_rank != 0);
   r.rejoin_at = r.position;
+  // Note [group stop]: train_epoch stops at its next step (a replacement taken
+  // into the group's last membership too).
+  r.group_stop = g.stop;
   r.next_membership_poll = Clock::now() + kMembershipPoll;
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   r.metrics->write_membership(r.step, r.position.epoch + 1, g.epoch, g.members, g.left, g.joined,
@@ -394,7 +397,6 @@ void rejoin(Run& r, const CommError& failure) {
     try {
       const Regroup g = regroup(pg, progress(r), wait, cause);
       go_on(r, g, old_rank, start);
-      r.group_stop = g.stop;  // Note [group stop]: train_epoch stops at its next step
       // DDP_TEST_KILL_AT at the step DDP_TEST_JOIN_AT takes a replacement in: after the
       // join (after_step in epoch.cpp), so a test's schedule does not race.
       if (r.step == r.faults.kill_step && r.step == r.join_at_step) ::raise(SIGKILL);

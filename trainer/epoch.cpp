@@ -432,21 +432,24 @@ void save(Run& r, int64_t completed, int64_t epoch_step, const Tensor& loss_sum,
 }  // namespace
 
 bool save_as_resumed(Run& r, const std::string& resumed_from) {
-  // Every rank knows the file (save_everywhere; one process: --save).
+  // Every rank knows the file (save_everywhere; one process: --save), and decides
+  // alike from the same strings (a path resolved per rank could differ between
+  // nodes, and the save has collectives).
   const std::string& target = r.pg != nullptr ? r.o.save_everywhere : r.o.save;
-  if (!r.did_resume || r.first_epoch < r.o.epochs || r.resumed.epoch_step != 0 || target.empty())
-    return false;
-  const auto canonical = [](const std::string& p) {
-    std::error_code ec;
-    const auto c = std::filesystem::weakly_canonical(std::filesystem::absolute(p, ec), ec);
-    return ec ? p : c.string();
-  };
+  if (!r.did_resume || r.first_epoch < r.o.epochs || target.empty()) return false;
   const bool was_sharded = r.resumed.optimizer_shards > 0 || r.resumed.zero3_shards;
   const bool writes_sharded = r.zero != nullptr && r.o.save_sharded;
-  if (canonical(resumed_from) == canonical(target) && was_sharded == writes_sharded)
-    return false;  // it would write the file it read
+  if (resumed_from == target && was_sharded == writes_sharded) return false;  // the file it read
+  const CheckpointInfo& c = r.resumed;
+  Tensor loss_sum;
+  if (c.epoch_step > 0) {  // a mid-epoch checkpoint stays one, at its position
+    r.position = EpochPosition{.epoch = c.epoch_cursor >= 0 ? c.epoch : -1,  // -1: none recorded
+                               .step = c.epoch_step,
+                               .cursor = std::max<int64_t>(c.epoch_cursor, 0)};
+    loss_sum = from_vector<float>({c.epoch_loss_sum}, {}, {.device = r.device});
+  }
   r.nonfinite->check_weights(r.step, weights(r));
-  save(r, r.first_epoch, 0, Tensor(), 0);
+  save(r, c.epoch, c.epoch_step, loss_sum, c.epoch_loss_count);
   return true;
 }
 

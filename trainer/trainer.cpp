@@ -2,6 +2,7 @@
 
 #include "collectives/bootstrap.h"
 #include "collectives/collective_events.h"
+#include "collectives/elastic.h"
 #include "collectives/trace_collectives.h"
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/env.h"
@@ -13,6 +14,7 @@
 
 #include <signal.h>
 
+#include <fmt/ranges.h>
 #include "runtime/fmt.h"
 
 #include <algorithm>
@@ -126,9 +128,10 @@ void resume(Run& r, const std::string& path) {
               "the same task, or start over",
               path, r.resumed.task, task, r.resumed.best_metric);
     const int64_t global_batch = o.batch_size * o.grad_accum * r.world_size;
-    // A checkpoint that records its sample position (epoch_cursor: written by a
-    // group, Note [group stop]) goes on from there at any global batch, the rest
-    // of the epoch shared out anew (resumed_after_regroup in epoch.cpp).
+    // A checkpoint that records its sample position (epoch_cursor: every mid-epoch
+    // save since 2026-12-01, a group's stop included, Note [group stop]) goes on
+    // from there at any global batch, the rest of the epoch shared out anew
+    // (resumed_after_regroup in epoch.cpp).
     const bool from_cursor = r.resumed.epoch_cursor >= 0 && r.task->reshardable();
     DDP_CHECK(
         r.resumed.epoch_step == 0 ||
@@ -363,6 +366,7 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
     r.launch_options = launch;
     r.join_at_step = TestFaults::step_for("DDP_TEST_JOIN_AT", 0);  // every rank: *:STEP
     check_elastic(r);  // before the first step: what a regroup cannot carry on
+    pg->store->set(elastic::kHandlesStopKey, std::string("1"));  // Note [group stop]
   }
   // After a resume, so every rank starts from the same (rank 0's) values.
   if (pg != nullptr && pg->comm != nullptr) make_ddp(r);
@@ -434,6 +438,88 @@ void check_output_paths(const TrainOptions& o) {
   if (!o.loss_log.empty()) open_for_append("--loss-log", o.loss_log);
 }
 
+// Note [same flags]: ranks started apart (mpirun's MPMD form `-np 1 train A :
+// -np 1 train B`, RANK set by hand) can be given different training flags;
+// ddprun gives every rank one command line. Before the first step every rank
+// compares, with one all_gather, what decides the replicas' updates, the data
+// order and the schedule with rank 0's: a rank with another --lr, --optimizer,
+// --seed or --batch-size trained on silently, its replica diverging, exit 0. The
+// model itself is DDP's check (verify_same_model); paths (--data, --save) may
+// differ between nodes and are left out.
+void check_same_flags(const TrainOptions& o, Communicator& comm) {
+  const std::vector<std::pair<const char*, std::string>> fields = {
+      {"--epochs", std::to_string(o.epochs)},
+      {"--batch-size", std::to_string(o.batch_size)},
+      {"--grad-accum", std::to_string(o.grad_accum)},
+      {"--lr", fmt::format("{}", o.lr)},
+      {"--optimizer", o.optimizer},
+      {"--momentum", fmt::format("{}", o.momentum)},
+      {"--nesterov", o.nesterov ? "on" : "off"},
+      {"--weight-decay", fmt::format("{}", o.weight_decay)},
+      {"the optimizer's betas", fmt::format("{},{}", o.beta1, o.beta2)},
+      {"--lr-schedule", o.lr_schedule},
+      {"--warmup-steps", fmt::format("{}{}", o.warmup_steps, o.auto_warmup ? " (auto)" : "")},
+      {"the schedule's min_lr fraction", fmt::format("{}", o.min_lr_fraction)},
+      {"--clip-grad-norm", fmt::format("{}", o.clip_grad_norm)},
+      {"--seed", std::to_string(o.seed)},
+      {"--max-steps", std::to_string(o.max_steps)},
+      {"--synthetic-size", std::to_string(o.synthetic_size)},
+      {"--task", o.task},
+      {"--drop-last", drop_last_name(o.drop_last)},
+      {"--join-divide", join_divide_name(o.join_divide)},
+      {"--eval-every", std::to_string(o.eval_every)},
+      {"--eval-batches", std::to_string(o.eval_batches)},
+      {"--save-every", std::to_string(o.save_every)},
+      {"--on-nonfinite", o.on_nonfinite},
+      {"--early-stop", std::to_string(o.early_stop)},
+      {"--precision", o.precision},
+      {"--bucket-cap-mb", fmt::format("{}", o.bucket_cap_mb)},
+      {"--comm-hook", o.comm_hook},
+      {"--zero", std::to_string(o.zero)},
+      {"--zero-replicas", std::to_string(o.zero_replicas)},
+      {"--zero3-units", fmt::format("{}", fmt::join(o.zero3_units, ","))},
+      {"--zero3-reshard-after-forward", o.zero3_reshard_after_forward ? "true" : "false"},
+      {"--save-sharded", o.save_sharded ? "on" : "off"}};
+  const auto n = static_cast<int64_t>(fields.size());
+  std::vector<int64_t> mine;
+  for (const auto& [flag, value] : fields) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    for (const unsigned char c : value) h = (h ^ c) * 1099511628211ull;
+    mine.push_back(static_cast<int64_t>(h));
+  }
+  Tensor input = from_vector<int64_t>(mine, {n}, {.dtype = DType::i64, .device = comm.device()});
+  Tensor all = zeros({n * comm.size()}, {.dtype = DType::i64, .device = comm.device()});
+  {
+    const CollectiveLabel labelled("train flags");
+    comm.all_gather(input, all)->wait();
+  }
+  const std::vector<int64_t> seen = all.to_vector<int64_t>();
+  for (int r = 1; r < comm.size(); ++r) {
+    for (int64_t f = 0; f < n; ++f) {
+      if (seen[static_cast<size_t>(r * n + f)] == seen[static_cast<size_t>(f)]) continue;
+      // Every rank found this (r, f) first: the two values, from their ranks.
+      const auto& [flag, value] = fields[static_cast<size_t>(f)];
+      const auto value_of = [&, value = value](int from) {
+        std::vector<uint8_t> bytes(256, 0);
+        if (comm.rank() == from)
+          std::copy_n(value.begin(), std::min<size_t>(value.size(), 255), bytes.begin());
+        Tensor t =
+            from_vector<uint8_t>(bytes, {256}, {.dtype = DType::u8, .device = comm.device()});
+        const CollectiveLabel labelled("train flags");
+        comm.broadcast(t, from)->wait();
+        const auto got = t.to_vector<uint8_t>();
+        return std::string(got.begin(), std::find(got.begin(), got.end(), uint8_t{0}));
+      };
+      const std::string at0 = value_of(0), at_r = value_of(r);
+      throw ValueError(fmt::format(
+          "the ranks were started with different training flags: rank {}'s {} is {}, rank 0's "
+          "is {}. Every rank must be given the same flags (ddprun does; with mpirun's `-np 1 A "
+          ": -np 1 B` form or RANK set by hand, check each command line)",
+          r, flag, at_r, at0));
+    }
+  }
+}
+
 }  // namespace
 
 // Note [distributed train]: with WORLD_SIZE > 1 (ddprun, mpirun, srun) every rank
@@ -465,6 +551,8 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
   pg_options.device = o.device == "auto" ? "" : o.device;
   pg_options.backend = o.backend;
   ProcessGroup pg = init_process_group(pg_options);
+  // A replacement joins with no communicator; its flags are its launch's own.
+  if (pg.comm != nullptr && pg.env.world_size > 1) check_same_flags(o, *pg.comm);
   // Before the other ranks drop --save. A replacement joining the group
   // (trainer/elastic.h) takes its state from a member instead.
   const std::string resume_from = pg.env.joining ? "" : resume_path(o, &pg);

@@ -118,13 +118,11 @@ void FullyShardedParameters::build(nn::Module& root) {
     }
     return best;
   };
-  const auto unit_label = [this](size_t u) {
-    return u == 0 ? std::string("the root unit") : fmt::format("unit '{}'", units_[u].name);
-  };
   // A tied parameter (named_parameters() lists it once, under its first name;
   // state_dict() under every name, Note [shared parameters]) is used where each of
-  // its names is: every name must fall in the same unit, or one unit's forward would
-  // use it while another unit has released it.
+  // its names is: names in different units would have one unit's forward use it
+  // while the other has released it, so the root unit (gathered for the whole
+  // step) holds it, as FSDP puts a shared parameter in a common ancestor.
   const nn::NamedTensors named = root.named_parameters();
   std::unordered_map<const TensorImpl*, std::pair<std::string, size_t>> first_name;
   for (const auto& [name, p] : named)
@@ -132,13 +130,7 @@ void FullyShardedParameters::build(nn::Module& root) {
   for (const auto& [name, t] : root.state_dict()) {
     const auto it = first_name.find(&t.impl());
     if (it == first_name.end() || it->second.first == name) continue;  // a buffer, or itself
-    const auto& [other, other_unit] = it->second;
-    DDP_CHECK(other_unit == unit_of(name),
-              "ZeRO-3: parameter '{}' is tied to '{}' (one tensor), but they fall in {} and {}; "
-              "each unit releases its parameters outside its forward and backward, so a tied "
-              "parameter must be in one unit that holds both uses (leave the unit that splits "
-              "them out of --zero3-units; with none, the root unit holds it)",
-              other, name, unit_label(other_unit), unit_label(unit_of(name)));
+    if (it->second.second != unit_of(name)) it->second.second = 0;
   }
   for (const auto& [name, p] : named) {
     const size_t best = first_name.at(&p.impl()).second;

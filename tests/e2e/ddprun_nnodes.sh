@@ -51,5 +51,27 @@ grep -q "the group failed elsewhere: rank 3 .*exit code 9.* on node 1" "$WORK/fa
   fail "node 0 does not say that rank 3 on node 1 failed"
 grep -qx "\[rank 3\] DDP_STORE_SECRET=$secret" "$WORK/fail1.log" || fail "the ranks lack the file's secret"
 grep -q "^ddprun:.*$secret" "$WORK"/fail*.log && fail "ddprun printed the secret"
+
+# A second ddprun given a --node-rank already taken is refused by name (it joined
+# and started ranks numbered as the first's, one of them killed later).
+export DDP_STORE_SECRET=$secret
+port=$(free_port)
+common=(--nnodes 2 -n 1 --master-port "$port" --grace-period 2 --rdzv-timeout 20)
+"$DDPRUN" "${common[@]}" --node-rank 1 "$PROBE" --sleep 4 --marker "$MARKER" >"$WORK/dup1.log" 2>&1 &
+node1=$!
+"$DDPRUN" "${common[@]}" --node-rank 0 "$PROBE" --sleep 4 --marker "$MARKER" >"$WORK/dup0.log" 2>&1 &
+node0=$!
+for _ in $(seq 100); do
+  grep -q "^\[rank 1\] RANK=1" "$WORK/dup1.log" && break
+  sleep 0.1
+done
+"$DDPRUN" "${common[@]}" --node-rank 1 "$PROBE" --sleep 4 --marker "$MARKER" >"$WORK/dup2.log" 2>&1
+s2=$?
+wait $node0 || fail "duplicate: node 0 exited $?"
+wait $node1 || fail "duplicate: the first node 1 exited $?"
+if [ $s2 -eq 0 ] || ! grep -q -- "--node-rank 1 is taken: the ddprun on .* (pid $node1) joined this job with it first" \
+  "$WORK/dup2.log"; then
+  fail "a second --node-rank 1 exited $s2: $(cat "$WORK/dup2.log")"
+fi
 no_process_left 1
 echo "ddprun_nnodes: ok"

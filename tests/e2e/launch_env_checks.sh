@@ -6,6 +6,7 @@
 #   dup:    two processes given RANK=1: one of them is named, the job goes on
 #   world:  ranks given different WORLD_SIZE (gloo blamed the host name before)
 #   debug:  DDP_DEBUG=detail on one rank only; DDP_DEBUG=bogus
+#   flags:  another --lr on one rank (Note [same flags] in trainer/trainer.cpp)
 #   bind:   rank 0 reaches the store as 127.0.0.2, rank 1 as 127.0.0.1 (a host
 #           name the nodes resolve differently): rank 0's store listens on every
 #           interface, as torch's TCPStore
@@ -27,11 +28,17 @@ for v in RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT DDP
 done
 export DDP_BACKEND=gloo DDP_TIMEOUT_S=8 MASTER_ADDR=127.0.0.1
 task=(--data synthetic --synthetic-size 256 --max-steps 2 --epochs 1 --quiet)
-# rank NAME R W [VAR=VALUE...]: train as rank R of W in the background (pid in $!).
+# rank NAME R W [VAR=VALUE...] [-- FLAGS...]: train as rank R of W in the background
+# (pid in $!).
 rank() {
-  local name=$1 r=$2 w=$3
+  local name=$1 r=$2 w=$3 vars=()
   shift 3
-  env RANK="$r" WORLD_SIZE="$w" "$@" "$train" "${task[@]}" --loss-log "$dir/$name.loss" \
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do
+    vars+=("$1")
+    shift
+  done
+  [ $# -gt 0 ] && shift
+  env RANK="$r" WORLD_SIZE="$w" "${vars[@]}" "$train" "${task[@]}" --loss-log "$dir/$name.loss" "$@" \
     >"$dir/$name.log" 2>&1 &
 }
 
@@ -91,6 +98,19 @@ rank bogus 0 2 DDP_DEBUG=bogus
 wait $! && fail "debug: DDP_DEBUG=bogus ran"
 grep -q "DDP_DEBUG=bogus: expected off, info or detail" "$dir/bogus.log" || fail "debug: DDP_DEBUG=bogus not named"
 echo "debug: DDP_DEBUG on one rank only, and a bad value, are named (DETAIL is detail)"
+
+# flags (Note [same flags] in trainer/trainer.cpp): another --lr on rank 1 made its
+# replica diverge, exit 0.
+MASTER_PORT=$(free_port)
+rank flags0 0 2
+p0=$!
+rank flags1 1 2 -- --lr 0.05
+p1=$!
+wait "$p0" && fail "flags: rank 0 exited 0 beside a rank with another --lr"
+wait "$p1" && fail "flags: rank 1 exited 0 with another --lr"
+grep -q "the ranks were started with different training flags: rank 1.s --lr is 0.05, rank 0.s is 0.02" \
+  "$dir/flags1.log" || fail "flags: --lr not named"
+echo "flags: a rank given another --lr is named"
 
 # bind
 MASTER_PORT=$(free_port)

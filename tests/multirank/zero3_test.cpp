@@ -352,8 +352,8 @@ TEST(Zero3Units, DefaultPolicyAndBadNames) {
 }
 
 // One Linear registered under two names (a tied weight): a unit that holds one
-// name and not the other is refused at once, naming both (it failed at the first
-// forward that used the other name, with an error about calling the module).
+// name and not the other leaves the tensor to the root unit, gathered for the
+// whole step (it was unit a's, released while the root's forward used it).
 class TwoNames : public nn::Module {
  public:
   explicit TwoNames(const std::shared_ptr<nn::Linear>& linear) {
@@ -364,20 +364,14 @@ class TwoNames : public nn::Module {
   std::string name() const override { return "TwoNames"; }
 };
 
-TEST(Zero3Units, ATiedParameterSplitAcrossUnitsIsRefused) {
+TEST(Zero3Units, ATiedParameterSplitAcrossUnitsGoesToTheRootUnit) {
   auto comm = make_local_communicator();
   Generator gen(1);
   TwoNames model(std::make_shared<nn::Linear>(4, 4, gen));
-  try {
-    FullyShardedParameters::create(model, comm, {.units = {"a"}});
-    ADD_FAILURE() << "no error for a tied parameter split across units";
-  } catch (const ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("ZeRO-3: parameter 'a.weight' is tied to 'b.weight' (one "
-                                         "tensor), but they fall in unit 'a' and the root unit"),
-              std::string::npos)
-        << e.what();
-  }
-  EXPECT_NE(FullyShardedParameters::create(model, comm, {}), nullptr) << "the root holds both";
+  const auto f = FullyShardedParameters::create(model, comm, {.units = {"a"}});
+  ASSERT_EQ(f->units().size(), 2u);
+  EXPECT_EQ(f->units()[0].params.size(), 2u) << "a.weight and a.bias in the root unit";
+  EXPECT_TRUE(f->units()[1].params.empty()) << "nothing left in unit a";
 }
 
 // Note [lockstep evaluation]: rank r evaluates r + 1 batches (no-grad forwards,
