@@ -483,6 +483,20 @@ grep -q "rank 0 (launch rank 0): the group stopped at step 3: .*; no checkpoint:
 [ "$(grep -c "exit code 75 .*(left at the group's stop: saved, then exited)" "$out.log")" -eq 3 ] ||
   fail "min-ranks: the 3 ranks left did not stop by themselves: $(grep -A5 'summary of' "$out.log")"
 echo "min-ranks: exit $code, named; the ranks left stopped by themselves"
+# A program that does not say it handles the stop (elastic/handles_stop: train
+# does; a PyTorch script does not) is ended at once, as before, not waited for.
+probe="$(dirname "$train")/rank_probe"
+if [ -x "$probe" ]; then
+  start=$SECONDS
+  "$ddprun" --standalone -n 3 --on-failure continue --min-ranks 3 --grace-period 2 "$probe" \
+    --exit-code 9 --on-rank 1 --sleep 60 >"$dir/probe_min.log" 2>&1
+  code=$?
+  [ $code -eq 9 ] && [ $((SECONDS - start)) -lt 30 ] ||
+    fail "min-ranks probe: exit $code after $((SECONDS - start)) s (expected 9, at once)"
+  ! grep -q "regroup as membership" "$dir/probe_min.log" ||
+    fail "min-ranks probe: ddprun waited for ranks that cannot stop as the group asks"
+  echo "min-ranks probe: a program without the group stop ended at once (exit 9)"
+fi
 
 # --min-ranks 3 reached at the second death (Note [group stop]): the 2 ranks left
 # regroup, write --save where the group stands (step 13, not the --save-every 4
