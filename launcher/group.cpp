@@ -477,8 +477,9 @@ void Watcher::carry_out_blame() {
 
 // --on-failure continue: the rank to blame leaves the group (killed if it still
 // runs: stopped or hung), and the ranks left get the next membership through
-// the store (Note [elastic membership] in collectives/elastic.h). False when
-// fewer than --min-ranks would be left: the job ends as without continue.
+// the store (Note [elastic membership] in collectives/elastic.h). Below
+// --min-ranks the ranks left stop with the group (Note [group stop]); false when
+// none would be left or they cannot stop so: the job ends as without continue.
 // Another node's ddprun tells node 0, which decides (Note [nodes lost]).
 bool Watcher::leave_group() {
   const size_t index = blame_->index;
@@ -508,12 +509,11 @@ bool Watcher::leave_group() {
     if (r.rec.stopped_since) signal_group(r.rec.pid, SIGCONT);
   }
   r.departed = true;
+  left_.insert(std::upper_bound(left_.begin(), left_.end(), r.rec.rank), r.rec.rank);
   if (!too_few_why.empty()) {  // blame_ stays: the job's exit status
-    left_.insert(std::upper_bound(left_.begin(), left_.end(), r.rec.rank), r.rec.rank);
     stop_group(std::move(*left), too_few_why, blame_->exit_code);
     return true;
   }
-  left_.insert(std::upper_bound(left_.begin(), left_.end(), r.rec.rank), r.rec.rank);
   flight_.allow_next_capture();
   // The ranks left get a whole --hang-timeout to regroup: the silence that blamed
   // this one is not theirs (a hang whose diagnosis named no rank gave every rank
