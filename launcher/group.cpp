@@ -107,6 +107,8 @@ class Watcher {
   void stop_group(std::vector<int> left, const std::string& why, int exit_code);
   void follow_group_stop(const elastic::GroupStop& stop);
   void wait_for_group_stop();
+  void leave_stop(RankProcess& r);
+  void stop_without(const std::vector<int>& leaving, const std::string& what);
   void check_nodes();
   bool remote_leave(const std::vector<int>& leaving, const std::string& what, int exit_code);
   void admit_remote(int rank);
@@ -175,6 +177,7 @@ class Watcher {
   bool said_done_ = false;           // stand_by()
   bool group_stopping_ = false;      // Note [group stop]: the ranks left save and exit
   bool group_stop_waiting_ = false;  // until kill_deadline_, then SIGTERM as stop_all()
+  elastic::GroupStop stop_;          // node 0: the stop as first published (stop_without())
 };
 
 GroupResult Watcher::run() {
@@ -354,6 +357,7 @@ void Watcher::reap_exited() {
     r.rec.wait_status = *status;
     r.rec.stopped_since.reset();
     r.rec.exit_time = last_exit_ = Clock::now();
+    if (group_stop_waiting_) leave_stop(r);
   }
   if (!stopping_) judge();
   end_unneeded_joiners();
@@ -571,7 +575,10 @@ void Watcher::publish_group(std::vector<int> group, const std::string& what) {
 // they were posted, then the nodes lost.
 void Watcher::check_nodes() {
   const auto now = Clock::now();
-  if (!across_nodes() || !authority() || stopping_ || now < next_node_check_) return;
+  // While the ranks left stop (Note [group stop]) another node's departures count,
+  // not its silence: its ddprun no longer beats then, and ends once its ranks did.
+  const bool stop = group_stop_waiting_;
+  if (!across_nodes() || !authority() || (stopping_ && !stop) || now < next_node_check_) return;
   next_node_check_ = now + kNodeCheckInterval;
   for (const std::string& event : rendezvous_.take_events()) {
     int rank = -1, code = 1, consumed = 0;
@@ -584,6 +591,7 @@ void Watcher::check_nodes() {
     }
   }
   rendezvous_.record_events_applied();
+  if (stop) return;
   for (const LostNode& lost : rendezvous_.find_lost_nodes()) {
     std::vector<int> leaving;
     for (const int rank : members()) {
@@ -609,6 +617,10 @@ void Watcher::check_nodes() {
 // every node, with `exit_code`.
 bool Watcher::remote_leave(const std::vector<int>& leaving, const std::string& what,
                            int exit_code) {
+  if (group_stopping_) {
+    stop_without(leaving, what);
+    return true;
+  }
   std::vector<int> live;
   const std::vector<int> now = members();
   for (const int rank : leaving) {
@@ -636,6 +648,7 @@ bool Watcher::remote_leave(const std::vector<int>& leaving, const std::string& w
 void Watcher::stop_group(std::vector<int> left, const std::string& why, int exit_code) {
   group_ = std::move(left);
   ++membership_;
+  stop_ = {.epoch = membership_, .exit_code = exit_code, .why = why};
   rendezvous_.publish_stop(membership_, group_, exit_code, why);
   // For a node whose ranks are all gone (the others follow the stop above).
   rendezvous_.publish_failure({.node = spec_.node_rank, .exit_code = exit_code, .what = why});
@@ -661,21 +674,76 @@ void Watcher::follow_group_stop(const elastic::GroupStop& stop) {
 
 // No more judging, replacements or joins (stopping_); the ranks exit by themselves
 // (kill_all() at the deadline). A replacement not yet in the group has nothing to
-// save: it is told to stop.
+// save: it is told to stop. A member that failed and was not judged (it died in the
+// same poll as the failure that stopped the group; on another node, before its
+// ddprun saw the stop: failed_elsewhere_first()) leaves the stop now.
 void Watcher::wait_for_group_stop() {
   stopping_ = true;
   group_stopping_ = group_stop_waiting_ = true;
   kill_deadline_ = Clock::now() + elastic::kGroupStopWait;
   for (RankProcess& p : ranks_) {
-    if (!p.running || !p.joining) continue;
-    p.rec.signalled = true;
-    signal_group(p.rec.pid, SIGTERM);
+    if (p.running && p.joining) {
+      p.rec.signalled = true;
+      signal_group(p.rec.pid, SIGTERM);
+    } else if (!p.running && p.rec.wait_status) {
+      leave_stop(p);
+    }
   }
+}
+
+// Note [group stop]: a member that fails while the ranks left stop leaves their
+// last membership too. Until they committed the checkpoint (the trainer's
+// all_reduce after it: no rank exits kGroupStopExit before) the others wait for
+// it, in the regroup or the save; node 0 publishes the stop once more without it
+// (stop_without()), another node tells node 0. After the commit the membership
+// published so is never formed: the ranks exit by themselves.
+void Watcher::leave_stop(RankProcess& r) {
+  const int status = r.rec.wait_status.value_or(0);
+  if (r.departed || r.joining || r.rec.signalled || !failed(status) ||
+      (WIFEXITED(status) && WEXITSTATUS(status) == elastic::kGroupStopExit))
+    return;
+  r.departed = true;
+  const std::string what = fmt::format("rank {} failed during the group's stop ({})", r.rec.rank,
+                                       describe_status(status));
+  if (authority()) {
+    stop_without({r.rec.rank}, what);
+  } else {
+    say(what + ": node 0 stops the group without it");
+    rendezvous_.post_event(fmt::format("left {} {} {}", r.rec.rank, exit_code_of(status), what));
+  }
+}
+
+// Node 0: the stop once more, as the next membership, without `leaving` (and the
+// local ranks that exited); the job's exit status stays the first failure's.
+void Watcher::stop_without(const std::vector<int>& leaving, const std::string& what) {
+  const bool member = std::any_of(leaving.begin(), leaving.end(), [this](int rank) {
+    return std::find(group_.begin(), group_.end(), rank) != group_.end();
+  });
+  if (!member) return;  // none of them is in the stop's membership (it left before)
+  std::vector<int> left = members_without(leaving);
+  left_.insert(left_.end(), leaving.begin(), leaving.end());
+  std::sort(left_.begin(), left_.end());
+  left_.erase(std::unique(left_.begin(), left_.end()), left_.end());
+  if (left.empty()) {
+    say(what + "; no rank is left to write the checkpoint");
+    return;
+  }
+  group_ = std::move(left);
+  ++membership_;
+  stop_.epoch = membership_;
+  rendezvous_.publish_stop(membership_, group_, stop_.exit_code, stop_.why + "; then " + what);
+  kill_deadline_ = Clock::now() + elastic::kGroupStopWait;
+  say(fmt::format(
+      "{}: the rank{} left ({}) regroup once more, as membership {}, and write the checkpoint "
+      "(SIGTERM if they have not exited in {} s)",
+      what, group_.size() == 1 ? "" : "s", elastic::format_members(group_), membership_,
+      elastic::kGroupStopWait.count()));
 }
 
 // Node 0: another node's replacement is ready; it joins at the members' next
 // step boundary.
 void Watcher::admit_remote(int rank) {
+  if (stopping_) return;                   // the group stops: it was told to stop too
   if (rendezvous_.elastic_done()) return;  // it exits by itself
   // Posted just before its node was lost: it died with it.
   if (rendezvous_.is_lost(node_of(rank))) return;

@@ -661,7 +661,11 @@ void begin_profile(Run& r) {
 
 // Note [group stop] in collectives/elastic.h: the group's last membership formed
 // (fewer ranks were left than ddprun's --min-ranks), the state the most advanced
-// rank's. Every rank writes its part of --save where it stands, then stops.
+// rank's. Every rank writes its part of --save where it stands, then stops. The
+// save ends with a one-element all_reduce, as a report does (Note [reports
+// committed]): no rank exits before the writer has written, so a rank that dies in
+// the save fails the others' all_reduce, and they regroup into the stop ddprun
+// publishes without it and save again.
 [[noreturn]] void stop_with_group(Run& r, EpochState& e) {
   const ProcessGroup& pg = *r.pg;
   std::string saved = "; no checkpoint: the run has no --save";
@@ -670,6 +674,9 @@ void begin_profile(Run& r) {
     r.nonfinite->check();
     r.nonfinite->check_weights(r.step, weights(r));
     save(r, e.epoch, e.step, e.loss_sum, e.micro_batches);
+    const CollectiveLabel labelled("stop committed");
+    Tensor done = zeros({1}, {.device = pg.comm->device()});
+    pg.comm->all_reduce(done, ReduceOp::sum)->wait();
     saved = fmt::format(
         "; checkpoint {} written (epoch {}, step {} of it): go on with --resume {} (at any "
         "number of ranks)",

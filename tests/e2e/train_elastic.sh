@@ -15,7 +15,8 @@
 # a replacement (--max-restarts 1) that joins the group again,
 # its reference joining at the same step (DDP_TEST_JOIN_AT); then two ranks in a
 # row, a rank replaced twice, a rank that hangs (SIGSTOP) instead of dying,
-# --min-ranks reached (the ranks left save and stop; resumed, no step lost), a run
+# --min-ranks reached (the ranks left save and stop; resumed, no step lost; again
+# with the writer killed in that save), a run
 # without failures that equals --on-failure restart's, and bad input.
 # usage: train_elastic.sh DDPRUN TRAIN [quick]   (quick: the sanitizer build's
 # cut-down set: gloo on rank 0, shm in the all_reduce with a replacement
@@ -522,6 +523,24 @@ DDP_TEST_KILL_AT=2:5 "$ddprun" --standalone -n 4 --on-failure continue --grace-p
   fail "stop: the reference exited $?"
 cmp "$out.loss" "$out.ref.loss" || fail "stop: the resumed loss log differs from the reference's"
 echo "stop: --min-ranks reached; the ranks left saved step 13, resumed at 3 ranks as the job that lost one rank"
+# The writer dies in the stop's save (rank 0, before it writes; Note [group stop]):
+# rank 1's all_reduce after its part of the save fails, so it does not exit;
+# ddprun publishes the stop once more without rank 0, and launch rank 1, rank 0
+# now, writes step 13. It resumes as the first stop's checkpoint did, to the same
+# loss log.
+DDP_TEST_KILL_AT=2:5,3:13 DDP_TEST_KILL_IN_SAVE=0:13 "$ddprun" --standalone -n 4 \
+  --on-failure continue --min-ranks 3 --grace-period 2 "$train" "${one[@]}" --save "$out.st2" \
+  --loss-log "$out.loss2" >"$out.twice.log" 2>&1
+code=$?
+[ $code -eq 137 ] || fail "stop twice: exited $code, not the first dead rank's 137"
+grep -q "rank 0 failed during the group's stop (killed by SIGKILL): the rank left (1) regroup once more, as membership 3" \
+  "$out.twice.log" || fail "stop twice: ddprun did not stop the group again without rank 0"
+grep -q "rank 0 (launch rank 1): the group stopped at step 13: .*; then rank 0 failed during the group's stop .*; checkpoint $out.st2 written (epoch 1, step 13 of it)" \
+  "$out.twice.log" || fail "stop twice: launch rank 1 alone did not write step 13"
+"$ddprun" --standalone -n 3 "$train" "${one[@]}" --save "$out.st2" --loss-log "$out.loss2" \
+  --resume auto >"$out.resumed2.log" 2>&1 || fail "stop twice: the resumed job exited $?"
+cmp "$out.loss2" "$out.ref.loss" || fail "stop twice: the resumed loss log differs from the reference's"
+echo "stop twice: the writer killed in the stop's save; the last rank saved step 13, resumed as the first stop's"
 
 # Without a failure, continue trains as restart does.
 "$ddprun" --standalone -n 4 --on-failure continue "$train" --backend shm "${common[@]}" \

@@ -15,7 +15,8 @@
 #          all_reduce's timeout
 #   min:   rank 3 SIGKILLed under --min-ranks 4: ranks 0-2 save and exit, both agents
 #          end with its status;
-#          again with one rank a node (node 1 left with none)
+#          again with one rank a node (node 1 left with none); min_save: then
+#          rank 2 (node 1) dies in that save, and ranks 0,1 save without it
 #   node0: under --rdzv-backup, rank 3 SIGKILLed and replaced, then node 0's
 #          ddprun SIGKILLed (the store's host, its ranks die with it): node 1's
 #          backup store takes over, node 1 keeps the membership, ranks 2,3 go on; node1: the backup's host lost instead,
@@ -205,6 +206,23 @@ if [ "$mode" != quick ]; then
   # the job failed (node 0 keeps its store up until node 1's ddprun is gone).
   NPROC=1 min_ranks min1 1 2 "this node's ranks succeeded, but the group failed"
   echo "min1: rank 1, node 1's only rank, killed under --min-ranks 2: both nodes exited 137"
+
+  # --- min_save: then rank 2 (node 1) dies in the stop's save: node 1 tells node 0,
+  # which publishes the stop once more without it, and ranks 0,1 write step 8.
+  DDP_TEST_KILL_AT=3:8 DDP_TEST_KILL_IN_SAVE=2:8 start min_save --min-ranks 4
+  wait "$node0"
+  s0=$?
+  wait "$node1"
+  s1=$?
+  [ "$s0" = 137 ] && [ "$s1" = 137 ] ||
+    fail "min_save: node 0 exited $s0, node 1 $s1 (expected rank 3's 137 on both)"
+  grep -q "^ddprun: rank 2 failed during the group's stop (killed by SIGKILL): node 0 stops the group without it" \
+    "$dir/min_save.node1.log" || fail "min_save: node 1 did not report rank 2's death in the stop"
+  grep -q "^ddprun: rank 2 failed during the group's stop (killed by SIGKILL): the ranks left (0,1) regroup once more" \
+    "$dir/min_save.node0.log" || fail "min_save: node 0 did not stop the group again without rank 2"
+  grep -q "rank 0 (launch rank 0): the group stopped at step 8: .*; then rank 2 failed during the group's stop .*; checkpoint $dir/min_save.st written (epoch 1, step 8 of it)" \
+    "$dir/min_save.node0.log" || fail "min_save: ranks 0,1 did not write step 8"
+  echo "min_save: rank 2 (node 1) killed in the stop's save; node 0 stopped the group again, ranks 0,1 wrote step 8"
 fi
 
 # --- node0: under --rdzv-backup, rank 3 dies and its replacement joins (node 0
