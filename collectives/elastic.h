@@ -53,6 +53,13 @@
 // mid-epoch one written after a regroup (its epoch_cursor), at any world size.
 // ddprun does so only when the ranks set elastic/handles_stop (train does, at its
 // start under continue); with another program the job ends at once, as before.
+// The save ends with a one-element all_reduce ("stop committed"), so no rank exits
+// before the writer has written. A member that dies of a signal before that (in
+// the regroup, the save) leaves the stop too: node 0's ddprun publishes it once
+// more without that rank (another node's ddprun posts the death as an event, and
+// node 0 applies them until the other agents are gone), the others' collective
+// fails, and they regroup into it and save again. A rank that exits with an error
+// ends the stop (every writer after it would most likely fail alike).
 #pragma once
 
 #include "collectives/bootstrap.h"

@@ -75,6 +75,7 @@ struct RankProcess {
   bool running = false;
   bool departed = false;               // --on-failure continue: it left the group (leave_group())
   bool joining = false;                // a replacement not yet in a membership (check_joiners())
+  bool died_in_stop = false;           // Note [group stop]: it died during the group's stop
   std::vector<std::string> extra_env;  // a replacement's DDPRUN_JOIN
   std::string err_log;                 // "" without --log-dir
   Fd out_file, err_file;
@@ -177,7 +178,9 @@ class Watcher {
   bool said_done_ = false;           // stand_by()
   bool group_stopping_ = false;      // Note [group stop]: the ranks left save and exit
   bool group_stop_waiting_ = false;  // until kill_deadline_, then SIGTERM as stop_all()
-  elastic::GroupStop stop_;          // node 0: the stop as first published (stop_without())
+  // The stop as node 0 published it first (its why and exit code: stop_without()),
+  // with the epoch of the latest one (another node: the one followed).
+  elastic::GroupStop stop_;
 };
 
 GroupResult Watcher::run() {
@@ -583,7 +586,11 @@ void Watcher::check_nodes() {
   for (const std::string& event : rendezvous_.take_events()) {
     int rank = -1, code = 1, consumed = 0;
     if (std::sscanf(event.c_str(), "left %d %d %n", &rank, &code, &consumed) == 2) {
-      if (!remote_leave({rank}, event.substr(static_cast<size_t>(consumed)), code)) return;
+      // Once the group stops (at this event or one before) the events after it still
+      // count: remote_leave() hands them to stop_without().
+      if (!remote_leave({rank}, event.substr(static_cast<size_t>(consumed)), code) &&
+          !group_stop_waiting_)
+        return;
     } else if (std::sscanf(event.c_str(), "ready %d", &rank) == 1) {
       admit_remote(rank);
     } else {
@@ -607,7 +614,7 @@ void Watcher::check_nodes() {
     if (leaving.empty() || finished) {
       departures_.push_back(
           fmt::format("{} was lost{}", who, finished ? ", after the group finished" : ""));
-    } else if (!remote_leave(leaving, who + " was lost", 1)) {
+    } else if (!remote_leave(leaving, who + " was lost", 1) && !group_stop_waiting_) {
       return;
     }
   }
@@ -617,7 +624,7 @@ void Watcher::check_nodes() {
 // every node, with `exit_code`.
 bool Watcher::remote_leave(const std::vector<int>& leaving, const std::string& what,
                            int exit_code) {
-  if (group_stopping_) {
+  if (group_stop_waiting_) {
     stop_without(leaving, what);
     return true;
   }
@@ -665,11 +672,25 @@ void Watcher::stop_group(std::vector<int> left, const std::string& why, int exit
 // take part in the last membership and its checkpoint, then exit.
 void Watcher::follow_group_stop(const elastic::GroupStop& stop) {
   remote_ = GroupFailure{.node = 0, .exit_code = stop.exit_code, .what = stop.why};
+  stop_ = stop;
   say(
       fmt::format("node 0 stopped the group: {}; this node's ranks take part in its checkpoint "
                   "and exit (SIGTERM if they have not in {} s)",
                   stop.why, elastic::kGroupStopWait.count()));
   wait_for_group_stop();
+  // A replacement this node announced ("ready") that node 0 did not take in before
+  // the stop is no member of it: nothing to save.
+  try {
+    const auto [epoch, list] = rendezvous_.membership();
+    if (epoch != stop.epoch) return;
+    for (RankProcess& p : ranks_) {
+      if (!p.running || p.departed || std::find(list.begin(), list.end(), p.rec.rank) != list.end())
+        continue;
+      p.rec.signalled = true;
+      signal_group(p.rec.pid, SIGTERM);
+    }
+  } catch (const Error&) {  // the store went: remote_failure() says so
+  }
 }
 
 // No more judging, replacements or joins (stopping_); the ranks exit by themselves
@@ -691,18 +712,19 @@ void Watcher::wait_for_group_stop() {
   }
 }
 
-// Note [group stop]: a member that fails while the ranks left stop leaves their
-// last membership too. Until they committed the checkpoint (the trainer's
-// all_reduce after it: no rank exits kGroupStopExit before) the others wait for
-// it, in the regroup or the save; node 0 publishes the stop once more without it
-// (stop_without()), another node tells node 0. After the commit the membership
-// published so is never formed: the ranks exit by themselves.
+// Note [group stop]: a member that dies (of a signal: SIGKILL, a crash, the OOM
+// killer) while the ranks left stop leaves their last membership too. Until they
+// committed the checkpoint (the trainer's all_reduce after it: no rank exits
+// kGroupStopExit before) the others wait for it, in the regroup or the save; node
+// 0 publishes the stop once more without it (stop_without()), another node tells
+// node 0. After the commit the membership published so is never formed: the
+// ranks exit by themselves. A rank that exits with an error (a full disk, a
+// regroup that timed out) ends the stop as it would end the job: every writer
+// after it would most likely fail alike.
 void Watcher::leave_stop(RankProcess& r) {
   const int status = r.rec.wait_status.value_or(0);
-  if (r.departed || r.joining || r.rec.signalled || !failed(status) ||
-      (WIFEXITED(status) && WEXITSTATUS(status) == elastic::kGroupStopExit))
-    return;
-  r.departed = true;
+  if (r.departed || r.joining || r.rec.signalled || !WIFSIGNALED(status)) return;
+  r.departed = r.died_in_stop = true;
   const std::string what = fmt::format("rank {} failed during the group's stop ({})", r.rec.rank,
                                        describe_status(status));
   if (authority()) {
@@ -743,7 +765,7 @@ void Watcher::stop_without(const std::vector<int>& leaving, const std::string& w
 // Node 0: another node's replacement is ready; it joins at the members' next
 // step boundary.
 void Watcher::admit_remote(int rank) {
-  if (stopping_) return;                   // the group stops: it was told to stop too
+  if (stopping_) return;  // the group stops: its node stops it (follow_group_stop())
   if (rendezvous_.elastic_done()) return;  // it exits by itself
   // Posted just before its node was lost: it died with it.
   if (rendezvous_.is_lost(node_of(rank))) return;
@@ -776,7 +798,11 @@ bool Watcher::stand_by() {
 // Node 0 across nodes: the group goes on while another node runs ranks, so node
 // 0 keeps its membership after its own ranks are gone.
 bool Watcher::keep_group() {
-  return across_nodes() && authority() && !stopping_ && !rendezvous_.others_done();
+  if (!across_nodes() || !authority()) return false;
+  // Note [group stop]: the other nodes' ranks may still die in it, with none of
+  // this node's left to regroup: their agents' events are applied until they are gone.
+  if (group_stop_waiting_) return !rendezvous_.others_gone();
+  return !stopping_ && !rendezvous_.others_done();
 }
 
 // Launch rank r runs on node r / (ranks per node): every node runs as many.
@@ -1032,7 +1058,20 @@ void Watcher::end_hung_job(const Hang& hang) {
 }
 
 void Watcher::check_remote() {
-  if (stopping_ || !rendezvous_.multi_node()) return;
+  if (!rendezvous_.multi_node()) return;
+  if (stopping_) {
+    // Note [group stop]: node 0 publishes the stop again when a member dies in it;
+    // this node's ranks get the whole wait for that one too.
+    if (group_stop_waiting_ && spec_.elastic && !authority() &&
+        Clock::now() >= next_remote_check_) {
+      next_remote_check_ = Clock::now() + kRemoteCheckInterval;
+      if (const auto stop = rendezvous_.group_stop(); stop && stop->epoch > stop_.epoch) {
+        stop_.epoch = stop->epoch;
+        kill_deadline_ = Clock::now() + elastic::kGroupStopWait;
+      }
+    }
+    return;
+  }
   std::string lost;  // Note [node 0 lost]: an atomic read until the backup serves
   if (spec_.elastic && rendezvous_.take_over(lost)) return become_authority(lost);
   if (Clock::now() < next_remote_check_) return;
@@ -1109,6 +1148,7 @@ void Watcher::become_authority(const std::string& why) {
 void Watcher::stop_all(int sig, const std::string& why) {
   flight_.capture(raw_records(), why);  // Note [dumps from the regions]: before any signal
   stopping_ = true;
+  group_stop_waiting_ = false;  // a group's stop ends here too (a signal to ddprun, say)
   kill_deadline_ = Clock::now() + spec_.grace;
   const auto running =
       std::count_if(ranks_.begin(), ranks_.end(), [](auto& r) { return r.running; });
@@ -1166,6 +1206,8 @@ void Watcher::print_summary() const {
       note = blame_->reason == BlameReason::failed ? "  <- first failure" : "  <- to blame";
     else if (group_stopping_ && WIFEXITED(status) && WEXITSTATUS(status) == elastic::kGroupStopExit)
       note = "  (left at the group's stop: saved, then exited)";  // Note [group stop]
+    else if (ranks_[i].died_in_stop)
+      note = "  (died during the group's stop: the others saved without it)";
     else if (r.signalled && failed(status))
       note = "  (stopped by ddprun)";
     say(fmt::format("  rank {:<3} pid {:<8} {:<28} {:6.1f} s{}", r.rank, r.pid,

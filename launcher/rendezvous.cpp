@@ -387,6 +387,23 @@ bool Rendezvous::others_done() {
   return nodes_done(false);
 }
 
+bool Rendezvous::others_gone() {
+  if (!multi_node() || !store_ || store_lost_) return true;
+  try {
+    for (int r = 0; r < options_.nnodes; ++r) {
+      if (r == options_.node_rank) continue;
+      const bool gone = store_->check({fmt::format("done/{}", r)}) ||
+                        store_->check({fmt::format("node/{}/closed", r)}) ||
+                        store_->check({fmt::format("node/{}/lost", r)});
+      if (!gone) return false;
+    }
+    return true;
+  } catch (const StoreError&) {
+    store_lost_ = true;
+    return true;
+  }
+}
+
 bool Rendezvous::nodes_done(bool self) {
   if (!multi_node() || !store_ || store_lost_) return true;
   try {

@@ -208,6 +208,9 @@ class Rendezvous {
   bool all_done();
   // The same for every node but this one.
   bool others_done();
+  // Every other node's agent is gone (its store connection closed), was lost, or
+  // its ranks succeeded: none will post another event (Note [group stop]).
+  bool others_gone();
 
   // --on-failure continue across nodes (Note [nodes lost]); no-ops on one node.
   // A node but 0: posts an event for node 0 ("left ...", "ready ...").

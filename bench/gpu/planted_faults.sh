@@ -105,7 +105,7 @@ done <"$table"
 # the first failing test settles the verdict, so the run stops there (--gtest_fail_fast;
 # it ran every test of its filter before: 301 s for the emulated device in CI).
 run() {
-  env -u DDP_TEST_PLANT_FAULT ${1:+"DDP_TEST_PLANT_FAULT=$1"} timeout -k 10 "$timeout_s" "$tests" \
+  env -u DDP_TEST_PLANT_FAULT ${1:+"DDP_TEST_PLANT_FAULT=$1"} timeout -k 10 "${run_timeout:-$timeout_s}" "$tests" \
     --gtest_filter="$2" ${1:+--gtest_fail_fast} >"$out" 2>&1 </dev/null
   rc=$?
   { echo "==== ${1:-no fault} ($2): exit $rc"; cat "$out"; } >>"$log"
@@ -123,14 +123,20 @@ run() {
 # five of them, takes 5 s a run on the emulated device under ASan), so that runs each
 # test once. A filter is settled by it when the union passed and one of the filter's
 # patterns names a test that passed there; the others (all when the union failed) run
-# on their own, which says which filter fails or runs nothing.
+# on their own, which says which filter fails or runs nothing. (A test that passes
+# only after another filter's tests ran would pass the union and fail alone: its
+# fault's line then says "caught" wrongly. gtest runs tests in the order they are
+# declared, which the filters do not change.) The union gets --timeout for each
+# filter, and runs only where that fits the --budget.
 declare -A baseline=()
 distinct=()
 for filter in "${filters[@]}"; do
   [[ " ${distinct[*]} " == *" $filter "* ]] || distinct+=("$filter")
 done
 union=$(IFS=:; echo "${distinct[*]}")
-if [[ ${#distinct[@]} -gt 1 && $union != *-* ]] && time_left; then
+run_timeout=$((timeout_s * ${#distinct[@]}))
+if [[ ${#distinct[@]} -gt 1 && $union != *-* ]] &&
+  [[ $budget -eq 0 || $((SECONDS + run_timeout)) -le $budget ]]; then
   run "" "$union"
   if [[ $rc -eq 0 && $passed -gt 0 ]]; then
     mapfile -t ok_tests < <(sed -n 's/^\[       OK \] \([^ ]*\) (.*/\1/p' "$out")
@@ -145,6 +151,7 @@ if [[ ${#distinct[@]} -gt 1 && $union != *-* ]] && time_left; then
     done
   fi
 fi
+unset run_timeout
 for filter in "${distinct[@]}"; do
   [[ -n "${baseline[$filter]+x}" ]] && continue
   time_left || break

@@ -223,6 +223,30 @@ if [ "$mode" != quick ]; then
   grep -q "rank 0 (launch rank 0): the group stopped at step 8: .*; then rank 2 failed during the group's stop .*; checkpoint $dir/min_save.st written (epoch 1, step 8 of it)" \
     "$dir/min_save.node0.log" || fail "min_save: ranks 0,1 did not write step 8"
   echo "min_save: rank 2 (node 1) killed in the stop's save; node 0 stopped the group again, ranks 0,1 wrote step 8"
+
+  # --- min_two: both of node 1's ranks die after step 8: the second one's event,
+  # read with the first's, stops the group again; and min_none: ranks 0,1 (node 0)
+  # die first, then rank 3 in the save: node 0, with no rank of its own left, still
+  # applies node 1's event, and rank 2 alone writes step 8.
+  DDP_TEST_KILL_AT=3:8,2:8 start min_two --min-ranks 4
+  wait "$node0"
+  s0=$?
+  wait "$node1"
+  s1=$?
+  [ "$s0" = 137 ] && [ "$s1" = 137 ] || fail "min_two: node 0 exited $s0, node 1 $s1 (expected 137)"
+  grep -q "rank 0 (launch rank 0): the group stopped at step 8: .*; checkpoint $dir/min_two.st written (epoch 1, step 8 of it)" \
+    "$dir/min_two.node0.log" || fail "min_two: ranks 0,1 did not write step 8"
+  DDP_TEST_KILL_AT=0:5,1:8 DDP_TEST_KILL_IN_SAVE=3:8 start min_none --min-ranks 3
+  wait "$node0"
+  s0=$?
+  wait "$node1"
+  s1=$?
+  [ "$s0" = 137 ] && [ "$s1" = 137 ] || fail "min_none: node 0 exited $s0, node 1 $s1 (expected 137)"
+  grep -q "^ddprun: rank 3 failed during the group's stop (killed by SIGKILL): the rank left (2) regroup once more" \
+    "$dir/min_none.node0.log" || fail "min_none: node 0 did not stop the group again without rank 3"
+  grep -q "rank 0 (launch rank 2): the group stopped at step 8: .*; checkpoint $dir/min_none.st written (epoch 1, step 8 of it)" \
+    "$dir/min_none.node1.log" || fail "min_none: rank 2 did not write step 8"
+  echo "min_two, min_none: two deaths at once on node 1, and a death in the stop with no rank of node 0 left: step 8 written"
 fi
 
 # --- node0: under --rdzv-backup, rank 3 dies and its replacement joins (node 0
