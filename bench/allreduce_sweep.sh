@@ -21,7 +21,7 @@ while [ $# -gt 0 ]; do
     --sizes) sizes=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --no-torch) torch=0; shift ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "allreduce_sweep.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done

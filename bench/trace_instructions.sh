@@ -13,6 +13,16 @@
 # trace file is first written (--dump-before): its writing, at the end of the
 # run, is reported apart (per record) by `bench trace`.
 set -euo pipefail
+usage_error() {
+  echo "bench/trace_instructions.sh: $*" >&2
+  echo "usage: bench/trace_instructions.sh TRAIN [BASE_TRAIN] (see --help)" >&2
+  exit 2
+}
+case "${1:-}" in
+  -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;;
+  -*) usage_error "unknown option '$1'" ;;
+esac
+if [ $# -lt 1 ] || [ $# -gt 2 ]; then usage_error "expected 1 or 2 arguments, got $#"; fi
 train=$1 base=${2:-}
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 2; }
 work=$(mktemp -d)

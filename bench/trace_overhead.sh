@@ -14,6 +14,16 @@
 # Environment: MLP_PAIRS (default 9) and GPT_PAIRS (default 3) rounds; the order
 # within a round alternates so that drift does not favour one side.
 set -euo pipefail
+usage_error() {
+  echo "bench/trace_overhead.sh: $*" >&2
+  echo "usage: bench/trace_overhead.sh DDPRUN TRAIN [BASE_TRAIN] (see --help)" >&2
+  exit 2
+}
+case "${1:-}" in
+  -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;;
+  -*) usage_error "unknown option '$1'" ;;
+esac
+if [ $# -lt 2 ] || [ $# -gt 3 ]; then usage_error "expected 2 or 3 arguments, got $#"; fi
 ddprun=$1 train=$2 base=${3:-}
 mlp_pairs=${MLP_PAIRS:-9} gpt_pairs=${GPT_PAIRS:-3}
 work=$(mktemp -d)
@@ -56,7 +66,7 @@ bench() {
   [ -n "$base" ] && kinds+=(base)
   for ((i = 0; i < pairs; i++)); do
     local order=("${kinds[@]}")
-    ((i % 2)) && order=($(printf '%s\n' "${kinds[@]}" | tac))
+    ((i % 2)) && mapfile -t order < <(printf '%s\n' "${kinds[@]}" | tac)
     for kind in "${order[@]}"; do
       local binary=$train
       [ "$kind" = base ] && binary=$base

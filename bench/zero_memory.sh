@@ -9,6 +9,16 @@
 # or ran out of memory (our message, naming the cap).
 # usage: bench/zero_memory.sh TRAIN DDPRUN [MODEL] [STEPS] [CAP]
 set -euo pipefail
+usage_error() {
+  echo "bench/zero_memory.sh: $*" >&2
+  echo "usage: bench/zero_memory.sh TRAIN DDPRUN [MODEL] [STEPS] [CAP] (see --help)" >&2
+  exit 2
+}
+case "${1:-}" in
+  -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;;
+  -*) usage_error "unknown option '$1'" ;;
+esac
+if [ $# -lt 2 ] || [ $# -gt 5 ]; then usage_error "expected 2 to 5 arguments, got $#"; fi
 train=$1 ddprun=$2
 model=${3:-gpt:layers=12,d=768,heads=12,ctx=128,vocab=50257}
 steps=${4:-3}

@@ -13,6 +13,16 @@
 # `docker build` itself cannot run here (no Docker daemon); see docs/deploy.md.
 # Exits 77 (skipped), saying why, when shellcheck or Python's yaml is missing.
 set -uo pipefail
+usage_error() {
+  echo "deploy/lint.sh: $*" >&2
+  echo "usage: deploy/lint.sh [DDPRUN] (see --help)" >&2
+  exit 2
+}
+case "${1:-}" in
+  -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;;
+  -*) usage_error "unknown option '$1'" ;;
+esac
+if [ $# -gt 1 ]; then usage_error "expected at most 1 argument, got $#"; fi
 cd "$(dirname "$0")/.." || exit 1
 ddprun=${1:-}
 fail() { echo "deploy/lint.sh: FAIL: $*" >&2; exit 1; }

@@ -3,7 +3,7 @@
 #
 #   deploy/test.sh [--build-dir DIR] [--cpu-only | --emulate-cuda]
 #                  [--sanitize address|thread]
-#                  [--no-werror] [--label L] [--exclude-label L] [--no-install]
+#                  [--werror | --no-werror] [--label L] [--exclude-label L] [--no-install]
 #                  [--jobs N] [--no-rerun]
 #
 #   --build-dir DIR    build folder (default: build)
@@ -12,7 +12,8 @@
 #                      C++ for a CUDA device emulated on the CPU, where the gpu tests
 #                      run (Note [emulated CUDA device]; needs the toolkit's headers)
 #   --sanitize KIND    sanitizer build: address (ASan + UBSan) or thread (TSan)
-#   --no-werror        let compiler warnings pass (default: they are errors, as in CI)
+#   --werror           compiler warnings are errors (the default, as in CI)
+#   --no-werror        let compiler warnings pass
 #   --label L          run only ctest tests with label L (unit, gpu, ...)
 #   --exclude-label L  leave out tests with label L (CI's sanitizer phase: long;
 #                      default: quick, the quick siblings, whose cases their long
@@ -51,7 +52,7 @@ while [ $# -gt 0 ]; do
     --no-install) install=0; shift ;;
     --jobs) jobs=$2; test_jobs=$2; shift 2 ;;
     --no-rerun) rerun=0; shift ;;
-    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "deploy/test.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done

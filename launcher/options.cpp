@@ -9,6 +9,8 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <string>
+#include <string_view>
 
 namespace ddp::launcher {
 
@@ -33,8 +35,9 @@ ranks:
                         auto|local|shm|gloo|nccl (mpi needs mpirun, not ddprun)
 rendezvous:
   --master-addr HOST    MASTER_ADDR: node 0's address (default 127.0.0.1)
-  --master-port PORT    MASTER_PORT (default 29500), left free for rank 0's own
-                        store (a PyTorch program's init_process_group)
+  --master-port PORT    MASTER_PORT (default 29500; 29501 when --rdzv-port or
+                        --rdzv-endpoint names 29500), left free for rank 0's
+                        own store (a PyTorch program's init_process_group)
   --standalone          one node; MASTER_PORT is a free port chosen for you
   --rdzv-port PORT      with --nnodes > 1: the port of the agents' store on
                         node 0 (default: --master-port + 1)
@@ -52,9 +55,9 @@ rendezvous:
                         (docs/elastic.md)
   --rdzv-timeout S      seconds the agents wait for each other (default 300)
   --store-secret-file FILE
-                        DDP_STORE_SECRET from FILE (mode 0600); with --nnodes
-                        > 1 this or DDP_STORE_SECRET in the environment is
-                        required
+                        DDP_STORE_SECRET from FILE (mode 0600 or 0400);
+                        with --nnodes > 1 this or DDP_STORE_SECRET in the
+                        environment is required
 failures:
   --max-restarts K      restart the whole group up to K times when a rank
                         fails (default 0); ranks see DDPRUN_RESTART_COUNT
@@ -503,10 +506,15 @@ ParseResult parse_ddprun_args(int argc, const char* const* argv) {
 int resolve_nproc(const std::string& spec, int gpu_count, const std::string& why_no_gpu) {
   if (spec == "auto") return std::max(1, gpu_count);
   if (spec == "gpu") {
+    // The reason ends with train's hint ("use --device cpu"), which is no flag of
+    // ddprun's: the ranks' program picks its device (train's default auto: the CPU).
+    std::string why = why_no_gpu;
+    constexpr std::string_view kTrainHint = "; without a GPU, use --device cpu";
+    if (why.ends_with(kTrainHint)) why.resize(why.size() - kTrainHint.size());
     DDP_CHECK(gpu_count > 0,
-              "--nproc-per-node gpu: no GPU is visible{}{}; pass a number of ranks (-n 4) or "
-              "auto (one rank per GPU, else 1)",
-              why_no_gpu.empty() ? "" : ": ", why_no_gpu);
+              "--nproc-per-node gpu: no GPU is visible{}{}; pass a number of ranks (-n 4: "
+              "train's ranks then run on the CPU) or auto (one rank per GPU, else 1)",
+              why.empty() ? "" : ": ", why);
     return gpu_count;
   }
   return parse_int("--nproc-per-node", spec);

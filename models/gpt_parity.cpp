@@ -41,10 +41,12 @@
 #include "runtime/fmt.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <string_view>
 
 namespace ddp::models {
 namespace {
@@ -57,7 +59,8 @@ constexpr const char* kUsage =
     "  --seed S          seed of the initial weights (default 1234)\n"
     "  --load FILE       load FILE (torch_gpt.py init) and write DIR/load_logits.safetensors\n"
     "  --curve STEPS     STEPS training steps on new windows each (the loss-curve benchmark)\n"
-    "  --batch-size B    windows per step of --curve (default 8)\n";
+    "  --batch-size B    windows per step of --curve (default 8)\n"
+    "  -h, --help        this text\n";
 
 constexpr int64_t kBatch = 4;
 constexpr int64_t kSteps = 10;
@@ -70,6 +73,7 @@ struct Args {
   std::string out, model = "gpt-tiny", load;
   uint64_t seed = 1234;
   int64_t curve_steps = 0, batch_size = 8;
+  bool help = false;  // -h, --help: the usage, exit 0
 };
 
 uint64_t parse_count(const std::string& flag, const std::string& value, uint64_t minimum) {
@@ -84,6 +88,14 @@ Args parse_args(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
+    if (flag == "-h" || flag == "--help") {
+      a.help = true;
+      return a;
+    }
+    static const std::array<std::string_view, 6> kFlags = {"--out",  "--model", "--load",
+                                                           "--seed", "--curve", "--batch-size"};
+    DDP_CHECK(std::find(kFlags.begin(), kFlags.end(), flag) != kFlags.end(),
+              "unknown flag '{}'\n{}", flag, kUsage);
     DDP_CHECK(i + 1 < argc, "{} needs a value\n{}", flag, kUsage);
     const std::string value = argv[++i];
     if (flag == "--out") {
@@ -256,7 +268,12 @@ int run(const Args& args) {
 
 int main(int argc, char** argv) {
   try {
-    return ddp::models::run(ddp::models::parse_args(argc, argv));
+    const auto args = ddp::models::parse_args(argc, argv);
+    if (args.help) {
+      std::cout << ddp::models::kUsage;
+      return 0;
+    }
+    return ddp::models::run(args);
   } catch (const ddp::ValueError& e) {
     std::cerr << "gpt_parity: " << e.what() << "\n";
     return 2;

@@ -10,6 +10,8 @@
 #include "runtime/tensor.h"
 #include "trainer/checkpoint.h"
 
+#include <algorithm>
+#include <array>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -18,6 +20,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 namespace {
@@ -29,7 +32,8 @@ Generates text from a gpt model checkpoint written by `train --model gpt-...
 writes a byte at a time; one trained on token shards (`tokenize`) a GPT-2 token.
 
   --checkpoint FILE   the checkpoint (its metadata names the model)
-  --prompt TEXT       the text to continue (default: a newline, not printed)
+  --prompt TEXT       the text to continue (default: a newline for a byte
+                      model, <|endoftext|> for a GPT-2-token one; not printed)
   --tokens N          bytes or tokens to generate (default 200)
   --temperature T     > 0: divides the logits; below 1 sharpens (default 1)
   --top-k K           sample among the K most likely bytes only; 1 is greedy
@@ -67,7 +71,13 @@ std::optional<Options> parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "-h" || arg == "--help") return std::nullopt;
-    DDP_CHECK(i + 1 < argc || !arg.starts_with("--"), "{} needs a value", arg);
+    // An unknown flag is named as such, also when it comes last.
+    static const std::array<std::string_view, 9> kFlags = {
+        "--checkpoint", "--prompt", "--tokens",    "--temperature", "--top-k",
+        "--seed",       "--device", "--tokenizer", "--vocab"};
+    DDP_CHECK(std::find(kFlags.begin(), kFlags.end(), arg) != kFlags.end(), "unknown option '{}'",
+              arg);
+    DDP_CHECK(i + 1 < argc, "{} needs a value", arg);
     const std::string value = i + 1 < argc ? argv[i + 1] : "";
     ++i;
     if (arg == "--checkpoint") {

@@ -15,6 +15,7 @@
 #include "runtime/error.h"
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <chrono>
 #include <filesystem>
@@ -22,6 +23,9 @@
 #include <iostream>
 #include <optional>
 #include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
 
 namespace {
 
@@ -81,6 +85,11 @@ std::optional<Options> parse(int argc, char** argv) {
       o.inputs.push_back(arg);
       continue;
     }
+    // An unknown flag is named as such, also when it comes last.
+    static const std::array<std::string_view, 6> kFlags = {
+        "--out", "--name", "--vocab", "--decode", "--val-every", "--shard-tokens"};
+    DDP_CHECK(std::find(kFlags.begin(), kFlags.end(), arg) != kFlags.end(),
+              "unknown option '{}'; run `tokenize --help`", arg);
     DDP_CHECK(i + 1 < argc, "{} needs a value; run `tokenize --help`", arg);
     const std::string value = argv[++i];
     if (arg == "--out") {

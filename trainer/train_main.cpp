@@ -12,7 +12,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
 #include <iostream>
+#include <string>
+#include <string_view>
 
 namespace ddp::train {
 
@@ -27,6 +30,28 @@ int train_main(int argc, const char* const* argv, const TrainProgram& program) {
     std::vector<const char*> args{argc > 0 ? argv[0] : name.c_str()};
     for (const auto& d : program.defaults) args.push_back(d.c_str());
     for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+    // The flags the program's own model or data replace, refused by name before
+    // train's checks of them ("--task classify needs --data FILE.npz" named a flag
+    // the program refuses).
+    const auto refuse = [&](std::initializer_list<std::string_view> flags, const std::string& why) {
+      for (int i = 1; i < argc; ++i) {
+        const std::string_view arg = argv[i];
+        for (const std::string_view flag : flags) {
+          const bool given = arg == flag || (arg.starts_with(flag) && arg.size() > flag.size() &&
+                                             arg[flag.size()] == '=');
+          DDP_CHECK(!given, "{} {}", flag, why);
+        }
+      }
+    };
+    if (program.model != nullptr) {
+      refuse({"--model", "--hidden"},
+             fmt::format("chooses a model of the zoo; {} trains its own ({})", name,
+                         program.model->name));
+    }
+    if (program.data != nullptr) {
+      refuse({"--data", "--test-data", "--target-columns", "--input-columns", "--task"},
+             fmt::format("names data to read; {} reads its own ({})", name, program.data->name));
+    }
     options = parse_train_args(static_cast<int>(args.size()), args.data(), program.catalog);
     if (options) options->program_name = name;
     if (options && program.model != nullptr) {
@@ -66,8 +91,8 @@ int train_main(int argc, const char* const* argv, const TrainProgram& program) {
       usage.replace(0, kHead.size(), "usage: " + name + " ");
     if (program.data != nullptr) {
       usage.insert(usage.find('\n') + 1,
-                   fmt::format("\n{} reads its own data ({}); --data, --test-data and the "
-                               "column flags do not apply.\n",
+                   fmt::format("\n{} reads its own data ({}); --data, --test-data, --task "
+                               "and the column flags do not apply.\n",
                                name, program.data->name));
     }
     std::cout << usage;

@@ -44,6 +44,7 @@ language model on the Brown corpus, on one device or under ddprun.
 
 model and data:
   --model mlp|cnn|gpt-tiny|gpt-mini|gpt2|gpt:layers=L,d=D,heads=H,ctx=T
+           [,vocab=V][,padded_vocab=N][,dropout=P]
                            model to train (default mlp); the gpt models change
                            the defaults marked [gpt] (docs/train.md)
   --hidden N[,N...]        mlp hidden layer sizes (default 256: 784-256-10)
@@ -151,7 +152,8 @@ device and files:
                            included; auto: from --save's file if it exists, else
                            start fresh (for ddprun --max-restarts); cuts
                            --metrics and --loss-log back to its step first
-  --metrics FILE           append one JSON object per epoch
+  --metrics FILE           append one JSON object per epoch ([gpt] and per
+                           --eval-every evaluation); FILE.csv: CSV rows
   --loss-log FILE          append "epoch step loss" for every step (full
                            precision; reads the loss each step, which
                            synchronizes a GPU: for parity checks)

@@ -26,7 +26,7 @@ grep -q "tanh-mlp \[2\] -> 2" "$work/one.log" || fail "the header does not name 
 grep -q "^own_data: tanh-mlp" "$work/one.log" || fail "the header is not under the program's name"
 "$own" --help >"$work/help.log" 2>&1 || fail "--help exited $?"
 grep -q "^usage: own_data \[options\]" "$work/help.log" || fail "--help is not under the program's name"
-grep -q "own_data reads its own data (spirals)" "$work/help.log" || fail "--help does not say the data is its own"
+grep -q "own_data reads its own data (spirals); --data, --test-data, --task" "$work/help.log" || fail "--help does not say the data is its own"
 python3 - "$work/one.jsonl" <<'PY' || fail "the spirals were not learnt"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
@@ -45,4 +45,11 @@ cmp -s "$work/whole.st" "$work/part.st" || fail "the resumed run's checkpoint di
 
 out=$("$own" --data x.csv 2>&1) && fail "own_data accepted --data"
 grep -qF -- "--data names data to read; own_data reads its own (spirals)" <<<"$out" || fail "--data: $out"
+# Named as refused before train's own checks of them ("--task classify needs --data").
+for flag in "--task classify" "--test-data x.csv" "--target-columns a" "--task=regress"; do
+  # shellcheck disable=SC2086 # the flag and its value
+  out=$("$own" $flag 2>&1) && fail "own_data accepted $flag"
+  grep -qF -- "${flag%%[ =]*} names data to read; own_data reads its own (spirals)" <<<"$out" ||
+    fail "$flag: $out"
+done
 echo "own_data.sh: PASS"

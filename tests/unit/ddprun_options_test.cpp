@@ -371,6 +371,17 @@ TEST(DdprunOptions, ResolveNproc) {
   } catch (const ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("no GPU is visible: no CUDA driver"), std::string::npos);
   }
+  // The driver check's hint is train's flag, not ddprun's: left out, -n N named.
+  try {
+    resolve_nproc("gpu", 0,
+                  "no NVIDIA driver. Install the driver; without a GPU, use --device cpu");
+    FAIL() << "gpu without GPUs must throw";
+  } catch (const ValueError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("Install the driver; pass a number of ranks (-n 4"), std::string::npos)
+        << what;
+    EXPECT_EQ(what.find("--device cpu"), std::string::npos) << what;
+  }
 }
 
 TEST(DdprunOptions, ThreadsPerRank) {
