@@ -17,6 +17,8 @@ cd "$(dirname "$0")/.."
 ranks="2 4" sizes="4096:16777216" build=build torch=1
 while [ $# -gt 0 ]; do
   case "$1" in
+    --ranks | --sizes | --build)
+      [ $# -ge 2 ] || { echo "allreduce_sweep.sh: $1 needs a value (see --help)" >&2; exit 2; } ;;&
     --ranks) ranks=$2; shift 2 ;;
     --sizes) sizes=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
