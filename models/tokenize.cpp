@@ -109,6 +109,12 @@ std::optional<Options> parse(int argc, char** argv) {
     }
   }
   if (o.name.empty()) o.name = o.brown ? "brown" : "data";
+  // train reads a shard whose name has a "val" part as validation: NAME_train_* too.
+  DDP_CHECK(!ddp::is_validation_shard_name(o.name + "_train_000001.bin"),
+            "--name {}: \"val\" (or \"validation\") as a part of the name between '_', '-' "
+            "and '.' marks a shard as validation to train, its train shards included; choose "
+            "another name",
+            o.name);
   if (o.vocab.empty()) o.vocab = ddp::gpt2_bpe_dir();
   DDP_CHECK(!o.decode.empty() || o.brown || !o.inputs.empty(),
             "nothing to tokenize: give text files or directories, or --brown; run `tokenize "

@@ -515,7 +515,10 @@ void validate(const TrainOptions& o) {
   const bool file_flags = o.given.count("--test-data") + o.given.count("--target-columns") +
                               o.given.count("--input-columns") + o.given.count("--task") >
                           0;
-  const bool shards = is_token_shard_data(o.data);
+  // A folder of x.npy and y.npy is file data even beside a stray .bin (notes.bin).
+  std::error_code npy_ec;
+  const bool npy_dir = std::filesystem::exists(std::filesystem::path(o.data) / "x.npy", npy_ec);
+  const bool shards = !npy_dir && is_token_shard_data(o.data);
   DDP_CHECK(gpt || !shards,
             "--data {} holds token shards (.bin), which the gpt models train on; use --model "
             "gpt-tiny, gpt-mini, gpt2 or gpt:..., or give the mlp and cnn an .npz, .csv or "

@@ -131,8 +131,10 @@ void resume(Run& r, const std::string& path) {
     // A checkpoint that records its sample position (epoch_cursor: every mid-epoch
     // save since 2026-12-01, a group's stop included, Note [group stop]) goes on
     // from there at any global batch, the rest of the epoch shared out anew
-    // (resumed_after_regroup in epoch.cpp).
-    const bool from_cursor = r.resumed.epoch_cursor >= 0 && r.task->reshardable();
+    // (resumed_after_regroup in epoch.cpp). Not under --drop-last false: its uneven
+    // shares start at the epoch's start only (DistributedSampler::set_epoch).
+    const bool from_cursor =
+        r.resumed.epoch_cursor >= 0 && r.task->reshardable() && o.drop_last != DropLast::uneven;
     DDP_CHECK(
         r.resumed.epoch_step == 0 ||
             (r.resumed.seed == o.seed && (r.resumed.global_batch == global_batch || from_cursor)),

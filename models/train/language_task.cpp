@@ -30,6 +30,8 @@
 #include "runtime/data/token_shards.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <system_error>
 
 namespace ddp::train {
 namespace {
@@ -52,8 +54,11 @@ TextCorpus load_corpus(const TrainOptions& o, int64_t context) {
   try {
     return load_brown_corpus(o.data);
   } catch (const ValueError& e) {
-    throw ValueError(
-        fmt::format("{}; or train on a synthetic token stream: --data synthetic", e.what()));
+    // A folder of one's own text is not read as it stands: it becomes token shards.
+    throw ValueError(fmt::format(
+        "{}; or train on a synthetic token stream: --data synthetic. For text of your own, "
+        "write token shards first (`tokenize --out DIR FILES...`, docs/data.md) and pass DIR",
+        e.what()));
   }
 }
 
@@ -75,7 +80,18 @@ LanguageData load_language_data(const TrainOptions& o, int64_t context) {
     d.train = TokenStream::open_shards(files.train);
     std::string held_out;
     if (!o.test_data.empty()) {
-      const ShardFiles test = find_token_shards(o.test_data);
+      const ShardFiles test = find_token_shards(o.test_data, /*for_validation=*/true);
+      // The same file in both sets: every validation window is a training one.
+      for (const auto& v : test.train.empty() ? test.validation : test.train) {
+        for (const auto& t : files.train) {
+          std::error_code ec;
+          DDP_CHECK(!std::filesystem::equivalent(v, t, ec),
+                    "--test-data {}: shard {} is also a training shard of --data {}: the "
+                    "validation loss would be measured on training tokens; give validation "
+                    "shards of their own",
+                    o.test_data, v, o.data);
+        }
+      }
       std::vector<std::string> all = test.validation.empty() ? test.train : test.validation;
       d.validation = TokenStream::open_shards(all);
     } else if (!files.validation.empty()) {
@@ -184,7 +200,11 @@ class LanguageTask : public Task {
         "vocab={} or more{}",
         o.model.name, config_.vocab, needed,
         data_.entropy.unit == "byte" ? "the 256 byte values of the text" : "its largest token + 1",
-        needed, needed > 256 ? " (GPT-2 tokens: --model gpt2, or gpt:...,vocab=50257)" : "");
+        needed,
+        needed > 50257 ? " (GPT-2's vocabulary is 50257 tokens: these shards hold larger ids, so "
+                         "another tokenizer wrote them)"
+        : needed > 256 ? " (GPT-2 tokens: --model gpt2, or gpt:...,vocab=50257)"
+                       : "");
     Generator gen(o.seed);
     model_ = models::make_gpt(config_, gen);
     model_->to(device);

@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <system_error>
 
 namespace ddp {
 namespace fs = std::filesystem;
@@ -33,6 +35,12 @@ struct RowNames {
   std::string operator()(int64_t i) const {
     return fmt::format("{}{}{}", prefix, origin.empty() ? i : origin[static_cast<size_t>(i)],
                        suffix);
+  }
+  // The same rows in the inputs' array: y[3] is x[3] there (a CSV's line is both's).
+  RowNames of_inputs() const {
+    RowNames out = *this;
+    if (out.prefix.starts_with("y")) out.prefix[0] = 'x';
+    return out;
   }
   RowNames take(const std::vector<int64_t>& rows) const {
     RowNames out{prefix, suffix, {}};
@@ -223,6 +231,21 @@ bool targets_are_classes(const Tensor& y, TargetKind kind) {
   return *std::min_element(ids.begin(), ids.end()) >= 0;
 }
 
+// NaN or inf in a row trained to a non-finite loss blamed on the learning rate, or
+// (in the test set) scored an argmax of NaN logits with exit 0: the first one is
+// named. `t`: a fresh f32 tensor, rows first.
+void check_finite(const Tensor& t, const std::string& name, const char* what,
+                  const RowNames& rows) {
+  const float* p = t.data<float>();
+  const int64_t per = t.numel() / t.size(0);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if (std::isfinite(p[i])) continue;
+    throw ValueError(fmt::format(
+        "{}: {} {} at {}{}: not a finite number; drop or impute missing values first", name, what,
+        p[i], rows(i / per), per > 1 ? fmt::format(", element {}", i % per) : std::string()));
+  }
+}
+
 // A Dataset of targets that are class ids (checked, each row named by `rows`,
 // `hint` ending the message of a row that is not one) or values.
 Dataset build_dataset(const Tensor& inputs, const Tensor& targets, const std::string& name,
@@ -249,6 +272,7 @@ Dataset build_dataset(const Tensor& inputs, const Tensor& targets, const std::st
   if (x.dim() == 1) x = x.reshape({n, 1});
   if (x.dim() == 3) x = x.reshape({n, 1, x.size(1), x.size(2)});
   d.inputs = x.clone();
+  check_finite(d.inputs, name, "input", rows.of_inputs());
 
   const Tensor y = targets.cpu();
   if (classes) {
@@ -277,6 +301,7 @@ Dataset build_dataset(const Tensor& inputs, const Tensor& targets, const std::st
     d.num_classes = top + 1;
   } else {
     d.labels = y.to(DType::f32).reshape({n, y.numel() / n}).clone();
+    check_finite(d.labels, name, "target", rows);
     d.num_classes = 0;
   }
   return d;
@@ -335,7 +360,13 @@ FileData load_file_data(const std::string& path, const FileDataOptions& o) {
   // split; the test set's rows must then be class ids too.
   const bool classes = targets_are_classes(a.y, o.kind);
   std::string test_name = base + "/test";
+  bool held_out = false;
   if (!o.test_path.empty()) {
+    std::error_code ec;
+    DDP_CHECK(!fs::equivalent(path, o.test_path, ec),
+              "--test-data {} is the training data {} itself: every test row would be a "
+              "training row; give a test file of its own, or none (every 10th row is held out)",
+              o.test_path, path);
     DDP_CHECK(!a.x_test.defined(),
               "{}: holds a test set (x_test, y_test) and a test file {} was given too: keep one",
               path, o.test_path);
@@ -366,6 +397,7 @@ FileData load_file_data(const std::string& path, const FileDataOptions& o) {
     take_split(a.x, a.y, a.rows, test_rows, a.x_test, a.y_test, a.test_rows);
     take_split(a.x, a.y, a.rows, train_rows, a.x, a.y, a.rows);
     out.test_source = "every 10th row held out";
+    held_out = true;
   }
   out.train = build_dataset(a.x, a.y, base + "/train", classes, a.rows, "");
   const std::string hint =
@@ -376,6 +408,19 @@ FileData load_file_data(const std::string& path, const FileDataOptions& o) {
                 out.train.num_classes - 1)
           : "";
   out.test = build_dataset(a.x_test, a.y_test, test_name, classes, a.test_rows, hint);
+  // A test set of its own with a class no training row has (an off-by-one encoding,
+  // say) widened the model to it and scored it with exit 0: refused. Rows held out of
+  // one file may hold a class the others lack; the model gets an output for it.
+  if (classes && !held_out && out.test.num_classes > out.train.num_classes) {
+    const auto ids = out.test.labels.to_vector<int64_t>();
+    const auto it =
+        std::find_if(ids.begin(), ids.end(), [&](int64_t v) { return v >= out.train.num_classes; });
+    throw ValueError(fmt::format(
+        "{}: target {} at {} is a class no training row has (the training targets are class "
+        "ids 0..{}): the model could never predict it. Check that both sets number the classes "
+        "alike",
+        test_name, *it, a.test_rows(it - ids.begin()), out.train.num_classes - 1));
+  }
   const int64_t num_classes = std::max(out.train.num_classes, out.test.num_classes);
   out.train.num_classes = out.test.num_classes = num_classes;
   check_same_task(out.train, out.test, path);

@@ -223,7 +223,10 @@ uint64_t load_bits(const uint8_t* src, size_t item, bool swap) {
   return v;
 }
 
-void convert(const uint8_t* src, int64_t n, const Conversion& c, Tensor& out) {
+// `name` names the array in an error: a float64 past float32's range (which would
+// read as inf, silently) is refused, as the CSV reader refuses it.
+void convert(const uint8_t* src, int64_t n, const Conversion& c, Tensor& out,
+             const std::string& name) {
   const auto count = static_cast<size_t>(n);
   if (!c.swap && element_size(out.dtype()) == c.item && (c.kind != 'b')) {
     std::memcpy(out.data_ptr(), src, count * c.item);
@@ -235,7 +238,12 @@ void convert(const uint8_t* src, int64_t n, const Conversion& c, Tensor& out) {
       case DType::f32: {
         float f;
         if (c.item == 8) {
-          f = static_cast<float>(std::bit_cast<double>(bits));
+          const double d = std::bit_cast<double>(bits);
+          DDP_CHECK(!std::isfinite(d) || std::fabs(d) <= std::numeric_limits<float>::max(),
+                    "{}: element {} is {}, past float32's range (about 3.4e38): scale the array "
+                    "first",
+                    name, i, d);
+          f = static_cast<float>(d);
         } else {
           f = std::bit_cast<float>(static_cast<uint32_t>(bits));
         }
@@ -310,7 +318,7 @@ Tensor parse_npy(std::span<const uint8_t> bytes, const std::string& name) {
             at + std::min(body, bytes.size() - at), shape_str(h.shape), h.descr, body, at,
             bytes.size() - at);
   Tensor out = empty(h.shape, {.dtype = c.to});
-  convert(bytes.data() + at, n, c, out);
+  convert(bytes.data() + at, n, c, out, name);
   return out;
 }
 

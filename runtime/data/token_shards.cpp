@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -72,7 +73,22 @@ bool is_token_shard_data(const std::string& path) {
   return false;
 }
 
-ShardFiles find_token_shards(const std::string& path) {
+bool is_validation_shard_name(const std::string& file_name) {
+  std::string stem = file_name;
+  if (stem.ends_with(".bin")) stem.resize(stem.size() - 4);
+  size_t at = 0;
+  while (at <= stem.size()) {
+    const size_t end = std::min(stem.find_first_of("_-.", at), stem.size());
+    std::string part = stem.substr(at, end - at);
+    std::transform(part.begin(), part.end(), part.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (part == "val" || part == "validation") return true;
+    at = end + 1;
+  }
+  return false;
+}
+
+ShardFiles find_token_shards(const std::string& path, bool for_validation) {
   ShardFiles files;
   std::error_code ec;
   if (!std::filesystem::is_directory(path, ec)) {
@@ -90,12 +106,12 @@ ShardFiles find_token_shards(const std::string& path) {
   std::sort(names.begin(), names.end());
   for (const std::string& name : names) {
     const std::string full = (std::filesystem::path(path) / name).string();
-    (name.find("val") != std::string::npos ? files.validation : files.train).push_back(full);
+    (is_validation_shard_name(name) ? files.validation : files.train).push_back(full);
   }
   DDP_CHECK(!names.empty(), "token shards: directory {} holds no .bin file", path);
-  DDP_CHECK(!files.train.empty(),
-            "token shards: every .bin file in {} is a validation shard (its name contains "
-            "\"val\"): {}; a train shard is needed too",
+  DDP_CHECK(for_validation || !files.train.empty(),
+            "token shards: every .bin file in {} is a validation shard (\"val\" is a part of "
+            "its name): {}; a train shard is needed too (or pass these as --test-data)",
             path, fmt::join(names, ", "));
   return files;
 }

@@ -32,14 +32,18 @@ inline constexpr int64_t kTokenShardHeaderBytes = 1024;
 void write_token_shard(const std::string& path, std::span<const int32_t> tokens);
 
 // The shards of --data: FILE.bin alone, or DIR's *.bin files sorted by name,
-// split into train and validation by name: a file whose name contains "val"
-// (llm.c's fineweb_val_000000.bin, nanoGPT's val.bin) is validation, the others
-// train. Throws ValueError when DIR has no .bin file or no train shard.
+// split into train and validation by name: a file whose name has "val" (or
+// "validation") as one of its parts between '_', '-' and '.' (llm.c's
+// fineweb_val_000000.bin, nanoGPT's val.bin) is validation, the others train
+// (survival_train_000001.bin is a train shard). Throws ValueError when DIR has no
+// .bin file or, unless `for_validation` (--test-data's shards), no train shard.
 struct ShardFiles {
   std::vector<std::string> train;
   std::vector<std::string> validation;
 };
-ShardFiles find_token_shards(const std::string& path);
+ShardFiles find_token_shards(const std::string& path, bool for_validation = false);
+// Whether a shard's file name marks it as validation (above).
+bool is_validation_shard_name(const std::string& file_name);
 // True for a path ending in .bin, or a directory holding a .bin file.
 bool is_token_shard_data(const std::string& path);
 

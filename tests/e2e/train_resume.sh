@@ -3,8 +3,9 @@
 # then --resume for the second; the two final checkpoints must be byte-identical
 # (same parameters, optimizer state and metadata). The schedule is constant: a
 # cosine or step schedule depends on --epochs, which differs between the runs. A
-# checkpoint from the middle of an epoch refuses a training set of another size,
-# and any checkpoint data of another task.
+# checkpoint from the middle of an epoch refuses a training set of another size
+# (and, under --drop-last false, another global batch), and any checkpoint data of
+# another task.
 # usage: train_resume.sh TRAIN_BINARY [extra train flags...]
 set -euo pipefail
 train=$1
@@ -28,6 +29,19 @@ if out=$("$train" "${common[@]}" --synthetic-size 1500 --epochs 1 \
 fi
 grep -q "stopped in the middle of epoch 1 on a training set of 2000 .* this run's has 1500" \
   <<<"$out" || { echo "the data change is not named: $out" >&2; exit 1; }
+# --drop-last false (uneven shares, which start at an epoch's start only): a
+# mid-epoch checkpoint resumes at its own global batch; another one is named (it
+# failed in the sampler with an internal message).
+DDP_TEST_KILL_AT=0:15 "$train" "${common[@]}" --epochs 1 --drop-last false \
+  --save "$dir/uneven.safetensors" --save-every 10 >/dev/null 2>&1 &&
+  { echo "the --drop-last false run was not killed at step 15" >&2; exit 1; }
+if out=$("$train" "${common[@]}" --epochs 1 --drop-last false --batch-size 32 \
+  --resume "$dir/uneven.safetensors" 2>&1); then
+  echo "a --drop-last false mid-epoch checkpoint resumed at another global batch: $out" >&2
+  exit 1
+fi
+grep -q "global batch of 64 .* this run has --seed 3 and 32, so its data order differs" <<<"$out" ||
+  { echo "the --drop-last false batch change is not named: $out" >&2; exit 1; }
 # A checkpoint of one task does not resume on data of another (Note [best so far]:
 # its best test_acc would be read as a test_loss): regression targets, x.npy and
 # y.npy of the synthetic set's shape written here without NumPy.

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 
 namespace ddp {
 namespace {
@@ -526,10 +527,66 @@ TEST_F(DataFiles, AClassIdPastTheBoundIsNamedNotAllocated) {
   EXPECT_EQ(load_file_data(edge, {.test_path = test}).train.num_classes, 1048576);
 }
 
+// Audit, 2026-12-01: each ran with exit 0 before (a model widened by the test set,
+// a test accuracy over NaN inputs, an inf from a float64, the training file as its
+// own test set).
+TEST_F(DataFiles, BadValuesAndSetsThatMixAreNamedNotTrainedOn) {
+  const auto train = write("train.csv", "a,label\n1,0\n2,1\n");
+  // A test class no training row has: the model could never predict it.
+  const auto shifted = write("shifted.csv", "a,label\n1,1\n2,2\n");
+  std::string e = error_text([&] { load_file_data(train, {.test_path = shifted}); });
+  EXPECT_NE(e.find("shifted.csv: target 2 at line 3 is a class no training row has (the training "
+                   "targets are class ids 0..1)"),
+            std::string::npos)
+      << e;
+  // Rows held out of one file may hold a class the others lack: the model gets it.
+  std::string held = "a,label\n";
+  for (int i = 0; i < 10; ++i) held += fmt::format("{},{}\n", i, i == 9 ? 2 : i % 2);
+  EXPECT_EQ(load_file_data(write("held.csv", held)).train.num_classes, 3);
+  // NaN and inf: in a CSV, and in an .npz's test inputs.
+  const auto nan_csv = write("nan.csv", "a,b,label\n1,2,0\n3,nan,1\n");
+  const auto ab_test = write("ab.csv", "a,b,label\n1,2,0\n");
+  e = error_text([&] { load_file_data(nan_csv, {.test_path = ab_test}); });
+  EXPECT_NE(e.find("nan.csv/train: input nan at line 3, element 1: not a finite number; drop or "
+                   "impute missing values first"),
+            std::string::npos)
+      << e;
+  const Bytes x = npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }",
+                            le_bytes<float>({1, 2}));
+  const Bytes x_inf = npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }",
+                                le_bytes<float>({1, std::numeric_limits<float>::infinity()}));
+  const Bytes y = npy_bytes("{'descr': '<i8', 'fortran_order': False, 'shape': (2,), }",
+                            le_bytes<int64_t>({0, 1}));
+  const auto inf_npz = write(
+      "inf.npz",
+      zip_bytes({{"x.npy", x}, {"y.npy", y}, {"x_test.npy", x_inf}, {"y_test.npy", y}}, false));
+  e = error_text([&] { load_file_data(inf_npz); });
+  EXPECT_NE(e.find("input inf at x_test[1]: not a finite number"), std::string::npos) << e;
+  // Regression targets too.
+  const auto reg = write("reg.csv", "a,v\n1,0.5\n2,nan\n");
+  e = error_text([&] { load_file_data(reg, {.test_path = reg}); });
+  EXPECT_NE(e.find("is the training data"), std::string::npos) << e;
+  const auto reg_test = write("reg_test.csv", "a,v\n1,0.5\n");
+  e = error_text([&] { load_file_data(reg, {.test_path = reg_test}); });
+  EXPECT_NE(e.find("reg.csv/train: target nan at line 3: not a finite number"), std::string::npos)
+      << e;
+  // A float64 past float32's range is named, not read as inf.
+  const Bytes big = npy_bytes("{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }",
+                              le_bytes<double>({1.0, 1e40}));
+  const auto f8 = write("f8.npz", zip_bytes({{"x.npy", big}, {"y.npy", y}}, false));
+  e = error_text([&] { load_file_data(f8); });
+  EXPECT_NE(e.find("element 1 is 1e+40, past float32's range"), std::string::npos) << e;
+  // --test-data naming the training file itself.
+  e = error_text(
+      [&] { load_file_data(train, {.test_path = (dir_ / "." / "train.csv").string()}); });
+  EXPECT_NE(e.find("is the training data " + train + " itself"), std::string::npos) << e;
+}
+
 TEST_F(DataFiles, ExtensionsInAnyCaseAndNpyNamesThatDoNotFit) {
   const auto upper = write("UP.CSV", "a,label\n1,0\n2,1\n");
   EXPECT_TRUE(is_file_data(upper));
-  EXPECT_EQ(load_file_data(upper, {.test_path = upper}).train.size(), 2);
+  const auto upper_test = write("TEST.CSV", "a,label\n3,1\n");
+  EXPECT_EQ(load_file_data(upper, {.test_path = upper_test}).train.size(), 2);
   fs::create_directories(dir_ / "caps");
   write("caps/X.npy", npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }",
                                 le_bytes<float>({1})));

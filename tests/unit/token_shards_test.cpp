@@ -159,6 +159,31 @@ TEST_F(TokenShards, ADirectorySplitsTrainAndValidationShardsByName) {
             std::string::npos);
 }
 
+// "val" as a part of the name, not anywhere in it (survival_train_000001.bin was
+// read as validation); --test-data's shards may all be validation ones.
+TEST_F(TokenShards, ValidationShardsAreNamedByAPartOfTheName) {
+  for (const char* name : {"fineweb_val_000000.bin", "val.bin", "shakespeare-val.bin",
+                           "x.validation.bin", "data_VAL_000000.bin"}) {
+    EXPECT_TRUE(is_validation_shard_name(name)) << name;
+  }
+  for (const char* name : {"survival_train_000001.bin", "interval_train_000001.bin", "eval.bin",
+                           "travel_val2.bin", "data_train_000001.bin"}) {
+    EXPECT_FALSE(is_validation_shard_name(name)) << name;
+  }
+  const std::vector<int32_t> t = {1, 2};
+  write_token_shard(path("interval_train_000001.bin"), t);
+  write_token_shard(path("interval_val_000000.bin"), t);
+  const ShardFiles files = find_token_shards(dir_.string());
+  EXPECT_EQ(files.train, (std::vector<std::string>{path("interval_train_000001.bin")}));
+  EXPECT_EQ(files.validation, (std::vector<std::string>{path("interval_val_000000.bin")}));
+  fs::remove(path("interval_train_000001.bin"));
+  EXPECT_EQ(find_token_shards(dir_.string(), /*for_validation=*/true).validation,
+            (std::vector<std::string>{path("interval_val_000000.bin")}));
+  EXPECT_NE(
+      error_text([&] { find_token_shards(dir_.string()); }).find("(or pass these as --test-data)"),
+      std::string::npos);
+}
+
 TEST_F(TokenShards, WindowsOfBytesAreTheSameFromAStreamAsFromTheString) {
   const std::string text = "the quick brown fox jumps over the lazy dog";
   const TokenStream s = TokenStream::from_bytes(text);
