@@ -18,11 +18,13 @@
 #include <array>
 #include <charconv>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -191,7 +193,9 @@ std::vector<fs::path> earlier_shards(const Options& o) {
 
 // After this run's shards are written: removes the earlier run's that this run did
 // not overwrite, so the folder holds this run's only (train reads every .bin
-// there). A run that fails before leaves the earlier shards as they were.
+// there). A run that fails before leaves the earlier shards as they were: its own
+// are written as NAME_..._NNNNNN.bin.partial (train reads no such file) and renamed
+// only once all are (run()).
 void remove_earlier_shards(const Options& o, const std::vector<fs::path>& earlier,
                            const std::vector<std::string>& written) {
   int64_t removed = 0;
@@ -229,6 +233,9 @@ std::vector<std::string> documents_of(const Options& o) {
 }
 
 // Appends tokens to the current shard of a split, writing full shards out.
+constexpr const char* kPartial = ".partial";
+int shards_written = 0;  // by either writer, for DDP_TEST_TOKENIZE_FAIL_AFTER
+
 class ShardWriter {
  public:
   ShardWriter(const Options& o, std::string split, int64_t& next_index)
@@ -244,7 +251,14 @@ class ShardWriter {
     const std::string path =
         (fs::path(o_.out) / fmt::format("{}_{}_{:06d}.bin", o_.name, split_, next_index_++))
             .string();
-    ddp::write_token_shard(path, buffer_);
+    // DDP_TEST_TOKENIZE_FAIL_AFTER=N: a testing aid, the run fails after N shards.
+    if (const char* fail = std::getenv("DDP_TEST_TOKENIZE_FAIL_AFTER");
+        fail != nullptr && std::atoi(fail) == shards_written) {
+      throw std::runtime_error(
+          fmt::format("DDP_TEST_TOKENIZE_FAIL_AFTER={}: failing before {}", fail, path));
+    }
+    ddp::write_token_shard(path + kPartial, buffer_);
+    ++shards_written;
     written_.push_back(path);
     std::cout << fmt::format("tokenize: wrote {} ({} tokens)\n", path, buffer_.size());
     total_ += static_cast<int64_t>(buffer_.size());
@@ -278,6 +292,12 @@ int run(const Options& o) {
             fmt::join(o.inputs, ", "));
   fs::create_directories(o.out);
   const std::vector<fs::path> earlier = earlier_shards(o);
+  // The unfinished shards (.bin.partial) a failed run left under this --name.
+  for (std::error_code ec; const auto& e : fs::directory_iterator(o.out, ec)) {
+    const std::string file = e.path().filename().string();
+    if (file.starts_with(o.name + "_") && file.ends_with(std::string(".bin") + kPartial))
+      fs::remove(e.path(), ec);
+  }
   // llm.c numbers the validation shard 0 and train shards from 1.
   int64_t val_index = 0, train_index = 1;
   ShardWriter train(o, "train", train_index), validation(o, "val", val_index);
@@ -298,6 +318,11 @@ int run(const Options& o) {
   validation.flush();
   std::vector<std::string> written = train.written();
   written.insert(written.end(), validation.written().begin(), validation.written().end());
+  for (const std::string& path : written) {
+    std::error_code ec;
+    fs::rename(path + kPartial, path, ec);
+    DDP_CHECK(!ec, "cannot rename {}{} to {}: {}", path, kPartial, path, ec.message());
+  }
   remove_earlier_shards(o, earlier, written);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const int64_t tokens = train.total() + validation.total();

@@ -103,6 +103,19 @@ grep -q "removed $((first - 1)) shard(s) of an earlier run" "$dir/own.log" ||
   fail "tokenize --decode exited $?"
 cmp -s <(printf '<|endoftext|>'; cat "$dir/mine.txt") "$dir/own.back" ||
   fail "the folder's shards are not its one document: $(head -c 200 "$dir/own.back")"
+# A run that fails between its shards (DDP_TEST_TOKENIZE_FAIL_AFTER=1) leaves the
+# earlier run's as they were: its own are .bin.partial until all are written (it
+# overwrote data_train_000001.bin in place, beside its predecessor's others); the
+# next run clears the partial file.
+cp "$dir/own/data_train_000001.bin" "$dir/own.kept"
+DDP_TEST_TOKENIZE_FAIL_AFTER=1 "$tokenize" --out "$dir/own" --val-every 0 --shard-tokens 5 \
+  "$dir/own" >>"$dir/own.log" 2>&1 && fail "the run with DDP_TEST_TOKENIZE_FAIL_AFTER=1 exited 0"
+cmp -s "$dir/own/data_train_000001.bin" "$dir/own.kept" ||
+  fail "a failed run changed the earlier run's shard"
+[ "$(find "$dir/own" -name '*.bin' | wc -l)" = 1 ] || fail "a failed run left shards: $(ls "$dir/own")"
+"$tokenize" --out "$dir/own" --val-every 0 "$dir/own" >>"$dir/own.log" 2>&1 ||
+  fail "tokenize after a failed run exited $?"
+[ -z "$(find "$dir/own" -name '*.partial')" ] || fail "the failed run's partial shard stayed: $(ls "$dir/own")"
 
 # 2. A shard as llm.c writes it, of tokens past the byte range.
 "$python" - "$dir" <<'PY' || fail "numpy could not write the shard"
