@@ -95,6 +95,17 @@ Arrays npz_arrays(const std::string& path) {
               "np.savez(path, x=inputs, y=targets)",
               path, need, names());
   }
+  // An array named like one of the four but not one (x_tset, X_test, y_val) would be
+  // left out silently, and the test set held out of x instead: named. Others (a
+  // class list, a mean) are the file's own business.
+  for (const auto& [k, _] : arrays) {
+    const bool known = k == "x" || k == "y" || k == "x_test" || k == "y_test";
+    const bool looks = !k.empty() && (k[0] == 'x' || k[0] == 'y' || k[0] == 'X' || k[0] == 'Y');
+    DDP_CHECK(known || !looks,
+              "{}: array '{}' is none of the arrays this reads (x, y, x_test, y_test; it holds "
+              "{}): rename it (a test set is x_test and y_test), or drop it",
+              path, k, names());
+  }
   Arrays a;
   a.x = arrays["x"];
   a.y = arrays["y"];

@@ -576,6 +576,17 @@ TEST_F(DataFiles, BadValuesAndSetsThatMixAreNamedNotTrainedOn) {
   const auto f8 = write("f8.npz", zip_bytes({{"x.npy", big}, {"y.npy", y}}, false));
   e = error_text([&] { load_file_data(f8); });
   EXPECT_NE(e.find("element 1 is 1e+40, past float32's range"), std::string::npos) << e;
+  // An array named like the test set's but not it: named, not left out.
+  const auto typo =
+      write("typo.npz",
+            zip_bytes({{"x.npy", x}, {"y.npy", y}, {"x_tset.npy", x}, {"names.npy", y}}, false));
+  e = error_text([&] { load_file_data(typo); });
+  EXPECT_NE(e.find("array 'x_tset' is none of the arrays this reads"), std::string::npos) << e;
+  const auto extra =
+      write("extra.npz", zip_bytes({{"x.npy", x}, {"y.npy", y}, {"names.npy", y}}, false));
+  EXPECT_THROW(load_file_data(extra), ValueError);  // 2 rows: too few to hold 1 in 10 out
+  e = error_text([&] { load_file_data(extra); });
+  EXPECT_EQ(e.find("none of the arrays"), std::string::npos) << e;
   // --test-data naming the training file itself.
   e = error_text(
       [&] { load_file_data(train, {.test_path = (dir_ / "." / "train.csv").string()}); });
