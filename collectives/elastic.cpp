@@ -262,6 +262,10 @@ Regroup regroup(ProcessGroup& pg, int64_t value, std::chrono::milliseconds timeo
     if (std::find(pg.members.begin(), pg.members.end(), m) == pg.members.end())
       out.joined.push_back(m);
   }
+  // Read after every member arrived: a stop published again meanwhile (a member
+  // died at it) lists this membership's epoch no more, so some members may take it
+  // for an ordinary one. That heals: the dead member fails their collectives, and
+  // all regroup into the newer stop.
   if (store.check({elastic::kStopKey})) {  // Note [group stop]
     const auto stop = elastic::parse_stop(store.get_string(elastic::kStopKey));
     if (stop && stop->epoch == epoch) out.stop = stop->why.empty() ? "--min-ranks" : stop->why;

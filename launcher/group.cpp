@@ -75,7 +75,7 @@ struct RankProcess {
   bool running = false;
   bool departed = false;               // --on-failure continue: it left the group (leave_group())
   bool joining = false;                // a replacement not yet in a membership (check_joiners())
-  bool died_in_stop = false;           // Note [group stop]: it died during the group's stop
+  bool died_in_stop = false;           // Note [group stop]: it died at the group's stop
   std::vector<std::string> extra_env;  // a replacement's DDPRUN_JOIN
   std::string err_log;                 // "" without --log-dir
   Fd out_file, err_file;
@@ -110,6 +110,7 @@ class Watcher {
   void wait_for_group_stop();
   void leave_stop(RankProcess& r);
   void stop_without(const std::vector<int>& leaving, const std::string& what);
+  bool stop_committed() const;
   void check_nodes();
   bool remote_leave(const std::vector<int>& leaving, const std::string& what, int exit_code);
   void admit_remote(int rank);
@@ -178,8 +179,9 @@ class Watcher {
   bool said_done_ = false;           // stand_by()
   bool group_stopping_ = false;      // Note [group stop]: the ranks left save and exit
   bool group_stop_waiting_ = false;  // until kill_deadline_, then SIGTERM as stop_all()
-  // The stop as node 0 published it first (its why and exit code: stop_without()),
-  // with the epoch of the latest one (another node: the one followed).
+  // The stop as node 0 published it last (stop_without() adds each death at it to
+  // the why; the exit code stays the first failure's); another node: the one it
+  // followed, with the epoch of the latest it saw.
   elastic::GroupStop stop_;
 };
 
@@ -724,15 +726,31 @@ void Watcher::wait_for_group_stop() {
 void Watcher::leave_stop(RankProcess& r) {
   const int status = r.rec.wait_status.value_or(0);
   if (r.departed || r.joining || r.rec.signalled || !WIFSIGNALED(status)) return;
-  r.departed = r.died_in_stop = true;
-  const std::string what = fmt::format("rank {} failed during the group's stop ({})", r.rec.rank,
-                                       describe_status(status));
+  r.departed = true;
+  const std::string what =
+      fmt::format("rank {} failed at the group's stop ({})", r.rec.rank, describe_status(status));
+  if (stop_committed()) {
+    say(what + ", after the group's checkpoint was written: the ranks left exit");
+    return;
+  }
+  r.died_in_stop = true;
   if (authority()) {
     stop_without({r.rec.rank}, what);
   } else {
     say(what + ": node 0 stops the group without it");
     rendezvous_.post_event(fmt::format("left {} {} {}", r.rec.rank, exit_code_of(status), what));
   }
+}
+
+// Whether a rank of this node exited kGroupStopExit: only after the trainer's
+// all_reduce that commits the group's checkpoint does one, so a death after it
+// costs nothing (the ranks left exit by themselves).
+bool Watcher::stop_committed() const {
+  return std::any_of(ranks_.begin(), ranks_.end(), [](const RankProcess& p) {
+    const int status = p.rec.wait_status.value_or(0);
+    return !p.running && p.rec.wait_status && WIFEXITED(status) &&
+           WEXITSTATUS(status) == elastic::kGroupStopExit;
+  });
 }
 
 // Node 0: the stop once more, as the next membership, without `leaving` (and the
@@ -742,6 +760,10 @@ void Watcher::stop_without(const std::vector<int>& leaving, const std::string& w
     return std::find(group_.begin(), group_.end(), rank) != group_.end();
   });
   if (!member) return;  // none of them is in the stop's membership (it left before)
+  if (stop_committed()) {
+    say(what + ", after the group's checkpoint was written: the ranks left exit");
+    return;
+  }
   std::vector<int> left = members_without(leaving);
   left_.insert(left_.end(), leaving.begin(), leaving.end());
   std::sort(left_.begin(), left_.end());
@@ -753,7 +775,8 @@ void Watcher::stop_without(const std::vector<int>& leaving, const std::string& w
   group_ = std::move(left);
   ++membership_;
   stop_.epoch = membership_;
-  rendezvous_.publish_stop(membership_, group_, stop_.exit_code, stop_.why + "; then " + what);
+  stop_.why += "; then " + what;  // every death at the stop, in order
+  rendezvous_.publish_stop(membership_, group_, stop_.exit_code, stop_.why);
   kill_deadline_ = Clock::now() + elastic::kGroupStopWait;
   say(fmt::format(
       "{}: the rank{} left ({}) regroup once more, as membership {}, and write the checkpoint "
@@ -1207,7 +1230,7 @@ void Watcher::print_summary() const {
     else if (group_stopping_ && WIFEXITED(status) && WEXITSTATUS(status) == elastic::kGroupStopExit)
       note = "  (left at the group's stop: saved, then exited)";  // Note [group stop]
     else if (ranks_[i].died_in_stop)
-      note = "  (died during the group's stop: the others saved without it)";
+      note = "  (died at the group's stop: the others saved without it)";
     else if (r.signalled && failed(status))
       note = "  (stopped by ddprun)";
     say(fmt::format("  rank {:<3} pid {:<8} {:<28} {:6.1f} s{}", r.rank, r.pid,

@@ -113,9 +113,9 @@ std::optional<Options> parse(int argc, char** argv) {
   if (o.name.empty()) o.name = o.brown ? "brown" : "data";
   // train reads a shard whose name has a "val" part as validation: NAME_train_* too.
   DDP_CHECK(!ddp::is_validation_shard_name(o.name + "_train_000001.bin"),
-            "--name {}: \"val\" (or \"validation\") as a part of the name between '_', '-' "
-            "and '.' marks a shard as validation to train, its train shards included; choose "
-            "another name",
+            "--name {}: \"val\" (or \"valid\", \"validation\", \"eval\") as a part of the "
+            "name between '_', '-' and '.' marks a shard as validation to train, its train "
+            "shards included; choose another name",
             o.name);
   if (o.vocab.empty()) o.vocab = ddp::gpt2_bpe_dir();
   DDP_CHECK(!o.decode.empty() || o.brown || !o.inputs.empty(),
@@ -253,7 +253,7 @@ class ShardWriter {
             .string();
     // DDP_TEST_TOKENIZE_FAIL_AFTER=N: a testing aid, the run fails after N shards.
     if (const char* fail = std::getenv("DDP_TEST_TOKENIZE_FAIL_AFTER");
-        fail != nullptr && std::atoi(fail) == shards_written) {
+        fail != nullptr && *fail != '\0' && std::atoi(fail) == shards_written) {
       throw std::runtime_error(
           fmt::format("DDP_TEST_TOKENIZE_FAIL_AFTER={}: failing before {}", fail, path));
     }
@@ -295,8 +295,17 @@ int run(const Options& o) {
   // The unfinished shards (.bin.partial) a failed run left under this --name.
   for (std::error_code ec; const auto& e : fs::directory_iterator(o.out, ec)) {
     const std::string file = e.path().filename().string();
-    if (file.starts_with(o.name + "_") && file.ends_with(std::string(".bin") + kPartial))
-      fs::remove(e.path(), ec);
+    for (const char* split : {"_train_", "_val_"}) {
+      const std::string prefix = o.name + split;
+      const std::string tail = std::string(".bin") + kPartial;
+      const bool numbered =
+          file.size() == prefix.size() + 6 + tail.size() && file.starts_with(prefix) &&
+          file.ends_with(tail) &&
+          std::all_of(file.begin() + static_cast<std::ptrdiff_t>(prefix.size()),
+                      file.begin() + static_cast<std::ptrdiff_t>(prefix.size() + 6),
+                      [](char c) { return c >= '0' && c <= '9'; });
+      if (numbered) fs::remove(e.path(), ec);
+    }
   }
   // llm.c numbers the validation shard 0 and train shards from 1.
   int64_t val_index = 0, train_index = 1;

@@ -34,6 +34,10 @@ int train_main(int argc, const char* const* argv, const TrainProgram& program) {
     // train's checks of them ("--task classify needs --data FILE.npz" named a flag
     // the program refuses).
     const auto refuse = [&](std::initializer_list<std::string_view> flags, const std::string& why) {
+      for (int i = 1; i < argc; ++i) {  // --help first: it says which flags apply
+        const std::string_view a = argv[i];
+        if (a == "-h" || a == "--help") return;
+      }
       for (int i = 1; i < argc; ++i) {
         const std::string_view arg = argv[i];
         for (const std::string_view flag : flags) {

@@ -515,9 +515,10 @@ void validate(const TrainOptions& o) {
   const bool file_flags = o.given.count("--test-data") + o.given.count("--target-columns") +
                               o.given.count("--input-columns") + o.given.count("--task") >
                           0;
-  // A folder of x.npy and y.npy is file data even beside a stray .bin (notes.bin).
+  // A folder of .npy files is file data even beside a stray .bin (notes.bin); the
+  // loader names what it lacks (X.npy for x.npy, say).
   std::error_code npy_ec;
-  const bool npy_dir = std::filesystem::exists(std::filesystem::path(o.data) / "x.npy", npy_ec);
+  const bool npy_dir = std::filesystem::is_directory(o.data, npy_ec) && is_file_data(o.data);
   const bool shards = !npy_dir && is_token_shard_data(o.data);
   DDP_CHECK(gpt || !shards,
             "--data {} holds token shards (.bin), which the gpt models train on; use --model "

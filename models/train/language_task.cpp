@@ -81,8 +81,9 @@ LanguageData load_language_data(const TrainOptions& o, int64_t context) {
     std::string held_out;
     if (!o.test_data.empty()) {
       const ShardFiles test = find_token_shards(o.test_data, /*for_validation=*/true);
+      std::vector<std::string> all = test.validation.empty() ? test.train : test.validation;
       // The same file in both sets: every validation window is a training one.
-      for (const auto& v : test.train.empty() ? test.validation : test.train) {
+      for (const auto& v : all) {
         for (const auto& t : files.train) {
           std::error_code ec;
           DDP_CHECK(!std::filesystem::equivalent(v, t, ec),
@@ -92,7 +93,6 @@ LanguageData load_language_data(const TrainOptions& o, int64_t context) {
                     o.test_data, v, o.data);
         }
       }
-      std::vector<std::string> all = test.validation.empty() ? test.train : test.validation;
       d.validation = TokenStream::open_shards(all);
     } else if (!files.validation.empty()) {
       d.validation = TokenStream::open_shards(files.validation);

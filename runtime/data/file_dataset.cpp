@@ -95,12 +95,22 @@ Arrays npz_arrays(const std::string& path) {
               "np.savez(path, x=inputs, y=targets)",
               path, need, names());
   }
-  // An array named like one of the four but not one (x_tset, X_test, y_val) would be
-  // left out silently, and the test set held out of x instead: named. Others (a
-  // class list, a mean) are the file's own business.
+  // An array named like a split of x or y but not one this reads (x_tset, X_test,
+  // y_val, X) would be left out silently, and the test set held out of x instead:
+  // named. Others (a class list, x_mean) are the file's own business.
   for (const auto& [k, _] : arrays) {
     const bool known = k == "x" || k == "y" || k == "x_test" || k == "y_test";
-    const bool looks = !k.empty() && (k[0] == 'x' || k[0] == 'y' || k[0] == 'X' || k[0] == 'Y');
+    std::string lower = k;
+    std::transform(lower.begin(), lower.end(), lower.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    bool looks = lower == "x" || lower == "y";
+    if (!looks && lower.size() > 1 && (lower[0] == 'x' || lower[0] == 'y')) {
+      const std::string rest = lower.substr(lower[1] == '_' ? 2 : 1);
+      for (const char* split : {"test", "tset", "tst", "tes", "val", "valid", "validation", "train",
+                                "trn", "eval", "dev"}) {
+        looks = looks || rest == split;
+      }
+    }
     DDP_CHECK(known || !looks,
               "{}: array '{}' is none of the arrays this reads (x, y, x_test, y_test; it holds "
               "{}): rename it (a test set is x_test and y_test), or drop it",
@@ -252,8 +262,10 @@ void check_finite(const Tensor& t, const std::string& name, const char* what,
   for (int64_t i = 0; i < t.numel(); ++i) {
     if (std::isfinite(p[i])) continue;
     throw ValueError(fmt::format(
-        "{}: {} {} at {}{}: not a finite number; drop or impute missing values first", name, what,
-        p[i], rows(i / per), per > 1 ? fmt::format(", element {}", i % per) : std::string()));
+        "{}: {} {} at {}{}: not a finite number; drop or impute missing values (NaN), or clip "
+        "infinities, first",
+        name, what, p[i], rows(i / per),
+        per > 1 ? fmt::format(", element {}", i % per) : std::string()));
   }
 }
 

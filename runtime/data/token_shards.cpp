@@ -82,7 +82,7 @@ bool is_validation_shard_name(const std::string& file_name) {
     std::string part = stem.substr(at, end - at);
     std::transform(part.begin(), part.end(), part.begin(),
                    [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    if (part == "val" || part == "validation") return true;
+    if (part == "val" || part == "valid" || part == "validation" || part == "eval") return true;
     at = end + 1;
   }
   return false;
@@ -110,8 +110,9 @@ ShardFiles find_token_shards(const std::string& path, bool for_validation) {
   }
   DDP_CHECK(!names.empty(), "token shards: directory {} holds no .bin file", path);
   DDP_CHECK(for_validation || !files.train.empty(),
-            "token shards: every .bin file in {} is a validation shard (\"val\" is a part of "
-            "its name): {}; a train shard is needed too (or pass these as --test-data)",
+            "token shards: every .bin file in {} is a validation shard (\"val\", \"valid\", "
+            "\"validation\" or \"eval\" is a part of its name): {}; a train shard is needed "
+            "too (or pass these as --test-data)",
             path, fmt::join(names, ", "));
   return files;
 }

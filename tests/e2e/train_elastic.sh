@@ -533,9 +533,9 @@ DDP_TEST_KILL_AT=2:5,3:13 DDP_TEST_KILL_IN_SAVE=0:13 "$ddprun" --standalone -n 4
   --loss-log "$out.loss2" >"$out.twice.log" 2>&1
 code=$?
 [ $code -eq 137 ] || fail "stop twice: exited $code, not the first dead rank's 137"
-grep -q "rank 0 failed during the group's stop (killed by SIGKILL): the rank left (1) regroup once more, as membership 3" \
+grep -q "rank 0 failed at the group's stop (killed by SIGKILL): the rank left (1) regroup once more, as membership 3" \
   "$out.twice.log" || fail "stop twice: ddprun did not stop the group again without rank 0"
-grep -q "rank 0 (launch rank 1): the group stopped at step 13: .*; then rank 0 failed during the group's stop .*; checkpoint $out.st2 written (epoch 1, step 13 of it)" \
+grep -q "rank 0 (launch rank 1): the group stopped at step 13: .*; then rank 0 failed at the group's stop .*; checkpoint $out.st2 written (epoch 1, step 13 of it)" \
   "$out.twice.log" || fail "stop twice: launch rank 1 alone did not write step 13"
 "$ddprun" --standalone -n 3 "$train" "${one[@]}" --save "$out.st2" --loss-log "$out.loss2" \
   --resume auto >"$out.resumed2.log" 2>&1 || fail "stop twice: the resumed job exited $?"

@@ -217,11 +217,11 @@ if [ "$mode" != quick ]; then
   s1=$?
   [ "$s0" = 137 ] && [ "$s1" = 137 ] ||
     fail "min_save: node 0 exited $s0, node 1 $s1 (expected rank 3's 137 on both)"
-  grep -q "^ddprun: rank 2 failed during the group's stop (killed by SIGKILL): node 0 stops the group without it" \
+  grep -q "^ddprun: rank 2 failed at the group's stop (killed by SIGKILL): node 0 stops the group without it" \
     "$dir/min_save.node1.log" || fail "min_save: node 1 did not report rank 2's death in the stop"
-  grep -q "^ddprun: rank 2 failed during the group's stop (killed by SIGKILL): the ranks left (0,1) regroup once more" \
+  grep -q "^ddprun: rank 2 failed at the group's stop (killed by SIGKILL): the ranks left (0,1) regroup once more" \
     "$dir/min_save.node0.log" || fail "min_save: node 0 did not stop the group again without rank 2"
-  grep -q "rank 0 (launch rank 0): the group stopped at step 8: .*; then rank 2 failed during the group's stop .*; checkpoint $dir/min_save.st written (epoch 1, step 8 of it)" \
+  grep -q "rank 0 (launch rank 0): the group stopped at step 8: .*; then rank 2 failed at the group's stop .*; checkpoint $dir/min_save.st written (epoch 1, step 8 of it)" \
     "$dir/min_save.node0.log" || fail "min_save: ranks 0,1 did not write step 8"
   echo "min_save: rank 2 (node 1) killed in the stop's save; node 0 stopped the group again, ranks 0,1 wrote step 8"
 
@@ -243,7 +243,7 @@ if [ "$mode" != quick ]; then
   wait "$node1"
   s1=$?
   [ "$s0" = 137 ] && [ "$s1" = 137 ] || fail "min_none: node 0 exited $s0, node 1 $s1 (expected 137)"
-  grep -q "^ddprun: rank 3 failed during the group's stop (killed by SIGKILL): the rank left (2) regroup once more" \
+  grep -q "^ddprun: rank 3 failed at the group's stop (killed by SIGKILL): the rank left (2) regroup once more" \
     "$dir/min_none.node0.log" || fail "min_none: node 0 did not stop the group again without rank 3"
   grep -q "rank 0 (launch rank 2): the group stopped at step 8: .*; checkpoint $dir/min_none.st written (epoch 1, step 8 of it)" \
     "$dir/min_none.node1.log" || fail "min_none: rank 2 did not write step 8"

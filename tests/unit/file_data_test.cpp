@@ -548,7 +548,7 @@ TEST_F(DataFiles, BadValuesAndSetsThatMixAreNamedNotTrainedOn) {
   const auto ab_test = write("ab.csv", "a,b,label\n1,2,0\n");
   e = error_text([&] { load_file_data(nan_csv, {.test_path = ab_test}); });
   EXPECT_NE(e.find("nan.csv/train: input nan at line 3, element 1: not a finite number; drop or "
-                   "impute missing values first"),
+                   "impute missing values (NaN), or clip infinities, first"),
             std::string::npos)
       << e;
   const Bytes x = npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }",
@@ -583,7 +583,7 @@ TEST_F(DataFiles, BadValuesAndSetsThatMixAreNamedNotTrainedOn) {
   e = error_text([&] { load_file_data(typo); });
   EXPECT_NE(e.find("array 'x_tset' is none of the arrays this reads"), std::string::npos) << e;
   const auto extra =
-      write("extra.npz", zip_bytes({{"x.npy", x}, {"y.npy", y}, {"names.npy", y}}, false));
+      write("extra.npz", zip_bytes({{"x.npy", x}, {"y.npy", y}, {"x_mean.npy", y}}, false));
   EXPECT_THROW(load_file_data(extra), ValueError);  // 2 rows: too few to hold 1 in 10 out
   e = error_text([&] { load_file_data(extra); });
   EXPECT_EQ(e.find("none of the arrays"), std::string::npos) << e;
