@@ -35,8 +35,8 @@ void write_token_shard(const std::string& path, std::span<const int32_t> tokens)
 // split into train and validation by name: a file whose name has "val" (or
 // "valid", "validation", "eval") as one of its parts between '_', '-' and '.'
 // (llm.c's fineweb_val_000000.bin, nanoGPT's val.bin, wiki.valid.bin) is
-// validation, the others train (survival_train_000001.bin is a train shard). Throws ValueError when DIR has no
-// .bin file or, unless `for_validation` (--test-data's shards), no train shard.
+// validation, the others train (survival_train_000001.bin is a train shard). Throws ValueError when
+// DIR has no .bin file or, unless `for_validation` (--test-data's shards), no train shard.
 struct ShardFiles {
   std::vector<std::string> train;
   std::vector<std::string> validation;

@@ -162,13 +162,13 @@ TEST_F(TokenShards, ADirectorySplitsTrainAndValidationShardsByName) {
 // "val" as a part of the name, not anywhere in it (survival_train_000001.bin was
 // read as validation); --test-data's shards may all be validation ones.
 TEST_F(TokenShards, ValidationShardsAreNamedByAPartOfTheName) {
-  for (const char* name : {"fineweb_val_000000.bin", "val.bin", "shakespeare-val.bin",
-                           "x.validation.bin", "data_VAL_000000.bin", "wiki.valid.bin",
-                           "eval.bin"}) {
+  for (const char* name :
+       {"fineweb_val_000000.bin", "val.bin", "shakespeare-val.bin", "x.validation.bin",
+        "data_VAL_000000.bin", "wiki.valid.bin", "eval.bin"}) {
     EXPECT_TRUE(is_validation_shard_name(name)) << name;
   }
-  for (const char* name : {"survival_train_000001.bin", "interval_train_000001.bin",
-                           "medieval.bin", "travel_val2.bin", "data_train_000001.bin"}) {
+  for (const char* name : {"survival_train_000001.bin", "interval_train_000001.bin", "medieval.bin",
+                           "travel_val2.bin", "data_train_000001.bin"}) {
     EXPECT_FALSE(is_validation_shard_name(name)) << name;
   }
   const std::vector<int32_t> t = {1, 2};
