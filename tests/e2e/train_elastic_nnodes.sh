@@ -208,15 +208,20 @@ if [ "$mode" != quick ]; then
   NPROC=1 min_ranks min1 1 2 "this node's ranks succeeded, but the group failed"
   echo "min1: rank 1, node 1's only rank, killed under --min-ranks 2: both nodes exited 137"
 
+  # both_exited_137 NAME: both agents of the run NAME end with the stopping rank's 137.
+  both_exited_137() {
+    local s0 s1
+    wait "$node0"
+    s0=$?
+    wait "$node1"
+    s1=$?
+    [ "$s0" = 137 ] && [ "$s1" = 137 ] || fail "$1: node 0 exited $s0, node 1 $s1 (expected 137 on both)"
+  }
+
   # --- min_save: then rank 2 (node 1) dies in the stop's save: node 1 tells node 0,
   # which publishes the stop once more without it, and ranks 0,1 write step 8.
   DDP_TEST_KILL_AT=3:8 DDP_TEST_KILL_IN_SAVE=2:8 start min_save --min-ranks 4
-  wait "$node0"
-  s0=$?
-  wait "$node1"
-  s1=$?
-  [ "$s0" = 137 ] && [ "$s1" = 137 ] ||
-    fail "min_save: node 0 exited $s0, node 1 $s1 (expected rank 3's 137 on both)"
+  both_exited_137 min_save
   grep -q "^ddprun: rank 2 failed at the group's stop (killed by SIGKILL): node 0 stops the group without it" \
     "$dir/min_save.node1.log" || fail "min_save: node 1 did not report rank 2's death in the stop"
   grep -q "^ddprun: rank 2 failed at the group's stop (killed by SIGKILL): the ranks left (0,1) regroup once more" \
@@ -230,19 +235,11 @@ if [ "$mode" != quick ]; then
   # die first, then rank 3 in the save: node 0, with no rank of its own left, still
   # applies node 1's event, and rank 2 alone writes step 8.
   DDP_TEST_KILL_AT=3:8,2:8 start min_two --min-ranks 4
-  wait "$node0"
-  s0=$?
-  wait "$node1"
-  s1=$?
-  [ "$s0" = 137 ] && [ "$s1" = 137 ] || fail "min_two: node 0 exited $s0, node 1 $s1 (expected 137)"
+  both_exited_137 min_two
   grep -q "rank 0 (launch rank 0): the group stopped at step 8: .*; checkpoint $dir/min_two.st written (epoch 1, step 8 of it)" \
     "$dir/min_two.node0.log" || fail "min_two: ranks 0,1 did not write step 8"
   DDP_TEST_KILL_AT=0:5,1:8 DDP_TEST_KILL_IN_SAVE=3:8 start min_none --min-ranks 3
-  wait "$node0"
-  s0=$?
-  wait "$node1"
-  s1=$?
-  [ "$s0" = 137 ] && [ "$s1" = 137 ] || fail "min_none: node 0 exited $s0, node 1 $s1 (expected 137)"
+  both_exited_137 min_none
   grep -q "^ddprun: rank 3 failed at the group's stop (killed by SIGKILL): the rank left (2) regroup once more" \
     "$dir/min_none.node0.log" || fail "min_none: node 0 did not stop the group again without rank 3"
   grep -q "rank 0 (launch rank 2): the group stopped at step 8: .*; checkpoint $dir/min_none.st written (epoch 1, step 8 of it)" \
