@@ -172,7 +172,7 @@ void save_checkpoint(const std::string& path, const nn::Module& model,
       {"skipped_steps", std::to_string(info.skipped_steps)}};
   if (info.optimizer_shards > 0)
     metadata["optimizer_shards"] = std::to_string(info.optimizer_shards);
-  if (info.zero3_shards) metadata["zero3_shards"] = "1";
+  if (info.zero3_shards) metadata.insert_or_assign("zero3_shards", "1");
   if (!info.shard_save_id.empty()) metadata["shard_save_id"] = info.shard_save_id;
   if (!info.text_unit.empty()) metadata["text_unit"] = info.text_unit;
   if (std::isfinite(info.best_metric)) {

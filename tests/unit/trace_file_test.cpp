@@ -120,7 +120,7 @@ TEST_F(TraceFileTest, LongLabelsAreCutAtACharacterBoundary) {
     EXPECT_TRUE(is_valid_utf8(current_collective_label()));
     EXPECT_EQ(current_collective_label(), std::string(kMaxLabelBytes - 1, 'x'));
     // The observer's "enqueue all_reduce (<label>)" exceeds kMaxNameBytes.
-    info.label = std::string(30, 'y') + "\xe2\x82\xac\xe2\x82\xac\xe2\x82\xac";
+    info.label = std::string(30, 'y').append("\xe2\x82\xac\xe2\x82\xac\xe2\x82\xac");
     notify_collective(info, CollectiveState::enqueued);
   }
   bool found = false;
