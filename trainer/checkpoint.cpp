@@ -181,6 +181,8 @@ void save_checkpoint(const std::string& path, const nn::Module& model,
   }
   if (!info.task.empty()) metadata["task"] = info.task;
   if (info.epoch_cursor >= 0) metadata["epoch_cursor"] = std::to_string(info.epoch_cursor);
+  if (info.schedule_steps > 0)
+    metadata.insert_or_assign("schedule_steps", std::to_string(info.schedule_steps));
   metadata[kMetadataCrc] = metadata_crc(metadata);  // Note [metadata checksum]
   save_safetensors(path, tensors, metadata);
 }
@@ -246,6 +248,7 @@ CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model,
   info.evals_since_best = meta_number<int64_t>(m, path, "evals_since_best", 0);
   info.task = m.count("task") != 0 ? m.at("task") : "";
   info.epoch_cursor = meta_number<int64_t>(m, path, "epoch_cursor", -1);
+  info.schedule_steps = meta_number<int64_t>(m, path, "schedule_steps", 0);
   if (auto crc = m.find(kMetadataCrc); crc != m.end()) {
     DDP_CHECK(crc->second == metadata_crc(m),
               "{}: its metadata (step, epoch, seed, ...) fails its checksum {} (computed {}): the "

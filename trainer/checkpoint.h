@@ -63,6 +63,10 @@ struct CheckpointInfo {
   // shard_save_id; empty: not sharded, or an older file), so a loader refuses a
   // shard of another save.
   std::string shard_save_id{};
+  // The optimizer steps the run's --lr-schedule spanned (LrSchedule::total_steps;
+  // metadata schedule_steps; 0: older files), so that a resume that plans another
+  // span (other --epochs or --max-steps) says where its lr moves.
+  int64_t schedule_steps = 0;
 };
 
 // "classification", "regression" or "language model".

@@ -365,6 +365,7 @@ CheckpointInfo position(const Run& r, int64_t completed, int64_t epoch_step, con
   if (r.task->is_language_model()) info.text_unit = r.task->corpus_entropy().unit;
   info.task = task_kind(r.task->is_language_model(), r.task->is_regression());
   if (epoch_step > 0 && r.position.epoch == completed) info.epoch_cursor = r.position.cursor;
+  info.schedule_steps = r.schedule.total_steps;
   return info;
 }
 

@@ -134,6 +134,14 @@ int train_main(int argc, const char* const* argv, const TrainProgram& program) {
                         : "; no --save-best written (no evaluation beat the best so far)";
     }
     if (result.stopped_early) checkpoint += "; stopped early (--early-stop)";
+    // A run that skipped most of its updates is no success: say how many.
+    if (last.skipped_steps > 0) {
+      checkpoint = fmt::format(
+                       "; {} of {} steps skipped (--on-nonfinite skip: their loss or gradient "
+                       "norm was not finite)",
+                       last.skipped_steps, result.steps) +
+                   checkpoint;
+    }
     if (last.language && std::isfinite(result.best_metric)) best_loss = result.best_metric;
     if (last.language) {
       std::cout << fmt::format(

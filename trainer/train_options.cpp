@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -223,12 +224,23 @@ T parse_number(const std::string& flag, const std::string& text) {
   T value{};
   const char* end = text.data() + text.size();
   std::from_chars_result r;
+  r = std::from_chars(text.data(), end, value);
+  const bool whole = r.ptr == end && r.ec != std::errc::invalid_argument;
   if constexpr (std::is_floating_point_v<T>) {
-    r = std::from_chars(text.data(), end, value);
-    DDP_CHECK(r.ec == std::errc() && r.ptr == end && std::isfinite(value),
-              "{} '{}': expected a number", flag, text);
+    // A number out of a float's range (1e39, 1e-50) is a number: say what the range is.
+    DDP_CHECK(!whole || r.ec != std::errc::result_out_of_range,
+              "{} '{}': out of range (a float holds about 1.2e-38 to 3.4e38 in magnitude)", flag,
+              text);
+    DDP_CHECK(r.ec == std::errc() && r.ptr == end, "{} '{}': expected a number", flag, text);
+    DDP_CHECK(std::isfinite(value), "{} '{}': must be a finite number", flag, text);
   } else {
-    r = std::from_chars(text.data(), end, value);
+    // "-1" for an unsigned flag, or 99999999999999999999: a whole number out of range.
+    const bool negative_unsigned = std::is_unsigned_v<T> && text.starts_with('-') &&
+                                   text.size() > 1 &&
+                                   text.find_first_not_of("0123456789", 1) == std::string::npos;
+    DDP_CHECK((!whole || r.ec != std::errc::result_out_of_range) && !negative_unsigned,
+              "{} '{}': out of range (a whole number from {} to {})", flag, text,
+              std::numeric_limits<T>::min(), std::numeric_limits<T>::max());
     DDP_CHECK(r.ec == std::errc() && r.ptr == end, "{} '{}': expected a whole number", flag, text);
   }
   return value;
@@ -491,6 +503,22 @@ void validate(const TrainOptions& o) {
   DDP_CHECK(o.max_steps >= 0, "--max-steps {}: must be >= 0 (0: every step of the epochs)",
             o.max_steps);
   DDP_CHECK(o.warmup_steps >= 0, "--warmup-steps {}: must be >= 0", o.warmup_steps);
+  // Bounds that keep the step and sample arithmetic (epochs x steps, n + batch - 1) in
+  // range; no run comes near them.
+  constexpr int64_t kMaxEpochs = 1'000'000'000, kMaxBatch = 2'147'483'647;
+  DDP_CHECK(o.epochs <= kMaxEpochs, "--epochs {}: at most {}", o.epochs, kMaxEpochs);
+  DDP_CHECK(o.batch_size <= kMaxBatch, "--batch-size {}: at most {} samples per rank", o.batch_size,
+            kMaxBatch);
+  // A flag that would change nothing is refused, as --eval-every for the mlp is.
+  DDP_CHECK(o.given.count("--warmup-steps") == 0 || o.warmup_steps == 0 ||
+                (o.lr_schedule != "constant" && o.lr_schedule != "step"),
+            "--warmup-steps {}: --lr-schedule {} has no warmup (it warms up cosine, linear and "
+            "onecycle); pass one of those, or drop --warmup-steps",
+            o.warmup_steps, o.lr_schedule);
+  DDP_CHECK(o.given.count("--momentum") == 0 || o.optimizer == "sgd",
+            "--momentum {}: --optimizer {} has no momentum to set (AdamW's is its betas, "
+            "here {} and {}); pass --optimizer sgd, or drop --momentum",
+            o.momentum, o.optimizer, o.beta1, o.beta2);
   DDP_CHECK(o.bucket_cap_mb > 0, "--bucket-cap-mb {}: must be positive (MiB, e.g. 25)",
             o.bucket_cap_mb);
   DDP_CHECK(o.clip_grad_norm >= 0, "--clip-grad-norm {}: must be >= 0 (0: off)", o.clip_grad_norm);

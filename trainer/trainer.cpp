@@ -51,7 +51,40 @@ optim::LrSchedule make_schedule(const TrainOptions& o, int64_t micro_batches) {
                        ? std::min<int64_t>(100, s.total_steps / 10)
                        : o.warmup_steps;
   s.min_lr = o.lr * o.min_lr_fraction;
+  // A rise past the run's end never reaches --lr: PyTorch's OneCycleLR refuses a
+  // pct_start above 1 alike.
+  DDP_CHECK(s.kind != optim::LrSchedule::Kind::onecycle || s.warmup_steps <= s.total_steps,
+            "--warmup-steps {}: onecycle's rise is longer than the run's {} optimizer steps, so "
+            "it never reaches --lr; pass at most {} (or more --epochs)",
+            s.warmup_steps, s.total_steps, s.total_steps);
   return s;
+}
+
+std::string schedule_span_note(const optim::LrSchedule& s, int64_t saved_span, int64_t step,
+                               const std::string& name) {
+  using Kind = optim::LrSchedule::Kind;
+  if (saved_span <= 0 || saved_span == s.total_steps || s.kind == Kind::constant ||
+      s.kind == Kind::step)
+    return "";
+  optim::LrSchedule saved = s;
+  saved.total_steps = saved_span;
+  return fmt::format(
+      "note: --lr-schedule {} spanned {} optimizer steps in the checkpoint's run and spans {} "
+      "in this one (other --epochs, --max-steps or data): it is planned anew, so the lr at step {} "
+      "is {:g} where it was to be {:g}\n",
+      name, saved_span, s.total_steps, step, s.lr_at(step), saved.lr_at(step));
+}
+
+std::string warmup_note(const optim::LrSchedule& s) {
+  using Kind = optim::LrSchedule::Kind;
+  if ((s.kind != Kind::cosine && s.kind != Kind::linear) || s.warmup_steps == 0 ||
+      s.warmup_steps < s.total_steps)
+    return "";
+  return fmt::format(
+      "note: --warmup-steps {} is not shorter than the run's {} optimizer steps: the lr rises "
+      "to {:g} and never decays ({}; pass fewer warmup steps, or more --epochs)\n",
+      s.warmup_steps, s.total_steps, s.lr_at(s.total_steps - 1),
+      s.warmup_steps > s.total_steps ? "nor reaches --lr" : "it reaches --lr at the last step");
 }
 
 Device resolve_device(const std::string& text) {
@@ -160,9 +193,17 @@ void resume(Run& r, const std::string& path) {
               "the new steps per epoch. Resume with the same values, or pass --lr-schedule "
               "constant",
               path, r.resumed.global_batch, global_batch, o.lr_schedule);
+    // Each epoch stops at --max-steps: a checkpoint further into its epoch cannot
+    // go on in it (its remaining steps would be none, its samples skipped).
+    DDP_CHECK(o.max_steps == 0 || r.resumed.epoch_step <= o.max_steps,
+              "{}: the checkpoint stopped after step {} of epoch {}, and --max-steps {} ends "
+              "every epoch before that step; resume with --max-steps {} or more (or 0: the "
+              "whole epoch)",
+              path, r.resumed.epoch_step, r.resumed.epoch + 1, o.max_steps, r.resumed.epoch_step);
     if (!o.quiet) {
       r.out << fmt::format("resumed from {} at step {} (epoch {}, step {} of it)\n", path,
                            r.resumed.step, r.resumed.epoch + 1, r.resumed.epoch_step);
+      r.out << schedule_span_note(r.schedule, r.resumed.schedule_steps, r.step, o.lr_schedule);
     }
   }
   // Note [never older]: found now rather than at the first save.
@@ -390,6 +431,7 @@ TrainResult run_on_rank(const TrainOptions& o, std::ostream& out, ProcessGroup* 
         : r.dp ? fmt::format(", dp over {} replicas ({})", dp_devices.size(), o.devices)
                : "");
   }
+  if (!o.quiet) out << warmup_note(r.schedule);
   if (!o.quiet && o.summary) out << r.task->model()->summary();
   if (!o.quiet) out << describe_uneven(*r.task, o, r.world_size);
   r.position.epoch = r.first_epoch;

@@ -88,6 +88,12 @@ Device resolve_device(const std::string& text);
 // The learning-rate schedule of a run whose task has `micro_batches` batches per
 // epoch on this rank; it counts optimizer steps (grad_accum micro-batches each).
 optim::LrSchedule make_schedule(const TrainOptions& o, int64_t micro_batches);
+// After a resume: a line for a schedule that spanned `saved_span` steps when the
+// checkpoint was written and spans another number now ("" otherwise, or for 0).
+std::string schedule_span_note(const optim::LrSchedule& s, int64_t saved_span, int64_t step,
+                               const std::string& name);
+// A line for a cosine or linear warmup as long as the run or longer ("" otherwise).
+std::string warmup_note(const optim::LrSchedule& s);
 // Runs the whole training; progress and the summary go to `out`.
 TrainResult run_training(const TrainOptions& options, std::ostream& out);
 

@@ -521,7 +521,11 @@ float LrSchedule::lr_at(int64_t step) const {
         return to + (from - to) / 2.0 * (std::cos(M_PI * pct) + 1.0);
       };
       const auto s = static_cast<double>(step);
-      if (s <= rise_end) return static_cast<float>(anneal(initial, base_lr, s / rise_end));
+      // --warmup-steps 1 ends the rise at step 0: that step is at the peak (PyTorch's
+      // 0/0 there raises ZeroDivisionError).
+      if (s <= rise_end) {
+        return static_cast<float>(anneal(initial, base_lr, rise_end > 0 ? s / rise_end : 1.0));
+      }
       const double pct = std::min(1.0, (s - rise_end) / std::max(fall_end - rise_end, 1e-12));
       return static_cast<float>(anneal(base_lr, last, pct));
     }

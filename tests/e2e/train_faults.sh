@@ -102,6 +102,9 @@ last = [json.loads(l) for l in open(sys.argv[1])][-1]
 assert last["skipped_steps"] >= 10 + 8 and last["train_loss"] is None, last
 PY
 grep -q "epoch 2/2: train_loss nan" "$dir/allskip.log" || fail "the report: $(grep 'epoch 2/2' "$dir/allskip.log")"
+# ... and the summary says how many steps were skipped (it read as a success).
+grep -Eq "^summary: .*; [0-9]+ of 20 steps skipped \(--on-nonfinite skip: " "$dir/allskip.log" ||
+  fail "the summary does not count the skipped steps: $(grep '^summary' "$dir/allskip.log")"
 
 # Up-front validation: before the data is loaded, exit 1, naming flag, path and reason.
 "$train" "${small[@]}" --save "$dir/missing/ck.st" >"$dir/save.log" 2>&1

@@ -29,6 +29,22 @@ if out=$("$train" "${common[@]}" --synthetic-size 1500 --epochs 1 \
 fi
 grep -q "stopped in the middle of epoch 1 on a training set of 2000 .* this run's has 1500" \
   <<<"$out" || { echo "the data change is not named: $out" >&2; exit 1; }
+# A resume that plans the schedule over more steps (--epochs 2 after 1) says where
+# the lr moves (it went back up from 0 unannounced).
+if [ $# -eq 0 ]; then
+  "$train" --data synthetic --synthetic-size 500 --seed 3 --epochs 1 --save "$dir/cos.st" >/dev/null
+  out=$("$train" --data synthetic --synthetic-size 500 --seed 3 --epochs 2 --resume "$dir/cos.st")
+  grep -q "note: --lr-schedule cosine spanned 8 optimizer steps in the checkpoint's run and spans 16 in this one" \
+    <<<"$out" || { echo "the new span is not noted: $out" >&2; exit 1; }
+fi
+# ... and not with a --max-steps that ends the epoch before its step (it blamed a
+# change of the global batch, then trained no step).
+if out=$("$train" "${common[@]}" --epochs 1 --max-steps 5 --resume "$dir/mid.safetensors" 2>&1); then
+  echo "a checkpoint at step 10 of its epoch resumed under --max-steps 5: $out" >&2
+  exit 1
+fi
+grep -q "stopped after step 10 of epoch 1, and --max-steps 5 ends every epoch before that step" \
+  <<<"$out" || { echo "--max-steps is not named: $out" >&2; exit 1; }
 # --drop-last false (uneven shares, which start at an epoch's start only): a
 # mid-epoch checkpoint resumes at its own global batch; another one is named (it
 # failed in the sampler with an internal message).

@@ -258,6 +258,21 @@ TEST(Optim, OneCycleMatchesPyTorch) {
   }
 }
 
+// --warmup-steps 1: the rise ends at step 0, which is at the peak; the run used to
+// train at lr NaN (0/0) and stop at its first step.
+TEST(Optim, OneCycleWithAOneStepRiseStartsAtItsPeak) {
+  const optim::LrSchedule s{.kind = optim::LrSchedule::Kind::onecycle,
+                            .base_lr = 0.1f,
+                            .warmup_steps = 1,
+                            .total_steps = 5};
+  EXPECT_FLOAT_EQ(s.lr_at(0), 0.1f);
+  for (int64_t step = 1; step < 5; ++step) {
+    EXPECT_TRUE(std::isfinite(s.lr_at(step))) << "step " << step;
+    EXPECT_LT(s.lr_at(step), s.lr_at(step - 1)) << "step " << step;
+  }
+  EXPECT_NEAR(s.lr_at(4), 0.1 / 25 / 1e4, 1e-9);
+}
+
 TEST(Optim, TrainingAnMlpLowersTheLoss) {
   Generator gen(1);
   nn::Sequential model;

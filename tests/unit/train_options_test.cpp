@@ -5,6 +5,7 @@
 #include "models/train/zoo_catalog.h"
 #include "runtime/data/text_corpus.h"
 #include "runtime/error.h"
+#include "runtime/fmt.h"
 #include "trainer/trainer.h"
 
 #include <gtest/gtest.h>
@@ -164,6 +165,91 @@ TEST(TrainOptions, BadGptSpecIsAUsageError) {
       parse_train_args(3, std::vector<const char*>{"train", "--model", "gpt:layers=0"}.data(),
                        models::zoo_catalog()),
       ValueError);
+}
+
+// A number out of its type's range is named so, not "expected a number"; a negative
+// value of an unsigned flag likewise.
+TEST(TrainOptions, NumbersOutOfRangeAreNamedSo) {
+  for (const char* lr : {"1e39", "1e-50", "1e400"}) {
+    EXPECT_NE(error({"--lr", lr}).find("out of range (a float holds about"), std::string::npos)
+        << lr << ": " << error({"--lr", lr});
+  }
+  EXPECT_NE(error({"--lr", "nan"}).find("must be a finite number"), std::string::npos);
+  EXPECT_NE(error({"--lr", "1e3x"}).find("expected a number"), std::string::npos);
+  EXPECT_NE(error({"--epochs", "99999999999999999999"})
+                .find("out of range (a whole number from -9223372036854775808 to "),
+            std::string::npos);
+  EXPECT_NE(error({"--seed", "-1"}).find("out of range (a whole number from 0 to "),
+            std::string::npos);
+  EXPECT_NE(error({"--seed", "-x"}).find("expected a whole number"), std::string::npos);
+}
+
+// Bounds that keep the step arithmetic in range, and flags that would change nothing.
+TEST(TrainOptions, UnusableValuesAndFlagsThatChangeNothingAreRefused) {
+  EXPECT_NE(
+      error({"--epochs", "4611686018427387904"}).find("--epochs 4611686018427387904: at most"),
+      std::string::npos);
+  EXPECT_NE(error({"--batch-size", "9223372036854775807"}).find("at most 2147483647"),
+            std::string::npos);
+  EXPECT_EQ(error({"--epochs", "1000000000", "--batch-size", "2147483647"}), "no error");
+  for (const char* schedule : {"constant", "step"}) {
+    EXPECT_NE(error({"--lr-schedule", schedule, "--warmup-steps", "3"}).find("has no warmup"),
+              std::string::npos)
+        << schedule;
+    EXPECT_EQ(error({"--lr-schedule", schedule, "--warmup-steps", "0"}), "no error");
+  }
+  EXPECT_EQ(error({"--lr-schedule", "linear", "--warmup-steps", "3"}), "no error");
+  EXPECT_NE(error({"--optimizer", "adamw", "--momentum", "0.5"})
+                .find("--optimizer adamw has no momentum to set (AdamW's is its betas, here 0.9 "
+                      "and 0.999)"),
+            std::string::npos);
+  EXPECT_NE(error({"--model", "gpt-tiny", "--momentum", "0.5"}).find("here 0.9 and 0.99"),
+            std::string::npos);
+  EXPECT_EQ(error({"--optimizer", "sgd", "--momentum", "0.5"}), "no error");
+}
+
+// onecycle's rise longer than the run is refused (PyTorch: pct_start <= 1); a cosine
+// or linear warmup as long as the run gets a note.
+TEST(LrScheduleSpan, AWarmupAsLongAsTheRunIsNamed) {
+  TrainOptions o = parse({"--lr-schedule", "onecycle", "--warmup-steps", "5", "--epochs", "1"});
+  EXPECT_EQ(make_schedule(o, 5).total_steps, 5);  // a rise over the whole run: allowed
+  try {
+    make_schedule(o, 4);
+    ADD_FAILURE() << "a rise of 5 over 4 steps was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("--warmup-steps 5: onecycle's rise is longer than the "
+                                         "run's 4 optimizer steps"),
+              std::string::npos)
+        << e.what();
+  }
+  o = parse({"--lr-schedule", "cosine", "--warmup-steps", "50", "--epochs", "1"});
+  const std::string note = warmup_note(make_schedule(o, 4));
+  EXPECT_NE(note.find("--warmup-steps 50 is not shorter than the run's 4 optimizer steps"),
+            std::string::npos)
+      << note;
+  EXPECT_NE(note.find("nor reaches --lr"), std::string::npos) << note;
+  EXPECT_NE(warmup_note(make_schedule(o, 50)).find("it reaches --lr at the last step"),
+            std::string::npos);
+  EXPECT_EQ(warmup_note(make_schedule(o, 51)), "");
+  o = parse({"--model", "gpt-tiny", "--max-steps", "3"});  // the automatic warmup: no note
+  EXPECT_EQ(warmup_note(make_schedule(o, 100)), "");
+}
+
+// A resume whose run spans the schedule over other steps says where the lr moves.
+TEST(LrScheduleSpan, AResumeThatPlansAnotherSpanSaysSo) {
+  const TrainOptions o = parse({"--epochs", "4"});
+  const optim::LrSchedule s = make_schedule(o, 4);  // 16 steps of cosine from 0.02
+  const std::string note = schedule_span_note(s, 8, 8, "cosine");
+  EXPECT_NE(note.find("spanned 8 optimizer steps in the checkpoint's run and spans 16"),
+            std::string::npos)
+      << note;
+  EXPECT_NE(note.find(fmt::format("the lr at step 8 is {:g} where it was to be 0", s.lr_at(8))),
+            std::string::npos)
+      << note;
+  EXPECT_EQ(schedule_span_note(s, 16, 8, "cosine"), "");
+  EXPECT_EQ(schedule_span_note(s, 0, 8, "cosine"), "");  // an older checkpoint
+  const optim::LrSchedule constant = make_schedule(parse({"--lr-schedule", "constant"}), 4);
+  EXPECT_EQ(schedule_span_note(constant, 8, 8, "constant"), "");
 }
 
 TEST(LrScheduleSpan, CosineSpansMaxStepsNotTheWholeEpoch) {
