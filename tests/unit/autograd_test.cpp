@@ -2,6 +2,8 @@
 // differences of the forward, accumulated in double.
 #include "runtime/autograd/functions.h"
 #include "runtime/nn/layers.h"
+#include "runtime/ops/cpu/onednn.h"
+#include "runtime/ops/nn_ops.h"
 #include "runtime/ops/ops.h"
 #include "runtime/profile.h"
 #include "tests/unit/gradcheck.h"
@@ -11,6 +13,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <vector>
 
@@ -135,6 +138,23 @@ TEST(Autograd, Conv2dWithStrideAndPadding) {
           return F::conv2d(in[0], in[1], in[2], {stride, pad});
         },
         {randn({2, 3, 6, 5}, 14), randn({4, 3, 3, 3}, 15), randn({4}, 16)}, 1e-2, 3e-3);
+    // Without a bias (a conv followed by a norm layer): its own backward path.
+    gradcheck(
+        [stride, pad](auto& in) {
+          return F::conv2d(in[0], in[1], Tensor(), {stride, pad});
+        },
+        {randn({2, 3, 6, 5}, 17), randn({4, 3, 3, 3}, 18)}, 1e-2, 3e-3);
+  }
+}
+
+// unit.conv2d_without_onednn runs the Conv2d tests with DDP_ONEDNN=0: they must
+// then take the per-image path (Note [conv per image]), not oneDNN's.
+TEST(Autograd, Conv2dPathFollowsDdpOnednn) {
+  const char* env = std::getenv("DDP_ONEDNN");
+  if (env != nullptr && std::string(env) == "0") {
+    EXPECT_FALSE(ddp::onednn_convolutions());
+  } else if (env == nullptr && kernels::cpu::onednn::available()) {
+    EXPECT_TRUE(ddp::onednn_convolutions());
   }
 }
 

@@ -183,6 +183,9 @@ TEST(TransformerOps, LayerNormMatchesLongDoubleAtEveryWidth) {
 TEST(TransformerOps, LayerNormGradientsMatchFiniteDifferences) {
   gradcheck([](auto& in) { return F::layer_norm(in[0], in[1], in[2]); },
             {randn({2, 3, 6}, 42), randn({6}, 43), randn({6}, 44)}, 1e-2, 3e-3);
+  // Rows of 19: two 8-wide lanes and a tail (Note [row sums in lanes]); 6 is a tail only.
+  gradcheck([](auto& in) { return F::layer_norm(in[0], in[1], in[2]); },
+            {randn({3, 19}, 45), randn({19}, 46), randn({19}, 47)}, 1e-2, 3e-3);
 }
 
 TEST(TransformerOps, LayerNormRejectsParametersOfTheWrongSize) {
