@@ -2,6 +2,7 @@
 
 #include "collectives/communicator_base.h"
 #include "collectives/elastic.h"
+#include "collectives/flight/flight_recorder.h"
 #include "collectives/store/socket.h"
 #include "collectives/store/tcp_store.h"
 #include "collectives/trace_collectives.h"
@@ -203,16 +204,26 @@ LaunchEnv read_launch_env() {
 
 namespace {
 
+// Note [timeout bound]: the collective timeout becomes a deadline in nanoseconds of
+// steady_clock (int64: 292 years), and TcpStore waits in milliseconds from it; past
+// about 9.2e9 s, s * 1000 or the deadline wrapped negative, so a wait either timed out
+// at once or never. A bound far past any job (ddprun's own for its duration flags,
+// launcher/options.cpp) keeps every such sum in range.
+constexpr int64_t kMaxTimeoutS = 1000000000;  // about 31 years
+
 std::chrono::milliseconds resolve_timeout(const ProcessGroupOptions& o) {
   if (o.timeout) {
-    DDP_CHECK(o.timeout->count() > 0,
-              "ProcessGroupOptions::timeout is {} ms; it must be positive (every collective "
-              "would time out at once)",
-              o.timeout->count());
+    DDP_CHECK(o.timeout->count() > 0 && o.timeout->count() <= kMaxTimeoutS * 1000,
+              "ProcessGroupOptions::timeout is {} ms; it must be positive (at 0 every "
+              "collective would time out at once) and at most {} ms (about 31 years)",
+              o.timeout->count(), kMaxTimeoutS * 1000);
     return *o.timeout;
   }
   if (auto s = env::get_int(env::kTimeoutS)) {
-    DDP_CHECK(*s > 0, "{}={} must be a positive number of seconds", env::kTimeoutS, *s);
+    DDP_CHECK(*s > 0 && *s <= kMaxTimeoutS,
+              "{}={}: expected a whole number of seconds from 1 to {} (about 31 years); set "
+              "it in that range or unset it (default 300)",
+              env::kTimeoutS, *s, kMaxTimeoutS);
     return std::chrono::milliseconds(*s * 1000);
   }
   return std::chrono::milliseconds(300000);
@@ -296,7 +307,9 @@ void connect_store(ProcessGroup& pg, std::chrono::milliseconds timeout) {
 // with: each rank number is claimed once (two processes given one RANK, or two
 // jobs on one MASTER_PORT), and every rank's world size and DDP_DEBUG level are
 // rank 0's. ddprun starts each rank once with one world size, and keeps its store
-// across restarts and replacements, where these keys would be stale.
+// across restarts and replacements, where these keys would be stale. Rank 0 also
+// makes a job id, which the flight recorder keeps where no launcher gives one
+// (Note [job id] in flight/flight_recorder.cpp).
 void check_job(ProcessGroup& pg) {
   const LaunchEnv& e = pg.env;
   if (!e.run_id.empty() || e.agent_store || env::get("TORCHELASTIC_RUN_ID")) return;
@@ -310,10 +323,15 @@ void check_job(ProcessGroup& pg) {
   const std::string mine =
       fmt::format("world size {}, DDP_DEBUG {}", e.world_size, debug_detail() ? "detail" : "off");
   if (e.rank == 0) {
+    std::random_device rd;
+    const std::string id = fmt::format("{}-{:08x}", getpid(), rd());
+    store.set("ddp/job/id", id);  // before ddp/job/start, which the others wait for
     store.set("ddp/job/start", mine);
+    if (flight::job_id_from_env().empty()) flight::set_job_id(id);
     return;
   }
   store.wait({"ddp/job/start"});
+  if (flight::job_id_from_env().empty()) flight::set_job_id(store.get_string("ddp/job/id"));
   const std::string theirs = store.get_string("ddp/job/start");
   DDP_CHECK(theirs == mine,
             "rank {} was started with {}, but rank 0 (the store at {}) with {}: every rank of a "

@@ -13,11 +13,14 @@
 //   completed     it finished successfully; failed: it ended with an error.
 //   wait_begin    a thread began to block in Work::wait() or synchronize() on it;
 //   timed_out     a wait gave up at its timeout (Work::wait's CommTimeoutError
-//                 follows); the collective itself may still complete or fail.
+//                 follows; the collective itself may still complete or fail), or
+//                 the backend's own timeout ended the collective (shm, gloo, mpi:
+//                 failed follows at once).
 //   wait_end      that thread stopped blocking (done, failed or timed out).
 // enqueued comes first and completed/failed once; wait_begin/wait_end pairs
 // (with timed_out between them when the wait gives up) may come any number of
-// times, before or after completion, from any thread.
+// times, before or after completion, from any thread; a backend's timeout comes
+// just before its failed.
 // Observers are called synchronously on the thread where the moment happens (the
 // caller's, the communication thread, the nccl watchdog), holding no lock of the
 // communicator: they must be thread-safe, must not throw and must be cheap (a

@@ -321,6 +321,20 @@ void ThreadedCommunicator::loop() {
   }
 }
 
+namespace {
+
+bool is_timeout(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const CommTimeoutError&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+}  // namespace
+
 // Runs one claimed task (q.running is set) and releases the claim.
 void ThreadedCommunicator::execute(Queue& q, Task& task) {
   try {
@@ -338,6 +352,9 @@ void ThreadedCommunicator::execute(Queue& q, Task& task) {
       std::lock_guard<std::mutex> lock(q.mutex);
       q.broken = error;
     }
+    // A backend's own timeout (fail_timeout) is told as Work::wait's is, so the flight
+    // recorder marks the record timed_out and dumps with "timed out" as the reason.
+    if (is_timeout(error)) notify_collective(task.work->info(), CollectiveState::timed_out);
     notify_collective(task.work->info(), CollectiveState::failed);
     task.work->fail(error);
   }

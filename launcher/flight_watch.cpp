@@ -124,6 +124,19 @@ std::optional<Hang> find_hang(const std::vector<WatchedRank>& ranks, int64_t now
   return hang;
 }
 
+std::vector<int> find_stalled(const std::vector<WatchedRank>& ranks, int64_t now_ns,
+                              int64_t timeout_ns, int64_t clock_restart_ns, int64_t started_ns) {
+  std::vector<int> out;
+  if (timeout_ns <= 0) return out;
+  for (const WatchedRank& r : ranks) {
+    const int64_t progress = r.status.last_progress_ns > 0 ? r.status.last_progress_ns : started_ns;
+    const int64_t latest = std::max(clock_restart_ns, progress);
+    if (!r.exited && r.status.waiters == 0 && latest > 0 && now_ns - latest >= timeout_ns)
+      out.push_back(r.rank);
+  }
+  return out;
+}
+
 FlightWatch::FlightWatch(FlightOptions options, std::vector<int> ranks)
     : options_(std::move(options)), ranks_(std::move(ranks)), regions_(ranks_.size()) {
   if (options_.shm_parent.empty()) return;
@@ -215,14 +228,25 @@ std::optional<Hang> FlightWatch::check_hang(const std::vector<RankRecord>& recor
   if (!enabled()) return std::nullopt;
   const auto timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(hang_timeout());
   if (timeout.count() <= 0) return std::nullopt;
-  std::vector<WatchedRank> watched;
+  return find_hang(watched(records), ns_of(now), timeout.count(), clock_restart_ns_);
+}
+
+std::vector<int> FlightWatch::stalled_ranks(const std::vector<RankRecord>& records,
+                                            Clock::time_point now, Clock::time_point started) {
+  if (!enabled()) return {};
+  const auto timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(hang_timeout());
+  return find_stalled(watched(records), ns_of(now), timeout.count(), clock_restart_ns_,
+                      ns_of(started));
+}
+
+std::vector<WatchedRank> FlightWatch::watched(const std::vector<RankRecord>& records) const {
+  std::vector<WatchedRank> out;
   for (size_t i = 0; i < regions_.size(); ++i) {
     const auto s = status(i);
     if (!s) continue;
-    watched.push_back(
-        {.rank = ranks_[i], .exited = records[i].wait_status.has_value(), .status = *s});
+    out.push_back({.rank = ranks_[i], .exited = records[i].wait_status.has_value(), .status = *s});
   }
-  return find_hang(watched, ns_of(now), timeout.count(), clock_restart_ns_);
+  return out;
 }
 
 std::optional<Clock::time_point> FlightWatch::last_progress(size_t index) const {

@@ -107,6 +107,14 @@ struct Hang {
 std::optional<Hang> find_hang(const std::vector<WatchedRank>& ranks, int64_t now_ns,
                               int64_t timeout_ns, int64_t clock_restart_ns);
 
+// Note [hang on several nodes] (launcher/group.cpp): another node's detector fired
+// and its diagnosis named none of its ranks. The running ranks here that wait in no
+// collective and made no progress for `timeout` (counted from `clock_restart` at the
+// earliest; one that never made any, from `started`, the ranks' start) are the ones
+// its ranks wait for.
+std::vector<int> find_stalled(const std::vector<WatchedRank>& ranks, int64_t now_ns,
+                              int64_t timeout_ns, int64_t clock_restart_ns, int64_t started_ns);
+
 class FlightWatch {
  public:
   // ranks: the global rank of each local rank. Makes the region directory
@@ -127,6 +135,9 @@ class FlightWatch {
   // timeout] from the regions mapped so far; 0: no detection.
   std::chrono::milliseconds hang_timeout() const;
   std::optional<Hang> check_hang(const std::vector<RankRecord>& records, Clock::time_point now);
+  // find_stalled over the mapped regions, with the hang timeout in force.
+  std::vector<int> stalled_ranks(const std::vector<RankRecord>& records, Clock::time_point now,
+                                 Clock::time_point started);
   // The last progress of local rank `index` (its region's), if known.
   std::optional<Clock::time_point> last_progress(size_t index) const;
 
@@ -159,6 +170,7 @@ class FlightWatch {
   // The status of a mapped region; nullopt when unmapped or unreadable (a
   // rank's memory never takes ddprun down).
   std::optional<flight::RankStatus> status(size_t index) const;
+  std::vector<WatchedRank> watched(const std::vector<RankRecord>& records) const;
   std::vector<flight::RankSnapshot> snapshots(const std::vector<RankRecord>& records) const;
   void unmap(Region& region);
 

@@ -34,7 +34,14 @@ constexpr milliseconds kHangCheckInterval{250};
 // the other nodes' verdict (their detectors see the same hang within a poll
 // or two) and ends on it; only without one does it blame locally. And a local
 // rank that fails is checked against the other nodes' first failure before it
-// is blamed (failed_elsewhere_first()).
+// is blamed (failed_elsewhere_first()). The other nodes' detectors see the hang
+// only where a rank of theirs waits in a collective too; a node whose ranks are all
+// busy elsewhere (the culprit alone on its node, stuck in compute) would never give
+// a verdict. So the waiting node publishes the hang in the store (publish_hang), and
+// every other node, on seeing it, looks at its own ranks for this long: a running
+// rank that waits in no collective and made no progress for the hang timeout is the
+// one the others wait for (find_stalled), and that node blames it and publishes the
+// failure, the verdict the waiting node ends on (answer_remote_hang).
 constexpr milliseconds kRemoteVerdictWait{3000};
 // Note [hang across nodes under continue]
 // Under --on-failure continue across nodes no node blames its own ranks for a
@@ -133,10 +140,12 @@ class Watcher {
   std::vector<RankRecord> by_slot(std::vector<RankRecord> all) const;
   std::optional<size_t> slot_of(int rank) const;
   void check_hang();
-  void end_hung_job(const Hang& hang);
+  void answer_remote_hang(Clock::time_point now);
+  void end_hung_job(const Hang& hang, const std::vector<size_t>& suspects = {});
   std::vector<RankRecord> records() const;
   void check_remote();
-  void stop_all(int sig, const std::string& why);
+  // `killed`: a rank already sent SIGKILL (carry_out_blame), said so and spared `sig`.
+  void stop_all(int sig, const std::string& why, std::optional<size_t> killed = std::nullopt);
   void kill_all();
   bool all_exited() const;
   bool streams_open() const;
@@ -157,6 +166,10 @@ class Watcher {
     Clock::time_point deadline;
   };
   std::optional<PendingHang> pending_hang_;  // Note [hang on several nodes]
+  // Another node's hang request being answered (Note [hang on several nodes]): the
+  // requests seen so far, and until when to look for a stalled rank here.
+  int64_t hangs_seen_ = 0;
+  std::optional<Clock::time_point> answer_until_;
   bool stopping_ = false;
   bool killed_ = false;
   Clock::time_point kill_deadline_;
@@ -477,11 +490,13 @@ void Watcher::carry_out_blame() {
       {.node = spec_.node_rank,
        .exit_code = blame_->exit_code,
        .what = fmt::format("{} on node {}", blame_->what, spec_.node_rank)});
+  std::optional<size_t> killed;
   if (r.running) {  // stopped or stalled: it cannot act on SIGTERM
     r.rec.signalled = true;
     signal_group(r.rec.pid, SIGKILL);
+    killed = blame_->index;
   }
-  stop_all(SIGTERM, blame_->what);
+  stop_all(SIGTERM, blame_->what, killed);
 }
 
 // --on-failure continue: the rank to blame leaves the group (killed if it still
@@ -1013,7 +1028,7 @@ void Watcher::check_hang() {
     return;
   }
   const auto hang = flight_.check_hang(by_slot(records()), now);
-  if (!hang) return;
+  if (!hang) return answer_remote_hang(now);
   const double limit = std::chrono::duration<double>(flight_.hang_timeout()).count();
   say(fmt::format(
       "no rank made progress for {:.1f} s while {} wait{} in a collective (--hang-timeout {:g} "
@@ -1031,11 +1046,13 @@ void Watcher::check_hang() {
         "continue); the rank to blame is its own node's ddprun's, and a node lost is node 0's "
         "to take out. The ranks here go on once their collective ends (at the latest at its "
         "timeout, DDP_TIMEOUT_S) and they regroup");
+    hangs_seen_ = std::max(hangs_seen_, rendezvous_.publish_hang());
     flight_.restart_clock(now);
     flight_.allow_next_capture();
     return;
   }
   if (local_suspects().empty() && flight_.partial_view() && rendezvous_.multi_node()) {
+    hangs_seen_ = std::max(hangs_seen_, rendezvous_.publish_hang());
     say(
         fmt::format("the diagnosis names none of this node's ranks: waiting {:g} s for the other "
                     "nodes' verdict",
@@ -1046,9 +1063,51 @@ void Watcher::check_hang() {
   end_hung_job(*hang);
 }
 
+// Note [hang on several nodes]: another node's ranks wait in a collective and its
+// diagnosis names none of them; this node's detector sees nothing when no rank here
+// waits. A rank here that waits in no collective and made no progress for the hang
+// timeout is the one they wait for: blamed here, its failure is their verdict.
+void Watcher::answer_remote_hang(Clock::time_point now) {
+  if (!rendezvous_.multi_node() || flight_.hang_timeout().count() <= 0) return;
+  if (const int64_t published = rendezvous_.hangs_published(); published > hangs_seen_) {
+    hangs_seen_ = published;
+    answer_until_ = now + kRemoteVerdictWait;
+  }
+  if (!answer_until_) return;
+  if (now >= *answer_until_) {
+    answer_until_.reset();  // nothing stalled here: the asking node blames its own
+    return;
+  }
+  std::vector<size_t> stalled;
+  for (const int rank : flight_.stalled_ranks(by_slot(records()), now, start_)) {
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+      if (ranks_[i].rec.rank == rank && ranks_[i].running && !ranks_[i].departed)
+        stalled.push_back(i);
+    }
+  }
+  if (stalled.empty()) return;
+  answer_until_.reset();
+  Hang hang;
+  for (const size_t i : stalled) {
+    if (const auto p = progress_of(i))
+      hang.silent_s = std::max(hang.silent_s, std::chrono::duration<double>(now - *p).count());
+  }
+  std::vector<int> ranks;
+  for (const size_t i : stalled) ranks.push_back(ranks_[i].rec.rank);
+  say(fmt::format(
+      "another node's ranks wait in a collective and its diagnosis names none of them; {} of "
+      "this node wait{} in no collective and made no progress for {:.1f} s (--hang-timeout "
+      "{:g} s): the job is hung on {}; dumping and diagnosing",
+      flight::rank_list(ranks), ranks.size() == 1 ? "s" : "", hang.silent_s,
+      std::chrono::duration<double>(flight_.hang_timeout()).count(),
+      ranks.size() == 1 ? "it" : "them"));
+  flight_.capture(raw_records(), "hang");
+  end_hung_job(hang, stalled);
+}
+
 // Note [hang blame]: the suspects (every local rank when there are none) are
 // judged by their last progress.
-void Watcher::end_hung_job(const Hang& hang) {
+void Watcher::end_hung_job(const Hang& hang, const std::vector<size_t>& suspects) {
   const auto now = Clock::now();
   std::vector<RankRecord> records = this->records();
   HangVerdict verdict;
@@ -1062,6 +1121,7 @@ void Watcher::end_hung_job(const Hang& hang) {
     if (ranks_[i].running && !ranks_[i].departed && ranks_[i].rec.stopped_since)
       verdict.suspects.push_back(i);
   }
+  if (verdict.suspects.empty()) verdict.suspects = suspects;
   if (verdict.suspects.empty()) verdict.suspects = local_suspects();
   for (size_t i = 0; i < ranks_.size(); ++i) {
     const int rank = ranks_[i].rec.rank;
@@ -1168,22 +1228,29 @@ void Watcher::become_authority(const std::string& why) {
 
 // Sends `sig` to every running rank's process group; SIGKILL follows at the
 // end of the grace period (kill_all() from poll_once()).
-void Watcher::stop_all(int sig, const std::string& why) {
+void Watcher::stop_all(int sig, const std::string& why, std::optional<size_t> killed) {
   flight_.capture(raw_records(), why);  // Note [dumps from the regions]: before any signal
   stopping_ = true;
   group_stop_waiting_ = false;  // a group's stop ends here too (a signal to ddprun, say)
   kill_deadline_ = Clock::now() + spec_.grace;
   const auto running =
-      std::count_if(ranks_.begin(), ranks_.end(), [](auto& r) { return r.running; });
+      std::count_if(ranks_.begin(), ranks_.end(), [](auto& r) { return r.running; }) -
+      (killed ? 1 : 0);
+  // Note [hang blame]: the blamed rank, stalled or stopped, gets SIGKILL at once.
+  const std::string at_once =
+      killed ? fmt::format("sent SIGKILL to rank {} at once (it cannot act on SIGTERM){}",
+                           ranks_[*killed].rec.rank, running > 0 ? "; " : "")
+             : "";
   if (running > 0) {
-    say(fmt::format("{}; sending {} to {} rank{}, SIGKILL after {:.3g} s", why, signal_name(sig),
-                    running, running == 1 ? "" : "s",
+    say(fmt::format("{}; {}sending {} to {}{} rank{}, SIGKILL after {:.3g} s", why, at_once,
+                    signal_name(sig), killed ? "the other " : "", running, running == 1 ? "" : "s",
                     std::chrono::duration<double>(spec_.grace).count()));
   } else {
-    say(why);
+    say(killed ? fmt::format("{}; {}", why, at_once) : why);
   }
-  for (auto& r : ranks_) {
-    if (!r.running) continue;
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    RankProcess& r = ranks_[i];
+    if (!r.running || (killed && i == *killed)) continue;
     r.rec.signalled = true;
     signal_group(r.rec.pid, sig);
     // A stopped rank acts on nothing but SIGKILL and SIGCONT: let it handle `sig`.

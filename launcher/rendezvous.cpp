@@ -346,6 +346,26 @@ void Rendezvous::publish_failure(const GroupFailure& failure) {
   }
 }
 
+int64_t Rendezvous::publish_hang() {
+  if (!multi_node() || !store_ || store_lost_) return 0;
+  try {
+    return store_->add("hang", 1);
+  } catch (const StoreError&) {
+    store_lost_ = true;  // remote_failure() says so
+    return 0;
+  }
+}
+
+int64_t Rendezvous::hangs_published() {
+  if (!multi_node() || !store_ || store_lost_) return 0;
+  try {
+    return store_->add("hang", 0);
+  } catch (const StoreError&) {
+    store_lost_ = true;
+    return 0;
+  }
+}
+
 std::optional<GroupFailure> Rendezvous::remote_failure() {
   if (!multi_node() || !store_) return std::nullopt;
   if (store_lost_)

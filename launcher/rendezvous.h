@@ -186,6 +186,12 @@ class Rendezvous {
   // The group's first failure when it is another node's, or the loss of the
   // store (node 0's ddprun gone); nullopt while all is well.
   std::optional<GroupFailure> remote_failure();
+  // Note [hang on several nodes] (launcher/group.cpp): a node whose hang detector
+  // fired, and whose diagnosis names none of its ranks, asks the other nodes to look
+  // at theirs: publish_hang() counts one more such request and returns the count;
+  // hangs_published() is the count (0: none; on one node, always 0).
+  int64_t publish_hang();
+  int64_t hangs_published();
   void publish_done();
   // --on-failure continue: membership `epoch` is `members` (launch ranks), for the
   // ranks' regroup (Note [elastic membership] in collectives/elastic.h).

@@ -376,7 +376,9 @@ std::chrono::milliseconds regroup_wait(const Run& r, const CommError& failure) {
   if (dynamic_cast<const CommTimeoutError*>(&failure) == nullptr) return kRegroupTimeout;
   const double timeout_s = std::chrono::duration<double>(r.pg->comm_options.timeout).count();
   const double hang_s = env::get_double(env::kHangTimeoutS).value_or(timeout_s + 60);
-  if (hang_s <= 0) return kRegroupTimeout;  // no detector: a hung rank is never removed
+  // No detector (0), or a value past ddprun's own bound for --hang-timeout (a hand-set
+  // variable; inf): a hung rank is never removed, and the cast below would overflow.
+  if (!(hang_s > 0) || hang_s > 1e9) return kRegroupTimeout;
   return kRegroupTimeout +
          std::chrono::milliseconds(static_cast<int64_t>(1000 * std::max(0.0, hang_s - timeout_s)));
 }

@@ -145,7 +145,8 @@ struct StuckRanks {
   std::vector<int> waiting;                 // open, running, blocked in a wait for it
   std::vector<double> waits;                // how long, by `waiting`
   std::vector<int> busy;                    // open, running, not blocked
-  std::vector<int> failed;                  // open: it failed (or timed out) there
+  std::vector<int> failed;                  // open: it failed there
+  std::vector<int> timed_out;               // open: the rank's timeout ended it there
   std::vector<const RankSnapshot*> halted;  // open, stopped or exited
 };
 
@@ -166,7 +167,7 @@ StuckRanks classify(int64_t stuck, const std::map<int, const View*>& views,
       k.open.push_back(s->rank);
       const auto w = waiting_in(*s, *r);
       if (r->state == RecordState::failed) {
-        k.failed.push_back(s->rank);
+        (r->timed_out ? k.timed_out : k.failed).push_back(s->rank);
       } else if (halted(*s)) {
         k.halted.push_back(s);
       } else if (w) {
@@ -191,6 +192,8 @@ std::string open_text(const StuckRanks& k) {
     parts.push_back(fmt::format("{} entered it and {} not waiting for it yet", rank_list(k.busy),
                                 k.busy.size() == 1 ? "is" : "are"));
   }
+  if (!k.timed_out.empty())
+    parts.push_back(fmt::format("{} timed out in it", rank_list(k.timed_out)));
   if (!k.failed.empty()) parts.push_back(fmt::format("{} failed in it", rank_list(k.failed)));
   for (const RankSnapshot* s : k.halted) {
     parts.push_back(

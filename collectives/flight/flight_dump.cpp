@@ -156,6 +156,9 @@ std::string to_json(const RankSnapshot& s) {
   return out;
 }
 
+// The bound ddprun puts on a job's world size (kMaxWorldSize in launcher/options.cpp).
+constexpr int64_t kMaxDumpWorldSize = int64_t{1} << 22;
+
 RankSnapshot from_json(std::string_view text, std::string_view origin) {
   json::Value doc;
   try {
@@ -167,9 +170,19 @@ RankSnapshot from_json(std::string_view text, std::string_view origin) {
   DDP_CHECK(f.string("format") == kDumpFormat && f.integer("version") == kDumpVersion,
             "{}: format '{}' version {}; expected '{}' version {}", origin, f.string("format"),
             f.integer("version"), kDumpFormat, kDumpVersion);
+  // Checked before anything sizes a list by them (ddprun analyze lists every
+  // expected rank: a world of 2e9 was a std::bad_alloc) or narrows them to int.
+  const int64_t rank = f.integer("rank");
+  const int64_t world_size = f.integer("world_size");
+  DDP_CHECK(world_size >= 1 && world_size <= kMaxDumpWorldSize,
+            "{}: \"world_size\" is {}; expected 1 to {} ranks (the most ddprun launches); "
+            "the file is damaged or not a flight recorder dump: remove it from the directory",
+            origin, world_size, kMaxDumpWorldSize);
+  DDP_CHECK(rank >= 0 && rank < world_size, "{}: rank {} of world size {} is not a rank", origin,
+            rank, world_size);
   RankSnapshot s;
-  s.rank = static_cast<int>(f.integer("rank"));
-  s.world_size = static_cast<int>(f.integer("world_size"));
+  s.rank = static_cast<int>(rank);
+  s.world_size = static_cast<int>(world_size);
   s.pid = f.integer("pid");
   s.host = f.string("host");
   s.backend = f.string("backend");
@@ -185,8 +198,6 @@ RankSnapshot from_json(std::string_view text, std::string_view origin) {
   const auto& list = f.get("collectives", json::Value::Kind::array).array;
   s.records.reserve(list.size());
   for (size_t i = 0; i < list.size(); ++i) s.records.push_back(parse_record(list[i], origin, i));
-  DDP_CHECK(s.rank >= 0 && s.world_size >= 1 && s.rank < s.world_size,
-            "{}: rank {} of world size {} is not a rank", origin, s.rank, s.world_size);
   return s;
 }
 

@@ -225,11 +225,35 @@ std::string host_name() {
   return name;
 }
 
+namespace {
+
+std::mutex g_job_id_mutex;
+std::string g_job_id;  // set_job_id's
+
+}  // namespace
+
+// Note [job id]: what tells one job's dumps from another's in one directory
+// (ddprun analyze warns when they differ). ddprun's run id (also torchrun's
+// TORCHELASTIC_RUN_ID, but for its default "none"); a Slurm step's job and step
+// ids (two sruns of one allocation are two jobs); Open MPI's job id; else the id
+// rank 0 made and published in the store (Note [job check] in bootstrap.cpp), so
+// that hand-started ranks have one too.
 std::string job_id_from_env() {
-  for (const char* name : {"DDPRUN_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid"}) {
-    if (auto v = env::get(name)) return *v;
+  for (const char* name : {"DDPRUN_RUN_ID", "TORCHELASTIC_RUN_ID"}) {
+    if (auto v = env::get(name); v && *v != "none") return *v;
   }
-  return "";
+  if (auto job = env::get("SLURM_JOB_ID")) {
+    const auto step = env::get("SLURM_STEP_ID");
+    return step ? *job + "." + *step : *job;
+  }
+  if (auto v = env::get("OMPI_MCA_ess_base_jobid")) return *v;
+  std::lock_guard<std::mutex> lock(g_job_id_mutex);
+  return g_job_id;
+}
+
+void set_job_id(std::string id) {
+  std::lock_guard<std::mutex> lock(g_job_id_mutex);
+  g_job_id = std::move(id);
 }
 
 RecorderOptions recorder_options_from_env() {

@@ -59,9 +59,13 @@ RecorderOptions recorder_options_from_env();
 std::string default_dump_dir();
 // "flight_rank_<R>.json"
 std::string dump_file_name(int rank);
-// Host name and job id (DDPRUN_RUN_ID, SLURM_JOB_ID, Open MPI's job id; "").
+// Host name and job id (Note [job id]: DDPRUN_RUN_ID, TORCHELASTIC_RUN_ID,
+// SLURM_JOB_ID.SLURM_STEP_ID, Open MPI's job id, else set_job_id's; "" when none).
 std::string host_name();
 std::string job_id_from_env();
+// The job id of a job no launcher names (rank 0's, through the store), for the
+// recorders made after the call.
+void set_job_id(std::string id);
 
 class FlightRecorder : public CollectiveObserver {
  public:

@@ -39,7 +39,7 @@ cat "$WORK/analyze.log"
 grep -q "backend mpi" "$WORK/analyze.log" || fail "the dump is not the mpi backend's"
 grep -qE "^  rank 1: no dump; no collective timed out or failed on it, so it most likely never entered all_reduce #[0-9]+ \(ddp bucket 0, [0-9.]+ KB\)" \
   "$WORK/analyze.log" || fail "analyze does not name rank 1 and the all_reduce"
-grep -qE "^  every rank with a dump entered all_reduce #[0-9]+ \(ddp bucket 0, .*rank 0 (failed in it|has waited)" \
+grep -qE "^  every rank with a dump entered all_reduce #[0-9]+ \(ddp bucket 0, .*rank 0 (timed out in it|has waited)" \
   "$WORK/analyze.log" || fail "analyze does not say rank 0 waited in the all_reduce"
 
 # SIGUSR1 under mpirun: both ranks dump, the job succeeds.

@@ -154,5 +154,46 @@ TEST(CollectiveEventsTimeout, AWaitThatGivesUpIsTold) {
   for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
 }
 
+// A collective that the backend's own timeout ends (fail_timeout: shm, gloo) is told
+// timed_out, then failed, as the flight recorder needs to mark it (it was told failed
+// alone, so a dump read "rank 1 failed in it" under a "timed out after" error).
+class CollectiveEventsBackendTimeout : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CollectiveEventsBackendTimeout, IsToldTimedOutThenFailed) {
+  const std::string backend = GetParam();
+  const auto results = spawn_ranks(2, [&](int rank, int size) -> int {
+    auto recorder = std::make_shared<Recorder>();
+    add_collective_observer(recorder);
+    auto c = make_backend(backend, rank, size, {.timeout = 500ms});
+    if (rank == 1) {
+      Tensor t = zeros({4});
+      bool threw = false;
+      try {
+        c->all_reduce(t)->wait(20s);  // rank 0 never joins #0: the backend's timeout ends it
+      } catch (const CommTimeoutError&) {
+        threw = true;
+      }
+      require(threw, "the collective timed out");
+      std::vector<CollectiveState> states;
+      for (CollectiveState s : states_of(recorder->seen(), 0)) {
+        if (s != CollectiveState::wait_begin && s != CollectiveState::wait_end) states.push_back(s);
+      }
+      const std::vector<CollectiveState> want = {
+          CollectiveState::enqueued, CollectiveState::started, CollectiveState::timed_out,
+          CollectiveState::failed};
+      std::vector<std::string_view> names;
+      for (CollectiveState s : states) names.push_back(collective_state_name(s));
+      require(states == want, fmt::format("told {}", fmt::join(names, ", ")));
+    } else {
+      std::this_thread::sleep_for(2s);  // alive, but never joins #0, until rank 1 gave up
+    }
+    std::_Exit(0);
+  });
+  for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, CollectiveEventsBackendTimeout, ::testing::Values("shm", "gloo"),
+                         [](const auto& info) { return info.param; });
+
 }  // namespace
 }  // namespace ddp::test

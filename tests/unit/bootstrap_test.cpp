@@ -40,6 +40,35 @@ TEST(Bootstrap, ANonPositiveTimeoutIsRejected) {
   }
 }
 
+// Note [timeout bound]: 1e10 s overflowed s * 1000 ms and the nanosecond deadlines
+// (an endless wait in TcpStore::connect_locked, or a timeout at once).
+TEST(Bootstrap, ATimeoutPastTheBoundIsRejected) {
+  setenv("DDP_TIMEOUT_S", "10000000000", 1);
+  std::string message;
+  try {
+    init_process_group(ProcessGroupOptions{});
+  } catch (const ValueError& e) {
+    message = e.what();
+  }
+  unsetenv("DDP_TIMEOUT_S");
+  EXPECT_NE(message.find("DDP_TIMEOUT_S=10000000000: expected a whole number of seconds from 1 "
+                         "to 1000000000"),
+            std::string::npos)
+      << message;
+  try {
+    ProcessGroupOptions o;
+    o.timeout = std::chrono::milliseconds::max();
+    init_process_group(o);
+    FAIL() << "no error";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("at most 1000000000000 ms"), std::string::npos)
+        << e.what();
+  }
+  setenv("DDP_TIMEOUT_S", "1000000000", 1);  // the bound itself is accepted
+  EXPECT_EQ(init_process_group(ProcessGroupOptions{}).comm->backend(), "local");
+  unsetenv("DDP_TIMEOUT_S");
+}
+
 TEST(Bootstrap, AnUnavailableVirtualDeviceNamesTheVariable) {
   try {
     init_process_group(on("cpu:1"));

@@ -175,6 +175,17 @@ TEST(HangDiagnosis, FailedAndExitedRanksAreSaidSo) {
   EXPECT_EQ(d.suspects, std::vector<int>{1});
 }
 
+// A collective the rank's own timeout ended (shm, gloo, mpi: state failed, timed_out
+// set) reads as timed out, as the rank's error said, not as failed.
+TEST(HangDiagnosis, ATimedOutRankIsSaidToHaveTimedOut) {
+  auto ended = rec(6, RecordState::failed);
+  ended.timed_out = true;
+  const Diagnosis d = diagnose({rank(0, plus(done_through(5), ended), 2)});
+  EXPECT_EQ(d.lines[0],
+            "every rank with a dump entered all_reduce #6 (ddp bucket 3, 1.2 MB) and none "
+            "completed it: rank 0 timed out in it");
+}
+
 TEST(HangDiagnosis, ASnapshotOfARunningJobIsNoHang) {
   // SIGUSR1 dumps of a healthy job: rank 1 is a collective ahead, rank 0 just
   // began to wait.

@@ -53,6 +53,22 @@ TEST(HangDetector, NobodyWaitingIsNoHang) {
   EXPECT_TRUE(find_hang({watched(0, 10, false, true), watched(1, 12, true)}, 500 * kS, 10 * kS, 0));
 }
 
+// Note [hang on several nodes]: another node's ranks wait; here, the rank stuck in
+// compute (waiting in no collective, silent for the timeout) is the one they wait for.
+TEST(HangDetector, AnotherNodesHangFindsTheStalledRankHere) {
+  const std::vector<WatchedRank> ranks = {watched(2, 100, false), watched(3, 115, false),
+                                          watched(4, 100, true), watched(5, 100, false, true)};
+  // Rank 3 progressed 5 s ago, rank 4 waits in a collective, rank 5 exited.
+  EXPECT_EQ(find_stalled(ranks, 120 * kS, 10 * kS, 0, 1), std::vector<int>{2});
+  EXPECT_TRUE(find_stalled(ranks, 109 * kS, 10 * kS, 0, 1).empty());
+  EXPECT_TRUE(find_stalled(ranks, 120 * kS, 10 * kS, 115 * kS, 1).empty());  // paused until 115 s
+  EXPECT_TRUE(find_stalled(ranks, 120 * kS, 0, 0, 1).empty());               // --hang-timeout 0
+  // One that never issued a collective counts from the ranks' start.
+  EXPECT_EQ(find_stalled({watched(6, 0, false)}, 120 * kS, 10 * kS, 0, 100 * kS),
+            std::vector<int>{6});
+  EXPECT_TRUE(find_stalled({watched(6, 0, false)}, 120 * kS, 10 * kS, 0, 115 * kS).empty());
+}
+
 TEST(HangDetector, TheClockRestartsAfterAPause) {
   const std::vector<WatchedRank> ranks = {watched(0, 10, true), watched(1, 10, true)};
   EXPECT_TRUE(find_hang(ranks, 100 * kS, 10 * kS, 0));

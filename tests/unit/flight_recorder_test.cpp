@@ -15,6 +15,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 namespace ddp::flight {
@@ -232,6 +233,39 @@ TEST(FlightRecorder, OptionsFromTheEnvironment) {
   EXPECT_EQ(o.dump_dir, private_dump_base());
 }
 
+// Note [job id]: torchrun's run id was ignored, so two torchrun jobs' dumps in one
+// directory were not told apart; a Slurm job's steps share SLURM_JOB_ID.
+TEST(FlightRecorder, TheJobIdOfEachLauncher) {
+  const char* names[] = {"DDPRUN_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID",
+                         "OMPI_MCA_ess_base_jobid"};
+  std::vector<std::pair<const char*, std::optional<std::string>>> saved;
+  for (const char* n : names) {
+    saved.emplace_back(n, env::get(n));
+    unsetenv(n);
+  }
+  set_job_id("");
+  EXPECT_EQ(job_id_from_env(), "");
+  set_job_id("4242-0badcafe");  // a hand-started job's, from rank 0 (Note [job check])
+  EXPECT_EQ(job_id_from_env(), "4242-0badcafe");
+  setenv("SLURM_JOB_ID", "1234", 1);
+  EXPECT_EQ(job_id_from_env(), "1234");
+  setenv("SLURM_STEP_ID", "2", 1);
+  EXPECT_EQ(job_id_from_env(), "1234.2");
+  setenv("TORCHELASTIC_RUN_ID", "none", 1);  // torchrun's default: no id
+  EXPECT_EQ(job_id_from_env(), "1234.2");
+  setenv("TORCHELASTIC_RUN_ID", "3f2a-run", 1);
+  EXPECT_EQ(job_id_from_env(), "3f2a-run");
+  setenv("DDPRUN_RUN_ID", "ddprun-7", 1);
+  EXPECT_EQ(job_id_from_env(), "ddprun-7");
+  set_job_id("");
+  for (const auto& [n, v] : saved) {
+    if (v)
+      setenv(n, v->c_str(), 1);
+    else
+      unsetenv(n);
+  }
+}
+
 TEST(FlightRecorder, RegionSharedThroughAFile) {
   const std::string dir = ::testing::TempDir() + "flight_region_" + std::to_string(::getpid());
   std::filesystem::create_directories(dir);
@@ -438,6 +472,28 @@ TEST(FlightDump, ErrorsNameTheFileAndTheField) {
     EXPECT_NE(std::string(e.what()).find("x.json: format 'other'"), std::string::npos) << e.what();
   }
   EXPECT_THROW(from_json("{", "y.json"), ValueError);
+}
+
+// A world size of 2e9 passed, and ddprun analyze died of std::bad_alloc listing its ranks.
+TEST(FlightDump, AWorldSizePastTheBoundNamesTheFile) {
+  const std::string text = to_json(sample_snapshot());
+  const std::string field = fmt::format("\"world_size\": {}", sample_snapshot().world_size);
+  const auto at = text.find(field);
+  ASSERT_NE(at, std::string::npos);
+  for (const char* world : {"2000000000", "4294967298"}) {
+    std::string bad = text;
+    bad.replace(at, field.size(), fmt::format("\"world_size\": {}", world));
+    try {
+      from_json(bad, "d/flight_rank_1.json");
+      ADD_FAILURE() << "world size " << world << " was read";
+    } catch (const ValueError& e) {
+      EXPECT_NE(
+          std::string(e.what()).find(fmt::format(
+              "d/flight_rank_1.json: \"world_size\" is {}; expected 1 to 4194304 ranks", world)),
+          std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST(FlightDump, WritesAndReadsADirectory) {
