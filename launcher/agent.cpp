@@ -223,6 +223,16 @@ int run_attempts(const LaunchOptions& o, const std::string& program_path, int np
       say(e.what());
       return 128 + e.signal();
     }
+    // Note [exit barrier]: after the last attempt's failure the other nodes read it
+    // here, then stop their ranks (the grace period); a store gone before they read
+    // it was a lost store to them (exit 1), not the failing rank's code.
+    const bool last = result.outcome != Outcome::success && SignalPipe::stop_signal() == 0 &&
+                      o.on_failure != "continue" && restart >= o.max_restarts;
+    if (last) {
+      rendezvous.wait_for_others_to_leave(
+          std::chrono::milliseconds(static_cast<int64_t>(o.grace_period_s * 1000)) +
+          std::chrono::seconds(5));
+    }
     rendezvous.end_attempt();
     if (result.outcome == Outcome::success) return 0;
     if (SignalPipe::stop_signal() != 0) return result.exit_code;  // never restart then
