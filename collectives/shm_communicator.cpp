@@ -403,7 +403,7 @@ void ShmCommunicator::wait_all(const Collective& c, uint64_t target) {
 // (read once per process) widens the gap after the first read.
 void ShmCommunicator::check_peers(const Collective& c, uint64_t target) {
   static const int64_t delay_ms = env::get_int("DDP_TEST_SHM_CHECK_DELAY_MS").value_or(0);
-  std::vector<std::string> exited;
+  std::vector<std::string> exited, left_it;
   std::vector<std::string> late;
   for (int p = 0; p < size(); ++p) {
     shm::RankControl& peer = segment_->control(p);
@@ -413,18 +413,30 @@ void ShmCommunicator::check_peers(const Collective& c, uint64_t target) {
     const int pid = segment_->pid(p);
     const shm::ProcessState state = shm::process_state(pid);
     if (peer.counter.load() >= target) continue;  // it arrived since (Note [gone before arriving])
+    // `left`: it may well have arrived and given up (its own timeout, a failure):
+    // that is not "exited before arriving".
     if (left)
-      exited.push_back(fmt::format("rank {} (pid {}, which left the communicator)", p, pid));
+      left_it.push_back(fmt::format("rank {} (pid {})", p, pid));
     else if (state == shm::ProcessState::exited)
       exited.push_back(fmt::format("rank {} (pid {})", p, pid));
     late.push_back(fmt::format("rank {} (pid {}, {})", p, pid, shm::process_state_name(state)));
   }
   if (late.empty()) return;  // every peer arrived while this looked
-  if (!exited.empty()) {
-    fail(c, fmt::format("{} exited before arriving at this collective; the group cannot complete "
-                        "it. Check that rank's output for the cause (a crash, an OOM kill, an "
-                        "uncaught exception)",
-                        fmt::join(exited, ", ")));
+  if (!exited.empty() || !left_it.empty()) {
+    std::vector<std::string> why;
+    if (!exited.empty()) {
+      why.push_back(
+          fmt::format("{} exited before arriving at this collective", fmt::join(exited, ", ")));
+    }
+    if (!left_it.empty()) {
+      why.push_back(
+          fmt::format("{} left the communicator without completing it (it failed, or "
+                      "timed out waiting, in this collective or an earlier one)",
+                      fmt::join(left_it, ", ")));
+    }
+    fail(c, fmt::format("{}; the group cannot complete it. Check that rank's output for the "
+                        "cause (a crash, an OOM kill, an uncaught exception, its timeout)",
+                        fmt::join(why, "; ")));
   }
   if (Clock::now() >= deadline_) {
     fail_timeout(c, fmt::format("{} did not arrive (step counter {} of segment {}). A stopped "

@@ -255,7 +255,7 @@ TEST(ShmCommunicator, OversubscribedRanksMakeProgress) {
 // about 11 ms), slowed down by 60 ms after it saw rank 0's counter short, must
 // still see an arrival, not a departure: the collective completes on rank 1
 // too. Without the second read of the counter it fails, naming rank 0 as a rank
-// "which left the communicator".
+// that "left the communicator without completing it".
 TEST(ShmCommunicator, PeerThatArrivesThenLeavesIsNotGone) {
   const auto results = spawn_ranks(2, [](int rank, int size) {
     ::setenv("DDP_TEST_SHM_CHECK_DELAY_MS", "60", 1);  // read at the first check
@@ -266,6 +266,30 @@ TEST(ShmCommunicator, PeerThatArrivesThenLeavesIsNotGone) {
     expect_values(
         t, [&](int64_t i) { return reduced_value(ReduceOp::sum, size, i); }, "sum");
     return 0;  // rank 0's communicator goes now: it sets `left`
+  });
+  for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
+}
+
+// Rank 0 arrives, times out waiting for rank 1 (1 s) and leaves the communicator;
+// rank 1 arrives after it left. Rank 0 did arrive: rank 1 is told that it left
+// without completing the collective, not that it "exited before arriving".
+TEST(ShmCommunicator, PeerThatTimedOutIsNamedAsLeftNotAsNeverArrived) {
+  const auto results = spawn_ranks(2, [](int rank, int size) {
+    auto comm = make_backend("shm", rank, size, {.timeout = 1s});
+    Tensor t = make_input(DType::f32, 1 << 20, rank);  // several chunks: two phases
+    if (rank == 1) std::this_thread::sleep_for(2500ms);
+    try {
+      comm->all_reduce(t)->wait();
+    } catch (const CommError& e) {
+      const std::string text = e.what();
+      if (rank == 0) return 0;  // its own timeout; its communicator goes now: `left`
+      require(text.find("rank 0 (pid ") != std::string::npos &&
+                  text.find("left the communicator without completing it") != std::string::npos &&
+                  text.find("exited before arriving") == std::string::npos,
+              "rank 1's message: " + text);
+      return 0;
+    }
+    throw std::runtime_error("the all_reduce completed though rank 0 gave up on it");
   });
   for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
 }
