@@ -255,6 +255,16 @@ std::optional<Clock::time_point> FlightWatch::last_progress(size_t index) const 
   return time_of(s->last_progress_ns);
 }
 
+std::optional<int64_t> FlightWatch::recorder_pid(size_t index) const {
+  const Region& r = regions_.at(index);
+  if (r.base == nullptr) return std::nullopt;
+  try {
+    return flight::read_region(r.base, r.bytes, 0).pid;
+  } catch (const Error&) {
+    return std::nullopt;  // the rank wrote over its header
+  }
+}
+
 std::vector<flight::RankSnapshot> FlightWatch::snapshots(
     const std::vector<RankRecord>& records) const {
   std::vector<flight::RankSnapshot> out;
@@ -274,7 +284,8 @@ std::vector<flight::RankSnapshot> FlightWatch::snapshots(
   return out;
 }
 
-void FlightWatch::capture(const std::vector<RankRecord>& records, const std::string& why) {
+void FlightWatch::capture(const std::vector<RankRecord>& records, const std::string& why,
+                          Occasion occasion) {
   if (!enabled() || captured_) return;
   captured_ = true;
   refresh();
@@ -292,6 +303,7 @@ void FlightWatch::capture(const std::vector<RankRecord>& records, const std::str
   d.expected_ranks = ranks_;
   d.missing_reason = "no flight recorder (not started yet, or not a ddp program)";
   d.missing_would_have_dumped = false;  // ddprun reads the regions; the ranks dump nothing
+  d.hang = occasion == Occasion::hang;
   if (!snaps.empty() && snaps.front().world_size > static_cast<int>(ranks_.size())) {
     d.other_ranks_elsewhere = partial_view_ = true;
   }
@@ -322,13 +334,14 @@ std::vector<std::string> FlightWatch::summary_lines() const {
   return out;
 }
 
-std::string FlightWatch::straggler_line(const std::vector<int>& left_out) const {
+std::string FlightWatch::straggler_line(const std::vector<int>& left_out,
+                                        const flight::StragglerOptions& options) const {
   std::vector<flight::RankActivity> ranks;
   for (size_t i = 0; i < regions_.size(); ++i) {
     if (std::find(left_out.begin(), left_out.end(), ranks_[i]) != left_out.end()) continue;
     if (const auto s = status(i)) ranks.push_back(flight::activity_of(ranks_[i], *s));
   }
-  return flight::straggler_report(std::move(ranks)).text;
+  return flight::straggler_report(std::move(ranks), options).text;
 }
 
 }  // namespace ddp::launcher

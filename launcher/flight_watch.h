@@ -54,6 +54,7 @@
 
 #include "collectives/flight/diagnosis.h"
 #include "collectives/flight/flight_layout.h"
+#include "collectives/flight/straggler.h"
 #include "launcher/blame.h"
 
 #include <chrono>
@@ -140,10 +141,19 @@ class FlightWatch {
                                  Clock::time_point started);
   // The last progress of local rank `index` (its region's), if known.
   std::optional<Clock::time_point> last_progress(size_t index) const;
+  // The pid of the process whose recorder writes local rank `index`'s region (the
+  // rank's, or one it started); nullopt while no region is mapped (no recorder yet).
+  std::optional<int64_t> recorder_pid(size_t index) const;
+  // Where the ranks write their dumps (their DDP_FLIGHT_DIR).
+  const std::string& dump_dir() const { return options_.dump_dir; }
 
+  // What a capture is for: its diagnosis's wording (DiagnosisOptions::hang) and
+  // the straggler report's (Note [straggler report after a failure]) follow it.
+  enum class Occasion { failure, hang };
   // Snapshots every mapped rank, writes the dumps and diagnoses, once (Note
   // [dumps from the regions]); later calls do nothing.
-  void capture(const std::vector<RankRecord>& records, const std::string& why);
+  void capture(const std::vector<RankRecord>& records, const std::string& why,
+               Occasion occasion = Occasion::failure);
   bool captured() const { return captured_; }
   // --on-failure continue: the group went on after a capture, so the next
   // trouble gets a capture (dumps, diagnosis) of its own.
@@ -160,7 +170,9 @@ class FlightWatch {
   // `left_out` are not compared: under --on-failure continue a rank that left the
   // group ran only the first steps (the slowest: warm-up), so its average says
   // nothing about the others.
-  std::string straggler_line(const std::vector<int>& left_out = {}) const;
+  // `options`: Note [straggler report after a failure].
+  std::string straggler_line(const std::vector<int>& left_out = {},
+                             const flight::StragglerOptions& options = {}) const;
 
  private:
   struct Region {

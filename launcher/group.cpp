@@ -102,6 +102,7 @@ class Watcher {
   void open_logs(RankProcess& r);
   void poll_once();
   void handle_signals();
+  void forward_dump_request();
   void reap_exited();
   void note_stop_change(RankProcess& r);
   void judge();
@@ -136,6 +137,7 @@ class Watcher {
   BlamePolicy policy() const;
   std::vector<size_t> local_suspects() const;
   std::optional<Clock::time_point> progress_of(size_t index) const;
+  std::optional<size_t> region_slot(size_t index) const;
   std::vector<RankRecord> raw_records() const;
   std::vector<RankRecord> by_slot(std::vector<RankRecord> all) const;
   std::optional<size_t> slot_of(int rank) const;
@@ -220,8 +222,11 @@ GroupResult Watcher::run() {
                       "(--on-failure continue):");
     for (const std::string& d : departures_) say("  " + d);
   }
-  flight_.refresh();  // a region published since the last check
-  if (const std::string line = flight_.straggler_line(left_); !line.empty()) {
+  flight_.refresh();                   // a region published since the last check
+  flight::StragglerOptions straggler;  // Note [straggler report after a failure]
+  straggler.after_failure = out.outcome != Outcome::success;
+  if (blame_) straggler.blamed.push_back(ranks_[blame_->index].rec.rank);
+  if (const std::string line = flight_.straggler_line(left_, straggler); !line.empty()) {
     say(left_.empty() ? line
                       : fmt::format("{} (not compared: rank{} {}, which left the group)", line,
                                     left_.size() == 1 ? "" : "s", fmt::join(left_, ",")));
@@ -351,6 +356,10 @@ void Watcher::poll_once() {
 void Watcher::handle_signals() {
   for (const int sig : signals_.drain()) {
     if (sig == SIGCHLD) continue;
+    if (sig == SIGUSR1) {
+      forward_dump_request();
+      continue;
+    }
     if (stop_signal_ == 0) {
       stop_signal_ = sig;
       stop_all(sig, fmt::format("got {}", signal_name(sig)));
@@ -359,6 +368,53 @@ void Watcher::handle_signals() {
       kill_all();
     }
   }
+}
+
+// Note [SIGUSR1 to ddprun]
+// `kill -USR1 <ddprun>` asks every rank for its flight recorder dump while the job
+// goes on, as `kill -USR1` to each rank would (docs/flight_recorder.md). ddprun's
+// handler only writes to the signal pipe; here, in the poll loop, ddprun sends
+// SIGUSR1 to the process that writes each running rank's region (the rank, or a
+// process of its group that the rank started), and only where that process catches
+// SIGUSR1: before its first communicator a rank has no recorder and SIGUSR1 has its
+// default action, which would end it. Such a rank, or one without a region, is
+// named as left out. While the job ends ddprun has dumped every rank itself (Note
+// [dumps from the regions]), and the signal is ignored.
+void Watcher::forward_dump_request() {
+  if (stopping_) {
+    say("got SIGUSR1 while the job ends: ignored (ddprun dumped every rank's flight recorder "
+        "when it began to end the job)");
+    return;
+  }
+  flight_.refresh();
+  std::vector<int> sent, left_out;
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    const RankProcess& r = ranks_[i];
+    if (!r.running || r.departed) continue;
+    const auto slot = region_slot(i);
+    const auto pid = slot ? flight_.recorder_pid(*slot) : std::nullopt;
+    // The region names its writer: it must be in the rank's process group.
+    const bool ours = pid && *pid > 0 && (*pid == r.rec.pid || ::getpgid(*pid) == r.rec.pid);
+    if (ours && catches_signal(static_cast<pid_t>(*pid), SIGUSR1) &&
+        ::kill(static_cast<pid_t>(*pid), SIGUSR1) == 0) {
+      sent.push_back(r.rec.rank);
+    } else {
+      left_out.push_back(r.rec.rank);
+    }
+  }
+  std::string text = sent.empty()
+                         ? "got SIGUSR1: no rank to dump its flight recorder"
+                         : fmt::format(
+                               "got SIGUSR1: sent it to {}, which dump their flight recorders "
+                               "into {} while the job goes on",
+                               flight::rank_list(sent), flight_.dump_dir());
+  if (!left_out.empty()) {
+    text += fmt::format(
+        "; not to {} (no flight recorder yet, before the first communicator: SIGUSR1 would end "
+        "{})",
+        flight::rank_list(left_out), left_out.size() == 1 ? "it" : "them");
+  }
+  say(text);
 }
 
 // Reaps every rank that exited before judging, so that ranks which failed on
@@ -963,10 +1019,16 @@ std::vector<size_t> Watcher::local_suspects() const {
 // rank (Note [region file]), which refresh() maps into that rank's slot in place
 // of the departed process's: its progress is that slot's, once it is a member.
 std::optional<Clock::time_point> Watcher::progress_of(size_t index) const {
-  if (index < spec_.ranks.size()) return flight_.last_progress(index);
-  if (ranks_[index].joining) return std::nullopt;
-  const auto slot = slot_of(ranks_[index].rec.rank);
+  const auto slot = region_slot(index);
   return slot ? flight_.last_progress(*slot) : std::nullopt;
+}
+
+// The region slot of ranks_[index]: its own, or a replacement's once it joined
+// (it writes the region of the launch rank it replaces).
+std::optional<size_t> Watcher::region_slot(size_t index) const {
+  if (index < spec_.ranks.size()) return index;
+  if (ranks_[index].joining) return std::nullopt;
+  return slot_of(ranks_[index].rec.rank);
 }
 
 // The region slot (index into spec_.ranks) of launch rank `rank` on this node.
@@ -1039,7 +1101,7 @@ void Watcher::check_hang() {
       spec_.elastic ? "a hang (--on-failure continue: the rank to blame leaves the group, or the "
                       "job ends if fewer than --min-ranks would be left)"
                     : "the job is hung"));
-  flight_.capture(raw_records(), "hang");
+  flight_.capture(raw_records(), "hang", FlightWatch::Occasion::hang);
   if (local_suspects().empty() && flight_.partial_view() && across_nodes()) {
     // Note [hang across nodes under continue]
     say("the diagnosis names none of this node's ranks: not blaming them (--on-failure "
@@ -1088,9 +1150,9 @@ void Watcher::answer_remote_hang(Clock::time_point now) {
   if (stalled.empty()) return;
   answer_until_.reset();
   Hang hang;
-  for (const size_t i : stalled) {
-    if (const auto p = progress_of(i))
-      hang.silent_s = std::max(hang.silent_s, std::chrono::duration<double>(now - *p).count());
+  for (const size_t i : stalled) {  // one that never made progress: since it started
+    const auto p = progress_of(i).value_or(ranks_[i].rec.start);
+    hang.silent_s = std::max(hang.silent_s, std::chrono::duration<double>(now - p).count());
   }
   std::vector<int> ranks;
   for (const size_t i : stalled) ranks.push_back(ranks_[i].rec.rank);
@@ -1101,7 +1163,7 @@ void Watcher::answer_remote_hang(Clock::time_point now) {
       flight::rank_list(ranks), ranks.size() == 1 ? "s" : "", hang.silent_s,
       std::chrono::duration<double>(flight_.hang_timeout()).count(),
       ranks.size() == 1 ? "it" : "them"));
-  flight_.capture(raw_records(), "hang");
+  flight_.capture(raw_records(), "hang", FlightWatch::Occasion::hang);
   end_hung_job(hang, stalled);
 }
 

@@ -15,9 +15,11 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <thread>
 
@@ -294,18 +296,35 @@ int exit_code_of(int wait_status) {
   return 1;
 }
 
+bool catches_signal_in(std::string_view proc_status, int sig) {
+  constexpr std::string_view kField = "\nSigCgt:";
+  const size_t at = proc_status.find(kField);
+  if (at == std::string_view::npos || sig < 1 || sig > 64) return false;
+  const std::string hex(proc_status.substr(at + kField.size(), 20));
+  char* end = nullptr;
+  const unsigned long long mask = std::strtoull(hex.c_str(), &end, 16);
+  return end != hex.c_str() && ((mask >> (sig - 1)) & 1u) != 0;
+}
+
+bool catches_signal(pid_t pid, int sig) {
+  std::ifstream in(fmt::format("/proc/{}/status", pid));
+  if (!in) return false;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return catches_signal_in(text, sig);
+}
+
 // ---- signals -------------------------------------------------------------------
 
 namespace {
 
-constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGCHLD};
 std::atomic<int> g_signal_write_fd{-1};
 std::atomic<int> g_stop_signal{0};
 struct sigaction g_previous[std::size(kHandledSignals) + 1];
 
 void on_signal(int sig) {
   const int saved = errno;
-  if (sig != SIGCHLD) {
+  if (sig != SIGCHLD && sig != SIGUSR1) {
     int expected = 0;
     g_stop_signal.compare_exchange_strong(expected, sig);
   }

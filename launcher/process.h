@@ -94,6 +94,12 @@ pid_t spawn(const SpawnRequest& request);
 // kill(-pgid, sig); a group that is already gone is not an error.
 void signal_group(pid_t pgid, int sig);
 
+// Whether the "SigCgt:" mask of a /proc/<pid>/status text has `sig` (the process
+// installed a handler for it); false without the line.
+bool catches_signal_in(std::string_view proc_status, int sig);
+// The same for the live process `pid` (false when it is gone or unreadable).
+bool catches_signal(pid_t pid, int sig);
+
 // When `pid` has exited: SIGKILLs what is left of its process group, reaps it,
 // and returns its wait status. nullopt while it runs. Never blocks.
 std::optional<int> try_reap(pid_t pid);
@@ -115,9 +121,11 @@ int exit_code_of(int wait_status);
 // "SIGTERM", or "signal 42".
 std::string signal_name(int sig);
 
-// Installs handlers for SIGINT, SIGTERM, SIGHUP and SIGCHLD (also when a child
-// stops or continues) that write the signal number to a pipe, and ignores SIGPIPE (a closed console
-// must not kill the agent). One per process.
+// Installs handlers for SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGCHLD (also when a
+// child stops or continues) that write the signal number to a pipe, and ignores
+// SIGPIPE (a closed console must not kill the agent). SIGUSR1 stops nothing: it asks
+// for the ranks' flight recorder dumps (Note [SIGUSR1 to ddprun] in group.cpp). One
+// per process.
 class SignalPipe {
  public:
   SignalPipe();

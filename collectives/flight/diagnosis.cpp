@@ -345,6 +345,36 @@ std::vector<int> missing_ranks(const std::vector<const RankSnapshot*>& all,
   return missing;
 }
 
+// The running ranks in view that wait in no collective.
+std::vector<int> outside_collectives(const std::vector<const RankSnapshot*>& all) {
+  std::vector<int> out;
+  for (const RankSnapshot* s : all) {
+    if (!halted(*s) && s->status.waiters == 0) out.push_back(s->rank);
+  }
+  return out;
+}
+
+// A hang (DiagnosisOptions::hang) that this view sees no collective hold up:
+// the ranks here hold the others back from outside any collective (Note [hang
+// on several nodes] in launcher/group.cpp). `pending`: some collective of the
+// view is pending, just not waited in.
+std::string stalled_outside(const std::vector<const RankSnapshot*>& all, const DiagnosisOptions& o,
+                            bool pending, Finding& f) {
+  const std::vector<int> idle = outside_collectives(all);
+  const std::string others =
+      o.other_ranks_elsewhere ? " while ranks on other nodes wait in one for them" : "";
+  const std::string here = o.other_ranks_elsewhere ? " of this node" : "";
+  for (const RankSnapshot* s : all) {  // a stopped or exited one too
+    if (s->status.waiters == 0) f.suspects.push_back(s->rank);
+  }
+  const std::string lead =
+      pending ? fmt::format("a hang, yet no rank{} has waited 1 s or more in a collective", here)
+              : fmt::format("a hang, yet every rank{} completed every collective it issued", here);
+  if (idle.empty()) return fmt::format("{}: none of them is in a collective{}", lead, others);
+  return fmt::format("{}: {} {} stalled outside any collective (in compute, data loading or I/O){}",
+                     lead, rank_list(idle), idle.size() == 1 ? "is" : "are", others);
+}
+
 // Stopped ranks not named yet, ranks out of view, and whether this is a hang at all.
 void add_notes(Finding& f, const std::vector<const RankSnapshot*>& all,
                const std::vector<int>& expected, int world, const DiagnosisOptions& o) {
@@ -386,8 +416,11 @@ void add_notes(Finding& f, const std::vector<const RankSnapshot*>& all,
   if (findings == 0) {
     f.lines.insert(f.lines.begin(),
                    all.empty() ? std::string("no flight recorder data")
+                   : o.hang    ? stalled_outside(all, o, false, f)
                                : std::string("no collective is pending or mismatched: every rank "
-                                             "completed every collective it issued"));
+                                                "completed every collective it issued"));
+  } else if (!halted_any && missing.empty() && longest_wait < 1.0 && o.hang) {
+    f.lines.push_back(stalled_outside(all, o, true, f));
   } else if (!halted_any && missing.empty() && longest_wait < 1.0) {
     f.lines.push_back(
         "no rank has waited 1 s or more in a collective: a snapshot of a running job (a SIGUSR1 "

@@ -50,6 +50,12 @@ struct DiagnosisOptions {
   // The view is one node's of a larger world (ddprun with --nnodes > 1): the
   // ranks outside expected_ranks are on other nodes, said once.
   bool other_ranks_elsewhere = false;
+  // The snapshots were taken because the job hung (ddprun's hang detector, or
+  // another node's hang answered here: Note [hang on several nodes] in
+  // launcher/group.cpp). A view with nothing pending then says which ranks are
+  // stalled outside any collective (and names them as suspects) instead of
+  // calling the job healthy or the snapshot a running job's.
+  bool hang = false;
 };
 
 struct Diagnosis {

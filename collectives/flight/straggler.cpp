@@ -68,7 +68,8 @@ std::string excess_text(double value, double median, const char* unit) {
 
 }  // namespace
 
-StragglerReport straggler_report(std::vector<RankActivity> ranks, double threshold) {
+StragglerReport straggler_report(std::vector<RankActivity> ranks, const StragglerOptions& options) {
+  const double threshold = options.threshold;
   StragglerReport out;
   std::erase_if(ranks, [](const RankActivity& r) { return r.compute_s <= 0 && r.wait_s <= 0; });
   std::sort(ranks.begin(), ranks.end(), [](auto& a, auto& b) { return a.rank < b.rank; });
@@ -94,6 +95,14 @@ StragglerReport straggler_report(std::vector<RankActivity> ranks, double thresho
     if (c > (1 + threshold) * out.median_compute_s && total_excess >= kMinExcessS)
       out.stragglers.push_back(r.rank);
   }
+  // Note [straggler report after a failure]
+  const bool uneven = out.per_step && (!options.after_failure || max_steps - min_steps > 1);
+  const bool others_too = !out.stragglers.empty();
+  if (options.after_failure) {
+    std::erase_if(out.stragglers, [&](int r) {
+      return std::find(options.blamed.begin(), options.blamed.end(), r) == options.blamed.end();
+    });
+  }
   std::vector<int> listed;
   for (const RankActivity& r : ranks) listed.push_back(r.rank);
   const std::string over = max_steps == 0 ? "from the first collective to the last"
@@ -104,12 +113,22 @@ StragglerReport straggler_report(std::vector<RankActivity> ranks, double thresho
   if (out.per_step) {
     for (RankActivity& r : shown) r.compute_s = compared(r);
   }
-  out.text = fmt::format("straggler report ({}, {}{}): compute {}{}, waiting in collectives {}; ",
-                         rank_list(listed), over,
-                         out.per_step ? ", uneven shares: compute per step compared" : "",
-                         out.per_step ? "per step " : "", figures(shown, &RankActivity::compute_s),
-                         figures(ranks, &RankActivity::wait_s));
+  out.text = fmt::format(
+      "straggler report{} ({}, {}{}): compute {}{}, waiting in collectives {}; ",
+      options.after_failure ? " up to the failure (a stalled rank's stall is in no figure)" : "",
+      rank_list(listed), over,
+      uneven         ? ", uneven shares: compute per step compared"
+      : out.per_step ? ", compute per step compared"
+                     : "",
+      out.per_step ? "per step " : "", figures(shown, &RankActivity::compute_s),
+      figures(ranks, &RankActivity::wait_s));
   const char* unit = out.per_step ? " per step" : "";
+  if (out.stragglers.empty() && others_too) {
+    out.text +=
+        "no rank named: the figures end before the failure, and the rank it blames is "
+        "not among those above the median";
+    return out;
+  }
   if (out.stragglers.empty()) {
     out.text += fmt::format("no rank computes more than {:.0f}% above the median ({:.3g} s{})",
                             100 * threshold, out.median_compute_s, unit);

@@ -61,10 +61,26 @@ struct StragglerReport {
   std::string text;                 // one line; "" with fewer than two ranks
 };
 
+// Note [straggler report after a failure]
+// When the run ended in a failure or a hang, each rank's figures end where its
+// records did: a rank stalled outside any collective has its stall in no figure
+// (the span ends at its last collective; its open step is not marked), while a rank
+// that waited for it computed one more forward/backward first, so that one looked
+// like the straggler, against the blame. And the teardown cuts one rank's step
+// short, so step counts that differ by one are no uneven shares. So after a
+// failure the report says its figures end before it, names as the one the others
+// wait for only a rank the failure's blame names, and calls step counts uneven
+// only when they differ by more than one.
+struct StragglerOptions {
+  double threshold = kStragglerThreshold;
+  bool after_failure = false;  // the run ended in a failure or a hang
+  std::vector<int> blamed;     // with after_failure: the ranks the blame names
+};
+
 // Ranks with no figures at all (compute and wait 0: no collective yet) are left
 // out. A straggler computes more than (1 + threshold) x the median, and at
 // least kMinExcessS more.
 StragglerReport straggler_report(std::vector<RankActivity> ranks,
-                                 double threshold = kStragglerThreshold);
+                                 const StragglerOptions& options = {});
 
 }  // namespace ddp::flight

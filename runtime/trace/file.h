@@ -67,6 +67,7 @@ struct MergeReport {
   int restart = 0;
   std::vector<int> ranks;            // merged
   std::vector<int> missing;          // expected, but no file
+  std::vector<int> unreadable;       // expected, its file unreadable (skipped says why)
   std::vector<std::string> skipped;  // files of other runs or restarts, or unreadable ones (why)
   int64_t events = 0;
 };

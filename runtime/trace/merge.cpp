@@ -11,6 +11,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <ostream>
 #include <set>
 #include <sstream>
@@ -168,16 +169,24 @@ bool all_digits(std::string_view s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-// rank_<R>.json or rank_<R>_restart<K>.json (rank_file_name).
-bool is_rank_file(const fs::path& p) {
+struct RankFileId {
+  int rank = 0, restart = 0;
+};
+
+// rank_<R>.json or rank_<R>_restart<K>.json (rank_file_name): R and K; nullopt
+// for any other name.
+std::optional<RankFileId> rank_file_id(const fs::path& p) {
   const std::string name = p.filename().string();
-  if (!name.starts_with("rank_") || !name.ends_with(".json")) return false;
+  if (!name.starts_with("rank_") || !name.ends_with(".json")) return std::nullopt;
   std::string_view middle = std::string_view(name).substr(5, name.size() - 10);
+  std::string_view restart = "0";
   if (const size_t r = middle.find("_restart"); r != std::string_view::npos) {
-    if (!all_digits(middle.substr(r + 8))) return false;
+    restart = middle.substr(r + 8);
     middle = middle.substr(0, r);
   }
-  return all_digits(middle);
+  if (!all_digits(middle) || !all_digits(restart) || middle.size() > 9 || restart.size() > 9)
+    return std::nullopt;
+  return RankFileId{std::stoi(std::string(middle)), std::stoi(std::string(restart))};
 }
 
 struct Found {
@@ -198,8 +207,10 @@ std::string read_all(const std::string& path) {
 
 namespace {
 
-// Every readable rank file of DIR; the unreadable ones go to report.skipped.
-std::vector<Found> read_rank_files(const std::string& dir, MergeReport& report) {
+// Every readable rank file of DIR; the unreadable ones go to report.skipped (why)
+// and `unreadable` (whose).
+std::vector<Found> read_rank_files(const std::string& dir, MergeReport& report,
+                                   std::vector<RankFileId>& unreadable) {
   std::error_code ec;
   DDP_CHECK(fs::is_directory(dir, ec),
             "trace directory '{}' does not exist; pass the DIR given to --trace or DDP_TRACE", dir);
@@ -209,13 +220,15 @@ std::vector<Found> read_rank_files(const std::string& dir, MergeReport& report) 
   for (; !ec && it != end; it.increment(ec)) {
     const fs::directory_entry& entry = *it;
     std::error_code file_ec;
-    if (!entry.is_regular_file(file_ec) || !is_rank_file(entry.path())) continue;
+    const auto id = rank_file_id(entry.path());
+    if (!entry.is_regular_file(file_ec) || !id) continue;
     const std::string path = entry.path().string();
     try {
       const fs::file_time_type mtime = entry.last_write_time(file_ec);
       found.push_back({path, mtime, parse_rank_file(read_all(path), path)});
     } catch (const Error& e) {
       report.skipped.push_back(e.what());
+      unreadable.push_back(*id);
     }
   }
   if (ec) report.skipped.push_back(fmt::format("{}: cannot list it: {}", dir, ec.message()));
@@ -261,7 +274,8 @@ std::vector<Snapshot> select_run(std::vector<Found>& found, const MergeOptions& 
 
 MergeReport merge_trace_dir(const std::string& dir, const MergeOptions& options) {
   MergeReport report;
-  std::vector<Found> found = read_rank_files(dir, report);
+  std::vector<RankFileId> unreadable;
+  std::vector<Found> found = read_rank_files(dir, report, unreadable);
   const std::vector<Snapshot> ranks = select_run(found, options, report);
   DDP_CHECK(!ranks.empty(), "{} holds no rank trace of run '{}' restart {}", dir, report.run_id,
             report.restart);
@@ -270,7 +284,11 @@ MergeReport merge_trace_dir(const std::string& dir, const MergeOptions& options)
   for (int r = 0; r < expected; ++r) {
     const bool have = std::any_of(ranks.begin(), ranks.end(),
                                   [r](const Snapshot& s) { return s.rank.rank == r; });
-    if (!have) report.missing.push_back(r);
+    // A rank whose file of this restart is there but unreadable is no missing rank.
+    const bool cut = std::any_of(unreadable.begin(), unreadable.end(), [&](const RankFileId& u) {
+      return u.rank == r && u.restart == report.restart;
+    });
+    if (!have) (cut ? report.unreadable : report.missing).push_back(r);
   }
   for (const Snapshot& s : ranks) {
     report.ranks.push_back(s.rank.rank);
@@ -284,6 +302,12 @@ MergeReport merge_trace_dir(const std::string& dir, const MergeOptions& options)
 std::string describe(const MergeReport& report) {
   std::string text = fmt::format("merged {} rank(s) ({} events) into {}", report.ranks.size(),
                                  report.events, report.output);
+  if (!report.unreadable.empty()) {
+    text += fmt::format(
+        "; the trace file of rank(s) {} is unreadable, left out (not valid JSON: cut short, or "
+        "written over?)",
+        fmt::join(report.unreadable, ","));
+  }
   if (!report.missing.empty()) {
     text += fmt::format("; no trace from rank(s) {} (killed before they could write one?)",
                         fmt::join(report.missing, ","));

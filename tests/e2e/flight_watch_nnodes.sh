@@ -28,6 +28,16 @@ grep -q "^ddprun: to blame: rank 1 (pid $pid1) made no progress for" "$WORK/node
 # The stalled rank is SIGKILLed at once, and the announcement says so.
 grep -q "; sent SIGKILL to rank 1 at once (it cannot act on SIGTERM)$" "$WORK/node1.log" ||
   fail "node 1 does not say it SIGKILLed rank 1 at once"
+# Node 1's ranks completed every collective they issued: its diagnosis says why it
+# captured (the hang), not that the job was healthy or a running job's snapshot.
+grep -q "^ddprun: flight recorder: a hang, yet every rank of this node completed every \
+collective it issued: rank 1 is stalled outside any collective .* while ranks on other nodes \
+wait in one for them$" "$WORK/node1.log" || fail "node 1's diagnosis does not say rank 1 stalled"
+grep -qE "no collective is pending|not a hang" "$WORK/node1.log" &&
+  fail "node 1's diagnosis calls the hang a healthy job or a snapshot"
+# A rank that never made progress was silent since it started, not for 0 s.
+grep -q "made no progress for 0.0 s" "$WORK/node1.log" &&
+  fail "node 1 says its stalled rank was silent for 0.0 s"
 grep -q "the group failed elsewhere: rank 1 (pid $pid1) made no progress for .* on node 1" \
   "$WORK/node0.log" || fail "node 0 does not end on node 1's verdict on rank 1"
 grep -qE "^ddprun: (to blame: rank 0|no verdict from the other nodes)" "$WORK/node0.log" &&

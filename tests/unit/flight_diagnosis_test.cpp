@@ -256,6 +256,37 @@ TEST(HangDiagnosis, OneNodesViewOfALargerJob) {
   EXPECT_EQ(diagnose(node0, {.expected_ranks = {0, 1}}).suspects, std::vector<int>{1});
 }
 
+// Note [hang on several nodes]: node 1 answers node 0's hang; its rank 1 is stuck
+// outside any collective. Its view holds nothing pending, yet it is no healthy
+// job nor a running job's snapshot: the capture is for a hang.
+TEST(HangDiagnosis, AHangAnsweredFromANodeStalledOutsideCollectives) {
+  const DiagnosisOptions node1{.expected_ranks = {1}, .other_ranks_elsewhere = true, .hang = true};
+  Diagnosis d = diagnose({rank(1, done_through(9), 2)}, node1);
+  ASSERT_EQ(d.lines.size(), 2u);
+  EXPECT_EQ(d.lines[0],
+            "a hang, yet every rank of this node completed every collective it issued: rank 1 is "
+            "stalled outside any collective (in compute, data loading or I/O) while ranks on "
+            "other nodes wait in one for them");
+  EXPECT_EQ(d.lines[1].rfind("rank 0 run on other nodes", 0), 0u) << d.lines[1];
+  EXPECT_EQ(d.suspects, std::vector<int>{1});
+  // Its bucket's all_reduce issued (asynchronously), not waited in yet.
+  d = diagnose({rank(1, plus(done_through(9), rec(10, RecordState::started)), 2)}, node1);
+  ASSERT_EQ(d.lines.size(), 3u);
+  EXPECT_EQ(d.lines[2],
+            "a hang, yet no rank of this node has waited 1 s or more in a collective: rank 1 is "
+            "stalled outside any collective (in compute, data loading or I/O) while ranks on "
+            "other nodes wait in one for them");
+  for (const std::string& line : d.lines) {
+    EXPECT_EQ(line.find("SIGUSR1"), std::string::npos) << line;
+  }
+  EXPECT_EQ(d.suspects, std::vector<int>{1});
+  // Not for a hang (a failure elsewhere tore it down): as before.
+  d = diagnose({rank(1, done_through(9), 2)},
+               {.expected_ranks = {1}, .other_ranks_elsewhere = true});
+  EXPECT_EQ(d.lines[0].rfind("no collective is pending or mismatched", 0), 0u) << d.lines[0];
+  EXPECT_TRUE(d.suspects.empty());
+}
+
 TEST(HangDiagnosis, SeveralCommunicatorsAreNamed) {
   auto other = rec(3, RecordState::started);
   other.comm = 1;
@@ -356,6 +387,41 @@ TEST(StragglerReport, UnevenSharesCompareComputePerStep) {
   EXPECT_FALSE(straggler_report({{.rank = 0, .compute_s = 1, .steps = 2},
                                  {.rank = 1, .compute_s = 1, .steps = 2}})
                    .per_step);
+}
+
+// Note [straggler report after a failure]: rank 1 stalled outside collectives (its
+// stall is in no figure), rank 0 computed one more step before it waited; the
+// teardown left their step counts one apart.
+TEST(StragglerReport, AfterAHangNamesOnlyTheBlamedRank) {
+  const std::vector<RankActivity> hung = {
+      {.rank = 0, .compute_s = 1.23, .wait_s = 0.1, .steps = 5},
+      {.rank = 1, .compute_s = 1.00, .wait_s = 0.1, .steps = 5}};
+  EXPECT_EQ(straggler_report(hung).stragglers, std::vector<int>{0});  // a healthy run's verdict
+  const StragglerOptions blamed_1{.after_failure = true, .blamed = {1}};
+  StragglerReport r = straggler_report(hung, blamed_1);
+  EXPECT_TRUE(r.stragglers.empty()) << r.text;
+  EXPECT_EQ(r.text.find("wait for it"), std::string::npos) << r.text;
+  EXPECT_NE(r.text.find("straggler report up to the failure (a stalled rank's stall is in no "
+                        "figure) (ranks 0,1, over 5 steps)"),
+            std::string::npos)
+      << r.text;
+  EXPECT_NE(r.text.find("no rank named: the figures end before the failure"), std::string::npos)
+      << r.text;
+  // The blamed rank is named when its figures show it.
+  r = straggler_report(hung, {.after_failure = true, .blamed = {0}});
+  EXPECT_EQ(r.stragglers, std::vector<int>{0});
+  EXPECT_NE(r.text.find("rank 0 computes 10% more than the median"), std::string::npos) << r.text;
+  // A SIGSTOP teardown: one rank one step behind is no uneven share.
+  const std::vector<RankActivity> cut = {{.rank = 0, .compute_s = 0.40, .wait_s = 0.1, .steps = 5},
+                                         {.rank = 1, .compute_s = 0.32, .wait_s = 0.1, .steps = 4}};
+  r = straggler_report(cut, blamed_1);
+  EXPECT_EQ(r.text.find("uneven shares"), std::string::npos) << r.text;
+  EXPECT_NE(r.text.find("over 4-5 steps, compute per step compared"), std::string::npos) << r.text;
+  // Two steps apart, it is.
+  r = straggler_report(
+      {{.rank = 0, .compute_s = 0.6, .steps = 6}, {.rank = 1, .compute_s = 0.4, .steps = 4}},
+      blamed_1);
+  EXPECT_NE(r.text.find("uneven shares"), std::string::npos) << r.text;
 }
 
 // A replacement that joined late (--on-failure continue) marked few steps, the first

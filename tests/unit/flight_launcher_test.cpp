@@ -6,6 +6,7 @@
 #include "launcher/analyze.h"
 #include "launcher/flight_watch.h"
 #include "launcher/options.h"
+#include "launcher/process.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -259,6 +260,29 @@ flight::RankSnapshot dump(int rank, int64_t last, bool open) {
     s.status.wait_since_ns = 20 * kS;
   }
   return s;
+}
+
+// Note [SIGUSR1 to ddprun]: ddprun forwards SIGUSR1 only to a process that catches
+// it (a rank with a flight recorder); one with its default action would die of it.
+TEST(SignalForwarding, OnlyToAProcessThatCatchesTheSignal) {
+  const std::string caught = "Name:\ttrain\nSigIgn:\t0000000000001000\nSigCgt:\t0000000180004200\n";
+  EXPECT_TRUE(catches_signal_in(caught, SIGUSR1));  // bit 10 - 1 = 9: 0x200
+  EXPECT_TRUE(catches_signal_in(caught, SIGTERM));  // 15: 0x4000
+  EXPECT_FALSE(catches_signal_in(caught, SIGUSR2));
+  EXPECT_FALSE(catches_signal_in(caught, SIGPIPE));  // ignored, not caught
+  EXPECT_FALSE(catches_signal_in("Name:\ttrain\nSigCgt:\t0000000000000000\n", SIGUSR1));
+  EXPECT_FALSE(catches_signal_in("Name:\ttrain\n", SIGUSR1));
+  EXPECT_FALSE(catches_signal_in(caught, 0));
+  // This process: gtest installs no SIGUSR1 handler; one installed is seen.
+  struct sigaction old {};
+  struct sigaction sa {};
+  sa.sa_handler = [](int) {};
+  ::sigemptyset(&sa.sa_mask);
+  ASSERT_EQ(::sigaction(SIGUSR1, &sa, &old), 0);
+  EXPECT_TRUE(catches_signal(::getpid(), SIGUSR1));
+  ::sigaction(SIGUSR1, &old, nullptr);
+  EXPECT_EQ(catches_signal(::getpid(), SIGUSR1),
+            old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN);
 }
 
 TEST(Analyze, PrintsTheDiagnosisOfADirectory) {

@@ -79,6 +79,30 @@ TEST_F(TraceFileTest, RestartsKeepFilesOfTheirOwn) {
   EXPECT_EQ(failed.ranks, std::vector<int>{0});
 }
 
+// A rank's file cut short is unreadable, not missing: the merge's summary names it so
+// and never as a rank that wrote no trace.
+TEST_F(TraceFileTest, AnUnreadableRankFileIsNotAMissingOne) {
+  RankInfo info = rank_info_of(0, "r", 0);
+  info.world_size = 3;
+  set_rank_info(info);
+  instant("step", "test");
+  write_file();
+  std::ofstream(dir_ / "rank_1.json") << "{\"traceEvents\": [{\"name\": \"st";
+  const MergeReport report = merge_trace_dir(dir_.string());
+  EXPECT_EQ(report.ranks, std::vector<int>{0});
+  EXPECT_EQ(report.unreadable, std::vector<int>{1});
+  EXPECT_EQ(report.missing, std::vector<int>{2});
+  ASSERT_EQ(report.skipped.size(), 1u);
+  EXPECT_NE(report.skipped[0].find("rank_1.json"), std::string::npos) << report.skipped[0];
+  const std::string text = describe(report);
+  EXPECT_NE(text.find("; the trace file of rank(s) 1 is unreadable, left out"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("; no trace from rank(s) 2 (killed"), std::string::npos) << text;
+  // An unreadable file of another restart says nothing of this one's rank 1.
+  fs::rename(dir_ / "rank_1.json", dir_ / "rank_1_restart3.json");
+  EXPECT_EQ(merge_trace_dir(dir_.string()).missing, (std::vector<int>{1, 2}));
+}
+
 bool is_valid_utf8(std::string_view text) {
   return valid_utf8(text) == text;
 }
