@@ -327,11 +327,11 @@ void check_job(ProcessGroup& pg) {
     const std::string id = fmt::format("{}-{:08x}", getpid(), rd());
     store.set("ddp/job/id", id);  // before ddp/job/start, which the others wait for
     store.set("ddp/job/start", mine);
-    if (flight::job_id_from_env().empty()) flight::set_job_id(id);
+    flight::set_job_id(id);  // used where no launcher names the job (Note [job id])
     return;
   }
   store.wait({"ddp/job/start"});
-  if (flight::job_id_from_env().empty()) flight::set_job_id(store.get_string("ddp/job/id"));
+  flight::set_job_id(store.get_string("ddp/job/id"));  // a second job in this process: its own
   const std::string theirs = store.get_string("ddp/job/start");
   DDP_CHECK(theirs == mine,
             "rank {} was started with {}, but rank 0 (the store at {}) with {}: every rank of a "

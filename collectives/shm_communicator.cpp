@@ -403,7 +403,12 @@ void ShmCommunicator::wait_all(const Collective& c, uint64_t target) {
 // (read once per process) widens the gap after the first read.
 void ShmCommunicator::check_peers(const Collective& c, uint64_t target) {
   static const int64_t delay_ms = env::get_int("DDP_TEST_SHM_CHECK_DELAY_MS").value_or(0);
-  std::vector<std::string> exited, left_it;
+  // Gone before arriving (it finished its collectives, or failed or timed out in an
+  // earlier one), or after arriving: it gave up inside this one (its own timeout, a
+  // failure), which is not "exited before arriving". Arrival is the odd counter of
+  // the collective's step (arrive()); `target` is it or the departure after it.
+  const uint64_t arrival = target % 2 == 1 ? target : target - 1;
+  std::vector<std::string> exited, gave_up;
   std::vector<std::string> late;
   for (int p = 0; p < size(); ++p) {
     shm::RankControl& peer = segment_->control(p);
@@ -412,27 +417,30 @@ void ShmCommunicator::check_peers(const Collective& c, uint64_t target) {
     const bool left = peer.left.load(std::memory_order_acquire) != 0;
     const int pid = segment_->pid(p);
     const shm::ProcessState state = shm::process_state(pid);
-    if (peer.counter.load() >= target) continue;  // it arrived since (Note [gone before arriving])
-    // `left`: it may well have arrived and given up (its own timeout, a failure):
-    // that is not "exited before arriving".
-    if (left)
-      left_it.push_back(fmt::format("rank {} (pid {})", p, pid));
-    else if (state == shm::ProcessState::exited)
-      exited.push_back(fmt::format("rank {} (pid {})", p, pid));
+    const uint64_t counter = peer.counter.load();
+    if (counter >= target) continue;  // it arrived since (Note [gone before arriving])
+    if (left || state == shm::ProcessState::exited) {
+      if (counter >= arrival)
+        gave_up.push_back(fmt::format("rank {} (pid {})", p, pid));
+      else if (left)
+        exited.push_back(fmt::format("rank {} (pid {}, which left the communicator)", p, pid));
+      else
+        exited.push_back(fmt::format("rank {} (pid {})", p, pid));
+    }
     late.push_back(fmt::format("rank {} (pid {}, {})", p, pid, shm::process_state_name(state)));
   }
   if (late.empty()) return;  // every peer arrived while this looked
-  if (!exited.empty() || !left_it.empty()) {
+  if (!exited.empty() || !gave_up.empty()) {
     std::vector<std::string> why;
     if (!exited.empty()) {
       why.push_back(
           fmt::format("{} exited before arriving at this collective", fmt::join(exited, ", ")));
     }
-    if (!left_it.empty()) {
+    if (!gave_up.empty()) {
       why.push_back(
-          fmt::format("{} left the communicator without completing it (it failed, or "
-                      "timed out waiting, in this collective or an earlier one)",
-                      fmt::join(left_it, ", ")));
+          fmt::format("{} arrived at this collective but left the communicator "
+                      "without completing it (it failed, or timed out waiting)",
+                      fmt::join(gave_up, ", ")));
     }
     fail(c, fmt::format("{}; the group cannot complete it. Check that rank's output for the "
                         "cause (a crash, an OOM kill, an uncaught exception, its timeout)",

@@ -42,7 +42,8 @@ constexpr milliseconds kHangCheckInterval{250};
 // rank that waits in no collective and made no progress for the hang timeout is the
 // one the others wait for (find_stalled), and that node blames it and publishes the
 // failure, the verdict the waiting node ends on (answer_remote_hang).
-constexpr milliseconds kRemoteVerdictWait{3000};
+// 5 s: the answering node dumps and diagnoses first (a few seconds on a loaded machine).
+constexpr milliseconds kRemoteVerdictWait{5000};
 // Note [hang across nodes under continue]
 // Under --on-failure continue across nodes no node blames its own ranks for a
 // hang its diagnosis does not pin on them: a hung rank elsewhere is its own
@@ -224,7 +225,9 @@ GroupResult Watcher::run() {
   }
   flight_.refresh();                   // a region published since the last check
   flight::StragglerOptions straggler;  // Note [straggler report after a failure]
-  straggler.after_failure = out.outcome != Outcome::success;
+  // Only where this node blamed a rank: an interrupted job (Ctrl-C on a slow one) or
+  // another node's failure keeps the plain report, which names the slow rank.
+  straggler.after_failure = out.outcome != Outcome::success && blame_.has_value();
   if (blame_) straggler.blamed.push_back(ranks_[blame_->index].rec.rank);
   if (const std::string line = flight_.straggler_line(left_, straggler); !line.empty()) {
     say(left_.empty() ? line

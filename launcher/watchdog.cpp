@@ -15,7 +15,7 @@ int g_write_fd = -1;
 
 // The watchdog's whole life: +pgid tracks, -pgid forgets, end of file kills.
 [[noreturn]] void watch(int read_fd) {
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) ::signal(sig, SIG_IGN);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGUSR1}) ::signal(sig, SIG_IGN);
   const int null_fd = ::open("/dev/null", O_RDWR);
   for (int fd = 0; fd <= 2 && null_fd >= 0; ++fd) ::dup2(null_fd, fd);
   std::set<pid_t> groups;

@@ -227,10 +227,11 @@ T parse_number(const std::string& flag, const std::string& text) {
   r = std::from_chars(text.data(), end, value);
   const bool whole = r.ptr == end && r.ec != std::errc::invalid_argument;
   if constexpr (std::is_floating_point_v<T>) {
-    // A number out of a float's range (1e39, 1e-50) is a number: say what the range is.
+    // A number out of the type's range (1e39, 1e-50 for a float) is a number: say
+    // what the range is.
     DDP_CHECK(!whole || r.ec != std::errc::result_out_of_range,
-              "{} '{}': out of range (a float holds about 1.2e-38 to 3.4e38 in magnitude)", flag,
-              text);
+              "{} '{}': out of range (magnitudes from about {:.2g} to {:.2g}, or 0)", flag, text,
+              std::numeric_limits<T>::denorm_min(), std::numeric_limits<T>::max());
     DDP_CHECK(r.ec == std::errc() && r.ptr == end, "{} '{}': expected a number", flag, text);
     DDP_CHECK(std::isfinite(value), "{} '{}': must be a finite number", flag, text);
   } else {

@@ -70,7 +70,9 @@ struct StragglerReport {
 // short, so step counts that differ by one are no uneven shares. So after a
 // failure the report says its figures end before it, names as the one the others
 // wait for only a rank the failure's blame names, and calls step counts uneven
-// only when they differ by more than one.
+// only when they differ by more than one. ddprun sets it where its node blamed a
+// rank; an interrupted job, or one another node's failure ended, keeps the plain
+// report (nothing was blamed here to contradict).
 struct StragglerOptions {
   double threshold = kStragglerThreshold;
   bool after_failure = false;  // the run ended in a failure or a hang

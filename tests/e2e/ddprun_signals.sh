@@ -26,16 +26,24 @@ done
 # SIGUSR1 to ddprun (Note [SIGUSR1 to ddprun] in launcher/group.cpp): forwarded to
 # every rank that has a flight recorder, which dumps it while the job goes on; a
 # rank without one yet (before its process group) is left alone, not killed. Sent
-# until both ranks got it (they sleep 3 s in their process group first).
-DDP_FLIGHT_DIR="$WORK/usr1" "$DDPRUN" --standalone -n 2 "$PROBE" --allreduce --allreduce-stall 3 \
-  --marker "$MARKER" >"$WORK/USR1.log" 2>&1 &
+# until both ranks got it (they sleep 6 s in their process group first). Sent to
+# ddprun's whole process group (as `kill -USR1 %1` does), its watchdog included,
+# which must live on (Note [no orphans]): ddprun starts in a session of its own.
+DDP_FLIGHT_DIR="$WORK/usr1" setsid "$DDPRUN" --standalone -n 2 "$PROBE" --allreduce \
+  --allreduce-stall 6 --marker "$MARKER" >"$WORK/USR1.log" 2>&1 &
 agent=$!
 wait_for_lines "$WORK/USR1.log" '^\[rank [0-9]\] pid=' 2
-deadline=$((SECONDS + 3))
+deadline=$((SECONDS + 6))
 until grep -q "^ddprun: got SIGUSR1: sent it to ranks 0,1, which dump" "$WORK/USR1.log"; do
   [ $SECONDS -ge $deadline ] && fail "SIGUSR1 never reached both ranks"
-  kill -USR1 "$agent"
+  kill -USR1 -- "-$agent"
   sleep 0.2
+done
+# ddprun's children other than its ranks (probes): the watchdog, alive and not a zombie.
+for child in $(pgrep -P "$agent"); do
+  grep -q -- "$PROBE" "/proc/$child/cmdline" 2>/dev/null && continue
+  state=$(ps -o stat= -p "$child" 2>/dev/null)
+  [[ $state == Z* ]] && fail "SIGUSR1 to ddprun's process group killed its watchdog (pid $child)"
 done
 wait $agent
 status=$?

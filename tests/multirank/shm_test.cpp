@@ -14,6 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <thread>
 
@@ -255,7 +257,7 @@ TEST(ShmCommunicator, OversubscribedRanksMakeProgress) {
 // about 11 ms), slowed down by 60 ms after it saw rank 0's counter short, must
 // still see an arrival, not a departure: the collective completes on rank 1
 // too. Without the second read of the counter it fails, naming rank 0 as a rank
-// that "left the communicator without completing it".
+// "which left the communicator" before arriving.
 TEST(ShmCommunicator, PeerThatArrivesThenLeavesIsNotGone) {
   const auto results = spawn_ranks(2, [](int rank, int size) {
     ::setenv("DDP_TEST_SHM_CHECK_DELAY_MS", "60", 1);  // read at the first check
@@ -271,26 +273,40 @@ TEST(ShmCommunicator, PeerThatArrivesThenLeavesIsNotGone) {
 }
 
 // Rank 0 arrives, times out waiting for rank 1 (1 s) and leaves the communicator;
-// rank 1 arrives after it left. Rank 0 did arrive: rank 1 is told that it left
-// without completing the collective, not that it "exited before arriving".
+// rank 1 arrives only once it has left (a file says so). Rank 0 did arrive: rank 1
+// is told that it left without completing the collective, not that it "exited
+// before arriving" (which a rank that finished its collectives is still told).
 TEST(ShmCommunicator, PeerThatTimedOutIsNamedAsLeftNotAsNeverArrived) {
-  const auto results = spawn_ranks(2, [](int rank, int size) {
+  const std::string gone = ::testing::TempDir() + "/shm_left_" + unique_run_id();
+  const auto results = spawn_ranks(2, [&](int rank, int size) {
     auto comm = make_backend("shm", rank, size, {.timeout = 1s});
-    Tensor t = make_input(DType::f32, 1 << 20, rank);  // several chunks: two phases
-    if (rank == 1) std::this_thread::sleep_for(2500ms);
+    Tensor t = make_input(DType::f32, 1 << 20, rank);
+    if (rank == 1) {
+      for (int i = 0; i < 600 && !std::filesystem::exists(gone); ++i)
+        std::this_thread::sleep_for(50ms);
+      require(std::filesystem::exists(gone), "rank 0 never left");
+    }
     try {
       comm->all_reduce(t)->wait();
     } catch (const CommError& e) {
       const std::string text = e.what();
-      if (rank == 0) return 0;  // its own timeout; its communicator goes now: `left`
-      require(text.find("rank 0 (pid ") != std::string::npos &&
-                  text.find("left the communicator without completing it") != std::string::npos &&
-                  text.find("exited before arriving") == std::string::npos,
-              "rank 1's message: " + text);
+      if (rank == 0) {  // its own timeout: its communicator goes (`left`), then it says so
+        comm.reset();
+        std::ofstream{gone} << "left\n";
+        return 0;
+      }
+      require(
+          text.find("rank 0 (pid ") != std::string::npos &&
+              text.find(
+                  "arrived at this collective but left the communicator without completing it") !=
+                  std::string::npos &&
+              text.find("exited before arriving") == std::string::npos,
+          "rank 1's message: " + text);
       return 0;
     }
     throw std::runtime_error("the all_reduce completed though rank 0 gave up on it");
   });
+  std::filesystem::remove(gone);
   for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
 }
 
