@@ -40,8 +40,12 @@ echo "nan stop: exit $status, named step 5 and rank 1, checkpoint stays at step 
 # down after the first failure, so each rank's own message and exit status are
 # seen): ranks NAME.0.log and NAME.1.log; statuses in $st0 $st1. A rank waiting
 # in a collective for one that stopped would hang until `timeout` (exit 124).
+. "$(dirname "$0")/lib_ports.sh"
 two_ranks() {
-  local name=$1 port=$((20000 + RANDOM % 20000))
+  # A port below the ephemeral range (lib_ports.sh): a random one from 20000-40000
+  # was once another connection's, and rank 0 failed to listen (rank 1 waited 120 s).
+  local name=$1 port
+  port=$(free_port)
   shift
   for r in 0 1; do
     RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
