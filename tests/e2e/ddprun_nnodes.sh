@@ -36,16 +36,20 @@ secret=$DDP_STORE_SECRET
 unset DDP_STORE_SECRET
 printf '%s\n' "$secret" >"$WORK/secret"
 chmod 600 "$WORK/secret"
-port=$(free_port)
-common=(--nnodes 2 -n 2 --rdzv-port "$port" --grace-period 2 --rdzv-timeout 20 --store-secret-file "$WORK/secret")
-"$DDPRUN" "${common[@]}" --node-rank 1 "$PROBE" --exit-code 9 --on-rank 3 --sleep 60 \
-  --marker "$MARKER" >"$WORK/fail1.log" 2>&1 &
-node1=$!
-"$DDPRUN" "${common[@]}" --node-rank 0 "$PROBE" --exit-code 9 --on-rank 3 --sleep 60 \
-  --marker "$MARKER" >"$WORK/fail0.log" 2>&1 &
-node0=$!
-wait $node0; s0=$?
-wait $node1; s1=$?
+# fail_on NPROC RANK NAME: two agents of NPROC ranks each, secret from the file,
+# RANK exits 9 (the others sleep); logs NAME0.log and NAME1.log, statuses $s0 $s1.
+fail_on() {
+  local common=(--nnodes 2 -n "$1" --rdzv-port "$(free_port)" --grace-period 2 --rdzv-timeout 20
+                --store-secret-file "$WORK/secret")
+  local probe=("$PROBE" --exit-code 9 --on-rank "$2" --sleep 60 --marker "$MARKER")
+  "$DDPRUN" "${common[@]}" --node-rank 1 "${probe[@]}" >"$WORK/${3}1.log" 2>&1 &
+  local node1=$!
+  "$DDPRUN" "${common[@]}" --node-rank 0 "${probe[@]}" >"$WORK/${3}0.log" 2>&1 &
+  local node0=$!
+  wait $node0; s0=$?
+  wait $node1; s1=$?
+}
+fail_on 2 3 fail
 [ $s0 -eq 9 ] && [ $s1 -eq 9 ] || fail "rank 3 exited 9; node 0 exited $s0, node 1 exited $s1"
 grep -q "the group failed elsewhere: rank 3 .*exit code 9.* on node 1" "$WORK/fail0.log" ||
   fail "node 0 does not say that rank 3 on node 1 failed"
@@ -53,15 +57,7 @@ grep -qx "\[rank 3\] DDP_STORE_SECRET=$secret" "$WORK/fail1.log" || fail "the ra
 # Rank 0 (node 0, its only rank) fails: node 0 keeps its store until node 1 has
 # read the failure (Note [exit barrier]), so node 1 exits 9 too, not 1 for a
 # store lost under it.
-common=(--nnodes 2 -n 1 --rdzv-port "$(free_port)" --grace-period 2 --rdzv-timeout 20 --store-secret-file "$WORK/secret")
-"$DDPRUN" "${common[@]}" --node-rank 1 "$PROBE" --exit-code 9 --on-rank 0 --sleep 60 \
-  --marker "$MARKER" >"$WORK/fail01.log" 2>&1 &
-node1=$!
-"$DDPRUN" "${common[@]}" --node-rank 0 "$PROBE" --exit-code 9 --on-rank 0 --sleep 60 \
-  --marker "$MARKER" >"$WORK/fail00.log" 2>&1 &
-node0=$!
-wait $node0; s0=$?
-wait $node1; s1=$?
+fail_on 1 0 fail0
 [ $s0 -eq 9 ] && [ $s1 -eq 9 ] ||
   fail "rank 0 exited 9; node 0 exited $s0, node 1 exited $s1: $(grep '^ddprun' "$WORK/fail01.log")"
 grep -q "^ddprun:.*$secret" "$WORK"/fail*.log && fail "ddprun printed the secret"
