@@ -449,9 +449,12 @@ echo "late: a replacement after the last step is not needed; exit 0"
 # The same rank replaced twice (--max-restarts 2): rank 2 killed, then its
 # replacement. The second replacement takes in only a membership made after it
 # asked to join: membership 2 also lists launch rank 2 (the first replacement's),
-# and trying to form it again cost a failed attempt ("joining again").
+# and trying to form it again cost a failed attempt ("joining again"). Rank 0 takes
+# 30 ms a step (DDP_TEST_SLOW_RANK): the second replacement has the 140 steps left,
+# 4 s and more, to start and join (at full speed they took 1.4 s, and on a loaded
+# machine the group once finished before it was ready).
 out="$dir/twice"
-"$ddprun" --standalone -n 4 --on-failure continue --max-restarts 2 "$train" --backend shm \
+DDP_TEST_SLOW_RANK=0:30 "$ddprun" --standalone -n 4 --on-failure continue --max-restarts 2 "$train" --backend shm \
   "${common[@]}" --epochs 10 --save "$out.st" --loss-log "$out.loss" >"$out.log" 2>&1 &
 job=$!
 # after_rows N: waits until the loss log has N rows (8 s at most).
