@@ -173,12 +173,14 @@ GroupSpec make_spec(const LaunchOptions& o, const std::string& program_path, int
 
 // After this node's ranks succeeded: the others' (node 0 keeps the store up
 // for them until then).
-GroupResult wait_for_other_nodes(Rendezvous& rendezvous) {
+GroupResult wait_for_other_nodes(Rendezvous& rendezvous, bool ranks_left) {
   rendezvous.publish_done();
   while (!rendezvous.all_done()) {
     if (const int sig = SignalPipe::stop_signal()) throw Interrupted(sig);
     if (auto failure = rendezvous.remote_failure()) {
-      say(fmt::format("this node's ranks succeeded, but the group failed: {}", failure->what));
+      say(fmt::format("this node's {}, but the group failed: {}",
+                      ranks_left ? "ranks are done (some left the group)" : "ranks succeeded",
+                      failure->what));
       return {Outcome::remote_failed, failure->exit_code};
     }
     std::this_thread::sleep_for(milliseconds(100));
@@ -193,7 +195,7 @@ GroupResult run_attempt(const LaunchOptions& o, const std::string& program_path,
   const GroupSpec spec = make_spec(o, program_path, nproc, restart, secret, rendezvous);
   GroupResult result = run_local_group(spec, signals, rendezvous);
   if (result.outcome == Outcome::success) {
-    result = wait_for_other_nodes(rendezvous);
+    result = wait_for_other_nodes(rendezvous, result.ranks_left);
     // Note [exit barrier]: the authority keeps its store until the other agents
     // have read the end there -- a store gone under them is a failure to them (or,
     // under --rdzv-backup, a lost node 0: Note [node 0 lost]).
@@ -223,12 +225,14 @@ int run_attempts(const LaunchOptions& o, const std::string& program_path, int np
       say(e.what());
       return 128 + e.signal();
     }
-    // Note [exit barrier]: after the last attempt's failure the other nodes read it
+    // Note [exit barrier]: after a failed attempt the other nodes read the failure
     // here, then stop their ranks (the grace period); a store gone before they read
-    // it was a lost store to them (exit 1), not the failing rank's code.
-    const bool last = result.outcome != Outcome::success && SignalPipe::stop_signal() == 0 &&
-                      o.on_failure != "continue" && restart >= o.max_restarts;
-    if (last) {
+    // it was a lost store to them (exit 1 after the last attempt, the summary's
+    // "lost the rendezvous store" before a restart), not the failing rank's code.
+    // Before a restart this costs nothing: the next rendezvous waits for them anyway.
+    const bool failed = result.outcome != Outcome::success && SignalPipe::stop_signal() == 0 &&
+                        o.on_failure != "continue";
+    if (failed) {
       rendezvous.wait_for_others_to_leave(
           std::chrono::milliseconds(static_cast<int64_t>(o.grace_period_s * 1000)) +
           std::chrono::seconds(5));

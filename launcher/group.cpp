@@ -62,6 +62,13 @@ constexpr milliseconds kJoinCheckInterval{50};
 // How often node 0 looks at the other nodes under continue (Note [nodes lost]):
 // a few store round trips each time.
 constexpr milliseconds kNodeCheckInterval{100};
+// The interval between node 0's checks of the other nodes: kNodeCheckInterval, or
+// DDPRUN_TEST_NODE_CHECK_MS, a testing aid (Note [the last events]).
+milliseconds node_check_interval() {
+  static const milliseconds interval{
+      env::get_int("DDPRUN_TEST_NODE_CHECK_MS").value_or(kNodeCheckInterval.count())};
+  return interval;
+}
 // After the last rank exited, how long to keep reading pipes that an escaped
 // grandchild still holds open.
 constexpr milliseconds kDrainAfterExit{500};
@@ -215,6 +222,7 @@ GroupResult Watcher::run() {
   }
   GroupResult out = result();
   out.group_stopped = group_stopping_;
+  out.ranks_left = !left_.empty();
   if (out.outcome != Outcome::success) print_summary();
   if (out.outcome == Outcome::success && !departures_.empty()) {
     // Another node's ranks may still train: the job's end is node 0's to tell.
@@ -658,7 +666,7 @@ void Watcher::check_nodes() {
   // not its silence: its ddprun no longer beats then, and ends once its ranks did.
   const bool stop = group_stop_waiting_;
   if (!across_nodes() || !authority() || (stopping_ && !stop) || now < next_node_check_) return;
-  next_node_check_ = now + kNodeCheckInterval;
+  next_node_check_ = now + node_check_interval();
   for (const std::string& event : rendezvous_.take_events()) {
     int rank = -1, code = 1, consumed = 0;
     if (std::sscanf(event.c_str(), "left %d %d %n", &rank, &code, &consumed) == 2) {
@@ -894,12 +902,28 @@ bool Watcher::stand_by() {
 
 // Node 0 across nodes: the group goes on while another node runs ranks, so node
 // 0 keeps its membership after its own ranks are gone.
+//
+// Note [the last events]
+// A node posts its departures ("left R") before it says it is done, so once every
+// other node is done, their events not yet taken are their last: node 0 applies
+// them before it ends. Without that, a departure posted between two of node 0's
+// checks (kNodeCheckInterval) was never applied: with this node's ranks gone too
+// (a rank that failed here, a moment before, and left the group to the other
+// node's), the group had no member left, and yet every agent reported success.
+// Applied, such an event ends the job as any departure below --min-ranks does
+// (remote_leave()), and the other nodes, waiting in wait_for_other_nodes(), read
+// the failure. e2e.ddprun_nnodes' "last" case; DDPRUN_TEST_NODE_CHECK_MS widens the
+// window between two checks there.
 bool Watcher::keep_group() {
   if (!across_nodes() || !authority()) return false;
   // Note [group stop]: the other nodes' ranks may still die in it, with none of
   // this node's left to regroup: their agents' events are applied until they are gone.
   if (group_stop_waiting_) return !rendezvous_.others_gone();
-  return !stopping_ && !rendezvous_.others_done();
+  if (stopping_) return false;
+  if (!rendezvous_.others_done()) return true;
+  next_node_check_ = Clock::now();  // Note [the last events]
+  check_nodes();
+  return group_stop_waiting_;  // a stop published now: its ranks are gone, its events count
 }
 
 // Launch rank r runs on node r / (ranks per node): every node runs as many.
@@ -1087,6 +1111,11 @@ void Watcher::check_hang() {
   flight_.refresh();
   if (pending_hang_) {  // Note [hang on several nodes]
     if (now >= pending_hang_->deadline) {
+      // A verdict that came in since check_remote()'s last read (it reads every
+      // kRemoteCheckInterval) ends the job as the other node found it.
+      next_remote_check_ = now;
+      check_remote();
+      if (stopping_) return;
       say("no verdict from the other nodes: blaming this node's ranks");
       end_hung_job(pending_hang_->hang);
     }

@@ -67,6 +67,9 @@ struct GroupResult {
   // Note [group stop] in collectives/elastic.h: the group stopped below --min-ranks,
   // its ranks left saving (other nodes' ranks too, through this node's store).
   bool group_stopped = false;
+  // --on-failure continue: ranks of this node left the group (failed, and the group
+  // went on without them); a success then means only that this node's part ended.
+  bool ranks_left = false;
 };
 
 // Runs one attempt to the end: returns when every local rank is gone (and its

@@ -58,13 +58,13 @@
 // closed its connection (node/<r>/closed), for at most 5 s: torchrun's exit
 // barrier. Without it node 0 could see every node done and exit between another
 // node's two reads, and that node would report "lost the rendezvous store" for a
-// group that succeeded (e2e.netns_ddprun_2x1 caught it in CI). After the job's last
-// failure node 0 waits too, for the grace period + 5 s at most (run_attempts in
+// group that succeeded (e2e.netns_ddprun_2x1 caught it in CI). After a failed
+// attempt node 0 waits too, for the grace period + 5 s at most (run_attempts in
 // agent.cpp; under --on-failure continue longer, run_attempt): the others read the
 // failure there and end with the failing rank's code, not with a store lost under
-// them (exit 1; e2e.ddprun_nnodes). Before a restart it does not wait: the others
-// restart too, and a node that found the store gone says so in that attempt's
-// summary only.
+// them (exit 1; e2e.ddprun_nnodes). Before a restart too: their summary of the
+// attempt names the failure, not a lost store, and the wait costs nothing (the
+// next attempt's rendezvous waits for them anyway; e2e.ddprun_restart's nnodes case).
 //
 // Note [node 0 lost]
 // With --rdzv-backup HOST:PORT node 1's ddprun hosts a backup of the store there

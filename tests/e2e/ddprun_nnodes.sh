@@ -36,12 +36,17 @@ secret=$DDP_STORE_SECRET
 unset DDP_STORE_SECRET
 printf '%s\n' "$secret" >"$WORK/secret"
 chmod 600 "$WORK/secret"
-# fail_on NPROC RANK NAME: two agents of NPROC ranks each, secret from the file,
-# RANK exits 9 (the others sleep); logs NAME0.log and NAME1.log, statuses $s0 $s1.
+# fail_on NPROC RANK NAME [FLAGS]: two agents of NPROC ranks each, secret from the
+# file, RANK exits 9 (the others sleep); logs NAME0.log and NAME1.log, statuses $s0
+# $s1. FLAGS: ddprun's --max-restarts K, then the probe's flags (the sleep shortened).
 fail_on() {
+  local restarts=()
+  [ "${4:-}" = --max-restarts ] && restarts=(--max-restarts "$5")
   local common=(--nnodes 2 -n "$1" --rdzv-port "$(free_port)" --grace-period 2 --rdzv-timeout 20
-                --store-secret-file "$WORK/secret")
-  local probe=("$PROBE" --exit-code 9 --on-rank "$2" --sleep 60 --marker "$MARKER")
+                --store-secret-file "$WORK/secret" "${restarts[@]}")
+  local sleep=60
+  [ ${#restarts[@]} -gt 0 ] && sleep=2
+  local probe=("$PROBE" --exit-code 9 --on-rank "$2" --sleep "$sleep" --marker "$MARKER" "${@:6}")
   "$DDPRUN" "${common[@]}" --node-rank 1 "${probe[@]}" >"$WORK/${3}1.log" 2>&1 &
   local node1=$!
   "$DDPRUN" "${common[@]}" --node-rank 0 "${probe[@]}" >"$WORK/${3}0.log" 2>&1 &
@@ -61,6 +66,40 @@ fail_on 1 0 fail0
 [ $s0 -eq 9 ] && [ $s1 -eq 9 ] ||
   fail "rank 0 exited 9; node 0 exited $s0, node 1 exited $s1: $(grep '^ddprun' "$WORK/fail01.log")"
 grep -q "^ddprun:.*$secret" "$WORK"/fail*.log && fail "ddprun printed the secret"
+
+# Rank 0 fails in the first attempt only, under --max-restarts 1: node 1's summary
+# of that attempt names the failure, not a store lost under it (Note [exit barrier]:
+# node 0 restarted at once and took its store down), and both agents end with 0.
+fail_on 1 0 restart --max-restarts 1 --fail-until-restart 1
+[ $s0 -eq 0 ] && [ $s1 -eq 0 ] ||
+  fail "restart: node 0 exited $s0, node 1 exited $s1: $(grep '^ddprun' "$WORK"/restart*.log)"
+grep -q "summary of restart 0 on node 1: .*the group failed elsewhere: rank 0 .*exit code 9" \
+  "$WORK/restart1.log" ||
+  fail "restart: node 1's summary does not name rank 0's failure: $(grep '^ddprun' "$WORK/restart1.log")"
+grep -q "lost the rendezvous store" "$WORK/restart1.log" &&
+  fail "restart: node 1 found the store lost before a restart"
+
+# --on-failure continue, one rank a node, both ranks fail at once: every member is
+# gone, so the job failed, on both nodes (Note [the last events] in
+# launcher/group.cpp: node 0 applies node 1's departure posted after its last check
+# of the other nodes, which DDPRUN_TEST_NODE_CHECK_MS puts 20 s later).
+common=(--nnodes 2 -n 1 --rdzv-port "$(free_port)" --grace-period 2 --rdzv-timeout 20
+        --store-secret-file "$WORK/secret" --on-failure continue)
+probe=("$PROBE" --exit-code 3 --sleep 1 --marker "$MARKER")
+"$DDPRUN" "${common[@]}" --node-rank 1 "${probe[@]}" >"$WORK/last1.log" 2>&1 &
+node1=$!
+DDPRUN_TEST_NODE_CHECK_MS=20000 "$DDPRUN" "${common[@]}" --node-rank 0 "${probe[@]}" \
+  >"$WORK/last0.log" 2>&1 &
+node0=$!
+wait $node0; s0=$?
+wait $node1; s1=$?
+[ $s0 -eq 3 ] && [ $s1 -eq 3 ] ||
+  fail "last: both ranks exited 3 and the group was left with none; node 0 exited $s0, node 1 \
+exited $s1: $(grep '^ddprun' "$WORK"/last*.log)"
+grep -q "0 ranks would be left, fewer than --min-ranks 1" "$WORK/last0.log" ||
+  fail "last: node 0 does not say that no rank was left"
+grep -q "but the group failed: .*rank 1" "$WORK/last1.log" ||
+  fail "last: node 1 does not name the group's failure"
 
 # A second ddprun given a --node-rank already taken is refused by name (it joined
 # and started ranks numbered as the first's, one of them killed later).

@@ -205,7 +205,7 @@ if [ "$mode" != quick ]; then
 
   # --- min1: one rank a node, so node 1 has no rank left: it must still learn that
   # the job failed (node 0 keeps its store up until node 1's ddprun is gone).
-  NPROC=1 min_ranks min1 1 2 "this node's ranks succeeded, but the group failed"
+  NPROC=1 min_ranks min1 1 2 "this node's ranks are done (some left the group), but the group failed"
   echo "min1: rank 1, node 1's only rank, killed under --min-ranks 2: both nodes exited 137"
 
   # both_exited_137 NAME: both agents of the run NAME end with the stopping rank's 137.
