@@ -24,8 +24,7 @@ Tensor empty(const Shape& shape, const TensorOptions& options) {
             options.device.str());
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(
-      options.device, static_cast<size_t>(shape_numel(shape)) * element_size(options.dtype),
-      options.pinned);
+      options.device, shape_nbytes("empty", shape, options.dtype), options.pinned);
   impl->shape = shape;
   impl->dtype = options.dtype;
   return Tensor(std::move(impl));
@@ -51,9 +50,19 @@ Tensor arange(int64_t n, const TensorOptions& options) {
 Tensor arange(double start, double end, double step, const TensorOptions& options) {
   DDP_CHECK(step != 0.0 && std::isfinite(step), "arange: step must be finite and non-zero, got {}",
             step);
+  // As torch ("unsupported range: 0 -> inf", "invalid size, possible overflow?"): the
+  // count must be a number an int64 holds, or converting it is undefined (it came out
+  // as a "negative dimension -9223372036854775808" the caller never gave).
+  DDP_CHECK(std::isfinite(start) && std::isfinite(end),
+            "arange: start and end must be finite, got {} and {}", start, end);
   DDP_CHECK((end - start) / step >= 0.0,
             "arange: the range from {} to {} cannot be reached with step {}", start, end, step);
-  const auto n = static_cast<int64_t>(std::ceil((end - start) / step));
+  const double count = std::ceil((end - start) / step);
+  DDP_CHECK(count < 9223372036854775808.0,
+            "arange: {} to {} with step {} is {} elements, more than a tensor can hold; use a "
+            "larger step or a shorter range",
+            start, end, step, count);
+  const auto n = static_cast<int64_t>(count);
   Tensor t = empty({n}, options);
   if (n == 0) return t;
   const profile::Scope op_scope("arange", t.device(), t);

@@ -24,6 +24,17 @@ int64_t shape_numel(const Shape& shape) {
   return n;
 }
 
+size_t shape_nbytes(std::string_view op, const Shape& shape, DType dtype) {
+  const int64_t n = shape_numel(shape);
+  uint64_t bytes = 0;
+  DDP_CHECK(
+      n >= 0 && !__builtin_mul_overflow(static_cast<uint64_t>(n), element_size(dtype), &bytes),
+      "{}: shape {} of {} is {} elements of {} bytes, more bytes than a 64-bit size holds; "
+      "check the shape",
+      op, shape_str(shape), dtype_name(dtype), n, element_size(dtype));
+  return static_cast<size_t>(bytes);
+}
+
 Storage::Storage(Device device, size_t bytes, bool pinned)
     : device_(device),
       bytes_(bytes),
@@ -92,12 +103,14 @@ void Storage::reallocate() {
 
 Tensor from_blob(void* data, const Shape& shape, const TensorOptions& options,
                  std::function<void(void*)> deleter) {
+  for (int64_t s : shape) {
+    DDP_CHECK(s >= 0, "from_blob: negative dimension {} in shape {}", s, shape_str(shape));
+  }
   DDP_CHECK(data != nullptr || shape_numel(shape) == 0, "from_blob: null data for shape {}",
             shape_str(shape));
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(
-      options.device, static_cast<size_t>(shape_numel(shape)) * element_size(options.dtype), data,
-      std::move(deleter));
+      options.device, shape_nbytes("from_blob", shape, options.dtype), data, std::move(deleter));
   impl->shape = shape;
   impl->dtype = options.dtype;
   return Tensor(std::move(impl));
@@ -182,8 +195,12 @@ Tensor Tensor::reshape(const Shape& shape_in) const {
 }
 
 Tensor Tensor::flat_view(int64_t offset, const Shape& shape) const {
+  for (int64_t s : shape) {
+    DDP_CHECK(s >= 0, "flat_view: negative dimension {} in shape {}", s, shape_str(shape));
+  }
   const int64_t n = shape_numel(shape);
-  DDP_CHECK(offset >= 0 && offset + n <= numel(),
+  // Not offset + n <= numel(): a huge offset would wrap that sum to a negative.
+  DDP_CHECK(offset >= 0 && offset <= numel() && n <= numel() - offset,
             "flat_view of {} elements at offset {} exceeds the {} elements of a tensor of shape {}",
             n, offset, numel(), shape_str(this->shape()));
   return make_view(*this, storage_offset() + offset, shape);

@@ -15,6 +15,7 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ddp {
@@ -24,6 +25,10 @@ class Stream;
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& shape);  // "[64, 784]"
 int64_t shape_numel(const Shape& shape);
+// The bytes of a contiguous `shape` of `dtype`. Throws ValueError naming `op`, the
+// shape and the dtype when they exceed a 64-bit byte count (2^62 f32 elements would
+// otherwise wrap around to 0 bytes: a tensor without memory).
+size_t shape_nbytes(std::string_view op, const Shape& shape, DType dtype);
 
 // Memory that one or more tensors view. Freed through its allocator with the last
 // reference; a failure to free (or a throwing from_blob deleter) is logged, never

@@ -310,7 +310,11 @@ Tensor parse_npy(std::span<const uint8_t> bytes, const std::string& name) {
             name);
   const Conversion c = conversion_for(h.descr, name);
   const int64_t n = shape_numel(h.shape);
-  const size_t body = static_cast<size_t>(n) * c.item;
+  size_t body = 0;
+  // A count whose bytes wrap around 2^64 (2^62 '<f4') must not pass for an empty body.
+  DDP_CHECK(!__builtin_mul_overflow(static_cast<size_t>(n), c.item, &body),
+            "{}: shape {} of '{}' has more bytes than a 64-bit size holds", name,
+            shape_str(h.shape), h.descr);
   DDP_CHECK(bytes.size() - at == body,
             "{}: {} at byte {}: shape {} of '{}' needs {} bytes of data after the {}-byte header, "
             "the file has {}",

@@ -224,6 +224,12 @@ TEST_F(DataFiles, NpyRefusesWhatItCannotReadAndNamesTheFileAndOffset) {
                             Bytes{}))
                 .find("more elements than a 64-bit count holds"),
             std::string::npos);
+  // So is one whose count fits but whose bytes wrap around to 0: 2^62 '<f4' and no body.
+  const std::string bytes_wrap = parse(npy_bytes(
+      "{'descr': '<f4', 'fortran_order': False, 'shape': (4611686018427387904,), }", Bytes{}));
+  EXPECT_NE(bytes_wrap.find("bad.npy: shape [4611686018427387904] of '<f4' has more bytes"),
+            std::string::npos)
+      << bytes_wrap;
   const std::string header =
       parse(npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, x), }", Bytes{}));
   EXPECT_NE(header.find("malformed .npy header at byte 64"), std::string::npos) << header;
@@ -327,7 +333,7 @@ TEST_F(DataFiles, IntegerTargetsAreClassesAndFloatsAreValues) {
             std::string::npos);
   // [N, H, W] images get their channel.
   EXPECT_EQ(
-      make_dataset(empty({3, 4, 5}), from_vector<float>({1, 2, 3}, {3}), "img").inputs.shape(),
+      make_dataset(zeros({3, 4, 5}), from_vector<float>({1, 2, 3}, {3}), "img").inputs.shape(),
       (Shape{3, 1, 4, 5}));
 }
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
 
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 
@@ -24,6 +25,32 @@ TEST(Tensor, FactoriesFillWithTheRightValues) {
   EXPECT_EQ(cast(h, DType::f32).to_vector<float>(), (std::vector<float>{1.5f, 1.5f}));
   EXPECT_THROW(empty({2, -1}), ValueError);
   EXPECT_THROW(arange(0.0, 1.0, 0.0), ValueError);
+}
+
+// 2^62 f32 elements are 2^64 bytes: the count fits an int64, the bytes do not, and
+// wrapped around they were 0 bytes, a tensor without memory that crashed on first use
+// (torch: "Storage size calculation overflowed").
+TEST(Tensor, AShapeWhoseBytesOverflowIsRefused) {
+  const Shape huge{int64_t{1} << 62};
+  for (const auto& make : std::vector<std::function<Tensor()>>{
+           [&] { return empty(huge); }, [&] { return zeros(huge); },
+           [&] {
+             return full({int64_t{1} << 31, int64_t{1} << 31}, 1.0, {.dtype = DType::i32});
+           },
+           [&] {
+             float x = 0;
+             return from_blob(&x, huge, {});
+           }}) {
+    try {
+      make();
+      ADD_FAILURE() << "a tensor of 2^64 bytes was made";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("more bytes than a 64-bit size holds"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(shape_nbytes("empty", {int64_t{1} << 61}, DType::f32), size_t{1} << 63);
 }
 
 TEST(Tensor, MetadataAndBytes) {
@@ -55,6 +82,28 @@ TEST(Tensor, ViewsShareStorage) {
   EXPECT_THROW(t.slice(2, 5), ValueError);
 }
 
+// torch: "unsupported range: 0 -> inf" and "invalid size, possible overflow?". The
+// count was converted to int64 undefined, and the error named a "negative dimension
+// -9223372036854775808" that nobody gave.
+TEST(Tensor, ArangeRefusesRangesNoTensorHolds) {
+  const auto message = [](double start, double end, double step) {
+    try {
+      arange(start, end, step);
+    } catch (const ValueError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  EXPECT_NE(message(0.0, inf, 1.0).find("must be finite, got 0 and inf"), std::string::npos);
+  EXPECT_NE(message(std::numeric_limits<double>::quiet_NaN(), 1.0, 1.0).find("must be finite"),
+            std::string::npos);
+  const std::string huge = message(0.0, 1e300, 1.0);
+  EXPECT_NE(huge.find("more than a tensor can hold"), std::string::npos) << huge;
+  EXPECT_EQ(huge.find("negative dimension"), std::string::npos) << huge;
+  EXPECT_EQ(arange(-1.0, 1.0, 0.5).to_vector<float>(), (std::vector<float>{-1, -0.5, 0, 0.5}));
+}
+
 TEST(Tensor, FlatViewIntoALargerBuffer) {
   Tensor bucket = zeros({10});
   Tensor w = bucket.flat_view(2, {2, 2});
@@ -67,6 +116,20 @@ TEST(Tensor, FlatViewIntoALargerBuffer) {
   // A flat view of a slice is offset from the slice.
   Tensor tail = bucket.slice(5, 10).flat_view(1, {2});
   EXPECT_EQ(tail.to_vector<float>(), (std::vector<float>{2, 2}));
+}
+
+// A view or a wrapped buffer of negative dims ([-1, -1] has "1 element") or at an
+// offset past the end (INT64_MAX + n wrapped to pass the bounds check) is refused, as
+// empty() and reshape() refuse negative dims.
+TEST(Tensor, ViewsRefuseNegativeDimsAndOffsetsPastTheEnd) {
+  const Tensor t = zeros({4});
+  EXPECT_THROW(t.flat_view(0, {-1, -1}), ValueError);
+  EXPECT_THROW(t.flat_view(INT64_MAX, {1}), ValueError);
+  EXPECT_THROW(t.flat_view(3, {2}), ValueError);
+  EXPECT_EQ(t.flat_view(4, {0}).numel(), 0);
+  float buf[4] = {};
+  EXPECT_THROW(from_blob(buf, {-2, -2}, {}), ValueError);
+  EXPECT_EQ(from_blob(buf, {2, 2}, {}).numel(), 4);
 }
 
 TEST(Tensor, MovesAndCopiesAreExplicit) {
