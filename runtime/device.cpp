@@ -168,7 +168,14 @@ void check_available(const Device& d) {
 
 Device default_device() {
   if (auto text = env::get(env::kDevice)) {
-    Device d = Device::parse(*text);
+    // Both errors name the variable: "invalid device 'gpu'" alone does not say where
+    // the text came from.
+    Device d;
+    try {
+      d = Device::parse(*text);
+    } catch (const ValueError& e) {
+      throw ValueError(fmt::format("{}={}: {}", env::kDevice, *text, e.what()));
+    }
     try {
       check_available(d);
     } catch (const DeviceError& e) {

@@ -147,7 +147,7 @@ Tensor grad(const Tensor& t) {
 
 void set_grad(Tensor& t, const Tensor& g) {
   if (g.defined()) {
-    check_same_device({&t, &g});
+    check_same_device("set_grad", {&t, &g});
     DDP_CHECK(g.shape() == t.shape(), "set_grad: gradient shape {} differs from tensor shape {}",
               shape_str(g.shape()), shape_str(t.shape()));
   }
@@ -161,7 +161,7 @@ std::shared_ptr<Node> grad_fn(const Tensor& t) {
 
 void set_gradient_destination(Tensor& param, const Tensor& destination) {
   if (destination.defined()) {
-    check_same_device({&param, &destination});
+    check_same_device("set_gradient_destination", {&param, &destination});
     DDP_CHECK(destination.shape() == param.shape() && destination.dtype() == param.dtype(),
               "set_gradient_destination: destination {} {} for a parameter {} {}",
               shape_str(destination.shape()), dtype_name(destination.dtype()),
@@ -264,6 +264,20 @@ void backward(const Tensor& root, const Tensor& grad_root) {
               "got shape {}; pass grad_root",
               shape_str(root.shape()));
     seed = ones(root.shape(), {.dtype = root.dtype(), .device = root.device()});
+  } else {
+    // As torch's engine: a gradient of another shape or on another device is refused
+    // by name (it would otherwise reach a leaf's .grad on that device, or fail deep in
+    // the graph as an internal error); another dtype is cast to the root's.
+    DDP_CHECK_T(DeviceError, seed.device() == root.device(),
+                "backward: grad_root is on {}, but the tensor it is the gradient of is on {}; "
+                "move it there first (grad_root.to({}))",
+                seed.device().str(), root.device().str(), root.device().str());
+    // A one-element gradient ([1]) of a scalar loss ([]) is taken as it is.
+    DDP_CHECK(seed.shape() == root.shape() || (seed.numel() == 1 && root.numel() == 1),
+              "backward: grad_root has shape {}, but the tensor it is the gradient of has shape "
+              "{}; pass a gradient of that shape",
+              shape_str(seed.shape()), shape_str(root.shape()));
+    if (seed.dtype() != root.dtype()) seed = cast(seed, root.dtype());
   }
   NoGradGuard no_grad;
   const std::shared_ptr<Node> root_node = node_of(root);

@@ -268,13 +268,17 @@ namespace {
 // costs more than its transpose kernel.
 Tensor conv2d_per_image(const Tensor& x, const Tensor& weight, const Tensor& bias,
                         const kernels::Conv2dGeometry& geom) {
-  const int64_t c_out = weight.size(0), k = weight.numel() / c_out;
+  // k from the weight's other dims: numel() / c_out divides by zero for c_out == 0.
+  const int64_t c_out = weight.size(0), k = weight.size(1) * weight.size(2) * weight.size(3);
   const int64_t n = x.size(0), hw = geom.out_h() * geom.out_w();
   Tensor cols = im2col(x, geom);
   Tensor w2d = weight.reshape({c_out, k});
   Tensor y =
       empty({n, c_out, geom.out_h(), geom.out_w()}, {.dtype = x.dtype(), .device = x.device()});
-  const Tensor ones_row = bias.defined() ? ones({1, hw}, {.dtype = x.dtype()}) : Tensor();
+  // Every helper on x's device: a cpu:1 input (Note [virtual cpu devices]) must not
+  // meet cpu tensors made here.
+  const TensorOptions on_x{.dtype = x.dtype(), .device = x.device()};
+  const Tensor ones_row = bias.defined() ? ones({1, hw}, on_x) : Tensor();
   const Tensor bias_col = bias.defined() ? bias.reshape({c_out, 1}) : Tensor();
   for (int64_t i = 0; i < n; ++i) {
     Tensor yi = y.flat_view(i * c_out * hw, {c_out, hw});
@@ -288,13 +292,17 @@ Tensor conv2d_per_image(const Tensor& x, const Tensor& weight, const Tensor& bia
        x_needs = requires_grad(x)](const Tensor& g) {
         std::vector<Tensor> grads(3);
         // An empty batch writes no GEMM: its gradients are zeros.
+        // On g's device (Note [virtual cpu devices]: cpu:1's helpers must not be cpu's).
         const auto make = [&](const Shape& shape) {
-          return n == 0 ? zeros(shape, {.dtype = g.dtype()}) : empty(shape, {.dtype = g.dtype()});
+          const TensorOptions on_g{.dtype = g.dtype(), .device = g.device()};
+          return n == 0 ? zeros(shape, on_g) : empty(shape, on_g);
         };
         Tensor gw = make({c_out, k});
-        Tensor gcols = x_needs ? empty({n * hw, k}, {.dtype = g.dtype()}) : Tensor();
+        Tensor gcols =
+            x_needs ? empty({n * hw, k}, {.dtype = g.dtype(), .device = g.device()}) : Tensor();
         Tensor gb = has_bias ? make({c_out, 1}) : Tensor();
-        const Tensor ones_col = has_bias ? ones({hw, 1}, {.dtype = g.dtype()}) : Tensor();
+        const Tensor ones_col =
+            has_bias ? ones({hw, 1}, {.dtype = g.dtype(), .device = g.device()}) : Tensor();
         for (int64_t i = 0; i < n; ++i) {
           const Tensor gi = g.flat_view(i * c_out * hw, {c_out, hw});
           const float beta = i == 0 ? 0.0f : 1.0f;
@@ -343,7 +351,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
     return conv2d(functional::cast(x_in, DType::f32), weight, bias, o);
   }
   const Tensor& x = x_in;
-  check_same_device({&x, &weight});
+  check_same_device("conv2d", {&x, &weight});
   DDP_CHECK(
       weight.dim() == 4 && x.dim() == 4 && weight.size(1) == x.size(1),
       "conv2d: input {} does not match weight {} (expected [N, C, H, W] and [C_out, C, kh, kw] "
@@ -356,7 +364,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
     return ddp::onednn_convolutions() ? conv2d_onednn_recorded(x, weight, bias, geom)
                                       : conv2d_per_image(x, weight, bias, geom);
   }
-  const int64_t c_out = weight.size(0), k = weight.numel() / c_out;
+  const int64_t c_out = weight.size(0), k = weight.size(1) * weight.size(2) * weight.size(3);
   const int64_t n = x.size(0), oh = geom.out_h(), ow = geom.out_w();
   Tensor cols = im2col(x, geom);
   Tensor w2d = weight.reshape({c_out, k});
@@ -473,7 +481,7 @@ Tensor unary_fn(kernels::UnaryOp op, const char* name, const Tensor& x) {
 }
 
 void check_loss_shapes(const char* op, const Tensor& input, const Tensor& target) {
-  check_same_device({&input, &target});
+  check_same_device(op, {&input, &target});
   DDP_CHECK(input.shape() == target.shape(),
             "{}: input {} and target {} must have one shape (reshape the target, e.g. [N] to "
             "[N, 1])",

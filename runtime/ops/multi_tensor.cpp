@@ -19,7 +19,7 @@ using ops_detail::check_dtype;
 Device check_list(std::string_view op, const std::vector<Tensor>& xs, const char* what) {
   DDP_CHECK(!xs.empty(), "{}: needs at least one tensor", op);
   for (const Tensor& x : xs) {
-    check_same_device({&xs.front(), &x});
+    check_same_device(op, {&xs.front(), &x});
     check_dtype(op, x, DType::f32, what);
   }
   return xs.front().device();
@@ -49,7 +49,7 @@ ClipResult clip_factor(const Tensor& sum_squares, double max_norm) {
 void scale_by_(const std::vector<Tensor>& xs, const Tensor& scalar) {
   if (xs.empty()) return;
   const Device device = check_list("scale_by_", xs, "tensor");
-  check_same_device({&xs.front(), &scalar});
+  check_same_device("scale_by_", {&xs.front(), &scalar});
   check_dtype("scale_by_", scalar, DType::f32, "scalar");
   DDP_CHECK(scalar.numel() == 1, "scale_by_: the scalar has shape {}, expected one element",
             shape_str(scalar.shape()));
@@ -65,7 +65,7 @@ void adamw_update_all_(std::vector<Tensor>& params, const std::vector<Tensor>& g
             "adamw_update_all_: {} params with {} grads, {} m, {} v and {} steps", params.size(),
             grads.size(), m.size(), v.size(), steps.size());
   if (constants.defined()) {  // Note [captured optimizer steps]
-    check_same_device({&params.front(), &constants});
+    check_same_device("adamw_update_all_", {&params.front(), &constants});
     check_dtype("adamw_update_all_", constants, DType::f32, "the constants table");
     DDP_CHECK(constants.numel() == static_cast<int64_t>(8 * params.size()),
               "adamw_update_all_: the constants table has {} floats; {} tensors need 8 each "
@@ -81,7 +81,7 @@ void adamw_update_all_(std::vector<Tensor>& params, const std::vector<Tensor>& g
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor* all[] = {&params[i], &grads[i], &m[i], &v[i]};
     for (const Tensor* t : all) {
-      check_same_device({&params.front(), t});
+      check_same_device("adamw_update_all_", {&params.front(), t});
       check_dtype("adamw_update_all_", *t, DType::f32, "every tensor");
       DDP_CHECK(
           t->shape() == params[i].shape(),

@@ -99,7 +99,7 @@ kernels::Conv2dGeometry conv_geometry(const Tensor& x, int64_t kernel, int64_t s
 }
 
 Tensor im2col(const Tensor& x, const Conv2dGeometry& g) {
-  check_same_device({&x});
+  check_same_device("im2col", {&x});
   check_f32("im2col", x, "input");
   check_input("im2col", x, g, "input");
   Tensor cols = empty_f32({g.n * g.out_h() * g.out_w(), g.c * g.kernel_h * g.kernel_w}, x.device());
@@ -108,7 +108,7 @@ Tensor im2col(const Tensor& x, const Conv2dGeometry& g) {
 }
 
 Tensor col2im(const Tensor& cols, const Conv2dGeometry& g) {
-  check_same_device({&cols});
+  check_same_device("col2im", {&cols});
   check_f32("col2im", cols, "cols");
   check_geometry("col2im", g);
   check_shape("col2im", cols, {g.n * g.out_h() * g.out_w(), g.c * g.kernel_h * g.kernel_w}, "cols",
@@ -119,7 +119,7 @@ Tensor col2im(const Tensor& cols, const Conv2dGeometry& g) {
 }
 
 Tensor permute4(const Tensor& x, std::array<int, 4> perm) {
-  check_same_device({&x});
+  check_same_device("permute4", {&x});
   DDP_CHECK(x.dim() == 4, "permute4: expected a 4-D input, got shape {}", shape_str(x.shape()));
   bool seen[4] = {false, false, false, false};
   for (int p : perm) {
@@ -203,9 +203,9 @@ Shape conv_out_shape(const Conv2dGeometry& g, int64_t c_out) {
 Tensor conv2d_onednn(const Tensor& x, const Tensor& weight, const Tensor& bias,
                      const Conv2dGeometry& g) {
   if (bias.defined()) {
-    check_same_device({&x, &weight, &bias});
+    check_same_device("conv2d_onednn", {&x, &weight, &bias});
   } else {
-    check_same_device({&x, &weight});
+    check_same_device("conv2d_onednn", {&x, &weight});
   }
   check_onednn_conv("conv2d_onednn", x, weight.shape(), g);
   check_input("conv2d_onednn", x, g, "input");
@@ -223,7 +223,8 @@ Tensor conv2d_onednn(const Tensor& x, const Tensor& weight, const Tensor& bias,
     ddp::fill_(y, 0.0);
     if (bias.defined()) {
       const int64_t oh = g.out_h(), ow = g.out_w();
-      y = permute4(add_bias_rows(zeros({g.n * oh * ow, c_out}), bias).reshape({g.n, oh, ow, c_out}),
+      y = permute4(add_bias_rows(zeros({g.n * oh * ow, c_out}, {.device = x.device()}), bias)
+                       .reshape({g.n, oh, ow, c_out}),
                    {0, 3, 1, 2});
     }
   }
@@ -232,7 +233,7 @@ Tensor conv2d_onednn(const Tensor& x, const Tensor& weight, const Tensor& bias,
 
 Tensor conv2d_backward_input_onednn(const Tensor& grad_y, const Tensor& weight,
                                     const Conv2dGeometry& g) {
-  check_same_device({&grad_y, &weight});
+  check_same_device("conv2d_backward_input_onednn", {&grad_y, &weight});
   check_onednn_conv("conv2d_backward_input_onednn", grad_y, weight.shape(), g);
   check_f32("conv2d_backward_input_onednn", weight, "weight");
   check_shape("conv2d_backward_input_onednn", grad_y, conv_out_shape(g, weight.size(0)), "grad_y",
@@ -251,7 +252,7 @@ Conv2dParamGrads conv2d_backward_params_onednn(const Tensor& grad_y, const Tenso
                                                const Shape& weight_shape, const Conv2dGeometry& g,
                                                bool with_bias, Conv2dParamGrads into) {
   const char* op = "conv2d_backward_params_onednn";
-  check_same_device({&grad_y, &x});
+  check_same_device(op, {&grad_y, &x});
   check_onednn_conv(op, x, weight_shape, g);
   check_input(op, x, g, "input");
   check_f32(op, grad_y, "grad_y");
@@ -260,7 +261,7 @@ Conv2dParamGrads conv2d_backward_params_onednn(const Tensor& grad_y, const Tenso
   const bool empty_input = x.numel() == 0 || grad_y.numel() == 0;
   const auto destination = [&](Tensor& t, const Shape& shape, const char* what) {
     if (t.defined()) {
-      check_same_device({&x, &t});
+      check_same_device(op, {&x, &t});
       check_f32(op, t, what);
       check_shape(op, t, shape, what, g);
       if (empty_input) ddp::fill_(t, 0.0);
@@ -283,7 +284,7 @@ Conv2dParamGrads conv2d_backward_params_onednn(const Tensor& grad_y, const Tenso
 }
 
 MaxPoolResult max_pool2d(const Tensor& x, const Conv2dGeometry& g) {
-  check_same_device({&x});
+  check_same_device("max_pool2d", {&x});
   check_f32("max_pool2d", x, "input");
   check_input("max_pool2d", x, g, "input");
   DDP_CHECK(2 * g.pad_h <= g.kernel_h && 2 * g.pad_w <= g.kernel_w,
@@ -296,7 +297,7 @@ MaxPoolResult max_pool2d(const Tensor& x, const Conv2dGeometry& g) {
 }
 
 Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Conv2dGeometry& g) {
-  check_same_device({&grad_out, &indices});
+  check_same_device("max_pool2d_backward", {&grad_out, &indices});
   check_f32("max_pool2d_backward", grad_out, "grad_out");
   check_dtype("max_pool2d_backward", indices, DType::i64, "indices");
   check_geometry("max_pool2d_backward", g);
@@ -321,9 +322,9 @@ Tensor dropout_mask(const Shape& shape, uint64_t seed, uint64_t offset, float p,
 void sgd_update_(Tensor& param, const Tensor& grad, Tensor& buf, const kernels::SgdStep& s) {
   const bool momentum = s.momentum != 0.0f;
   if (momentum) {
-    check_same_device({&param, &grad, &buf});
+    check_same_device("sgd_update_", {&param, &grad, &buf});
   } else {
-    check_same_device({&param, &grad});
+    check_same_device("sgd_update_", {&param, &grad});
   }
   check_f32("sgd_update_", param, "param");
   check_f32("sgd_update_", grad, "grad");
@@ -341,7 +342,7 @@ void sgd_update_(Tensor& param, const Tensor& grad, Tensor& buf, const kernels::
 
 void adamw_update_(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
                    const kernels::AdamWStep& s) {
-  check_same_device({&param, &grad, &m, &v});
+  check_same_device("adamw_update_", {&param, &grad, &m, &v});
   check_f32("adamw_update_", param, "param");
   check_f32("adamw_update_", grad, "grad");
   check_f32("adamw_update_", m, "m (first moment)");

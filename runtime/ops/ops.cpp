@@ -8,6 +8,9 @@
 #include "runtime/ops/kernels.h"
 #include "runtime/planted_fault.h"
 
+#include <cmath>
+#include <limits>
+
 namespace ddp {
 
 namespace ops_detail {
@@ -93,7 +96,7 @@ DimView view_along(const Tensor& x, int64_t dim, bool keepdim) {
 }
 
 Tensor binary_op(std::string_view op, kernels::BinaryOp kind, const Tensor& a, const Tensor& b) {
-  check_same_device({&a, &b});
+  check_same_device(op, {&a, &b});
   check_same_shape(op, a, b);
   check_float(op, a, "a");
   check_float(op, b, "b");
@@ -108,17 +111,24 @@ Tensor binary_op(std::string_view op, kernels::BinaryOp kind, const Tensor& a, c
 
 }  // namespace
 
-void check_same_device(std::initializer_list<const Tensor*> tensors) {
+void check_same_device(std::string_view op, std::initializer_list<const Tensor*> tensors) {
   const Tensor* first = *tensors.begin();
   for (const Tensor* t : tensors) {
-    DDP_CHECK(t->defined(), "an op received an undefined tensor");
+    DDP_CHECK(t->defined(), "{} received an undefined tensor", op.empty() ? "an op" : op);
     if (t->device() != first->device()) {
-      throw DeviceError(
-          fmt::format("Expected all tensors to be on the same device, but found at least two "
-                      "devices, {} and {}!",
-                      first->device().str(), t->device().str()));
+      throw DeviceError(fmt::format(
+          "Expected all tensors to be on the same device, but found at least two devices, {} "
+          "and {}!{}",
+          first->device().str(), t->device().str(),
+          op.empty()
+              ? std::string()
+              : fmt::format(" (in {}; move the tensors to one device with .to(device))", op)));
     }
   }
+}
+
+void check_same_device(std::initializer_list<const Tensor*> tensors) {
+  check_same_device({}, tensors);
 }
 
 void check_same_shape(std::string_view op, const Tensor& a, const Tensor& b) {
@@ -127,7 +137,7 @@ void check_same_shape(std::string_view op, const Tensor& a, const Tensor& b) {
 }
 
 void matmul_out(const Tensor& a, const Tensor& b, Tensor& out, const MatmulOptions& o) {
-  check_same_device({&a, &b, &out});
+  check_same_device("matmul_out", {&a, &b, &out});
   DDP_CHECK(a.dim() == 2 && b.dim() == 2, "matmul: both operands must be 2-D, got shapes {} and {}",
             shape_str(a.shape()), shape_str(b.shape()));
   DDP_CHECK(a.dtype() == b.dtype() && (a.dtype() == out.dtype() || out.dtype() == DType::f32),
@@ -146,7 +156,7 @@ void matmul_out(const Tensor& a, const Tensor& b, Tensor& out, const MatmulOptio
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& options) {
-  check_same_device({&a, &b});
+  check_same_device("matmul", {&a, &b});
   DDP_CHECK(a.dim() == 2 && b.dim() == 2, "matmul: both operands must be 2-D, got shapes {} and {}",
             shape_str(a.shape()), shape_str(b.shape()));
   const int64_t m = options.trans_a ? a.size(1) : a.size(0);
@@ -159,14 +169,14 @@ Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& options) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  check_same_device({&x, &weight});
+  check_same_device("linear", {&x, &weight});
   const profile::Scope op_scope("linear", x.device(), x, weight, bias);
   DDP_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1),
             "linear: input {} does not match weight {} (expected input [N, {}])",
             shape_str(x.shape()), shape_str(weight.shape()),
             weight.dim() == 2 ? weight.size(1) : 0);
   if (x.device().is_cuda() && is_16bit(x.dtype()) && weight.dtype() == x.dtype()) {
-    if (bias.defined()) check_same_device({&x, &bias});
+    if (bias.defined()) check_same_device("linear", {&x, &bias});
     Tensor out = empty({x.size(0), weight.size(0)}, {.dtype = x.dtype(), .device = x.device()});
     if (bias.defined()) {
       DDP_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0),
@@ -181,7 +191,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (!bias.defined()) return matmul(x, weight, {.trans_b = true});
   if (!is_16bit(x.dtype())) return add_bias_rows(matmul(x, weight, {.trans_b = true}), bias);
   // 16-bit: the product in f32, then the bias and the one rounding in one kernel.
-  check_same_device({&x, &bias});
+  check_same_device("linear", {&x, &bias});
   Tensor acc = empty({x.size(0), weight.size(0)}, {.dtype = DType::f32, .device = x.device()});
   matmul_out(x, weight, acc, {.trans_b = true});
   if (widen_on_cpu({&x})) return narrowed(add_bias_rows(acc, widened(bias)), x.dtype());
@@ -198,7 +208,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 
 LinearParamGrads linear_param_grads(const Tensor& grad, const Tensor& x, DType weight_dtype,
                                     bool with_bias, Tensor into) {
-  check_same_device({&grad, &x});
+  check_same_device("linear_param_grads", {&grad, &x});
   const profile::Scope op_scope("linear_param_grads", x.device(), grad, x);
   DDP_CHECK(grad.dim() == 2 && x.dim() == 2 && grad.size(0) == x.size(0),
             "linear backward: the output's gradient {} and the input {} must be [N, out] and "
@@ -206,7 +216,7 @@ LinearParamGrads linear_param_grads(const Tensor& grad, const Tensor& x, DType w
             shape_str(grad.shape()), shape_str(x.shape()));
   const int64_t out = grad.size(1), in = x.size(1);
   if (into.defined()) {
-    check_same_device({&grad, &into});
+    check_same_device("linear_param_grads", {&grad, &into});
     DDP_CHECK(into.shape() == (Shape{out, in}) && into.dtype() == weight_dtype,
               "linear backward: the weight gradient's memory is {} {}, expected {} [{}, {}]",
               dtype_name(into.dtype()), shape_str(into.shape()), dtype_name(weight_dtype), out, in);
@@ -253,7 +263,7 @@ Tensor expand_scalar(const Tensor& scalar, const Shape& shape) {
 }
 
 void axpy_(float alpha, const Tensor& x, Tensor& y) {
-  check_same_device({&x, &y});
+  check_same_device("axpy_", {&x, &y});
   check_same_shape("axpy_", x, y);
   check_f32("axpy_", x);
   check_f32("axpy_", y);
@@ -261,7 +271,7 @@ void axpy_(float alpha, const Tensor& x, Tensor& y) {
 }
 
 Tensor add_bias_rows(const Tensor& x, const Tensor& bias) {
-  check_same_device({&x, &bias});
+  check_same_device("add_bias_rows", {&x, &bias});
   check_float("add_bias_rows", x);
   DDP_CHECK(bias.dtype() == x.dtype() || bias.dtype() == DType::f32,
             "add_bias_rows: bias must have x's dtype {} or f32, got {}", dtype_name(x.dtype()),
@@ -286,7 +296,7 @@ Tensor relu(const Tensor& x) {
 }
 
 Tensor relu_backward(const Tensor& grad, const Tensor& x) {
-  check_same_device({&grad, &x});
+  check_same_device("relu_backward", {&grad, &x});
   check_same_shape("relu_backward", grad, x);
   check_float("relu_backward", grad, "grad");
   check_float("relu_backward", x);
@@ -307,7 +317,7 @@ Tensor unary(kernels::UnaryOp op, const Tensor& x) {
 }
 
 Tensor unary_backward(kernels::UnaryOp op, const Tensor& grad, const Tensor& x) {
-  check_same_device({&grad, &x});
+  check_same_device("unary_backward", {&grad, &x});
   check_same_shape("unary_backward", grad, x);
   check_float("unary_backward", x);
   DDP_CHECK(grad.dtype() == x.dtype(), "unary_backward: grad {} and input {} must share a dtype",
@@ -387,7 +397,7 @@ void check_grad_loss(std::string_view op, const Tensor& grad_loss) {
 }  // namespace
 
 CrossEntropyResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels) {
-  check_same_device({&logits, &labels});
+  check_same_device("softmax_cross_entropy", {&logits, &labels});
   check_float("cross_entropy", logits, "logits");
   check_xent_inputs("cross_entropy", logits, labels);
   DDP_CHECK(logits.size(0) > 0 && logits.size(1) > 0, "cross_entropy: empty logits {}",
@@ -405,7 +415,7 @@ CrossEntropyResult softmax_cross_entropy(const Tensor& logits, const Tensor& lab
 
 Tensor softmax_cross_entropy_backward(const Tensor& probs, const Tensor& labels,
                                       const Tensor& grad_loss) {
-  check_same_device({&probs, &labels, &grad_loss});
+  check_same_device("softmax_cross_entropy_backward", {&probs, &labels, &grad_loss});
   check_dtype("cross_entropy_backward", probs, DType::f32, "probs");
   check_xent_inputs("cross_entropy_backward", probs, labels);
   check_grad_loss("cross_entropy_backward", grad_loss);
@@ -417,7 +427,7 @@ Tensor softmax_cross_entropy_backward(const Tensor& probs, const Tensor& labels,
 Tensor softmax_cross_entropy_backward_from_logits(const Tensor& logits, const Tensor& lse,
                                                   const Tensor& labels, const Tensor& grad_loss) {
   constexpr std::string_view op = "cross_entropy_backward";
-  check_same_device({&logits, &lse, &labels, &grad_loss});
+  check_same_device(op, {&logits, &lse, &labels, &grad_loss});
   check_float(op, logits, "logits");
   check_xent_inputs(op, logits, labels);
   check_grad_loss(op, grad_loss);
@@ -432,7 +442,43 @@ Tensor softmax_cross_entropy_backward_from_logits(const Tensor& logits, const Te
   return out;
 }
 
+namespace {
+// torch's checked conversion of a fill value (c10::checked_convert, "value cannot be
+// converted to type uint8_t without overflow"): a value outside the dtype's range is
+// refused, not converted (a double out of an integer's range converts undefined: 300
+// became 44 in u8, 3e9 -2147483648 in i32). Infinities and NaN fill the float dtypes;
+// a fraction truncates toward zero in the integer ones, as torch's.
+void check_fill_value(const Tensor& t, double value) {
+  const DType d = t.dtype();
+  if (is_floating(d)) {
+    const double max = d == DType::f32    ? static_cast<double>(std::numeric_limits<float>::max())
+                       : d == DType::bf16 ? 3.3895313892515355e38  // bf16 0x7f7f
+                                          : 65504.0;               // f16 0x7bff
+    DDP_CHECK(!std::isfinite(value) || std::fabs(value) <= max,
+              "fill: value {} is out of the range of {} (-{} to {}, or inf, -inf, nan) for a "
+              "tensor of shape {}; {}",
+              value, dtype_name(d), max, max, shape_str(t.shape()),
+              d == DType::f32 ? "use a value in range" : "use f32 or a value in range");
+    return;
+  }
+  // Bounds the truncated value must lie strictly within (exact in double).
+  double below = -1.0, above = 256.0;  // u8
+  const char* range = "0 to 255";
+  if (d == DType::i32) {
+    below = -2147483649.0, above = 2147483648.0, range = "-2147483648 to 2147483647";
+  } else if (d == DType::i64) {  // the doubles next to -2^63 (exclusive) and 2^63
+    below = -9223372036854777856.0, above = 9223372036854775808.0;
+    range = "-9223372036854775808 to 9223372036854775807";
+  }
+  DDP_CHECK(value > below && value < above,
+            "fill: value {} is out of the range of {} ({}) for a tensor of shape {}; use a wider "
+            "dtype or a value in range",
+            value, dtype_name(d), range, shape_str(t.shape()));
+}
+}  // namespace
+
 void fill_(Tensor& t, double value) {
+  check_fill_value(t, value);
   if (t.numel() == 0) return;
   DDP_DISPATCH(t.device(), fill, t, value);
 }

@@ -18,7 +18,10 @@
 namespace ddp {
 
 // Throws DeviceError: "Expected all tensors to be on the same device, but found at
-// least two devices, cuda:0 and cpu!" (the first tensor's device first).
+// least two devices, cuda:0 and cpu!" (the first tensor's device first), followed by
+// the op when one is named, as torch names the method: " (in matmul; move the
+// tensors to one device with .to(device))".
+void check_same_device(std::string_view op, std::initializer_list<const Tensor*> tensors);
 void check_same_device(std::initializer_list<const Tensor*> tensors);
 // Throws ValueError naming op and shapes unless a.shape() == b.shape().
 void check_same_shape(std::string_view op, const Tensor& a, const Tensor& b);

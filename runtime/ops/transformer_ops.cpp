@@ -67,7 +67,7 @@ void check_norm_dtype(std::string_view op, DType out_dtype) {
 
 Tensor softmax_any(const Tensor& x, bool log) {
   const char* op = log ? "log_softmax" : "softmax";
-  check_same_device({&x});
+  check_same_device(op, {&x});
   check_f32(op, x, "input");
   check_last_dim(op, x);
   Tensor out = like(x);
@@ -77,7 +77,7 @@ Tensor softmax_any(const Tensor& x, bool log) {
 
 Tensor softmax_backward_any(const Tensor& grad, const Tensor& y, bool log) {
   const char* op = log ? "log_softmax_backward" : "softmax_backward";
-  check_same_device({&grad, &y});
+  check_same_device(op, {&grad, &y});
   check_f32(op, grad, "grad");
   check_f32(op, y, "output");
   check_same_shape(op, grad, y);
@@ -90,7 +90,7 @@ Tensor softmax_backward_any(const Tensor& grad, const Tensor& y, bool log) {
 }  // namespace
 
 Tensor gelu(const Tensor& x) {
-  check_same_device({&x});
+  check_same_device("gelu", {&x});
   check_float("gelu", x);
   if (widen_on_cpu({&x})) return narrowed(gelu(widened(x)), x.dtype());
   Tensor out = like(x);
@@ -99,7 +99,7 @@ Tensor gelu(const Tensor& x) {
 }
 
 Tensor gelu_backward(const Tensor& grad, const Tensor& x) {
-  check_same_device({&grad, &x});
+  check_same_device("gelu_backward", {&grad, &x});
   check_float("gelu_backward", grad, "grad");
   check_float("gelu_backward", x);
   check_same_shape("gelu_backward", grad, x);
@@ -132,7 +132,7 @@ bool gelu_epilogue_fits(std::initializer_list<const Tensor*> ts) {
 }  // namespace
 
 LinearGelu linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  check_same_device({&x, &weight, &bias});
+  check_same_device("linear_gelu", {&x, &weight, &bias});
   const profile::Scope op_scope("linear_gelu", x.device(), x, weight, bias);
   DDP_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1) && bias.dim() == 1 &&
                 bias.size(0) == weight.size(0),
@@ -152,7 +152,7 @@ LinearGelu linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias
 }
 
 Tensor linear_input_grad_gelu(const Tensor& grad, const Tensor& weight, const Tensor& pre) {
-  check_same_device({&grad, &weight, &pre});
+  check_same_device("linear_input_grad_gelu", {&grad, &weight, &pre});
   const profile::Scope op_scope("linear_input_grad_gelu", grad.device(), grad, weight, pre);
   DDP_CHECK(grad.dim() == 2 && weight.dim() == 2 && pre.dim() == 2 &&
                 grad.size(1) == weight.size(0) && pre.size(0) == grad.size(0) &&
@@ -172,7 +172,7 @@ Tensor linear_input_grad_gelu(const Tensor& grad, const Tensor& weight, const Te
 
 LayerNormResult layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                            DType out_dtype) {
-  check_same_device({&x, &weight, &bias});
+  check_same_device("layer_norm", {&x, &weight, &bias});
   check_float("layer_norm", x);
   check_norm_dtype("layer_norm", out_dtype);
   if (is_16bit(x.dtype())) {  // statistics in f32, as autocast computes layer_norm
@@ -195,7 +195,7 @@ LayerNormResult layer_norm(const Tensor& x, const Tensor& weight, const Tensor& 
 AddLayerNormResult add_layer_norm(const Tensor& x, const Tensor& y, const Tensor& weight,
                                   const Tensor& bias, float eps, DType out_dtype) {
   constexpr std::string_view op = "add_layer_norm";
-  check_same_device({&x, &y, &weight, &bias});
+  check_same_device(op, {&x, &y, &weight, &bias});
   check_float(op, x, "x");
   check_float(op, y, "y");
   check_same_shape(op, x, y);
@@ -227,7 +227,7 @@ AddLayerNormResult add_layer_norm(const Tensor& x, const Tensor& y, const Tensor
 LayerNormGrads layer_norm_backward(const Tensor& grad, const Tensor& x,
                                    const LayerNormResult& saved, const Tensor& weight,
                                    const Tensor& into_x) {
-  check_same_device({&grad, &x, &saved.mean, &saved.rstd, &weight});
+  check_same_device("layer_norm_backward", {&grad, &x, &saved.mean, &saved.rstd, &weight});
   check_float("layer_norm_backward", grad, "grad");
   if (is_16bit(x.dtype())) {  // the forward widened it: so does the backward
     LayerNormGrads g = layer_norm_backward(grad, widened(x), saved, weight);
@@ -249,7 +249,7 @@ LayerNormGrads layer_norm_backward(const Tensor& grad, const Tensor& x,
   }
   const bool accumulate = into_x.defined();
   if (accumulate) {
-    check_same_device({&x, &into_x});
+    check_same_device("layer_norm_backward", {&x, &into_x});
     DDP_CHECK(into_x.dtype() == DType::f32 && into_x.shape() == x.shape(),
               "layer_norm_backward: the gradient to add into is {} {}, expected f32 {} (x's)",
               dtype_name(into_x.dtype()), shape_str(into_x.shape()), shape_str(x.shape()));
@@ -279,7 +279,7 @@ LayerNormGrads layer_norm_backward(const Tensor& grad, const Tensor& x,
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
-  check_same_device({&weight, &indices});
+  check_same_device("embedding", {&weight, &indices});
   check_f32("embedding", weight, "weight");
   check_dtype("embedding", indices, DType::i64, "indices");
   DDP_CHECK(weight.dim() == 2, "embedding: weight must be a table [V, d], got shape {}",
@@ -296,7 +296,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
 }
 
 Tensor embedding_backward(const Tensor& grad, const Tensor& indices, int64_t num_rows) {
-  check_same_device({&grad, &indices});
+  check_same_device("embedding_backward", {&grad, &indices});
   check_f32("embedding_backward", grad, "grad");
   check_dtype("embedding_backward", indices, DType::i64, "indices");
   DDP_CHECK(grad.dim() == indices.dim() + 1 &&
@@ -328,7 +328,7 @@ Tensor log_softmax_backward(const Tensor& grad, const Tensor& y) {
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b, const BmmOptions& o) {
-  check_same_device({&a, &b});
+  check_same_device("bmm", {&a, &b});
   check_float("bmm", a, "a");
   check_float("bmm", b, "b");
   DDP_CHECK(a.dtype() == b.dtype(), "bmm: a {} and b {} must share a dtype", dtype_name(a.dtype()),
@@ -354,7 +354,7 @@ Tensor bmm(const Tensor& a, const Tensor& b, const BmmOptions& o) {
 }
 
 Tensor causal_softmax(const Tensor& x) {
-  check_same_device({&x});
+  check_same_device("causal_softmax", {&x});
   check_f32("causal_softmax", x, "input");
   DDP_CHECK(x.dim() >= 2 && x.size(-1) == x.size(-2) && x.size(-1) >= 1,
             "causal_softmax: expects square attention scores [..., T, T] with T >= 1, got shape "
@@ -407,7 +407,7 @@ bool fused_asked(const Tensor& qkv, AttentionPath path) {
 }  // namespace
 
 AttentionResult causal_self_attention(const Tensor& qkv, int64_t heads, AttentionPath path) {
-  check_same_device({&qkv});
+  check_same_device("causal_self_attention", {&qkv});
   const profile::Scope op_scope("causal_self_attention", qkv.device(), qkv);
   const int64_t c = attention_width(qkv, heads), b = qkv.size(0), t = qkv.size(1);
   if (fused_asked(qkv, path) && qkv.numel() > 0) {  // Note [fused attention]
@@ -441,7 +441,7 @@ AttentionResult causal_self_attention(const Tensor& qkv, int64_t heads, Attentio
 Tensor causal_self_attention_backward(const Tensor& grad_y, const Tensor& qkv,
                                       const AttentionResult& forward, int64_t heads) {
   if (!forward.fused()) return causal_self_attention_backward(grad_y, qkv, forward.probs, heads);
-  check_same_device({&grad_y, &qkv, &forward.y, &forward.stats});
+  check_same_device("causal_self_attention_backward", {&grad_y, &qkv, &forward.y, &forward.stats});
   const profile::Scope op_scope("causal_self_attention_backward", qkv.device(), grad_y, qkv);
   const int64_t c = attention_width(qkv, heads), b = qkv.size(0), t = qkv.size(1);
   DDP_CHECK(grad_y.shape() == Shape({b, t, c}) && forward.y.shape() == Shape({b, t, c}) &&
@@ -478,7 +478,7 @@ Tensor causal_self_attention_backward(const Tensor& grad_y, const Tensor& qkv, c
   DDP_CHECK(probs.defined(),
             "causal_self_attention_backward: probs is undefined, as in a fused forward's result "
             "(Note [fused attention]); pass the whole AttentionResult instead");
-  check_same_device({&grad_y, &qkv, &probs});
+  check_same_device("causal_self_attention_backward", {&grad_y, &qkv, &probs});
   const profile::Scope op_scope("causal_self_attention_backward", qkv.device(), grad_y, qkv);
   const int64_t c = attention_width(qkv, heads), b = qkv.size(0), t = qkv.size(1);
   DDP_CHECK(grad_y.shape() == Shape({b, t, c}) && probs.shape() == Shape({b, heads, t, t}),
@@ -504,7 +504,7 @@ Tensor causal_self_attention_backward(const Tensor& grad_y, const Tensor& qkv, c
 }
 
 Tensor sum_squares(const Tensor& x) {
-  check_same_device({&x});
+  check_same_device("sum_squares", {&x});
   check_f32("sum_squares", x, "input");
   Tensor out = empty({}, {.device = x.device()});
   if (x.numel() == 0) {

@@ -158,6 +158,30 @@ TEST(Autograd, Conv2dPathFollowsDdpOnednn) {
   }
 }
 
+// Note [virtual cpu devices]: a convolution on cpu:1 runs there, forward and backward,
+// on either CPU path (unit.conv2d_without_onednn runs this with DDP_ONEDNN=0, where the
+// per-image path made its helper tensors on cpu and refused the mix), and gives cpu's
+// values; so does an input without channels (oneDNN's path adds the bias alone).
+TEST(Autograd, Conv2dOnAVirtualCpuDevice) {
+  setenv("DDP_VIRTUAL_CPU_DEVICES", "2", 1);
+  const Device cpu1{DeviceType::cpu, 1};
+  for (const int64_t c : {int64_t{3}, int64_t{0}}) {
+    const Tensor x = randn({2, c, 5, 5}, 60), w = randn({4, c, 3, 3}, 61), b = randn({4}, 62);
+    Tensor x1 = leaf(x.to(cpu1)), w1 = leaf(w.to(cpu1)), b1 = leaf(b.to(cpu1));
+    const Tensor y1 = F::conv2d(x1, w1, b1, {.stride = 1, .padding = 1});
+    EXPECT_EQ(y1.device(), cpu1);
+    backward(F::sum(y1));
+    for (const Tensor* g : {&x1, &w1, &b1}) EXPECT_EQ(grad(*g).device(), cpu1);
+    Tensor x0 = leaf(x), w0 = leaf(w), b0 = leaf(b);
+    const Tensor y0 = F::conv2d(x0, w0, b0, {.stride = 1, .padding = 1});
+    backward(F::sum(y0));
+    EXPECT_EQ(y1.to_vector<float>(), y0.to_vector<float>());
+    EXPECT_EQ(grad(w1).to_vector<float>(), grad(w0).to_vector<float>());
+    EXPECT_EQ(grad(b1).to_vector<float>(), grad(b0).to_vector<float>());
+  }
+  unsetenv("DDP_VIRTUAL_CPU_DEVICES");
+}
+
 // Note [conv per image]: the forward against the definition, in double, for odd
 // sizes, strides, padding, with and without bias; an empty batch has zero gradients.
 TEST(Autograd, Conv2dForwardIsTheDirectConvolution) {
@@ -198,6 +222,19 @@ TEST(Autograd, Conv2dForwardIsTheDirectConvolution) {
   backward(F::sum(F::conv2d(empty_x, wl, bl, {1, 1})));
   for (float g : grad(wl).to_vector<float>()) EXPECT_EQ(g, 0.0f);
   for (float g : grad(bl).to_vector<float>()) EXPECT_EQ(g, 0.0f);
+}
+
+// A convolution with no output channels gives [N, 0, H', W'] and zero gradients, as
+// torch's; the im2col paths (DDP_ONEDNN=0 on the CPU, and CUDA) divided by C_out
+// (SIGFPE). unit.conv2d_without_onednn runs this without oneDNN.
+TEST(Autograd, Conv2dWithoutOutputChannels) {
+  Tensor x = leaf(randn({2, 3, 5, 5}, 63)), w = leaf(zeros({0, 3, 3, 3})), b = leaf(zeros({0}));
+  const Tensor y = F::conv2d(x, w, b);
+  EXPECT_EQ(y.shape(), (Shape{2, 0, 3, 3}));
+  backward(F::sum(y));
+  EXPECT_EQ(grad(x).to_vector<float>(), std::vector<float>(2 * 3 * 5 * 5, 0.0f));
+  EXPECT_EQ(grad(w).shape(), w.shape());
+  EXPECT_EQ(grad(b).shape(), b.shape());
 }
 
 TEST(Autograd, MaxPool) {
@@ -302,6 +339,34 @@ TEST(Autograd, NonScalarRootNeedsAGradient) {
   for (float g : grad(w).to_vector<float>()) EXPECT_EQ(g, 2.0f);
   Tensor i = from_vector<int64_t>({1}, {1});
   EXPECT_THROW(set_requires_grad(i, true), ValueError);
+}
+
+// torch refuses a gradient for backward of another shape ("Mismatch in shape") or on
+// another device ("invalid gradient at index 0 - expected device"), and casts one of
+// another dtype. Before, the device mismatch put a cpu:1 .grad on a cpu parameter and
+// the shape mismatch surfaced as an InternalError ("a bug in ddp").
+TEST(Autograd, GradRootMustMatchItsTensor) {
+  setenv("DDP_VIRTUAL_CPU_DEVICES", "2", 1);
+  const Device cpu1{DeviceType::cpu, 1};
+  Tensor w = leaf(randn({2}, 25));
+  try {
+    backward(F::scale(w, 2.0f), ones({2}, {.device = cpu1}));
+    ADD_FAILURE() << "a gradient on cpu:1 for a root on cpu was taken";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("grad_root is on cpu:1"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(grad(w).defined());
+  try {
+    backward(F::scale(w, 2.0f), ones({3}));
+    ADD_FAILURE() << "a gradient of shape [3] for a root of shape [2] was taken";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("grad_root has shape [3]"), std::string::npos) << e.what();
+  }
+  unsetenv("DDP_VIRTUAL_CPU_DEVICES");
+  backward(F::scale(w, 2.0f), ones({2}, {.dtype = DType::bf16}));
+  EXPECT_EQ(grad(w).dtype(), DType::f32);
+  EXPECT_EQ(grad(w).device(), w.device());
+  for (float g : grad(w).to_vector<float>()) EXPECT_EQ(g, 2.0f);
 }
 
 }  // namespace

@@ -167,9 +167,16 @@ TEST(Device, DdpDeviceOverridesDefault) {
       EXPECT_NE(std::string(e.what()).find("DDP_DEVICE=cuda:99"), std::string::npos) << e.what();
     }
   }
-  {
-    EnvGuard g("DDP_DEVICE", "tpu");
-    EXPECT_THROW(default_device(), ValueError);
+  for (const char* bad : {"tpu", "gpu", "cuda:", "cpu:-1"}) {
+    EnvGuard g("DDP_DEVICE", bad);
+    try {
+      default_device();
+      ADD_FAILURE() << "no error for DDP_DEVICE=" << bad;
+    } catch (const ValueError& e) {  // names the variable, not only the text
+      EXPECT_NE(std::string(e.what()).find(std::string("DDP_DEVICE=") + bad + ": invalid device"),
+                std::string::npos)
+          << e.what();
+    }
   }
 }
 

@@ -541,17 +541,23 @@ TEST(NnOps, MixedDevicesUsePyTorchsMessage) {
   float fake[64] = {};
   const Tensor gpu = from_blob(fake, {1, 1, 4, 4}, {.device = Device::cuda(0)});
   const Tensor cpu = randn({1, 1, 4, 4}, 1);
-  const std::string expected =
-      "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and "
-      "cpu!";
+  // PyTorch's sentence, then the op (as torch names the method) and the fix.
+  const auto expected = [](const char* op) {
+    return fmt::format(
+        "Expected all tensors to be on the same device, but found at least two devices, cuda:0 "
+        "and cpu! (in {}; move the tensors to one device with .to(device))",
+        op);
+  };
   const Conv2dGeometry pool = conv_geometry(cpu, 2, 2, 0);
   const Tensor indices = zeros({1, 1, 2, 2}, {.dtype = DType::i64});
   const Tensor gpu_grad = from_blob(fake, {1, 1, 2, 2}, {.device = Device::cuda(0)});
   EXPECT_EQ(message_of<DeviceError>([&] { max_pool2d_backward(gpu_grad, indices, pool); }),
-            expected);
+            expected("max_pool2d_backward"));
   Tensor gpu_param = gpu, buf = zeros({1, 1, 4, 4}), m = zeros({1, 1, 4, 4});
-  EXPECT_EQ(message_of<DeviceError>([&] { sgd_update_(gpu_param, cpu, buf, {}); }), expected);
-  EXPECT_EQ(message_of<DeviceError>([&] { adamw_update_(gpu_param, cpu, m, buf, {}); }), expected);
+  EXPECT_EQ(message_of<DeviceError>([&] { sgd_update_(gpu_param, cpu, buf, {}); }),
+            expected("sgd_update_"));
+  EXPECT_EQ(message_of<DeviceError>([&] { adamw_update_(gpu_param, cpu, m, buf, {}); }),
+            expected("adamw_update_"));
 }
 
 }  // namespace

@@ -307,6 +307,40 @@ TEST(Ops, CrossEntropyRejectsBadLabels) {
   EXPECT_THROW(softmax_cross_entropy(logits, from_vector<int32_t>({0, 1}, {2})), ValueError);
 }
 
+// torch refuses a fill value outside the dtype ("value cannot be converted to type
+// uint8_t without overflow"); converting it was undefined and wrapped silently
+// (300 -> 44 in u8, 3e9 -> -2147483648 in i32, nan -> INT64_MIN in i64).
+TEST(Ops, FillValuesOutsideTheDtypeAreRefused) {
+  const auto refused = [](double value, DType dtype) {
+    try {
+      full({2}, value, {.dtype = dtype});
+    } catch (const ValueError& e) {
+      return std::string(e.what()).find(fmt::format("out of the range of {}", dtype_name(dtype))) !=
+             std::string::npos;
+    }
+    return false;
+  };
+  EXPECT_TRUE(refused(300.0, DType::u8));
+  EXPECT_TRUE(refused(-1.0, DType::u8));
+  EXPECT_TRUE(refused(3e9, DType::i32));
+  EXPECT_TRUE(refused(std::nan(""), DType::i64));
+  EXPECT_TRUE(refused(INFINITY, DType::i32));
+  EXPECT_TRUE(refused(9223372036854775808.0, DType::i64));
+  EXPECT_TRUE(refused(1e39, DType::f32));
+  EXPECT_TRUE(refused(70000.0, DType::f16));
+  EXPECT_TRUE(refused(-3.4e38, DType::bf16));
+  Tensor t = zeros({2}, {.dtype = DType::u8});
+  EXPECT_THROW(fill_(t, 256.0), ValueError);
+  // The edges and the specials of the float dtypes still fill.
+  EXPECT_EQ(full({1}, 255.0, {.dtype = DType::u8}).item<uint8_t>(), 255);
+  EXPECT_EQ(full({1}, -2147483648.0, {.dtype = DType::i32}).item<int32_t>(), INT32_MIN);
+  EXPECT_EQ(full({1}, -9223372036854775808.0, {.dtype = DType::i64}).item<int64_t>(), INT64_MIN);
+  EXPECT_EQ(full({1}, 2.9, {.dtype = DType::i32}).item<int32_t>(), 2);
+  EXPECT_EQ(full({1}, 65504.0, {.dtype = DType::f16}).item_double(), 65504.0);
+  EXPECT_TRUE(std::isinf(full({1}, -INFINITY, {.dtype = DType::bf16}).item_double()));
+  EXPECT_TRUE(std::isnan(full({1}, std::nan("")).item<float>()));
+}
+
 TEST(Ops, CastsRoundTrip) {
   const Tensor x = randn({100}, 16);
   const auto v = x.to_vector<float>();
@@ -330,9 +364,13 @@ TEST(Ops, DeviceMismatchUsesPyTorchsMessage) {
   float fake[4] = {};
   const Tensor gpu = from_blob(fake, {4}, {.device = Device::cuda(0)});
   const Tensor cpu = randn({4}, 1);
-  const std::string expected =
-      "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and "
-      "cpu!";
+  // PyTorch's sentence, then the op (as torch names the method) and the fix.
+  const auto expected = [](const char* devices, const char* op) {
+    return fmt::format(
+        "Expected all tensors to be on the same device, but found at least two devices, {}! (in "
+        "{}; move the tensors to one device with .to(device))",
+        devices, op);
+  };
   auto message = [](auto&& fn) {
     try {
       fn();
@@ -341,14 +379,21 @@ TEST(Ops, DeviceMismatchUsesPyTorchsMessage) {
     }
     return std::string("no DeviceError");
   };
-  EXPECT_EQ(message([&] { add(gpu, cpu); }), expected);
-  EXPECT_EQ(message([&] { mul(gpu, cpu); }), expected);
-  EXPECT_EQ(message([&] { matmul(gpu.reshape({2, 2}), cpu.reshape({2, 2})); }), expected);
-  EXPECT_EQ(message([&] { relu_backward(gpu, cpu); }), expected);
-  EXPECT_EQ(
-      message([&] { add(cpu, gpu); }),
-      "Expected all tensors to be on the same device, but found at least two devices, cpu and "
-      "cuda:0!");
+  EXPECT_EQ(message([&] { add(gpu, cpu); }), expected("cuda:0 and cpu", "add"));
+  EXPECT_EQ(message([&] { mul(gpu, cpu); }), expected("cuda:0 and cpu", "mul"));
+  EXPECT_EQ(message([&] {
+              matmul(gpu.reshape({2, 2}), cpu.reshape({2, 2}));
+            }),
+            expected("cuda:0 and cpu", "matmul"));
+  EXPECT_EQ(message([&] { relu_backward(gpu, cpu); }), expected("cuda:0 and cpu", "relu_backward"));
+  EXPECT_EQ(message([&] { add(cpu, gpu); }), expected("cpu and cuda:0", "add"));
+  int64_t fake_labels[2] = {};
+  const Tensor gpu_labels =
+      from_blob(fake_labels, {2}, {.dtype = DType::i64, .device = Device::cuda(0)});
+  EXPECT_EQ(message([&] {
+              softmax_cross_entropy(cpu.reshape({2, 2}), gpu_labels);
+            }),
+            expected("cpu and cuda:0", "softmax_cross_entropy"));
   const Tensor a = randn({2}, 1), b = randn({2}, 2);
   EXPECT_NO_THROW(check_same_device({&a, &b}));
 }
