@@ -20,6 +20,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <random>
 #include <thread>
@@ -176,13 +177,21 @@ GroupSpec make_spec(const LaunchOptions& o, const std::string& program_path, int
 GroupResult wait_for_other_nodes(Rendezvous& rendezvous, bool ranks_left) {
   rendezvous.publish_done();
   while (!rendezvous.all_done()) {
-    if (const int sig = SignalPipe::stop_signal()) throw Interrupted(sig);
+    if (const int sig = SignalPipe::stop_signal()) {
+      // Note [a node interrupted]: this node's ranks succeeded, but node 0's store
+      // goes with node 0's ddprun.
+      if (!rendezvous.authority()) throw Interrupted(sig);
+      say(Interrupted(sig).what());
+      rendezvous.publish_interrupt(sig);
+      return {Outcome::interrupted, 128 + sig};
+    }
     if (auto failure = rendezvous.remote_failure()) {
       say(fmt::format("this node's {}, but the group failed: {}",
                       ranks_left ? "ranks are done (some left the group)" : "ranks succeeded",
                       failure->what));
       return {Outcome::remote_failed, failure->exit_code};
     }
+    rendezvous.heartbeat();  // Note [a node gone]: node 0 waits for this node's ranks too
     std::this_thread::sleep_for(milliseconds(100));
   }
   return {Outcome::success, 0};
@@ -230,16 +239,33 @@ int run_attempts(const LaunchOptions& o, const std::string& program_path, int np
     // it was a lost store to them (exit 1 after the last attempt, the summary's
     // "lost the rendezvous store" before a restart), not the failing rank's code.
     // Before a restart this costs nothing: the next rendezvous waits for them anyway.
-    const bool failed = result.outcome != Outcome::success && SignalPipe::stop_signal() == 0 &&
-                        o.on_failure != "continue";
+    // Signalled, node 0 waits too (Note [a node interrupted]): a second signal ends it.
+    const bool failed = result.outcome != Outcome::success && o.on_failure != "continue";
     if (failed) {
+      std::function<bool()> stop;  // by default, ddprun's signal ends the wait
+      if (SignalPipe::stop_signal() != 0) {
+        signals.drain();  // the signal that ended the attempt; a second one ends the wait
+        stop = [&signals] {
+          for (const int sig : signals.drain()) {
+            if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) return true;
+          }
+          return false;
+        };
+      }
       rendezvous.wait_for_others_to_leave(
           std::chrono::milliseconds(static_cast<int64_t>(o.grace_period_s * 1000)) +
-          std::chrono::seconds(5));
+              std::chrono::seconds(5),
+          stop);
     }
+    const bool interrupted_elsewhere = failed && rendezvous.interrupted_elsewhere();
     rendezvous.end_attempt();
     if (result.outcome == Outcome::success) return 0;
     if (SignalPipe::stop_signal() != 0) return result.exit_code;  // never restart then
+    if (interrupted_elsewhere) {
+      if (restart < o.max_restarts)
+        say("no restart: another node's ddprun was stopped by a signal, and it never restarts");
+      return result.exit_code;
+    }
     // Under continue, --max-restarts counts replacements; a group that ended is not restarted.
     if (o.on_failure == "continue") return result.exit_code;
     if (restart >= o.max_restarts) {

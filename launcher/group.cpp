@@ -373,6 +373,8 @@ void Watcher::handle_signals() {
     }
     if (stop_signal_ == 0) {
       stop_signal_ = sig;
+      // Note [a node interrupted]: before the ranks die under the other nodes' ranks.
+      rendezvous_.publish_interrupt(sig);
       stop_all(sig, fmt::format("got {}", signal_name(sig)));
     } else if (!killed_) {
       say(fmt::format("got {} again: SIGKILL to every rank now", signal_name(sig)));

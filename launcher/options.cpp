@@ -75,10 +75,10 @@ failures:
                         failed rank's exit status, naming --min-ranks) when
                         fewer than K ranks would be left; those ranks first
                         write --save where the group stands (default 1)
-  --node-timeout S      with --on-failure continue and --nnodes > 1: node 0
-                        takes a node whose ddprun sent no heartbeat for S
-                        seconds out of the group with its ranks (default 15;
-                        an agent that exits or dies is seen at once)
+  --node-timeout S      with --nnodes > 1: node 0 takes a node whose ddprun
+                        sent no heartbeat for S seconds out of the group with
+                        its ranks (--on-failure continue), or ends the attempt
+                        (default 15; an agent that exits or dies is seen at once)
   --grace-period S      seconds between SIGTERM and SIGKILL when the group is
                         stopped (default 10)
   --stopped-timeout S   a rank stopped (SIGSTOP, SIGTSTP) for S seconds ends
@@ -333,10 +333,10 @@ void validate_on_failure(const LaunchOptions& o) {
             "--node-timeout {}: must be at least 1 second (a node's ddprun beats 8 times per "
             "timeout, at most once a second)",
             o.node_timeout_s);
-  DDP_CHECK(!o.node_timeout_given || (f == "continue" && o.nnodes > 1),
-            "--node-timeout {:g} takes a node out of the group, which needs --nnodes > 1 and "
-            "--on-failure continue (given: --nnodes {}, --on-failure {}); drop it",
-            o.node_timeout_s, o.nnodes, f);
+  DDP_CHECK(!o.node_timeout_given || o.nnodes > 1,
+            "--node-timeout {:g} takes a node out of the group, which needs --nnodes > 1 "
+            "(given: --nnodes {}); drop it",
+            o.node_timeout_s, o.nnodes);
   if (!o.rdzv_backup_host.empty()) {  // Note [store backup]
     DDP_CHECK(f == "continue" && o.nnodes > 1,
               "--rdzv-backup keeps the group going when node 0 is lost, which needs --nnodes > 1 "

@@ -101,6 +101,7 @@ void Rendezvous::end_attempt() {
   server_.reset();  // stops it: Note [one store per attempt]
   backup_server_.reset();
   store_lost_ = false;
+  beats_.clear();  // the next attempt's store counts from 0
 }
 
 // Node 0 (Note [two stores]).
@@ -346,6 +347,31 @@ void Rendezvous::publish_failure(const GroupFailure& failure) {
   }
 }
 
+void Rendezvous::publish_interrupt(int sig) {
+  // Under --on-failure continue the node leaves with its ranks (Note [nodes lost]).
+  if (!multi_node() || options_.elastic || !store_ || store_lost_) return;
+  try {
+    store_->set("final", std::to_string(options_.node_rank));
+  } catch (const StoreError&) {
+    store_lost_ = true;
+    return;
+  }
+  publish_failure({.node = options_.node_rank,
+                   .exit_code = 128 + sig,
+                   .what = fmt::format("node {}'s ddprun got {}: the job ends, without a restart",
+                                       options_.node_rank, signal_name(sig))});
+}
+
+bool Rendezvous::interrupted_elsewhere() {
+  if (final_ || !multi_node() || !store_ || store_lost_) return final_;
+  try {
+    final_ = store_->check({"final"});
+  } catch (const StoreError&) {
+    store_lost_ = true;
+  }
+  return final_;
+}
+
 int64_t Rendezvous::publish_hang() {
   if (!multi_node() || !store_ || store_lost_) return 0;
   try {
@@ -371,7 +397,7 @@ std::optional<GroupFailure> Rendezvous::remote_failure() {
   if (store_lost_)
     return GroupFailure{0, 1, fmt::format("lost the rendezvous store at {}", endpoint())};
   try {
-    if (!store_->check({"failed"})) return std::nullopt;
+    if (!store_->check({"failed"})) return gone_node();
     const std::string value = store_->get_string("failed");
     GroupFailure f;
     char what[512] = {};
@@ -380,6 +406,8 @@ std::optional<GroupFailure> Rendezvous::remote_failure() {
     }
     f.what = what;
     if (f.node == options_.node_rank) return std::nullopt;  // our own
+    // Set before the failure it ends with: read now, the store may be gone later.
+    final_ = final_ || store_->check({"final"});
     return f;
   } catch (const StoreError& e) {
     store_lost_ = true;
@@ -388,6 +416,47 @@ std::optional<GroupFailure> Rendezvous::remote_failure() {
                                     "is unreachable): {}",
                                     endpoint(), e.what())};
   }
+}
+
+// Note [a node gone]: node 0, without --on-failure continue (there Note [nodes
+// lost] applies): a node whose ddprun closed its connection to the store before its
+// ranks finished, and said nothing (killed, its ranks dying with it; or it lost the
+// store itself), or that sent no heartbeat for --node-timeout (stopped, its machine
+// or the network down), would never write done/<r>, and node 0 would wait for it
+// for ever (wait_for_other_nodes in agent.cpp). Its loss is the group's failure:
+// published, so that every node ends the attempt (and restarts, when it may: the
+// next rendezvous waits --rdzv-timeout for that node and names it).
+std::optional<GroupFailure> Rendezvous::gone_node() {
+  if (!authority_ || options_.elastic) return std::nullopt;
+  const auto now = Clock::now();
+  beats_.resize(static_cast<size_t>(options_.nnodes), Beat{.value = -1, .since = now});
+  for (int r = 1; r < options_.nnodes; ++r) {
+    const auto i = static_cast<size_t>(r);
+    if (r == options_.node_rank || store_->check({fmt::format("done/{}", r)})) continue;
+    std::string why;
+    if (store_->check({fmt::format("node/{}/closed", r)})) {
+      why =
+          "left before its ranks finished: it exited or was killed (its ranks die with it), or "
+          "lost its connection to the store";
+    } else if (const int64_t beat = store_->add(fmt::format("node/{}/beat", r), 0);
+               beat != beats_[i].value) {
+      beats_[i] = {.value = beat, .since = now};
+    } else if (now - beats_[i].since >= options_.node_timeout) {
+      why = fmt::format(
+          "sent no heartbeat for {:g} s (--node-timeout): it is stopped, or its machine or the "
+          "network is down",
+          seconds(options_.node_timeout));
+    }
+    if (why.empty()) continue;
+    // Lost: the exit barrier does not wait for it (wait_for_others_to_leave).
+    store_->set(fmt::format("node/{}/lost", r), why);
+    // As node r would have published it ("<exit code> <node> <text>"), unless a
+    // failure came first: remote_failure() returns the group's first.
+    const std::string value = fmt::format("1 {} node {}'s ddprun {}", r, r, why);
+    store_->compare_set("failed", {}, Bytes(value.begin(), value.end()));
+    return remote_failure();
+  }
+  return std::nullopt;
 }
 
 void Rendezvous::publish_done() {
@@ -544,7 +613,7 @@ bool Rendezvous::take_over(std::string& why) {
 }
 
 void Rendezvous::heartbeat() {
-  if (!multi_node() || !options_.elastic || !store_ || store_lost_) return;
+  if (!multi_node() || !store_ || store_lost_) return;  // Note [nodes lost], Note [a node gone]
   const auto now = Clock::now();
   if (now < next_beat_) return;
   // At least 8 beats per --node-timeout (at most one a second), so that a beat
@@ -589,7 +658,7 @@ std::vector<LostNode> Rendezvous::find_lost_nodes() {
   return out;
 }
 
-void Rendezvous::wait_for_others_to_leave(milliseconds timeout) {
+void Rendezvous::wait_for_others_to_leave(milliseconds timeout, const std::function<bool()>& stop) {
   if (!multi_node() || !store_ || !authority_ || store_lost_) return;
   const auto deadline = Clock::now() + timeout;
   // Gone, not done: a node that finished waits in wait_for_other_nodes and must
@@ -601,7 +670,7 @@ void Rendezvous::wait_for_others_to_leave(milliseconds timeout) {
   try {
     for (int r = 0; r < options_.nnodes && Clock::now() < deadline; ++r) {
       if (r == options_.node_rank) continue;
-      while (!gone(r) && Clock::now() < deadline && SignalPipe::stop_signal() == 0)
+      while (!gone(r) && Clock::now() < deadline && !(stop ? stop() : SignalPipe::stop_signal()))
         std::this_thread::sleep_for(kPollInterval);
     }
   } catch (const StoreError&) {

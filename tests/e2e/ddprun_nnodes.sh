@@ -101,6 +101,79 @@ grep -q "0 ranks would be left, fewer than --min-ranks 1" "$WORK/last0.log" ||
 grep -q "but the group failed: .*rank 1" "$WORK/last1.log" ||
   fail "last: node 1 does not name the group's failure"
 
+# Node 1's ddprun SIGKILLed while its ranks run (they die with it, and nobody says
+# so): node 0 sees its connection to the store close and ends the job within a
+# second, naming node 1 (Note [a node gone] in launcher/rendezvous.cpp), instead of
+# waiting for node 1's ranks for ever once its own are done.
+common=(--nnodes 2 -n 1 --rdzv-port "$(free_port)" --grace-period 2 --rdzv-timeout 20
+        --store-secret-file "$WORK/secret")
+"$DDPRUN" "${common[@]}" --node-rank 1 "$PROBE" --sleep 3 --marker "$MARKER" >"$WORK/gone1.log" 2>&1 &
+node1=$!
+timeout -s KILL 20 "$DDPRUN" "${common[@]}" --node-rank 0 "$PROBE" --sleep 3 --marker "$MARKER" \
+  >"$WORK/gone0.log" 2>&1 &
+node0=$!
+wait_for_lines "$WORK/gone1.log" "^\[rank 1\] RANK=1$" 1
+wait_for_lines "$WORK/gone0.log" "^\[rank 0\] RANK=0$" 1
+kill -KILL $node1
+start=$(now)
+wait $node0; s0=$?
+wait $node1 2>/dev/null
+[ $s0 -eq 1 ] && at_most "$(elapsed_since "$start")" 5 ||
+  fail "gone: node 1's ddprun was killed; node 0 exited $s0 after $(elapsed_since "$start") s (137: \
+it waited for node 1 until killed 20 s later)"
+grep -q "node 1's ddprun left before its ranks finished" "$WORK/gone0.log" ||
+  fail "gone: node 0 does not say that node 1's ddprun left"
+# The same for node 1's ddprun stopped (SIGSTOP: a frozen machine keeps its
+# connections open): node 0 ends the job after --node-timeout without a heartbeat.
+"$DDPRUN" "${common[@]}" --node-timeout 2 --node-rank 1 "$PROBE" --sleep 3 --marker "$MARKER" \
+  >"$WORK/frozen1.log" 2>&1 &
+node1=$!
+timeout -s KILL 20 "$DDPRUN" "${common[@]}" --node-timeout 2 --node-rank 0 "$PROBE" --sleep 3 \
+  --marker "$MARKER" >"$WORK/frozen0.log" 2>&1 &
+node0=$!
+wait_for_lines "$WORK/frozen1.log" "^\[rank 1\] RANK=1$" 1
+wait_for_lines "$WORK/frozen0.log" "^\[rank 0\] RANK=0$" 1
+kill -STOP $node1
+start=$(now)
+wait $node0; s0=$?
+kill -KILL $node1
+wait $node1 2>/dev/null
+[ $s0 -eq 1 ] && at_most "$(elapsed_since "$start")" 6 ||
+  fail "frozen: node 1's ddprun was stopped; node 0 exited $s0 after $(elapsed_since "$start") s \
+(137: it waited for node 1 until killed 20 s later)"
+grep -q "node 1's ddprun sent no heartbeat for 2 s (--node-timeout)" "$WORK/frozen0.log" ||
+  fail "frozen: node 0 does not say that node 1's ddprun sent no heartbeat"
+
+# Ctrl-C (SIGINT) to one node's ddprun under --max-restarts 1: it never restarts,
+# so the other ends too, at once, naming it, without a restart (Note [a node
+# interrupted] in launcher/rendezvous.h); both exit 130. Before: node 1 signalled,
+# node 0 waited for it for ever once its own ranks were done; node 0 signalled,
+# node 1 found the store lost, restarted and waited --rdzv-timeout for node 0.
+for who in 1 0; do
+  common=(--nnodes 2 -n 1 --rdzv-port "$(free_port)" --grace-period 2 --rdzv-timeout 20
+          --store-secret-file "$WORK/secret" --max-restarts 1)
+  timeout -s KILL 30 "$DDPRUN" "${common[@]}" --node-rank 1 "$PROBE" --sleep 3 --marker "$MARKER" \
+    >"$WORK/int${who}_1.log" 2>&1 &
+  node1=$!
+  timeout -s KILL 30 "$DDPRUN" "${common[@]}" --node-rank 0 "$PROBE" --sleep 3 --marker "$MARKER" \
+    >"$WORK/int${who}_0.log" 2>&1 &
+  node0=$!
+  wait_for_lines "$WORK/int${who}_1.log" "^\[rank 1\] RANK=1$" 1
+  wait_for_lines "$WORK/int${who}_0.log" "^\[rank 0\] RANK=0$" 1
+  if [ "$who" = 1 ]; then kill -INT $node1; else kill -INT $node0; fi
+  start=$(now)
+  wait $node0; s0=$?
+  wait $node1; s1=$?
+  other=$((1 - who))
+  [ $s0 -eq 130 ] && [ $s1 -eq 130 ] && at_most "$(elapsed_since "$start")" 6 ||
+    fail "interrupt: SIGINT to node $who's ddprun; node 0 exited $s0, node 1 exited $s1, the last \
+after $(elapsed_since "$start") s: $(grep -h '^ddprun' "$WORK"/int"$who"_*.log)"
+  grep -q "node $who's ddprun got SIGINT" "$WORK/int${who}_${other}.log" ||
+    fail "interrupt: node $other does not say that node $who's ddprun got SIGINT"
+  grep -q "restarting the group" "$WORK/int${who}_${other}.log" &&
+    fail "interrupt: node $other restarted after node $who's ddprun was interrupted"
+done
+
 # A second ddprun given a --node-rank already taken is refused by name (it joined
 # and started ranks numbered as the first's, one of them killed later).
 export DDP_STORE_SECRET=$secret
