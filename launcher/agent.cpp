@@ -245,11 +245,12 @@ int run_attempts(const LaunchOptions& o, const std::string& program_path, int np
       std::function<bool()> stop;  // by default, ddprun's signal ends the wait
       if (SignalPipe::stop_signal() != 0) {
         signals.drain();  // the signal that ended the attempt; a second one ends the wait
-        stop = [&signals] {
+        // Once seen, for every node still waited for (the pipe is drained here).
+        stop = [&signals, seen = false]() mutable {
           for (const int sig : signals.drain()) {
-            if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) return true;
+            if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) seen = true;
           }
-          return false;
+          return seen;
         };
       }
       rendezvous.wait_for_others_to_leave(

@@ -272,11 +272,13 @@ void backward(const Tensor& root, const Tensor& grad_root) {
                 "backward: grad_root is on {}, but the tensor it is the gradient of is on {}; "
                 "move it there first (grad_root.to({}))",
                 seed.device().str(), root.device().str(), root.device().str());
-    // A one-element gradient ([1]) of a scalar loss ([]) is taken as it is.
+    // A one-element gradient of a one-element root ([1] of a scalar loss []) is taken,
+    // in the root's shape.
     DDP_CHECK(seed.shape() == root.shape() || (seed.numel() == 1 && root.numel() == 1),
               "backward: grad_root has shape {}, but the tensor it is the gradient of has shape "
               "{}; pass a gradient of that shape",
               shape_str(seed.shape()), shape_str(root.shape()));
+    if (seed.shape() != root.shape()) seed = seed.reshape(root.shape());  // one element
     if (seed.dtype() != root.dtype()) seed = cast(seed, root.dtype());
   }
   NoGradGuard no_grad;

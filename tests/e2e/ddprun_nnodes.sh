@@ -85,7 +85,10 @@ grep -q "lost the rendezvous store" "$WORK/restart1.log" &&
 # of the other nodes, which DDPRUN_TEST_NODE_CHECK_MS puts 20 s later).
 common=(--nnodes 2 -n 1 --rdzv-port "$(free_port)" --grace-period 2 --rdzv-timeout 20
         --store-secret-file "$WORK/secret" --on-failure continue)
-probe=("$PROBE" --exit-code 3 --sleep 1 --marker "$MARKER")
+# 3 s: node 0's first check of the other nodes comes before rank 1 exits, even when
+# node 0's ddprun starts late on a loaded machine (applied then, the departure would
+# leave the group to rank 0, whose failure would end the job instead).
+probe=("$PROBE" --exit-code 3 --sleep 3 --marker "$MARKER")
 "$DDPRUN" "${common[@]}" --node-rank 1 "${probe[@]}" >"$WORK/last1.log" 2>&1 &
 node1=$!
 DDPRUN_TEST_NODE_CHECK_MS=20000 "$DDPRUN" "${common[@]}" --node-rank 0 "${probe[@]}" \
@@ -152,11 +155,13 @@ grep -q "node 1's ddprun sent no heartbeat for 2 s (--node-timeout)" "$WORK/froz
 for who in 1 0; do
   common=(--nnodes 2 -n 1 --rdzv-port "$(free_port)" --grace-period 2 --rdzv-timeout 20
           --store-secret-file "$WORK/secret" --max-restarts 1)
-  timeout -s KILL 30 "$DDPRUN" "${common[@]}" --node-rank 1 "$PROBE" --sleep 3 --marker "$MARKER" \
-    >"$WORK/int${who}_1.log" 2>&1 &
+  # --foreground: SIGINT to timeout reaches ddprun once (without it, timeout also
+  # sends it to its process group: a second signal, SIGKILL to the ranks at once).
+  timeout --foreground -s KILL 30 "$DDPRUN" "${common[@]}" --node-rank 1 "$PROBE" --sleep 3 \
+    --marker "$MARKER" >"$WORK/int${who}_1.log" 2>&1 &
   node1=$!
-  timeout -s KILL 30 "$DDPRUN" "${common[@]}" --node-rank 0 "$PROBE" --sleep 3 --marker "$MARKER" \
-    >"$WORK/int${who}_0.log" 2>&1 &
+  timeout --foreground -s KILL 30 "$DDPRUN" "${common[@]}" --node-rank 0 "$PROBE" --sleep 3 \
+    --marker "$MARKER" >"$WORK/int${who}_0.log" 2>&1 &
   node0=$!
   wait_for_lines "$WORK/int${who}_1.log" "^\[rank 1\] RANK=1$" 1
   wait_for_lines "$WORK/int${who}_0.log" "^\[rank 0\] RANK=0$" 1
@@ -170,6 +175,8 @@ for who in 1 0; do
 after $(elapsed_since "$start") s: $(grep -h '^ddprun' "$WORK"/int"$who"_*.log)"
   grep -q "node $who's ddprun got SIGINT" "$WORK/int${who}_${other}.log" ||
     fail "interrupt: node $other does not say that node $who's ddprun got SIGINT"
+  grep -q "got SIGINT again" "$WORK/int${who}_${who}.log" &&
+    fail "interrupt: node $who's ddprun got SIGINT twice (one was sent)"
   grep -q "restarting the group" "$WORK/int${who}_${other}.log" &&
     fail "interrupt: node $other restarted after node $who's ddprun was interrupted"
 done

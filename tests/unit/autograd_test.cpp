@@ -21,6 +21,15 @@ namespace ddp {
 namespace {
 
 namespace F = functional;
+
+// DDP_VIRTUAL_CPU_DEVICES=2 for one test's scope (Note [virtual cpu devices]): unset
+// again even when the test throws, so that no later test sees two CPU devices.
+struct TwoCpuDevices {
+  TwoCpuDevices() { setenv("DDP_VIRTUAL_CPU_DEVICES", "2", 1); }
+  ~TwoCpuDevices() { unsetenv("DDP_VIRTUAL_CPU_DEVICES"); }
+  TwoCpuDevices(const TwoCpuDevices&) = delete;
+  TwoCpuDevices& operator=(const TwoCpuDevices&) = delete;
+};
 using test_util::gradcheck;
 
 // Random values at least `gap` away from zero: finite differences across the kink
@@ -163,7 +172,7 @@ TEST(Autograd, Conv2dPathFollowsDdpOnednn) {
 // per-image path made its helper tensors on cpu and refused the mix), and gives cpu's
 // values; so does an input without channels (oneDNN's path adds the bias alone).
 TEST(Autograd, Conv2dOnAVirtualCpuDevice) {
-  setenv("DDP_VIRTUAL_CPU_DEVICES", "2", 1);
+  const TwoCpuDevices two;
   const Device cpu1{DeviceType::cpu, 1};
   for (const int64_t c : {int64_t{3}, int64_t{0}}) {
     const Tensor x = randn({2, c, 5, 5}, 60), w = randn({4, c, 3, 3}, 61), b = randn({4}, 62);
@@ -179,7 +188,6 @@ TEST(Autograd, Conv2dOnAVirtualCpuDevice) {
     EXPECT_EQ(grad(w1).to_vector<float>(), grad(w0).to_vector<float>());
     EXPECT_EQ(grad(b1).to_vector<float>(), grad(b0).to_vector<float>());
   }
-  unsetenv("DDP_VIRTUAL_CPU_DEVICES");
 }
 
 // Note [conv per image]: the forward against the definition, in double, for odd
@@ -346,27 +354,38 @@ TEST(Autograd, NonScalarRootNeedsAGradient) {
 // another dtype. Before, the device mismatch put a cpu:1 .grad on a cpu parameter and
 // the shape mismatch surfaced as an InternalError ("a bug in ddp").
 TEST(Autograd, GradRootMustMatchItsTensor) {
-  setenv("DDP_VIRTUAL_CPU_DEVICES", "2", 1);
-  const Device cpu1{DeviceType::cpu, 1};
   Tensor w = leaf(randn({2}, 25));
-  try {
-    backward(F::scale(w, 2.0f), ones({2}, {.device = cpu1}));
-    ADD_FAILURE() << "a gradient on cpu:1 for a root on cpu was taken";
-  } catch (const DeviceError& e) {
-    EXPECT_NE(std::string(e.what()).find("grad_root is on cpu:1"), std::string::npos) << e.what();
+  {
+    const TwoCpuDevices two;
+    const Device cpu1{DeviceType::cpu, 1};
+    try {
+      backward(F::scale(w, 2.0f), ones({2}, {.device = cpu1}));
+      ADD_FAILURE() << "a gradient on cpu:1 for a root on cpu was taken";
+    } catch (const DeviceError& e) {
+      EXPECT_NE(std::string(e.what()).find("grad_root is on cpu:1"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(grad(w).defined());
+    try {
+      backward(F::scale(w, 2.0f), ones({3}));
+      ADD_FAILURE() << "a gradient of shape [3] for a root of shape [2] was taken";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("grad_root has shape [3]"), std::string::npos)
+          << e.what();
+    }
   }
-  EXPECT_FALSE(grad(w).defined());
-  try {
-    backward(F::scale(w, 2.0f), ones({3}));
-    ADD_FAILURE() << "a gradient of shape [3] for a root of shape [2] was taken";
-  } catch (const ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("grad_root has shape [3]"), std::string::npos) << e.what();
-  }
-  unsetenv("DDP_VIRTUAL_CPU_DEVICES");
   backward(F::scale(w, 2.0f), ones({2}, {.dtype = DType::bf16}));
   EXPECT_EQ(grad(w).dtype(), DType::f32);
   EXPECT_EQ(grad(w).device(), w.device());
   for (float g : grad(w).to_vector<float>()) EXPECT_EQ(g, 2.0f);
+  // A one-element gradient of another shape ([] for [1, 1], [1] for []) is taken
+  // as the root's shape, as a scalar loss's gradient is.
+  Tensor m = leaf(randn({1, 1}, 26));
+  backward(F::scale(m, 3.0f), full({}, 2.0));
+  EXPECT_EQ(grad(m).shape(), (Shape{1, 1}));
+  EXPECT_EQ(grad(m).to_vector<float>(), std::vector<float>{6.0f});
+  Tensor s0 = leaf(full({}, 1.5));
+  backward(s0, ones({1}));
+  EXPECT_EQ(grad(s0).shape(), Shape{});
 }
 
 }  // namespace

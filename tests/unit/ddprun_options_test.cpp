@@ -95,6 +95,11 @@ TEST(DdprunOptions, OnFailureAndMinRanks) {
   EXPECT_NE(parse_error({"-n", "2", "--on-failure", "continue", "--node-timeout", "5", "train"})
                 .find("--node-timeout 5 takes a node out of the group, which needs --nnodes > 1"),
             std::string::npos);
+  // Across nodes it counts in every mode (Note [a node gone]): a node without a
+  // heartbeat fails the attempt without --on-failure continue.
+  EXPECT_EQ(parse({"--nnodes", "2", "--node-rank", "0", "--node-timeout", "3", "train"})
+                .options.node_timeout_s,
+            3);
 }
 
 TEST(DdprunOptions, EverySpelling) {
