@@ -108,42 +108,38 @@ grep -q "but the group failed: .*rank 1" "$WORK/last1.log" ||
 # so): node 0 sees its connection to the store close and ends the job within a
 # second, naming node 1 (Note [a node gone] in launcher/rendezvous.cpp), instead of
 # waiting for node 1's ranks for ever once its own are done.
-common=(--nnodes 2 -n 1 --rdzv-port "$(free_port)" --grace-period 2 --rdzv-timeout 20
-        --store-secret-file "$WORK/secret")
-"$DDPRUN" "${common[@]}" --node-rank 1 "$PROBE" --sleep 3 --marker "$MARKER" >"$WORK/gone1.log" 2>&1 &
-node1=$!
-timeout -s KILL 20 "$DDPRUN" "${common[@]}" --node-rank 0 "$PROBE" --sleep 3 --marker "$MARKER" \
-  >"$WORK/gone0.log" 2>&1 &
-node0=$!
-wait_for_lines "$WORK/gone1.log" "^\[rank 1\] RANK=1$" 1
-wait_for_lines "$WORK/gone0.log" "^\[rank 0\] RANK=0$" 1
-kill -KILL $node1
-start=$(now)
-wait $node0; s0=$?
-wait $node1 2>/dev/null
-[ $s0 -eq 1 ] && at_most "$(elapsed_since "$start")" 5 ||
-  fail "gone: node 1's ddprun was killed; node 0 exited $s0 after $(elapsed_since "$start") s (137: \
-it waited for node 1 until killed 20 s later)"
+# node1_signalled NAME SIG LIMIT [FLAGS]: two agents (FLAGS to both), SIG to node
+# 1's ddprun once both ranks run; node 0 must exit 1 within LIMIT s (a timeout
+# kills it after 20 s: 137). Node 1's agent is killed afterwards.
+node1_signalled() {
+  local name=$1 sig=$2 limit=$3
+  shift 3
+  local common=(--nnodes 2 -n 1 --rdzv-port "$(free_port)" --grace-period 2 --rdzv-timeout 20
+                --store-secret-file "$WORK/secret" "$@")
+  "$DDPRUN" "${common[@]}" --node-rank 1 "$PROBE" --sleep 3 --marker "$MARKER" \
+    >"$WORK/${name}1.log" 2>&1 &
+  local node1=$!
+  timeout -s KILL 20 "$DDPRUN" "${common[@]}" --node-rank 0 "$PROBE" --sleep 3 --marker "$MARKER" \
+    >"$WORK/${name}0.log" 2>&1 &
+  local node0=$!
+  wait_for_lines "$WORK/${name}1.log" "^\[rank 1\] RANK=1$" 1
+  wait_for_lines "$WORK/${name}0.log" "^\[rank 0\] RANK=0$" 1
+  kill "-$sig" $node1
+  local start s0
+  start=$(now)
+  wait $node0; s0=$?
+  kill -KILL $node1 2>/dev/null
+  wait $node1 2>/dev/null
+  [ $s0 -eq 1 ] && at_most "$(elapsed_since "$start")" "$limit" ||
+    fail "$name: SIG$sig to node 1's ddprun; node 0 exited $s0 after $(elapsed_since "$start") s \
+(137: it waited for node 1 until killed 20 s later)"
+}
+node1_signalled gone KILL 5
 grep -q "node 1's ddprun left before its ranks finished" "$WORK/gone0.log" ||
   fail "gone: node 0 does not say that node 1's ddprun left"
 # The same for node 1's ddprun stopped (SIGSTOP: a frozen machine keeps its
 # connections open): node 0 ends the job after --node-timeout without a heartbeat.
-"$DDPRUN" "${common[@]}" --node-timeout 2 --node-rank 1 "$PROBE" --sleep 3 --marker "$MARKER" \
-  >"$WORK/frozen1.log" 2>&1 &
-node1=$!
-timeout -s KILL 20 "$DDPRUN" "${common[@]}" --node-timeout 2 --node-rank 0 "$PROBE" --sleep 3 \
-  --marker "$MARKER" >"$WORK/frozen0.log" 2>&1 &
-node0=$!
-wait_for_lines "$WORK/frozen1.log" "^\[rank 1\] RANK=1$" 1
-wait_for_lines "$WORK/frozen0.log" "^\[rank 0\] RANK=0$" 1
-kill -STOP $node1
-start=$(now)
-wait $node0; s0=$?
-kill -KILL $node1
-wait $node1 2>/dev/null
-[ $s0 -eq 1 ] && at_most "$(elapsed_since "$start")" 6 ||
-  fail "frozen: node 1's ddprun was stopped; node 0 exited $s0 after $(elapsed_since "$start") s \
-(137: it waited for node 1 until killed 20 s later)"
+node1_signalled frozen STOP 6 --node-timeout 2
 grep -q "node 1's ddprun sent no heartbeat for 2 s (--node-timeout)" "$WORK/frozen0.log" ||
   fail "frozen: node 0 does not say that node 1's ddprun sent no heartbeat"
 

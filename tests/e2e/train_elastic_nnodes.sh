@@ -30,9 +30,9 @@
 # after the same step (DDP_TEST_KILL_AT) and taking the replacement in at the
 # same step (DDP_TEST_JOIN_AT): the gloo sums are the same across agents.
 # usage: train_elastic_nnodes.sh DDPRUN TRAIN [quick]   (quick: the sanitizer build's
-# cases, rank, freeze, node0 and mismatch: a replacement joining across nodes, a node
-# timed out while its ranks hang, the store's backup taking over, a refused flag; the
-# full run took 290 s of its 300 under ASan on an AVX2 EPYC)
+# cases, rank, node0 and mismatch: a replacement joining across nodes, the store's
+# backup taking over, a refused flag; freeze left the quick set on 2026-12-02 to keep
+# CI under 40 minutes; the full run took 290 s of its 300 under ASan on an AVX2 EPYC)
 set -uo pipefail
 ddprun=$1 train=$2 mode=${3:-full}
 dir=$(mktemp -d)
@@ -156,6 +156,9 @@ fi
 # their all_reduce times out (DDP_TIMEOUT_S 5). The task's 3 epochs: the frozen
 # group trains no step, so nothing needs the 12 of "stop" (the quick set took 27 s
 # with them, 20 s without, in an -O2 build on an AVX2 EPYC).
+# Not in the quick set (CI's sanitizer phase, to keep CI under 40 minutes): the
+# first phase runs it, and e2e.flight_watch_nnodes covers the hang answer.
+if [ "$mode" != quick ]; then
 export DDP_TIMEOUT_S=5
 start freeze --node-timeout 2 --hang-timeout 3
 kill -STOP "$node1" $(pgrep -P "$node1")
@@ -172,6 +175,7 @@ check_loss_log "$dir/freeze.loss"
 unset DDP_TIMEOUT_S
 reference freeze "2:$left,3:$left"
 echo "freeze: node 1 frozen; taken out after its heartbeat stopped, ranks 0,1 went on from step $left at their all_reduce's timeout; equal to one node's run"
+fi
 
 # min_ranks NAME RANK MIN NODE1_SAYS: rank RANK (node 1) SIGKILLed under
 # --min-ranks MIN, the world size (MIN - 1 left): both agents end with its
