@@ -35,6 +35,10 @@ options:
   --budget S        seconds for the whole script (default 0: none): no run starts after
                     S - --timeout seconds; the lines left are reported "not run"
   --log FILE        every run's output, appended (default: none)
+  --no-baseline     leave out the runs without a fault: only where the same tests run
+                    beside this script and fail the whole check when they fail (CI's
+                    ctest runs every gpu test in the phase that runs this); a filter that
+                    matches no test still says "not reached"
   --emulated        the CUDA device is the CPU's emulation (Note [emulated CUDA device]
                     in runtime/cuda/emu/kernel_emu.h; a -DDDP_CUDA=EMULATE build): runs
                     with DDP_CUDA_EMULATION=2 unless it is set, and leaves out the
@@ -48,7 +52,7 @@ EOF
 }
 
 tests="" device=cuda table="$here/planted_faults.txt" only="" timeout_s=120 log=/dev/null budget=0
-emulated=0
+emulated=0 with_baseline=1
 die_usage() { echo "planted_faults.sh: $*" >&2; exit 2; }
 need_value() { [[ $# -ge 2 && -n "$2" ]] || die_usage "$1 needs a value (see --help)"; }
 while [[ $# -gt 0 ]]; do
@@ -61,8 +65,9 @@ while [[ $# -gt 0 ]]; do
     --log) need_value "$@"; log="$2"; shift 2 ;;
     --budget) need_value "$@"; budget="$2"; shift 2 ;;
     --emulated) emulated=1; shift ;;
+    --no-baseline) with_baseline=0; shift ;;
     -h | --help) usage; exit 0 ;;
-    *) die_usage "unknown option '$1'; valid: --tests, --device, --table, --only, --timeout, --budget, --log, --emulated, --help" ;;
+    *) die_usage "unknown option '$1'; valid: --tests, --device, --table, --only, --timeout, --budget, --log, --emulated, --no-baseline, --help" ;;
   esac
 done
 [[ -n "$tests" ]] || die_usage "--tests BIN is required (ddp_gpu_tests or ddp_unit_tests)"
@@ -133,9 +138,13 @@ distinct=()
 for filter in "${filters[@]}"; do
   [[ " ${distinct[*]} " == *" $filter "* ]] || distinct+=("$filter")
 done
+# --no-baseline: the tests' own runs beside this script stand for the baseline.
+if [[ $with_baseline -eq 0 ]]; then
+  for filter in "${distinct[@]}"; do baseline[$filter]=ok; done
+fi
 union=$(IFS=:; echo "${distinct[*]}")
 run_timeout=$((timeout_s * ${#distinct[@]}))
-if [[ ${#distinct[@]} -gt 1 && $union != *-* ]] &&
+if [[ $with_baseline -eq 1 && ${#distinct[@]} -gt 1 && $union != *-* ]] &&
   [[ $budget -eq 0 || $((SECONDS + run_timeout)) -le $budget ]]; then
   run "" "$union"
   if [[ $rc -eq 0 && $passed -gt 0 ]]; then
