@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <thread>
 
 namespace ddp::launcher {
 namespace {
@@ -69,6 +70,12 @@ milliseconds node_check_interval() {
       env::get_int("DDPRUN_TEST_NODE_CHECK_MS").value_or(kNodeCheckInterval.count())};
   return interval;
 }
+// DDPRUN_TEST_STOP_READ_GAP_MS, a testing aid (Note [stop before failure]): a pause
+// between reading node 0's failure and its group stop, where node 0 publishes both.
+milliseconds stop_read_gap() {
+  static const milliseconds gap{env::get_int("DDPRUN_TEST_STOP_READ_GAP_MS").value_or(0)};
+  return gap;
+}
 // After the last rank exited, how long to keep reading pipes that an escaped
 // grandchild still holds open.
 constexpr milliseconds kDrainAfterExit{500};
@@ -115,6 +122,7 @@ class Watcher {
   void note_stop_change(RankProcess& r);
   void judge();
   bool failed_elsewhere_first();
+  std::optional<elastic::GroupStop> remote_verdict(std::optional<GroupFailure>& failure);
   void blame_suspects_of_failure(std::vector<RankRecord>& records, Clock::time_point now);
   void carry_out_blame();
   bool leave_group();
@@ -516,14 +524,13 @@ void Watcher::judge() {
 // rank.
 bool Watcher::failed_elsewhere_first() {
   if (!rendezvous_.multi_node()) return false;
-  if (spec_.elastic && !authority()) {  // a rank that saved at the group's stop exited
-    if (const auto stop = rendezvous_.group_stop()) {
-      blame_.reset();
-      follow_group_stop(*stop);
-      return true;
-    }
+  std::optional<GroupFailure> failure;
+  // A rank that saved at the group's stop exited.
+  if (const auto stop = remote_verdict(failure)) {
+    blame_.reset();
+    follow_group_stop(*stop);
+    return true;
   }
-  auto failure = rendezvous_.remote_failure();
   if (!failure) return false;
   blame_.reset();
   remote_ = failure;
@@ -1256,10 +1263,9 @@ void Watcher::check_remote() {
   if (Clock::now() < next_remote_check_) return;
   next_remote_check_ = Clock::now() + kRemoteCheckInterval;
   rendezvous_.heartbeat();  // Note [nodes lost]
-  if (spec_.elastic && !authority()) {
-    if (const auto stop = rendezvous_.group_stop()) return follow_group_stop(*stop);
-  }
-  if (auto failure = rendezvous_.remote_failure()) {
+  std::optional<GroupFailure> failure;
+  if (const auto stop = remote_verdict(failure)) return follow_group_stop(*stop);
+  if (failure) {
     remote_ = failure;
     stop_all(SIGTERM, failure->what);
   } else if (auto why = rendezvous_.taken_out()) {
@@ -1268,6 +1274,22 @@ void Watcher::check_remote() {
                            .what = fmt::format("node 0 took this node out of the group: {}", *why)};
     stop_all(SIGKILL, remote_->what);
   }
+}
+
+// Note [stop before failure]: under --on-failure continue node 0 publishes a group
+// stop before the failure that goes with it (stop_group(): that one for a node whose
+// ranks are all gone), and another node follows the stop when there is one. Read
+// stop first, failure second, a stop published between the two reads went unseen:
+// the failure's stop_all() then ended this node without telling node 0 of a member
+// that died at the stop, and the ranks left waited for it in the regroup until their
+// timeout (e2e.train_elastic_nnodes' min_two, once in CI: ranks 0,1 waited 30 s for a
+// rank 3 already dead). So the failure is read first: a stop that came with it is then
+// in the store. The stop, or nullopt with `failure` set to the failure (if any).
+std::optional<elastic::GroupStop> Watcher::remote_verdict(std::optional<GroupFailure>& failure) {
+  failure = rendezvous_.remote_failure();
+  if (!spec_.elastic || authority()) return std::nullopt;
+  if (stop_read_gap().count() > 0) std::this_thread::sleep_for(stop_read_gap());
+  return rendezvous_.group_stop();
 }
 
 // Node 1 with --rdzv-backup, node 0 lost (Note [node 0 lost]): the membership

@@ -45,6 +45,8 @@
 //                  arriving] in collectives/shm_communicator.cpp; default: 0)
 //   DDPRUN_TEST_NODE_CHECK_MS  a testing aid of ddprun across nodes (Note [the last
 //                  events] in launcher/group.cpp; default: 100)
+//   DDPRUN_TEST_STOP_READ_GAP_MS  a testing aid of ddprun across nodes (Note [stop
+//                  before failure] in launcher/group.cpp; default: 0)
 //   DDP_TRACE      DIR: record the timeline and write DIR/rank_<R>.json at exit
 //                  (default: unset, off; set by `ddprun --trace DIR`; read by
 //                  trace::start_from_env(), which init_process_group, train and

@@ -239,11 +239,17 @@ if [ "$mode" != quick ]; then
   # --- min_two: both of node 1's ranks die after step 8: the second one's event,
   # read with the first's, stops the group again; and min_none: ranks 0,1 (node 0)
   # die first, then rank 3 in the save: node 0, with no rank of its own left, still
-  # applies node 1's event, and rank 2 alone writes step 8.
-  DDP_TEST_KILL_AT=3:8,2:8 start min_two --min-ranks 4
+  # applies node 1's event, and rank 2 alone writes step 8. In min_two node 1 pauses
+  # 500 ms between reading node 0's failure and its stop (DDPRUN_TEST_STOP_READ_GAP_MS,
+  # Note [stop before failure]): node 0 publishes both in that pause, and node 1 must
+  # still follow the stop and tell node 0 of the second death (it ended on the failure
+  # instead, once in CI and always with the pause, when it read the stop first).
+  DDP_TEST_KILL_AT=3:8,2:8 DDPRUN_TEST_STOP_READ_GAP_MS=500 start min_two --min-ranks 4
   both_exited_137 min_two
   grep -q "rank 0 (launch rank 0): the group stopped at step 8: .*; checkpoint $dir/min_two.st written (epoch 1, step 8 of it)" \
     "$dir/min_two.node0.log" || fail "min_two: ranks 0,1 did not write step 8"
+  grep -q "^ddprun: node 0 stopped the group: " "$dir/min_two.node1.log" ||
+    fail "min_two: node 1 did not follow node 0's stop (read in the pause)"
   DDP_TEST_KILL_AT=0:5,1:8 DDP_TEST_KILL_IN_SAVE=3:8 start min_none --min-ranks 3
   both_exited_137 min_none
   grep -q "^ddprun: rank 3 failed at the group's stop (killed by SIGKILL): the rank left (2) regroup once more" \
