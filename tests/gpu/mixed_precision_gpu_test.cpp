@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -352,19 +353,32 @@ std::vector<double> row_log_sum_exp(const Tensor& qkv, int64_t heads) {
 // same bf16 inputs: y and grad_qkv within a few bf16 steps of the largest element as
 // the packed kernels are, stats (f32, never rounded to bf16) within 1e-3, no [B, H, T,
 // T] tensor kept, and the backward deterministic: two runs equal bit for bit. The
-// shapes: gpt-mini's heads, GPT-2's (T 1024, D 64), an odd T and a head of 16.
+// shapes: gpt-mini's heads, GPT-2's (T 1024, D 64), an odd T and a head of 16, and a
+// head of 16 at T 128. Before cuDNN 9.16 a T that is not a multiple of 128 is refused
+// by name (its backward needs a padding mask there), which such a cuDNN must say for
+// T 64 and 17.
 TEST(MixedPrecisionGpu, FusedAttentionMatchesTheCpu) {
   DDP_REQUIRE_REAL_CUDA("cuDNN's fused attention");
   struct Shape4 {
     int64_t b, t, heads, d;
   };
   uint64_t seed = 60;
-  for (const Shape4& k : {Shape4{2, 64, 4, 64}, Shape4{1, 1024, 12, 64}, Shape4{3, 17, 2, 16}}) {
+  for (const Shape4& k : {Shape4{2, 64, 4, 64}, Shape4{1, 1024, 12, 64}, Shape4{3, 17, 2, 16},
+                          Shape4{2, 128, 2, 16}}) {
     SCOPED_TRACE(fmt::format("B {}, T {}, {} heads of {}", k.b, k.t, k.heads, k.d));
     const int64_t c = k.heads * k.d;
     const Tensor qkv = bf16(randn({k.b, k.t, 3 * c}, ++seed));
     const AttentionResult want = causal_self_attention(qkv, k.heads);
-    const AttentionResult got = causal_self_attention(qkv.to(kGpu), k.heads, AttentionPath::fused);
+    AttentionResult got;
+    try {
+      got = causal_self_attention(qkv.to(kGpu), k.heads, AttentionPath::fused);
+    } catch (const DeviceError& e) {
+      const std::string what = e.what();
+      if (k.t % 128 == 0 || what.find("which cuDNN before 9.16 needs") == std::string::npos) throw;
+      std::printf("T %lld refused by name on this cuDNN: %s\n", static_cast<long long>(k.t),
+                  what.c_str());
+      continue;
+    }
     ASSERT_TRUE(got.fused());
     EXPECT_FALSE(got.probs.defined());
     ASSERT_EQ(got.stats.shape(), Shape({k.b, k.heads, k.t, 1}));

@@ -219,10 +219,14 @@ Operations::Operations(const cuda_api::CudnnLibrary& lib, const sdpa_graph::Grap
                                                  : CUDNN_REDUCE_TENSOR_ADD;
         r.set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &reduce, what);
         r.set(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &precision, what);
+// The enumerator exists in cudnn_graph.h from 9.11 on: a build against older headers
+// leaves the attribute at its default on any library.
+#if CUDNN_VERSION >= 91100
         if (lib.version >= 91100) {  // as cuDNN's frontend sets it from 9.11 on
           const bool deterministic = false;
           r.set(CUDNN_ATTR_REDUCTION_IS_DETERMINISTIC, CUDNN_TYPE_BOOLEAN, 1, &deterministic, what);
         }
+#endif
         r.finalize(what);
         const cudnnBackendDescriptor_t rdesc = r.get();
         Descriptor& d = ops_.emplace_back(lib, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, what);
@@ -256,8 +260,9 @@ Descriptor operation_graph(const cuda_api::CudnnLibrary& lib, const Operations& 
   Descriptor graph(lib, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
   graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
             static_cast<int64_t>(ops.size()), ops.data(), "operation graph");
-  if (handle != nullptr && lib.version < 90800) {
-    // Required before 9.8; deprecated since.
+  if (handle != nullptr) {
+    // Required before 9.8; deprecated but accepted since, and still set by cuDNN's
+    // frontend whenever it has one: the device the heuristic and the plans target.
     graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "operation graph");
   }
   graph.finalize("operation graph");
@@ -360,6 +365,7 @@ void make_plan(const cuda_api::CudnnLibrary& lib, cudnnHandle_t handle, Plan& p)
         fmt::format("cuDNN's heuristic results failed: {}", sdpa_cudnn::status_text(lib, status));
     return;
   }
+  count = std::min(count, static_cast<int64_t>(raw.size()));  // never past the descriptors made
   std::string refusals;
   for (int64_t i = 0; i < count; ++i) {
     if (nondeterministic(lib, raw[i])) {
@@ -369,10 +375,8 @@ void make_plan(const cuda_api::CudnnLibrary& lib, cudnnHandle_t handle, Plan& p)
     try {
       auto plan = std::make_unique<Descriptor>(lib, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR,
                                                "execution plan");
-      if (lib.version < 90800) {  // required before 9.8; deprecated since
-        plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle,
-                  "execution plan");
-      }
+      // Required before 9.8; deprecated but accepted since: set as the graph's is.
+      plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "execution plan");
       plan->set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &raw[i],
                 "execution plan");
       plan->finalize("execution plan");
