@@ -72,6 +72,10 @@ Steps (each under `timeout`, sized so that the run fits --budget on an H100):
                 planted in its output (DDP_TEST_PLANT_FAULT, Note [planted faults] in
                 runtime/planted_fault.h; the table bench/gpu/planted_faults.txt) and
                 must fail; with --device cpu, the table's CPU column and ddp_unit_tests
+  kernel_sanitizer  compute-sanitizer's memcheck, racecheck and synccheck on the
+                hand-written kernels' gpu tests (what the emulated device cannot see:
+                races, barriers, bad device accesses): 0 errors; skipped, named,
+                where the tool is missing or refuses the device
   bench_gemm    bench gemm: ours vs bare cuBLAS
   torch_mlp     ms per training step, ours vs PyTorch eager on the same GPU
   torch_cnn     (bench/peer/torch_train.py; skipped without a CUDA PyTorch)
@@ -94,8 +98,9 @@ options:
                     graph_mlp, graph_gpt, the bf16 steps, parity_mlp, parity_gpt,
                     reference, ddp_nccl_w1, elastic_nccl_w1, then bench_device
                     (its kernels' bytes per second against a copy) where --budget
-                    leaves it 90 s and planted_faults where it leaves 120 s (else
-                    they are skipped, not failed)
+                    leaves it 90 s, planted_faults where it leaves 120 s and
+                    kernel_sanitizer where it leaves 150 s (else they are skipped,
+                    not failed)
   --budget S        seconds for all steps after the build (default: 540, so that a run
                     fits a 10-minute command with --prebuilt); each step's time limit is
                     cut to what is left, and steps with nothing left fail as "not run";
@@ -150,8 +155,8 @@ while [[ $# -gt 0 ]]; do
     --out) need_value "$@"; out="$2"; shift 2 ;;
     --only) need_value "$@"; only=",$2,"; shift 2 ;;
     --quick)
-      only=",gpu_tests,graph_mlp,graph_gpt,gpt2_bf16,gpt_mini_bf16,bf16_loss,reference_bf16,ddp_bf16_nccl_w1,zero2_bf16_nccl_w1,ddp_bf16_shm_w2,dp_bf16_2replicas,parity_mlp,parity_gpt,reference,ddp_nccl_w1,elastic_nccl_w1,bench_device,planted_faults,"
-      optional=",bench_device,planted_faults,"
+      only=",gpu_tests,graph_mlp,graph_gpt,gpt2_bf16,gpt_mini_bf16,bf16_loss,reference_bf16,ddp_bf16_nccl_w1,zero2_bf16_nccl_w1,ddp_bf16_shm_w2,dp_bf16_2replicas,parity_mlp,parity_gpt,reference,ddp_nccl_w1,elastic_nccl_w1,bench_device,planted_faults,kernel_sanitizer,"
+      optional=",bench_device,planted_faults,kernel_sanitizer,"
       shift
       ;;
     --allow-no-gpu) allow_no_gpu=1; shift ;;
@@ -162,7 +167,7 @@ while [[ $# -gt 0 ]]; do
     *) die_usage "unknown option '$1'; valid: --prebuilt, --build-dir, --arch, --prefix, --no-tests, --jobs, --data, --out, --only, --quick, --allow-no-gpu, --device, --emulated, --budget, --help" ;;
   esac
 done
-readonly kSteps=",gpu_tests,gpt2_bf16,gpt_mini_bf16,bf16_loss,reference_bf16,ddp_bf16_nccl_w1,zero2_bf16_nccl_w1,ddp_bf16_shm_w2,dp_bf16_2replicas,graph_mlp,graph_cnn,graph_gpt,train_mlp,train_cnn,parity_mlp,parity_cnn,reference,ddp_nccl_w1,elastic_nccl_w1,ddp_shm_w2,dp_2replicas,zero2_nccl_w1,zero1_shm_w2,zero2_shm_w2,parity_gpt,ddp_gpt_nccl_w1,bench_device,planted_faults,bench_gemm,torch_mlp,torch_cnn,gpt_mini,gpt2,"
+readonly kSteps=",gpu_tests,gpt2_bf16,gpt_mini_bf16,bf16_loss,reference_bf16,ddp_bf16_nccl_w1,zero2_bf16_nccl_w1,ddp_bf16_shm_w2,dp_bf16_2replicas,graph_mlp,graph_cnn,graph_gpt,train_mlp,train_cnn,parity_mlp,parity_cnn,reference,ddp_nccl_w1,elastic_nccl_w1,ddp_shm_w2,dp_2replicas,zero2_nccl_w1,zero1_shm_w2,zero2_shm_w2,parity_gpt,ddp_gpt_nccl_w1,bench_device,planted_faults,kernel_sanitizer,bench_gemm,torch_mlp,torch_cnn,gpt_mini,gpt2,"
 for name in ${only//,/ }; do
   [[ $kSteps == *",$name,"* ]] || die_usage "--only: unknown step '$name'; valid: ${kSteps:1:-1}"
 done

@@ -602,6 +602,102 @@ step_planted_faults() {
   fi
 }
 
+# compute-sanitizer (the CUDA toolkit's checker) on the hand-written kernels' gpu tests:
+# memcheck (out-of-bounds and misaligned device accesses), racecheck (shared-memory
+# races) and synccheck (barriers in divergent code). What the emulated device cannot
+# see (Note [emulated CUDA device]: a block's threads run in order, __shared__ keeps the
+# last block's values, a stray host pointer reads fine), a GPU's own checker does.
+# Each tool runs under its own share of the time; one that runs out is "partly run",
+# not a failure. A sanitizer that refuses the device (gVisor) is "skipped", named.
+# With --device cpu, the same commands around ddp_unit_tests' CPU ops (a test of this
+# step's logic: COMPUTE_SANITIZER names a stand-in).
+readonly kSanitizerMemcheck='GpuOps.*:NnOpsGpu.*:TransformerOpsGpu.*:MultiTensorGpu.*:VecMapGpu.*:MixedPrecisionGpu.*'
+readonly kSanitizerShared='GpuOps.*:TransformerOpsGpu.*:MultiTensorGpu.*:MixedPrecisionGpu.FusedClassifier*'
+find_compute_sanitizer() {
+  local c
+  for c in "${COMPUTE_SANITIZER:-}" "$(command -v compute-sanitizer 2>/dev/null)" \
+    "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" /usr/local/cuda/bin/compute-sanitizer \
+    /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+    [[ -n "$c" && -x "$c" ]] && { echo "$c"; return 0; }
+  done
+  return 1
+}
+step_kernel_sanitizer() {
+  local step=kernel_sanitizer exe="$bin/ddp_gpu_tests" sanitizer tool filter limit rc errors report
+  local ran=() partly=() found=() share
+  selected "$step" || return
+  skip_cuda "$step" && return
+  if [[ $emulated -eq 1 ]]; then
+    record "$step" "skipped: compute-sanitizer checks a GPU's kernels; the emulated device runs them on the CPU"
+    return
+  fi
+  local memcheck_filter=$kSanitizerMemcheck shared_filter=$kSanitizerShared
+  if [[ $dev == cpu ]]; then
+    exe="$bin/ddp_unit_tests" memcheck_filter='TransformerOps.Gelu*' shared_filter='TransformerOps.LayerNorm*'
+  fi
+  if [[ ! -x "$exe" ]]; then
+    record "$step" "$([[ $with_tests -eq 0 ]] && echo "skipped: --no-tests" || echo "FAILED: $exe is missing")"
+    return
+  fi
+  if ! sanitizer=$(find_compute_sanitizer); then
+    record "$step" "skipped: no compute-sanitizer (searched \$COMPUTE_SANITIZER, PATH, \$CUDA_HOME/bin, /usr/local/cuda)" "-" "0 errors"
+    return
+  fi
+  if [[ $optional == *",$step,"* && $budget -gt 0 && $(remaining) -lt 150 ]]; then
+    record "$step" "skipped: --quick runs it with 150 s of the --budget left, $(remaining) s were"
+    return
+  fi
+  share=100
+  [[ $budget -gt 0 && $(( ($(remaining) - 10) / 3 )) -lt $share ]] && share=$(( ($(remaining) - 10) / 3 ))
+  [[ $share -lt 10 ]] && share=10
+  for tool in memcheck racecheck synccheck; do
+    filter=$shared_filter
+    [[ $tool == memcheck ]] && filter=$memcheck_filter
+    limit=$share
+    # API errors are left out: some tests provoke them on purpose (a device that does
+    # not exist), and the tests check what the library says about them.
+    run_logged "$step.$tool" "$limit" "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20 \
+      --report-api-errors no "$exe" --gtest_filter="$filter" --gtest_color=no
+    rc=$?
+    # memcheck and synccheck end with "ERROR SUMMARY: N errors", racecheck with
+    # "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)".
+    errors=$(sed -n -e 's/^========= ERROR SUMMARY: \([0-9][0-9]*\) error.*/\1/p' \
+      -e 's/^========= RACECHECK SUMMARY: .*(\([0-9][0-9]*\) errors\{0,1\},.*/\1/p' \
+      "$logs/$step.$tool.log" | tail -1)
+    # Its first report: the first "=========" line that is not the banner or a summary.
+    report=$(grep -E '^========= [^ ]' "$logs/$step.$tool.log" | grep -v -E 'COMPUTE-SANITIZER|SUMMARY' |
+      head -1 | sed 's/^========= //' | cut -c1-120 | tr '|\t' '/ ')
+    if grep -q -E '^========= (Error: )?(Device not supported|Unable to find injection library)' \
+      "$logs/$step.$tool.log"; then
+      record "$step" "skipped: compute-sanitizer cannot instrument this device or runtime: ${report} (logs/$step.$tool.log)" \
+        "-" "0 errors"
+      return
+    fi
+    if [[ $rc -eq 125 ]]; then
+      found+=("$tool: $(why_failed "$step.$tool" "$rc")")
+    elif [[ $rc -eq 86 || ${errors:-0} -gt 0 || (-n "$report" && -z "$errors") ]]; then
+      # (A report before a timeout counts: the run ended before its summary.)
+      found+=("$tool ${errors:-?} error(s): ${report:-see the log}")
+    elif [[ $rc -eq 124 || $rc -eq 137 ]]; then
+      partly+=("$tool")
+    elif [[ $rc -ne 0 ]]; then
+      found+=("$tool: $(why_failed "$step.$tool" "$rc")")
+    elif [[ -z "$errors" ]]; then
+      found+=("$tool: no ERROR SUMMARY line (logs/$step.$tool.log)")
+    else
+      ran+=("$tool")
+    fi
+  done
+  local figure="0 errors from ${ran[*]:-none}${partly[*]:+; out of time: ${partly[*]}}"
+  if [[ ${#found[@]} -gt 0 ]]; then
+    record "$step" "FAILED: ${found[*]} (logs/$step.*.log)" "$figure" "0 errors"
+  elif [[ ${#partly[@]} -gt 0 ]]; then
+    record "$step" "partly run: its share of the --budget ran out; no error found" "$figure" "0 errors"
+  else
+    record "$step" "ok" "$figure" "0 errors"
+  fi
+}
+
 # run_steps: every step after the preflight, in order (--only picks some).
 run_steps() {
   selected gpu_tests && step_gpu_tests
@@ -661,6 +757,7 @@ run_steps() {
   step_ddp_gpt
   step_bench device
   step_planted_faults
+  step_kernel_sanitizer
   step_bench gemm
   torch_step torch_mlp mlp
   torch_step torch_cnn cnn
