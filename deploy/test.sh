@@ -90,7 +90,8 @@ cmake --build "$build_dir" --parallel "$jobs"
 # core from another test: OpenBLAS spins 2^28 cycles before it sleeps, libgomp (oneDNN,
 # PyTorch) 300000 iterations. Both sleep at once here (unless set): in CI's first phase
 # the long tests took 379 s instead of 434 (1136 test-seconds instead of 1297) on a
-# 2-core AVX-512 EPYC. A test's results do not depend on it.
+# 2-core AVX-512 EPYC. What a test checks does not depend on it (a thread's wake-up
+# after its sleep makes a step slower, not different).
 export OPENBLAS_THREAD_TIMEOUT="${OPENBLAS_THREAD_TIMEOUT:-4}" OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 ctest_args=(--test-dir "$build_dir" --output-on-failure --parallel "$test_jobs" --timeout 600)
 [ -n "$label" ] && ctest_args+=(-L "$label")
