@@ -88,10 +88,12 @@ cmake --build "$build_dir" --parallel "$jobs"
 [ -z "$test_jobs" ] && test_jobs=$((jobs + 1))
 # With more tests than cores, a BLAS or OpenMP thread spinning between its jobs takes a
 # core from another test: OpenBLAS spins 2^28 cycles before it sleeps, libgomp (oneDNN,
-# PyTorch) 300000 iterations. Both sleep at once here (unless set): in CI's first phase
-# the long tests took 379 s instead of 434 (1136 test-seconds instead of 1297) on a
-# 2-core AVX-512 EPYC. What a test checks does not depend on it (a thread's wake-up
-# after its sleep makes a step slower, not different).
+# PyTorch) 300000 iterations. Both sleep at once here (unless set): the long tests
+# alone, 3 at a time in CI's first build, took 379 s instead of 434 (1136
+# test-seconds instead of 1297) on a 2-core AVX-512 EPYC; a whole fresh-clone CI
+# showed no gain in its first phase, the machine slower that run (docs/building.md).
+# What a test checks does not depend on it (a thread's wake-up after its sleep makes
+# a step slower, not different).
 export OPENBLAS_THREAD_TIMEOUT="${OPENBLAS_THREAD_TIMEOUT:-4}" OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 ctest_args=(--test-dir "$build_dir" --output-on-failure --parallel "$test_jobs" --timeout 600)
 [ -n "$label" ] && ctest_args+=(-L "$label")
