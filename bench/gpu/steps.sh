@@ -623,7 +623,7 @@ find_compute_sanitizer() {
   return 1
 }
 step_kernel_sanitizer() {
-  local step=kernel_sanitizer exe="$bin/ddp_gpu_tests" sanitizer tool filter limit rc errors report
+  local step=kernel_sanitizer exe="$bin/ddp_gpu_tests" sanitizer tool filter rc errors report
   local ran=() partly=() found=() share
   selected "$step" || return
   skip_cuda "$step" && return
@@ -653,10 +653,9 @@ step_kernel_sanitizer() {
   for tool in memcheck racecheck synccheck; do
     filter=$shared_filter
     [[ $tool == memcheck ]] && filter=$memcheck_filter
-    limit=$share
     # API errors are left out: some tests provoke them on purpose (a device that does
     # not exist), and the tests check what the library says about them.
-    run_logged "$step.$tool" "$limit" "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20 \
+    run_logged "$step.$tool" "$share" "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20 \
       --report-api-errors no "$exe" --gtest_filter="$filter" --gtest_color=no
     rc=$?
     # memcheck and synccheck end with "ERROR SUMMARY: N errors", racecheck with
