@@ -19,7 +19,7 @@
 #define DDP_SOURCE_DIR "."
 #endif
 
-namespace ddp::scale {
+namespace ddp::scaling {
 namespace {
 
 namespace fs = std::filesystem;
@@ -298,4 +298,4 @@ void check_programs(const Config& c) {
   }
 }
 
-}  // namespace ddp::scale
+}  // namespace ddp::scaling

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace ddp::scale {
+namespace ddp::scaling {
 
 struct Config {
   SweepOptions sweep;
@@ -32,4 +32,4 @@ std::optional<Config> parse_cli(const std::vector<std::string>& args);
 // The programs the planned points need exist and are executable (ValueError otherwise).
 void check_programs(const Config& config);
 
-}  // namespace ddp::scale
+}  // namespace ddp::scaling

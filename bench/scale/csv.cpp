@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <map>
 
-namespace ddp::scale {
+namespace ddp::scaling {
 namespace {
 
 constexpr std::array kColumns = {
@@ -151,4 +151,4 @@ std::vector<Measurement> parse_csv(std::string_view text) {
   return out;
 }
 
-}  // namespace ddp::scale
+}  // namespace ddp::scaling

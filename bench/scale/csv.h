@@ -19,7 +19,7 @@
 #include <string_view>
 #include <vector>
 
-namespace ddp::scale {
+namespace ddp::scaling {
 
 std::string csv_header();  // without the newline
 std::string csv_row(const Measurement& m);
@@ -29,4 +29,4 @@ std::string csv_text(const std::vector<Measurement>& measurements);
 // Parses a whole file written by csv_text (empty text: no measurements).
 std::vector<Measurement> parse_csv(std::string_view text);
 
-}  // namespace ddp::scale
+}  // namespace ddp::scaling

@@ -24,7 +24,7 @@
 #include <iostream>
 #include <sstream>
 
-namespace ddp::scale {
+namespace ddp::scaling {
 namespace {
 
 namespace fs = std::filesystem;
@@ -184,10 +184,10 @@ int plot_only(const Config& c) {
 }
 
 }  // namespace
-}  // namespace ddp::scale
+}  // namespace ddp::scaling
 
 int main(int argc, char** argv) {
-  using namespace ddp::scale;
+  using namespace ddp::scaling;
   Config config;
   try {
     const std::vector<std::string> args(argv + 1, argv + argc);

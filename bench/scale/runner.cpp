@@ -25,7 +25,7 @@
 
 extern char** environ;
 
-namespace ddp::scale {
+namespace ddp::scaling {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -279,4 +279,4 @@ Measurement run_point(const PointSpec& p, const RunOptions& options) {
   return m;
 }
 
-}  // namespace ddp::scale
+}  // namespace ddp::scaling

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-namespace ddp::scale {
+namespace ddp::scaling {
 
 // Note [program contract]: `scale --program PATH -- ARGS` sweeps a program of one's
 // own as it sweeps train: `ddprun --standalone -n W [--backend B] PATH ARGS
@@ -54,4 +54,4 @@ std::vector<std::string> torch_command(const PointSpec& p, const Programs& progr
 // process fails, times out, or prints no result.
 Measurement run_point(const PointSpec& p, const RunOptions& options);
 
-}  // namespace ddp::scale
+}  // namespace ddp::scaling

@@ -8,7 +8,7 @@
 #include <limits>
 #include <set>
 
-namespace ddp::scale {
+namespace ddp::scaling {
 namespace {
 
 constexpr std::array kPalette = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
@@ -308,4 +308,4 @@ std::string render_svg(const std::vector<Series>& all, const PlotOptions& option
   return out;
 }
 
-}  // namespace ddp::scale
+}  // namespace ddp::scaling

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace ddp::scale {
+namespace ddp::scaling {
 
 struct PlotOptions {
   std::string title = "Data-parallel scaling";
@@ -28,4 +28,4 @@ std::string render_svg(const std::vector<Series>& series, const PlotOptions& opt
 // `text` with &, <, >, " and ' escaped for XML text and attribute values.
 std::string xml_escape(std::string_view text);
 
-}  // namespace ddp::scale
+}  // namespace ddp::scaling

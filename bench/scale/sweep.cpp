@@ -12,7 +12,7 @@
 #include <set>
 #include <tuple>
 
-namespace ddp::scale {
+namespace ddp::scaling {
 namespace {
 
 bool contains(std::initializer_list<std::string_view> valid, std::string_view value) {
@@ -306,4 +306,4 @@ std::optional<double> json_number(std::string_view line, std::string_view key) {
   return value;
 }
 
-}  // namespace ddp::scale
+}  // namespace ddp::scaling

@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-namespace ddp::scale {
+namespace ddp::scaling {
 
 // What the user asked for (the flags of `scale`, docs/scaling.md).
 struct SweepOptions {
@@ -129,4 +129,4 @@ std::optional<double> json_number(std::string_view line, std::string_view key);
 // Median of a non-empty list.
 double median(std::vector<double> values);
 
-}  // namespace ddp::scale
+}  // namespace ddp::scaling

@@ -9,14 +9,10 @@
 // offset + philox_counters(n).
 #pragma once
 
+#include "runtime/host_device.h"
+
 #include <cmath>
 #include <cstdint>
-
-#if defined(__CUDACC__)
-#define DDP_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define DDP_HOST_DEVICE inline
-#endif
 
 namespace ddp::rng {
 
@@ -24,13 +20,13 @@ struct Philox4 {
   uint32_t v[4];
 };
 
-DDP_HOST_DEVICE uint32_t mulhilo(uint32_t a, uint32_t b, uint32_t* hi) {
+DDP_HOST_DEVICE_INLINE uint32_t mulhilo(uint32_t a, uint32_t b, uint32_t* hi) {
   const uint64_t p = static_cast<uint64_t>(a) * b;
   *hi = static_cast<uint32_t>(p >> 32);
   return static_cast<uint32_t>(p);
 }
 
-DDP_HOST_DEVICE Philox4 philox4x32_10(Philox4 ctr, uint32_t k0, uint32_t k1) {
+DDP_HOST_DEVICE_INLINE Philox4 philox4x32_10(Philox4 ctr, uint32_t k0, uint32_t k1) {
   constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
   constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
   for (int round = 0; round < 10; ++round) {
@@ -45,17 +41,17 @@ DDP_HOST_DEVICE Philox4 philox4x32_10(Philox4 ctr, uint32_t k0, uint32_t k1) {
 }
 
 // The four words for counter index `c` of stream `seed`.
-DDP_HOST_DEVICE Philox4 philox_block(uint64_t seed, uint64_t c) {
+DDP_HOST_DEVICE_INLINE Philox4 philox_block(uint64_t seed, uint64_t c) {
   return philox4x32_10(Philox4{{static_cast<uint32_t>(c), static_cast<uint32_t>(c >> 32), 0u, 0u}},
                        static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
 }
 
-DDP_HOST_DEVICE float uniform_from_word(uint32_t w) {
+DDP_HOST_DEVICE_INLINE float uniform_from_word(uint32_t w) {
   return static_cast<float>(w >> 8) * (1.0f / 16777216.0f);
 }
 
 // Box-Muller on two words; u1 in (0, 1] so log() is finite.
-DDP_HOST_DEVICE void normal_pair(uint32_t w1, uint32_t w2, float* n1, float* n2) {
+DDP_HOST_DEVICE_INLINE void normal_pair(uint32_t w1, uint32_t w2, float* n1, float* n2) {
   const float u1 = static_cast<float>((w1 >> 8) + 1u) * (1.0f / 16777216.0f);
   const float u2 = static_cast<float>(w2 >> 8) * (1.0f / 16777216.0f);
   const float r = sqrtf(-2.0f * logf(u1));
@@ -64,7 +60,7 @@ DDP_HOST_DEVICE void normal_pair(uint32_t w1, uint32_t w2, float* n1, float* n2)
   *n2 = r * sinf(theta);
 }
 
-DDP_HOST_DEVICE uint64_t philox_counters(uint64_t numel) {
+DDP_HOST_DEVICE_INLINE uint64_t philox_counters(uint64_t numel) {
   return (numel + 3) / 4;
 }
 

@@ -38,7 +38,7 @@
 namespace ddp {
 namespace {
 
-const Device kGpu = Device::cuda(0);
+using gpu_test::kGpu;
 
 // 64 Mi floats (256 MiB): a fill takes long enough (tens of microseconds per pass
 // on an H100, more on older GPUs) that a copy on an unordered stream starts

@@ -23,7 +23,7 @@
 namespace ddp {
 namespace {
 
-const Device kGpu = Device::cuda(0);
+using gpu_test::kGpu;
 
 Tensor forward(const Tensor& x, const Tensor& w) {
   const Tensor h = matmul(x, w);  // temporaries: allocated and freed while capturing

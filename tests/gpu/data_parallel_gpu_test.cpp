@@ -18,7 +18,7 @@
 namespace ddp {
 namespace {
 
-const Device kGpu = Device::cuda(0);
+using gpu_test::kGpu;
 
 std::shared_ptr<nn::Sequential> mlp(uint64_t seed) {
   Generator gen(seed);

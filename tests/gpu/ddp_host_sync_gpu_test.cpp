@@ -31,7 +31,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-const Device kGpu = Device::cuda(0);
+using gpu_test::kGpu;
 constexpr int64_t kBatch = 64;
 constexpr int kWarmupSteps = 2;  // the first synchronized backward rebuilds the buckets
 constexpr int kCountedSteps = 3;

@@ -27,7 +27,7 @@ namespace {
 
 namespace F = functional;
 
-const Device kGpu = Device::cuda(0);
+using gpu_test::kGpu;
 
 // max |actual - expected| <= rtol * max |expected|, reported with the tensor's name.
 void expect_close(const std::string& what, const Tensor& actual, const Tensor& expected,

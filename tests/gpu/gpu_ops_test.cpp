@@ -20,7 +20,7 @@
 namespace ddp {
 namespace {
 
-const Device kGpu = Device::cuda(0);
+using gpu_test::kGpu;
 
 std::vector<float> host_f32(const Tensor& t) {
   const Tensor h = t.cpu();

@@ -29,7 +29,7 @@ namespace {
 
 namespace F = functional;
 
-const Device kGpu = Device::cuda(0);
+using gpu_test::kGpu;
 // One bf16 step, relative: two f32 results a few ulps apart (another summation order,
 // an FMA, the device's tanhf) may round to neighbouring bf16 values, 2^-8 to 2^-7 apart.
 constexpr double kBf16Rounding = 1.0 / 128;

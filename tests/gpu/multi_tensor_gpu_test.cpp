@@ -21,7 +21,7 @@
 namespace ddp {
 namespace {
 
-const Device kGpu = Device::cuda(0);
+using gpu_test::kGpu;
 
 std::vector<int64_t> sizes() {
   std::vector<int64_t> n;

@@ -12,6 +12,7 @@
 #include "runtime/device.h"
 #include "runtime/ops/ops.h"
 #include "runtime/stream.h"
+#include "tests/gpu/require_gpu.h"
 
 #include <gtest/gtest.h>
 
@@ -31,7 +32,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-const Device kGpu = Device::cuda(0);
+using gpu_test::kGpu;
 constexpr DType kReducible[] = {DType::f32, DType::bf16, DType::f16, DType::i32, DType::i64};
 constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min};
 

@@ -18,12 +18,14 @@
 #include <utility>
 #include <vector>
 
-namespace ddp {
+// A namespace of its own: helpers named as in other files of the unity build (Note
+// [unity test builds] in tests/CMakeLists.txt).
+namespace ddp::nn_ops_gpu_test {
 namespace {
 
 using kernels::Conv2dGeometry;
 
-const Device kGpu = Device::cuda(0);
+using gpu_test::kGpu;
 
 // |actual - expected| <= rtol * (|expected| + max |expected|) for every element.
 void expect_close(const Tensor& actual, const Tensor& expected, double rtol) {
@@ -176,4 +178,4 @@ TEST(NnOpsGpu, AdamWUpdateMatchesCpu) {
 }
 
 }  // namespace
-}  // namespace ddp
+}  // namespace ddp::nn_ops_gpu_test

@@ -17,7 +17,7 @@
 namespace ddp {
 namespace {
 
-const Device kGpu = Device::cuda(0);
+using gpu_test::kGpu;
 
 const profile::OpTime* find(const std::vector<profile::OpTime>& ops, const std::string& op) {
   for (const profile::OpTime& t : ops) {

@@ -19,3 +19,11 @@
   DDP_REQUIRE_CUDA();              \
   if (::ddp::cuda_api::emulated()) \
   GTEST_SKIP() << "the CUDA device is emulated on the CPU, and this test needs " << (why)
+
+namespace ddp::gpu_test {
+
+// The device the gpu tests run on (one definition for the unity build: Note [unity
+// test builds] in tests/CMakeLists.txt).
+inline const Device kGpu = Device::cuda(0);
+
+}  // namespace ddp::gpu_test

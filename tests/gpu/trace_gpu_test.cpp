@@ -26,7 +26,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-const Device kGpu = Device::cuda(0);
+using gpu_test::kGpu;
 
 // Some milliseconds of work on the current stream.
 void busy_gpu() {

@@ -24,12 +24,14 @@
 #include <string>
 #include <vector>
 
-namespace ddp {
+// A namespace of its own: helpers named as in other files of the unity build (Note
+// [unity test builds] in tests/CMakeLists.txt).
+namespace ddp::transformer_ops_gpu_test {
 namespace {
 
 namespace F = functional;
 
-const Device kGpu = Device::cuda(0);
+using gpu_test::kGpu;
 
 // |actual - expected| <= rtol * (|expected| + max |expected|) + 1e-7 for every element
 // (the floor: an all-zero expectation must not demand bit equality by accident).
@@ -388,4 +390,4 @@ TEST(TransformerOpsGpu, SumSquaresMatchesAFloat64SumAndIsDeterministic) {
 }
 
 }  // namespace
-}  // namespace ddp
+}  // namespace ddp::transformer_ops_gpu_test

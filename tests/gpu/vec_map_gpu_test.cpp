@@ -28,10 +28,12 @@
 #include <string>
 #include <vector>
 
-namespace ddp {
+// A namespace of its own: helpers named as in other files of the unity build (Note
+// [unity test builds] in tests/CMakeLists.txt).
+namespace ddp::vec_map_gpu_test {
 namespace {
 
-const Device kGpu = Device::cuda(0);
+using gpu_test::kGpu;
 constexpr double kBf16Rounding = 1.0 / 128;
 
 using gpu_test::expect_close;
@@ -174,4 +176,4 @@ TEST(VecMapGpu, RowKernelsGiveTheSameBitsOnViewsOffAVector) {
 }
 
 }  // namespace
-}  // namespace ddp
+}  // namespace ddp::vec_map_gpu_test

@@ -22,12 +22,14 @@
 #include <string>
 #include <vector>
 
-namespace ddp {
+// A namespace of its own: helpers named as in other files of the unity build (Note
+// [unity test builds] in tests/CMakeLists.txt).
+namespace ddp::zero_gpu_test {
 namespace {
 
 using namespace std::chrono_literals;
 
-const Device kGpu = Device::cuda(0);
+using gpu_test::kGpu;
 constexpr int64_t kBatch = 64;
 
 std::shared_ptr<nn::Sequential> mlp() {
@@ -156,4 +158,4 @@ INSTANTIATE_TEST_SUITE_P(Backends, ZeroGpu,
                          });
 
 }  // namespace
-}  // namespace ddp
+}  // namespace ddp::zero_gpu_test

@@ -16,7 +16,9 @@
 #include <filesystem>
 #include <thread>
 
-namespace ddp::test {
+// A namespace of its own: helpers named as in other files of the unity build (Note
+// [unity test builds] in tests/CMakeLists.txt).
+namespace ddp::test::gloo_conformance_test {
 namespace {
 
 using namespace std::chrono_literals;
@@ -222,4 +224,4 @@ TEST(GlooCommunicator, UnresolvableHostnameIsACommErrorNamingIt) {
 }
 
 }  // namespace
-}  // namespace ddp::test
+}  // namespace ddp::test::gloo_conformance_test

@@ -19,7 +19,9 @@
 #include <functional>
 #include <thread>
 
-namespace ddp::test {
+// A namespace of its own: helpers named as in other files of the unity build (Note
+// [unity test builds] in tests/CMakeLists.txt).
+namespace ddp::test::shm_test {
 namespace {
 
 using namespace std::chrono_literals;
@@ -311,4 +313,4 @@ TEST(ShmCommunicator, PeerThatTimedOutIsNamedAsLeftNotAsNeverArrived) {
 }
 
 }  // namespace
-}  // namespace ddp::test
+}  // namespace ddp::test::shm_test

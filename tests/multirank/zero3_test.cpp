@@ -31,7 +31,9 @@
 #include <algorithm>
 #include <cmath>
 
-namespace ddp::test {
+// A namespace of its own: helpers named as in other files of the unity build (Note
+// [unity test builds] in tests/CMakeLists.txt).
+namespace ddp::test::zero3_test {
 namespace {
 
 using namespace std::chrono_literals;
@@ -488,4 +490,4 @@ TEST(Zero3Checkpoint, SavedAtFourRanksResumesAtTwo) {
 }
 
 }  // namespace
-}  // namespace ddp::test
+}  // namespace ddp::test::zero3_test

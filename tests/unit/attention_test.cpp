@@ -3,6 +3,7 @@
 // central finite differences, causality of outputs and gradients, and the shape messages.
 #include "runtime/autograd/functions.h"
 #include "runtime/ops/transformer_ops.h"
+#include "tests/unit/error_text.h"
 #include "tests/unit/gradcheck.h"
 
 #include <gtest/gtest.h>
@@ -16,15 +17,7 @@ namespace {
 namespace F = functional;
 using test_util::gradcheck;
 
-template <typename Fn>
-std::string value_error(Fn&& f) {
-  try {
-    f();
-  } catch (const ValueError& e) {
-    return e.what();
-  }
-  return "";
-}
+using test_util::value_error;
 
 // qkv [B, T, 3C] -> part (0 q, 1 k, 2 v) as [B, H, T, D], the permute nanoGPT does.
 Tensor split_head(const Tensor& qkv, int64_t heads, int64_t part) {

@@ -13,6 +13,7 @@
 #include "runtime/ops/ops.h"
 #include "runtime/ops/transformer_ops.h"
 #include "runtime/optim/optimizer.h"
+#include "tests/unit/error_text.h"
 
 #include <gtest/gtest.h>
 
@@ -33,7 +34,7 @@ Tensor bf16(const Tensor& t) {
 Tensor f32(const Tensor& t) {
   return cast(t, DType::f32);
 }
-Tensor leaf(const Tensor& t) {
+Tensor cloned_leaf(const Tensor& t) {
   Tensor p = t.clone();
   set_requires_grad(p, true);
   return p;
@@ -58,20 +59,12 @@ void expect_close(const Tensor& want, const Tensor& got, double rtol, double ato
   }
 }
 
-template <typename Fn>
-std::string value_error(Fn&& f) {
-  try {
-    f();
-  } catch (const ValueError& e) {
-    return e.what();
-  }
-  return "";
-}
+using test_util::value_error;
 
 // ---- the engine: Note [gradient dtypes] ------------------------------------------
 
 TEST(GradientDtypes, ACastSendsTheGradientBackInTheInputsDtype) {
-  Tensor x = leaf(randn({3, 4}, 1));
+  Tensor x = cloned_leaf(randn({3, 4}, 1));
   const Tensor y = F::cast(x, DType::bf16);
   ASSERT_EQ(y.dtype(), DType::bf16);
   backward(F::sum(F::mul(y, y)));  // d/dx sum(y^2) = 2y, computed in bf16
@@ -81,8 +74,8 @@ TEST(GradientDtypes, ACastSendsTheGradientBackInTheInputsDtype) {
 }
 
 TEST(GradientDtypes, ABf16LeafAddedToAnF32OneGetsABf16Gradient) {
-  Tensor a = leaf(randn({5}, 2));
-  Tensor b = leaf(bf16(randn({5}, 3)));
+  Tensor a = cloned_leaf(randn({5}, 2));
+  Tensor b = cloned_leaf(bf16(randn({5}, 3)));
   const Tensor c = F::add(a, b);
   ASSERT_EQ(c.dtype(), DType::f32);  // promotion
   backward(F::sum(F::scale(c, 3.0f)));
@@ -94,8 +87,9 @@ TEST(GradientDtypes, ABf16LeafAddedToAnF32OneGetsABf16Gradient) {
 // ---- the rules of Note [autocast] ------------------------------------------------
 
 TEST(Autocast, EachOpGetsTheDtypeOfTheTable) {
-  const Tensor x = randn({6, 8}, 4), w = leaf(randn({5, 8}, 5)), b = leaf(randn({5}, 6));
-  const Tensor ln_w = leaf(ones({8})), ln_b = leaf(zeros({8}));
+  const Tensor x = randn({6, 8}, 4), w = cloned_leaf(randn({5, 8}, 5)),
+               b = cloned_leaf(randn({5}, 6));
+  const Tensor ln_w = cloned_leaf(ones({8})), ln_b = cloned_leaf(zeros({8}));
   const Tensor labels = from_vector<int64_t>({0, 1, 2, 3, 4, 0}, {6});
   {
     AutocastGuard guard;
@@ -115,8 +109,9 @@ TEST(Autocast, EachOpGetsTheDtypeOfTheTable) {
     EXPECT_EQ(F::add(randn({6, 5}, 11), h).dtype(), DType::f32);
     EXPECT_EQ(F::embedding(ln_w.reshape({2, 4}), from_vector<int64_t>({1, 0}, {2})).dtype(),
               DType::f32);
-    EXPECT_EQ(F::conv2d(randn({1, 2, 5, 5}, 12), leaf(randn({3, 2, 3, 3}, 13)), Tensor()).dtype(),
-              DType::f32);
+    EXPECT_EQ(
+        F::conv2d(randn({1, 2, 5, 5}, 12), cloned_leaf(randn({3, 2, 3, 3}, 13)), Tensor()).dtype(),
+        DType::f32);
     {
       AutocastGuard off(DType::bf16, /*enabled=*/false);
       EXPECT_EQ(F::linear(x, w, b).dtype(), DType::f32);
@@ -148,7 +143,7 @@ TEST(Autocast, Bf16NeedsComputeCapabilityEight) {
 }
 
 TEST(Autocast, AParameterIsCastOncePerRegion) {
-  const Tensor w = leaf(randn({4, 6}, 14));
+  const Tensor w = cloned_leaf(randn({4, 6}, 14));
   const Tensor x = randn({3, 6}, 15);
   {
     AutocastGuard guard;
@@ -172,7 +167,7 @@ TEST(Autocast, AParameterIsCastOncePerRegion) {
 // into f32, the input's in its own dtype.
 TEST(Autocast, LinearIsTheF32ProductOfRoundedOperandsWithF32ParameterGradients) {
   const Tensor x0 = randn({7, 9}, 16);
-  Tensor x = leaf(x0), w = leaf(randn({5, 9}, 17)), b = leaf(randn({5}, 18));
+  Tensor x = cloned_leaf(x0), w = cloned_leaf(randn({5, 9}, 17)), b = cloned_leaf(randn({5}, 18));
   const Tensor g = randn({7, 5}, 19);
   Tensor y;
   {

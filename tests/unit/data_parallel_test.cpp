@@ -52,7 +52,7 @@ void expect_close(const Tensor& a, const Tensor& b, double rtol, const std::stri
   }
 }
 
-std::shared_ptr<nn::Sequential> mlp(uint64_t seed) {
+std::shared_ptr<nn::Sequential> dp_mlp(uint64_t seed) {
   Generator gen(seed);
   auto model = std::make_shared<nn::Sequential>();
   model->add(std::make_shared<nn::Flatten>());
@@ -62,7 +62,7 @@ std::shared_ptr<nn::Sequential> mlp(uint64_t seed) {
   return model;
 }
 
-std::shared_ptr<nn::Sequential> cnn(uint64_t seed) {
+std::shared_ptr<nn::Sequential> dp_cnn(uint64_t seed) {
   Generator gen(seed);
   auto model = std::make_shared<nn::Sequential>();
   model->add(std::make_shared<nn::Conv2d>(1, 3, 3, gen, functional::Conv2dOptions{1, 1}));
@@ -142,7 +142,7 @@ TEST(DataParallelScatter, GradientsFlowBackThroughGatherAndScatter) {
 // ---- replication ----
 
 TEST(DataParallelReplicate, ReplicaUsesTheGivenTensors) {
-  auto model = mlp(1);
+  auto model = dp_mlp(1);
   std::vector<Tensor> params;
   for (const Tensor& p : model->parameters()) params.push_back(zeros(p.shape()));
   params.back() = from_vector<float>({1, 2, 3, 4}, {4});  // the last bias
@@ -265,16 +265,16 @@ TEST(DataParallelThreads, ReplicasRunWithTheCallersGradMode) {
 TEST(DataParallel, DeviceErrors) {
   expect_throw_with<ValueError>(
       [] {
-        DataParallel(mlp(1), {Device::cpu(), Device::cuda(0)});
+        DataParallel(dp_mlp(1), {Device::cpu(), Device::cuda(0)});
       },
       "devices must all be of one type");
   expect_throw_with<DeviceError>(
       [] {
-        DataParallel(mlp(1), {Device::cuda(99), Device::cuda(99)});
+        DataParallel(dp_mlp(1), {Device::cuda(99), Device::cuda(99)});
       },
       "cuda:99 is not available");
   if (device_count(DeviceType::cuda) == 0) {
-    expect_throw_with<DeviceError>([] { DataParallel(mlp(1)); }, "no CUDA device is available");
+    expect_throw_with<DeviceError>([] { DataParallel(dp_mlp(1)); }, "no CUDA device is available");
   }
   expect_throw_with<ValueError>([] { DataParallel(nullptr, kCpu2); }, "module is null");
 }
@@ -288,12 +288,12 @@ TEST(DataParallel, ParsesDeviceLists) {
 }
 
 TEST(DataParallel, ErrorInAReplicaNamesIt) {
-  DataParallel dp(mlp(1), kCpu2);
+  DataParallel dp(dp_mlp(1), kCpu2);
   expect_throw_with<ValueError>([&] { dp(randn({4, 5}, 1)); }, "replica 0 on cpu: linear: input");
 }
 
 TEST(DataParallel, ForwardMatchesOneDeviceAndUsesFewerReplicasForSmallBatches) {
-  auto model = mlp(1);
+  auto model = dp_mlp(1);
   DataParallel dp(model, kCpu3);
   const Tensor x = randn({7, 12}, 5);
   const Tensor y = dp(x);
@@ -353,15 +353,15 @@ void expect_equivalent_training(std::shared_ptr<nn::Sequential> (*make)(uint64_t
 }
 
 TEST(DataParallel, EquivalentToOneDeviceMlp2Replicas) {
-  expect_equivalent_training(mlp, {10, 12}, kCpu2);
+  expect_equivalent_training(dp_mlp, {10, 12}, kCpu2);
 }
 
 TEST(DataParallel, EquivalentToOneDeviceMlp3ReplicasUnevenBatch) {
-  expect_equivalent_training(mlp, {10, 12}, kCpu3);  // chunks 4, 3, 3
+  expect_equivalent_training(dp_mlp, {10, 12}, kCpu3);  // chunks 4, 3, 3
 }
 
 TEST(DataParallel, EquivalentToOneDeviceCnn3Replicas) {
-  expect_equivalent_training(cnn, {8, 1, 4, 4}, kCpu3);  // chunks 3, 3, 2
+  expect_equivalent_training(dp_cnn, {8, 1, 4, 4}, kCpu3);  // chunks 3, 3, 2
 }
 
 }  // namespace

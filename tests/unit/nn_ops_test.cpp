@@ -4,6 +4,8 @@
 #include "runtime/ops/nn_ops.h"
 #include "runtime/ops/ops.h"
 #include "runtime/rng/philox.h"
+#include "tests/unit/error_text.h"
+#include "tests/unit/expect_close.h"
 
 #include <gtest/gtest.h>
 
@@ -20,19 +22,8 @@ namespace {
 
 using kernels::Conv2dGeometry;
 
-std::vector<double> as_double(const Tensor& t) {
-  const auto v = t.to_vector<float>();
-  return std::vector<double>(v.begin(), v.end());
-}
-
-void expect_close(const std::vector<double>& expected, const Tensor& actual, double rtol,
-                  double atol = 1e-6) {
-  const auto got = actual.to_vector<float>();
-  ASSERT_EQ(got.size(), expected.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_NEAR(got[i], expected[i], atol + rtol * std::fabs(expected[i])) << "element " << i;
-  }
-}
+using test_util::as_double;
+using test_util::expect_close;
 
 double dot(const std::vector<double>& a, const std::vector<double>& b) {
   double s = 0;
@@ -470,15 +461,7 @@ TEST(NnOps, AdamWUpdateMatchesTorchRuleOverThreeSteps) {
 
 // ---- errors ----------------------------------------------------------------
 
-template <typename E, typename Fn>
-std::string message_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "no exception of the expected type";
-}
+using test_util::message_of;
 
 TEST(NnOps, ConvGeometryErrorsNameOpShapeAndParameters) {
   const Tensor x = randn({1, 2, 4, 4}, 1);

@@ -1,6 +1,7 @@
 // Every CPU op against a plain double-precision reference written here.
 #include "runtime/ops/ops.h"
 #include "runtime/ops/nn_ops.h"
+#include "tests/unit/expect_close.h"
 
 #include <gtest/gtest.h>
 
@@ -9,19 +10,8 @@
 namespace ddp {
 namespace {
 
-std::vector<double> as_double(const Tensor& t) {
-  const auto v = t.to_vector<float>();
-  return std::vector<double>(v.begin(), v.end());
-}
-
-void expect_close(const std::vector<double>& expected, const Tensor& actual, double rtol,
-                  double atol = 1e-6) {
-  const auto got = actual.to_vector<float>();
-  ASSERT_EQ(got.size(), expected.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_NEAR(got[i], expected[i], atol + rtol * std::fabs(expected[i])) << "element " << i;
-  }
-}
+using test_util::as_double;
+using test_util::expect_close;
 
 std::vector<double> ref_gemm(const std::vector<double>& a, const std::vector<double>& b, int64_t m,
                              int64_t n, int64_t k, bool ta, bool tb) {

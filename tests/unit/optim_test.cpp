@@ -3,6 +3,7 @@
 #include "runtime/ops/ops.h"
 #include "runtime/ops/transformer_ops.h"
 #include "runtime/optim/optimizer.h"
+#include "tests/unit/error_text.h"
 
 #include <gtest/gtest.h>
 
@@ -15,23 +16,15 @@ namespace {
 
 // A parameter with a fixed gradient per step, updated by the optimizer and by a
 // scalar reference written from torch.optim's documented rules.
-struct Case {
+struct OptimCase {
   std::vector<float> param = {0.5f, -1.0f, 2.0f};
   std::vector<std::vector<float>> grads = {
       {0.1f, -0.2f, 0.3f}, {-0.5f, 0.4f, 0.0f}, {1.0f, 1.0f, -1.0f}};
 };
 
-template <typename E, typename Fn>
-std::string message_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "no exception of the expected type";
-}
+using test_util::message_of;
 
-std::vector<float> run(optim::Optimizer& opt, Tensor& p, const Case& c) {
+std::vector<float> run(optim::Optimizer& opt, Tensor& p, const OptimCase& c) {
   for (const auto& g : c.grads) {
     set_grad(p, from_vector(g, {3}));
     opt.step();
@@ -40,7 +33,7 @@ std::vector<float> run(optim::Optimizer& opt, Tensor& p, const Case& c) {
 }
 
 TEST(Optim, SgdMatchesTorchRule) {
-  const Case c;
+  const OptimCase c;
   for (float momentum : {0.0f, 0.9f}) {
     for (bool nesterov : {false, true}) {
       if (nesterov && momentum == 0.0f) continue;
@@ -72,7 +65,7 @@ TEST(Optim, SgdMatchesTorchRule) {
 }
 
 TEST(Optim, AdamWMatchesTorchRule) {
-  const Case c;
+  const OptimCase c;
   Tensor p = from_vector(c.param, {3});
   set_requires_grad(p, true);
   optim::AdamW opt({p}, {.lr = 0.01f, .weight_decay = 0.1f});
@@ -95,7 +88,7 @@ TEST(Optim, AdamWMatchesTorchRule) {
 // Two groups update as two optimizers with their own weight decay would, and state()
 // numbers the parameters group after group (torch's state_dict numbering).
 TEST(Optim, AdamWGroupsDecayEachByItsOwnWeightDecay) {
-  const Case c;
+  const OptimCase c;
   auto leaf = [&] {
     Tensor t = from_vector(c.param, {3});
     set_requires_grad(t, true);
@@ -168,7 +161,7 @@ TEST(Optim, SumSquaresMatchesDoubleReference) {
 }
 
 TEST(Optim, StateRoundTripContinuesIdentically) {
-  const Case c;
+  const OptimCase c;
   for (int which = 0; which < 2; ++which) {
     auto make = [which](Tensor& p) -> std::unique_ptr<optim::Optimizer> {
       if (which == 0)

@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-namespace ddp::scale {
+namespace ddp::scaling {
 namespace {
 
 Measurement sample(int world_size, double samples_per_s, std::string impl = "ours") {
@@ -103,4 +103,4 @@ TEST(ScaleCsv, ResumingFromTheFileRunsOnlyTheNewPoints) {
 }
 
 }  // namespace
-}  // namespace ddp::scale
+}  // namespace ddp::scaling

@@ -8,7 +8,7 @@
 #include <map>
 #include <regex>
 
-namespace ddp::scale {
+namespace ddp::scaling {
 namespace {
 
 // A small XML well-formedness check: every element closed in order, attribute
@@ -139,4 +139,4 @@ TEST(ScaleSvg, EscapesTextAndDrawsAxesWithoutData) {
 }
 
 }  // namespace
-}  // namespace ddp::scale
+}  // namespace ddp::scaling

@@ -11,7 +11,7 @@
 
 #include <algorithm>
 
-namespace ddp::scale {
+namespace ddp::scaling {
 namespace {
 
 std::string error_of(const SweepOptions& o) {
@@ -362,4 +362,4 @@ TEST(ScaleCommands, GptPointsReadTextWithOneEvaluationBatch) {
 }
 
 }  // namespace
-}  // namespace ddp::scale
+}  // namespace ddp::scaling

@@ -71,7 +71,7 @@ std::vector<Message> drain(MessageParser& parser) {
   return out;
 }
 
-std::string parse_error(const Bytes& bytes) {
+std::string frame_error(const Bytes& bytes) {
   MessageParser parser;
   parser.feed(bytes.data(), bytes.size());
   return error_of<ProtocolError>([&] { drain(parser); });
@@ -109,19 +109,19 @@ TEST(StoreProtocol, WireLayoutIsLittleEndian) {
 }
 
 TEST(StoreProtocol, RejectsMalformedInput) {
-  EXPECT_NE(parse_error({1, 0, 0, 0, 99}).find("unknown command 99"), std::string::npos);
-  EXPECT_NE(parse_error({0, 0, 0, 0}).find("empty frame"), std::string::npos);
+  EXPECT_NE(frame_error({1, 0, 0, 0, 99}).find("unknown command 99"), std::string::npos);
+  EXPECT_NE(frame_error({0, 0, 0, 0}).find("empty frame"), std::string::npos);
   // SET whose key claims 100 bytes but holds 2.
-  EXPECT_NE(parse_error({7, 0, 0, 0, 2, 100, 0, 0, 0, 'a', 'b'}).find("'key' is truncated"),
+  EXPECT_NE(frame_error({7, 0, 0, 0, 2, 100, 0, 0, 0, 'a', 'b'}).find("'key' is truncated"),
             std::string::npos);
   // OK followed by a stray byte inside its frame.
-  EXPECT_NE(parse_error({2, 0, 0, 0, 64, 0}).find("OK has 1 trailing bytes"), std::string::npos);
+  EXPECT_NE(frame_error({2, 0, 0, 0, 64, 0}).find("OK has 1 trailing bytes"), std::string::npos);
   // CHECK claiming 2^32-1 keys in 4 bytes: rejected without reserving memory for them.
-  EXPECT_NE(parse_error({9, 0, 0, 0, 8, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0})
+  EXPECT_NE(frame_error({9, 0, 0, 0, 8, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0})
                 .find("claims 4294967295 keys"),
             std::string::npos);
   // GET without its timeout.
-  EXPECT_NE(parse_error({6, 0, 0, 0, 3, 1, 0, 0, 0, 'k'}).find("'number' is truncated"),
+  EXPECT_NE(frame_error({6, 0, 0, 0, 3, 1, 0, 0, 0, 'k'}).find("'number' is truncated"),
             std::string::npos);
 }
 

@@ -9,6 +9,7 @@
 #include "runtime/nn/layers.h"
 #include "runtime/ops/kernels.h"
 #include "runtime/ops/ops.h"
+#include "tests/unit/error_text.h"
 #include "tests/unit/gradcheck.h"
 
 #include <gtest/gtest.h>
@@ -30,16 +31,7 @@ namespace {
 namespace F = functional;
 using test_util::gradcheck;
 
-// The message of the ValueError `f` throws ("" when it throws none).
-template <typename Fn>
-std::string value_error(Fn&& f) {
-  try {
-    f();
-  } catch (const ValueError& e) {
-    return e.what();
-  }
-  return "";
-}
+using test_util::value_error;
 
 double gelu_tanh(double x) {
   return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));

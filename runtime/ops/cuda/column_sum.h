@@ -14,13 +14,9 @@
 // the same input gives the same bits on every run and every GPU.
 #pragma once
 
-#include <cstdint>
+#include "runtime/host_device.h"
 
-#if defined(__CUDACC__)
-#define DDP_HOST_DEVICE __host__ __device__
-#else
-#define DDP_HOST_DEVICE
-#endif
+#include <cstdint>
 
 namespace ddp::kernels::column_sum {
 

@@ -16,13 +16,9 @@
 // [deterministic sum] in reduce.cu). Sums accumulate in double, as on the CPU.
 #pragma once
 
-#include <cstdint>
+#include "runtime/host_device.h"
 
-#if defined(__CUDACC__)
-#define DDP_HOST_DEVICE __host__ __device__
-#else
-#define DDP_HOST_DEVICE
-#endif
+#include <cstdint>
 
 namespace ddp::kernels::dim_reduce {
 
