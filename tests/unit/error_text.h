@@ -1,5 +1,5 @@
-// The message of the ValueError a function throws: the usage-error tests check
-// what a message names. Shared by the unit test files, which a unity build compiles
+// The message of the error a function throws: the usage-error tests check what a
+// message names. Shared by the unit test files, which a unity build compiles
 // several to a translation unit (Note [unity test builds] in tests/CMakeLists.txt).
 #pragma once
 

@@ -24,6 +24,9 @@
 // Allocations of at least t_fail_from bytes fail on the thread that sets it
 // (0: none fail), so that the recorder's handling of bad_alloc can be seen. The
 // replacements pair malloc with free (GCC cannot see that through the inlining).
+// The pragma holds for the rest of the file's unity batch too (Note [unity test
+// builds]), where GCC may inline these replacements as well; ASan's new/delete
+// mismatch check still sees those files at run time.
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 namespace {
 thread_local size_t t_fail_from = 0;
