@@ -9,6 +9,7 @@
 #include "runtime/autograd/functions.h"
 #include "runtime/ops/ops.h"
 #include "runtime/profile.h"
+#include "tests/unit/error_text.h"
 #include "tests/unit/pending_gradients.h"
 
 #include <gtest/gtest.h>
@@ -25,15 +26,7 @@ namespace F = functional;
 
 constexpr const char* kMicro = "gpt:layers=1,d=8,heads=2,ctx=5,vocab=11";
 
-template <typename Fn>
-std::string value_error(Fn&& f) {
-  try {
-    f();
-  } catch (const ValueError& e) {
-    return e.what();
-  }
-  return "";
-}
+using test_util::value_error;
 
 std::shared_ptr<Gpt> model_of(const std::string& spec, uint64_t seed = 1) {
   Generator gen(seed);
