@@ -5,6 +5,7 @@
 #include "runtime/data/bpe.h"
 #include "runtime/checkpoint/json.h"
 #include "runtime/error.h"
+#include "tests/unit/error_text.h"
 
 #include <gtest/gtest.h>
 
@@ -217,42 +218,34 @@ TEST(BpeTinyVocabulary, DecodeIsTheInverse) {
   }
 }
 
-template <class F>
-std::string bpe_error(F&& f) {
-  try {
-    f();
-  } catch (const ValueError& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using test_util::value_error;
 
 TEST(BpeTinyVocabulary, RefusesBrokenParts) {
   std::vector<std::pair<std::string, int32_t>> bytes;
   for (int b = 0; b < 256; ++b) bytes.emplace_back(gpt2_byte_symbol(static_cast<uint8_t>(b)), b);
   auto without_space = bytes;
   without_space[' '].first = "x y";
-  EXPECT_NE(bpe_error([&] { Gpt2Tokenizer::from_parts(without_space, {}); }).find("holds U+0020"),
+  EXPECT_NE(value_error([&] { Gpt2Tokenizer::from_parts(without_space, {}); }).find("holds U+0020"),
             std::string::npos);
   auto missing = bytes;
   missing.pop_back();
-  EXPECT_NE(bpe_error([&] {
+  EXPECT_NE(value_error([&] {
               Gpt2Tokenizer::from_parts(missing, {});
             }).find("no token for byte 0xFF (its symbol 'ÿ')"),
             std::string::npos);
   auto twice = bytes;
   twice.emplace_back("ab", 7);
-  EXPECT_NE(bpe_error([&] {
+  EXPECT_NE(value_error([&] {
               Gpt2Tokenizer::from_parts(twice, {});
             }).find("id 7 is given twice (again to 'ab')"),
             std::string::npos);
   auto beyond = bytes;
   beyond.emplace_back("ab", 300);
-  EXPECT_NE(bpe_error([&] {
+  EXPECT_NE(value_error([&] {
               Gpt2Tokenizer::from_parts(beyond, {});
             }).find("token 'ab' has id 300, outside 0 to 256"),
             std::string::npos);
-  EXPECT_NE(bpe_error([&] {
+  EXPECT_NE(value_error([&] {
               Gpt2Tokenizer::from_parts(bytes, {{"a", "b"}});
             }).find("merge 0: merge 'a b': 'ab' is not a token of the vocabulary"),
             std::string::npos);
@@ -291,34 +284,34 @@ TEST_F(BpeFiles, LoadsEncoderJsonAndMerges) {
 
 TEST_F(BpeFiles, MalformedMergeLineNamesFileLineAndText) {
   write("vocab.bpe", "#version: 0.2\n\u0120 a\n\u0120a b c\n");
-  const std::string e = bpe_error([&] { Gpt2Tokenizer::load(dir_.string()); });
+  const std::string e = value_error([&] { Gpt2Tokenizer::load(dir_.string()); });
   EXPECT_NE(e.find((dir_ / "vocab.bpe").string() + ":3: malformed merge '\u0120a b c'"),
             std::string::npos)
       << e;
   write("vocab.bpe", "\u0120 a\n");
-  EXPECT_NE(bpe_error([&] {
+  EXPECT_NE(value_error([&] {
               Gpt2Tokenizer::load(dir_.string());
             }).find("vocab.bpe:1: expected a version comment"),
             std::string::npos);
   write("vocab.bpe", "#version: 0.2\n\u0120 q\n");
-  EXPECT_NE(bpe_error([&] {
+  EXPECT_NE(value_error([&] {
               Gpt2Tokenizer::load(dir_.string());
             }).find("vocab.bpe:2: merge '\u0120 q': '\u0120q' is not a token of"),
             std::string::npos);
   write("encoder.json", "{\"a\": 1,}");
-  EXPECT_NE(bpe_error([&] {
+  EXPECT_NE(value_error([&] {
               Gpt2Tokenizer::load(dir_.string());
             }).find("encoder.json: at byte 8: expected a key string, found '}'"),
             std::string::npos);
 }
 
 TEST_F(BpeFiles, MissingFilesSayHowToInstall) {
-  const std::string e = bpe_error([&] { Gpt2Tokenizer::load((dir_ / "nope").string()); });
+  const std::string e = value_error([&] { Gpt2Tokenizer::load((dir_ / "nope").string()); });
   for (const char* part :
        {"folder '", "/nope' not found", "DDP_GPT2_BPE_DIR", "deploy/install-deps.sh"}) {
     EXPECT_NE(e.find(part), std::string::npos) << part << " in: " << e;
   }
-  const std::string f = bpe_error([&] { Gpt2Tokenizer::load(dir_.string()); });  // no vocab.bpe
+  const std::string f = value_error([&] { Gpt2Tokenizer::load(dir_.string()); });  // no vocab.bpe
   EXPECT_NE(f.find((dir_ / "vocab.bpe").string() + "' not found"), std::string::npos) << f;
   EXPECT_NE(f.find("deploy/install-deps.sh"), std::string::npos) << f;
 }
