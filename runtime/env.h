@@ -27,6 +27,9 @@
 //   DDP_MEMORY_LIMIT   bytes ("512MiB", "2GB") each device allocator may hold
 //                      allocated; past it an allocation is an OutOfMemoryError
 //                      (default: none; Note [memory limit] in memory/allocator.cpp)
+//   DDP_NO_CUDA_MEMORY_CACHING  1: every CUDA allocation its own cudaMalloc of its exact
+//                      size, cudaFree'd when freed, for compute-sanitizer; slow; no
+//                      CUDA graphs (default: 0; Note [no caching] in memory/caching_allocator.h)
 //   DDP_VIRTUAL_CPU_DEVICES  N distinct CPU devices cpu:0..cpu:N-1 for testing
 //                      multi-device code without a GPU (default: 1; Note [virtual cpu devices])
 //   DDP_NCCL_ASYNC_ERROR_HANDLING  0: a failed or timed-out nccl collective is logged,
@@ -73,6 +76,7 @@ inline constexpr const char* kBackend = "DDP_BACKEND";
 inline constexpr const char* kTimeoutS = "DDP_TIMEOUT_S";
 inline constexpr const char* kDebug = "DDP_DEBUG";
 inline constexpr const char* kMemoryLimit = "DDP_MEMORY_LIMIT";
+inline constexpr const char* kNoCudaMemoryCaching = "DDP_NO_CUDA_MEMORY_CACHING";
 inline constexpr const char* kRank = "RANK";
 inline constexpr const char* kLocalRank = "LOCAL_RANK";
 inline constexpr const char* kWorldSize = "WORLD_SIZE";

@@ -72,7 +72,8 @@ Steps (each under `timeout`, sized so that the run fits --budget on an H100):
                 planted in its output (DDP_TEST_PLANT_FAULT, Note [planted faults] in
                 runtime/planted_fault.h; the table bench/gpu/planted_faults.txt) and
                 must fail; with --device cpu, the table's CPU column and ddp_unit_tests
-  kernel_sanitizer  compute-sanitizer's memcheck, racecheck and synccheck on the
+  kernel_sanitizer  compute-sanitizer's memcheck (every tensor its own exact cudaMalloc:
+                DDP_NO_CUDA_MEMORY_CACHING=1), racecheck and synccheck on the
                 hand-written kernels' gpu tests (what the emulated device cannot see:
                 races, barriers, bad device accesses): 0 errors; skipped, named,
                 where the tool is missing or refuses the device

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -32,6 +33,19 @@ uint64_t memory_limit_from_environment() {
     return text ? parse_memory_size(*text, kMemoryLimitVar) : uint64_t{0};
   }();
   return limit;
+}
+
+// Note [no caching] in memory/caching_allocator.h: DDP_NO_CUDA_MEMORY_CACHING=1 turns the
+// CUDA devices' caching off (read once); "0" or unset keeps it; anything else throws on
+// every first use of a device, naming the variable and its values.
+bool cuda_caching_from_environment() {
+  static const std::optional<std::string> text = env::get(env::kNoCudaMemoryCaching);
+  if (!text || *text == "0") return true;
+  if (*text == "1") return false;
+  throw ValueError(
+      fmt::format("{}='{}': expected 1 (every CUDA tensor its own cudaMalloc, for "
+                  "compute-sanitizer) or 0 (the caching allocator, the default)",
+                  env::kNoCudaMemoryCaching, *text));
 }
 
 std::string_view trim(std::string_view s) {
@@ -101,6 +115,8 @@ CachingAllocator::Backend cuda_backend(int device) {
   b.event_done = cuda_event_done;
   b.destroy_event = destroy_cuda_event;
   b.host_memory = cuda_api::emulated();  // Note [emulated CUDA device]
+  b.caching = cuda_caching_from_environment();
+  b.no_caching_source = fmt::format("{}=1", env::kNoCudaMemoryCaching);
   b.oom_hint = [device] {
     uint64_t free_bytes = 0, total = 0;
     cuda_api::mem_get_info(device, &free_bytes, &total);

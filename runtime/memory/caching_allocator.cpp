@@ -85,7 +85,7 @@ CachingAllocator::Block* CachingAllocator::take_cached(uint64_t pool, const Stre
 
 void* CachingAllocator::allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
-  const size_t size = round_size(bytes);
+  const size_t size = backend_.caching ? round_size(bytes) : bytes;  // Note [no caching]
   std::lock_guard<std::mutex> lock(mutex_);
   const uint64_t room = room_under_limit(stats_.allocated);  // Note [memory limit]
   if (size > room) throw_past_limit(backend_.name, bytes, stats_);
@@ -148,6 +148,10 @@ void CachingAllocator::deallocate(void* ptr) {
   Block* block = it->second;
   live_.erase(it);
   stats_.allocated -= block->size;
+  if (!backend_.caching) {  // Note [no caching]: no capture runs, the system waits
+    free_raw(block);
+    return;
+  }
   if (backend_.host_memory) poison(block->ptr, block->size);
   if (!captures_.empty()) {
     keep_in_pool(block);
@@ -293,6 +297,12 @@ void CachingAllocator::empty_cache() {
 uint64_t CachingAllocator::begin_capture(const Stream& capture, const Stream& after,
                                          uint64_t pool) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!backend_.caching) {
+    throw DeviceError(fmt::format(
+        "{}: a CUDA graph capture needs the caching allocator (a graph keeps its blocks in a "
+        "pool of it), which {} turned off; unset it to capture",
+        backend_.name, backend_.no_caching_source));
+  }
   DDP_CHECK(capture_of(capture) == nullptr,
             "{}: a capture is already running on this stream; end it before beginning another",
             backend_.name);

@@ -44,6 +44,14 @@
 //   are returned to the system; its live blocks (a graph's outputs still referenced)
 //   become ordinary blocks of A (S, the capture stream, dies with the graph).
 // - The pool counts in allocated/reserved as any block.
+//
+// Note [no caching]: a Backend with caching = false (DDP_NO_CUDA_MEMORY_CACHING=1 for the
+// CUDA devices, as PyTorch's PYTORCH_NO_CUDA_MEMORY_CACHING) gives every allocation its own
+// raw block of exactly the bytes asked and returns it to the system when freed, so that
+// a checker of the raw allocations (compute-sanitizer's memcheck) sees a kernel that reads
+// past its tensor, which a rounded or reused block hides. Slow (cudaFree waits for the
+// device, which is also what makes freeing a block other streams used safe); no
+// captures (a graph's pool is a cache): begin_capture throws, naming the variable.
 #pragma once
 
 #include "runtime/memory/allocator.h"
@@ -74,6 +82,10 @@ class CachingAllocator : public Allocator {
     // poisoned, so that a kernel reading past its tensor or into a freed one is
     // reported although the block itself is still allocated.
     bool host_memory = false;
+    // Note [no caching]: false: exact raw blocks, freed at once, no captures.
+    bool caching = true;
+    // The setting that turned caching off, named when a capture is refused.
+    std::string no_caching_source;
   };
 
   explicit CachingAllocator(Backend backend);

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -366,22 +367,38 @@ TEST(GpuOps, NonBlockingCopiesThroughPinnedMemory) {
 
 TEST(GpuOps, AllocatorStatsFollowTensorsAndReuseFreedBlocks) {
   DDP_REQUIRE_CUDA();
+  // Note [no caching]: ctest's gpu.no_caching runs this test with the cache off.
+  const bool caching = std::getenv("DDP_NO_CUDA_MEMORY_CACHING") == nullptr ||
+                       std::string(std::getenv("DDP_NO_CUDA_MEMORY_CACHING")) == "0";
   // Blocks cached by earlier tests could be a better fit than the one freed here.
   empty_cache(kGpu);
   const uint64_t before = memory_allocated(kGpu);
-  const int64_t n = 1 << 20;  // 4 MiB
+  const uint64_t reserved_before = memory_reserved(kGpu);
+  const MemoryStats stats_before = memory_stats(kGpu);
+  const int64_t n = (1 << 20) + 3;  // 4 MiB and 12 bytes
   void* first = nullptr;
   {
     const Tensor t = empty({n}, {.device = kGpu});
     first = t.data_ptr();
     EXPECT_GE(memory_allocated(kGpu), before + static_cast<uint64_t>(n) * 4);
     EXPECT_GE(max_memory_allocated(kGpu), memory_allocated(kGpu));
+    if (!caching) {  // its own block of exactly the bytes asked
+      EXPECT_EQ(memory_allocated(kGpu), before + static_cast<uint64_t>(n) * 4);
+      EXPECT_EQ(memory_stats(kGpu).num_raw_allocs, stats_before.num_raw_allocs + 1);
+    }
   }
   EXPECT_EQ(memory_allocated(kGpu), before);
   const uint64_t hits = memory_stats(kGpu).num_cache_hits;
   const Tensor again = empty({n}, {.device = kGpu});
-  EXPECT_EQ(again.data_ptr(), first) << "the freed block was not reused";
-  EXPECT_EQ(memory_stats(kGpu).num_cache_hits, hits + 1);
+  if (caching) {
+    EXPECT_EQ(again.data_ptr(), first) << "the freed block was not reused";
+    EXPECT_EQ(memory_stats(kGpu).num_cache_hits, hits + 1);
+  } else {
+    EXPECT_EQ(memory_stats(kGpu).num_cache_hits, hits) << "a block was reused without caching";
+    EXPECT_EQ(memory_stats(kGpu).num_raw_frees, stats_before.num_raw_frees + 1)
+        << "the freed tensor's block was not returned at once";
+    EXPECT_EQ(memory_reserved(kGpu), reserved_before + static_cast<uint64_t>(n) * 4);
+  }
   EXPECT_GE(memory_reserved(kGpu), memory_allocated(kGpu));
 }
 

@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <map>
 #include <set>
+#include <string>
+#include <utility>
 
 namespace ddp {
 namespace {
@@ -322,6 +324,50 @@ TEST(CachingAllocator, OutOfMemoryMessageNamesEverything) {
     EXPECT_NE(msg.find("fake hint"), std::string::npos) << msg;
   }
   alloc.deallocate(held);
+}
+
+// Note [no caching]: exact raw blocks, returned at once, for a checker of raw allocations.
+TEST(CachingAllocator, WithoutCachingEachAllocationIsItsOwnExactRawBlock) {
+  FakeDevice dev;
+  CachingAllocator::Backend backend = dev.backend();
+  backend.caching = false;
+  backend.no_caching_source = "DDP_NO_CUDA_MEMORY_CACHING=1";
+  CachingAllocator alloc(std::move(backend));
+  void* a = alloc.allocate(1000);
+  ASSERT_EQ(dev.live.count(a), 1u);
+  EXPECT_EQ(dev.live.at(a), 1000u) << "the raw block was rounded";
+  MemoryStats s = alloc.stats();
+  EXPECT_EQ(s.allocated, 1000u);
+  EXPECT_EQ(s.reserved, 1000u);
+  alloc.record_stream(a, fake_stream(2));  // freeing waits for the device, not for events
+  alloc.deallocate(a);
+  EXPECT_EQ(dev.raw_frees, 1) << "the freed block was kept";
+  EXPECT_TRUE(dev.events.empty());
+  s = alloc.stats();
+  EXPECT_EQ(s.allocated, 0u);
+  EXPECT_EQ(s.reserved, 0u);
+  void* b = alloc.allocate(1000);
+  void* c = alloc.allocate(1000);
+  EXPECT_NE(b, c);
+  s = alloc.stats();
+  EXPECT_EQ(s.num_raw_allocs, 3u);
+  EXPECT_EQ(s.num_cache_hits, 0u);
+  EXPECT_EQ(s.max_allocated, 2000u);
+  alloc.deallocate(b);
+  alloc.deallocate(c);
+  EXPECT_EQ(dev.raw_frees, 3);
+  EXPECT_TRUE(dev.live.empty());
+  try {
+    (void)alloc.begin_capture(fake_stream(3), fake_stream(1), 0);
+    FAIL() << "a capture began without the cache";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("fake:0: a CUDA graph capture needs the caching "
+                                         "allocator"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("DDP_NO_CUDA_MEMORY_CACHING=1"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(CpuAllocator, StatsFollowTensors) {
