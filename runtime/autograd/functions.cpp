@@ -236,18 +236,31 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias,
                   });
 }
 
+namespace {
+// Whether `t` (a closure's copy) is the only reference to its tensor and storage.
+bool sole_owner(const Tensor& t) {
+  return t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1;
+}
+}  // namespace
+
+// Note [classifier gradient in place] (ops/ops.h): the backward writes the gradient over
+// the probabilities it alone keeps, and over the 16-bit logits when nothing else holds
+// them any more (a model's output dropped after the loss, as train and bench gpt do; a
+// caller that keeps it gets a new tensor). The graph is never run twice (the engine
+// releases a node's closure after it ran), so nothing reads them after.
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
   auto r = softmax_cross_entropy(logits, labels);
   if (r.lse.defined()) {  // 16-bit logits: Note [fused classifier] in ops/ops.h
     return recorded(r.loss, "CrossEntropyBackward", {&logits},
                     [logits, lse = r.lse, labels](const Tensor& g) {
-                      return std::vector<Tensor>{
-                          softmax_cross_entropy_backward_from_logits(logits, lse, labels, g)};
+                      return std::vector<Tensor>{softmax_cross_entropy_backward_from_logits(
+                          logits, lse, labels, g, sole_owner(logits))};
                     });
   }
   return recorded(r.loss, "CrossEntropyBackward", {&logits},
                   [probs = r.probs, labels](const Tensor& g) {
-                    return std::vector<Tensor>{softmax_cross_entropy_backward(probs, labels, g)};
+                    return std::vector<Tensor>{
+                        softmax_cross_entropy_backward(probs, labels, g, sole_owner(probs))};
                   });
 }
 

@@ -414,18 +414,20 @@ CrossEntropyResult softmax_cross_entropy(const Tensor& logits, const Tensor& lab
 }
 
 Tensor softmax_cross_entropy_backward(const Tensor& probs, const Tensor& labels,
-                                      const Tensor& grad_loss) {
+                                      const Tensor& grad_loss, bool overwrite) {
   check_same_device("softmax_cross_entropy_backward", {&probs, &labels, &grad_loss});
   check_dtype("cross_entropy_backward", probs, DType::f32, "probs");
   check_xent_inputs("cross_entropy_backward", probs, labels);
   check_grad_loss("cross_entropy_backward", grad_loss);
-  Tensor out = like(probs);
+  // Note [classifier gradient in place]: each element is read, then written, by one thread.
+  Tensor out = overwrite ? probs : like(probs);
   DDP_DISPATCH(probs.device(), softmax_xent_backward, probs, labels, grad_loss, out);
   return out;
 }
 
 Tensor softmax_cross_entropy_backward_from_logits(const Tensor& logits, const Tensor& lse,
-                                                  const Tensor& labels, const Tensor& grad_loss) {
+                                                  const Tensor& labels, const Tensor& grad_loss,
+                                                  bool overwrite) {
   constexpr std::string_view op = "cross_entropy_backward";
   check_same_device(op, {&logits, &lse, &labels, &grad_loss});
   check_float(op, logits, "logits");
@@ -435,7 +437,7 @@ Tensor softmax_cross_entropy_backward_from_logits(const Tensor& logits, const Te
   DDP_CHECK(lse.shape() == Shape{logits.size(0)},
             "{}: lse has shape {}, expected [{}]; pass the forward's CrossEntropyResult", op,
             shape_str(lse.shape()), logits.size(0));
-  Tensor out = like(logits);
+  Tensor out = overwrite ? logits : like(logits);
   if (out.numel() > 0) {
     DDP_DISPATCH(logits.device(), softmax_xent_lse_backward, logits, lse, labels, grad_loss, out);
   }

@@ -105,12 +105,17 @@ struct CrossEntropyResult {
 };
 CrossEntropyResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels);
 // d(loss)/d(logits) = grad_loss * (probs - onehot(labels)) / N; grad_loss a scalar tensor.
+// Note [classifier gradient in place]: `overwrite` writes the gradient over `probs`
+// and returns it, for a caller that holds the only reference: no second
+// [N, C] tensor at the backward's start, where a language model's memory peaks.
 Tensor softmax_cross_entropy_backward(const Tensor& probs, const Tensor& labels,
-                                      const Tensor& grad_loss);
+                                      const Tensor& grad_loss, bool overwrite = false);
 // The same from 16-bit logits and the forward's lse: probs = exp(logits - lse), the
-// gradient in the logits' dtype (each element computed in f32, rounded once).
+// gradient in the logits' dtype (each element computed in f32, rounded once);
+// `overwrite`: over the logits, as above.
 Tensor softmax_cross_entropy_backward_from_logits(const Tensor& logits, const Tensor& lse,
-                                                  const Tensor& labels, const Tensor& grad_loss);
+                                                  const Tensor& labels, const Tensor& grad_loss,
+                                                  bool overwrite = false);
 
 void fill_(Tensor& t, double value);  // any dtype
 // dst <- src: same shape and dtype, any two devices. Never blocks the host between

@@ -1,6 +1,7 @@
 // Gradients of every differentiable op and layer against central finite
 // differences of the forward, accumulated in double.
 #include "runtime/autograd/functions.h"
+#include "runtime/memory/allocator.h"
 #include "runtime/nn/layers.h"
 #include "runtime/ops/cpu/onednn.h"
 #include "runtime/ops/nn_ops.h"
@@ -100,6 +101,46 @@ TEST(Autograd, PendingGradientsKeepTheBitsOfTheAdds) {
   for (size_t i = 0; i < grads[0].size(); ++i) {
     EXPECT_EQ(std::bit_cast<uint32_t>(grads[0][i]), std::bit_cast<uint32_t>(grads[1][i]))
         << "element " << i;
+  }
+}
+
+// Note [classifier gradient in place]: when nothing but the loss's backward holds the
+// logits (f32: its probabilities, always), the gradient is written over them: the same
+// bits as a backward that allocates, one [N, C] tensor less at the backward's peak; a
+// caller that keeps its logits keeps them unchanged.
+TEST(Autograd, CrossEntropyWritesItsGradientOverLogitsNobodyKeeps) {
+  const int64_t n = 64, c = 1000;  // 256 KB in f32: past the CPU cache's small blocks
+  const Tensor labels = from_vector(std::vector<int64_t>(static_cast<size_t>(n), 7), {n});
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    struct Run {
+      std::vector<float> grad;
+      uint64_t peak = 0;  // bytes allocated by the backward, at most
+    };
+    const auto run = [&](bool keep_logits) {
+      Tensor x = randn({n, c}, 11);
+      set_requires_grad(x, true);
+      Tensor logits = dtype == DType::f32 ? F::scale(x, 2.0f) : F::cast(F::scale(x, 2.0f), dtype);
+      const std::vector<float> before = cast(logits, DType::f32).to_vector<float>();
+      const Tensor loss = F::cross_entropy(logits, labels);
+      if (!keep_logits) logits = Tensor();
+      const uint64_t start = memory_allocated(Device::cpu());
+      reset_peak_memory_stats(Device::cpu());
+      backward(loss);
+      Run r{grad(x).to_vector<float>(), max_memory_allocated(Device::cpu()) - start};
+      if (keep_logits) {
+        EXPECT_EQ(cast(logits, DType::f32).to_vector<float>(), before)
+            << "the caller's logits were overwritten";
+      }
+      return r;
+    };
+    const Run kept = run(true), dropped = run(false);
+    EXPECT_EQ(dropped.grad, kept.grad);
+    const uint64_t logits_bytes = static_cast<uint64_t>(n * c) * element_size(dtype);
+    if (dtype != DType::f32) {  // f32 keeps its own probabilities: in place both times
+      EXPECT_GE(kept.peak, dropped.peak + logits_bytes)
+          << "the backward of dropped logits allocated a gradient of their size";
+    }
   }
 }
 
