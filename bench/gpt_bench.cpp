@@ -407,9 +407,16 @@ int run_gpt_bench(const BenchOptions& o, const Reporter& reporter) {
     p.optimizer = m[3].elapsed_ms(m[4]);
     return p;
   };
+  // The caching allocator's calls to the system (cudaMalloc) in the timed steps: 0 once
+  // the warm-up steps have filled its cache; more is time a step spends there.
+  uint64_t raw_allocs_timed = 0;
   for (int s = 0; s < timing.warmup + timing.repeats; ++s) {
+    const uint64_t raw_before = memory_stats(o.device).num_raw_allocs;
     const Phases p = run_step(graphed && s >= timing.warmup);
-    if (s >= timing.warmup) steps.push_back(p);
+    if (s >= timing.warmup) {
+      steps.push_back(p);
+      raw_allocs_timed += memory_stats(o.device).num_raw_allocs - raw_before;
+    }
   }
   std::sort(steps.begin(), steps.end(),
             [](const Phases& a, const Phases& b) { return a.total() < b.total(); });
@@ -436,8 +443,10 @@ int run_gpt_bench(const BenchOptions& o, const Reporter& reporter) {
   if (peak_tflops > 0) row.add("mfu", model_tflops / peak_tflops, 4);
   row.add("peak_rss_mib", peak_rss_mib(), 0);
   if (o.device.is_cuda()) {
-    row.add("peak_device_mib",
-            static_cast<double>(max_memory_allocated(o.device)) / (1024.0 * 1024.0), 0);
+    const MemoryStats memory = memory_stats(o.device);
+    row.add("peak_device_mib", static_cast<double>(memory.max_allocated) / (1024.0 * 1024.0), 0)
+        .add("peak_reserved_mib", static_cast<double>(memory.max_reserved) / (1024.0 * 1024.0), 0)
+        .add("raw_allocs_timed", static_cast<int64_t>(raw_allocs_timed));
   }
   row.add("device", o.device.str());
   reporter.section("gpt training step (median of the timed steps)", {row});

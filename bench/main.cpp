@@ -141,8 +141,8 @@ constexpr std::array kSubcommands = {
         "                     the time outside any op (default 0: none)\n"
         "JSON rows: model, parameters, batch, precision, cuda_graph, tokens_per_s, step_ms,\n"
         "forward_ms, backward_ms, clip_ms, optimizer_ms, gemm_gflop, gflops, model_tflops,\n"
-        "mfu (with --peak-tflops), peak_rss_mib, peak_device_mib (CUDA), device; with --ops yes "
-        "one\n"
+        "mfu (with --peak-tflops), peak_rss_mib, peak_device_mib, peak_reserved_mib and\n"
+        "raw_allocs_timed (CUDA: the cudaMallocs of the timed steps), device; with --ops yes one\n"
         "row per op: op, per_step, ms_each, ms_per_step, share_of_forward_backward; with\n"
         "--profile-steps one row per profiled entry: op, device, shapes, calls_per_step,\n"
         "ms_per_step, share_of_step.",

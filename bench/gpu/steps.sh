@@ -380,7 +380,7 @@ bf16_peak_tflops() {
 # the vocabulary to 50304), whose logits' rows are 16-byte aligned for the head's
 # matmuls (50257 bf16 columns are not), about 30% of the step's FLOPs.
 gpt_bf16_step() {
-  local step=$1 model=$2 batch=$3 rc peak ours ms mfu mem figure graphed=""
+  local step=$1 model=$2 batch=$3 rc peak ours ms mfu mem reserved raw figure graphed=""
   selected "$step" || return
   skip_cuda "$step" && return
   [[ $dev == cpu ]] && { record "$step" "skipped: bf16 autocast is for CUDA (--device cpu)"; return; }
@@ -397,7 +397,9 @@ gpt_bf16_step() {
   ms=$(results json-key "$logs/$step.ours.jsonl" step_ms)
   mem=$(results json-key "$logs/$step.ours.jsonl" peak_device_mib 2>/dev/null || echo "?")
   mfu=$(results json-key "$logs/$step.ours.jsonl" mfu 2>/dev/null || echo "")
-  figure="ours $ours tokens/s ($ms ms/step, batch $batch${mfu:+, MFU $mfu}, peak $mem MiB)"
+  reserved=$(results json-key "$logs/$step.ours.jsonl" peak_reserved_mib 2>/dev/null || echo "?")
+  raw=$(results json-key "$logs/$step.ours.jsonl" raw_allocs_timed 2>/dev/null || echo "?")
+  figure="ours $ours tokens/s ($ms ms/step, batch $batch${mfu:+, MFU $mfu}, peak $mem MiB, reserved $reserved MiB, $raw cudaMalloc in the timed steps)"
   figure+="; $(results profile-top "$logs/$step.ours.jsonl" 4 2>&1)"
   figure+="; $(results top-ops "$logs/$step.ours.jsonl" 4 2>&1)"
   # Note [fused attention]: the run above uses cuDNN's fused attention where it can
