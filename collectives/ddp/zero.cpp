@@ -4,6 +4,7 @@
 #include "collectives/ddp/distributed_data_parallel.h"
 #include "collectives/ddp/zero_grads.h"
 #include "runtime/autograd/autograd.h"
+#include "runtime/ops/multi_tensor.h"
 #include "runtime/ops/nn_ops.h"
 #include "runtime/ops/ops.h"
 #include "runtime/ops/transformer_ops.h"
@@ -243,7 +244,8 @@ double ZeroOptimizer::clip_grad_norm(double max_norm) {
   const double norm = std::sqrt(static_cast<double>(total.cpu().item<float>()));
   const double factor = max_norm / (norm + 1e-6);  // as optim::clip_grad_norm_
   if (!std::isfinite(norm) || factor >= 1.0) return norm;
-  for (Tensor& g : pieces) axpy_(static_cast<float>(factor) - 1.0f, Tensor(g), g);
+  // g *= factor, in place, as optim::clip_grad_norm_ (a multiply, not an axpy by factor - 1).
+  if (!pieces.empty()) scale_by_(pieces, full({1}, factor, {.device = pieces.front().device()}));
   clip_factor_ = static_cast<float>(factor);  // the replica's gradient, at stage 1
   return norm;
 }
@@ -375,10 +377,8 @@ void ZeroOptimizer::update_replicated() {
       const Tensor whole = grad(params_[i]);
       if (!whole.defined()) return;  // as the owner: no gradient, no update
       g = whole.flat_view(off, {n});
-      if (clip_factor_ != 1.0f) {  // as clip_grad_norm() scaled the owner's
-        g = g.clone();
-        axpy_(clip_factor_ - 1.0f, Tensor(g), g);
-      }
+      if (clip_factor_ != 1.0f)
+        g = scale(g, clip_factor_);  // as clip_grad_norm() scaled the owner's
     }
     update_piece(i, p, g, replica_exp_avg_, replica_exp_avg_sq_, replica_momentum_, at,
                  first_momentum);

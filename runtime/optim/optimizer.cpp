@@ -468,10 +468,15 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
   const double factor_d = max_norm / (norm + 1e-6);
   if (!std::isfinite(norm) || factor_d >= 1.0) return norm;
   NoGradGuard no_grad;
-  const auto factor = static_cast<float>(factor_d);
+  std::vector<Tensor> grads;
   for (const Tensor& p : params) {
     Tensor g = grad(p);
-    if (g.defined()) axpy_(factor - 1.0f, Tensor(g), g);  // g += (factor - 1) g, in place
+    if (g.defined()) grads.push_back(g);
+  }
+  // g *= factor, in place: as a multiply (g + (factor - 1) g lost factor to f32 rounding
+  // of factor - 1, and zeroed every gradient once factor was below about 3e-8).
+  if (!grads.empty()) {
+    scale_by_(grads, full({1}, factor_d, {.device = grads.front().device()}));
   }
   return norm;
 }

@@ -118,6 +118,25 @@ TEST(Optim, AdamWGroupsDecayEachByItsOwnWeightDecay) {
   EXPECT_NE(msg.find("weight_decay -1"), std::string::npos) << msg;
 }
 
+// A large norm (a factor far below 1) scales as a multiply: g * factor, as torch's
+// mul_. An axpy by factor - 1 lost the factor to rounding (10% off at a norm of 5e6)
+// and zeroed every gradient below a factor of about 3e-8.
+TEST(Optim, ClipGradNormOfALargeNormScalesExactly) {
+  for (const float big : {3e3f, 3e6f, 3e7f, 3e9f}) {
+    SCOPED_TRACE(big);
+    Tensor p = zeros({2});
+    set_requires_grad(p, true);
+    set_grad(p, from_vector<float>({big, big * 4 / 3}, {2}));
+    const double norm = optim::clip_grad_norm_({p}, 1.0);
+    const auto factor = static_cast<float>(1.0 / (norm + 1e-6));
+    const std::vector<float> g = grad(p).to_vector<float>();
+    EXPECT_EQ(g[0], big * factor);
+    EXPECT_EQ(g[1], big * 4 / 3 * factor);
+    EXPECT_NEAR(g[0], 0.6, 1e-6);
+    EXPECT_NEAR(g[1], 0.8, 1e-6);
+  }
+}
+
 // clip_grad_norm_ against the closed form: ||(3, 4), (12)|| = 13.
 TEST(Optim, ClipGradNormScalesToMaxNormAsTorch) {
   auto param_with_grad = [](std::vector<float> g) {
