@@ -4,6 +4,14 @@
 // and later the same gradient). Views (slice, reshape, flat_view) share the
 // storage with a new offset and shape. A tensor lives on one device; moving it
 // is explicit (`to`), and every op checks that its inputs share a device.
+//
+// Autograd records only the functional:: ops (runtime/autograd/functions.h): this
+// class's views and copies (slice, reshape, flat_view, to, clone) are not recorded, so
+// a parameter used through one of them gets no gradient from that use (torch records
+// them); use functional::reshape and functional::cast. Nor is there a version counter:
+// an in-place change (an optimizer step, fill_, copy_) to a tensor a recorded op keeps
+// for its backward, made before that backward, gives a wrong gradient where torch
+// raises an error (docs/api.md, "Autograd and PyTorch").
 #pragma once
 
 #include "runtime/device.h"
@@ -117,7 +125,7 @@ class Tensor {
     return static_cast<T*>(data_ptr());
   }
 
-  // Views sharing storage.
+  // Views sharing storage (not recorded by autograd: see the top of this file).
   Tensor slice(int64_t start, int64_t end) const;  // rows [start, end) along dim 0
   Tensor reshape(const Shape& shape) const;        // one -1 may be inferred
   Tensor flatten() const { return reshape({numel()}); }

@@ -150,6 +150,13 @@ void set_grad(Tensor& t, const Tensor& g) {
     check_same_device("set_grad", {&t, &g});
     DDP_CHECK(g.shape() == t.shape(), "set_grad: gradient shape {} differs from tensor shape {}",
               shape_str(g.shape()), shape_str(t.shape()));
+    // As torch ("assigned grad has data of a different type"): backward adds into it
+    // in the tensor's dtype.
+    DDP_CHECK(g.dtype() == t.dtype(),
+              "set_grad: gradient of dtype {} for a tensor of dtype {} (shape {}); give it the "
+              "tensor's dtype (g.to(DType::{}))",
+              dtype_name(g.dtype()), dtype_name(t.dtype()), shape_str(t.shape()),
+              dtype_name(t.dtype()));
   }
   meta(t).grad = g;
 }

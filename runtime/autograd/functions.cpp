@@ -105,6 +105,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 Tensor cast(const Tensor& x, DType dtype) {
   if (x.dtype() == dtype) return x;
+  // An integer result is not differentiable (torch's: it does not require grad).
+  if (!is_floating(dtype)) return ddp::cast(x, dtype);
   // The engine casts the gradient back to x's dtype (Note [gradient dtypes]).
   return recorded(ddp::cast(x, dtype), "CastBackward", {&x},
                   [](const Tensor& g) { return std::vector<Tensor>{g}; });

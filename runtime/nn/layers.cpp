@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <mutex>
+#include <typeinfo>
 
 namespace ddp::nn {
 namespace {
@@ -157,14 +158,18 @@ Sequential& Sequential::add(std::shared_ptr<Module> layer) {
 // -0.0 in practice), and where a window holds no positive value the pool may keep
 // another (zero-gradient) element. CPU only for now: the CUDA ReLU mapped NaN to
 // 0 (for which the two orders differ) until 2026-11-26, and the reorder has not
-// been run on a GPU since.
+// been run on a GPU since. Not for a subclass of either, or a layer with hooks.
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
   const auto& layers = children();
   for (size_t i = 0; i < layers.size(); ++i) {
     Module& layer = *layers[i].second;
-    if (i + 1 < layers.size() && h.device().is_cpu() && dynamic_cast<ReLU*>(&layer) != nullptr &&
-        dynamic_cast<MaxPool2d*>(layers[i + 1].second.get()) != nullptr) {
+    // Only the library's own two layers, exactly (a subclass may compute something
+    // else), and only where no hook would see the other order's tensors.
+    Module& next = i + 1 < layers.size() ? *layers[i + 1].second : layer;
+    if (i + 1 < layers.size() && h.device().is_cpu() && typeid(layer) == typeid(ReLU) &&
+        typeid(next) == typeid(MaxPool2d) && !layer.has_forward_hooks() &&
+        !next.has_forward_hooks()) {
       h = layer((*layers[i + 1].second)(h));
       ++i;
       continue;

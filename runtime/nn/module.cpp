@@ -72,6 +72,11 @@ Tensor Module::register_parameter(std::string name, Tensor value, bool requires_
   check_new_name(name, "parameter");
   DDP_CHECK(value.defined(), "{}: register_parameter(\"{}\"): the tensor is undefined",
             this->name(), name);
+  DDP_CHECK(!requires_grad || is_floating(value.dtype()),
+            "{}: register_parameter(\"{}\"): a parameter of dtype {} cannot require gradients "
+            "(only floating-point ones can); register it with register_buffer, or pass "
+            "requires_grad = false",
+            this->name(), name, dtype_name(value.dtype()));
   set_requires_grad(value, requires_grad);
   params_.emplace_back(std::move(name), value);
   return value;
@@ -133,7 +138,7 @@ NamedTensors Module::state_dict() const {
   return out;
 }
 
-void Module::load_state_dict(const NamedTensors& state, bool strict) {
+Module::IncompatibleKeys Module::load_state_dict(const NamedTensors& state, bool strict) {
   std::map<std::string, const Tensor*> given;
   for (const auto& [name, t] : state) given[name] = &t;
   std::vector<std::string> missing, mismatched;
@@ -163,13 +168,14 @@ void Module::load_state_dict(const NamedTensors& state, bool strict) {
   std::vector<std::string> unexpected;
   for (const auto& [name, t] : given) unexpected.push_back(name);
   std::string problems;
-  if (!missing.empty()) problems += fmt::format("\n  Missing key(s): {}", fmt::join(missing, ", "));
+  if (strict && !missing.empty()) {
+    problems += fmt::format("\n  Missing key(s): {}", fmt::join(missing, ", "));
+  }
   if (strict && !unexpected.empty()) {
     problems += fmt::format("\n  Unexpected key(s): {}", fmt::join(unexpected, ", "));
   }
   for (const auto& m : mismatched) problems += "\n  " + m;
-  DDP_CHECK(problems.empty() || (!strict && mismatched.empty() && missing.empty()),
-            "Error(s) in loading state_dict for {}:{}", name(), problems);
+  DDP_CHECK(problems.empty(), "Error(s) in loading state_dict for {}:{}", name(), problems);
   NoGradGuard no_grad;
   for (auto& [name, t] : mine) {
     Tensor dst = t;
@@ -180,6 +186,7 @@ void Module::load_state_dict(const NamedTensors& state, bool strict) {
       }
     }
   }
+  return {std::move(missing), std::move(unexpected)};
 }
 
 void Module::train(bool on) {

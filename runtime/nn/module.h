@@ -40,9 +40,16 @@ class Module {
 
   // Parameters then buffers, as torch's state_dict orders them per module.
   NamedTensors state_dict() const;
+  // The keys load_state_dict(state, /*strict=*/false) let pass (torch's _IncompatibleKeys).
+  struct IncompatibleKeys {
+    std::vector<std::string> missing;     // the module's, not in the state: left as they were
+    std::vector<std::string> unexpected;  // the state's, not the module's: ignored
+  };
   // Copies values into the existing tensors (so optimizers keep their references).
-  // strict: missing, unexpected and mis-shaped entries are one ValueError listing all.
-  void load_state_dict(const NamedTensors& state, bool strict = true);
+  // strict: missing, unexpected and mis-shaped entries are one ValueError listing all;
+  // not strict (torch's strict=False): the entries present are loaded, missing and
+  // unexpected keys are returned, and mis-shaped or mistyped entries still throw.
+  IncompatibleKeys load_state_dict(const NamedTensors& state, bool strict = true);
 
   void train(bool on = true);
   void eval() { train(false); }

@@ -171,10 +171,15 @@ Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& options) {
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   check_same_device("linear", {&x, &weight});
   const profile::Scope op_scope("linear", x.device(), x, weight, bias);
-  DDP_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1),
+  DDP_CHECK(x.dim() != 2 || weight.dim() != 2 || x.size(1) == weight.size(1),
             "linear: input {} does not match weight {} (expected input [N, {}])",
-            shape_str(x.shape()), shape_str(weight.shape()),
-            weight.dim() == 2 ? weight.size(1) : 0);
+            shape_str(x.shape()), shape_str(weight.shape()), weight.size(1));
+  DDP_CHECK(weight.dim() == 2, "linear: weight has shape {}, expected [out_features, in_features]",
+            shape_str(weight.shape()));
+  DDP_CHECK(x.dim() == 2,
+            "linear: input {} has {} dimension(s); linear takes [N, in_features] (torch's [*, "
+            "in_features] is not supported): reshape it to [-1, {}] and the output back",
+            shape_str(x.shape()), x.dim(), weight.size(1));
   if (x.device().is_cuda() && is_16bit(x.dtype()) && weight.dtype() == x.dtype()) {
     if (bias.defined()) check_same_device("linear", {&x, &bias});
     Tensor out = empty({x.size(0), weight.size(0)}, {.dtype = x.dtype(), .device = x.device()});

@@ -410,6 +410,25 @@ nn::NamedTensors AdamW::state() const {
   return out;
 }
 
+namespace {
+// A parameter's step count as state() writes it (i64) or torch's AdamW keeps it (a
+// float scalar): one whole, non-negative number; a ValueError naming `key` otherwise.
+int64_t read_step(const std::string& key, const Tensor& t) {
+  DDP_CHECK(t.defined() && t.numel() == 1, "optimizer state {}: expected one step count, got {}",
+            key,
+            t.defined() ? "shape " + shape_str(t.shape()) : std::string("an undefined tensor"));
+  const double v = is_floating(t.dtype())
+                       ? static_cast<double>(cast(t, DType::f32).cpu().item<float>())
+                       : static_cast<double>(cast(t, DType::i64).cpu().item<int64_t>());
+  DDP_CHECK(std::isfinite(v) && v >= 0 && v == std::floor(v) && v < 9.0e18,
+            "optimizer state {}: step count {} is not a whole number of steps >= 0", key, v);
+  return static_cast<int64_t>(v);
+}
+}  // namespace
+
+// Every parameter's entries come together (exp_avg, exp_avg_sq, step) or not at all: a
+// moment without its step would resume with the wrong bias correction, a step without
+// moments start them from zero at a late step. Nothing is changed unless all is valid.
 void AdamW::load_state(const nn::NamedTensors& state, int64_t steps) {
   nn::NamedTensors moments;
   std::map<std::string, Tensor> step_counts;
@@ -421,13 +440,37 @@ void AdamW::load_state(const nn::NamedTensors& state, int64_t steps) {
     }
   }
   StateReader reader(moments, params_);
+  std::vector<Tensor> m(params_.size()), v(params_.size());
+  std::vector<int64_t> counts(params_.size(), 0);
   for (size_t i = 0; i < params_.size(); ++i) {
-    exp_avg_[i] = reader.take(i, "exp_avg");
-    exp_avg_sq_[i] = reader.take(i, "exp_avg_sq");
-    auto it = step_counts.find(fmt::format("{}.step", i));
-    param_steps_[i] = it == step_counts.end() ? 0 : it->second.cpu().item<int64_t>();
+    m[i] = reader.take(i, "exp_avg");
+    v[i] = reader.take(i, "exp_avg_sq");
+    const auto it = step_counts.find(fmt::format("{}.step", i));
+    const bool has_step = it != step_counts.end();
+    if (m[i].defined() || v[i].defined() || has_step) {
+      std::vector<std::string> absent;
+      if (!m[i].defined()) absent.push_back(fmt::format("{}.exp_avg", i));
+      if (!v[i].defined()) absent.push_back(fmt::format("{}.exp_avg_sq", i));
+      if (!has_step) absent.push_back(fmt::format("{}.step", i));
+      DDP_CHECK(absent.empty(),
+                "optimizer state of parameter {} (shape {}) lacks {}: AdamW's state of a "
+                "parameter is its exp_avg, exp_avg_sq and step together (or none of them); was "
+                "it saved whole?",
+                i, shape_str(params_[i].shape()), fmt::join(absent, ", "));
+      counts[i] = read_step(it->first, it->second);
+      step_counts.erase(it);
+    }
   }
+  std::vector<std::string> unknown;
+  for (const auto& [name, t] : step_counts) unknown.push_back(name);
+  DDP_CHECK(unknown.empty(),
+            "optimizer state has unexpected entries: {} (this optimizer has {} parameters; was "
+            "it saved for a different model or optimizer?)",
+            fmt::join(unknown, ", "), params_.size());
   reader.check_consumed();
+  exp_avg_ = std::move(m);
+  exp_avg_sq_ = std::move(v);
+  param_steps_ = std::move(counts);
   steps_ = steps;
 }
 

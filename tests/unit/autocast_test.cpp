@@ -73,6 +73,17 @@ TEST(GradientDtypes, ACastSendsTheGradientBackInTheInputsDtype) {
   expect_equal(f32(scale(y, 2.0f)), g, "2y as f32");
 }
 
+// As torch: a cast to an integer dtype is not differentiable, so its result does not
+// require grad (a backward through it cast the seed to an integer and gave 0).
+TEST(GradientDtypes, ACastToAnIntegerDoesNotRequireGrad) {
+  Tensor x = cloned_leaf(from_vector<float>({0.6f, 2.4f}, {2}));
+  for (DType d : {DType::i64, DType::i32, DType::u8}) {
+    const Tensor y = F::cast(x, d);
+    EXPECT_FALSE(requires_grad(y)) << dtype_name(d);
+  }
+  EXPECT_TRUE(requires_grad(F::cast(x, DType::bf16)));
+}
+
 TEST(GradientDtypes, ABf16LeafAddedToAnF32OneGetsABf16Gradient) {
   Tensor a = cloned_leaf(randn({5}, 2));
   Tensor b = cloned_leaf(bf16(randn({5}, 3)));

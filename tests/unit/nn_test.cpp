@@ -1,5 +1,6 @@
 #include "runtime/nn/layers.h"
 #include "runtime/ops/ops.h"
+#include "tests/unit/error_text.h"
 
 #include <gtest/gtest.h>
 
@@ -98,6 +99,26 @@ TEST(Module, LoadStateDictListsEveryProblem) {
               std::string::npos)
         << msg;
   }
+}
+
+// strict=false (torch's strict=False, as for a pretrained body under a new head): what
+// is there is loaded, missing and unexpected keys are returned; a wrong shape still throws.
+TEST(Module, LoadStateDictNotStrictLoadsWhatIsThereAndReturnsTheRest) {
+  auto model = mlp(1);
+  auto source = mlp(2);
+  nn::NamedTensors state = source->state_dict();
+  const std::string dropped = state[1].first;
+  state.erase(state.begin() + 1);
+  state.emplace_back("9.weight", zeros({1}));
+  const std::vector<float> before = model->state_dict()[1].second.to_vector<float>();
+  const nn::Module::IncompatibleKeys keys = model->load_state_dict(state, /*strict=*/false);
+  EXPECT_EQ(keys.missing, std::vector<std::string>{dropped});
+  EXPECT_EQ(keys.unexpected, std::vector<std::string>{"9.weight"});
+  const nn::NamedTensors loaded = model->state_dict();
+  EXPECT_EQ(loaded[0].second.to_vector<float>(), state[0].second.to_vector<float>());
+  EXPECT_EQ(loaded[1].second.to_vector<float>(), before) << "a missing entry was changed";
+  state[0].second = zeros({5, 11});
+  EXPECT_THROW(model->load_state_dict(state, /*strict=*/false), ValueError);
 }
 
 // Only the dtype differs, or the tensor is undefined: said so, naming the key.
@@ -208,4 +229,63 @@ TEST(Module, ReluBeforeMaxPoolRunsReorderedWithTheSameResults) {
 }
 
 }  // namespace
+// The reorder is for the library's own ReLU and MaxPool2d only: a subclass of ReLU may
+// compute something else, and a hook must see the tensor of the written order.
+TEST(Module, ReluBeforeMaxPoolKeepsTheWrittenOrderForASubclassOrAHook) {
+  struct NegatedRelu : nn::ReLU {
+    Tensor forward(const Tensor& x) override {
+      return functional::scale(functional::relu(x), -1.0f);
+    }
+  };
+  const Tensor x = from_vector<float>({1, 2, 3, 4}, {1, 1, 2, 2});
+  {
+    nn::Sequential net;
+    net.add(std::make_shared<NegatedRelu>()).add(std::make_shared<nn::MaxPool2d>(2));
+    EXPECT_EQ(net(x).to_vector<float>(), std::vector<float>{-1.0f}) << "max(-relu(x))";
+  }
+  nn::Sequential net;
+  auto relu = std::make_shared<nn::ReLU>();
+  net.add(relu).add(std::make_shared<nn::MaxPool2d>(2));
+  Shape seen;
+  relu->add_forward_hooks({}, [&](nn::Module&, const Tensor& out) {
+    seen = out.shape();
+    return out;
+  });
+  EXPECT_EQ(net(x).to_vector<float>(), std::vector<float>{4.0f});
+  EXPECT_EQ(seen, (Shape{1, 1, 2, 2})) << "the ReLU's hook saw the pooled map";
+}
+
+// Mistakes a user of the layers makes, each named with its fix.
+TEST(Module, UsageMistakesAreNamedWithTheirFix) {
+  Generator gen(3);
+  nn::Linear fc(3, 4, gen);
+  std::string msg = test_util::message_of<ValueError>([&] { (void)fc(zeros({2, 5, 3})); });
+  EXPECT_NE(msg.find("linear: input [2, 5, 3] has 3 dimension(s); linear takes [N, in_features]"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("reshape it to [-1, 3]"), std::string::npos) << msg;
+  msg = test_util::message_of<ValueError>([&] { (void)fc(zeros({2, 5})); });
+  EXPECT_NE(msg.find("linear: input [2, 5] does not match weight [4, 3] (expected input [N, 3])"),
+            std::string::npos)
+      << msg;
+  struct Counter : nn::Module {
+    Counter() { register_parameter("count", zeros({1}, {.dtype = DType::i64})); }
+    Tensor forward(const Tensor& x) override { return x; }
+    std::string name() const override { return "Counter"; }
+  };
+  msg = test_util::message_of<ValueError>([] { Counter c; });
+  EXPECT_NE(msg.find("Counter: register_parameter(\"count\"): a parameter of dtype i64 cannot "
+                     "require gradients"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("register_buffer"), std::string::npos) << msg;
+  Tensor w = zeros({3});
+  set_requires_grad(w, true);
+  msg = test_util::message_of<ValueError>([&] { set_grad(w, zeros({3}, {.dtype = DType::bf16})); });
+  EXPECT_NE(msg.find("set_grad: gradient of dtype bf16 for a tensor of dtype f32 (shape [3])"),
+            std::string::npos)
+      << msg;
+  EXPECT_FALSE(grad(w).defined());
+}
+
 }  // namespace ddp

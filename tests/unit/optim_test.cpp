@@ -211,6 +211,48 @@ TEST(Optim, StateRoundTripContinuesIdentically) {
   }
 }
 
+// AdamW's state of a parameter is its two moments and its step together; each partial
+// or foreign form is named, and nothing is loaded. torch's float step loads.
+TEST(Optim, AdamWLoadStateNamesPartialStateAndTakesTorchsStep) {
+  Tensor p = zeros({3});
+  set_requires_grad(p, true);
+  optim::AdamW opt({p}, {.lr = 0.001f});
+  const auto moments = [](nn::NamedTensors extra) {
+    nn::NamedTensors s{{"0.exp_avg", zeros({3})}, {"0.exp_avg_sq", zeros({3})}};
+    for (auto& e : extra) s.push_back(std::move(e));
+    return s;
+  };
+  std::string msg = test_util::message_of<ValueError>([&] {
+    opt.load_state({{"0.exp_avg", zeros({3})}}, 0);
+  });
+  EXPECT_NE(msg.find("optimizer state of parameter 0 (shape [3]) lacks 0.exp_avg_sq, 0.step"),
+            std::string::npos)
+      << msg;
+  msg = test_util::message_of<ValueError>([&] {
+    opt.load_state({{"0.step", full({1}, 5.0, {.dtype = DType::i64})}}, 5);
+  });
+  EXPECT_NE(msg.find("lacks 0.exp_avg, 0.exp_avg_sq"), std::string::npos) << msg;
+  msg = test_util::message_of<ValueError>([&] {
+    opt.load_state(moments({{"0.step", full({1}, 2.0, {.dtype = DType::i64})},
+                            {"7.step", full({1}, 2.0, {.dtype = DType::i64})}}),
+                   2);
+  });
+  EXPECT_NE(msg.find("unexpected entries: 7.step"), std::string::npos) << msg;
+  msg = test_util::message_of<ValueError>([&] {
+    opt.load_state(moments({{"0.step", full({}, 2.5)}}), 2);
+  });
+  EXPECT_NE(msg.find("optimizer state 0.step: step count 2.5 is not a whole number"),
+            std::string::npos)
+      << msg;
+  EXPECT_TRUE(opt.state().empty()) << "a refused load changed the state";
+  // torch keeps step as a float scalar: the same update as an i64 step.
+  opt.load_state(moments({{"0.step", full({}, 5.0)}}), 5);
+  const nn::NamedTensors loaded = opt.state();
+  ASSERT_EQ(loaded.size(), 3u);
+  EXPECT_EQ(loaded[2].first, "0.step");
+  EXPECT_EQ(loaded[2].second.item<int64_t>(), 5);
+}
+
 TEST(Optim, LoadStateRejectsForeignState) {
   Tensor p = zeros({3});
   set_requires_grad(p, true);
