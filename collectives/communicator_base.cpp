@@ -84,8 +84,16 @@ std::string_view static_backend_name(const std::string& name) {
 
 }  // namespace
 
+void check_comm_options(const CommOptions& options, std::string_view backend) {
+  DDP_CHECK(options.timeout.count() >= 1,
+            "{}: CommOptions.timeout is {} ms; give every collective at least 1 ms "
+            "(the default is 300 s, DDP_TIMEOUT_S's)",
+            backend, options.timeout.count());
+}
+
 CommunicatorBase::CommunicatorBase(int rank, int size, CommOptions options)
     : rank_(rank), size_(size), options_(options), comm_id_(g_comm_ids++) {
+  check_comm_options(options_, "communicator");
   DDP_CHECK(size >= 1 && rank >= 0 && rank < size,
             "communicator: rank {} and world size {} are inconsistent (need 0 <= rank < size)",
             rank, size);

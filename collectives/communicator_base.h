@@ -8,7 +8,8 @@
 // for a collective the communication thread has not started yet runs it (and
 // any collectives queued before it) itself, one at a time and in issue order,
 // which saves two thread hand-offs exactly where the caller blocks anyway (DDP's
-// last bucket, small collectives). The backend's own timeout then applies. Tensors
+// last bucket, small collectives). The backend's own timeout then applies, so a
+// wait given a shorter timeout does not run it (it waits that long at most). Tensors
 // that are not host memory (CUDA tensors) are staged through pinned host buffers
 // (Note [host staging]); the communication thread makes the communicator's device
 // current when it starts, so a rank's CUDA work stays on its GPU. After the first failure
@@ -22,6 +23,7 @@
 #include "runtime/stream.h"
 
 #include <deque>
+#include <string_view>
 #include <thread>
 
 namespace ddp {
@@ -46,6 +48,10 @@ struct Collective {
   // "all_reduce(sum) #12 of 1024 f32", "broadcast(root 0) #3 of 10 i64", "barrier #7"
   std::string describe() const;
 };
+
+// A CommOptions::timeout of at least 1 ms (ValueError naming `backend` and the value
+// otherwise); factories call it before they connect, CommunicatorBase again.
+void check_comm_options(const CommOptions& options, std::string_view backend);
 
 class CommunicatorBase : public Communicator {
  public:

@@ -469,6 +469,7 @@ void GlooCommunicator::scale_for_avg(void* data, int64_t count, DType dtype) con
 
 std::shared_ptr<Communicator> make_gloo_communicator(std::shared_ptr<Store> store,
                                                      const GlooOptions& options) {
+  check_comm_options(options.comm, "gloo backend");
   return std::make_shared<GlooCommunicator>(std::move(store), options);
 }
 

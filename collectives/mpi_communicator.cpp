@@ -283,6 +283,7 @@ bool mpi_built() {
 }
 
 std::shared_ptr<Communicator> make_mpi_communicator(CommOptions options) {
+  check_comm_options(options, "mpi backend");
   ensure_mpi();
   MPI_Comm comm = MPI_COMM_NULL;
   MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm));

@@ -479,6 +479,7 @@ std::shared_ptr<Communicator> make_shm_communicator(const ShmOptions& options) {
   DDP_CHECK(!options.run_id.empty(),
             "shm backend: ShmOptions.run_id is empty; every rank of one group must pass the same "
             "id (ddprun sets DDPRUN_RUN_ID)");
+  check_comm_options(options.comm, "shm backend");
   auto segment = shm::Segment::attach(options.rank, options.size, options.run_id,
                                       options.comm.timeout, options.abandon);
   return std::make_shared<ShmCommunicator>(options, std::move(segment));

@@ -13,6 +13,10 @@ void ThreadWork::set_helper(std::function<void(const ThreadWork&)> helper) {
 }
 
 void ThreadWork::wait(std::chrono::milliseconds timeout) {
+  // Note [waiter runs it] (communicator_base.h) runs a collective under the backend's
+  // timeout: a wait given a shorter one leaves the collective to the communication
+  // thread and waits only that long, as its contract says (torch's work.wait(timeout)).
+  const bool own_timeout = timeout.count() > 0 && timeout < default_timeout_;
   if (timeout.count() <= 0) timeout = default_timeout_;
   // The moments of blocking (Note [collective events]); a wait on a finished
   // collective blocks nothing and is not told.
@@ -26,7 +30,7 @@ void ThreadWork::wait(std::chrono::milliseconds timeout) {
     events.info = &info_;
     notify_collective(info_, CollectiveState::wait_begin);
   }
-  if (helper_) helper_(*this);
+  if (helper_ && !own_timeout) helper_(*this);
   std::unique_lock<std::mutex> lock(mutex_);
   if (!cv_.wait_for(lock, timeout, [this] { return done_; })) {
     lock.unlock();

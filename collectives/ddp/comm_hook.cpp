@@ -51,12 +51,19 @@ BucketFuture allreduce_hook(Communicator& comm, GradBucket& bucket) {
 
 namespace {
 
-// Sends a float32 bucket as `wire` and restores float32 into the buffer.
+// Sends a float32 bucket as `wire` and restores float32 into the buffer. f16 (largest
+// value 65504) is divided by the world size before it is sent and summed, as torch's
+// fp16_compress_hook does: backends that add 16-bit values pairwise in f16 (gloo, mpi)
+// would otherwise overflow to inf where the average is finite.
 BucketFuture compress_hook(Communicator& comm, GradBucket& bucket, DType wire) {
   if (bucket.buffer.dtype() != DType::f32) return allreduce_hook(comm, bucket);
   Tensor buffer = bucket.buffer;
-  Tensor compressed = cast(buffer, wire);
-  return BucketFuture::after(comm.all_reduce(compressed, ReduceOp::avg), [buffer, compressed] {
+  const bool divide_first = wire == DType::f16;
+  Tensor compressed = divide_first
+                          ? cast(scale(buffer, 1.0f / static_cast<float>(comm.size())), wire)
+                          : cast(buffer, wire);
+  const ReduceOp op = divide_first ? ReduceOp::sum : ReduceOp::avg;
+  return BucketFuture::after(comm.all_reduce(compressed, op), [buffer, compressed] {
     Tensor restored = cast(compressed, buffer.dtype());
     Tensor out = buffer;
     copy_(out, restored);

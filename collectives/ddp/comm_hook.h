@@ -73,7 +73,8 @@ using CommHookFn = std::function<BucketFuture(Communicator& comm, GradBucket& bu
 
 // The built-in hooks (PyTorch's default_hooks). allreduce_hook: all_reduce(avg)
 // of the buffer in place. The compress hooks send float32 buckets as bf16 or
-// f16 and restore float32 into the buffer; other dtypes go as they are.
+// f16 and restore float32 into the buffer; other dtypes go as they are. f16 is
+// divided by the world size before the sum (as torch's): its range is small.
 BucketFuture allreduce_hook(Communicator& comm, GradBucket& bucket);
 BucketFuture bf16_compress_hook(Communicator& comm, GradBucket& bucket);
 BucketFuture fp16_compress_hook(Communicator& comm, GradBucket& bucket);

@@ -29,7 +29,9 @@ class Store {
   virtual Bytes get(const std::string& key) = 0;
   // Atomically adds `delta` to an integer key (created as 0) and returns the new value.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
-  // Waits for every key to exist; StoreTimeoutError names the missing ones.
+  // Waits for every key to exist; StoreTimeoutError names the missing ones. `timeout`:
+  // the store's own when absent; 0 waits without a limit (torch's kNoTimeout; the TCP
+  // store's server keeps a wait 30 days at most); a negative one is a ValueError.
   virtual void wait(const std::vector<std::string>& keys,
                     std::optional<std::chrono::milliseconds> timeout = std::nullopt) = 0;
   // Sets key to `desired` if its value is `expected` (or if it is absent and

@@ -318,8 +318,14 @@ void TcpStore::set(const std::string& key, const Bytes& value) {
   call(msg::set(key, value), options_.timeout, fmt::format("set('{}')", key), {Command::kOk});
 }
 
+namespace {
+// The longest wait the server keeps (tcp_store_server.cpp's kMaxTimeoutMs): longer
+// ones are cut to it here too, so that a reply's deadline cannot overflow the clock.
+constexpr std::chrono::milliseconds kLongestWait{int64_t{30} * 24 * 3600 * 1000};
+}  // namespace
+
 Bytes TcpStore::get(const std::string& key) {
-  const auto timeout = options_.timeout;
+  const auto timeout = std::min(options_.timeout, kLongestWait);
   Message reply = call(msg::get(key, timeout.count()), timeout + kReplySlack,
                        fmt::format("get('{}')", key), {Command::kValue, Command::kTimeout});
   if (reply.command == Command::kTimeout) {
@@ -341,7 +347,13 @@ int64_t TcpStore::add(const std::string& key, int64_t delta) {
 void TcpStore::wait(const std::vector<std::string>& keys,
                     std::optional<std::chrono::milliseconds> timeout) {
   if (keys.empty()) return;
-  const auto limit = timeout.value_or(options_.timeout);
+  DDP_CHECK(!timeout || timeout->count() >= 0,
+            "store wait({}): timeout {} ms is negative; pass a duration, or 0 to wait without a "
+            "limit (as torch's Store.wait)",
+            quoted_keys(keys), timeout ? timeout->count() : 0);
+  auto limit = timeout.value_or(options_.timeout);
+  // torch's 0 (kNoTimeout) waits without a limit: the longest wait the server keeps.
+  if (limit.count() == 0 || limit > kLongestWait) limit = kLongestWait;
   const Message reply =
       call(msg::wait(keys, limit.count()), limit + kReplySlack,
            fmt::format("wait({})", quoted_keys(keys)), {Command::kOk, Command::kTimeout});

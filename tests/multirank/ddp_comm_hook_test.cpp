@@ -58,6 +58,28 @@ TEST(DdpCommHook, RegisteredFp16HookKeepsItsParity) {
   });
 }
 
+// f16's range ends at 65504: gradients of 40000 on both ranks average to 40000, which
+// a sum in f16 (gloo and mpi add 16-bit values pairwise in f16) would take to inf. As
+// torch's hook, the f16 hook divides by the world size first.
+TEST(DdpCommHook, Fp16HookAveragesLargeGradientsOnEveryBackend) {
+  for (const std::string backend : {"shm", "gloo"}) {
+    SCOPED_TRACE(backend);
+    run_ranks(2, [&](int rank, int size) {
+      auto comm = make_backend(backend, rank, size, {.timeout = 30s});
+      GradBucket bucket;
+      bucket.buffer =
+          from_vector<float>({40000.0f, -40000.0f, 30000.0f + 2000.0f * rank, 1.0f}, {4});
+      const std::vector<float> got = fp16_compress_hook(*comm, bucket).wait().to_vector<float>();
+      const std::vector<float> want = {40000.0f, -40000.0f, 31000.0f, 1.0f};
+      for (size_t i = 0; i < want.size(); ++i) {
+        require(std::isfinite(got[i]) && std::fabs(got[i] - want[i]) <= std::fabs(want[i]) / 1024,
+                fmt::format("{}: element {} is {}, expected {} (f16's rounding)", backend, i,
+                            got[i], want[i]));
+      }
+    });
+  }
+}
+
 // ---- A user-written hook: top-k sparsification with error feedback ----------------
 
 // Each rank sends the k largest entries (by magnitude) of its gradient plus what

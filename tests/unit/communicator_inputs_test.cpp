@@ -2,11 +2,19 @@
 // tensor or a temporary can be sent (broadcast: by the root only). Checked at compile time (the
 // requires expressions below do not compile where an input is a non-const Tensor&) and at run time
 // on the local communicator; tests/multirank/shm_test.cpp sends them between real ranks.
+#include "collectives/backends.h"
 #include "collectives/communicator.h"
 #include "runtime/ops/ops.h"
+#include "tests/unit/error_text.h"
+
+#include "ddp/config.h"
 
 #include <gtest/gtest.h>
 
+#include "runtime/fmt.h"
+
+#include <chrono>
+#include <string>
 #include <utility>
 
 namespace ddp {
@@ -55,6 +63,35 @@ TEST(CommunicatorInputs, ConstAndTemporaryInputsAreSent) {
   Tensor scattered = zeros({2}, {.dtype = DType::i64});
   comm->reduce_scatter(arange(2, {.dtype = DType::i64}), scattered)->wait();
   EXPECT_EQ(scattered.to_vector<int64_t>(), (std::vector<int64_t>{0, 1}));
+}
+
+// A timeout below 1 ms is named before any rank connects (gloo's own check threw an
+// exception of its own type, shm waited 0 s and blamed the other ranks).
+TEST(CommunicatorInputs, ATimeoutBelowOneMillisecondIsNamed) {
+  for (const auto ms : {0, -1000}) {
+    const CommOptions comm{.timeout = std::chrono::milliseconds(ms)};
+    ShmOptions shm;
+    shm.run_id = "timeout-check";
+    shm.comm = comm;
+    std::string msg = test_util::value_error([&] { make_shm_communicator(shm); });
+    EXPECT_NE(msg.find(fmt::format("shm backend: CommOptions.timeout is {} ms; give every "
+                                   "collective at least 1 ms",
+                                   ms)),
+              std::string::npos)
+        << msg;
+#if DDP_HAVE_GLOO
+    GlooOptions gloo;
+    gloo.comm = comm;
+    msg = test_util::value_error([&] { make_gloo_communicator(nullptr, gloo); });
+    EXPECT_NE(msg.find(fmt::format("gloo backend: CommOptions.timeout is {} ms", ms)),
+              std::string::npos)
+        << msg;
+#endif
+    msg = test_util::value_error([&] { make_local_communicator(comm); });
+    EXPECT_NE(msg.find(fmt::format("communicator: CommOptions.timeout is {} ms", ms)),
+              std::string::npos)
+        << msg;
+  }
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include "collectives/store/store_protocol.h"
 #include "collectives/store/tcp_store.h"
 
+#include "tests/unit/error_text.h"
+
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -320,6 +322,27 @@ TEST(StoreTcp, GetBlocksUntilAnotherClientSetsTheKey) {
   EXPECT_GE(std::chrono::steady_clock::now() - start, 90ms);
   later.join();
   reader.wait({"late"});  // already there: returns at once
+}
+
+// torch's Store.wait(keys, 0) waits without a limit (the store's timeout here is 2 s);
+// a wait longer than the server keeps (30 days) is cut to it, not an overflow taken
+// for a hung server; a negative timeout is named.
+TEST(StoreTcp, AWaitOfZeroHasNoLimitAndAVeryLongOneIsCut) {
+  TcpStoreServer server(server_options());
+  TcpStore reader(client_options(server.port()));
+  TcpStore writer(client_options(server.port()));
+  std::thread later([&] {
+    std::this_thread::sleep_for(2500ms);
+    writer.set("zero", "here");
+    writer.set("long", "here");
+  });
+  const auto start = std::chrono::steady_clock::now();
+  reader.wait({"zero"}, 0ms);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 2400ms) << "wait(0) did not wait";
+  reader.wait({"long"}, std::chrono::hours(24 * 365 * 1000));
+  later.join();
+  const std::string msg = test_util::value_error([&] { reader.wait({"never"}, -5ms); });
+  EXPECT_NE(msg.find("store wait('never'): timeout -5 ms is negative"), std::string::npos) << msg;
 }
 
 // Note [on close]: a client's ON_CLOSE keys appear when its connection ends, and
