@@ -7,6 +7,7 @@
 
 #include "runtime/autograd/autocast.h"
 #include "runtime/autograd/functions.h"
+#include "runtime/memory/allocator.h"
 #include "runtime/ops/ops.h"
 #include "runtime/profile.h"
 #include "tests/unit/error_text.h"
@@ -196,6 +197,41 @@ TEST(Gpt, TheLmHeadIsTiedToTheTokenEmbedding) {
   double unused_row = 0;
   for (int64_t j = 0; j < 8; ++j) unused_row += std::fabs(g[static_cast<size_t>(10 * 8 + j)]);
   EXPECT_GT(unused_row, 0.0) << "wte row 10 (no input token) must get the head's gradient";
+}
+
+// Note [classifier gradient in place]: under bf16 autocast the model's logits, dropped
+// after the loss as train and bench gpt do, take their own gradient: the backward makes
+// one tensor fewer (the [N, V] gradient) than a step that keeps its logits, and the
+// gradients are the same.
+TEST(Gpt, TheLossBackwardWritesOverLogitsNobodyKeeps) {
+  const std::string spec = "gpt:layers=1,d=8,heads=2,ctx=32,vocab=4096";
+  const Tensor tokens = tokens_of(4, 32, 4096, 5), targets = tokens_of(4, 32, 4096, 6);
+  struct Step {
+    std::vector<float> grads;
+    uint64_t allocations = 0;  // tensors the backward made
+  };
+  const auto step = [&](bool keep_logits) {
+    const auto model = model_of(spec);
+    Tensor logits, loss;
+    {
+      const AutocastGuard autocast(DType::bf16, true);
+      logits = model->forward(tokens);
+      loss = lm_loss(logits, targets);
+    }
+    if (!keep_logits) logits = Tensor();
+    const uint64_t before = memory_stats(Device::cpu()).num_allocs;
+    backward(loss);
+    Step s;
+    s.allocations = memory_stats(Device::cpu()).num_allocs - before;
+    for (const auto& [name, p] : model->named_parameters()) {
+      for (float v : grad(p).to_vector<float>()) s.grads.push_back(v);
+    }
+    return s;
+  };
+  const Step kept = step(true), dropped = step(false);
+  EXPECT_EQ(dropped.grads, kept.grads);
+  EXPECT_EQ(dropped.allocations + 1, kept.allocations)
+      << "the loss's backward allocated a gradient for logits nobody kept";
 }
 
 // Note [padded head]: a config with padded_vocab is the same model (the same
