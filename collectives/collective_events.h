@@ -119,7 +119,8 @@ std::string_view current_collective_label();
 // that thread issues on a backend with a communication thread (shm, gloo, mpi)
 // are queued without waking that thread, for a caller that waits for them at
 // once: its wait runs them itself (Note [waiter runs it] in
-// communicator_base.h). That saves two thread hand-offs, each a futex wake-up
+// communicator_base.h; a wait with a shorter timeout than the backend's wakes the
+// thread instead). That saves two thread hand-offs, each a futex wake-up
 // that, with as many ranks as cores, lands on a core where another rank's
 // training thread runs. (A communication thread that is awake anyway may still
 // take them first; the waiter then waits.) The caller must wait before it does

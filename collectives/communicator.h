@@ -92,6 +92,9 @@ class Work {
   // Returns once the collective's result can be used (see above), or throws its
   // CommError. A timeout of zero means the communicator's timeout; on nccl a
   // non-zero timeout, or a barrier, makes wait() block the host like synchronize().
+  // A CommTimeoutError after a non-zero timeout shorter than the communicator's
+  // leaves the collective running (a later wait may still see it complete); the
+  // communicator's own timeout fails it, and the communicator with it.
   // Waiting again returns (or throws) again.
   virtual void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) = 0;
   // Blocks the host until the collective finished, or throws its CommError (a

@@ -271,8 +271,14 @@ std::shared_ptr<Work> ThreadedCommunicator::submit(Collective c) {
   // The waiter touches `this` only after claiming the queue, and stop_thread()
   // (first in every backend's destructor) waits for such a claim to end.
   std::weak_ptr<Queue> weak = queue_;
-  work->set_helper([this, weak](const ThreadWork& w) {
-    if (auto q = weak.lock()) run_queued_until(*q, w);
+  work->set_helper([this, weak](const ThreadWork& w, bool run_here) {
+    auto q = weak.lock();
+    if (q == nullptr) return;
+    if (run_here) {
+      run_queued_until(*q, w);
+    } else {
+      q->cv.notify_all();  // queued under CallerRuns: the thread has not been told
+    }
   });
   Queue& q = *queue_;
   {

@@ -8,7 +8,7 @@ ThreadWork::ThreadWork(CollectiveInfo info, std::string description,
       description_(std::move(description)),
       default_timeout_(default_timeout) {}
 
-void ThreadWork::set_helper(std::function<void(const ThreadWork&)> helper) {
+void ThreadWork::set_helper(Helper helper) {
   helper_ = std::move(helper);
 }
 
@@ -30,7 +30,7 @@ void ThreadWork::wait(std::chrono::milliseconds timeout) {
     events.info = &info_;
     notify_collective(info_, CollectiveState::wait_begin);
   }
-  if (helper_ && !own_timeout) helper_(*this);
+  if (helper_) helper_(*this, /*run_here=*/!own_timeout);
   std::unique_lock<std::mutex> lock(mutex_);
   if (!cv_.wait_for(lock, timeout, [this] { return done_; })) {
     lock.unlock();

@@ -25,9 +25,12 @@ class ThreadWork : public Work {
   const CollectiveInfo& info() const { return info_; }
   std::optional<std::chrono::nanoseconds> duration() const override;
   void start();  // the backend begins running it (for duration())
-  // Called by wait() before blocking: the communicator may run the collective on
-  // the waiting thread (Note [waiter runs it] in communicator_base.h).
-  void set_helper(std::function<void(const ThreadWork&)> helper);
+  // Called by wait() before blocking, with run_here = false when the wait has a timeout
+  // of its own (shorter than the backend's): the communicator may run the collective
+  // on the waiting thread, or else must see that its own thread runs it (Note [waiter
+  // runs it] in communicator_base.h).
+  using Helper = std::function<void(const ThreadWork&, bool run_here)>;
+  void set_helper(Helper helper);
   void finish();
   void fail(std::exception_ptr error);
   const std::string& description() const { return description_; }
@@ -41,7 +44,7 @@ class ThreadWork : public Work {
   bool done_ = false;
   std::exception_ptr error_;
   std::chrono::steady_clock::time_point started_{}, finished_{};
-  std::function<void(const ThreadWork&)> helper_;  // set once, before the Work is returned
+  Helper helper_;  // set once, before the Work is returned
 };
 
 // A Work that is already complete (or failed) when returned.

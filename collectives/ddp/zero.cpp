@@ -773,10 +773,17 @@ void ZeroOptimizer::load_state(const nn::NamedTensors& state, int64_t steps) {
       });
     }
   }
-  for (size_t i = 0; i < params_.size() && adamw_; ++i) {
-    auto it = entries.find(fmt::format("{}.step", i));
-    if (it == entries.end()) continue;
-    param_steps_[i] = it->second.cpu().item<int64_t>();
+  // With the moments, every parameter's step (as optim::AdamW::load_state): moments
+  // without their step would resume with the bias correction of step 1.
+  for (size_t i = 0; i < params_.size() && adamw_ && exp_avg_.defined(); ++i) {
+    const std::string key = fmt::format("{}.step", i);
+    auto it = entries.find(key);
+    DDP_CHECK(it != entries.end(),
+              "optimizer state has no '{}' while it has parameter {}'s exp_avg and exp_avg_sq; "
+              "AdamW's state of a parameter is its moments and step together (was it saved "
+              "whole?)",
+              key, i);
+    param_steps_[i] = optim::read_step_count(key, it->second);
     entries.erase(it);
   }
   if (!entries.empty()) {

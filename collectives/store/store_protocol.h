@@ -68,6 +68,8 @@ enum class Command : uint8_t {
 
 inline constexpr size_t kMaxMessageBytes = size_t{64} << 20;  // after the length field
 inline constexpr size_t kFrameHeaderBytes = 4;
+// The longest wait (GET, WAIT) the server keeps; clients cut longer ones to it.
+inline constexpr int64_t kMaxTimeoutMs = int64_t{30} * 24 * 3600 * 1000;
 
 // "GET", "COMPARE_SET", ...; "UNKNOWN" for a value outside the enum.
 const char* command_name(Command command);

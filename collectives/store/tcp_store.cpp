@@ -319,9 +319,9 @@ void TcpStore::set(const std::string& key, const Bytes& value) {
 }
 
 namespace {
-// The longest wait the server keeps (tcp_store_server.cpp's kMaxTimeoutMs): longer
-// ones are cut to it here too, so that a reply's deadline cannot overflow the clock.
-constexpr std::chrono::milliseconds kLongestWait{int64_t{30} * 24 * 3600 * 1000};
+// The longest wait the server keeps: longer ones are cut to it here too, so that a
+// reply's deadline cannot overflow the clock.
+constexpr std::chrono::milliseconds kLongestWait{kMaxTimeoutMs};
 }  // namespace
 
 Bytes TcpStore::get(const std::string& key) {

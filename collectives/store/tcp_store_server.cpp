@@ -30,7 +30,6 @@ constexpr size_t kReadChunkBytes = size_t{64} << 10;
 constexpr size_t kMaxHelloBytes = size_t{64} << 10;   // frame limit before a client has said HELLO
 constexpr size_t kMaxBacklogBytes = size_t{1} << 20;  // stop serving a client that does not read
 constexpr auto kLingerTime = std::chrono::seconds(1);
-constexpr int64_t kMaxTimeoutMs = int64_t{30} * 24 * 3600 * 1000;
 // Note [store backup]: how long a write waits for the backup's socket to take it
 // before that backup is dropped (it follows again, from a fresh copy).
 constexpr auto kReplicaWait = std::chrono::seconds(1);
@@ -592,7 +591,7 @@ void TcpStoreServer::Loop::park_or_answer(Client& c, Command command, std::vecto
   std::vector<std::string> missing = missing_keys(keys);
   if (missing.empty()) return answer(c, command, keys);
   if (timeout_ms <= 0) return reply(c, msg::timeout(std::move(missing)));
-  const auto timeout = std::chrono::milliseconds(std::min(timeout_ms, store_detail::kMaxTimeoutMs));
+  const auto timeout = std::chrono::milliseconds(std::min(timeout_ms, kMaxTimeoutMs));
   c.parked = true;
   waiters_.push_back({c.id, command, std::move(keys), Clock::now() + timeout});
 }

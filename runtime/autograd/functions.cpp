@@ -239,9 +239,11 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias,
 }
 
 namespace {
-// Whether `t` (a closure's copy) is the only reference to its tensor and storage.
+// Whether `t` (a closure's copy) is the only reference to its tensor and storage, and
+// that storage ddp's own (not memory from_blob wraps for its caller).
 bool sole_owner(const Tensor& t) {
-  return t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1;
+  return t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1 &&
+         t.storage()->allocator() != nullptr;
 }
 }  // namespace
 

@@ -1,34 +1,16 @@
 #include "runtime/memory/caching_allocator.h"
 
 #include "runtime/error.h"
+#include "runtime/memory/asan_poison.h"
 
 #include <algorithm>
 #include <tuple>
 
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/asan_interface.h>
-#endif
-
 namespace ddp {
 namespace {
 
-// Marks host memory unusable (or usable again) for AddressSanitizer; nothing without it.
-void poison(const void* p, size_t n) {
-#if defined(__SANITIZE_ADDRESS__)
-  ASAN_POISON_MEMORY_REGION(p, n);
-#else
-  (void)p;
-  (void)n;
-#endif
-}
-void unpoison(const void* p, size_t n) {
-#if defined(__SANITIZE_ADDRESS__)
-  ASAN_UNPOISON_MEMORY_REGION(p, n);
-#else
-  (void)p;
-  (void)n;
-#endif
-}
+using asan::poison;
+using asan::unpoison;
 
 constexpr size_t kSmallLimit = size_t{1} << 20;  // 1 MiB
 constexpr size_t kSmallRound = 512;

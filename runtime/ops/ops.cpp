@@ -425,7 +425,8 @@ Tensor softmax_cross_entropy_backward(const Tensor& probs, const Tensor& labels,
   check_xent_inputs("cross_entropy_backward", probs, labels);
   check_grad_loss("cross_entropy_backward", grad_loss);
   // Note [classifier gradient in place]: each element is read, then written, by one thread.
-  Tensor out = overwrite ? probs : like(probs);
+  // A new tensor over the same memory: the result carries none of probs' autograd state.
+  Tensor out = overwrite ? probs.flat_view(0, probs.shape()) : like(probs);
   DDP_DISPATCH(probs.device(), softmax_xent_backward, probs, labels, grad_loss, out);
   return out;
 }
@@ -442,7 +443,7 @@ Tensor softmax_cross_entropy_backward_from_logits(const Tensor& logits, const Te
   DDP_CHECK(lse.shape() == Shape{logits.size(0)},
             "{}: lse has shape {}, expected [{}]; pass the forward's CrossEntropyResult", op,
             shape_str(lse.shape()), logits.size(0));
-  Tensor out = overwrite ? logits : like(logits);
+  Tensor out = overwrite ? logits.flat_view(0, logits.shape()) : like(logits);
   if (out.numel() > 0) {
     DDP_DISPATCH(logits.device(), softmax_xent_lse_backward, logits, lse, labels, grad_loss, out);
   }

@@ -410,10 +410,7 @@ nn::NamedTensors AdamW::state() const {
   return out;
 }
 
-namespace {
-// A parameter's step count as state() writes it (i64) or torch's AdamW keeps it (a
-// float scalar): one whole, non-negative number; a ValueError naming `key` otherwise.
-int64_t read_step(const std::string& key, const Tensor& t) {
+int64_t read_step_count(const std::string& key, const Tensor& t) {
   DDP_CHECK(t.defined() && t.numel() == 1, "optimizer state {}: expected one step count, got {}",
             key,
             t.defined() ? "shape " + shape_str(t.shape()) : std::string("an undefined tensor"));
@@ -424,7 +421,6 @@ int64_t read_step(const std::string& key, const Tensor& t) {
             "optimizer state {}: step count {} is not a whole number of steps >= 0", key, v);
   return static_cast<int64_t>(v);
 }
-}  // namespace
 
 // Every parameter's entries come together (exp_avg, exp_avg_sq, step) or not at all: a
 // moment without its step would resume with the wrong bias correction, a step without
@@ -457,7 +453,7 @@ void AdamW::load_state(const nn::NamedTensors& state, int64_t steps) {
                 "parameter is its exp_avg, exp_avg_sq and step together (or none of them); was "
                 "it saved whole?",
                 i, shape_str(params_[i].shape()), fmt::join(absent, ", "));
-      counts[i] = read_step(it->first, it->second);
+      counts[i] = read_step_count(it->first, it->second);
       step_counts.erase(it);
     }
   }

@@ -196,4 +196,9 @@ struct LrSchedule {
   static Kind parse_kind(const std::string& text);
 };
 
+// A parameter's saved AdamW step count `t` (entry `key` of a state): i64 as state()
+// writes it, or a float scalar as torch keeps it; one whole number >= 0, else a
+// ValueError naming `key`. (AdamW::load_state and ZeRO's read steps so.)
+int64_t read_step_count(const std::string& key, const Tensor& t);
+
 }  // namespace ddp::optim

@@ -142,8 +142,8 @@ TEST(CollectiveEventsTimeout, AWaitThatGivesUpIsTold) {
     if (rank == 1) {
       Tensor t = zeros({4});
       auto work = c->all_reduce(t);
-      // Let the communication thread take it: a waiter that runs a collective
-      // itself is bound by the backend's timeout instead (Note [waiter runs it]).
+      // Let the communication thread take it, so that its events come in this order
+      // (a wait with a timeout of its own leaves it to that thread anyway).
       const auto deadline = std::chrono::steady_clock::now() + 10s;
       while (states_of(recorder->seen(), 0).size() < 2 &&
              std::chrono::steady_clock::now() < deadline) {
@@ -200,6 +200,26 @@ TEST_P(WaitTimeout, AWaitGivesUpAtItsOwnTimeoutAndTheCollectiveGoesOn) {
     work->wait();
     require(t.to_vector<float>() == std::vector<float>(4, 3.0f),
             "the sum after the timed-out wait");
+    return 0;
+  });
+  for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
+}
+
+// A collective queued under CallerRuns (the communication thread not woken, as DDP's
+// last bucket is) and waited for with a short timeout is handed to that thread: it
+// completes, instead of timing out on every rank with nobody running it.
+TEST_P(WaitTimeout, AShortWaitOnACollectiveLeftToItsCallerHandsItToTheThread) {
+  const std::string backend = GetParam();
+  const auto results = spawn_ranks(2, [&](int rank, int size) -> int {
+    auto c = make_backend(backend, rank, size, {.timeout = 20s});
+    Tensor t = full({4}, static_cast<double>(rank + 1));
+    std::shared_ptr<Work> work;
+    {
+      const CallerRuns caller_runs;
+      work = c->all_reduce(t);
+    }
+    work->wait(5s);
+    require(t.to_vector<float>() == std::vector<float>(4, 3.0f), "the sum");
     return 0;
   });
   for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();

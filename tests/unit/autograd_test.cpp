@@ -138,6 +138,33 @@ TEST(Autograd, CrossEntropyWritesItsGradientOverLogitsNobodyKeeps) {
       << "the backward of dropped logits allocated their gradient";
 }
 
+// The ops themselves: `overwrite` gives the same values in the input's memory, as a
+// tensor of its own (no autograd state of the input's).
+TEST(Autograd, CrossEntropyBackwardOverwriteGivesTheSameValuesInPlace) {
+  const int64_t n = 6, c = 50;
+  const Tensor labels = from_vector<int64_t>({0, 3, 49, 7, 7, 12}, {n});
+  const Tensor g = full({}, 0.5);
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tensor logits = cast(randn({n, c}, 13), dtype);
+    const CrossEntropyResult r = softmax_cross_entropy(logits, labels);
+    const Tensor saved = dtype == DType::f32 ? r.probs : logits;
+    const auto backward_of = [&](const Tensor& t, bool overwrite) {
+      return dtype == DType::f32
+                 ? softmax_cross_entropy_backward(t, labels, g, overwrite)
+                 : softmax_cross_entropy_backward_from_logits(t, r.lse, labels, g, overwrite);
+    };
+    const Tensor apart = backward_of(saved, false);
+    EXPECT_NE(apart.data_ptr(), saved.data_ptr());
+    const Tensor copy = saved.clone();
+    const Tensor over = backward_of(copy, true);
+    EXPECT_EQ(over.data_ptr(), copy.data_ptr());
+    EXPECT_FALSE(over.is_same(copy)) << "the result is the input's own tensor";
+    EXPECT_EQ(cast(over, DType::f32).to_vector<float>(),
+              cast(apart, DType::f32).to_vector<float>());
+  }
+}
+
 TEST(Autograd, ElementwiseOps) {
   gradcheck([](auto& in) { return F::add(in[0], in[1]); }, {randn({3, 4}, 1), randn({3, 4}, 2)});
   gradcheck([](auto& in) { return F::sub(in[0], in[1]); }, {randn({3, 4}, 1), randn({3, 4}, 2)});

@@ -228,7 +228,6 @@ TEST(Module, ReluBeforeMaxPoolRunsReorderedWithTheSameResults) {
   }
 }
 
-}  // namespace
 // The reorder is for the library's own ReLU and MaxPool2d only: a subclass of ReLU may
 // compute something else, and a hook must see the tensor of the written order.
 TEST(Module, ReluBeforeMaxPoolKeepsTheWrittenOrderForASubclassOrAHook) {
@@ -288,4 +287,5 @@ TEST(Module, UsageMistakesAreNamedWithTheirFix) {
   EXPECT_FALSE(grad(w).defined());
 }
 
+}  // namespace
 }  // namespace ddp

@@ -1,3 +1,5 @@
+#include "collectives/communicator.h"
+#include "collectives/ddp/zero.h"
 #include "runtime/autograd/functions.h"
 #include "runtime/nn/layers.h"
 #include "runtime/ops/ops.h"
@@ -251,6 +253,33 @@ TEST(Optim, AdamWLoadStateNamesPartialStateAndTakesTorchsStep) {
   ASSERT_EQ(loaded.size(), 3u);
   EXPECT_EQ(loaded[2].first, "0.step");
   EXPECT_EQ(loaded[2].second.item<int64_t>(), 5);
+}
+
+// ZeRO's AdamW state follows the same rule as AdamW's: moments without their step are
+// named (they resumed at step 1's bias correction), torch's float step loads.
+TEST(Optim, ZeroAdamWLoadStateNeedsTheStepsWithTheMoments) {
+  Tensor p = zeros({3});
+  set_requires_grad(p, true);
+  ZeroOptimizer zero(
+      std::make_unique<optim::AdamW>(std::vector<Tensor>{p}, optim::AdamWOptions{.lr = 0.001f}),
+      make_local_communicator());
+  const nn::NamedTensors moments{{"0.exp_avg", zeros({3})}, {"0.exp_avg_sq", zeros({3})}};
+  const std::string msg = test_util::message_of<ValueError>([&] { zero.load_state(moments, 2); });
+  EXPECT_NE(msg.find("optimizer state has no '0.step' while it has parameter 0's exp_avg and "
+                     "exp_avg_sq"),
+            std::string::npos)
+      << msg;
+  nn::NamedTensors with_step = moments;
+  with_step.emplace_back("0.step", full({}, 2.0));
+  zero.load_state(with_step, 2);
+  zero.gather_state();
+  bool seen = false;
+  for (const auto& [name, t] : zero.state()) {
+    if (name != "0.step") continue;
+    seen = true;
+    EXPECT_EQ(t.item<int64_t>(), 2);
+  }
+  EXPECT_TRUE(seen) << "the gathered state has no 0.step";
 }
 
 TEST(Optim, LoadStateRejectsForeignState) {

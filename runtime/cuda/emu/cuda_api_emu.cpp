@@ -6,6 +6,7 @@
 
 #include "runtime/cuda/emu/kernel_emu.h"
 #include "runtime/error.h"
+#include "runtime/memory/asan_poison.h"
 
 #include <atomic>
 #include <chrono>
@@ -13,10 +14,6 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/asan_interface.h>
-#endif
 
 namespace ddp::cuda_api {
 namespace {
@@ -117,24 +114,6 @@ size_t raw_size(size_t bytes) {
   return bytes == 0 ? 256 : (bytes + 255) / 256 * 256;
 }
 
-// AddressSanitizer's view of host memory (nothing without it).
-void asan_poison(const void* p, size_t n) {
-#if defined(__SANITIZE_ADDRESS__)
-  ASAN_POISON_MEMORY_REGION(p, n);
-#else
-  (void)p;
-  (void)n;
-#endif
-}
-void asan_unpoison(const void* p, size_t n) {
-#if defined(__SANITIZE_ADDRESS__)
-  ASAN_UNPOISON_MEMORY_REGION(p, n);
-#else
-  (void)p;
-  (void)n;
-#endif
-}
-
 }  // namespace
 
 bool compiled() {
@@ -196,7 +175,7 @@ void* malloc_device(int device, size_t bytes) {
   if (p == nullptr) return nullptr;
   // Past the bytes asked is out of bounds, as compute-sanitizer sees a cudaMalloc (the
   // caching allocator poisons its own rounding; Note [no caching] asks for exact sizes).
-  asan_poison(static_cast<char*>(p) + bytes, rounded - bytes);
+  asan::poison(static_cast<char*>(p) + bytes, rounded - bytes);
   accounts().allocations[p] = {device, bytes};
   accounts().used[device] += bytes;
   return p;
@@ -211,7 +190,7 @@ void free_device(int device, void* ptr) {
       throw CudaError(
           fmt::format("cudaFree on cuda:{}: {} is not an allocation of that device", device, ptr));
     accounts().used[device] -= it->second.second;
-    asan_unpoison(ptr, raw_size(it->second.second));
+    asan::unpoison(ptr, raw_size(it->second.second));
     accounts().allocations.erase(it);
   }
   std::free(ptr);
