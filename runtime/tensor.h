@@ -116,6 +116,11 @@ class Tensor {
   TensorImpl& impl() const;
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
+  // No other handle shares this tensor, and no other tensor (a view) its storage: what
+  // it holds may be taken or overwritten (a defined tensor only).
+  bool is_only_reference() const {
+    return impl_.use_count() == 1 && impl_->storage.use_count() == 1;
+  }
 
   void* data_ptr() const;
   template <typename T>

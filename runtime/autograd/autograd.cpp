@@ -50,7 +50,7 @@ struct AccumulateGrad : Node {
       // Note [stealing gradients]: a gradient nobody else references (the fresh output
       // of a backward op) becomes .grad as it is; a shared one (AddBackward hands the
       // same tensor to both inputs) is copied, so .grad never aliases another tensor.
-      const bool sole_owner = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1;
+      const bool sole_owner = g.is_only_reference();
       m.grad = sole_owner ? g : g.clone();
     } else {
       axpy_(1.0f, g, m.grad);
@@ -251,7 +251,7 @@ Tensor pending_gradient(size_t edge, const Tensor& like) {
   const auto it = offer->buffers->find(child);
   if (it == offer->buffers->end() || !it->second.defined()) return Tensor();
   const Tensor& waiting = it->second;
-  const bool sole_owner = waiting.impl_ptr().use_count() == 1 && waiting.storage().use_count() == 1;
+  const bool sole_owner = waiting.is_only_reference();
   if (!sole_owner || waiting.dtype() != like.dtype() || waiting.shape() != like.shape() ||
       waiting.device() != like.device()) {
     return Tensor();

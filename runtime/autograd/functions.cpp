@@ -242,8 +242,7 @@ namespace {
 // Whether `t` (a closure's copy) is the only reference to its tensor and storage, and
 // that storage ddp's own (not memory from_blob wraps for its caller).
 bool sole_owner(const Tensor& t) {
-  return t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1 &&
-         t.storage()->allocator() != nullptr;
+  return t.is_only_reference() && t.storage()->allocator() != nullptr;
 }
 }  // namespace
 

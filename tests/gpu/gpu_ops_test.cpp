@@ -368,8 +368,8 @@ TEST(GpuOps, NonBlockingCopiesThroughPinnedMemory) {
 TEST(GpuOps, AllocatorStatsFollowTensorsAndReuseFreedBlocks) {
   DDP_REQUIRE_CUDA();
   // Note [no caching]: ctest's gpu.no_caching runs this test with the cache off.
-  const bool caching = std::getenv("DDP_NO_CUDA_MEMORY_CACHING") == nullptr ||
-                       std::string(std::getenv("DDP_NO_CUDA_MEMORY_CACHING")) == "0";
+  const char* no_caching = std::getenv("DDP_NO_CUDA_MEMORY_CACHING");
+  const bool caching = no_caching == nullptr || std::string(no_caching) == "0";
   // Blocks cached by earlier tests could be a better fit than the one freed here.
   empty_cache(kGpu);
   const uint64_t before = memory_allocated(kGpu);

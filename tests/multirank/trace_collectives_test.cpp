@@ -5,6 +5,7 @@
 #include "collectives/backends.h"
 #include "collectives/bootstrap.h"
 #include "collectives/collective_events.h"
+#include "collectives/communicator_base.h"
 #include "collectives/store/tcp_store.h"
 #include "runtime/trace.h"
 #include "tests/multirank/conformance.h"
@@ -67,7 +68,10 @@ int traced_collectives(const std::string& backend, int rank, int size) {
   require(enqueue->ts <= run->ts, "enqueued before it started");
   require(!run->unfinished && run->duration_ns > 0, "the run ended");
   const std::string where = track_name(s, run->track);
-  require(where == "main" || where == fmt::format("{} comm thread (comm 0)", backend),
+  // The communicator's number in this process (earlier tests of the binary may have made
+  // others before the fork).
+  const int comm_id = dynamic_cast<const CommunicatorBase&>(*c).comm_id();
+  require(where == "main" || where == fmt::format("{} comm thread (comm {})", backend, comm_id),
           fmt::format("ran on main or the comm thread, got '{}'", where));
   // The flow arrow from the enqueue to the run, bound to both slices.
   require(enqueue->flow.out && run->flow.in && enqueue->flow.id == run->flow.id &&
