@@ -254,6 +254,17 @@ std::vector<cudnnBackendDescriptor_t> Operations::ops() const {
   return out;
 }
 
+bool nondeterministic_engine(const cuda_api::CudnnLibrary& lib, cudnnBackendDescriptor_t engine) {
+  cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+  int64_t count = 0;
+  if (lib.get_attribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                        CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &count, notes) != CUDNN_STATUS_SUCCESS) {
+    return false;
+  }
+  count = std::min<int64_t>(count, CUDNN_NUMERICAL_NOTE_TYPE_COUNT);
+  return std::find(notes, notes + count, CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) != notes + count;
+}
+
 Descriptor operation_graph(const cuda_api::CudnnLibrary& lib, const Operations& operations,
                            cudnnHandle_t handle) {
   const std::vector<cudnnBackendDescriptor_t> ops = operations.ops();
@@ -322,12 +333,7 @@ bool nondeterministic(const cuda_api::CudnnLibrary& lib, cudnnBackendDescriptor_
                         &count, &e) != CUDNN_STATUS_SUCCESS) {
     return false;  // unknown: cuDNN's own order decides
   }
-  cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
-  if (lib.get_attribute(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
-                        CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &count, notes) != CUDNN_STATUS_SUCCESS) {
-    return false;
-  }
-  return std::find(notes, notes + count, CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) != notes + count;
+  return sdpa_cudnn::nondeterministic_engine(lib, e);
 }
 
 // Note [cudnn attention plans]: the operation graph, the heuristic's configurations

@@ -60,4 +60,8 @@ class Operations {
 Descriptor operation_graph(const cuda_api::CudnnLibrary& lib, const Operations& operations,
                            cudnnHandle_t handle);
 
+// Whether a finalized engine carries CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC (false when
+// cuDNN does not say): the plans skip those (Note [cudnn attention plans]).
+bool nondeterministic_engine(const cuda_api::CudnnLibrary& lib, cudnnBackendDescriptor_t engine);
+
 }  // namespace ddp::kernels::cuda::sdpa_cudnn
