@@ -440,7 +440,7 @@ void GlooCommunicator::reduce_scatter(const Collective& c, uint32_t tag) {
   all_reduce(scratch.data_ptr(), scratch.numel(), c.dtype(), c.op, tag);
   const int64_t n = c.output.numel();
   Tensor out = c.output;
-  copy_(out, scratch.flat_view(rank() * n, c.output.shape()));
+  copy_uncounted_(out, scratch.flat_view(rank() * n, c.output.shape()));  // Note [version counter]
   if (c.op == ReduceOp::avg) scale_for_avg(out.data_ptr(), n, c.dtype());
 }
 

@@ -47,7 +47,7 @@ void after_run(const Collective& c, const Stream& stream) {
   Tensor out = c.staging->device_output;
   {
     StreamGuard guard(stream);
-    copy_(out, c.output, /*non_blocking=*/true);
+    copy_uncounted_(out, c.output, /*non_blocking=*/true);  // Note [version counter]
   }
   stream.synchronize();
 }

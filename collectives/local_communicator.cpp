@@ -19,7 +19,7 @@ class LocalCommunicator : public CommunicatorBase {
     try {
       if (c.kind == CollectiveKind::all_gather || c.kind == CollectiveKind::reduce_scatter) {
         Tensor out = c.output.reshape(c.input.shape());
-        copy_(out, c.input);
+        copy_uncounted_(out, c.input);  // Note [version counter]
       }
     } catch (...) {
       if (observed) notify_collective(info, CollectiveState::failed);

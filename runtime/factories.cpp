@@ -33,6 +33,7 @@ Tensor empty(const Shape& shape, const TensorOptions& options) {
 Tensor full(const Shape& shape, double value, const TensorOptions& options) {
   Tensor t = empty(shape, options);
   fill_(t, value);
+  t.storage()->restore_version(0);  // a new tensor (Note [version counter])
   return t;
 }
 

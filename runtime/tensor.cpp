@@ -212,6 +212,7 @@ Tensor Tensor::to(const Device& device, bool non_blocking) const {
   const bool pinned_result = device.is_cpu() && this->device().is_cuda() && non_blocking;
   Tensor out = empty(shape(), {.dtype = dtype(), .device = device, .pinned = pinned_result});
   copy_(out, *this, non_blocking);
+  out.storage()->restore_version(0);  // a new tensor (Note [version counter])
   return out;
 }
 
@@ -222,6 +223,7 @@ Tensor Tensor::to(DType dtype) const {
 Tensor Tensor::clone() const {
   Tensor out = empty(shape(), {.dtype = dtype(), .device = device(), .pinned = is_pinned()});
   copy_(out, *this);
+  out.storage()->restore_version(0);  // a new tensor (Note [version counter])
   return out;
 }
 
@@ -230,6 +232,7 @@ Tensor Tensor::pin_memory() const {
             device().str());
   Tensor out = empty(shape(), {.dtype = dtype(), .device = Device::cpu(), .pinned = true});
   copy_(out, *this);
+  out.storage()->restore_version(0);  // a new tensor (Note [version counter])
   return out;
 }
 

@@ -8,16 +8,17 @@
 // Autograd records only the functional:: ops (runtime/autograd/functions.h): this
 // class's views and copies (slice, reshape, flat_view, to, clone) are not recorded, so
 // a parameter used through one of them gets no gradient from that use (torch records
-// them); use functional::reshape and functional::cast. Nor is there a version counter:
-// an in-place change (an optimizer step, fill_, copy_) to a tensor a recorded op keeps
-// for its backward, made before that backward, gives a wrong gradient where torch
-// raises an error (docs/api.md, "Autograd and PyTorch").
+// them); use functional::reshape and functional::cast. An in-place change (an
+// optimizer step, fill_, copy_) to a tensor a recorded op keeps for its backward, made
+// before that backward, is an error when the backward runs, as torch's (Note [version
+// counter]).
 #pragma once
 
 #include "runtime/device.h"
 #include "runtime/dtype.h"
 #include "runtime/error.h"
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -66,6 +67,23 @@ class Storage {
   void release();
   void reallocate();
   bool released() const { return released_; }
+
+  // Note [version counter]: how many times an in-place op has written this memory
+  // (torch's tensor._version, shared by every view as torch's is). The ops that write
+  // a caller's tensor in place bump it: copy_, fill_, axpy_, matmul_out's out,
+  // scale_by_, and the optimizers' updates (sgd_update_, adamw_update_,
+  // adamw_update_all_); a new tensor starts at 0. A recorded op notes the version of
+  // each tensor its backward reads, and the backward refuses to run on a changed one
+  // (SavedVersions in autograd/autograd.h) instead of computing a wrong gradient. Writes
+  // through data_ptr() are not counted (torch's .data neither), nor are the
+  // collectives' (copy_uncounted_ where one copies into its output). ZeRO-3's gather
+  // of a unit it released after the forward puts back the values the forward saw and
+  // leaves the version alone, unless this rank's shard changed in between (an
+  // optimizer step before the backward): then it counts as a write.
+  uint64_t version() const { return version_.load(std::memory_order_relaxed); }
+  void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
+  // For a writer that puts back the values the memory held.
+  void restore_version(uint64_t version) { version_.store(version, std::memory_order_relaxed); }
   // Who releases it (ZeRO-3: its unit and parameters), for the error on use.
   void set_release_label(std::string label) { release_label_ = std::move(label); }
   const std::string& release_label() const { return release_label_; }
@@ -79,6 +97,7 @@ class Storage {
   std::function<void(void*)> deleter_;
   bool released_ = false;
   std::string release_label_;
+  std::atomic<uint64_t> version_{0};
 };
 
 struct AutogradMeta;  // defined by runtime/autograd (later); null for plain tensors
@@ -113,6 +132,8 @@ class Tensor {
   bool is_pinned() const { return impl().storage->pinned(); }
   int64_t storage_offset() const { return impl().offset; }
   const std::shared_ptr<Storage>& storage() const { return impl().storage; }
+  // Note [version counter]: the in-place writes its memory has seen.
+  uint64_t version() const { return impl().storage->version(); }
   TensorImpl& impl() const;
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }

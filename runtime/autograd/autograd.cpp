@@ -1,6 +1,7 @@
 #include "runtime/autograd/autograd.h"
 
 #include "runtime/env.h"
+#include "runtime/fmt.h"
 #include "runtime/ops/ops.h"
 
 #include <algorithm>
@@ -119,6 +120,28 @@ struct ReadyEntry {
 }  // namespace
 
 Node::Node() : sequence_nr(g_next_sequence_nr.fetch_add(1)) {}
+
+SavedVersions::SavedVersions(std::initializer_list<const Tensor*> saved) {
+  entries_.reserve(saved.size());
+  for (const Tensor* t : saved) {
+    if (t->defined()) entries_.push_back({t->storage(), t->version(), t->dtype(), t->shape()});
+  }
+}
+
+void SavedVersions::check(const std::string& node) const {
+  for (const Entry& e : entries_) {
+    const std::shared_ptr<Storage> storage = e.storage.lock();
+    if (storage == nullptr) continue;  // nothing keeps it: the backward does not read it
+    const uint64_t now = storage->version();
+    if (now == e.version) continue;
+    throw ValueError(fmt::format(
+        "{}: a tensor its backward needs ({} {}) was modified by an in-place operation (copy_, "
+        "fill_, axpy_, an optimizer step, ...) after the forward: it is at version {}, the "
+        "forward saw version {}. Call backward before changing it (e.g. optimizer.step() after "
+        "backward), or change a clone of it instead",
+        node, dtype_name(e.dtype), shape_str(e.shape), now, e.version));
+  }
+}
 
 void set_requires_grad(Tensor& t, bool value) {
   DDP_CHECK(!value || is_floating(t.dtype()),

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,6 +48,28 @@ struct Node {
 
   std::vector<Edge> next;
   uint64_t sequence_nr;
+};
+
+// Note [version counter] (runtime/tensor.h): the versions of the memory of the
+// tensors a backward reads, noted when its op ran; check() throws ValueError naming
+// the node and the tensor when one has changed since (torch's "modified by an inplace
+// operation"), before the backward would compute a wrong gradient from it. Undefined
+// tensors are skipped. The storage is held weakly (the node's closure keeps a view of
+// it, which is what matters; and a weak reference leaves is_only_reference alone).
+class SavedVersions {
+ public:
+  SavedVersions() = default;
+  explicit SavedVersions(std::initializer_list<const Tensor*> saved);
+  void check(const std::string& node) const;
+
+ private:
+  struct Entry {
+    std::weak_ptr<Storage> storage;
+    uint64_t version;
+    DType dtype;
+    Shape shape;  // for the message
+  };
+  std::vector<Entry> entries_;
 };
 
 using GradHook = std::function<void(Tensor& param)>;

@@ -19,12 +19,14 @@ using autograd::record;
 // A node whose backward is a lambda over saved tensors.
 template <typename Backward>
 struct LambdaNode : Node {
-  LambdaNode(std::string name, Backward fn) : name_(std::move(name)), fn_(std::move(fn)) {}
+  LambdaNode(std::string name, Backward fn, SavedVersions saved)
+      : name_(std::move(name)), fn_(std::move(fn)), saved_(std::move(saved)) {}
   std::vector<Tensor> apply(const Tensor& g) override {
     DDP_CHECK(fn_.has_value(),
               "{}: trying to backward through the graph a second time; its saved tensors were "
               "freed after the first backward. Run the forward again.",
               name_);
+    saved_.check(name_);  // Note [version counter]
     return (*fn_)(g);
   }
   std::string name() const override { return name_; }
@@ -33,16 +35,31 @@ struct LambdaNode : Node {
  private:
   std::string name_;
   std::optional<Backward> fn_;
+  SavedVersions saved_;
 };
 
-// Records `backward` for `out` unless no input needs a gradient.
+// Records `backward` for `out` unless no input needs a gradient. `saved`: every tensor
+// whose values `backward` reads (the closure keeps them), whose versions the backward
+// checks (Note [version counter]); they must still hold their tensors here (a closure
+// that moved one out of its variable would leave it unchecked).
 template <typename Backward>
 Tensor recorded(Tensor out, const char* name, std::initializer_list<const Tensor*> inputs,
-                Backward backward) {
+                std::initializer_list<const Tensor*> saved, Backward backward) {
   if (needs_grad(inputs)) {
-    record(out, std::make_shared<LambdaNode<Backward>>(name, std::move(backward)), inputs);
+    record(out,
+           std::make_shared<LambdaNode<Backward>>(name, std::move(backward), SavedVersions(saved)),
+           inputs);
   }
   return out;
+}
+
+// `t` when the gradient that reads it will be computed, else no tensor: torch saves an
+// operand of a product only for the other operand's gradient (Note [version counter]:
+// changing a first layer's weight before the backward is fine when its input needs
+// no gradient).
+const Tensor* if_needed(bool needed, const Tensor& t) {
+  static const Tensor none;
+  return needed ? &t : &none;
 }
 
 // op(a) op(b) for the gradient of an input whose dtype was `dtype`: straight into
@@ -67,7 +84,7 @@ Tensor matmul_into(DType dtype, const Tensor& a, const Tensor& b, const MatmulOp
 namespace {
 // sum = a + b with add's backward recorded.
 Tensor recorded_add(Tensor sum, const Tensor& a, const Tensor& b) {
-  return recorded(std::move(sum), "AddBackward", {&a, &b}, [](const Tensor& g) {
+  return recorded(std::move(sum), "AddBackward", {&a, &b}, {}, [](const Tensor& g) {
     return std::vector<Tensor>{g, g};
   });
 }
@@ -78,25 +95,28 @@ Tensor add(const Tensor& a, const Tensor& b) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
-  return recorded(ddp::sub(a, b), "SubBackward", {&a, &b}, [](const Tensor& g) {
+  return recorded(ddp::sub(a, b), "SubBackward", {&a, &b}, {}, [](const Tensor& g) {
     return std::vector<Tensor>{g, ddp::scale(g, -1.0f)};
   });
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
-  return recorded(ddp::mul(a, b), "MulBackward", {&a, &b}, [a, b](const Tensor& g) {
-    return std::vector<Tensor>{ddp::mul(g, b), ddp::mul(g, a)};
-  });
+  return recorded(ddp::mul(a, b), "MulBackward", {&a, &b},
+                  {if_needed(requires_grad(b), a), if_needed(requires_grad(a), b)},
+                  [a, b](const Tensor& g) {
+                    return std::vector<Tensor>{ddp::mul(g, b), ddp::mul(g, a)};
+                  });
 }
 
 Tensor scale(const Tensor& a, float s) {
-  return recorded(ddp::scale(a, s), "ScaleBackward", {&a},
+  return recorded(ddp::scale(a, s), "ScaleBackward", {&a}, {},
                   [s](const Tensor& g) { return std::vector<Tensor>{ddp::scale(g, s)}; });
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   const Tensor al = autocast::lower(a), bl = autocast::lower(b);  // Note [autocast]
   return recorded(ddp::matmul(al, bl), "MatmulBackward", {&a, &b},
+                  {if_needed(requires_grad(b), al), if_needed(requires_grad(a), bl)},
                   [al, bl, da = a.dtype(), db = b.dtype()](const Tensor& g) {
                     return std::vector<Tensor>{matmul_into(da, g, bl, {.trans_b = true}),
                                                matmul_into(db, al, g, {.trans_a = true})};
@@ -108,14 +128,14 @@ Tensor cast(const Tensor& x, DType dtype) {
   // An integer result is not differentiable (torch's: it does not require grad).
   if (!is_floating(dtype)) return ddp::cast(x, dtype);
   // The engine casts the gradient back to x's dtype (Note [gradient dtypes]).
-  return recorded(ddp::cast(x, dtype), "CastBackward", {&x},
+  return recorded(ddp::cast(x, dtype), "CastBackward", {&x}, {},
                   [](const Tensor& g) { return std::vector<Tensor>{g}; });
 }
 
 Tensor sum(const Tensor& x) {
   // The upstream gradient stays on the device: reading it with item() would block
   // the host in the middle of backward.
-  return recorded(ddp::sum(x), "SumBackward", {&x}, [shape = x.shape()](const Tensor& g) {
+  return recorded(ddp::sum(x), "SumBackward", {&x}, {}, [shape = x.shape()](const Tensor& g) {
     return std::vector<Tensor>{ddp::expand_scalar(g, shape)};
   });
 }
@@ -126,9 +146,9 @@ Tensor mean(const Tensor& x) {
 }
 
 Tensor reshape(const Tensor& x, const Shape& shape) {
-  return recorded(x.reshape(shape), "ReshapeBackward", {&x}, [from = x.shape()](const Tensor& g) {
-    return std::vector<Tensor>{g.reshape(from)};
-  });
+  return recorded(
+      x.reshape(shape), "ReshapeBackward", {&x}, {},
+      [from = x.shape()](const Tensor& g) { return std::vector<Tensor>{g.reshape(from)}; });
 }
 
 Tensor flatten(const Tensor& x) {
@@ -138,7 +158,7 @@ Tensor flatten(const Tensor& x) {
 }
 
 Tensor relu(const Tensor& x) {
-  return recorded(ddp::relu(x), "ReluBackward", {&x},
+  return recorded(ddp::relu(x), "ReluBackward", {&x}, {&x},
                   [x](const Tensor& g) { return std::vector<Tensor>{ddp::relu_backward(g, x)}; });
 }
 
@@ -148,6 +168,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const Tensor xl = autocast::lower(x), wl = autocast::lower(weight), bl = autocast::lower(bias);
   Tensor y = ddp::linear(xl, wl, bl);
   return recorded(y, "LinearBackward", {&x, &weight, &bias},
+                  {if_needed(requires_grad(weight), xl), if_needed(requires_grad(x), wl)},
                   [weight, xl, wl, x_dtype = x.dtype(), x_needs = requires_grad(x),
                    has_bias = bias.defined()](const Tensor& g) {
                     std::vector<Tensor> grads(3);
@@ -200,6 +221,7 @@ Tensor lm_head(const Tensor& x, const Tensor& weight, int64_t columns) {
   }
   Tensor y = ddp::linear(xl, padded, bias);
   return recorded(y, "LmHeadBackward", {&x, &weight},
+                  {if_needed(requires_grad(weight), xl), if_needed(requires_grad(x), padded)},
                   [padded, xl, vocab, weight_dtype = weight.dtype(), x_dtype = x.dtype(),
                    x_needs = requires_grad(x)](const Tensor& g) {
                     std::vector<Tensor> grads(2);
@@ -219,9 +241,14 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias,
   const Tensor b2 = autocast::lower(proj_bias);
   LinearGelu f = ddp::linear_gelu(xl, w1, b1);
   Tensor y = ddp::linear(f.out, w2, b2);
+  // The hidden layer's gradient (from w2 and pre) feeds x's and the first layer's.
+  const bool hidden = requires_grad(x) || requires_grad(fc_weight) || requires_grad(fc_bias);
   return recorded(y, "GeluMlpBackward", {&x, &fc_weight, &fc_bias, &proj_weight, &proj_bias},
-                  [xl, w1, w2, h = std::move(f.out), pre = std::move(f.pre), fc_weight, proj_weight,
-                   x_dtype = x.dtype(), x_needs = requires_grad(x)](const Tensor& g) {
+                  {if_needed(requires_grad(fc_weight), xl), if_needed(requires_grad(x), w1),
+                   if_needed(hidden, w2), if_needed(requires_grad(proj_weight), f.out),
+                   if_needed(hidden, f.pre)},
+                  [xl, w1, w2, h = f.out, pre = f.pre, fc_weight, proj_weight, x_dtype = x.dtype(),
+                   x_needs = requires_grad(x)](const Tensor& g) {
                     std::vector<Tensor> grads(5);
                     // Note [gradient destinations], as linear's backward.
                     auto proj = ddp::linear_param_grads(g, h, proj_weight.dtype(), true,
@@ -254,13 +281,13 @@ bool sole_owner(const Tensor& t) {
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
   auto r = softmax_cross_entropy(logits, labels);
   if (r.lse.defined()) {  // 16-bit logits: Note [fused classifier] in ops/ops.h
-    return recorded(r.loss, "CrossEntropyBackward", {&logits},
+    return recorded(r.loss, "CrossEntropyBackward", {&logits}, {&logits, &r.lse, &labels},
                     [logits, lse = r.lse, labels](const Tensor& g) {
                       return std::vector<Tensor>{softmax_cross_entropy_backward_from_logits(
                           logits, lse, labels, g, sole_owner(logits))};
                     });
   }
-  return recorded(r.loss, "CrossEntropyBackward", {&logits},
+  return recorded(r.loss, "CrossEntropyBackward", {&logits}, {&r.probs, &labels},
                   [probs = r.probs, labels](const Tensor& g) {
                     return std::vector<Tensor>{
                         softmax_cross_entropy_backward(probs, labels, g, sole_owner(probs))};
@@ -304,6 +331,7 @@ Tensor conv2d_per_image(const Tensor& x, const Tensor& weight, const Tensor& bia
   }
   return recorded(
       y, "Conv2dBackward", {&x, &weight, &bias},
+      {if_needed(requires_grad(weight), cols), if_needed(requires_grad(x), w2d)},
       [cols, w2d, geom, n, hw, k, c_out, wshape = weight.shape(), has_bias = bias.defined(),
        x_needs = requires_grad(x)](const Tensor& g) {
         std::vector<Tensor> grads(3);
@@ -342,6 +370,7 @@ Tensor conv2d_onednn_recorded(const Tensor& x, const Tensor& weight, const Tenso
                               const kernels::Conv2dGeometry& geom) {
   Tensor y = ddp::conv2d_onednn(x, weight, bias, geom);
   return recorded(y, "Conv2dBackward", {&x, &weight, &bias},
+                  {if_needed(requires_grad(weight), x), if_needed(requires_grad(x), weight)},
                   [x, weight, bias, geom, has_bias = bias.defined(),
                    x_needs = requires_grad(x)](const Tensor& g) {
                     std::vector<Tensor> grads(3);
@@ -388,6 +417,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
   if (bias.defined()) rows = ddp::add_bias_rows(rows, bias);
   Tensor y = permute4(rows.reshape({n, oh, ow, c_out}), {0, 3, 1, 2});
   return recorded(y, "Conv2dBackward", {&x, &weight, &bias},
+                  {if_needed(requires_grad(weight), cols), if_needed(requires_grad(x), w2d)},
                   [cols, w2d, geom, wshape = weight.shape(), has_bias = bias.defined(),
                    x_needs = requires_grad(x)](const Tensor& g) {
                     Tensor grows = permute4(g, {0, 2, 3, 1}).reshape({cols.size(0), w2d.size(0)});
@@ -402,9 +432,10 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight, const Tensor& bias,
 Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride) {
   const auto geom = conv_geometry(x, kernel, stride == 0 ? kernel : stride, 0);
   auto r = ddp::max_pool2d(x, geom);
-  return recorded(r.out, "MaxPool2dBackward", {&x}, [indices = r.indices, geom](const Tensor& g) {
-    return std::vector<Tensor>{max_pool2d_backward(g, indices, geom)};
-  });
+  return recorded(r.out, "MaxPool2dBackward", {&x}, {&r.indices},
+                  [indices = r.indices, geom](const Tensor& g) {
+                    return std::vector<Tensor>{max_pool2d_backward(g, indices, geom)};
+                  });
 }
 
 Tensor dropout(const Tensor& x, float p, bool training, Generator& gen) {
@@ -421,12 +452,12 @@ Tensor dropout(const Tensor& x, float p, bool training, Generator& gen) {
   // the f32 mask, is cast back by the engine).
   Tensor y = ddp::mul(x, mask);
   if (y.dtype() != x.dtype()) y = ddp::cast(y, x.dtype());
-  return recorded(y, "DropoutBackward", {&x},
+  return recorded(y, "DropoutBackward", {&x}, {&mask},
                   [mask](const Tensor& g) { return std::vector<Tensor>{ddp::mul(g, mask)}; });
 }
 
 Tensor gelu(const Tensor& x) {
-  return recorded(ddp::gelu(x), "GeluBackward", {&x},
+  return recorded(ddp::gelu(x), "GeluBackward", {&x}, {&x},
                   [x](const Tensor& g) { return std::vector<Tensor>{ddp::gelu_backward(g, x)}; });
 }
 
@@ -442,7 +473,7 @@ Tensor recorded_norm(const LayerNormResult& r, const Tensor& x, const Tensor& we
                      const Tensor& bias) {
   // Only the statistics are kept: the node holding its own output would be a cycle.
   LayerNormResult saved{Tensor(), r.mean, r.rstd};
-  return recorded(r.out, "LayerNormBackward", {&x, &weight, &bias},
+  return recorded(r.out, "LayerNormBackward", {&x, &weight, &bias}, {&x, &weight},
                   [x, weight, saved = std::move(saved)](const Tensor& g) {
                     // x's gradient added into the one waiting from x's other use (the
                     // residual stream's): Note [accumulating into a pending gradient].
@@ -467,7 +498,7 @@ AddLayerNorm add_layer_norm(const Tensor& x, const Tensor& y, const Tensor& weig
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
-  return recorded(ddp::embedding(weight, indices), "EmbeddingBackward", {&weight},
+  return recorded(ddp::embedding(weight, indices), "EmbeddingBackward", {&weight}, {&indices},
                   [indices, rows = weight.size(0)](const Tensor& g) {
                     return std::vector<Tensor>{ddp::embedding_backward(g, indices, rows)};
                   });
@@ -484,14 +515,15 @@ Tensor softmax(const Tensor& x_in) {
   const Tensor x = in_f32(x_in);
   Tensor y = ddp::softmax(x);
   // The backward keeps a view of y, not y itself: y's node holding y would be a cycle.
-  return recorded(y, "SoftmaxBackward", {&x}, [saved = y.reshape(y.shape())](const Tensor& g) {
-    return std::vector<Tensor>{ddp::softmax_backward(g, saved)};
-  });
+  return recorded(y, "SoftmaxBackward", {&x}, {&y},
+                  [saved = y.reshape(y.shape())](const Tensor& g) {
+                    return std::vector<Tensor>{ddp::softmax_backward(g, saved)};
+                  });
 }
 
 namespace {
 Tensor unary_fn(kernels::UnaryOp op, const char* name, const Tensor& x) {
-  return recorded(ddp::unary(op, x), name, {&x}, [x, op](const Tensor& g) {
+  return recorded(ddp::unary(op, x), name, {&x}, {&x}, [x, op](const Tensor& g) {
     return std::vector<Tensor>{ddp::unary_backward(op, g, x)};
   });
 }
@@ -538,7 +570,7 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
   const float inv_n = 1.0f / static_cast<float>(x.numel());
   const Tensor loss = ddp::scale(ddp::sum(ddp::bce_with_logits(x, y)), inv_n);
   // d/dx = (sigmoid(x) - y) / N, d/dy = -x / N, times the upstream scalar (on the device).
-  return recorded(loss, "BinaryCrossEntropyWithLogitsBackward", {&x, &y},
+  return recorded(loss, "BinaryCrossEntropyWithLogitsBackward", {&x, &y}, {&x, &y},
                   [x, y, inv_n, y_needs = requires_grad(y)](const Tensor& g) {
                     const Tensor gn = ddp::expand_scalar(ddp::scale(g, inv_n), x.shape());
                     std::vector<Tensor> grads(2);
@@ -552,9 +584,10 @@ Tensor log_softmax(const Tensor& x_in) {
   const Tensor x = in_f32(x_in);
   Tensor y = ddp::log_softmax(x);
   // The backward keeps a view of y, not y itself: y's node holding y would be a cycle.
-  return recorded(y, "LogSoftmaxBackward", {&x}, [saved = y.reshape(y.shape())](const Tensor& g) {
-    return std::vector<Tensor>{ddp::log_softmax_backward(g, saved)};
-  });
+  return recorded(y, "LogSoftmaxBackward", {&x}, {&y},
+                  [saved = y.reshape(y.shape())](const Tensor& g) {
+                    return std::vector<Tensor>{ddp::log_softmax_backward(g, saved)};
+                  });
 }
 
 // Note [bmm backward]: with C = alpha op(A) op(B),
@@ -567,6 +600,7 @@ Tensor bmm(const Tensor& a_in, const Tensor& b_in, const BmmOptions& o) {
   const Tensor a = autocast::lower(a_in), b = autocast::lower(b_in);
   return recorded(
       ddp::bmm(a, b, o), "BmmBackward", {&a_in, &b_in},
+      {if_needed(requires_grad(b_in), a), if_needed(requires_grad(a_in), b)},
       [a, b, o, a_needs = requires_grad(a_in), b_needs = requires_grad(b_in)](const Tensor& g) {
         std::vector<Tensor> grads(2);
         if (a_needs) {
@@ -588,7 +622,7 @@ Tensor causal_softmax(const Tensor& x_in) {
   Tensor y = ddp::causal_softmax(x);
   // The masked probabilities are exactly 0, so softmax's backward gives them zero
   // gradient. A view of y, not y itself: y's node holding y would be a cycle.
-  return recorded(y, "CausalSoftmaxBackward", {&x},
+  return recorded(y, "CausalSoftmaxBackward", {&x}, {&y},
                   [saved = y.reshape(y.shape())](const Tensor& g) {
                     return std::vector<Tensor>{ddp::softmax_backward(g, saved)};
                   });
@@ -617,9 +651,10 @@ Tensor causal_self_attention(const Tensor& qkv_in, int64_t heads) {
   // backward also reads y (Note [fused attention]), kept as a view: y's node holding y
   // would be one.
   AttentionResult saved{r.fused() ? r.y.reshape(r.y.shape()) : Tensor(), r.probs, r.stats, r.path};
+  const Tensor& kept_y = saved.y;
   return recorded(
-      r.y, "CausalSelfAttentionBackward", {&qkv_in},
-      [qkv, saved = std::move(saved), heads](const Tensor& g) {
+      r.y, "CausalSelfAttentionBackward", {&qkv_in}, {&qkv, &kept_y, &r.probs, &r.stats},
+      [qkv, saved, heads](const Tensor& g) {
         return std::vector<Tensor>{ddp::causal_self_attention_backward(g, qkv, saved, heads)};
       });
 }

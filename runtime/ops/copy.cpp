@@ -119,6 +119,7 @@ void copy_(Tensor& dst, const Tensor& src, bool non_blocking) {
             "copy_: destination {} {} and source {} {} must have the same shape and dtype",
             shape_str(dst.shape()), dtype_name(dst.dtype()), shape_str(src.shape()),
             dtype_name(src.dtype()));
+  dst.storage()->bump_version();  // Note [version counter]
   const size_t bytes = src.nbytes();
   if (bytes == 0 || (dst.data_ptr() == src.data_ptr() && dst.device() == src.device())) return;
   const CopyPlan plan = ops_detail::plan_copy(dst.device(), dst.is_pinned(), src.device(),
@@ -140,6 +141,12 @@ void copy_(Tensor& dst, const Tensor& src, bool non_blocking) {
     case CopyRoute::gpu_to_host:
       return copy_with_host(dst, src, bytes, plan);
   }
+}
+
+void copy_uncounted_(Tensor& dst, const Tensor& src, bool non_blocking) {
+  const uint64_t version = dst.version();
+  copy_(dst, src, non_blocking);
+  dst.storage()->restore_version(version);
 }
 
 }  // namespace ddp

@@ -53,6 +53,7 @@ void scale_by_(const std::vector<Tensor>& xs, const Tensor& scalar) {
   check_dtype("scale_by_", scalar, DType::f32, "scalar");
   DDP_CHECK(scalar.numel() == 1, "scale_by_: the scalar has shape {}, expected one element",
             shape_str(scalar.shape()));
+  for (const Tensor& x : xs) x.storage()->bump_version();  // Note [version counter]
   DDP_DISPATCH(device, scale_by_multi, xs, scalar);
 }
 
@@ -94,6 +95,11 @@ void adamw_update_all_(std::vector<Tensor>& params, const std::vector<Tensor>& g
               "adamw_update_all_: tensor {}: betas ({}, {}) must be in [0, 1), lr {}, eps {} and "
               "weight_decay {} >= 0 and step {} >= 1",
               i, s.beta1, s.beta2, s.lr, s.eps, s.weight_decay, s.step);
+  }
+  for (size_t i = 0; i < params.size(); ++i) {  // Note [version counter]
+    params[i].storage()->bump_version();
+    m[i].storage()->bump_version();
+    v[i].storage()->bump_version();
   }
   DDP_DISPATCH(params.front().device(), adamw_update_multi, params, grads, m, v, steps, constants);
 }

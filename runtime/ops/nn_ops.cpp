@@ -337,6 +337,8 @@ void sgd_update_(Tensor& param, const Tensor& grad, Tensor& buf, const kernels::
             "sgd_update_: lr, momentum and weight_decay must be >= 0, got {}, {} and {}", s.lr,
             s.momentum, s.weight_decay);
   DDP_CHECK(!s.nesterov || momentum, "sgd_update_: nesterov needs momentum > 0, got momentum 0");
+  param.storage()->bump_version();  // Note [version counter]
+  if (momentum) buf.storage()->bump_version();
   if (param.numel() > 0) DDP_DISPATCH(param.device(), sgd_update, param, grad, buf, s);
 }
 
@@ -357,6 +359,7 @@ void adamw_update_(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
             s.weight_decay);
   DDP_CHECK(s.step >= 1,
             "adamw_update_: step counts the steps taken including this one (>= 1), got {}", s.step);
+  for (Tensor* t : {&param, &m, &v}) t->storage()->bump_version();  // Note [version counter]
   if (param.numel() > 0) DDP_DISPATCH(param.device(), adamw_update, param, grad, m, v, s);
 }
 

@@ -152,6 +152,7 @@ void matmul_out(const Tensor& a, const Tensor& b, Tensor& out, const MatmulOptio
             o.trans_b ? "^T" : "", m, ka, kb, n);
   DDP_CHECK(out.shape() == (Shape{m, n}), "matmul: out has shape {}, expected [{}, {}]",
             shape_str(out.shape()), m, n);
+  out.storage()->bump_version();  // Note [version counter]
   DDP_DISPATCH(a.device(), gemm, a, b, out, o.trans_a, o.trans_b, o.alpha, o.beta);
 }
 
@@ -272,6 +273,7 @@ void axpy_(float alpha, const Tensor& x, Tensor& y) {
   check_same_shape("axpy_", x, y);
   check_f32("axpy_", x);
   check_f32("axpy_", y);
+  y.storage()->bump_version();  // Note [version counter]
   DDP_DISPATCH(x.device(), axpy, alpha, x, y);
 }
 
@@ -487,6 +489,7 @@ void check_fill_value(const Tensor& t, double value) {
 
 void fill_(Tensor& t, double value) {
   check_fill_value(t, value);
+  t.storage()->bump_version();  // Note [version counter]
   if (t.numel() == 0) return;
   DDP_DISPATCH(t.device(), fill, t, value);
 }

@@ -427,6 +427,35 @@ TEST(Zero3Evaluation, UnevenBatchesInLockstepThreeRanksShm) {
   for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
 }
 
+// Note [version counter] under ZeRO-3: a unit released after the forward and gathered
+// again for the backward holds the values the forward saw, so training runs as
+// before (the parity tests); an optimizer step between a forward and its backward
+// changes this rank's shards, and that backward is the error torch gives, naming the
+// op, on every rank (not a gradient from the stepped weights).
+TEST(Zero3VersionCounter, AStepBetweenAForwardAndItsBackwardIsAnErrorTwoRanksShm) {
+  const Zero3Setup s{.gpt = true};
+  const auto results = spawn_ranks(2, [&](int rank, int size) {
+    auto comm = make_backend("shm", rank, size, {.timeout = 30s});
+    ShardRun run = make_run(comm, s, 3);
+    train(run, s, 0, 2);
+    const Data d = shard_of(s, size, rank, 2, 0);
+    run.opt->zero_grad(true);
+    run.ddp->backward(loss_of(run.ddp->forward(d.x), d));
+    const Tensor early = loss_of(run.ddp->forward(d.x), d);
+    run.opt->step();
+    try {
+      run.ddp->backward(early);
+    } catch (const ValueError& e) {
+      const std::string what = e.what();
+      require(what.find("was modified by an in-place operation") != std::string::npos, what);
+      return 0;
+    }
+    require(false, "the backward of a forward before the step ran");
+    return 0;
+  });
+  for (const RankResult& r : results) EXPECT_TRUE(r.ok()) << r.describe();
+}
+
 // Saved at 4 ranks after 10 steps (the gathered parameters and optimizer state),
 // resumed at 2 ranks by ZeRO-3: after 10 more it equals DDP's 20 at 4 ranks.
 TEST(Zero3Checkpoint, SavedAtFourRanksResumesAtTwo) {

@@ -4,8 +4,10 @@
 #include "runtime/memory/allocator.h"
 #include "runtime/nn/layers.h"
 #include "runtime/ops/cpu/onednn.h"
+#include "runtime/ops/multi_tensor.h"
 #include "runtime/ops/nn_ops.h"
 #include "runtime/ops/ops.h"
+#include "runtime/optim/optimizer.h"
 #include "runtime/profile.h"
 #include "tests/unit/gradcheck.h"
 #include "tests/unit/pending_gradients.h"
@@ -448,6 +450,110 @@ TEST(Autograd, GradRootMustMatchItsTensor) {
   Tensor s0 = leaf(full({}, 1.5));
   backward(s0, ones({1}));
   EXPECT_EQ(grad(s0).shape(), Shape{});
+}
+
+// Note [version counter]: every in-place op bumps its tensor's version, shared by the
+// views of its memory; a new tensor or a clone starts at 0.
+TEST(VersionCounter, InPlaceOpsBumpTheVersionOfEveryView) {
+  Tensor t = zeros({4});
+  EXPECT_EQ(t.version(), 0u);
+  Tensor view = t.slice(1, 3);
+  fill_(view, 1.0);
+  EXPECT_EQ(t.version(), 1u);
+  copy_(t, ones({4}));
+  EXPECT_EQ(view.version(), 2u);
+  axpy_(2.0f, ones({4}), t);
+  EXPECT_EQ(t.version(), 3u);
+  Tensor out = zeros({2, 2});
+  matmul_out(ones({2, 2}), ones({2, 2}), out);
+  EXPECT_EQ(out.version(), 1u);
+  scale_by_({t}, full({1}, 0.5));
+  EXPECT_EQ(t.version(), 4u);
+  EXPECT_EQ(t.clone().version(), 0u);
+  EXPECT_EQ(F::add(t, t).version(), 0u);
+}
+
+// torch's "one of the variables needed for gradient computation has been modified by
+// an inplace operation": a tensor an op keeps for its backward, changed in place
+// before that backward, is an error naming the op and the tensor, not a gradient
+// from the new values (before: grad(x) = 2, the changed w, silently).
+TEST(VersionCounter, ASavedTensorChangedInPlaceIsAnErrorAtBackward) {
+  Tensor x = leaf(full({3}, 1.0)), w = leaf(full({3}, 4.0));
+  Tensor loss = F::sum(F::mul(x, w));
+  fill_(w, 2.0);
+  try {
+    backward(loss);
+    FAIL() << "the backward ran on a changed tensor; grad(x) = "
+           << grad(x).to_vector<float>().front();
+  } catch (const ValueError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("MulBackward: a tensor its backward needs (f32 [3])"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("modified by an in-place operation"), std::string::npos) << what;
+    EXPECT_NE(what.find("at version 1, the forward saw version 0"), std::string::npos) << what;
+  }
+  // A view of it changes it too.
+  Tensor a = leaf(full({4}, 1.0)), b = full({4}, 3.0);
+  Tensor loss2 = F::sum(F::mul(a, b));
+  Tensor part = b.slice(0, 1);
+  fill_(part, 0.0);
+  EXPECT_THROW(backward(loss2), ValueError);
+}
+
+// The optimizer's step between a forward and its backward (the GAN mistake torch
+// names): the linear layer's weight, which x's gradient needs, has changed.
+TEST(VersionCounter, AnOptimizerStepBeforeTheBackwardOfAnEarlierForwardIsAnError) {
+  Tensor w = leaf(randn({2, 3}, 40)), x = leaf(randn({4, 3}, 41));
+  optim::AdamW opt({w}, {.lr = 0.1f});
+  Tensor early = F::sum(F::linear(x, w, Tensor()));
+  backward(F::sum(F::linear(x, w, Tensor())));
+  opt.step();
+  try {
+    backward(early);
+    FAIL() << "a backward through the weight before the step ran";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("LinearBackward: a tensor its backward needs (f32 [2, 3]"),
+              std::string::npos)
+        << e.what();
+  }
+  // The usual order (forward, backward, step, forward, backward) is untouched.
+  for (int i = 0; i < 3; ++i) {
+    backward(F::sum(F::linear(x, w, Tensor())));
+    opt.step();
+  }
+}
+
+// What no backward reads may change: add keeps nothing, so changing its input
+// after the forward is fine (as in torch), and its gradient is the same.
+TEST(VersionCounter, ChangingWhatNoBackwardKeepsIsFine) {
+  Tensor a = leaf(full({3}, 1.0)), b = full({3}, 2.0);
+  Tensor loss = F::sum(F::add(a, b));
+  fill_(a, 5.0);
+  copy_(b, full({3}, 7.0));
+  backward(loss);
+  for (float g : grad(a).to_vector<float>()) EXPECT_EQ(g, 1.0f);
+  // A first layer's weight: its input needs no gradient, so its backward reads only
+  // the input (torch saves only that too), and the weight's gradient is g^T x.
+  Tensor w1 = leaf(randn({2, 3}, 42));
+  const Tensor x1 = randn({4, 3}, 43);
+  Tensor first = F::sum(F::linear(x1, w1, Tensor()));
+  fill_(w1, 9.0);
+  backward(first);
+  const std::vector<float> xs = x1.to_vector<float>(), gw = grad(w1).to_vector<float>();
+  for (int64_t o = 0; o < 2; ++o) {
+    for (int64_t i = 0; i < 3; ++i) {
+      float col = 0;
+      for (int64_t r = 0; r < 4; ++r) col += xs[static_cast<size_t>(r * 3 + i)];
+      EXPECT_NEAR(gw[static_cast<size_t>(o * 3 + i)], col, 1e-5f);
+    }
+  }
+  // A clone changed instead of the saved tensor.
+  Tensor w = leaf(full({3}, 4.0));
+  Tensor y = F::sum(F::mul(a, w));
+  Tensor copy = w.clone();
+  fill_(copy, 0.0);
+  backward(y);
+  for (float g : grad(w).to_vector<float>()) EXPECT_EQ(g, 5.0f);
 }
 
 }  // namespace
