@@ -122,14 +122,19 @@ struct ReadyEntry {
 Node::Node() : sequence_nr(g_next_sequence_nr.fetch_add(1)) {}
 
 SavedVersions::SavedVersions(std::initializer_list<const Tensor*> saved) {
-  entries_.reserve(saved.size());
+  DDP_ASSERT(saved.size() <= kMaxSaved, "SavedVersions: {} tensors, at most {}", saved.size(),
+             kMaxSaved);
   for (const Tensor* t : saved) {
-    if (t->defined()) entries_.push_back({t->storage(), t->version(), t->dtype(), t->shape()});
+    if (!t->defined()) continue;
+    Entry& e = entries_[count_++];
+    e = {t->storage(), t->version(), {}, t->numel(), static_cast<uint8_t>(t->dim()), t->dtype()};
+    for (int64_t d = 0; d < std::min<int64_t>(t->dim(), 4); ++d) e.dims[d] = t->size(d);
   }
 }
 
 void SavedVersions::check(const std::string& node) const {
-  for (const Entry& e : entries_) {
+  for (size_t i = 0; i < count_; ++i) {
+    const Entry& e = entries_[i];
     const std::shared_ptr<Storage> storage = e.storage.lock();
     if (storage == nullptr) continue;  // nothing keeps it: the backward does not read it
     const uint64_t now = storage->version();
@@ -139,7 +144,10 @@ void SavedVersions::check(const std::string& node) const {
         "fill_, axpy_, an optimizer step, ...) after the forward: it is at version {}, the "
         "forward saw version {}. Call backward before changing it (e.g. optimizer.step() after "
         "backward), or change a clone of it instead",
-        node, dtype_name(e.dtype), shape_str(e.shape), now, e.version));
+        node, dtype_name(e.dtype),
+        e.ndim <= 4 ? shape_str(Shape(e.dims.begin(), e.dims.begin() + e.ndim))
+                    : fmt::format("of {} elements", e.numel),
+        now, e.version));
   }
 }
 

@@ -13,6 +13,7 @@
 
 #include "runtime/tensor.h"
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -56,8 +57,10 @@ struct Node {
 // operation"), before the backward would compute a wrong gradient from it. Undefined
 // tensors are skipped. The storage is held weakly (the node's closure keeps a view of
 // it, which is what matters; and a weak reference leaves is_only_reference alone).
+// Kept inside the node, no allocation of its own (a step records hundreds).
 class SavedVersions {
  public:
+  static constexpr size_t kMaxSaved = 6;
   SavedVersions() = default;
   explicit SavedVersions(std::initializer_list<const Tensor*> saved);
   void check(const std::string& node) const;
@@ -65,11 +68,14 @@ class SavedVersions {
  private:
   struct Entry {
     std::weak_ptr<Storage> storage;
-    uint64_t version;
-    DType dtype;
-    Shape shape;  // for the message
+    uint64_t version = 0;
+    std::array<int64_t, 4> dims{};  // the shape, for the message (up to 4 dims)
+    int64_t numel = 0;
+    uint8_t ndim = 0;
+    DType dtype = DType::f32;
   };
-  std::vector<Entry> entries_;
+  std::array<Entry, kMaxSaved> entries_{};
+  size_t count_ = 0;
 };
 
 using GradHook = std::function<void(Tensor& param)>;
