@@ -72,17 +72,18 @@ class Storage {
   // (torch's tensor._version, shared by every view as torch's is). The ops that write
   // a caller's tensor in place bump it: copy_, fill_, axpy_, matmul_out's out,
   // scale_by_, and the optimizers' updates (sgd_update_, adamw_update_,
-  // adamw_update_all_); a new tensor starts at 0. A recorded op notes the version of
-  // each tensor its backward reads, and the backward refuses to run on a changed one
+  // adamw_update_all_); a factory's tensor, clone() and to() start at 0. A recorded op notes the
+  // version of each tensor its backward reads, and the backward refuses to run on a changed one
   // (SavedVersions in autograd/autograd.h) instead of computing a wrong gradient. Writes
   // through data_ptr() are not counted (torch's .data neither), nor are the
-  // collectives' (copy_uncounted_ where one copies into its output). ZeRO-3's gather
-  // of a unit it released after the forward puts back the values the forward saw and
-  // leaves the version alone, unless this rank's shard changed in between (an
-  // optimizer step before the backward): then it counts as a write.
+  // collectives' (copy_uncounted_ where one copies into its output). ZeRO-1/2 count
+  // a step once for every trainable parameter on every rank; ZeRO-3's gather of a unit
+  // it released after the forward puts back the values the forward saw and leaves the
+  // version alone, unless the optimizer stepped the unit in between: then it counts
+  // as a write, on every rank alike.
   uint64_t version() const { return version_.load(std::memory_order_relaxed); }
   void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
-  // For a writer that puts back the values the memory held.
+  // Sets it: 0 for a new tensor whose factory filled it.
   void restore_version(uint64_t version) { version_.store(version, std::memory_order_relaxed); }
   // Who releases it (ZeRO-3: its unit and parameters), for the error on use.
   void set_release_label(std::string label) { release_label_ = std::move(label); }

@@ -219,10 +219,6 @@ void FullyShardedParameters::gather(size_t u) {
         format_bytes(unit.full->bytes())));
   }
   note_gathered();
-  // Note [version counter]: a gather puts back what the unit held unless this rank's
-  // shard was written since the last one (an optimizer step; the ranks step together).
-  unit.shard_changed = unit.shard.version() != unit.shard_version;
-  unit.shard_version = unit.shard.version();
   const CollectiveLabel labelled("zero3 all_gather");
   unit.gathering = comm_->all_gather(unit.shard, unit.flat);
 }
@@ -232,7 +228,14 @@ void FullyShardedParameters::wait(size_t u) {
   if (!unit.gathering) return;
   unit.gathering->wait();
   unit.gathering.reset();
-  if (unit.shard_changed) unit.full->bump_version();  // Note [version counter]
+  // Note [version counter]: a gather puts back what the forward saw, unless the
+  // optimizer stepped the unit since its last gather; then it counts as a write (on
+  // every rank: a rank whose shard holds only padding or frozen values was not
+  // written, but the gathered unit was).
+  if (unit.stepped) {
+    unit.full->bump_version();
+    unit.stepped = false;
+  }
 }
 
 void FullyShardedParameters::release(size_t u) {

@@ -96,8 +96,7 @@ class FullyShardedParameters : public std::enable_shared_from_this<FullyShardedP
     Tensor grad_shard{};                // this rank's averaged [B] gradient (undefined: none yet)
     Tensor grad_flat{};                 // [W * B] the synchronized backward's gradients go to
     std::shared_ptr<Work> gathering{};  // in flight; `full` is allocated from gather() on
-    uint64_t shard_version = 0;         // shard's at the last gather (Note [version counter])
-    bool shard_changed = false;         // since the gather before this one
+    bool stepped = false;               // since its last gather (Note [version counter])
     bool held = false;                  // gather_all(): kept until the next training forward
     int trainable = 0;                  // parameters requiring grad
     int pending = 0;                    // of those, without their gradient this backward
@@ -161,6 +160,8 @@ class FullyShardedParameters : public std::enable_shared_from_this<FullyShardedP
   Tensor post_forward(size_t u, const Tensor& output);
   void pre_backward(size_t u);
   void on_gradient(size_t i);
+  // The optimizer stepped unit u (every rank alike: it had a gradient shard).
+  void note_stepped(size_t u) { units_[u].stepped = true; }
 
  private:
   FullyShardedParameters(std::shared_ptr<Communicator> comm, FullyShardOptions options);

@@ -426,7 +426,7 @@ void ZeroOptimizer::step() {
       const int64_t begin = shards_[static_cast<size_t>(q)].begin + shard_offset;
       for_each_piece(begin, src.numel(), [&](size_t i, int64_t off, int64_t n, int64_t at) {
         Tensor d = params_[i].flat_view(off, {n});
-        copy_(d, src.flat_view(at, {n}));
+        copy_uncounted_(d, src.flat_view(at, {n}));  // counted below, alike on every rank
       });
     };
     // Replicated: updated already; otherwise round k's update overlaps k-1's gather.
@@ -436,6 +436,13 @@ void ZeroOptimizer::step() {
   gathered_ = false;
   clip_factor_ = 1.0f;
   if (!replicated) ++steps_;
+  // Note [version counter]: every rank counts the step's write of every trainable
+  // parameter, whichever rank owned its pieces (an owner's update counted its own;
+  // other ranks' pieces arrived uncounted), so a backward across the step is an
+  // error on all ranks alike, never on some while the others wait.
+  for (const Tensor& p : params_) {
+    if (requires_grad(p)) p.storage()->bump_version();
+  }
 }
 
 void ZeroOptimizer::leave_group() {
@@ -908,6 +915,7 @@ void ZeroOptimizer::step_stage3() {
   for (size_t u = 0; u < units.size(); ++u) {
     const auto& unit = units[u];
     if (!unit.grad_shard.defined()) continue;  // as torch: no gradient, no update
+    fsdp_->note_stepped(u);                    // Note [version counter]
     fsdp_->for_each_owned_piece(u, [&](size_t k, int64_t /*off*/, int64_t n, int64_t at) {
       const size_t i = inner_index_[unit.params[k]];
       if (i >= params_.size()) return;         // not the optimizer's

@@ -125,7 +125,7 @@ SavedVersions::SavedVersions(std::initializer_list<const Tensor*> saved) {
   DDP_ASSERT(saved.size() <= kMaxSaved, "SavedVersions: {} tensors, at most {}", saved.size(),
              kMaxSaved);
   for (const Tensor* t : saved) {
-    if (!t->defined()) continue;
+    if (t == nullptr || !t->defined()) continue;
     Entry& e = entries_[count_++];
     e = {t->storage(), t->version(), {}, t->numel(), static_cast<uint8_t>(t->dim()), t->dtype()};
     for (int64_t d = 0; d < std::min<int64_t>(t->dim(), 4); ++d) e.dims[d] = t->size(d);
@@ -136,7 +136,7 @@ void SavedVersions::check(const std::string& node) const {
   for (size_t i = 0; i < count_; ++i) {
     const Entry& e = entries_[i];
     const std::shared_ptr<Storage> storage = e.storage.lock();
-    if (storage == nullptr) continue;  // nothing keeps it: the backward does not read it
+    if (storage == nullptr) continue;  // freed: nothing of the backward reads it
     const uint64_t now = storage->version();
     if (now == e.version) continue;
     throw ValueError(fmt::format(

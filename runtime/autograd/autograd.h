@@ -54,9 +54,11 @@ struct Node {
 // Note [version counter] (runtime/tensor.h): the versions of the memory of the
 // tensors a backward reads, noted when its op ran; check() throws ValueError naming
 // the node and the tensor when one has changed since (torch's "modified by an inplace
-// operation"), before the backward would compute a wrong gradient from it. Undefined
-// tensors are skipped. The storage is held weakly (the node's closure keeps a view of
-// it, which is what matters; and a weak reference leaves is_only_reference alone).
+// operation"), before the backward would compute a wrong gradient from it. Null and
+// undefined tensors are skipped. The storage is held weakly (the node's closure keeps
+// a view of it; a weak reference leaves is_only_reference alone). A tensor whose
+// storage is replaced between the forward and the backward (Module::to moving a
+// parameter, ZeRO-3 adopting it at construction) is no longer checked.
 // Kept inside the node, no allocation of its own (a step records hundreds).
 class SavedVersions {
  public:

@@ -53,13 +53,12 @@ Tensor recorded(Tensor out, const char* name, std::initializer_list<const Tensor
   return out;
 }
 
-// `t` when the gradient that reads it will be computed, else no tensor: torch saves an
-// operand of a product only for the other operand's gradient (Note [version counter]:
-// changing a first layer's weight before the backward is fine when its input needs
-// no gradient).
+// `t` when the gradient that reads it will be computed, else none (null): torch saves
+// an operand of a product only for the other operand's gradient (Note [version
+// counter]: changing a first layer's weight before the backward is fine when its
+// input needs no gradient).
 const Tensor* if_needed(bool needed, const Tensor& t) {
-  static const Tensor none;
-  return needed ? &t : &none;
+  return needed ? &t : nullptr;
 }
 
 // op(a) op(b) for the gradient of an input whose dtype was `dtype`: straight into

@@ -114,12 +114,11 @@ void copy_with_host(Tensor& dst, const Tensor& src, size_t bytes, const CopyPlan
 
 }  // namespace
 
-void copy_(Tensor& dst, const Tensor& src, bool non_blocking) {
+void copy_uncounted_(Tensor& dst, const Tensor& src, bool non_blocking) {
   DDP_CHECK(dst.shape() == src.shape() && dst.dtype() == src.dtype(),
             "copy_: destination {} {} and source {} {} must have the same shape and dtype",
             shape_str(dst.shape()), dtype_name(dst.dtype()), shape_str(src.shape()),
             dtype_name(src.dtype()));
-  dst.storage()->bump_version();  // Note [version counter]
   const size_t bytes = src.nbytes();
   if (bytes == 0 || (dst.data_ptr() == src.data_ptr() && dst.device() == src.device())) return;
   const CopyPlan plan = ops_detail::plan_copy(dst.device(), dst.is_pinned(), src.device(),
@@ -143,10 +142,9 @@ void copy_(Tensor& dst, const Tensor& src, bool non_blocking) {
   }
 }
 
-void copy_uncounted_(Tensor& dst, const Tensor& src, bool non_blocking) {
-  const uint64_t version = dst.version();
-  copy_(dst, src, non_blocking);
-  dst.storage()->restore_version(version);
+void copy_(Tensor& dst, const Tensor& src, bool non_blocking) {
+  copy_uncounted_(dst, src, non_blocking);
+  dst.storage()->bump_version();  // Note [version counter]
 }
 
 }  // namespace ddp

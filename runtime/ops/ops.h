@@ -123,8 +123,9 @@ void fill_(Tensor& t, double value);  // any dtype
 // host -> device blocks unless non_blocking, device -> host unless non_blocking and
 // dst is pinned. Note [copy semantics] in copy.cpp has the details.
 void copy_(Tensor& dst, const Tensor& src, bool non_blocking = false);
-// copy_ leaving dst's version as it was (Note [version counter] in tensor.h): the
-// collectives' writes into their outputs, which are not counted.
+// copy_ without counting the write in dst's version (Note [version counter] in
+// tensor.h): for the collectives' copies into their outputs, and ZeRO-1/2's of other
+// ranks' pieces (it counts the step once, on every rank). Not for a user's writes.
 void copy_uncounted_(Tensor& dst, const Tensor& src, bool non_blocking = false);
 // Casts between any two dtypes on the tensor's device (f32 <-> bf16/f16 round to nearest even).
 Tensor cast(const Tensor& x, DType dtype);

@@ -447,7 +447,9 @@ TEST(Zero3VersionCounter, AStepBetweenAForwardAndItsBackwardIsAnErrorTwoRanksShm
       run.ddp->backward(early);
     } catch (const ValueError& e) {
       const std::string what = e.what();
-      require(what.find("was modified by an in-place operation") != std::string::npos, what);
+      require(what.find("Backward: a tensor its backward needs") != std::string::npos &&
+                  what.find("was modified by an in-place operation") != std::string::npos,
+              what);
       return 0;
     }
     require(false, "the backward of a forward before the step ran");
