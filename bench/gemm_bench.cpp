@@ -30,8 +30,8 @@ constexpr double kOverheadTargetPct = 5.0;
 constexpr int64_t kSampledEntries = 4096;  // entries checked against float64
 // Default timing: the 2048^3 GEMM takes ~0.1 s on 2 cores, so 25 repeats of ours
 // and bare stay near 6 s; the small shapes batch calls into 5 ms samples.
-constexpr int kRepeats = 25;
-constexpr double kMinSampleMs = 5.0;
+constexpr int kGemmRepeats = 25;
+constexpr double kGemmMinSampleMs = 5.0;
 
 struct GemmCase {
   const char* name;
@@ -159,8 +159,8 @@ CaseResult run_f32_case(const GemmCase& c, uint64_t seed, const BenchOptions& op
   }
   const double err64 = error_vs_f64(d, host_floats(in.a), host_floats(in.b), ours_host);
 
-  const auto t =
-      time_interleaved(device, options.timing(2, kRepeats, kMinSampleMs), {ours, bare_call});
+  const auto t = time_interleaved(device, options.timing(2, kGemmRepeats, kGemmMinSampleMs),
+                                  {ours, bare_call});
   result.overhead_pct = (t[0].median_ms / t[1].median_ms - 1.0) * 100.0;
   result.row.add("gemm", c.name)
       .add("shape", shape_text(d))
@@ -203,7 +203,7 @@ CaseResult run_bf16_case(const GemmCase& c, uint64_t seed, const BenchOptions& o
     result.ok = false;
     return result;
   }
-  const Timing t = time_op(options.device, options.timing(2, kRepeats, kMinSampleMs), ours);
+  const Timing t = time_op(options.device, options.timing(2, kGemmRepeats, kGemmMinSampleMs), ours);
   result.row.add("gemm", c.name)
       .add("shape", shape_text(d))
       .add("dtype", "bf16")

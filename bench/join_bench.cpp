@@ -28,7 +28,8 @@ int parse_steps(const BenchOptions& o) {
   return v;
 }
 
-double median(std::vector<double> v) {
+// The upper median (for an even count the larger of the two middle values).
+double upper_median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
@@ -101,7 +102,7 @@ int run_join_bench(const BenchOptions& o, const Reporter& reporter) {
   const double count_us = from_rank0(
       comm, std::chrono::duration<double, std::micro>(Clock::now() - start).count() / iters);
   if (comm.rank() == 0) {
-    const double p = median(plain), j = median(joined), d = median(diff);
+    const double p = upper_median(plain), j = upper_median(joined), d = upper_median(diff);
     reporter.section(
         fmt::format("DDP step of the mlp 784-256-10, batch {} per rank, {} ranks ({}), median of "
                     "{} rounds of {} steps each",

@@ -193,6 +193,11 @@ class Tensor {
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
 // Factories: the data is created directly on options.device (no host round trip).
+// t's bytes (numel x element size); 0 for an undefined tensor.
+inline int64_t bytes_of(const Tensor& t) {
+  return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
+}
+
 Tensor empty(const Shape& shape, const TensorOptions& options = {});
 Tensor zeros(const Shape& shape, const TensorOptions& options = {});
 Tensor ones(const Shape& shape, const TensorOptions& options = {});

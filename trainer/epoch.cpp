@@ -34,10 +34,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
 // Times the phases of a step; on CUDA a lap synchronizes the device first when
 // sync_timing is set (else it measures the host's launch time).
 class PhaseClock {

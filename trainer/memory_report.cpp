@@ -9,10 +9,6 @@
 namespace ddp::train {
 namespace {
 
-int64_t bytes_of(const Tensor& t) {
-  return t.defined() ? t.numel() * static_cast<int64_t>(element_size(t.dtype())) : 0;
-}
-
 // Bytes of the optimizer's state on this rank: a ZeroOptimizer's shard, or every
 // tensor of a plain optimizer's state().
 int64_t optimizer_state_bytes(const Run& r) {

@@ -28,6 +28,11 @@
 
 namespace ddp::train {
 
+// Seconds from `start` to now on the steady clock.
+inline double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 // Where an epoch stands after its last completed step (Note [elastic training]
 // in elastic.h): what a regrouped rank copies from the most advanced one.
 struct EpochPosition {

@@ -27,10 +27,6 @@ struct PreBackwardNode : Node {
   std::string name() const override { return "Zero3PreBackward"; }
 };
 
-int64_t bytes_of(const Tensor& t) {
-  return t.defined() ? t.numel() * static_cast<int64_t>(element_size(t.dtype())) : 0;
-}
-
 // The default units: children of every nn::Sequential that hold parameters, not
 // looking inside a unit (Note [zero-3 units]).
 void default_units(nn::Module& m, const std::string& prefix, std::vector<std::string>& out) {

@@ -22,10 +22,6 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
-int64_t bytes_of(const Tensor& t) {
-  return t.defined() ? t.numel() * static_cast<int64_t>(element_size(t.dtype())) : 0;
-}
-
 }  // namespace
 
 ShardRange zero_shard(int64_t numel, int world, int rank) {

@@ -11,10 +11,6 @@
 namespace ddp::flight {
 namespace {
 
-double seconds(int64_t ns) {
-  return static_cast<double>(ns) / 1e9;
-}
-
 std::string duration(double s) {
   return s < 100 ? fmt::format("{:.1f} s", s) : fmt::format("{:.0f} s", s);
 }

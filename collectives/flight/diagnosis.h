@@ -36,6 +36,11 @@
 
 namespace ddp::flight {
 
+// The recorder's nanoseconds as seconds.
+inline double seconds(int64_t ns) {
+  return static_cast<double>(ns) / 1e9;
+}
+
 struct DiagnosisOptions {
   // The ranks this view should cover; empty: 0 .. world size - 1. ddprun passes
   // its local ranks, so other nodes' ranks are not reported missing.

@@ -9,10 +9,6 @@
 namespace ddp::flight {
 namespace {
 
-double seconds(int64_t ns) {
-  return static_cast<double>(ns) / 1e9;
-}
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();

@@ -8,7 +8,7 @@
 namespace ddp::cuda_api {
 namespace {
 
-CublasLibrary load() {
+CublasLibrary load_cublas() {
   // Static: opened once, kept open (runtime/dynamic_library.h).
   static const DynamicLibrary lib(LibrarySpec{
       .soname = fmt::format("libcublas.so.{}", CUBLAS_VER_MAJOR),
@@ -40,7 +40,7 @@ CublasLibrary load() {
 }  // namespace
 
 const CublasLibrary& cublas() {
-  static const CublasLibrary api = load();
+  static const CublasLibrary api = load_cublas();
   return api;
 }
 

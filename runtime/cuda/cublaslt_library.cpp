@@ -8,7 +8,7 @@
 namespace ddp::cuda_api {
 namespace {
 
-CublasLtLibrary load() {
+CublasLtLibrary load_cublaslt() {
   // Static: opened once, kept open (runtime/dynamic_library.h).
   static const DynamicLibrary lib(LibrarySpec{
       .soname = fmt::format("libcublasLt.so.{}", CUBLAS_VER_MAJOR),
@@ -42,7 +42,7 @@ CublasLtLibrary load() {
 }  // namespace
 
 const CublasLtLibrary& cublaslt() {
-  static const CublasLtLibrary api = load();
+  static const CublasLtLibrary api = load_cublaslt();
   return api;
 }
 

@@ -27,7 +27,7 @@ void preload_nvrtc() {
   }
 }
 
-CudnnLibrary load() {
+CudnnLibrary load_cudnn() {
   preload_nvrtc();
   // Static: opened once, kept open (runtime/dynamic_library.h).
   static const DynamicLibrary lib(LibrarySpec{
@@ -75,7 +75,7 @@ std::string CudnnLibrary::version_text() const {
 }
 
 const CudnnLibrary& cudnn() {
-  static const CudnnLibrary api = load();
+  static const CudnnLibrary api = load_cudnn();
   return api;
 }
 

@@ -22,7 +22,6 @@
 namespace ddp {
 namespace {
 
-constexpr size_t kCpuAlignment = 64;  // as CpuAllocator
 constexpr const char* kMemoryLimitVar = env::kMemoryLimit;
 
 // Note [memory limit]: the limit every device allocator starts with, read once.

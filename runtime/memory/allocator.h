@@ -33,6 +33,11 @@
 
 namespace ddp {
 
+// n rounded up to a multiple of `multiple` (> 0).
+inline size_t round_up(size_t n, size_t multiple) {
+  return (n + multiple - 1) / multiple * multiple;
+}
+
 struct MemoryStats {
   uint64_t allocated = 0;      // bytes in live blocks (rounded block sizes)
   uint64_t reserved = 0;       // bytes held from the system: live + cached

@@ -16,10 +16,6 @@ constexpr size_t kSmallLimit = size_t{1} << 20;  // 1 MiB
 constexpr size_t kSmallRound = 512;
 constexpr size_t kLargeRound = size_t{2} << 20;  // 2 MiB
 
-size_t round_up(size_t n, size_t m) {
-  return (n + m - 1) / m * m;
-}
-
 auto stream_key(const Stream& s) {
   return std::make_tuple(static_cast<int>(s.device().type), s.device().index, s.handle());
 }

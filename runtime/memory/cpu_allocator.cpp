@@ -9,7 +9,6 @@
 namespace ddp {
 namespace {
 
-constexpr size_t kCpuAlignment = 64;
 constexpr size_t kPage = 4096;
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -23,10 +22,6 @@ constexpr bool kSanitized = false;
 #else
 constexpr bool kSanitized = false;
 #endif
-
-size_t round_up(size_t bytes, size_t to) {
-  return (bytes + to - 1) / to * to;
-}
 
 }  // namespace
 

@@ -24,6 +24,9 @@
 
 namespace ddp {
 
+// The alignment of every CPU allocation (a cache line; AVX-512 loads).
+inline constexpr size_t kCpuAlignment = 64;
+
 struct CpuCacheOptions {
   size_t min_cached_bytes = size_t{128} << 10;
   size_t cache_limit_bytes = size_t{1} << 30;  // 0: nothing is cached

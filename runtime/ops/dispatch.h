@@ -49,5 +49,13 @@ bool widen_on_cpu(std::initializer_list<const Tensor*> tensors);
 
 // ValueError naming the op, the tensor's role, the dtypes and its shape.
 void check_dtype(std::string_view op, const Tensor& t, DType expected, const char* what);
+inline void check_f32(std::string_view op, const Tensor& t, const char* what = "input") {
+  check_dtype(op, t, DType::f32, what);
+}
+
+// A new (uninitialized) tensor of t's shape, dtype and device.
+inline Tensor like(const Tensor& t) {
+  return empty(t.shape(), {.dtype = t.dtype(), .device = t.device()});
+}
 
 }  // namespace ddp::ops_detail

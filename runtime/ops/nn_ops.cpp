@@ -17,10 +17,7 @@ namespace {
 using kernels::Conv2dGeometry;
 
 using ops_detail::check_dtype;
-
-void check_f32(std::string_view op, const Tensor& t, const char* what) {
-  check_dtype(op, t, DType::f32, what);
-}
+using ops_detail::check_f32;
 
 std::string geometry_str(const Conv2dGeometry& g) {
   return fmt::format("kernel [{}, {}], stride [{}, {}], padding [{}, {}]", g.kernel_h, g.kernel_w,

@@ -54,20 +54,14 @@ void check_dtype(std::string_view op, const Tensor& t, DType expected, const cha
 namespace {
 
 using ops_detail::check_dtype;
+using ops_detail::check_f32;
 using ops_detail::check_float;
 using ops_detail::is_16bit;
+using ops_detail::like;
 using ops_detail::narrowed;
 using ops_detail::promote;
 using ops_detail::widen_on_cpu;
 using ops_detail::widened;
-
-void check_f32(std::string_view op, const Tensor& t) {
-  check_dtype(op, t, DType::f32, "input");
-}
-
-Tensor like(const Tensor& t) {
-  return empty(t.shape(), {.dtype = t.dtype(), .device = t.device()});
-}
 
 int64_t wrap_dim(std::string_view op, const Tensor& x, int64_t dim) {
   const int64_t n = x.dim();

@@ -21,19 +21,13 @@ namespace ddp {
 namespace {
 
 using ops_detail::check_dtype;
+using ops_detail::check_f32;
 using ops_detail::check_float;
 using ops_detail::is_16bit;
+using ops_detail::like;
 using ops_detail::narrowed;
 using ops_detail::widen_on_cpu;
 using ops_detail::widened;
-
-void check_f32(std::string_view op, const Tensor& t, const char* what) {
-  check_dtype(op, t, DType::f32, what);
-}
-
-Tensor like(const Tensor& t) {
-  return empty(t.shape(), {.dtype = t.dtype(), .device = t.device()});
-}
 
 // x must have a last dim of at least one element to normalize or softmax over.
 void check_last_dim(std::string_view op, const Tensor& x) {

@@ -19,11 +19,6 @@ namespace {
 
 constexpr int kVersion = 2;
 
-// A JSON string of `text` as valid UTF-8 (Note [trace files]).
-std::string json_string(std::string_view text) {
-  return json::quote(valid_utf8(text));
-}
-
 // Argument keys read from a file live as long as the process (Arg keeps a pointer).
 const char* intern(const std::string& key) {
   static std::mutex mutex;
@@ -108,6 +103,10 @@ class Reader {
 };
 
 }  // namespace
+
+std::string json_string(std::string_view text) {
+  return json::quote(valid_utf8(text));
+}
 
 std::string rank_file_name(int rank, int restart) {
   return restart == 0 ? fmt::format("rank_{}.json", rank)

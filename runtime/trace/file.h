@@ -46,6 +46,8 @@ void write_atomically(const std::string& path, const std::function<void(std::ost
 
 // `text` with every byte that is not part of valid UTF-8 replaced by U+FFFD.
 std::string valid_utf8(std::string_view text);
+// A JSON string of `text` as valid UTF-8 (Note [trace files]).
+std::string json_string(std::string_view text);
 
 void write_rank_file(std::ostream& out, const Snapshot& s);
 // Throws ValueError naming `source` and what is wrong.

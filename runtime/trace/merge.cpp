@@ -43,10 +43,6 @@ struct RankView {
   }
 };
 
-std::string json_string(std::string_view text) {
-  return json::quote(valid_utf8(text));
-}
-
 // Nanoseconds as microseconds with 3 decimals, exactly (no rounding through a double).
 std::string micros(int64_t ns) {
   const char* sign = ns < 0 ? "-" : "";

@@ -406,18 +406,18 @@ void make_plan(const cuda_api::CudnnLibrary& lib, cudnnHandle_t handle, Plan& p)
 
 enum class Direction : uint8_t { forward, backward };
 
-struct Key {
+struct SdpaKey {
   int device;
   Direction direction;
   int64_t batch, t, heads, d;
   DType dtype;
-  bool operator==(const Key& o) const {
+  bool operator==(const SdpaKey& o) const {
     return std::tie(device, direction, batch, t, heads, d, dtype) ==
            std::tie(o.device, o.direction, o.batch, o.t, o.heads, o.d, o.dtype);
   }
 };
-struct KeyHash {
-  size_t operator()(const Key& k) const {
+struct SdpaKeyHash {
+  size_t operator()(const SdpaKey& k) const {
     size_t h = std::hash<int64_t>()(k.batch);
     for (int64_t v : {k.t, k.heads, k.d, static_cast<int64_t>(k.dtype),
                       static_cast<int64_t>(k.direction), static_cast<int64_t>(k.device)}) {
@@ -506,7 +506,7 @@ Context plan_for(const Tensor& qkv, int64_t heads, Direction direction, std::str
   const graph::Geometry g = geometry(qkv, heads);
   thread_local std::unordered_map<int, std::unique_ptr<Handle>> handles;
   thread_local std::unordered_map<int, std::string> handle_errors;  // asked once
-  thread_local std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans;
+  thread_local std::unordered_map<SdpaKey, std::unique_ptr<Plan>, SdpaKeyHash> plans;
   if (const auto failed = handle_errors.find(device); failed != handle_errors.end()) {
     *why = failed->second;
     return {&lib, nullptr, nullptr};
@@ -520,7 +520,7 @@ Context plan_for(const Tensor& qkv, int64_t heads, Direction direction, std::str
       return {&lib, nullptr, nullptr};
     }
   }
-  const Key key{device, direction, g.batch, g.t, g.heads, g.d, qkv.dtype()};
+  const SdpaKey key{device, direction, g.batch, g.t, g.heads, g.d, qkv.dtype()};
   auto it = plans.find(key);
   if (it == plans.end()) {
     auto p = std::make_unique<Plan>();
