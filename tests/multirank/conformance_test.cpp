@@ -355,15 +355,23 @@ std::string param_name(const ::testing::TestParamInfo<BackendCase>& info) {
   return case_name(info.param);
 }
 
+// The multi-rank world sizes: 2, 3 (chunks of unequal sizes) and 4. A sanitizer build
+// (CI's second phase, whose other tests also run in its first) leaves out 4: four
+// ASan ranks on CI's two cores were the longest part of the suite (shm and gloo 37 and
+// 52 CPU-seconds in all, 2026-12-02), and 4 cuts a buffer as evenly as 2 does.
+std::vector<BackendCase> conformance_worlds(const std::string& backend) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  return {{backend, 2}, {backend, 3}};
+#else
+  return {{backend, 2}, {backend, 3}, {backend, 4}};
+#endif
+}
+
 INSTANTIATE_TEST_SUITE_P(Local, Conformance, ::testing::Values(BackendCase{"local", 1}),
                          param_name);
-INSTANTIATE_TEST_SUITE_P(Shm, Conformance,
-                         ::testing::Values(BackendCase{"shm", 2}, BackendCase{"shm", 3},
-                                           BackendCase{"shm", 4}),
+INSTANTIATE_TEST_SUITE_P(Shm, Conformance, ::testing::ValuesIn(conformance_worlds("shm")),
                          param_name);
-INSTANTIATE_TEST_SUITE_P(Gloo, Conformance,
-                         ::testing::Values(BackendCase{"gloo", 2}, BackendCase{"gloo", 3},
-                                           BackendCase{"gloo", 4}),
+INSTANTIATE_TEST_SUITE_P(Gloo, Conformance, ::testing::ValuesIn(conformance_worlds("gloo")),
                          param_name);
 
 }  // namespace
