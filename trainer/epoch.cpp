@@ -124,12 +124,14 @@ void update(Run& r, int64_t step, int64_t epoch, const Tensor& step_loss, StepTi
     // averaged gradients by the same norm.
     if (r.o.clip_grad_norm > 0) {
       // ZeRO: the norm from the shards (sums of squares all-reduced). CUDA: the
-      // norm stays on the device until it is reported (Note [clipping on the device]).
+      // norm stays on the device until it is reported (Note [clipping on the device]),
+      // and AdamW applies the factor as it reads the gradients (Note [clipping in the
+      // step]).
       if (r.zero != nullptr) {
         r.grad_norm = r.zero->clip_grad_norm(r.o.clip_grad_norm);
       } else if (r.device.is_cuda()) {
-        r.grad_norm_on_device =
-            optim::clip_grad_norm_on_device(r.model->parameters(), r.o.clip_grad_norm);
+        r.grad_norm_on_device = optim::clip_grad_norm_on_device(
+            r.model->parameters(), r.o.clip_grad_norm, r.optimizer.get());
       } else {
         r.grad_norm = optim::clip_grad_norm_(r.model->parameters(), r.o.clip_grad_norm);
       }
@@ -252,7 +254,8 @@ int64_t graphed_step(Run& r, Tensor& step_loss, Tensor& last_loss, PhaseTotals& 
         g.loss = micro_batch_loss(r, g.batch, /*sync=*/true, step);
         backward(g.loss);
         if (r.o.clip_grad_norm > 0) {
-          g.grad_norm = optim::clip_grad_norm_on_device(r.model->parameters(), r.o.clip_grad_norm);
+          g.grad_norm = optim::clip_grad_norm_on_device(r.model->parameters(), r.o.clip_grad_norm,
+                                                        r.optimizer.get());
         }
         r.optimizer->apply_step();
       });

@@ -59,7 +59,8 @@ void scale_by_(const std::vector<Tensor>& xs, const Tensor& scalar) {
 
 void adamw_update_all_(std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                        std::vector<Tensor>& m, std::vector<Tensor>& v,
-                       const std::vector<kernels::AdamWStep>& steps, const Tensor& constants) {
+                       const std::vector<kernels::AdamWStep>& steps, const Tensor& constants,
+                       const Tensor& grad_scale) {
   if (params.empty()) return;
   DDP_CHECK(grads.size() == params.size() && m.size() == params.size() &&
                 v.size() == params.size() && steps.size() == params.size(),
@@ -73,7 +74,14 @@ void adamw_update_all_(std::vector<Tensor>& params, const std::vector<Tensor>& g
               "(adamw_constants_table)",
               constants.numel(), params.size());
   }
-  if (!params.front().device().is_cuda() && !constants.defined()) {
+  if (grad_scale.defined()) {  // Note [clipping in the step]
+    check_same_device("adamw_update_all_", {&params.front(), &grad_scale});
+    check_dtype("adamw_update_all_", grad_scale, DType::f32, "the gradient scale");
+    DDP_CHECK(grad_scale.numel() == 1,
+              "adamw_update_all_: the gradient scale has shape {}, expected one element",
+              shape_str(grad_scale.shape()));
+  }
+  if (!params.front().device().is_cuda() && !constants.defined() && !grad_scale.defined()) {
     // The CPU: one kernel per tensor is the loop.
     for (size_t i = 0; i < params.size(); ++i)
       adamw_update_(params[i], grads[i], m[i], v[i], steps[i]);
@@ -101,7 +109,8 @@ void adamw_update_all_(std::vector<Tensor>& params, const std::vector<Tensor>& g
     m[i].storage()->bump_version();
     v[i].storage()->bump_version();
   }
-  DDP_DISPATCH(params.front().device(), adamw_update_multi, params, grads, m, v, steps, constants);
+  DDP_DISPATCH(params.front().device(), adamw_update_multi, params, grads, m, v, steps, constants,
+               grad_scale);
 }
 
 std::vector<float> adamw_constants_table(const std::vector<kernels::AdamWStep>& steps) {

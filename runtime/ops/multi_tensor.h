@@ -40,11 +40,15 @@ void scale_by_(const std::vector<Tensor>& xs, const Tensor& scalar);
 // With `constants` (Note [captured optimizer steps] in optim/optimizer.h), the
 // kernels read tensor i's constants from it when they run: f32, on the
 // tensors' device, adamw_constants_table's 8 floats per tensor; steps are then only
-// checked.
+// checked. With `grad_scale` (one f32 on the tensors' device, read when the kernels
+// run), every gradient element is multiplied by it as it is read, rounded to f32: the
+// same bits as scale_by_(grads, grad_scale) then the update, without the pass over the
+// gradients, which keep their values (Note [clipping in the step] in
+// optim/optimizer.h).
 void adamw_update_all_(std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                        std::vector<Tensor>& m, std::vector<Tensor>& v,
                        const std::vector<kernels::AdamWStep>& steps,
-                       const Tensor& constants = Tensor());
+                       const Tensor& constants = Tensor(), const Tensor& grad_scale = Tensor());
 // The constants of each step (kernels::adamw_constants), 8 floats each, in order.
 std::vector<float> adamw_constants_table(const std::vector<kernels::AdamWStep>& steps);
 

@@ -8,6 +8,8 @@
 
 #include <cmath>
 #include <map>
+#include <unordered_set>
+#include <utility>
 
 namespace ddp::optim {
 namespace {
@@ -324,6 +326,8 @@ void AdamW::step() {
   }
   check_not_captured_plain();
   NoGradGuard no_grad;
+  // take_gradient_scale checked that every parameter with a gradient is on its device.
+  const Tensor scale = std::exchange(grad_scale_, Tensor());
   std::vector<Tensor> params, grads, m, v;
   std::vector<kernels::AdamWStep> steps;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -335,7 +339,7 @@ void AdamW::step() {
     }
     // Parameters on another device than the first go in their own call.
     if (!params.empty() && params.front().device() != params_[i].device()) {
-      adamw_update_all_(params, grads, m, v, steps);
+      adamw_update_all_(params, grads, m, v, steps, Tensor(), scale);
       params.clear();
       grads.clear();
       m.clear();
@@ -349,8 +353,29 @@ void AdamW::step() {
     ++param_steps_[i];
     steps.push_back(step_of(i));
   }
-  adamw_update_all_(params, grads, m, v, steps);
+  adamw_update_all_(params, grads, m, v, steps, Tensor(), scale);
   ++steps_;
+}
+
+void AdamW::zero_grad(bool set_to_none) {
+  Optimizer::zero_grad(set_to_none);
+  grad_scale_ = Tensor();  // the gradients it was for are gone
+}
+
+bool AdamW::take_gradient_scale(const Tensor& factor) {
+  DDP_CHECK(!grad_scale_.defined(),
+            "AdamW: a gradient scale (a clip factor) is waiting for the next step already; "
+            "call step() between two clip_grad_norm_on_device calls given the optimizer");
+  DDP_CHECK(factor.defined() && factor.numel() == 1 && factor.dtype() == DType::f32,
+            "AdamW::take_gradient_scale: expected one f32 element, got {} {}",
+            factor.defined() ? dtype_name(factor.dtype()) : "an undefined tensor",
+            factor.defined() ? shape_str(factor.shape()) : "");
+  for (const Tensor& p : params_) {
+    const Tensor g = grad(p);
+    if (g.defined() && p.device() != factor.device()) return false;  // scaled by the caller
+  }
+  grad_scale_ = factor;
+  return true;
 }
 
 kernels::AdamWStep AdamW::step_of(size_t i) const {
@@ -394,7 +419,7 @@ void AdamW::apply_step() {
     v.push_back(exp_avg_sq_[i]);
     steps.push_back(step_of(i));
   }
-  adamw_update_all_(params, grads, m, v, steps, constants_);
+  adamw_update_all_(params, grads, m, v, steps, constants_, std::exchange(grad_scale_, Tensor()));
   end_apply();
 }
 
@@ -520,7 +545,25 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
   return norm;
 }
 
-Tensor clip_grad_norm_on_device(const std::vector<Tensor>& params, double max_norm) {
+namespace {
+// Whether the parameters with a gradient are the same tensors in both lists (any order).
+bool same_parameters_with_gradients(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  std::unordered_set<const TensorImpl*> in_a;
+  for (const Tensor& p : a) {
+    if (grad(p).defined()) in_a.insert(&p.impl());
+  }
+  size_t in_b = 0;
+  for (const Tensor& p : b) {
+    if (!grad(p).defined()) continue;
+    if (in_a.count(&p.impl()) == 0) return false;
+    ++in_b;
+  }
+  return in_b == in_a.size();
+}
+}  // namespace
+
+Tensor clip_grad_norm_on_device(const std::vector<Tensor>& params, double max_norm,
+                                Optimizer* step) {
   DDP_CHECK(std::isfinite(max_norm) && max_norm > 0,
             "clip_grad_norm_: max_norm {} must be finite and > 0 (to not clip, do not call it)",
             max_norm);
@@ -532,6 +575,11 @@ Tensor clip_grad_norm_on_device(const std::vector<Tensor>& params, double max_no
   if (grads.empty()) return Tensor();
   NoGradGuard no_grad;
   const ClipResult clip = clip_factor(sum_squares_all(grads), max_norm);
+  // Note [clipping in the step]
+  if (step != nullptr && same_parameters_with_gradients(params, step->params()) &&
+      step->take_gradient_scale(clip.factor)) {
+    return clip.norm;
+  }
   scale_by_(grads, clip.factor);  // Note [clipping on the device]
   return clip.norm;
 }

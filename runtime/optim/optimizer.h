@@ -48,6 +48,11 @@ class Optimizer {
   virtual void prepare_step();
   virtual void apply_step();
   virtual void zero_grad(bool set_to_none = false);
+  // Note [clipping in the step]: takes `factor` (one f32 on the parameters' device) to
+  // multiply every gradient by as the next update reads it; false when this optimizer
+  // cannot (the caller then scales the gradients itself). Throws ValueError when a
+  // factor is waiting already.
+  virtual bool take_gradient_scale(const Tensor& /*factor*/) { return false; }
   float lr() const { return lr_; }
   void set_lr(float lr);
   int64_t steps() const { return steps_; }
@@ -139,6 +144,8 @@ class AdamW : public Optimizer {
   nn::NamedTensors state() const override;
   void load_state(const nn::NamedTensors& state, int64_t steps) override;
   std::string name() const override { return "adamw"; }
+  void zero_grad(bool set_to_none = false) override;  // drops a waiting gradient scale
+  bool take_gradient_scale(const Tensor& factor) override;
   const AdamWOptions& options() const { return options_; }
   // Per parameter, in params() order (a group's weight_decay, or options().weight_decay).
   const std::vector<float>& weight_decays() const { return weight_decay_; }
@@ -150,8 +157,21 @@ class AdamW : public Optimizer {
 
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
   std::vector<int64_t> param_steps_;
-  Tensor constants_;  // capturable: adamw_constants_table of updated_, on the device
+  Tensor constants_;   // capturable: adamw_constants_table of updated_, on the device
+  Tensor grad_scale_;  // take_gradient_scale's factor until the next update
 };
+
+// Note [clipping in the step]: clip_grad_norm_on_device's factor used to multiply
+// every gradient in a pass of its own (on GPT-2 124M a read and a write of 500 MB a
+// step) before the update read them again. Given the optimizer that steps next (train
+// passes its own), an optimizer that can (AdamW: take_gradient_scale) multiplies each
+// gradient by the factor as its update reads it, rounded to f32 as the pass rounded
+// it: the same update, bit for bit, one pass fewer. The gradients then keep their
+// unclipped values (torch's clip_grad_norm_ leaves them clipped: call it without an
+// optimizer for that). The factor is taken only when the clipped parameters are the
+// optimizer's (those with a gradient, in any order) and all on one device; it applies
+// to the optimizer's next step() or apply_step() (captured together under a CUDA
+// graph, where the factor's tensor is the graph's) and zero_grad() drops it.
 
 // torch.nn.utils.clip_grad_norm_(params, max_norm) for the L2 norm: the norm of all
 // defined gradients taken together, returned as it was before clipping. Every gradient is
@@ -168,8 +188,10 @@ double grad_norm(const std::vector<Tensor>& params);
 // 1e-6)) applied (not for a non-finite norm) and the norm returned, all as device work
 // on the gradients' device (one device; a scalar f32 tensor, undefined when no
 // parameter has a gradient). Each gradient is multiplied by the factor (torch's
-// g.mul_(factor)). Throws ValueError unless max_norm > 0 and finite.
-Tensor clip_grad_norm_on_device(const std::vector<Tensor>& params, double max_norm);
+// g.mul_(factor)), unless `step` takes the factor into its next update instead (Note
+// [clipping in the step]). Throws ValueError unless max_norm > 0 and finite.
+Tensor clip_grad_norm_on_device(const std::vector<Tensor>& params, double max_norm,
+                                Optimizer* step = nullptr);
 
 // Learning rate as a function of the optimizer step (0-based).
 //   constant  base_lr

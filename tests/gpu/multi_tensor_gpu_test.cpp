@@ -3,8 +3,8 @@
 // around a chunk (8192 elements) and empty tensors: the sum of squares (the same bits
 // twice), clipping without a host synchronization, and AdamW bit for bit with one
 // update per tensor; both also on views that start off a 16-byte vector (the kernels'
-// one-element path, Note [vectorized rows]). Without a GPU every test skips and says
-// why.
+// one-element path, Note [vectorized rows]); AdamW taking the clip factor into its
+// step (Note [clipping in the step]). Without a GPU every test skips and says why.
 #include "runtime/autograd/autograd.h"
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/ops/multi_tensor.h"
@@ -144,6 +144,61 @@ TEST(MultiTensorGpu, ViewsOffAVectorGiveTheSameSumOfSquaresAdamWAndScale) {
     ASSERT_EQ(p1[i].cpu().to_vector<float>(), p2[i].cpu().to_vector<float>()) << "param " << i;
     ASSERT_EQ(m1[i].cpu().to_vector<float>(), m2[i].cpu().to_vector<float>()) << "m " << i;
     ASSERT_EQ(v1[i].cpu().to_vector<float>(), v2[i].cpu().to_vector<float>()) << "v " << i;
+  }
+}
+
+// Note [clipping in the step] on the device: clip then step with the factor applied by
+// the scale pass (a) or by AdamW's kernel as it reads the gradients (b), plain and
+// capturable (the factor read from the device), b's gradients aligned or each one
+// element off a 16-byte vector: the same parameters bit for bit over two clipped steps,
+// b's gradients unscaled, and no host synchronization in b's clip and step.
+TEST(MultiTensorGpu, AdamWTakesTheClipFactorIntoItsKernelWithTheSameBits) {
+  DDP_REQUIRE_CUDA();
+  const auto with_grads = [](std::vector<Tensor> ps, const std::vector<Tensor>& gs) {
+    for (size_t i = 0; i < ps.size(); ++i) {
+      set_requires_grad(ps[i], true);
+      set_grad(ps[i], gs[i]);
+    }
+    return ps;
+  };
+  for (const bool capturable : {false, true}) {
+    for (const bool views : {false, true}) {
+      const std::vector<Tensor> a = with_grads(tensors_on(kGpu, 100), tensors_on(kGpu, 300));
+      const std::vector<Tensor> gb = tensors_on(kGpu, 300);
+      const std::vector<Tensor> b = with_grads(tensors_on(kGpu, 100), views ? off_vector(gb) : gb);
+      const optim::AdamWOptions options{.lr = 1e-3f, .beta2 = 0.95f, .weight_decay = 0.1f};
+      optim::AdamW opt_a(a, options), opt_b(b, options);
+      opt_a.set_capturable(capturable);
+      opt_b.set_capturable(capturable);
+      for (int step = 0; step < 2; ++step) {
+        if (step > 0) {  // this step's gradients, the same for both
+          const std::vector<Tensor> fresh = tensors_on(kGpu, 2000);
+          for (size_t i = 0; i < a.size(); ++i) {
+            Tensor ga = grad(a[i]), gb = grad(b[i]);  // b's may be views: copied into
+            copy_(ga, fresh[i]);
+            copy_(gb, fresh[i]);
+          }
+        }
+        std::vector<std::vector<float>> grads_before;
+        for (const Tensor& p : b) grads_before.push_back(grad(p).cpu().to_vector<float>());
+        const Tensor norm_a = optim::clip_grad_norm_on_device(a, 3.0);
+        opt_a.step();
+        cuda_api::device_synchronize(0);
+        const uint64_t syncs = cuda_api::host_sync_count();
+        const Tensor norm_b = optim::clip_grad_norm_on_device(b, 3.0, &opt_b);
+        opt_b.step();
+        EXPECT_EQ(cuda_api::host_sync_count() - syncs, 0u) << "clip and step waited";
+        ASSERT_EQ(norm_a.cpu().item<float>(), norm_b.cpu().item<float>());
+        ASSERT_LT(3.0f, norm_b.cpu().item<float>()) << "not clipped: the test checks nothing";
+        for (size_t i = 0; i < a.size(); ++i) {
+          ASSERT_EQ(a[i].cpu().to_vector<float>(), b[i].cpu().to_vector<float>())
+              << "param " << i << ", step " << step << ", capturable " << capturable << ", views "
+              << views;
+          ASSERT_EQ(grad(b[i]).cpu().to_vector<float>(), grads_before[i])
+              << "b's gradient " << i << " was scaled in memory";
+        }
+      }
+    }
   }
 }
 

@@ -1,9 +1,10 @@
 // The multi-tensor ops (runtime/ops/multi_tensor.h) on the CPU against the
 // per-tensor ops and closed forms: the sum of squares of a list, the clip factor
 // (torch's min(1, max / (norm + 1e-6)), none for a non-finite norm), the in-place
-// scale, clip_grad_norm_on_device against clip_grad_norm_, and AdamW over a list
-// against one update per tensor. tests/gpu/multi_tensor_gpu_test.cpp holds the CUDA
-// kernels to these.
+// scale, clip_grad_norm_on_device against clip_grad_norm_, AdamW over a list
+// against one update per tensor, and AdamW taking the clip factor into its step (Note
+// [clipping in the step]). tests/gpu/multi_tensor_gpu_test.cpp holds the CUDA kernels
+// to these.
 #include "runtime/ops/multi_tensor.h"
 
 #include "runtime/autograd/autograd.h"
@@ -124,6 +125,91 @@ TEST(MultiTensor, AdamWOverAListIsAnUpdatePerTensor) {
   std::vector<kernels::AdamWStep> bad = steps;
   bad[1].step = 0;
   EXPECT_THROW(adamw_update_all_(p2, g, m2, v2, bad), ValueError);
+}
+
+// Parameters shaped as some_tensors(), each with a gradient of its own (seeded).
+std::vector<Tensor> params_with_grads(uint64_t seed) {
+  std::vector<Tensor> ps;
+  for (const Tensor& x : some_tensors()) {
+    Tensor p = randn(x.shape(), seed++);
+    set_requires_grad(p, true);
+    set_grad(p, randn(x.shape(), seed++));
+    ps.push_back(p);
+  }
+  return ps;
+}
+
+std::vector<std::vector<float>> values(const std::vector<Tensor>& xs) {
+  std::vector<std::vector<float>> v;
+  for (const Tensor& x : xs) v.push_back(x.to_vector<float>());
+  return v;
+}
+std::vector<Tensor> grads_of(const std::vector<Tensor>& ps) {
+  std::vector<Tensor> g;
+  for (const Tensor& p : ps) g.push_back(grad(p));
+  return g;
+}
+
+// Note [clipping in the step]: clip then step, the factor applied by the scale pass
+// (a) or by AdamW as it reads the gradients (b), plain and capturable: the same
+// parameters bit for bit, over three steps (each clipped: max_norm 0.5 < every norm);
+// b's gradients keep their values.
+TEST(MultiTensor, AdamWTakesTheClipFactorIntoItsStepWithTheSameBits) {
+  for (const bool capturable : {false, true}) {
+    std::vector<Tensor> a = params_with_grads(50), b = params_with_grads(50);
+    optim::AdamW opt_a(a, {.lr = 0.1f}), opt_b(b, {.lr = 0.1f});
+    opt_a.set_capturable(capturable);
+    opt_b.set_capturable(capturable);
+    for (int step = 0; step < 3; ++step) {
+      if (step > 0) {  // this step's gradients, the same for both
+        const std::vector<Tensor> fresh = params_with_grads(100 + 10 * step);
+        for (size_t i = 0; i < a.size(); ++i) {
+          set_grad(a[i], grad(fresh[i]).clone());
+          set_grad(b[i], grad(fresh[i]).clone());
+        }
+      }
+      const auto grads_before = values(grads_of(b));
+      const float norm_a = optim::clip_grad_norm_on_device(a, 0.5).item<float>();
+      const float norm_b = optim::clip_grad_norm_on_device(b, 0.5, &opt_b).item<float>();
+      EXPECT_EQ(norm_a, norm_b);
+      EXPECT_NE(values(grads_of(a)), grads_before) << "a's gradients were not clipped";
+      EXPECT_EQ(values(grads_of(b)), grads_before) << "b's gradients were scaled in memory";
+      opt_a.step();
+      opt_b.step();
+      ASSERT_EQ(values(a), values(b)) << "step " << step << ", capturable " << capturable;
+    }
+  }
+}
+
+// What takes the factor and what does not; a second factor before the step names the fix.
+TEST(MultiTensor, TheClipFactorGoesToTheStepOnlyForTheOptimizersOwnParameters) {
+  const std::vector<Tensor> ps = params_with_grads(90);
+  optim::AdamW adamw(ps, {});
+  // A subset of the optimizer's parameters: scaled in memory, AdamW not given the factor.
+  const std::vector<Tensor> some(ps.begin(), ps.begin() + 2);
+  const auto before = values(grads_of(some));
+  optim::clip_grad_norm_on_device(some, 1e-3, &adamw);
+  EXPECT_NE(values(grads_of(some)), before);
+  // The same parameters in another order: taken; a second one before the step: refused.
+  const std::vector<Tensor> reversed(ps.rbegin(), ps.rend());
+  optim::clip_grad_norm_on_device(reversed, 1e-3, &adamw);
+  std::string message;
+  try {
+    optim::clip_grad_norm_on_device(ps, 1e-3, &adamw);
+  } catch (const ValueError& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("waiting for the next step already; call step() between"),
+            std::string::npos)
+      << message;
+  adamw.zero_grad();  // drops the factor with the gradients it was for
+  EXPECT_NO_THROW(optim::clip_grad_norm_on_device(ps, 1e-3, &adamw));
+  // SGD cannot: it scales the gradients as before.
+  const std::vector<Tensor> qs = params_with_grads(90);
+  optim::SGD sgd(qs, {});
+  const auto sgd_before = values(grads_of(qs));
+  optim::clip_grad_norm_on_device(qs, 1e-3, &sgd);
+  EXPECT_NE(values(grads_of(qs)), sgd_before);
 }
 
 }  // namespace

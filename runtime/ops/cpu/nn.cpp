@@ -501,16 +501,19 @@ void sgd_update(Tensor& param, const Tensor& grad, Tensor& buf, const SgdStep& s
 
 namespace {
 
+// scale: nullptr, or the factor each gradient element is multiplied by as it is read
+// (Note [clipping in the step]).
 DDP_CPU_INLINE void adamw_loop(const math::AdamWConstants& k, Tensor& param, const Tensor& grad,
-                               Tensor& m, Tensor& v) {
+                               Tensor& m, Tensor& v, const float* scale = nullptr) {
   const float decay = k.decay, step_size = k.step_size, bc2_sqrt = k.bc2_sqrt;
   const float b1 = k.b1, b2 = k.b2, c1 = k.c1, c2 = k.c2, eps = k.eps;
   float* p = param.data<float>();
   const float* g = grad.data<float>();
   float* m1 = m.data<float>();
   float* m2 = v.data<float>();
+  const float s = scale != nullptr ? *scale : 1.0f;
   for (int64_t i = 0, n = param.numel(); i < n; ++i) {
-    const float gi = g[i];
+    const float gi = scale != nullptr ? g[i] * s : g[i];
     const float mi = b1 * m1[i] + c1 * gi;
     const float vi = b2 * m2[i] + c2 * gi * gi;
     m1[i] = mi;
@@ -530,14 +533,16 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
 DDP_CPU_CLONES
 void adamw_update_multi(std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                         std::vector<Tensor>& m, std::vector<Tensor>& v,
-                        const std::vector<AdamWStep>& steps, const Tensor& constants) {
+                        const std::vector<AdamWStep>& steps, const Tensor& constants,
+                        const Tensor& grad_scale) {
+  const float* scale = grad_scale.defined() ? grad_scale.data<float>() : nullptr;
   const auto* table = constants.defined()
                           ? reinterpret_cast<const math::AdamWConstants*>(constants.data<float>())
                           : nullptr;
   for (size_t i = 0; i < params.size(); ++i) {
     if (params[i].numel() == 0) continue;
     adamw_loop(table != nullptr ? table[i] : kernels::adamw_constants(steps[i]), params[i],
-               grads[i], m[i], v[i]);
+               grads[i], m[i], v[i], scale);
   }
 }
 

@@ -41,6 +41,9 @@ struct TensorList {
   // AdamW from a device table (Note [captured optimizer steps]): tensor t's constants
   // are table[index[t]]; nullptr: adamw[t].
   const math::AdamWConstants* table;
+  // AdamW: nullptr, or the factor every gradient element is multiplied by as it is
+  // read (Note [clipping in the step] in optim/optimizer.h).
+  const float* grad_scale;
   int index[kListMax];
   int count;
 };
@@ -120,6 +123,10 @@ __global__ void adamw_kernel(TensorList l) {
   float* v = l.p[3][c.tensor] + c.begin;
   const math::AdamWConstants k =
       l.table != nullptr ? l.table[l.index[c.tensor]] : l.adamw[c.tensor];
+  // g * scale rounded to f32: the bits scale_kernel would have left in the gradient.
+  const bool scaled = l.grad_scale != nullptr;
+  const float scale = scaled ? *l.grad_scale : 1.0f;
+  const auto in = [&](float g) { return scaled ? __fmul_rn(g, scale) : g; };
   // Chunk c as a row (Note [vectorized rows]); every vector of param, grad, m and v
   // is loaded before the first element is computed.
   const bool whole = vec::map_whole<kVector>(l.p[0][c.tensor], l.p[1][c.tensor], l.p[2][c.tensor],
@@ -127,13 +134,13 @@ __global__ void adamw_kernel(TensorList l) {
   constexpr int V = kVector;
   vec::row_thread<V>(
       grad, c.begin, c.end - c.begin, whole, threadIdx.x, blockDim.x,
-      [&](int64_t j) { math::adamw_element(k, grad[j], param[j], m[j], v[j]); },
+      [&](int64_t j) { math::adamw_element(k, in(grad[j]), param[j], m[j], v[j]); },
       [&](int64_t j0, const vec::Pack<float, V>& g) {
         vec::Pack<float, V> p = vec::load_at<V>(param + j0, whole);
         vec::Pack<float, V> mp = vec::load_at<V>(m + j0, whole);
         vec::Pack<float, V> vp = vec::load_at<V>(v + j0, whole);
 #pragma unroll
-        for (int e = 0; e < V; ++e) math::adamw_element(k, g.v[e], p.v[e], mp.v[e], vp.v[e]);
+        for (int e = 0; e < V; ++e) math::adamw_element(k, in(g.v[e]), p.v[e], mp.v[e], vp.v[e]);
         vec::store_at<V>(param + j0, p, whole);
         vec::store_at<V>(m + j0, mp, whole);
         vec::store_at<V>(v + j0, vp, whole);
@@ -219,7 +226,9 @@ void scale_by_multi(const std::vector<Tensor>& xs, const Tensor& scalar) {
 
 void adamw_update_multi(std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                         std::vector<Tensor>& m, std::vector<Tensor>& v,
-                        const std::vector<AdamWStep>& steps, const Tensor& constants) {
+                        const std::vector<AdamWStep>& steps, const Tensor& constants,
+                        const Tensor& grad_scale) {
+  const float* scale = grad_scale.defined() ? ptr<const float>(grad_scale) : nullptr;
   const auto* table = constants.defined()
                           ? static_cast<const math::AdamWConstants*>(constants.data_ptr())
                           : nullptr;
@@ -232,6 +241,7 @@ void adamw_update_multi(std::vector<Tensor>& params, const std::vector<Tensor>& 
         l.p[1][slot] = const_cast<float*>(ptr<const float>(grads[i]));  // read only
         l.p[2][slot] = ptr<float>(m[i]);
         l.p[3][slot] = ptr<float>(v[i]);
+        l.grad_scale = scale;
         if (table != nullptr) {
           l.table = table;
           l.index[slot] = static_cast<int>(i);

@@ -44,7 +44,8 @@ void scale_by_multi(const std::vector<Tensor>&, const Tensor&) {
   DDP_NO_CUDA_NN_KERNEL("scale_by_multi");
 }
 void adamw_update_multi(std::vector<Tensor>&, const std::vector<Tensor>&, std::vector<Tensor>&,
-                        std::vector<Tensor>&, const std::vector<AdamWStep>&, const Tensor&) {
+                        std::vector<Tensor>&, const std::vector<AdamWStep>&, const Tensor&,
+                        const Tensor&) {
   DDP_NO_CUDA_NN_KERNEL("adamw_update_multi");
 }
 
